@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/ringtrain/ringtrain/ring/ringbench"
+)
+
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "allreduce" {
+		return fmt.Errorf("bench: want 'bench allreduce': %w", errUsage)
+	}
+	fs := flag.NewFlagSet("bench allreduce", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	transport := fs.String("transport", "tcp", "ring links: mem or tcp (loopback)")
+	peers := fs.Int("peers", 4, "ranks in the ring, all in this process")
+	sizes := fs.String("sizes", "1MiB,16MiB,64MiB", "comma-separated buffer sizes (B, KiB, MiB, GiB)")
+	iters := fs.Int("iters", 5, "timed calls per size; the median is reported")
+	chunk := fs.String("chunk", "", "pipelining chunk size (default: the ring's)")
+	asJSON := fs.Bool("json", false, "one JSON object per line instead of a table")
+	if err := fs.Parse(args[1:]); err != nil {
+		return fmt.Errorf("bench allreduce: %w: %w", errUsage, err)
+	}
+	cfg := ringbench.Config{Transport: *transport, Peers: *peers, Iters: *iters}
+	for _, s := range strings.Split(*sizes, ",") {
+		n, err := parseBytes(s)
+		if err != nil {
+			return fmt.Errorf("bench allreduce: --sizes: %w: %w", err, errUsage)
+		}
+		cfg.Sizes = append(cfg.Sizes, n)
+	}
+	if *chunk != "" {
+		n, err := parseBytes(*chunk)
+		if err != nil {
+			return fmt.Errorf("bench allreduce: --chunk: %w: %w", err, errUsage)
+		}
+		cfg.ChunkBytes = n
+	}
+
+	// Fixed widths rather than tabwriter: rows print as they are measured.
+	const row = "%9s %5s %7s %10s %12s %12s %14s %8s\n"
+	if !*asJSON {
+		fmt.Fprintf(stdout, row, "transport", "peers", "size", "time_ms", "algbw_GB/s", "busbw_GB/s", "ceiling_GB/s", "ratio")
+	}
+	enc := json.NewEncoder(stdout)
+	var encErr error
+	err := ringbench.Run(ctx, ringbench.Builtin(), cfg, func(r ringbench.Result) {
+		if *asJSON {
+			if err := enc.Encode(r); err != nil && encErr == nil {
+				encErr = err
+			}
+			return
+		}
+		fmt.Fprintf(stdout, row, r.Transport, strconv.Itoa(r.Peers), formatBytes(r.Bytes),
+			fmt.Sprintf("%.2f", r.Seconds*1e3), fmt.Sprintf("%.3f", r.Algbw), fmt.Sprintf("%.3f", r.Busbw),
+			fmt.Sprintf("%.3f", r.CeilingBusbw), fmt.Sprintf("%.2f", r.Ratio()))
+	})
+	if err != nil {
+		return fmt.Errorf("bench allreduce: %w", err)
+	}
+	return encErr
+}
+
+var byteUnits = []struct {
+	suffix string
+	mult   int
+}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}}
+
+// parseBytes reads sizes such as 64MiB, 512KiB or 4096.
+func parseBytes(s string) (int, error) {
+	s = strings.TrimSpace(s)
+	mult := 1
+	for _, u := range byteUnits {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSuffix(s, u.suffix), u.mult
+			break
+		}
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("size %q: want a positive whole number with an optional B, KiB, MiB or GiB", s)
+	}
+	return n * mult, nil
+}
+
+func formatBytes(n int) string {
+	for _, u := range byteUnits {
+		if n >= u.mult && n%u.mult == 0 {
+			return strconv.Itoa(n/u.mult) + u.suffix
+		}
+	}
+	return strconv.Itoa(n) + "B"
+}

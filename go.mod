@@ -1,0 +1,5 @@
+module github.com/ringtrain/ringtrain
+
+go 1.26.8
+
+require go.uber.org/goleak v1.3.0

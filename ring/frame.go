@@ -1,0 +1,170 @@
+package ring
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+)
+
+// HeaderSize is the size in bytes of a frame header on the wire.
+const HeaderSize = 56
+
+// magic opens every frame ("RTF1", little-endian), so a stream that carries
+// something else is caught on its first frame.
+const magic uint32 = 0x31465452
+
+// Op names the collective a frame belongs to.
+type Op uint32
+
+// The collectives. Their values are part of the wire format.
+const (
+	OpAllreduceSum  Op = 1
+	OpAllreduceMean Op = 2
+	OpBroadcast     Op = 3
+	OpBarrier       Op = 4
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpAllreduceSum:
+		return "AllreduceSum"
+	case OpAllreduceMean:
+		return "AllreduceMean"
+	case OpBroadcast:
+		return "Broadcast"
+	case OpBarrier:
+		return "Barrier"
+	}
+	return fmt.Sprintf("Op(%d)", uint32(o))
+}
+
+// Header is the fixed part of a frame. Every frame repeats the whole
+// description of its call (op, element count, root), so a peer that called a
+// different collective is caught on the first frame it sends, not after a
+// payload of the wrong size has been misread.
+//
+// Wire layout, little-endian:
+//
+//	0 magic u32 | 4 op u32 | 8 generation u64 | 16 seq u64 | 24 count u64 |
+//	32 root u32 | 36 step u32 | 40 segment u32 | 44 length u32 | 48 offset u64
+type Header struct {
+	Op         Op
+	Generation uint64 // ring formation the frame belongs to
+	Seq        uint64 // collective call number on this ring, from 1
+	Count      uint64 // elements in the caller's buffer
+	Root       uint32 // Broadcast root; 0 for other ops
+	Step       uint32 // step within the call
+	Segment    uint32 // segment of the buffer the payload belongs to
+	Length     uint32 // payload bytes that follow the header
+	Offset     uint64 // index of the payload's first element in the buffer
+}
+
+// putHeader encodes h into b, which must hold HeaderSize bytes.
+func putHeader(b []byte, h *Header) {
+	le := binary.LittleEndian
+	le.PutUint32(b[0:], magic)
+	le.PutUint32(b[4:], uint32(h.Op))
+	le.PutUint64(b[8:], h.Generation)
+	le.PutUint64(b[16:], h.Seq)
+	le.PutUint64(b[24:], h.Count)
+	le.PutUint32(b[32:], h.Root)
+	le.PutUint32(b[36:], h.Step)
+	le.PutUint32(b[40:], h.Segment)
+	le.PutUint32(b[44:], h.Length)
+	le.PutUint64(b[48:], h.Offset)
+}
+
+// parseHeader decodes a header. It checks only what can be checked without
+// knowing what the receiver expects: the magic number.
+func parseHeader(b []byte) (Header, error) {
+	if len(b) < HeaderSize {
+		return Header{}, fmt.Errorf("header of %d bytes, want %d: %w", len(b), HeaderSize, ErrBadFrame)
+	}
+	le := binary.LittleEndian
+	if m := le.Uint32(b[0:]); m != magic {
+		return Header{}, fmt.Errorf("magic %#08x, want %#08x: %w", m, magic, ErrBadFrame)
+	}
+	return Header{
+		Op:         Op(le.Uint32(b[4:])),
+		Generation: le.Uint64(b[8:]),
+		Seq:        le.Uint64(b[16:]),
+		Count:      le.Uint64(b[24:]),
+		Root:       le.Uint32(b[32:]),
+		Step:       le.Uint32(b[36:]),
+		Segment:    le.Uint32(b[40:]),
+		Length:     le.Uint32(b[44:]),
+		Offset:     le.Uint64(b[48:]),
+	}, nil
+}
+
+// check compares a received header with the one the receiver expects and
+// names the first field that differs. Fields that describe the call (op,
+// count, root) differ when the peer called another collective: that is
+// ErrMismatch. Any other difference is a frame out of place: ErrBadFrame.
+func (h *Header) check(want *Header) error {
+	type field struct {
+		name      string
+		got, want uint64
+		sentinel  error
+	}
+	for _, f := range [...]field{
+		{"generation", h.Generation, want.Generation, ErrBadFrame},
+		{"sequence", h.Seq, want.Seq, ErrBadFrame},
+		{"op", uint64(h.Op), uint64(want.Op), ErrMismatch},
+		{"element count", h.Count, want.Count, ErrMismatch},
+		{"root", uint64(h.Root), uint64(want.Root), ErrMismatch},
+		{"step", uint64(h.Step), uint64(want.Step), ErrBadFrame},
+		{"segment", uint64(h.Segment), uint64(want.Segment), ErrBadFrame},
+		{"offset", h.Offset, want.Offset, ErrBadFrame},
+		{"length", uint64(h.Length), uint64(want.Length), ErrBadFrame},
+	} {
+		if f.got == f.want {
+			continue
+		}
+		if f.name == "op" {
+			return fmt.Errorf("peer sent %v, this rank called %v: %w", h.Op, want.Op, f.sentinel)
+		}
+		return fmt.Errorf("%s %d, want %d: %w", f.name, f.got, f.want, f.sentinel)
+	}
+	return nil
+}
+
+// frameReader reads frames whose every field the caller knows in advance.
+// It never allocates: the header goes into a fixed array and the payload into
+// a slice the caller sized, after the header has been checked.
+type frameReader struct {
+	r   io.Reader
+	hdr [HeaderSize]byte
+}
+
+// read reads one frame header, checks it against want, and then reads exactly
+// want.Length payload bytes into dst[:want.Length].
+func (fr *frameReader) read(want *Header, dst []byte) error {
+	if _, err := io.ReadFull(fr.r, fr.hdr[:]); err != nil {
+		return fmt.Errorf("reading frame header: %w", readErr(err))
+	}
+	h, err := parseHeader(fr.hdr[:])
+	if err != nil {
+		return err
+	}
+	if err := h.check(want); err != nil {
+		return err
+	}
+	if int(want.Length) > len(dst) {
+		// A bug of ours, not the peer's: the receiver must size dst itself.
+		return fmt.Errorf("payload of %d bytes does not fit a %d-byte buffer: %w", want.Length, len(dst), ErrBadFrame)
+	}
+	if _, err := io.ReadFull(fr.r, dst[:want.Length]); err != nil {
+		return fmt.Errorf("reading %d-byte payload: %w", want.Length, readErr(err))
+	}
+	return nil
+}
+
+// readErr turns the end of a stream into ErrPeerLost: on a ring, a stream
+// that ends mid-call means the neighbour went away.
+func readErr(err error) error {
+	if err == io.EOF || err == io.ErrUnexpectedEOF {
+		return fmt.Errorf("stream ended (%v): %w", err, ErrPeerLost)
+	}
+	return fmt.Errorf("%w: %w", ErrPeerLost, err)
+}

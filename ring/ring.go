@@ -1,0 +1,513 @@
+package ring
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+)
+
+// Errors that callers branch on. Every error a collective returns wraps one
+// of these or the context's error.
+var (
+	// ErrClosed is returned by calls on a Ring after Close, or after an
+	// earlier call failed and took the ring down with it.
+	ErrClosed = errors.New("ring: closed")
+	// ErrPeerLost means a neighbour's stream ended or broke mid-call.
+	ErrPeerLost = errors.New("ring: peer lost")
+	// ErrBadFrame means a neighbour sent a frame that is malformed or out of
+	// place: wrong magic, generation, sequence, step, segment, offset or length.
+	ErrBadFrame = errors.New("ring: bad frame")
+	// ErrMismatch means a neighbour called a different collective, or the
+	// same one on a buffer of another length or with another root.
+	ErrMismatch = errors.New("ring: collective mismatch")
+)
+
+// Transport is one rank's link to its neighbours in one ring generation: an
+// ordered, reliable byte stream to its successor and one from its
+// predecessor. The Ring owns it and frames everything it sends.
+type Transport interface {
+	// Write sends bytes to the successor (rank+1 mod size).
+	Write(p []byte) (int, error)
+	// Read receives bytes from the predecessor (rank-1 mod size).
+	Read(p []byte) (int, error)
+	// Close ends both streams and makes pending Read and Write calls
+	// return. It may be called more than once and from any goroutine.
+	Close() error
+}
+
+// DefaultChunkBytes is the pipelining unit when Config.ChunkBytes is zero:
+// small enough that sending, receiving and adding overlap, large enough that
+// per-frame costs vanish.
+const DefaultChunkBytes = 256 << 10
+
+// maxChunkBytes bounds Config.ChunkBytes so a frame length always fits the
+// header's 32-bit field with room to spare.
+const maxChunkBytes = 64 << 20
+
+// Config describes this rank's place in one ring generation.
+type Config struct {
+	// Rank is this peer's place in the ring, 0 ≤ Rank < Size.
+	Rank int
+	// Size is the number of peers in the ring. A ring of one needs no
+	// Transport: its collectives return at once.
+	Size int
+	// Generation identifies the ring formation; frames from another
+	// generation are refused.
+	Generation uint64
+	// ChunkBytes is the largest payload of one frame, a multiple of 4.
+	// Zero means DefaultChunkBytes. Every rank must use the same value.
+	ChunkBytes int
+}
+
+func (c *Config) validate() error {
+	if c.Size < 1 {
+		return fmt.Errorf("ring: size %d, want at least 1", c.Size)
+	}
+	if c.Rank < 0 || c.Rank >= c.Size {
+		return fmt.Errorf("ring: rank %d outside [0, %d)", c.Rank, c.Size)
+	}
+	if c.ChunkBytes == 0 {
+		c.ChunkBytes = DefaultChunkBytes
+	}
+	if c.ChunkBytes < 4 || c.ChunkBytes > maxChunkBytes || c.ChunkBytes%4 != 0 {
+		return fmt.Errorf("ring: chunk of %d bytes, want a multiple of 4 in [4, %d]", c.ChunkBytes, maxChunkBytes)
+	}
+	return nil
+}
+
+// Ring runs collectives for one rank of one ring generation. Every rank must
+// call the same collectives in the same order, on buffers of the same length
+// (as with NCCL or MPI); a rank that does not is caught by its successor
+// with ErrMismatch. Calls on one Ring are serialised.
+//
+// Any failed call closes the Ring: after an error the streams sit at an
+// unknown place, so the only way on is a new generation.
+type Ring struct {
+	cfg   Config
+	t     Transport
+	chunk int // elements per frame
+
+	mu      sync.Mutex // serialises calls; guards everything below
+	seq     uint64
+	err     error     // why the ring is closed, once it is
+	scratch []float32 // one chunk, for payloads that are added rather than copied
+	fr      frameReader
+	hdr     [HeaderSize]byte // sender's header buffer
+}
+
+// New returns the Ring for one rank. It takes ownership of t (nil is allowed
+// for a ring of one); Close closes it.
+func New(t Transport, cfg Config) (*Ring, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	// Payloads go on the wire straight from the caller's memory.
+	if binary.NativeEndian.Uint16([]byte{1, 0}) != 1 {
+		return nil, errors.New("ring: big-endian hosts are not supported")
+	}
+	if t == nil && cfg.Size > 1 {
+		return nil, fmt.Errorf("ring: rank %d of %d has no transport", cfg.Rank, cfg.Size)
+	}
+	return &Ring{cfg: cfg, t: t, chunk: cfg.ChunkBytes / 4, fr: frameReader{r: t}}, nil
+}
+
+// Rank returns this peer's rank.
+func (r *Ring) Rank() int { return r.cfg.Rank }
+
+// Size returns the number of peers in the ring.
+func (r *Ring) Size() int { return r.cfg.Size }
+
+// Generation returns the ring formation this Ring belongs to.
+func (r *Ring) Generation() uint64 { return r.cfg.Generation }
+
+// Close closes the transport. Calls under way return an error; later calls
+// return ErrClosed. It is safe to call more than once.
+func (r *Ring) Close() error {
+	var err error
+	if r.t != nil {
+		err = r.t.Close()
+	}
+	r.mu.Lock()
+	if r.err == nil {
+		r.err = ErrClosed
+	}
+	r.mu.Unlock()
+	return err
+}
+
+// AllreduceSum replaces buf on every rank with the element-wise sum of all
+// ranks' buffers. Every rank ends with the same bits.
+func (r *Ring) AllreduceSum(ctx context.Context, buf []float32) error {
+	return r.allreduce(ctx, OpAllreduceSum, buf)
+}
+
+// AllreduceMean replaces buf on every rank with the element-wise mean of all
+// ranks' buffers. Every rank ends with the same bits.
+func (r *Ring) AllreduceMean(ctx context.Context, buf []float32) error {
+	return r.allreduce(ctx, OpAllreduceMean, buf)
+}
+
+// Barrier returns once every rank has entered it.
+func (r *Ring) Barrier(ctx context.Context) error {
+	// An empty allreduce still sends one frame per step, and the last
+	// frame a rank receives depends, through 2(n-1) hops, on every rank
+	// having entered the call.
+	return r.allreduce(ctx, OpBarrier, nil)
+}
+
+// Broadcast copies root's buf into buf on every other rank.
+func (r *Ring) Broadcast(ctx context.Context, buf []float32, root int) error {
+	if root < 0 || root >= r.cfg.Size {
+		return fmt.Errorf("ring: broadcast root %d outside [0, %d)", root, r.cfg.Size)
+	}
+	return r.call(ctx, func(seq uint64) error { return r.broadcast(seq, buf, root) })
+}
+
+func (r *Ring) allreduce(ctx context.Context, op Op, buf []float32) error {
+	return r.call(ctx, func(seq uint64) error { return r.ringAllreduce(seq, op, buf) })
+}
+
+// call runs one collective: it serialises calls, ties the transport to ctx
+// and takes the ring down when the collective fails.
+func (r *Ring) call(ctx context.Context, run func(seq uint64) error) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return r.err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if r.cfg.Size == 1 {
+		return nil
+	}
+	r.seq++
+	// Closing the transport is the only way to unblock a Read or Write
+	// in progress; it also tells the neighbours, whose calls then fail too.
+	stop := context.AfterFunc(ctx, func() { r.t.Close() })
+	err := run(r.seq)
+	if !stop() && ctx.Err() != nil {
+		err = fmt.Errorf("ring: rank %d: %w", r.cfg.Rank, ctx.Err())
+	}
+	if err != nil {
+		r.t.Close()
+		r.err = fmt.Errorf("%w after: %w", ErrClosed, err)
+	}
+	return err
+}
+
+// segment returns the first element and the length of segment k when count
+// elements are cut into size segments that differ in length by at most one.
+func segment(count uint64, size, k int) (start, length uint64) {
+	n := uint64(size)
+	base, rem := count/n, count%n
+	kk := uint64(k)
+	start = kk*base + min(kk, rem)
+	length = base
+	if kk < rem {
+		length++
+	}
+	return start, length
+}
+
+// frames returns how many frames carry length elements in chunks of chunk
+// elements. An empty segment still takes one empty frame, so that every rank
+// sends and receives the same frames whatever the buffer's length; that is
+// what lets a mismatched call be caught rather than hang.
+func frames(length uint64, chunk int) int {
+	if length == 0 {
+		return 1
+	}
+	c := uint64(chunk)
+	return int((length + c - 1) / c)
+}
+
+func mod(a, n int) int { return ((a % n) + n) % n }
+
+// asBytes views f as its little-endian bytes without copying.
+func asBytes(f []float32) []byte {
+	if len(f) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&f[0])), 4*len(f))
+}
+
+// flow carries the hand-offs between the two halves of one call. Both
+// channels hold struct{}, which takes no memory however many frames a call has.
+type flow struct {
+	// ready: recv → send, one per received frame that send will forward,
+	// in the order send forwards them.
+	ready chan struct{}
+	// sent: send → recv, one per frame whose memory recv will later
+	// overwrite, once it is on the wire. The ring's own causality already
+	// orders the two (the frame that overwrites it cannot arrive before
+	// ours left), but only through the network, which a lying peer can
+	// break and the race detector cannot see. Closed when send returns.
+	sent chan struct{}
+	// quit is closed when recv fails, so send stops waiting on ready.
+	quit chan struct{}
+}
+
+// awaitReady waits for the next frame to forward; false means stop.
+func (f *flow) awaitReady() bool {
+	select {
+	case <-f.ready:
+		return true
+	case <-f.quit:
+		return false
+	}
+}
+
+// awaitSent waits until the next frame send owes is out; false means send
+// has returned without it.
+func (f *flow) awaitSent() bool {
+	_, ok := <-f.sent
+	return ok
+}
+
+// errSendStopped is what recv reports when send gave up first; pipe
+// returns send's own error in its place.
+var errSendStopped = errors.New("ring: send stopped")
+
+// pipe runs send and recv at once and returns when both have. If either side
+// fails, the transport is closed so the other cannot block, and the error of
+// the side that failed first is returned.
+func (r *Ring) pipe(send func(f *flow) error, recv func(f *flow) error, nframes int) error {
+	f := &flow{
+		ready: make(chan struct{}, nframes),
+		sent:  make(chan struct{}, nframes),
+		quit:  make(chan struct{}),
+	}
+	sendErr := make(chan error, 1)
+	go func() {
+		err := send(f)
+		close(f.sent)
+		if err != nil {
+			r.t.Close()
+		}
+		sendErr <- err
+	}()
+	rerr := recv(f)
+	if rerr != nil {
+		// Only on failure: after a clean recv every ready token is
+		// queued, and send must still forward the last of them.
+		r.t.Close()
+		close(f.quit)
+	}
+	serr := <-sendErr
+	// The other side's error is usually just the closed transport.
+	switch {
+	case rerr != nil && serr != nil:
+		if errors.Is(rerr, errSendStopped) || errors.Is(rerr, ErrPeerLost) && !errors.Is(serr, ErrPeerLost) {
+			return serr
+		}
+		return rerr
+	case rerr != nil:
+		return rerr
+	}
+	return serr
+}
+
+// writeFrame sends one frame: the header, then payload straight from the
+// caller's buffer.
+func (r *Ring) writeFrame(h *Header, payload []float32) error {
+	putHeader(r.hdr[:], h)
+	if _, err := r.t.Write(r.hdr[:]); err != nil {
+		return r.sendErr(h, err)
+	}
+	if len(payload) > 0 {
+		if _, err := r.t.Write(asBytes(payload)); err != nil {
+			return r.sendErr(h, err)
+		}
+	}
+	return nil
+}
+
+func (r *Ring) sendErr(h *Header, err error) error {
+	succ := mod(r.cfg.Rank+1, r.cfg.Size)
+	return fmt.Errorf("ring: rank %d: %v seq %d step %d: sending to rank %d: %w: %w",
+		r.cfg.Rank, h.Op, h.Seq, h.Step, succ, ErrPeerLost, err)
+}
+
+func (r *Ring) recvErr(want *Header, err error) error {
+	pred := mod(r.cfg.Rank-1, r.cfg.Size)
+	return fmt.Errorf("ring: rank %d: %v seq %d step %d: frame from rank %d: %w",
+		r.cfg.Rank, want.Op, want.Seq, want.Step, pred, err)
+}
+
+// ringAllreduce is reduce-scatter then all-gather. In step s (of 2(n-1)) a
+// rank sends segment rank-s and receives segment rank-s-1: in the first n-1
+// steps it adds what it receives, after which it holds one fully reduced
+// segment; in the last n-1 steps it copies, so every rank ends with the same
+// bits. A frame received in step s is forwarded in step s+1 as soon as it has
+// been added, which is what pipelines the chunks.
+func (r *Ring) ringAllreduce(seq uint64, op Op, buf []float32) error {
+	n, rank := r.cfg.Size, r.cfg.Rank
+	count := uint64(len(buf))
+	steps := 2 * (n - 1)
+	base := Header{Op: op, Generation: r.cfg.Generation, Seq: seq, Count: count}
+
+	nframes := 0 // per step, over all steps
+	for k := range n {
+		_, l := segment(count, n, k)
+		nframes += 2 * frames(l, r.chunk)
+	}
+	if need := int(min(uint64(r.chunk), count)); len(r.scratch) < need {
+		r.scratch = make([]float32, need)
+	}
+
+	send := func(f *flow) error {
+		for s := range steps {
+			seg := mod(rank-s, n)
+			start, length := segment(count, n, seg)
+			h := base
+			h.Step, h.Segment = uint32(s), uint32(seg)
+			for c := range frames(length, r.chunk) {
+				if s > 0 && !f.awaitReady() {
+					return nil
+				}
+				lo := start + uint64(c*r.chunk)
+				hi := min(lo+uint64(r.chunk), start+length)
+				h.Offset, h.Length = lo, uint32(4*(hi-lo))
+				if err := r.writeFrame(&h, buf[lo:hi]); err != nil {
+					return err
+				}
+				if s < n-1 { // all-gather step s+n-1 overwrites this frame's memory
+					f.sent <- struct{}{}
+				}
+			}
+		}
+		return nil
+	}
+
+	recv := func(f *flow) error {
+		for s := range steps {
+			seg := mod(rank-s-1, n)
+			start, length := segment(count, n, seg)
+			want := base
+			want.Step, want.Segment = uint32(s), uint32(seg)
+			reduce := s < n-1
+			last := s == n-2 // this segment is complete once this step has added
+			for c := range frames(length, r.chunk) {
+				lo := start + uint64(c*r.chunk)
+				hi := min(lo+uint64(r.chunk), start+length)
+				want.Offset, want.Length = lo, uint32(4*(hi-lo))
+				dst := buf[lo:hi]
+				if reduce {
+					src := r.scratch[:len(dst)]
+					if err := r.fr.read(&want, asBytes(src)); err != nil {
+						return r.recvErr(&want, err)
+					}
+					add(dst, src)
+					if last && op == OpAllreduceMean {
+						scale(dst, n)
+					}
+				} else {
+					if !f.awaitSent() {
+						return errSendStopped
+					}
+					if err := r.fr.read(&want, asBytes(dst)); err != nil {
+						return r.recvErr(&want, err)
+					}
+				}
+				if s < steps-1 {
+					f.ready <- struct{}{}
+				}
+			}
+		}
+		return nil
+	}
+	return r.pipe(send, recv, nframes)
+}
+
+// broadcast pipelines root's buffer along the ring: each rank after root
+// receives a chunk and forwards it, until the last rank, which instead sends
+// root one empty frame when it has everything. That frame gives root
+// something to read, so a rank that called another collective is caught
+// rather than left blocked, and root returns only once every rank has the data.
+func (r *Ring) broadcast(seq uint64, buf []float32, root int) error {
+	n, rank := r.cfg.Size, r.cfg.Rank
+	count := uint64(len(buf))
+	h := Header{Op: OpBroadcast, Generation: r.cfg.Generation, Seq: seq, Count: count, Root: uint32(root)}
+	ack := h
+	ack.Step = 1
+	nf := frames(count, r.chunk)
+	dist := mod(rank-root, n) // hops from root
+	last := dist == n-1
+
+	chunk := func(c int) Header {
+		f := h
+		f.Offset = uint64(c * r.chunk)
+		f.Length = uint32(4 * (min(f.Offset+uint64(r.chunk), count) - f.Offset))
+		return f
+	}
+	send := func(f *flow) error {
+		if last {
+			if !f.awaitReady() {
+				return nil
+			}
+			return r.writeFrame(&ack, nil)
+		}
+		for c := range nf {
+			if dist > 0 && !f.awaitReady() {
+				return nil
+			}
+			h := chunk(c)
+			if err := r.writeFrame(&h, buf[h.Offset:h.Offset+uint64(h.Length/4)]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	recv := func(f *flow) error {
+		if dist == 0 {
+			if err := r.fr.read(&ack, nil); err != nil {
+				return r.recvErr(&ack, err)
+			}
+			return nil
+		}
+		for c := range nf {
+			want := chunk(c)
+			if err := r.fr.read(&want, asBytes(buf[want.Offset:want.Offset+uint64(want.Length/4)])); err != nil {
+				return r.recvErr(&want, err)
+			}
+			if !last {
+				f.ready <- struct{}{}
+			}
+		}
+		if last {
+			f.ready <- struct{}{}
+		}
+		return nil
+	}
+	return r.pipe(send, recv, nf+1)
+}
+
+// add sets dst[i] += src[i]. Unrolled by four: Go does not vectorise, and
+// this loop runs on every byte a reduce-scatter receives.
+func add(dst, src []float32) {
+	src = src[:len(dst)]
+	i := 0
+	for ; i+4 <= len(dst); i += 4 {
+		d, s := dst[i:i+4:i+4], src[i:i+4:i+4]
+		d[0] += s[0]
+		d[1] += s[1]
+		d[2] += s[2]
+		d[3] += s[3]
+	}
+	for ; i < len(dst); i++ {
+		dst[i] += src[i]
+	}
+}
+
+// scale divides by n. Division rather than multiplying by 1/n keeps the
+// mean as close as float32 allows to the true one.
+func scale(dst []float32, n int) {
+	f := float32(n)
+	for i := range dst {
+		dst[i] /= f
+	}
+}

@@ -1,0 +1,205 @@
+// Package ringbench measures ring-allreduce the way nccl-tests does, and in
+// the same run the pattern ceiling: the same ring of links moving the same
+// bytes with no framing and no adding.
+//
+// All ranks run in this process, each on its own goroutines, so the figures
+// include the contention of n ranks on this machine's cores.
+package ringbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ringtrain/ringtrain/ring"
+)
+
+// Transports maps a transport name to a constructor of an n-rank ring.
+type Transports map[string]func(ctx context.Context, n int) ([]ring.Transport, error)
+
+// Builtin returns the transports of package ring: "mem" and "tcp" (loopback).
+func Builtin() Transports {
+	return Transports{
+		"mem": func(_ context.Context, n int) ([]ring.Transport, error) { return ring.MemRing(n), nil },
+		"tcp": func(ctx context.Context, n int) ([]ring.Transport, error) { return ring.LoopbackTCP(ctx, n, 1) },
+	}
+}
+
+// Config says what to measure.
+type Config struct {
+	Transport string // a key of the Transports given to Run
+	Peers     int
+	Sizes     []int // buffer sizes in bytes, multiples of 4
+	Iters     int   // timed calls per size; the median is reported. Zero means 5.
+	// ChunkBytes is the ring's pipelining unit; zero means ring.DefaultChunkBytes.
+	ChunkBytes int
+}
+
+// Result is one row of the table. Bandwidths follow nccl-tests: algbw =
+// bytes/seconds, busbw = algbw·2(n−1)/n; CeilingBusbw is the busbw of the
+// bare pattern on the same kind of links.
+type Result struct {
+	Transport    string  `json:"transport"`
+	Peers        int     `json:"peers"`
+	Bytes        int     `json:"bytes"`
+	Seconds      float64 `json:"seconds"`
+	Algbw        float64 `json:"algbw_GBps"`
+	Busbw        float64 `json:"busbw_GBps"`
+	CeilingBusbw float64 `json:"ceiling_busbw_GBps"`
+}
+
+// Ratio is busbw as a share of the pattern ceiling.
+func (r Result) Ratio() float64 { return r.Busbw / r.CeilingBusbw }
+
+func busFactor(n int) float64 { return 2 * float64(n-1) / float64(n) }
+
+// Run measures every size in cfg.Sizes, calling emit with each row as soon
+// as it is known.
+func Run(ctx context.Context, trs Transports, cfg Config, emit func(Result)) error {
+	mk, ok := trs[cfg.Transport]
+	if !ok {
+		names := make([]string, 0, len(trs))
+		for k := range trs {
+			names = append(names, k)
+		}
+		slices.Sort(names)
+		return fmt.Errorf("unknown transport %q; want one of %v", cfg.Transport, names)
+	}
+	if cfg.Peers < 2 {
+		return fmt.Errorf("%d peers; want at least 2", cfg.Peers)
+	}
+	if cfg.Iters <= 0 {
+		cfg.Iters = 5
+	}
+	for _, size := range cfg.Sizes {
+		if size <= 0 || size%4 != 0 {
+			return fmt.Errorf("size %d bytes; want a positive multiple of 4", size)
+		}
+	}
+	n := cfg.Peers
+	ts, err := mk(ctx, n)
+	if err != nil {
+		return err
+	}
+	rings := make([]*ring.Ring, n)
+	defer func() {
+		for i, r := range rings {
+			if r != nil {
+				r.Close()
+			} else {
+				ts[i].Close()
+			}
+		}
+	}()
+	for i := range n {
+		if rings[i], err = ring.New(ts[i], ring.Config{Rank: i, Size: n, Generation: 1, ChunkBytes: cfg.ChunkBytes}); err != nil {
+			return err
+		}
+	}
+	// The ceiling gets its own links of the same kind: the ring's links
+	// carry frames, and mixing raw bytes into them would break it.
+	raw, err := mk(ctx, n)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, t := range raw {
+			t.Close()
+		}
+	}()
+
+	for _, size := range cfg.Sizes {
+		bufs := make([][]float32, n)
+		for i := range bufs {
+			bufs[i] = make([]float32, size/4)
+			for j := range bufs[i] {
+				bufs[i][j] = float32(j%97) * 0.25
+			}
+		}
+		// One untimed call of each warms connections and scratch buffers.
+		ringTime, err := median(cfg.Iters+1, func() error {
+			return onAll(n, func(i int) error { return rings[i].AllreduceSum(ctx, bufs[i]) })
+		})
+		if err != nil {
+			return fmt.Errorf("allreduce of %d bytes: %w", size, err)
+		}
+		src, dst := make([][]byte, n), make([][]byte, n)
+		for i := range n {
+			src[i], dst[i] = make([]byte, size/n), make([]byte, size/n)
+		}
+		patTime, err := median(cfg.Iters+1, func() error { return pattern(raw, src, dst) })
+		if err != nil {
+			return fmt.Errorf("pattern ceiling of %d bytes: %w", size, err)
+		}
+		algbw := float64(size) / ringTime / 1e9
+		emit(Result{
+			Transport:    cfg.Transport,
+			Peers:        n,
+			Bytes:        size,
+			Seconds:      ringTime,
+			Algbw:        algbw,
+			Busbw:        algbw * busFactor(n),
+			CeilingBusbw: float64(size) / patTime / 1e9 * busFactor(n),
+		})
+	}
+	return nil
+}
+
+// median runs f runs times and returns the median duration in seconds of
+// all runs but the first.
+func median(runs int, f func() error) (float64, error) {
+	var ds []float64
+	for i := range runs {
+		start := time.Now()
+		if err := f(); err != nil {
+			return 0, err
+		}
+		if i > 0 {
+			ds = append(ds, time.Since(start).Seconds())
+		}
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2], nil
+}
+
+func onAll(n int, f func(i int) error) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { errs[i] = f(i) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// pattern moves what a ring-allreduce moves — 2(n−1) segments of size/n
+// bytes from every rank to its successor, all ranks at once — and nothing
+// else: no headers, no adding, no waiting between steps.
+// src and dst hold one segment per rank.
+func pattern(ts []ring.Transport, src, dst [][]byte) error {
+	n := len(ts)
+	steps := 2 * (n - 1)
+	return onAll(n, func(i int) error {
+		var wg sync.WaitGroup
+		var werr error
+		wg.Go(func() {
+			for range steps {
+				if _, werr = ts[i].Write(src[i]); werr != nil {
+					return
+				}
+			}
+		})
+		var rerr error
+		for range steps {
+			if _, rerr = io.ReadFull(ts[i], dst[i]); rerr != nil {
+				break
+			}
+		}
+		wg.Wait()
+		return errors.Join(werr, rerr)
+	})
+}
