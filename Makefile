@@ -36,7 +36,7 @@ lint: vet fmt-check
 
 # Allreduce figures for the README: n = 2 and 4 over loopback TCP, each row
 # a median of ITERS calls, next to the pattern ceiling measured in the same run.
-ITERS ?= 7
+ITERS ?= 15
 bench: build
 	$(BIN)/ringtrain bench allreduce --transport tcp --peers 2 --sizes 1MiB,16MiB,64MiB --iters $(ITERS)
 	$(BIN)/ringtrain bench allreduce --transport tcp --peers 4 --sizes 1MiB,16MiB,64MiB --iters $(ITERS)

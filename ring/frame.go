@@ -137,9 +137,9 @@ type frameReader struct {
 	hdr [HeaderSize]byte
 }
 
-// read reads one frame header, checks it against want, and then reads exactly
-// want.Length payload bytes into dst[:want.Length].
-func (fr *frameReader) read(want *Header, dst []byte) error {
+// readHeader reads one frame header and checks it against want. The
+// want.Length payload bytes that follow are the caller's to read.
+func (fr *frameReader) readHeader(want *Header) error {
 	if _, err := io.ReadFull(fr.r, fr.hdr[:]); err != nil {
 		return fmt.Errorf("reading frame header: %w", readErr(err))
 	}
@@ -147,17 +147,24 @@ func (fr *frameReader) read(want *Header, dst []byte) error {
 	if err != nil {
 		return err
 	}
-	if err := h.check(want); err != nil {
-		return err
-	}
-	if int(want.Length) > len(dst) {
-		// A bug of ours, not the peer's: the receiver must size dst itself.
-		return fmt.Errorf("payload of %d bytes does not fit a %d-byte buffer: %w", want.Length, len(dst), ErrBadFrame)
-	}
-	if _, err := io.ReadFull(fr.r, dst[:want.Length]); err != nil {
-		return fmt.Errorf("reading %d-byte payload: %w", want.Length, readErr(err))
+	return h.check(want)
+}
+
+// readPayload reads exactly len(p) payload bytes.
+func (fr *frameReader) readPayload(p []byte) error {
+	if _, err := io.ReadFull(fr.r, p); err != nil {
+		return fmt.Errorf("reading %d bytes of payload: %w", len(p), readErr(err))
 	}
 	return nil
+}
+
+// read reads one frame whose header must equal want, and its payload into
+// dst, which the caller sized to want.Length bytes.
+func (fr *frameReader) read(want *Header, dst []byte) error {
+	if err := fr.readHeader(want); err != nil {
+		return err
+	}
+	return fr.readPayload(dst)
 }
 
 // readErr turns the end of a stream into ErrPeerLost: on a ring, a stream

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"unsafe"
 )
@@ -41,7 +42,7 @@ type Transport interface {
 // DefaultChunkBytes is the pipelining unit when Config.ChunkBytes is zero:
 // small enough that sending, receiving and adding overlap, large enough that
 // per-frame costs vanish.
-const DefaultChunkBytes = 256 << 10
+const DefaultChunkBytes = 1 << 20
 
 // maxChunkBytes bounds Config.ChunkBytes so a frame length always fits the
 // header's 32-bit field with room to spare.
@@ -93,9 +94,11 @@ type Ring struct {
 	mu      sync.Mutex // serialises calls; guards everything below
 	seq     uint64
 	err     error     // why the ring is closed, once it is
-	scratch []float32 // one chunk, for payloads that are added rather than copied
+	scratch []float32 // payload pieces that are added rather than copied
 	fr      frameReader
 	hdr     [HeaderSize]byte // sender's header buffer
+	bufArr  [2][]byte        // backing for bufs, so writes allocate nothing
+	bufs    net.Buffers
 }
 
 // New returns the Ring for one rank. It takes ownership of t (nil is allowed
@@ -311,17 +314,26 @@ func (r *Ring) pipe(send func(f *flow) error, recv func(f *flow) error, nframes 
 	return serr
 }
 
+// BuffersWriter is an optional Transport method: it sends several byte
+// slices to the successor as one write (writev on a TCP connection), which
+// saves a system call per frame. Streams has it.
+type BuffersWriter interface {
+	WriteBuffers(b *net.Buffers) (int64, error)
+}
+
 // writeFrame sends one frame: the header, then payload straight from the
 // caller's buffer.
 func (r *Ring) writeFrame(h *Header, payload []float32) error {
 	putHeader(r.hdr[:], h)
-	if _, err := r.t.Write(r.hdr[:]); err != nil {
-		return r.sendErr(h, err)
+	var err error
+	if bw, ok := r.t.(BuffersWriter); ok && len(payload) > 0 {
+		r.bufs = append(r.bufArr[:0], r.hdr[:], asBytes(payload))
+		_, err = bw.WriteBuffers(&r.bufs)
+	} else if _, err = r.t.Write(r.hdr[:]); err == nil && len(payload) > 0 {
+		_, err = r.t.Write(asBytes(payload))
 	}
-	if len(payload) > 0 {
-		if _, err := r.t.Write(asBytes(payload)); err != nil {
-			return r.sendErr(h, err)
-		}
+	if err != nil {
+		return r.sendErr(h, err)
 	}
 	return nil
 }
@@ -355,7 +367,7 @@ func (r *Ring) ringAllreduce(seq uint64, op Op, buf []float32) error {
 		_, l := segment(count, n, k)
 		nframes += 2 * frames(l, r.chunk)
 	}
-	if need := int(min(uint64(r.chunk), count)); len(r.scratch) < need {
+	if need := int(min(uint64(min(r.chunk, addPiece)), count)); len(r.scratch) < need {
 		r.scratch = make([]float32, need)
 	}
 
@@ -397,11 +409,9 @@ func (r *Ring) ringAllreduce(seq uint64, op Op, buf []float32) error {
 				want.Offset, want.Length = lo, uint32(4*(hi-lo))
 				dst := buf[lo:hi]
 				if reduce {
-					src := r.scratch[:len(dst)]
-					if err := r.fr.read(&want, asBytes(src)); err != nil {
+					if err := r.readAdd(&want, dst); err != nil {
 						return r.recvErr(&want, err)
 					}
-					add(dst, src)
 					if last && op == OpAllreduceMean {
 						scale(dst, n)
 					}
@@ -421,6 +431,27 @@ func (r *Ring) ringAllreduce(seq uint64, op Op, buf []float32) error {
 		return nil
 	}
 	return r.pipe(send, recv, nframes)
+}
+
+// addPiece is how many elements of a payload are read and added at a time:
+// small enough that they are still in cache when added, so the payload
+// crosses memory once rather than three times.
+const addPiece = 64 << 10
+
+// readAdd reads a frame and adds its payload into dst piece by piece.
+func (r *Ring) readAdd(want *Header, dst []float32) error {
+	if err := r.fr.readHeader(want); err != nil {
+		return err
+	}
+	for len(dst) > 0 {
+		src := r.scratch[:min(len(dst), len(r.scratch))]
+		if err := r.fr.readPayload(asBytes(src)); err != nil {
+			return err
+		}
+		add(dst[:len(src)], src)
+		dst = dst[len(src):]
+	}
+	return nil
 }
 
 // broadcast pipelines root's buffer along the ring: each rank after root
@@ -484,23 +515,6 @@ func (r *Ring) broadcast(seq uint64, buf []float32, root int) error {
 		return nil
 	}
 	return r.pipe(send, recv, nf+1)
-}
-
-// add sets dst[i] += src[i]. Unrolled by four: Go does not vectorise, and
-// this loop runs on every byte a reduce-scatter receives.
-func add(dst, src []float32) {
-	src = src[:len(dst)]
-	i := 0
-	for ; i+4 <= len(dst); i += 4 {
-		d, s := dst[i:i+4:i+4], src[i:i+4:i+4]
-		d[0] += s[0]
-		d[1] += s[1]
-		d[2] += s[2]
-		d[3] += s[3]
-	}
-	for ; i < len(dst); i++ {
-		dst[i] += src[i]
-	}
 }
 
 // scale divides by n. Division rather than multiplying by 1/n keeps the

@@ -146,6 +146,22 @@ func TestAllreduce(t *testing.T) {
 	}
 }
 
+// TestAllreduceLargeFrames uses the default chunk, so that one frame is read
+// and added in several pieces.
+func TestAllreduceLargeFrames(t *testing.T) {
+	const n, length = 3, 3*addPiece*2 + 1001
+	for _, op := range []Op{OpAllreduceSum, OpAllreduceMean} {
+		rs := newRings(t, MemRing(n), 0)
+		in := randomBuffers(rand.New(rand.NewSource(5)), n, length)
+		out := clone(in)
+		errs := onAll(n, func(i int) error { return rs[i].allreduce(context.Background(), op, out[i]) })
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		checkAllreduce(t, op, in, out)
+	}
+}
+
 func TestBroadcastFromEveryRoot(t *testing.T) {
 	for _, tk := range transportKinds {
 		for _, n := range []int{1, 2, 3, 5} {
@@ -380,7 +396,7 @@ func TestBadFrames(t *testing.T) {
 		{"offset", frame(func(h *Header) { h.Offset = 0 }, 4), ErrBadFrame, "offset 0, want 1"},
 		{"huge length", frame(func(h *Header) { h.Length = math.MaxUint32 }, 0), ErrBadFrame, "length 4294967295, want 4"},
 		{"short header", frame(nil, 0)[:HeaderSize-3], ErrPeerLost, "reading frame header"},
-		{"short payload", frame(nil, 4)[:HeaderSize+2], ErrPeerLost, "4-byte payload"},
+		{"short payload", frame(nil, 4)[:HeaderSize+2], ErrPeerLost, "4 bytes of payload"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -483,5 +499,67 @@ func TestBroadcastRejectsBadRoot(t *testing.T) {
 	}
 	if err := r.Broadcast(context.Background(), nil, 1); err == nil {
 		t.Error("Broadcast(root 1) on a ring of 1 = nil; want an error")
+	}
+}
+
+// TestMixedCalls runs different collectives back to back on one ring.
+func TestMixedCalls(t *testing.T) {
+	const n = 3
+	for _, tk := range transportKinds {
+		t.Run(tk.name, func(t *testing.T) {
+			rs := newRings(t, tk.make(t, n, 7), testChunk)
+			rng := rand.New(rand.NewSource(9))
+			for round := range 3 {
+				sum := randomBuffers(rng, n, 10+round)
+				sumIn := clone(sum)
+				bc := randomBuffers(rng, n, 5)
+				mean := randomBuffers(rng, n, 100)
+				meanIn := clone(mean)
+				root := round % n
+				want := append([]float32(nil), bc[root]...)
+				errs := onAll(n, func(i int) error {
+					ctx := context.Background()
+					return errors.Join(
+						rs[i].AllreduceSum(ctx, sum[i]),
+						rs[i].Broadcast(ctx, bc[i], root),
+						rs[i].Barrier(ctx),
+						rs[i].AllreduceMean(ctx, mean[i]),
+						rs[i].AllreduceSum(ctx, nil),
+					)
+				})
+				if err := errors.Join(errs...); err != nil {
+					t.Fatalf("round %d: %v", round, err)
+				}
+				checkAllreduce(t, OpAllreduceSum, sumIn, sum)
+				checkAllreduce(t, OpAllreduceMean, meanIn, mean)
+				for i := range n {
+					for j := range want {
+						if bc[i][j] != want[j] {
+							t.Fatalf("round %d: Broadcast(root %d) rank %d element %d = %v; want %v", round, root, i, j, bc[i][j], want[j])
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestAddMatchesPlainLoop: the assembly gives the plain loop's bits at every
+// length around its block size.
+func TestAddMatchesPlainLoop(t *testing.T) {
+	rng := rand.New(rand.NewSource(11))
+	for length := range 70 {
+		dst := randomBuffers(rng, 1, length)[0]
+		src := randomBuffers(rng, 1, length+3)[0] // longer src must be fine
+		want := append([]float32(nil), dst...)
+		for i := range want {
+			want[i] += src[i]
+		}
+		add(dst, src)
+		for i := range want {
+			if math.Float32bits(dst[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("add, length %d: element %d = %v; want %v", length, i, dst[i], want[i])
+			}
+		}
 	}
 }

@@ -32,6 +32,10 @@ func NewStreams(next io.WriteCloser, prev io.ReadCloser) *Streams {
 // Write sends to the successor.
 func (s *Streams) Write(p []byte) (int, error) { return s.next.Write(p) }
 
+// WriteBuffers sends b to the successor in one writev where the stream is a
+// net.Conn, and write by write otherwise.
+func (s *Streams) WriteBuffers(b *net.Buffers) (int64, error) { return b.WriteTo(s.next) }
+
 // Read receives from the predecessor.
 func (s *Streams) Read(p []byte) (int, error) { return s.prev.Read(p) }
 

@@ -59,7 +59,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		fmt.Fprintf(stdout, row, r.Transport, strconv.Itoa(r.Peers), formatBytes(r.Bytes),
 			fmt.Sprintf("%.2f", r.Seconds*1e3), fmt.Sprintf("%.3f", r.Algbw), fmt.Sprintf("%.3f", r.Busbw),
-			fmt.Sprintf("%.3f", r.CeilingBusbw), fmt.Sprintf("%.2f", r.Ratio()))
+			fmt.Sprintf("%.3f", r.CeilingBusbw), fmt.Sprintf("%.2f", r.Ratio))
 	})
 	if err != nil {
 		return fmt.Errorf("bench allreduce: %w", err)

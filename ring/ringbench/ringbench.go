@@ -50,10 +50,12 @@ type Result struct {
 	Algbw        float64 `json:"algbw_GBps"`
 	Busbw        float64 `json:"busbw_GBps"`
 	CeilingBusbw float64 `json:"ceiling_busbw_GBps"`
+	// Ratio is the median, over the timed rounds, of busbw / ceiling
+	// busbw within the round. Each round runs the allreduce and the
+	// pattern back to back, so a slow spell of a shared machine touches
+	// both; that makes it steadier than the ratio of the two medians.
+	Ratio float64 `json:"ratio"`
 }
-
-// Ratio is busbw as a share of the pattern ceiling.
-func (r Result) Ratio() float64 { return r.Busbw / r.CeilingBusbw }
 
 func busFactor(n int) float64 { return 2 * float64(n-1) / float64(n) }
 
@@ -117,24 +119,33 @@ func Run(ctx context.Context, trs Transports, cfg Config, emit func(Result)) err
 		for i := range bufs {
 			bufs[i] = make([]float32, size/4)
 			for j := range bufs[i] {
-				bufs[i][j] = float32(j%97) * 0.25
+				bufs[i][j] = float32(j&127) * 0.25
 			}
-		}
-		// One untimed call of each warms connections and scratch buffers.
-		ringTime, err := median(cfg.Iters+1, func() error {
-			return onAll(n, func(i int) error { return rings[i].AllreduceSum(ctx, bufs[i]) })
-		})
-		if err != nil {
-			return fmt.Errorf("allreduce of %d bytes: %w", size, err)
 		}
 		src, dst := make([][]byte, n), make([][]byte, n)
 		for i := range n {
-			src[i], dst[i] = make([]byte, size/n), make([]byte, size/n)
+			src[i], dst[i] = make([]byte, size), make([]byte, size)
 		}
-		patTime, err := median(cfg.Iters+1, func() error { return pattern(raw, src, dst) })
-		if err != nil {
-			return fmt.Errorf("pattern ceiling of %d bytes: %w", size, err)
+		// Ring and pattern take turns, so that both see the same machine:
+		// on a shared VM the bare pattern alone varies by tens of percent
+		// from one second to the next. One untimed round warms both.
+		var ringTimes, patTimes, ratios []float64
+		for i := range cfg.Iters + 1 {
+			t, err := timed(func() error {
+				return onAll(n, func(i int) error { return rings[i].AllreduceSum(ctx, bufs[i]) })
+			})
+			if err != nil {
+				return fmt.Errorf("allreduce of %d bytes: %w", size, err)
+			}
+			p, err := timed(func() error { return pattern(raw, src, dst) })
+			if err != nil {
+				return fmt.Errorf("pattern ceiling of %d bytes: %w", size, err)
+			}
+			if i > 0 {
+				ringTimes, patTimes, ratios = append(ringTimes, t), append(patTimes, p), append(ratios, p/t)
+			}
 		}
+		ringTime, patTime := median(ringTimes), median(patTimes)
 		algbw := float64(size) / ringTime / 1e9
 		emit(Result{
 			Transport:    cfg.Transport,
@@ -144,26 +155,21 @@ func Run(ctx context.Context, trs Transports, cfg Config, emit func(Result)) err
 			Algbw:        algbw,
 			Busbw:        algbw * busFactor(n),
 			CeilingBusbw: float64(size) / patTime / 1e9 * busFactor(n),
+			Ratio:        median(ratios),
 		})
 	}
 	return nil
 }
 
-// median runs f runs times and returns the median duration in seconds of
-// all runs but the first.
-func median(runs int, f func() error) (float64, error) {
-	var ds []float64
-	for i := range runs {
-		start := time.Now()
-		if err := f(); err != nil {
-			return 0, err
-		}
-		if i > 0 {
-			ds = append(ds, time.Since(start).Seconds())
-		}
-	}
-	slices.Sort(ds)
-	return ds[len(ds)/2], nil
+func timed(f func() error) (float64, error) {
+	start := time.Now()
+	err := f()
+	return time.Since(start).Seconds(), err
+}
+
+func median(xs []float64) float64 {
+	slices.Sort(xs)
+	return xs[len(xs)/2]
 }
 
 func onAll(n int, f func(i int) error) error {
@@ -176,26 +182,32 @@ func onAll(n int, f func(i int) error) error {
 	return errors.Join(errs...)
 }
 
-// pattern moves what a ring-allreduce moves — 2(n−1) segments of size/n
-// bytes from every rank to its successor, all ranks at once — and nothing
-// else: no headers, no adding, no waiting between steps.
-// src and dst hold one segment per rank.
+// pattern moves what a ring-allreduce moves — in step s of 2(n−1), every
+// rank sends segment rank−s of its buffer to its successor and receives
+// segment rank−s−1, all ranks at once — and nothing else: no headers, no
+// adding, no waiting for a segment to arrive before sending it on. src and
+// dst are each rank's whole buffer, so the pattern touches as much memory as
+// the allreduce does.
 func pattern(ts []ring.Transport, src, dst [][]byte) error {
 	n := len(ts)
 	steps := 2 * (n - 1)
+	seg := func(b []byte, k int) []byte {
+		k = ((k % n) + n) % n
+		return b[k*len(b)/n : (k+1)*len(b)/n]
+	}
 	return onAll(n, func(i int) error {
 		var wg sync.WaitGroup
 		var werr error
 		wg.Go(func() {
-			for range steps {
-				if _, werr = ts[i].Write(src[i]); werr != nil {
+			for s := range steps {
+				if _, werr = ts[i].Write(seg(src[i], i-s)); werr != nil {
 					return
 				}
 			}
 		})
 		var rerr error
-		for range steps {
-			if _, rerr = io.ReadFull(ts[i], dst[i]); rerr != nil {
+		for s := range steps {
+			if _, rerr = io.ReadFull(ts[i], seg(dst[i], i-s-1)); rerr != nil {
 				break
 			}
 		}

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+)
+
+func TestParseBytes(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int
+		ok   bool
+	}{
+		{"4096", 4096, true},
+		{"512KiB", 512 << 10, true},
+		{" 16MiB", 16 << 20, true},
+		{"1GiB", 1 << 30, true},
+		{"8B", 8, true},
+		{"0", 0, false},
+		{"-1MiB", 0, false},
+		{"MiB", 0, false},
+		{"1.5MiB", 0, false},
+	}
+	for _, tt := range tests {
+		got, err := parseBytes(tt.in)
+		if (err == nil) != tt.ok || got != tt.want {
+			t.Errorf("parseBytes(%q) = %d, %v; want %d, ok=%v", tt.in, got, err, tt.want, tt.ok)
+		}
+	}
+}
+
+func TestBenchAllreduceJSON(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"bench", "allreduce", "--transport", "mem", "--peers", "2", "--sizes", "4KiB", "--iters", "1", "--json"}, &out, &errOut)
+	if err != nil {
+		t.Fatalf("bench allreduce: %v (%s)", err, errOut.String())
+	}
+	var row map[string]any
+	if err := json.Unmarshal(out.Bytes(), &row); err != nil {
+		t.Fatalf("output %q is not one JSON object: %v", out.String(), err)
+	}
+	for _, k := range []string{"transport", "peers", "bytes", "seconds", "algbw_GBps", "busbw_GBps", "ceiling_busbw_GBps"} {
+		if _, ok := row[k]; !ok {
+			t.Errorf("JSON row %v lacks %q", row, k)
+		}
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, args := range [][]string{nil, {"frobnicate"}, {"bench"}, {"bench", "allreduce", "--sizes", "lots"}} {
+		var out bytes.Buffer
+		if err := run(context.Background(), args, &out, &out); !errors.Is(err, errUsage) {
+			t.Errorf("run(%q) = %v; want a usage error", args, err)
+		}
+	}
+}
