@@ -37,9 +37,10 @@ lint: vet fmt-check
 # Allreduce figures for the README: n = 2 and 4 over loopback TCP, each row
 # a median of ITERS calls, next to the pattern ceiling measured in the same run.
 ITERS ?= 15
+BENCHFLAGS ?=
 bench: build
-	$(BIN)/ringtrain bench allreduce --transport tcp --peers 2 --sizes 1MiB,16MiB,64MiB --iters $(ITERS)
-	$(BIN)/ringtrain bench allreduce --transport tcp --peers 4 --sizes 1MiB,16MiB,64MiB --iters $(ITERS)
+	$(BIN)/ringtrain bench allreduce --transport tcp --peers 2 --sizes 1MiB,16MiB,64MiB --iters $(ITERS) $(BENCHFLAGS)
+	$(BIN)/ringtrain bench allreduce --transport tcp --peers 4 --sizes 1MiB,16MiB,64MiB --iters $(ITERS) $(BENCHFLAGS)
 
 # Until training lands (issues 3–5), the demo is three ranks averaging a
 # buffer over loopback TCP.
