@@ -7,9 +7,9 @@ GO       ?= go
 BIN      ?= bin
 FUZZTIME ?= 10s
 # Every fuzz target, as package:Target; `make test` runs each for FUZZTIME.
-FUZZ     := ./ring:FuzzRecv
+FUZZ     := ./ring:FuzzRecv ./data:FuzzReadIDX ./data:FuzzReadCSV
 
-.PHONY: build test vet fuzz lint fmt-check bench demo clean
+.PHONY: build test vet fuzz lint fmt-check bench bench-data fashion-mnist testdata demo clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -41,6 +41,20 @@ BENCHFLAGS ?=
 bench: build
 	$(BIN)/ringtrain bench allreduce --transport tcp --peers 2 --sizes 1MiB,16MiB,64MiB --iters $(ITERS) $(BENCHFLAGS)
 	$(BIN)/ringtrain bench allreduce --transport tcp --peers 4 --sizes 1MiB,16MiB,64MiB --iters $(ITERS) $(BENCHFLAGS)
+	$(MAKE) --no-print-directory bench-data
+
+# Data pipeline, one core: load → ToTensor → Normalize → batches of 64 over
+# the real Fashion-MNIST (Debian's dataset-fashion-mnist, installed here).
+bench-data: fashion-mnist
+	$(GO) test -run '^$$' -bench '^BenchmarkLoader$$' -cpu 1 -count 5 ./data
+
+FASHION := /usr/share/datasets/fashion-mnist
+fashion-mnist:
+	@[ -e $(FASHION)/train-images-idx3-ubyte.gz ] || { 	  (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null 2>&1 || 	  echo "could not install dataset-fashion-mnist; using testdata/ instead"; }
+
+# testdata/ is made from the real Fashion-MNIST; the output is committed.
+testdata: fashion-mnist
+	$(GO) run ./cmd/mktestdata -src $(FASHION) -out testdata
 
 # Until training lands (issues 3–5), the demo is three ranks averaging a
 # buffer over loopback TCP.

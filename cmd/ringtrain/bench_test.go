@@ -57,3 +57,18 @@ func TestUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestDataCommand(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"data", "--config", "../../testdata/data-config.json"}, &out, &out); err != nil {
+		t.Fatalf("data: %v", err)
+	}
+	for _, want := range []string{"train: ", "2000 images", "test: ", "500 images", "Ankle boot=", "Normalize"} {
+		if !bytes.Contains(out.Bytes(), []byte(want)) {
+			t.Errorf("data output %q lacks %q", out.String(), want)
+		}
+	}
+	if err := run(context.Background(), []string{"data"}, &out, &out); !errors.Is(err, errUsage) {
+		t.Errorf("data without --config = %v; want a usage error", err)
+	}
+}

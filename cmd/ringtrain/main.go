@@ -4,6 +4,7 @@
 // Usage:
 //
 //	ringtrain bench allreduce [--transport mem|tcp] [--peers N] [--sizes 1MiB,16MiB] [--json]
+//	ringtrain data --config data.json
 package main
 
 import (
@@ -37,6 +38,7 @@ const usage = `usage: ringtrain <command> [flags]
 
 commands:
   bench allreduce   measure ring-allreduce against the pattern ceiling
+  data              load a data config's datasets and say what they hold
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -47,6 +49,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	switch args[0] {
 	case "bench":
 		return runBench(ctx, args[1:], stdout, stderr)
+	case "data":
+		return runData(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -1,0 +1,144 @@
+package data
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+)
+
+// Config is the data config users of the older tools already have:
+//
+//	{
+//	  "transforms": [
+//	    {"name": "ToTensor", "args": []},
+//	    {"name": "Normalize", "args": [[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]]}
+//	  ],
+//	  "dataset_path": {"train": "path/to/train", "test": "path/to/test"}
+//	}
+//
+// An optional "classes" list names the labels.
+type Config struct {
+	Transforms  []TransformSpec `json:"transforms"`
+	DatasetPath Paths           `json:"dataset_path"`
+	Classes     []string        `json:"classes,omitempty"`
+}
+
+// Paths are the train and test datasets (see Open for what a path may name).
+type Paths struct {
+	Train string `json:"train"`
+	Test  string `json:"test"`
+}
+
+// ParseConfig reads a data config. An unknown field is an error naming it,
+// so that a typo is not silently ignored. Relative dataset paths are taken
+// relative to dir (the config file's folder; "" for the working directory).
+func ParseConfig(r io.Reader, dir string) (*Config, error) {
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	var c Config
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("data: config: %w: %w", err, ErrConfig)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("data: config: more than one JSON value: %w", ErrConfig)
+	}
+	if c.DatasetPath.Train == "" {
+		return nil, fmt.Errorf(`data: config: dataset_path.train is missing; add "dataset_path": {"train": "...", "test": "..."}: %w`, ErrConfig)
+	}
+	for _, p := range []*string{&c.DatasetPath.Train, &c.DatasetPath.Test} {
+		if *p != "" && !filepath.IsAbs(*p) && dir != "" {
+			*p = filepath.Join(dir, *p)
+		}
+	}
+	if _, err := NewPipeline(c.Transforms); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// LoadConfig reads a data config file; relative paths in it are taken from
+// the file's folder.
+func LoadConfig(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("data: %w", err)
+	}
+	c, err := ParseConfig(bytes.NewReader(b), filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Split is one dataset with its transforms, checked to give tensors of one
+// shape.
+type Split struct {
+	*Dataset
+	Pipeline *Pipeline
+	// C, H, W is the shape of every sample after the transforms.
+	C, H, W int
+}
+
+// Load opens the config's train or test split ("train" or "test") and
+// checks every image against the transforms: the first image whose tensor
+// would differ in shape from the others is named in the error.
+func (c *Config) Load(split string) (*Split, error) {
+	path := c.DatasetPath.Train
+	if split == "test" {
+		path = c.DatasetPath.Test
+	}
+	if path == "" {
+		return nil, fmt.Errorf("data: config has no dataset_path.%s: %w", split, ErrConfig)
+	}
+	p, err := NewPipeline(c.Transforms)
+	if err != nil {
+		return nil, err
+	}
+	d, err := Open(path, split, c.Classes)
+	if err != nil {
+		return nil, err
+	}
+	return NewSplit(d, p)
+}
+
+// NewSplit pairs a dataset with transforms and checks the shapes.
+func NewSplit(d *Dataset, p *Pipeline) (*Split, error) {
+	if d.Len() == 0 {
+		return nil, fmt.Errorf("data: %s has no images: %w", d.Source, ErrFormat)
+	}
+	s := &Split{Dataset: d, Pipeline: p}
+	type dims struct{ h, w, c int }
+	seen := map[dims]bool{}
+	for i := range d.Len() {
+		im := d.Image(i)
+		k := dims{im.H, im.W, im.C}
+		if seen[k] {
+			continue
+		}
+		c, h, w, err := p.OutShape(im.H, im.W, im.C)
+		if err != nil {
+			return nil, fmt.Errorf("%s (%d×%d×%d): %w", d.Name(i), im.H, im.W, im.C, err)
+		}
+		if len(seen) == 0 {
+			s.C, s.H, s.W = c, h, w
+		} else if c != s.C || h != s.H || w != s.W {
+			first := d.Image(0)
+			hint := ""
+			if im.H != first.H || im.W != first.W {
+				hint = "; add a Resize (or RandomCrop) so that all images come out the same size"
+			}
+			return nil, fmt.Errorf("data: %s is %d×%d×%d and becomes %d×%d×%d, but %s becomes %d×%d×%d%s: %w",
+				d.Name(i), im.H, im.W, im.C, c, h, w, d.Name(0), s.C, s.H, s.W, hint, ErrFormat)
+		}
+		seen[k] = true
+	}
+	return s, nil
+}
+
+// Describe says what a user wants to see on load.
+func (s *Split) Describe() string {
+	return fmt.Sprintf("%s; transforms: %s; samples become %d×%d×%d", s.Dataset.Describe(), s.Pipeline.Describe(), s.C, s.H, s.W)
+}

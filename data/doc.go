@@ -1,0 +1,23 @@
+// Package data loads labelled image datasets, applies torchvision-style
+// transforms from a JSON data config, splits each epoch between ranks and
+// delivers batches as contiguous float32 NCHW buffers.
+//
+// It reads MNIST-style IDX files (gzipped or raw), folders of class folders
+// of PNG and JPEG images (torchvision's ImageFolder) and CSV files in
+// label,pixel1,…,pixelN layout. Images stay uint8 in memory and become
+// float32 only in the batch.
+//
+// # Usage
+//
+//	cfg, err := data.LoadConfig("data.json")
+//	train, err := cfg.Load("train")            // checked: every sample has one shape
+//	fmt.Println(train.Describe())               // transforms, classes, counts
+//	l := &data.Loader{Split: train, BatchSize: 64, Seed: seed,
+//		Sampler: data.Sampler{N: train.Len(), World: n, Rank: r, Seed: seed, Shuffle: true}}
+//	e, err := l.Epoch(ctx, epoch)
+//	defer e.Close()
+//	for b, err := e.Next(); err == nil; b, err = e.Next() { ... } // io.EOF ends the epoch
+//
+// Random transforms draw from (seed, epoch, dataset index), so a run repeats
+// exactly and a sample's augmentation does not depend on the world size.
+package data

@@ -1,0 +1,137 @@
+package data
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync"
+)
+
+// Batch is a batch of samples as the model takes them.
+type Batch struct {
+	// X holds N samples of C×H×W float32s, contiguous, NCHW.
+	X []float32
+	// Y holds the labels.
+	Y []int
+	// Index holds the samples' dataset indices.
+	Index      []int
+	N, C, H, W int
+}
+
+// Loader turns a Split into batches for one rank, prepared in the
+// background a bounded number of batches ahead.
+type Loader struct {
+	Split   *Split
+	Sampler Sampler
+	// BatchSize is the samples per batch on this rank. The last batch of
+	// an epoch may be smaller; every rank gets the same number of batches.
+	BatchSize int
+	// Prefetch is how many batches are prepared ahead; zero means 2.
+	Prefetch int
+	// Seed seeds the random transforms, with the epoch and the sample's
+	// dataset index, so a run repeats exactly whatever the world size.
+	Seed uint64
+}
+
+// Batches returns how many batches an epoch has on each rank.
+func (l *Loader) Batches() int {
+	return (l.Sampler.NumSamples() + l.BatchSize - 1) / l.BatchSize
+}
+
+// Epoch is one pass over a rank's share. Next must not be called from
+// more than one goroutine.
+type Epoch struct {
+	l       *Loader
+	out     chan result
+	free    chan *Batch
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	current *Batch
+}
+
+type result struct {
+	b   *Batch
+	err error
+}
+
+// Epoch starts preparing the epoch's batches. Close it when done.
+func (l *Loader) Epoch(ctx context.Context, epoch int) (*Epoch, error) {
+	if l.BatchSize < 1 {
+		return nil, fmt.Errorf("data: batch size %d; want at least 1", l.BatchSize)
+	}
+	idx, err := l.Sampler.Indices(epoch)
+	if err != nil {
+		return nil, err
+	}
+	prefetch := l.Prefetch
+	if prefetch <= 0 {
+		prefetch = 2
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	e := &Epoch{l: l, out: make(chan result, prefetch), free: make(chan *Batch, prefetch+1), cancel: cancel}
+	// prefetch+1 buffers: prefetch ready or being filled, one with the caller.
+	sz := l.Split.C * l.Split.H * l.Split.W
+	for range prefetch + 1 {
+		e.free <- &Batch{X: make([]float32, 0, l.BatchSize*sz), Y: make([]int, 0, l.BatchSize), Index: make([]int, 0, l.BatchSize)}
+	}
+	e.wg.Go(func() { e.produce(ctx, idx, epoch) })
+	return e, nil
+}
+
+func (e *Epoch) produce(ctx context.Context, idx []int, epoch int) {
+	defer close(e.out)
+	s := e.l.Split
+	sz := s.C * s.H * s.W
+	var ws Workspace
+	for lo := 0; lo < len(idx); lo += e.l.BatchSize {
+		var b *Batch
+		select {
+		case b = <-e.free:
+		case <-ctx.Done():
+			return
+		}
+		chunk := idx[lo:min(lo+e.l.BatchSize, len(idx))]
+		b.N, b.C, b.H, b.W = len(chunk), s.C, s.H, s.W
+		b.X, b.Y, b.Index = b.X[:len(chunk)*sz], b.Y[:0], append(b.Index[:0], chunk...)
+		var err error
+		for k, i := range chunk {
+			if err = s.Pipeline.Apply(&ws, s.Image(i), b.X[k*sz:(k+1)*sz], e.l.Seed, epoch, i); err != nil {
+				err = fmt.Errorf("%s: %w", s.Name(i), err)
+				break
+			}
+			b.Y = append(b.Y, s.Label(i))
+		}
+		select {
+		case e.out <- result{b, err}:
+		case <-ctx.Done():
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// Next returns the next batch, valid until the next call of Next or Close,
+// or io.EOF after the last.
+func (e *Epoch) Next() (*Batch, error) {
+	if e.current != nil {
+		e.free <- e.current
+		e.current = nil
+	}
+	r, ok := <-e.out
+	if !ok {
+		return nil, io.EOF
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	e.current = r.b
+	return r.b, nil
+}
+
+// Close stops the background work and waits for it.
+func (e *Epoch) Close() {
+	e.cancel()
+	e.wg.Wait()
+}

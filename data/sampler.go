@@ -1,0 +1,66 @@
+package data
+
+import (
+	"fmt"
+	"math/rand/v2"
+)
+
+// Sampler splits an epoch's samples between ranks with the semantics of
+// torch's DistributedSampler: every rank draws the same seeded permutation
+// and takes every World-th index from its Rank on, so all ranks get the
+// same number of samples.
+type Sampler struct {
+	N     int // samples in the dataset
+	World int // ranks
+	Rank  int
+	Seed  uint64
+	// Shuffle draws a new permutation each epoch from (Seed, epoch);
+	// without it the order is 0, 1, 2, …
+	Shuffle bool
+	// DropLast drops the tail that does not divide among the ranks; the
+	// shares are then disjoint and their union is all but that tail.
+	// Without it, the permutation is padded by wrapping round to its
+	// start, so a few samples are seen twice in the epoch.
+	DropLast bool
+}
+
+func (s Sampler) validate() error {
+	if s.World < 1 || s.Rank < 0 || s.Rank >= s.World || s.N < 0 {
+		return fmt.Errorf("data: sampler of rank %d in a world of %d over %d samples: want 0 ≤ rank < world", s.Rank, s.World, s.N)
+	}
+	return nil
+}
+
+// NumSamples is how many samples each rank gets per epoch.
+func (s Sampler) NumSamples() int {
+	if s.DropLast {
+		return s.N / s.World
+	}
+	return (s.N + s.World - 1) / s.World
+}
+
+// Indices returns this rank's dataset indices for the epoch.
+func (s Sampler) Indices(epoch int) ([]int, error) {
+	if err := s.validate(); err != nil {
+		return nil, err
+	}
+	var perm []int
+	if s.Shuffle {
+		perm = rand.New(rand.NewPCG(s.Seed, uint64(epoch))).Perm(s.N)
+	} else {
+		perm = make([]int, s.N)
+		for i := range perm {
+			perm[i] = i
+		}
+	}
+	total := s.NumSamples() * s.World
+	for len(perm) < total && s.N > 0 {
+		perm = append(perm, perm[:min(total-len(perm), s.N)]...)
+	}
+	perm = perm[:total]
+	out := make([]int, 0, s.NumSamples())
+	for i := s.Rank; i < total; i += s.World {
+		out = append(out, perm[i])
+	}
+	return out, nil
+}
