@@ -1,0 +1,90 @@
+package train
+
+import (
+	"fmt"
+	"math"
+)
+
+// Optimizer updates parameters from gradients, in place. Its state lives in
+// plain slices so that it can be checkpointed and sent to a joining peer.
+type Optimizer interface {
+	Step(params, grads [][]float32)
+}
+
+// SGD is torch.optim.SGD: with weight decay wd and momentum mu,
+// g ← g + wd·p; v ← mu·v + g; p ← p − lr·v.
+type SGD struct {
+	LR, Momentum, WeightDecay float32
+	velocity                  [][]float32
+}
+
+// Step applies one update.
+func (o *SGD) Step(params, grads [][]float32) {
+	if o.Momentum != 0 && o.velocity == nil {
+		o.velocity = zerosLike(params)
+	}
+	for i, p := range params {
+		g := grads[i]
+		for j := range p {
+			d := g[j] + o.WeightDecay*p[j]
+			if o.Momentum != 0 {
+				v := &o.velocity[i][j]
+				*v = o.Momentum**v + d
+				d = *v
+			}
+			p[j] -= o.LR * d
+		}
+	}
+}
+
+// Adam is torch.optim.Adam (weight decay added to the gradient).
+type Adam struct {
+	LR, Beta1, Beta2, Eps, WeightDecay float32
+	m, v                               [][]float32
+	t                                  int
+}
+
+// NewAdam returns Adam with torch's defaults for everything but lr.
+func NewAdam(lr float32) *Adam { return &Adam{LR: lr, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8} }
+
+// Step applies one update.
+func (o *Adam) Step(params, grads [][]float32) {
+	if o.m == nil {
+		o.m, o.v = zerosLike(params), zerosLike(params)
+	}
+	o.t++
+	bc1 := 1 - math.Pow(float64(o.Beta1), float64(o.t))
+	bc2 := 1 - math.Pow(float64(o.Beta2), float64(o.t))
+	step := o.LR / float32(bc1)
+	sq := float32(math.Sqrt(bc2))
+	for i, p := range params {
+		g, m, v := grads[i], o.m[i], o.v[i]
+		for j := range p {
+			d := g[j] + o.WeightDecay*p[j]
+			m[j] = o.Beta1*m[j] + (1-o.Beta1)*d
+			v[j] = o.Beta2*v[j] + (1-o.Beta2)*d*d
+			p[j] -= step * m[j] / (float32(math.Sqrt(float64(v[j])))/sq + o.Eps)
+		}
+	}
+}
+
+func zerosLike(params [][]float32) [][]float32 {
+	out := make([][]float32, len(params))
+	for i, p := range params {
+		out[i] = make([]float32, len(p))
+	}
+	return out
+}
+
+// ParseOptimizer builds an optimizer by name: "sgd" or "adam".
+func ParseOptimizer(name string, lr, momentum, weightDecay float32) (Optimizer, error) {
+	switch name {
+	case "sgd":
+		return &SGD{LR: lr, Momentum: momentum, WeightDecay: weightDecay}, nil
+	case "adam":
+		a := NewAdam(lr)
+		a.WeightDecay = weightDecay
+		return a, nil
+	}
+	return nil, fmt.Errorf("train: unknown optimizer %q; want sgd or adam", name)
+}

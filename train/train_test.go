@@ -1,0 +1,201 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/ringtrain/ringtrain/ring"
+)
+
+var tiny = MLPConfig{Inputs: 12, Hidden: []int{16, 8}, Classes: 5, Seed: 3}
+
+func newMLP(t *testing.T, cfg MLPConfig) Model {
+	t.Helper()
+	m, err := NewMLP(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func randomBatch(rng *rand.Rand, n, features, classes int) ([]float32, []int) {
+	x := make([]float32, n*features)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	y := make([]int, n)
+	for i := range y {
+		y[i] = rng.IntN(classes)
+	}
+	return x, y
+}
+
+// TestGradientsMatchFiniteDifferences checks every parameter tensor's
+// gradient, at a few entries each, against central differences of the loss.
+func TestGradientsMatchFiniteDifferences(t *testing.T) {
+	cfg := tiny
+	cfg.Batch = 4
+	m := newMLP(t, cfg)
+	x, y := randomBatch(rand.New(rand.NewPCG(1, 2)), 3, cfg.Inputs, cfg.Classes) // 3 < batch: padding too
+	if _, err := m.ForwardBackward(x, y, 3); err != nil {
+		t.Fatal(err)
+	}
+	var grads [][]float32
+	for _, g := range m.Grads() {
+		grads = append(grads, append([]float32(nil), g...))
+	}
+	loss := func() float64 {
+		l, err := m.ForwardBackward(x, y, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return float64(l)
+	}
+	const h = 1e-2
+	for ti, p := range m.Params() {
+		for _, j := range []int{0, len(p) / 2, len(p) - 1} {
+			old := p[j]
+			p[j] = old + h
+			up := loss()
+			p[j] = old - h
+			down := loss()
+			p[j] = old
+			fd := (up - down) / (2 * h)
+			if got := float64(grads[ti][j]); math.Abs(got-fd) > 2e-3+2e-2*math.Abs(fd) {
+				t.Errorf("%s[%d]: gradient %g; finite difference %g", m.ParamNames()[ti], j, got, fd)
+			}
+		}
+	}
+}
+
+func memRings(t *testing.T, n int) []*ring.Ring {
+	t.Helper()
+	ts := ring.MemRing(n)
+	rs := make([]*ring.Ring, n)
+	for i := range n {
+		r, err := ring.New(ts[i], ring.Config{Rank: i, Size: n, Generation: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs[i] = r
+		t.Cleanup(func() { r.Close() })
+	}
+	return rs
+}
+
+func onAll(n int, f func(i int) error) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { errs[i] = f(i) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// TestDistributedEqualsBigBatch is the test that proves the distribution
+// right: 4 replicas with batch B each on an in-memory ring, against one
+// replica with batch 4B over the same samples, several SGD steps.
+func TestDistributedEqualsBigBatch(t *testing.T) {
+	const world, b, steps = 4, 8, 5
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(7, 7))
+	type batch struct {
+		x []float32
+		y []int
+	}
+	global := make([]batch, steps)
+	for s := range global {
+		global[s].x, global[s].y = randomBatch(rng, world*b, tiny.Inputs, tiny.Classes)
+	}
+	opt := func() Optimizer { return &SGD{LR: 0.1, Momentum: 0.9, WeightDecay: 1e-4} }
+
+	one, err := ring.New(nil, ring.Config{Size: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := tiny
+	cfg.Batch = world * b
+	big := NewReplica(newMLP(t, cfg), opt(), one)
+	for _, g := range global {
+		if _, err := big.Step(ctx, g.x, g.y, world*b); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	rings := memRings(t, world)
+	cfg.Batch = b
+	reps := make([]*Replica, world)
+	for i := range reps {
+		c := cfg
+		c.Seed = tiny.Seed + uint64(100*i) // rank 0 as the big replica; the others differ until SyncParams
+		reps[i] = NewReplica(newMLP(t, c), opt(), rings[i])
+	}
+	err = onAll(world, func(i int) error {
+		r := reps[i]
+		if err := r.SyncParams(ctx); err != nil {
+			return err
+		}
+		for _, g := range global {
+			f := tiny.Inputs
+			if _, err := r.Step(ctx, g.x[i*b*f:(i+1)*b*f], g.y[i*b:(i+1)*b], b); err != nil {
+				return err
+			}
+		}
+		return r.CheckInSync(ctx)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := big.Model.Params()
+	for i := range world {
+		got := reps[i].Model.Params()
+		for ti := range want {
+			for j := range want[ti] {
+				if d := math.Abs(float64(got[ti][j] - want[ti][j])); d > 1e-4*math.Max(1, math.Abs(float64(want[ti][j]))) {
+					t.Fatalf("rank %d %s[%d] = %v; one big batch gives %v", i, reps[i].Model.ParamNames()[ti], j, got[ti][j], want[ti][j])
+				}
+			}
+		}
+		if reps[i].ParamHash() != reps[0].ParamHash() {
+			t.Fatalf("rank %d's parameters differ in bits from rank 0's", i)
+		}
+	}
+}
+
+// TestNonFiniteSkipsEverywhere: a NaN on one rank makes every rank skip the
+// step, and no parameter moves.
+func TestNonFiniteSkipsEverywhere(t *testing.T) {
+	const world, b = 3, 4
+	ctx := context.Background()
+	rings := memRings(t, world)
+	cfg := tiny
+	cfg.Batch = b
+	reps := make([]*Replica, world)
+	for i := range reps {
+		reps[i] = NewReplica(newMLP(t, cfg), &SGD{LR: 0.1}, rings[i])
+	}
+	before := reps[0].ParamHash()
+	errs := make([]error, world)
+	onAll(world, func(i int) error {
+		x, y := randomBatch(rand.New(rand.NewPCG(uint64(i), 9)), b, cfg.Inputs, cfg.Classes)
+		if i == 1 {
+			x[5] = float32(math.NaN())
+		}
+		_, errs[i] = reps[i].Step(ctx, x, y, b)
+		return nil
+	})
+	for i, err := range errs {
+		if !errors.Is(err, ErrNonFinite) {
+			t.Errorf("rank %d: Step = %v; want ErrNonFinite", i, err)
+		}
+	}
+	if reps[0].ParamHash() != before {
+		t.Error("parameters moved on a skipped step")
+	}
+}
