@@ -26,6 +26,8 @@ type Model interface {
 	Grads() [][]float32
 	// ParamNames names the tensors of Params, for messages.
 	ParamNames() []string
+	// Logits returns the n × classes outputs of the last ForwardBackward.
+	Logits() []float32
 	// Close frees the engine.
 	Close() error
 }
@@ -52,6 +54,7 @@ type mlp struct {
 	grads   [][]float32
 	names   []string
 	costVal G.Value
+	outVal  G.Value // logits, batch × classes
 }
 
 // NewMLP builds the network. The loss is −Σ(log softmax ⊙ one-hot)/n with n
@@ -90,6 +93,7 @@ func NewMLP(cfg MLPConfig) (_ Model, err error) {
 		m.learn = append(m.learn, wn, bn)
 		in = out
 	}
+	G.Read(h, &m.outVal)
 	logp := G.Must(G.LogSoftMax(h))
 	cost := G.Must(G.Neg(G.Must(G.Mul(G.Must(G.Sum(G.Must(G.HadamardProd(logp, y)))), m.invN))))
 	G.Read(cost, &m.costVal)
@@ -138,6 +142,12 @@ func (m *mlp) ForwardBackward(x []float32, y []int, n int) (loss float32, err er
 			err = fmt.Errorf("train: forward/backward: %v", r)
 		}
 	}()
+	// Backward adds into the gradient tensors, and neither Reset nor
+	// RunAll clears them (gorgonia's own solvers do, in Step): without
+	// this, every step's gradient would carry all the earlier ones.
+	for _, g := range m.grads {
+		clear(g)
+	}
 	m.vm.Reset()
 	if err := m.vm.RunAll(); err != nil {
 		return 0, fmt.Errorf("train: forward/backward: %w", err)
@@ -163,3 +173,4 @@ func (m *mlp) Params() [][]float32  { return m.params }
 func (m *mlp) Grads() [][]float32   { return m.grads }
 func (m *mlp) ParamNames() []string { return m.names }
 func (m *mlp) Close() error         { return m.vm.Close() }
+func (m *mlp) Logits() []float32    { return m.outVal.Data().([]float32) }

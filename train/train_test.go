@@ -199,3 +199,25 @@ func TestNonFiniteSkipsEverywhere(t *testing.T) {
 		t.Error("parameters moved on a skipped step")
 	}
 }
+
+// TestGradientsDoNotAccumulate: gorgonia adds backward results into the
+// gradient tensors, so each run must start from zero; the same batch twice
+// must give the same gradients.
+func TestGradientsDoNotAccumulate(t *testing.T) {
+	cfg := tiny
+	cfg.Batch = 4
+	m := newMLP(t, cfg)
+	x, y := randomBatch(rand.New(rand.NewPCG(3, 4)), 4, cfg.Inputs, cfg.Classes)
+	if _, err := m.ForwardBackward(x, y, 4); err != nil {
+		t.Fatal(err)
+	}
+	first := append([]float32(nil), m.Grads()[0]...)
+	if _, err := m.ForwardBackward(x, y, 4); err != nil {
+		t.Fatal(err)
+	}
+	for j, g := range m.Grads()[0] {
+		if g != first[j] {
+			t.Fatalf("%s[%d]: second run gave %v, first %v; want the same", m.ParamNames()[0], j, g, first[j])
+		}
+	}
+}
