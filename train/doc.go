@@ -7,8 +7,9 @@
 // SGD with momentum and weight decay and Adam on plain slices (their state
 // is ours, for checkpoints), the distributed step with a non-finite
 // gradient check that skips the step on every rank, rank 0's parameters
-// broadcast at start, and a parameter-hash comparison across ranks. Still
-// to come: the CNN and layer-list specs, schedules, evaluation, checkpoints
+// broadcast at start, a parameter-hash comparison across ranks, and
+// Evaluate (loss, accuracy, per class). Still to come: the CNN and
+// layer-list specs, schedules, a forward-only evaluation path, checkpoints
 // and the epoch loop.
 //
 // # Usage
