@@ -16,7 +16,7 @@
 //		Sampler: data.Sampler{N: train.Len(), World: n, Rank: r, Seed: seed, Shuffle: true}}
 //	e, err := l.Epoch(ctx, epoch)
 //	defer e.Close()
-//	for b, err := e.Next(); err == nil; b, err = e.Next() { ... } // io.EOF ends the epoch
+//	err = e.Each(func(b *data.Batch) error { ...; return nil }) // nil at the end of the epoch
 //
 // Random transforms draw from (seed, epoch, dataset index), so a run repeats
 // exactly and a sample's augmentation does not depend on the world size.

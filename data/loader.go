@@ -130,6 +130,23 @@ func (e *Epoch) Next() (*Batch, error) {
 	return r.b, nil
 }
 
+// Each calls f with every remaining batch of the epoch, in order, and
+// returns f's first error or the loader's; the end of the epoch is nil.
+func (e *Epoch) Each(f func(*Batch) error) error {
+	for {
+		b, err := e.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := f(b); err != nil {
+			return err
+		}
+	}
+}
+
 // Close stops the background work and waits for it.
 func (e *Epoch) Close() {
 	e.cancel()

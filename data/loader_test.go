@@ -141,14 +141,14 @@ func TestLoaderRandomIndependentOfWorld(t *testing.T) {
 		}
 		defer e.Close()
 		out := map[int][]float32{}
-		for {
-			b, err := e.Next()
-			if err != nil {
-				break
-			}
+		err = e.Each(func(b *Batch) error {
 			for k, i := range b.Index {
 				out[i] = slices.Clone(b.X[k*784 : (k+1)*784])
 			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
 		return out
 	}
@@ -171,8 +171,14 @@ func TestLoaderCloseMidEpoch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Next(); err != nil {
-		t.Fatal(err)
+	stop := errors.New("stop")
+	seen := 0
+	err = e.Each(func(*Batch) error {
+		seen++
+		return stop
+	})
+	if !errors.Is(err, stop) || seen != 1 {
+		t.Errorf("Each with a failing callback = %v after %d batches; want its error after 1", err, seen)
 	}
 	e.Close()
 }
@@ -249,15 +255,15 @@ func BenchmarkLoader(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		for {
-			batch, err := e.Next()
-			if err != nil {
-				break
-			}
+		err = e.Each(func(batch *Batch) error {
 			samples += batch.N
 			sum += float64(batch.X[0])
-		}
+			return nil
+		})
 		e.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
 	}
 	b.ReportMetric(float64(samples)/b.Elapsed().Seconds(), "samples/s")
 	if math.IsNaN(sum) {

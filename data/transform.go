@@ -171,17 +171,6 @@ func describeSpec(s TransformSpec) string {
 // Describe lists the transforms as given.
 func (p *Pipeline) Describe() string { return strings.Join(p.specs, " → ") }
 
-// Random reports whether any transform draws random numbers.
-func (p *Pipeline) Random() bool {
-	for _, op := range p.image {
-		switch op.(type) {
-		case randomCrop, flip:
-			return true
-		}
-	}
-	return false
-}
-
 // OutShape returns the C, H, W of the tensor an H×W×C image becomes, and
 // checks that Normalize fits its channels. Normalize with one value applies
 // it to every channel, as torch's broadcasting does; with three equal

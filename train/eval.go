@@ -3,7 +3,6 @@ package train
 import (
 	"errors"
 	"fmt"
-	"io"
 
 	"github.com/ringtrain/ringtrain/data"
 )
@@ -24,17 +23,10 @@ func Evaluate(m Model, e *data.Epoch, classes int) (Result, error) {
 	correct := make([]int, classes)
 	total := make([]int, classes)
 	var lossSum float64
-	for {
-		b, err := e.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return r, err
-		}
+	err := e.Each(func(b *data.Batch) error {
 		loss, err := m.ForwardBackward(b.X, b.Y, b.N)
 		if err != nil {
-			return r, err
+			return err
 		}
 		lossSum += float64(loss) * float64(b.N)
 		logits := m.Logits()
@@ -47,7 +39,7 @@ func Evaluate(m Model, e *data.Epoch, classes int) (Result, error) {
 				}
 			}
 			if y < 0 || y >= classes {
-				return r, fmt.Errorf("train: label %d outside [0, %d)", y, classes)
+				return fmt.Errorf("train: label %d outside [0, %d)", y, classes)
 			}
 			total[y]++
 			if best == y {
@@ -55,6 +47,10 @@ func Evaluate(m Model, e *data.Epoch, classes int) (Result, error) {
 			}
 		}
 		r.Samples += b.N
+		return nil
+	})
+	if err != nil {
+		return r, err
 	}
 	if r.Samples == 0 {
 		return r, errors.New("train: nothing to evaluate")

@@ -2,8 +2,6 @@ package train
 
 import (
 	"context"
-	"errors"
-	"io"
 	"testing"
 
 	"github.com/ringtrain/ringtrain/data"
@@ -41,17 +39,12 @@ func TestMLPLearnsTestdata(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for {
-			b, err := e.Next()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := rep.Step(ctx, b.X, b.Y, b.N); err != nil {
-				t.Fatal(err)
-			}
+		err = e.Each(func(b *data.Batch) error {
+			_, err := rep.Step(ctx, b.X, b.Y, b.N)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
 		e.Close()
 	}

@@ -1,9 +1,6 @@
 package train
 
-import (
-	"fmt"
-	"math"
-)
+import "math"
 
 // Optimizer updates parameters from gradients, in place. Its state lives in
 // plain slices so that it can be checkpointed and sent to a joining peer.
@@ -74,17 +71,4 @@ func zerosLike(params [][]float32) [][]float32 {
 		out[i] = make([]float32, len(p))
 	}
 	return out
-}
-
-// ParseOptimizer builds an optimizer by name: "sgd" or "adam".
-func ParseOptimizer(name string, lr, momentum, weightDecay float32) (Optimizer, error) {
-	switch name {
-	case "sgd":
-		return &SGD{LR: lr, Momentum: momentum, WeightDecay: weightDecay}, nil
-	case "adam":
-		a := NewAdam(lr)
-		a.WeightDecay = weightDecay
-		return a, nil
-	}
-	return nil, fmt.Errorf("train: unknown optimizer %q; want sgd or adam", name)
 }
