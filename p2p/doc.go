@@ -1,0 +1,18 @@
+// Package p2p is how ringtrain peers find each other with no coordinator:
+// a libp2p host with a persistent identity (TLS preferred over Noise, yamux,
+// optional private swarm and allowlist), a Kademlia DHT in server mode under
+// the /ringtrain protocol prefix, rendezvous on a key derived from the job
+// name, a hello protocol on which peers agree on one rank-ordered ring, and
+// the ring's Transport over libp2p streams.
+//
+// # Usage
+//
+//	h, err := p2p.NewHost(ctx, p2p.HostConfig{Identity: key, Bootstrap: boots})
+//	defer h.Close()
+//	node, err := p2p.NewNode(h, p2p.Job{Name: "fmnist", ConfigHash: hash, WorldSize: 4}, p2p.NodeConfig{Logger: log})
+//	defer node.Close()
+//	f, err := node.Join(ctxWithJoinTimeout) // ErrJoinTimeout, ErrRefused, ErrStandby
+//	links := p2p.NewRingLinks(h.Host)
+//	t, err := links.Connect(ctx, f)
+//	r, err := ring.New(t, ring.Config{Rank: f.Rank, Size: len(f.Members), Generation: f.Generation})
+package p2p

@@ -1,0 +1,173 @@
+package p2p
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+
+	"github.com/libp2p/go-libp2p"
+	dht "github.com/libp2p/go-libp2p-kad-dht"
+	"github.com/libp2p/go-libp2p/core/connmgr"
+	"github.com/libp2p/go-libp2p/core/control"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/pnet"
+	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
+	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
+	"github.com/libp2p/go-libp2p/p2p/security/noise"
+	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
+	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
+	ma "github.com/multiformats/go-multiaddr"
+)
+
+// ProtocolPrefix keeps ringtrain's DHT apart from the public IPFS one.
+const ProtocolPrefix = "/ringtrain"
+
+// HostConfig says how to start a peer.
+type HostConfig struct {
+	// Identity is the peer's key; nil means a fresh one (see
+	// LoadOrCreateIdentity for a persistent one).
+	Identity crypto.PrivKey
+	// Listen are the multiaddrs to listen on; empty means TCP on every
+	// interface with a port the OS picks.
+	Listen []string
+	// SwarmKey, if set, makes a private swarm (libp2p pnet): peers without
+	// the same key cannot complete a connection. Private swarms run over
+	// TCP only, as libp2p's QUIC refuses them.
+	SwarmKey pnet.PSK
+	// Allow, if not empty, admits only these peers.
+	Allow []peer.ID
+	// Bootstrap are peers to connect to and seed the DHT with.
+	Bootstrap []peer.AddrInfo
+}
+
+// Host is a libp2p host with ringtrain's Kademlia DHT.
+type Host struct {
+	host.Host
+	DHT *dht.IpfsDHT
+}
+
+// NewHost starts a host: TCP; TLS preferred over Noise (TLS moves bulk data
+// about 1.6× faster here); yamux; libp2p's default autoscaled resource
+// limits; a DHT in server mode with protocol prefix /ringtrain, connected to
+// any bootstrap peers it could reach. If NewHost fails, nothing it started
+// is left running. Close the Host when done.
+func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
+	listen := cfg.Listen
+	if len(listen) == 0 {
+		listen = []string{"/ip4/0.0.0.0/tcp/0"}
+	}
+	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(rcmgr.DefaultLimits.AutoScale()))
+	if err != nil {
+		return nil, fmt.Errorf("p2p: resource manager: %w", err)
+	}
+	opts := []libp2p.Option{
+		libp2p.ListenAddrStrings(listen...),
+		libp2p.Transport(tcp.NewTCPTransport),
+		libp2p.Security(libp2ptls.ID, libp2ptls.New),
+		libp2p.Security(noise.ID, noise.New),
+		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
+		libp2p.ResourceManager(rm),
+	}
+	if cfg.Identity != nil {
+		opts = append(opts, libp2p.Identity(cfg.Identity))
+	}
+	if cfg.SwarmKey != nil {
+		opts = append(opts, libp2p.PrivateNetwork(cfg.SwarmKey))
+	}
+	if len(cfg.Allow) > 0 {
+		opts = append(opts, libp2p.ConnectionGater(allowList(cfg.Allow)))
+	}
+	h, err := libp2p.New(opts...)
+	if err != nil {
+		rm.Close()
+		return nil, fmt.Errorf("p2p: starting host: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			h.Close()
+		}
+	}()
+	d, err := dht.New(ctx, h, dht.Mode(dht.ModeServer), dht.ProtocolPrefix(ProtocolPrefix))
+	if err != nil {
+		return nil, fmt.Errorf("p2p: starting DHT: %w", err)
+	}
+	var errs []error
+	for _, b := range cfg.Bootstrap {
+		if err := h.Connect(ctx, b); err != nil {
+			errs = append(errs, fmt.Errorf("bootstrap %s: %w", b.ID, err))
+		}
+	}
+	if len(cfg.Bootstrap) > 0 && len(errs) == len(cfg.Bootstrap) {
+		d.Close()
+		return nil, fmt.Errorf("p2p: no bootstrap peer reachable: %w", errors.Join(errs...))
+	}
+	if err := d.Bootstrap(ctx); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("p2p: DHT bootstrap: %w", err)
+	}
+	return &Host{Host: h, DHT: d}, nil
+}
+
+// Close stops the DHT and the host.
+func (h *Host) Close() error {
+	return errors.Join(h.DHT.Close(), h.Host.Close())
+}
+
+// Addrs returns the host's dialable multiaddrs with its peer ID, the form
+// another peer's --bootstrap takes. Unspecified listen addresses are
+// expanded to the interfaces' addresses by libp2p.
+func (h *Host) FullAddrs() []ma.Multiaddr {
+	info := peer.AddrInfo{ID: h.ID(), Addrs: h.Addrs()}
+	out, _ := peer.AddrInfoToP2pAddrs(&info)
+	return out
+}
+
+// ParseBootstrap reads /ip4/…/tcp/…/p2p/<id> multiaddrs.
+func ParseBootstrap(addrs []string) ([]peer.AddrInfo, error) {
+	var out []peer.AddrInfo
+	for _, s := range addrs {
+		a, err := ma.NewMultiaddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("p2p: bootstrap address %q: %w", s, err)
+		}
+		ai, err := peer.AddrInfoFromP2pAddr(a)
+		if err != nil {
+			return nil, fmt.Errorf("p2p: bootstrap address %q needs a /p2p/<peer ID> part: %w", s, err)
+		}
+		out = append(out, *ai)
+	}
+	return out, nil
+}
+
+// ReadSwarmKey reads a libp2p swarm key file (the /key/swarm/psk/1.0.0/
+// format that ipfs-swarm-key-gen and `ringtrain swarm-key` write).
+func ReadSwarmKey(path string) (pnet.PSK, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("p2p: swarm key: %w", err)
+	}
+	defer f.Close()
+	k, err := pnet.DecodeV1PSK(f)
+	if err != nil {
+		return nil, fmt.Errorf("p2p: swarm key %s: %w", path, err)
+	}
+	return k, nil
+}
+
+// allowList admits connections only from the listed peers.
+type allowList []peer.ID
+
+var _ connmgr.ConnectionGater = allowList(nil)
+
+func (a allowList) InterceptPeerDial(p peer.ID) bool                 { return slices.Contains(a, p) }
+func (a allowList) InterceptAddrDial(p peer.ID, _ ma.Multiaddr) bool { return slices.Contains(a, p) }
+func (a allowList) InterceptAccept(network.ConnMultiaddrs) bool      { return true }
+func (a allowList) InterceptSecured(_ network.Direction, p peer.ID, _ network.ConnMultiaddrs) bool {
+	return slices.Contains(a, p)
+}
+func (a allowList) InterceptUpgraded(network.Conn) (bool, control.DisconnectReason) { return true, 0 }

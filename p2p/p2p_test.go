@@ -1,0 +1,301 @@
+package p2p
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	mrand "math/rand"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/pnet"
+
+	"github.com/ringtrain/ringtrain/ring"
+)
+
+var loopback = []string{"/ip4/127.0.0.1/tcp/0"}
+
+func info(h *Host) peer.AddrInfo { return peer.AddrInfo{ID: h.ID(), Addrs: h.Addrs()} }
+
+// startHosts starts n hosts on loopback; every one after the first knows
+// only the first.
+func startHosts(t *testing.T, n int, key pnet.PSK) []*Host {
+	t.Helper()
+	ctx := context.Background()
+	hs := make([]*Host, n)
+	for i := range n {
+		cfg := HostConfig{Listen: loopback, SwarmKey: key}
+		if i > 0 {
+			cfg.Bootstrap = []peer.AddrInfo{info(hs[0])}
+		}
+		h, err := NewHost(ctx, cfg)
+		if err != nil {
+			t.Fatalf("host %d: %v", i, err)
+		}
+		hs[i] = h
+		t.Cleanup(func() { h.Close() })
+	}
+	return hs
+}
+
+func startNodes(t *testing.T, hs []*Host, job Job) []*Node {
+	t.Helper()
+	ns := make([]*Node, len(hs))
+	for i, h := range hs {
+		n, err := NewNode(h, job, NodeConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns[i] = n
+		t.Cleanup(func() { n.Close() })
+	}
+	return ns
+}
+
+func joinAll(ctx context.Context, ns []*Node) ([]*Formation, []error) {
+	fs := make([]*Formation, len(ns))
+	errs := make([]error, len(ns))
+	var wg sync.WaitGroup
+	for i, n := range ns {
+		wg.Go(func() { fs[i], errs[i] = n.Join(ctx) })
+	}
+	wg.Wait()
+	return fs, errs
+}
+
+var job = Job{Name: "test-job", ConfigHash: strings.Repeat("ab", 32), WorldSize: 8}
+
+// TestEightPeersFormOneRing: 8 hosts that each know only the first find
+// each other through the DHT and agree on the same ranks and generation.
+func TestEightPeersFormOneRing(t *testing.T) {
+	hs := startHosts(t, 8, nil)
+	ns := startNodes(t, hs, job)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fs, errs := joinAll(ctx, ns)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	var want []peer.ID
+	for _, h := range hs {
+		want = append(want, h.ID())
+	}
+	slices.Sort(want)
+	for i, f := range fs {
+		if !slices.Equal(f.Members, want) || f.Generation != 1 || f.Members[f.Rank] != hs[i].ID() {
+			t.Errorf("host %d: formation %+v; want members sorted by ID, generation 1, itself at its rank", i, f)
+		}
+	}
+}
+
+func TestDifferentConfigIsRefused(t *testing.T) {
+	hs := startHosts(t, 3, nil)
+	j := job
+	j.WorldSize = 3
+	ns := startNodes(t, hs[:2], j)
+	other := j
+	other.ConfigHash = strings.Repeat("cd", 32)
+	odd, err := NewNode(hs[2], other, NodeConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer odd.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err = odd.Join(ctx)
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), j.ConfigHash) || !strings.Contains(err.Error(), other.ConfigHash) {
+		t.Errorf("Join with another config = %v; want ErrRefused naming both hashes", err)
+	}
+	// The two that agree still cannot form a ring of three without it.
+	short, cancel2 := context.WithTimeout(context.Background(), time.Second)
+	defer cancel2()
+	if _, err := ns[0].Join(short); !errors.Is(err, ErrJoinTimeout) {
+		t.Errorf("Join of a good peer = %v; want ErrJoinTimeout", err)
+	}
+}
+
+func TestTooFewPeersTimesOut(t *testing.T) {
+	hs := startHosts(t, 2, nil)
+	j := job
+	j.WorldSize = 3
+	ns := startNodes(t, hs, j)
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	_, errs := joinAll(ctx, ns)
+	for i, err := range errs {
+		if !errors.Is(err, ErrJoinTimeout) || !strings.Contains(err.Error(), "found 2 of 3 peers") ||
+			!strings.Contains(err.Error(), hs[0].ID().String()) || !strings.Contains(err.Error(), hs[1].ID().String()) {
+			t.Errorf("node %d: Join = %v; want ErrJoinTimeout saying 2 of 3 were found, and which", i, err)
+		}
+	}
+}
+
+func TestExtraPeerIsStandby(t *testing.T) {
+	hs := startHosts(t, 3, nil)
+	j := job
+	j.WorldSize = 2
+	ns := startNodes(t, hs, j)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	fs, errs := joinAll(ctx, ns)
+	formed, standby := 0, 0
+	for i, err := range errs {
+		switch {
+		case err == nil && len(fs[i].Members) == 2:
+			formed++
+		case errors.Is(err, ErrStandby):
+			standby++
+		default:
+			t.Errorf("node %d: %v", i, err)
+		}
+	}
+	if formed != 2 || standby != 1 {
+		t.Errorf("%d formed and %d standbys; want 2 and 1", formed, standby)
+	}
+}
+
+func swarmKey(t *testing.T) pnet.PSK {
+	t.Helper()
+	k := make([]byte, 32)
+	rand.Read(k)
+	return k
+}
+
+func TestWrongSwarmKeyCannotConnect(t *testing.T) {
+	a := startHosts(t, 1, swarmKey(t))[0]
+	_, err := NewHost(context.Background(), HostConfig{Listen: loopback, SwarmKey: swarmKey(t), Bootstrap: []peer.AddrInfo{info(a)}})
+	if err == nil || !strings.Contains(err.Error(), "no bootstrap peer reachable") {
+		t.Errorf("NewHost with another swarm key = %v; want it unable to reach the bootstrap peer", err)
+	}
+	key := swarmKey(t)
+	same := startHosts(t, 2, key) // the second bootstraps from the first
+	if len(same[1].Network().ConnsToPeer(same[0].ID())) == 0 {
+		t.Error("hosts with the same swarm key are not connected")
+	}
+}
+
+// TestAllreduceOverLibp2pMatchesMemory: the same buffers give the same bits
+// over libp2p streams as over in-memory pipes.
+func TestAllreduceOverLibp2pMatchesMemory(t *testing.T) {
+	const n, length = 3, 10_000
+	hs := startHosts(t, n, nil)
+	j := job
+	j.WorldSize = n
+	ns := startNodes(t, hs, j)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fs, errs := joinAll(ctx, ns)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	rng := mrand.New(mrand.NewSource(1))
+	bufs := make([][]float32, n) // by rank
+	for r := range bufs {
+		bufs[r] = make([]float32, length)
+		for i := range bufs[r] {
+			bufs[r][i] = float32(rng.NormFloat64())
+		}
+	}
+	run := func(ts []ring.Transport) [][]float32 {
+		out := make([][]float32, n)
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		for r := range n {
+			out[r] = slices.Clone(bufs[r])
+			wg.Go(func() {
+				rg, err := ring.New(ts[r], ring.Config{Rank: r, Size: n, Generation: 1, ChunkBytes: 4096})
+				if err != nil {
+					errs[r] = err
+					return
+				}
+				defer rg.Close()
+				errs[r] = rg.AllreduceMean(ctx, out[r])
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	libp2pTs := make([]ring.Transport, n)
+	var wg sync.WaitGroup
+	cerrs := make([]error, n)
+	for i, h := range hs {
+		links := NewRingLinks(h)
+		defer links.Close()
+		wg.Go(func() { libp2pTs[fs[i].Rank], cerrs[i] = links.Connect(ctx, fs[i]) })
+	}
+	wg.Wait()
+	if err := errors.Join(cerrs...); err != nil {
+		t.Fatal(err)
+	}
+	got, want := run(libp2pTs), run(ring.MemRing(n))
+	for r := range n {
+		for i := range got[r] {
+			if got[r][i] != want[r][i] {
+				t.Fatalf("rank %d element %d: %v over libp2p, %v in memory", r, i, got[r][i], want[r][i])
+			}
+		}
+	}
+}
+
+func TestIdentityPersists(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys", "identity.key")
+	k1, err := LoadOrCreateIdentity(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(path)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("identity file: %v, mode %v; want 0600", err, st.Mode().Perm())
+	}
+	k2, err := LoadOrCreateIdentity(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id1, _ := peer.IDFromPrivateKey(k1)
+	id2, _ := peer.IDFromPrivateKey(k2)
+	if id1 != id2 {
+		t.Errorf("reloaded identity %s; want %s", id2, id1)
+	}
+	os.WriteFile(path, []byte("not a key"), 0o600)
+	if _, err := LoadOrCreateIdentity(path); err == nil {
+		t.Error("a corrupt identity file loaded; want an error")
+	}
+}
+
+func FuzzReadHello(f *testing.F) {
+	var b bytes.Buffer
+	writeHello(&b, &Hello{Version: 1, Job: "j", ConfigHash: "ab", WorldSize: 2, Members: []Member{{ID: "x", Addrs: []string{"/ip4/127.0.0.1/tcp/1"}}}, Proposal: []string{"x"}})
+	f.Add(b.Bytes())
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
+	f.Add([]byte{0, 0, 0, 2, '{', '}'})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		h, err := readHello(bytes.NewReader(data))
+		if err != nil {
+			return
+		}
+		var out bytes.Buffer
+		if err := writeHello(&out, h); err != nil {
+			t.Fatalf("a hello that was read cannot be written: %v", err)
+		}
+		if _, err := readHello(&out); err != nil {
+			t.Fatalf("a hello written from a read one cannot be read: %v", err)
+		}
+	})
+}
+
+func ExampleParseBootstrap() {
+	ais, err := ParseBootstrap([]string{"/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN"})
+	fmt.Println(len(ais), err)
+	// Output: 1 <nil>
+}
