@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -226,25 +227,58 @@ func TestAllreduceOverLibp2pMatchesMemory(t *testing.T) {
 		}
 		return out
 	}
-	libp2pTs := make([]ring.Transport, n)
-	var wg sync.WaitGroup
-	cerrs := make([]error, n)
-	for i, h := range hs {
-		links := NewRingLinks(h)
-		defer links.Close()
-		wg.Go(func() { libp2pTs[fs[i].Rank], cerrs[i] = links.Connect(ctx, fs[i]) })
-	}
-	wg.Wait()
-	if err := errors.Join(cerrs...); err != nil {
-		t.Fatal(err)
-	}
-	got, want := run(libp2pTs), run(ring.MemRing(n))
-	for r := range n {
-		for i := range got[r] {
-			if got[r][i] != want[r][i] {
-				t.Fatalf("rank %d element %d: %v over libp2p, %v in memory", r, i, got[r][i], want[r][i])
+	want := run(ring.MemRing(n))
+	for _, plane := range []DataPlane{PlaneLibp2p, PlaneTCP} {
+		got := run(connectAll(t, ctx, hs, fs, plane))
+		for r := range n {
+			for i := range got[r] {
+				if got[r][i] != want[r][i] {
+					t.Fatalf("plane %d, rank %d element %d: %v over the network, %v in memory", plane, r, i, got[r][i], want[r][i])
+				}
 			}
 		}
+	}
+}
+
+// connectAll opens every rank's links and returns the transports by rank.
+func connectAll(t *testing.T, ctx context.Context, hs []*Host, fs []*Formation, plane DataPlane) []ring.Transport {
+	t.Helper()
+	ts := make([]ring.Transport, len(hs))
+	errs := make([]error, len(hs))
+	var wg sync.WaitGroup
+	for i, h := range hs {
+		links := NewRingLinks(h, "127.0.0.1:0")
+		t.Cleanup(links.Close)
+		wg.Go(func() { ts[fs[i].Rank], errs[i] = links.Connect(ctx, fs[i], plane) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return ts
+}
+
+// TestTCPPlaneRefusesWrongToken: a TCP connection that does not open with
+// a token handed out is closed by the listener.
+func TestTCPPlaneRefusesWrongToken(t *testing.T) {
+	hs := startHosts(t, 2, nil)
+	links := NewRingLinks(hs[0], "127.0.0.1:0")
+	defer links.Close()
+	ln, err := links.tcpListener()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write(make([]byte, tokenSize)) // all zeros: never handed out
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = c.Read(make([]byte, 1))
+	var ne net.Error
+	if err == nil || errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("read after a wrong token = %v; want the connection closed", err)
 	}
 }
 

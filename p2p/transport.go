@@ -2,35 +2,64 @@ package p2p
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
+	"net"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	manet "github.com/multiformats/go-multiaddr/net"
 
 	"github.com/ringtrain/ringtrain/ring"
 )
 
-// RingProtocol carries one ring generation's frames from a rank to its
-// successor, one stream per link.
+// RingProtocol opens one ring generation's link from a rank to its
+// successor. With the stream data plane the frames then flow on that
+// stream; with the TCP data plane it only carries the one-time token for a
+// direct TCP connection.
 const RingProtocol = "/ringtrain/ring/1.0.0"
+
+// DataPlane says what carries the ring's frames.
+type DataPlane int
+
+const (
+	// PlaneLibp2p sends frames on the authenticated, encrypted libp2p
+	// stream (TLS preferred). The default.
+	PlaneLibp2p DataPlane = iota
+	// PlaneTCP sends frames in the clear over a direct TCP connection that
+	// the successor admits only with a one-time token it gave over the
+	// authenticated libp2p stream — as NCCL, Gloo and MPI send gradients.
+	// For trusted networks.
+	PlaneTCP
+)
 
 const (
 	linkMagic uint32 = 0x314c5452 // "RTL1"
-	linkHello        = 16         // magic u32 | rank u32 | generation u64
-	maxInbox         = 64         // streams waiting to be claimed
+	linkHello        = 20         // magic u32 | rank u32 | generation u64 | plane u32
+	tokenSize        = 32
+	maxInbox         = 64 // links waiting to be claimed
 )
 
-// RingLinks accepts ring streams on a host and hands each to the formation
+// RingLinks accepts ring links on a host and hands each to the formation
 // that waits for it.
 type RingLinks struct {
-	h     host.Host
-	mu    sync.Mutex
-	inbox map[linkKey]chan inbound
+	h      host.Host
+	listen string // TCP data plane listen address
+
+	mu     sync.Mutex
+	inbox  map[linkKey]chan inbound
+	ln     net.Listener
+	tokens map[[tokenSize]byte]chan net.Conn // one-time tokens not yet used
+	wg     sync.WaitGroup
+	closed bool
 }
 
 type linkKey struct {
@@ -39,30 +68,41 @@ type linkKey struct {
 }
 
 type inbound struct {
-	s    network.Stream
+	r    io.ReadCloser
 	rank int
 }
 
-// NewRingLinks registers RingProtocol on h. Close it when done.
-func NewRingLinks(h host.Host) *RingLinks {
-	l := &RingLinks{h: h, inbox: map[linkKey]chan inbound{}}
+// NewRingLinks registers RingProtocol on h. The TCP data plane, when a
+// formation asks for it, listens on tcpListen (host:port; "" means every
+// interface, a port the OS picks). Close it when done.
+func NewRingLinks(h host.Host, tcpListen string) *RingLinks {
+	if tcpListen == "" {
+		tcpListen = ":0"
+	}
+	l := &RingLinks{h: h, listen: tcpListen, inbox: map[linkKey]chan inbound{}, tokens: map[[tokenSize]byte]chan net.Conn{}}
 	h.SetStreamHandler(RingProtocol, l.handle)
 	return l
 }
 
-// Close stops accepting ring streams and resets those never claimed.
+// Close stops accepting links, closes those never claimed and the TCP
+// listener, and waits for its accept loop.
 func (l *RingLinks) Close() {
 	l.h.RemoveStreamHandler(RingProtocol)
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.closed = true
 	for k, ch := range l.inbox {
 		select {
 		case in := <-ch:
-			in.s.Reset()
+			in.r.Close()
 		default:
 		}
 		delete(l.inbox, k)
 	}
+	if l.ln != nil {
+		l.ln.Close()
+	}
+	l.mu.Unlock()
+	l.wg.Wait()
 }
 
 func (l *RingLinks) slot(k linkKey) chan inbound {
@@ -70,7 +110,7 @@ func (l *RingLinks) slot(k linkKey) chan inbound {
 	defer l.mu.Unlock()
 	ch, ok := l.inbox[k]
 	if !ok {
-		if len(l.inbox) >= maxInbox {
+		if len(l.inbox) >= maxInbox || l.closed {
 			return nil
 		}
 		ch = make(chan inbound, 1)
@@ -79,74 +119,171 @@ func (l *RingLinks) slot(k linkKey) chan inbound {
 	return ch
 }
 
+// handle takes a link from a predecessor: its stream itself, or for the TCP
+// plane the TCP connection it makes with the token this sends back.
 func (l *RingLinks) handle(s network.Stream) {
-	s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	s.SetDeadline(time.Now().Add(10 * time.Second))
 	var b [linkHello]byte
 	if _, err := io.ReadFull(s, b[:]); err != nil || binary.LittleEndian.Uint32(b[0:]) != linkMagic {
 		s.Reset()
 		return
 	}
-	s.SetReadDeadline(time.Time{})
 	k := linkKey{gen: binary.LittleEndian.Uint64(b[8:]), from: s.Conn().RemotePeer()}
-	ch := l.slot(k)
-	if ch == nil {
+	in := inbound{r: s, rank: int(binary.LittleEndian.Uint32(b[4:]))}
+	switch DataPlane(binary.LittleEndian.Uint32(b[16:])) {
+	case PlaneLibp2p:
+		s.SetDeadline(time.Time{})
+	case PlaneTCP:
+		c, err := l.admitTCP(s)
+		s.Close()
+		if err != nil {
+			return
+		}
+		in.r = c
+	default:
 		s.Reset()
 		return
 	}
+	ch := l.slot(k)
+	if ch == nil {
+		in.r.Close()
+		return
+	}
 	select {
-	case ch <- inbound{s: s, rank: int(binary.LittleEndian.Uint32(b[4:]))}:
-	default: // a second stream for the same link: refuse it
-		s.Reset()
+	case ch <- in:
+	default: // a second link from the same predecessor: refuse it
+		in.r.Close()
 	}
 }
 
-// Connect opens this rank's links of the formed ring — a stream to its
-// successor, and the one its predecessor opens — and returns them as a
-// ring.Transport (nil for a ring of one). It waits until ctx ends.
-func (l *RingLinks) Connect(ctx context.Context, f *Formation) (ring.Transport, error) {
+// admitTCP sends the predecessor, over the authenticated stream s, the TCP
+// address to dial and a fresh one-time token, and returns the connection
+// that presents that token.
+func (l *RingLinks) admitTCP(s network.Stream) (net.Conn, error) {
+	ln, err := l.tcpListener()
+	if err != nil {
+		return nil, err
+	}
+	// Advertise the IP the predecessor already reaches us at.
+	ip, err := manet.ToIP(s.Conn().LocalMultiaddr())
+	if err != nil {
+		return nil, err
+	}
+	addr := net.JoinHostPort(ip.String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+	var tok [tokenSize]byte
+	rand.Read(tok[:])
+	ch := make(chan net.Conn, 1)
+	l.mu.Lock()
+	l.tokens[tok] = ch
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		delete(l.tokens, tok)
+		l.mu.Unlock()
+	}()
+	msg := append([]byte{byte(len(addr))}, addr...)
+	if _, err := s.Write(append(msg, tok[:]...)); err != nil {
+		return nil, err
+	}
+	select {
+	case c := <-ch:
+		return c, nil
+	case <-time.After(10 * time.Second):
+		return nil, errors.New("p2p: predecessor never presented its token")
+	}
+}
+
+func (l *RingLinks) tcpListener() (net.Listener, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil, errors.New("p2p: ring links closed")
+	}
+	if l.ln != nil {
+		return l.ln, nil
+	}
+	ln, err := net.Listen("tcp", l.listen)
+	if err != nil {
+		return nil, fmt.Errorf("p2p: TCP data plane: %w", err)
+	}
+	l.ln = ln
+	l.wg.Go(func() { l.acceptLoop(ln) })
+	return ln, nil
+}
+
+// acceptLoop admits a TCP connection only if the first bytes it sends are
+// a token handed out and not yet used; anything else is closed before
+// another byte is read.
+func (l *RingLinks) acceptLoop(ln net.Listener) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		wg.Go(func() {
+			var tok [tokenSize]byte
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.ReadFull(c, tok[:]); err != nil {
+				c.Close()
+				return
+			}
+			c.SetReadDeadline(time.Time{})
+			l.mu.Lock()
+			var ch chan net.Conn
+			for t, tch := range l.tokens {
+				if subtle.ConstantTimeCompare(t[:], tok[:]) == 1 {
+					ch = tch
+					delete(l.tokens, t)
+				}
+			}
+			l.mu.Unlock()
+			if ch == nil {
+				c.Close()
+				return
+			}
+			ch <- c
+		})
+	}
+}
+
+// Connect opens this rank's links of the formed ring — one to its
+// successor, and the one its predecessor opens — over the chosen data
+// plane, and returns them as a ring.Transport (nil for a ring of one).
+func (l *RingLinks) Connect(ctx context.Context, f *Formation, plane DataPlane) (ring.Transport, error) {
 	n := len(f.Members)
 	if n == 1 {
 		return nil, nil
 	}
-	succ := f.Members[(f.Rank+1)%n]
-	predRank := (f.Rank - 1 + n) % n
-	pred := f.Members[predRank]
+	succRank, predRank := (f.Rank+1)%n, (f.Rank-1+n)%n
+	succ, pred := f.Members[succRank], f.Members[predRank]
 
 	type result struct {
-		s   network.Stream
+		w   io.WriteCloser
 		err error
 	}
 	out := make(chan result, 1)
 	go func() {
-		s, err := l.h.NewStream(ctx, succ, RingProtocol)
-		if err == nil {
-			var b [linkHello]byte
-			binary.LittleEndian.PutUint32(b[0:], linkMagic)
-			binary.LittleEndian.PutUint32(b[4:], uint32(f.Rank))
-			binary.LittleEndian.PutUint64(b[8:], f.Generation)
-			if _, err = s.Write(b[:]); err != nil {
-				s.Reset()
-			}
-		}
-		out <- result{s, err}
+		w, err := l.dial(ctx, succ, f, plane)
+		out <- result{w, err}
 	}()
 
 	k := linkKey{gen: f.Generation, from: pred}
-	ch := l.slot(k)
-	var in network.Stream
+	var in io.ReadCloser
 	var inErr error
-	if ch == nil {
-		inErr = fmt.Errorf("p2p: too many ring streams waiting")
+	if ch := l.slot(k); ch == nil {
+		inErr = errors.New("p2p: too many ring links waiting")
 	} else {
 		select {
 		case got := <-ch:
-			in = got.s
+			in = got.r
 			if got.rank != predRank {
-				got.s.Reset()
+				in.Close()
 				in, inErr = nil, fmt.Errorf("p2p: predecessor %s says it is rank %d, the ring has it at %d", pred, got.rank, predRank)
 			}
 		case <-ctx.Done():
-			inErr = fmt.Errorf("p2p: waiting for the stream from rank %d (%s): %w", predRank, pred, ctx.Err())
+			inErr = fmt.Errorf("p2p: waiting for the link from rank %d (%s): %w", predRank, pred, ctx.Err())
 		}
 	}
 	l.mu.Lock()
@@ -155,18 +292,59 @@ func (l *RingLinks) Connect(ctx context.Context, f *Formation) (ring.Transport, 
 	o := <-out
 	if inErr != nil || o.err != nil {
 		if in != nil {
-			in.Reset()
+			in.Close()
 		}
-		if o.s != nil && o.err == nil {
-			o.s.Reset()
+		if o.w != nil {
+			o.w.Close()
 		}
 		if inErr != nil {
 			return nil, inErr
 		}
-		return nil, fmt.Errorf("p2p: opening the stream to rank %d (%s): %w", (f.Rank+1)%n, succ, o.err)
+		return nil, fmt.Errorf("p2p: opening the link to rank %d (%s): %w", succRank, succ, o.err)
 	}
 	// Close, not Reset, when the ring closes: Close still delivers what
 	// was written (a neighbour may be reading the last frame), and it also
 	// ends a Read in progress, which is what an abort needs.
-	return ring.NewStreams(o.s, in), nil
+	return ring.NewStreams(o.w, in), nil
+}
+
+// dial opens the link to the successor.
+func (l *RingLinks) dial(ctx context.Context, succ peer.ID, f *Formation, plane DataPlane) (io.WriteCloser, error) {
+	s, err := l.h.NewStream(ctx, succ, RingProtocol)
+	if err != nil {
+		return nil, err
+	}
+	var b [linkHello]byte
+	binary.LittleEndian.PutUint32(b[0:], linkMagic)
+	binary.LittleEndian.PutUint32(b[4:], uint32(f.Rank))
+	binary.LittleEndian.PutUint64(b[8:], f.Generation)
+	binary.LittleEndian.PutUint32(b[16:], uint32(plane))
+	if _, err := s.Write(b[:]); err != nil {
+		s.Reset()
+		return nil, err
+	}
+	if plane == PlaneLibp2p {
+		return s, nil
+	}
+	defer s.Close()
+	s.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var n [1]byte
+	if _, err := io.ReadFull(s, n[:]); err != nil {
+		return nil, fmt.Errorf("reading the TCP address: %w", err)
+	}
+	buf := make([]byte, int(n[0])+tokenSize)
+	if _, err := io.ReadFull(s, buf); err != nil {
+		return nil, fmt.Errorf("reading the TCP address and token: %w", err)
+	}
+	addr, tok := string(buf[:n[0]]), buf[n[0]:]
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("TCP data plane to %s: %w", addr, err)
+	}
+	if _, err := c.Write(tok); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
 }
