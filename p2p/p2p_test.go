@@ -47,6 +47,17 @@ func startHosts(t *testing.T, n int, key pnet.PSK) []*Host {
 	return hs
 }
 
+// swarm starts a LocalSwarm of n peers of j, closed when the test ends.
+func swarm(t *testing.T, n int, j Job) *LocalSwarm {
+	t.Helper()
+	s, err := StartLocalSwarm(context.Background(), n, j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
 func startNodes(t *testing.T, hs []*Host, job Job) []*Node {
 	t.Helper()
 	ns := make([]*Node, len(hs))
@@ -61,30 +72,18 @@ func startNodes(t *testing.T, hs []*Host, job Job) []*Node {
 	return ns
 }
 
-func joinAll(ctx context.Context, ns []*Node) ([]*Formation, []error) {
-	fs := make([]*Formation, len(ns))
-	errs := make([]error, len(ns))
-	var wg sync.WaitGroup
-	for i, n := range ns {
-		wg.Go(func() { fs[i], errs[i] = n.Join(ctx) })
-	}
-	wg.Wait()
-	return fs, errs
-}
-
 var job = Job{Name: "test-job", ConfigHash: strings.Repeat("ab", 32), WorldSize: 8}
 
 // TestEightPeersFormOneRing: 8 hosts that each know only the first find
 // each other through the DHT and agree on the same ranks and generation.
 func TestEightPeersFormOneRing(t *testing.T) {
-	hs := startHosts(t, 8, nil)
-	ns := startNodes(t, hs, job)
+	s := swarm(t, 8, job)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	fs, errs := joinAll(ctx, ns)
-	if err := errors.Join(errs...); err != nil {
+	if err := s.Join(ctx); err != nil {
 		t.Fatal(err)
 	}
+	hs, fs := s.Hosts, s.Formations
 	var want []peer.ID
 	for _, h := range hs {
 		want = append(want, h.ID())
@@ -124,14 +123,14 @@ func TestDifferentConfigIsRefused(t *testing.T) {
 }
 
 func TestTooFewPeersTimesOut(t *testing.T) {
-	hs := startHosts(t, 2, nil)
 	j := job
 	j.WorldSize = 3
-	ns := startNodes(t, hs, j)
+	s := swarm(t, 2, j)
+	hs := s.Hosts
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()
-	_, errs := joinAll(ctx, ns)
-	for i, err := range errs {
+	s.Join(ctx)
+	for i, err := range s.Errs {
 		if !errors.Is(err, ErrJoinTimeout) || !strings.Contains(err.Error(), "found 2 of 3 peers") ||
 			!strings.Contains(err.Error(), hs[0].ID().String()) || !strings.Contains(err.Error(), hs[1].ID().String()) {
 			t.Errorf("node %d: Join = %v; want ErrJoinTimeout saying 2 of 3 were found, and which", i, err)
@@ -140,17 +139,16 @@ func TestTooFewPeersTimesOut(t *testing.T) {
 }
 
 func TestExtraPeerIsStandby(t *testing.T) {
-	hs := startHosts(t, 3, nil)
 	j := job
 	j.WorldSize = 2
-	ns := startNodes(t, hs, j)
+	s := swarm(t, 3, j)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	fs, errs := joinAll(ctx, ns)
+	s.Join(ctx)
 	formed, standby := 0, 0
-	for i, err := range errs {
+	for i, err := range s.Errs {
 		switch {
-		case err == nil && len(fs[i].Members) == 2:
+		case err == nil:
 			formed++
 		case errors.Is(err, ErrStandby):
 			standby++
@@ -187,14 +185,12 @@ func TestWrongSwarmKeyCannotConnect(t *testing.T) {
 // over libp2p streams as over in-memory pipes.
 func TestAllreduceOverLibp2pMatchesMemory(t *testing.T) {
 	const n, length = 3, 10_000
-	hs := startHosts(t, n, nil)
 	j := job
 	j.WorldSize = n
-	ns := startNodes(t, hs, j)
+	s := swarm(t, n, j)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	fs, errs := joinAll(ctx, ns)
-	if err := errors.Join(errs...); err != nil {
+	if err := s.Join(ctx); err != nil {
 		t.Fatal(err)
 	}
 	rng := mrand.New(mrand.NewSource(1))
@@ -229,7 +225,12 @@ func TestAllreduceOverLibp2pMatchesMemory(t *testing.T) {
 	}
 	want := run(ring.MemRing(n))
 	for _, plane := range []DataPlane{PlaneLibp2p, PlaneTCP} {
-		got := run(connectAll(t, ctx, hs, fs, plane))
+		ts, done, err := s.Connect(ctx, plane)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := run(ts) // run closes the rings, and so the transports
+		done()
 		for r := range n {
 			for i := range got[r] {
 				if got[r][i] != want[r][i] {
@@ -238,24 +239,6 @@ func TestAllreduceOverLibp2pMatchesMemory(t *testing.T) {
 			}
 		}
 	}
-}
-
-// connectAll opens every rank's links and returns the transports by rank.
-func connectAll(t *testing.T, ctx context.Context, hs []*Host, fs []*Formation, plane DataPlane) []ring.Transport {
-	t.Helper()
-	ts := make([]ring.Transport, len(hs))
-	errs := make([]error, len(hs))
-	var wg sync.WaitGroup
-	for i, h := range hs {
-		links := NewRingLinks(h, "127.0.0.1:0")
-		t.Cleanup(links.Close)
-		wg.Go(func() { ts[fs[i].Rank], errs[i] = links.Connect(ctx, fs[i], plane) })
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	return ts
 }
 
 // TestTCPPlaneRefusesWrongToken: a TCP connection that does not open with

@@ -6,19 +6,26 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/ringtrain/ringtrain/p2p"
+	"github.com/ringtrain/ringtrain/ring"
 	"github.com/ringtrain/ringtrain/ring/ringbench"
 )
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "form" {
+		return runBenchForm(ctx, args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "allreduce" {
-		return fmt.Errorf("bench: want 'bench allreduce': %w", errUsage)
+		return fmt.Errorf("bench: want 'bench allreduce' or 'bench form': %w", errUsage)
 	}
 	fs := flag.NewFlagSet("bench allreduce", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	transport := fs.String("transport", "tcp", "ring links: mem or tcp (loopback)")
+	transport := fs.String("transport", "tcp", "ring links, comma-separated: mem, tcp (plain, loopback), libp2p (TLS streams), libp2p-tcp (token-gated TCP data plane)")
 	peers := fs.Int("peers", 4, "ranks in the ring, all in this process")
 	sizes := fs.String("sizes", "1MiB,16MiB,64MiB", "comma-separated buffer sizes (B, KiB, MiB, GiB)")
 	iters := fs.Int("iters", 5, "timed calls per size; the median is reported")
@@ -44,13 +51,20 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 
 	// Fixed widths rather than tabwriter: rows print as they are measured.
-	const row = "%9s %5s %7s %10s %12s %12s %14s %8s\n"
+	const row = "%10s %5s %7s %10s %12s %12s %14s %8s %10s\n"
 	if !*asJSON {
-		fmt.Fprintf(stdout, row, "transport", "peers", "size", "time_ms", "algbw_GB/s", "busbw_GB/s", "ceiling_GB/s", "ratio")
+		fmt.Fprintf(stdout, row, "transport", "peers", "size", "time_ms", "algbw_GB/s", "busbw_GB/s", "ceiling_GB/s", "ratio", "cpu_s/GB")
 	}
 	enc := json.NewEncoder(stdout)
 	var encErr error
-	err := ringbench.Run(ctx, ringbench.Builtin(), cfg, func(r ringbench.Result) {
+	trs := ringbench.Builtin()
+	trs["libp2p"] = func(ctx context.Context, n int) ([]ring.Transport, func(), error) {
+		return p2p.LocalRing(ctx, n, p2p.PlaneLibp2p)
+	}
+	trs["libp2p-tcp"] = func(ctx context.Context, n int) ([]ring.Transport, func(), error) {
+		return p2p.LocalRing(ctx, n, p2p.PlaneTCP)
+	}
+	emit := func(r ringbench.Result) {
 		if *asJSON {
 			if err := enc.Encode(r); err != nil && encErr == nil {
 				encErr = err
@@ -59,10 +73,16 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		fmt.Fprintf(stdout, row, r.Transport, strconv.Itoa(r.Peers), formatBytes(r.Bytes),
 			fmt.Sprintf("%.2f", r.Seconds*1e3), fmt.Sprintf("%.3f", r.Algbw), fmt.Sprintf("%.3f", r.Busbw),
-			fmt.Sprintf("%.3f", r.CeilingBusbw), fmt.Sprintf("%.2f", r.Ratio))
-	})
-	if err != nil {
-		return fmt.Errorf("bench allreduce: %w", err)
+			fmt.Sprintf("%.3f", r.CeilingBusbw), fmt.Sprintf("%.2f", r.Ratio), fmt.Sprintf("%.2f", r.CPUPerGB))
+	}
+	// Several transports run one after another in this process, so their
+	// figures come from the same run.
+	for _, tr := range strings.Split(*transport, ",") {
+		c := cfg
+		c.Transport = strings.TrimSpace(tr)
+		if err := ringbench.Run(ctx, trs, c, emit); err != nil {
+			return fmt.Errorf("bench allreduce: %w", err)
+		}
 	}
 	return encErr
 }
@@ -96,4 +116,42 @@ func formatBytes(n int) string {
 		}
 	}
 	return strconv.Itoa(n) + "B"
+}
+
+// runBenchForm times ring formation on loopback: hosts start, find each
+// other through the DHT from one bootstrap address, and agree.
+func runBenchForm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench form", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	peers := fs.String("peers", "4,8", "comma-separated peer counts")
+	runs := fs.Int("runs", 5, "formations per count; the median is reported")
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("bench form: %w: %w", errUsage, err)
+	}
+	for _, p := range strings.Split(*peers, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil || n < 1 || *runs < 1 {
+			return fmt.Errorf("bench form: --peers %q, --runs %d: %w", p, *runs, errUsage)
+		}
+		var ds []time.Duration
+		for range *runs {
+			d, err := p2p.TimeFormation(ctx, n)
+			if err != nil {
+				return fmt.Errorf("bench form: %d peers: %w", n, err)
+			}
+			ds = append(ds, d)
+		}
+		sorted := slices.Clone(ds)
+		slices.Sort(sorted)
+		fmt.Fprintf(stdout, "%d peers: formed in %v (median of %d: %v)\n", n, sorted[len(sorted)/2].Round(time.Millisecond), *runs, roundAll(ds))
+	}
+	return nil
+}
+
+func roundAll(ds []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(time.Millisecond)
+	}
+	return out
 }

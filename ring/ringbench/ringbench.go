@@ -13,19 +13,25 @@ import (
 	"io"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ringtrain/ringtrain/ring"
 )
 
-// Transports maps a transport name to a constructor of an n-rank ring.
-type Transports map[string]func(ctx context.Context, n int) ([]ring.Transport, error)
+// Transports maps a transport name to a constructor of an n-rank ring. The
+// constructor also returns what to call once the transports are closed, to
+// stop whatever it started for them (nil if nothing).
+type Transports map[string]func(ctx context.Context, n int) ([]ring.Transport, func(), error)
 
 // Builtin returns the transports of package ring: "mem" and "tcp" (loopback).
 func Builtin() Transports {
 	return Transports{
-		"mem": func(_ context.Context, n int) ([]ring.Transport, error) { return ring.MemRing(n), nil },
-		"tcp": func(ctx context.Context, n int) ([]ring.Transport, error) { return ring.LoopbackTCP(ctx, n, 1) },
+		"mem": func(_ context.Context, n int) ([]ring.Transport, func(), error) { return ring.MemRing(n), nil, nil },
+		"tcp": func(ctx context.Context, n int) ([]ring.Transport, func(), error) {
+			ts, err := ring.LoopbackTCP(ctx, n, 1)
+			return ts, nil, err
+		},
 	}
 }
 
@@ -55,6 +61,9 @@ type Result struct {
 	// pattern back to back, so a slow spell of a shared machine touches
 	// both; that makes it steadier than the ratio of the two medians.
 	Ratio float64 `json:"ratio"`
+	// CPUPerGB is the CPU seconds (user and system, all ranks, sender and
+	// receiver) per GB that crossed the links during the allreduce rounds.
+	CPUPerGB float64 `json:"cpu_s_per_GB"`
 }
 
 func busFactor(n int) float64 { return 2 * float64(n-1) / float64(n) }
@@ -83,7 +92,7 @@ func Run(ctx context.Context, trs Transports, cfg Config, emit func(Result)) err
 		}
 	}
 	n := cfg.Peers
-	ts, err := mk(ctx, n)
+	ts, done, err := mk(ctx, n)
 	if err != nil {
 		return err
 	}
@@ -96,6 +105,9 @@ func Run(ctx context.Context, trs Transports, cfg Config, emit func(Result)) err
 				ts[i].Close()
 			}
 		}
+		if done != nil {
+			done()
+		}
 	}()
 	for i := range n {
 		if rings[i], err = ring.New(ts[i], ring.Config{Rank: i, Size: n, Generation: 1, ChunkBytes: cfg.ChunkBytes}); err != nil {
@@ -104,13 +116,16 @@ func Run(ctx context.Context, trs Transports, cfg Config, emit func(Result)) err
 	}
 	// The ceiling gets its own links of the same kind: the ring's links
 	// carry frames, and mixing raw bytes into them would break it.
-	raw, err := mk(ctx, n)
+	raw, rawDone, err := mk(ctx, n)
 	if err != nil {
 		return err
 	}
 	defer func() {
 		for _, t := range raw {
 			t.Close()
+		}
+		if rawDone != nil {
+			rawDone()
 		}
 	}()
 
@@ -130,10 +145,15 @@ func Run(ctx context.Context, trs Transports, cfg Config, emit func(Result)) err
 		// on a shared VM the bare pattern alone varies by tens of percent
 		// from one second to the next. One untimed round warms both.
 		var ringTimes, patTimes, ratios []float64
+		var cpu float64 // process CPU seconds in the timed allreduce rounds
 		for i := range cfg.Iters + 1 {
+			cpu0 := cpuSeconds()
 			t, err := timed(func() error {
 				return onAll(n, func(i int) error { return rings[i].AllreduceSum(ctx, bufs[i]) })
 			})
+			if i > 0 {
+				cpu += cpuSeconds() - cpu0
+			}
 			if err != nil {
 				return fmt.Errorf("allreduce of %d bytes: %w", size, err)
 			}
@@ -156,9 +176,20 @@ func Run(ctx context.Context, trs Transports, cfg Config, emit func(Result)) err
 			Busbw:        algbw * busFactor(n),
 			CeilingBusbw: float64(size) / patTime / 1e9 * busFactor(n),
 			Ratio:        median(ratios),
+			// Every rank sends 2(n−1)/n of the buffer per call.
+			CPUPerGB: cpu / (float64(cfg.Iters) * float64(size) * 2 * float64(n-1) / 1e9),
 		})
 	}
 	return nil
+}
+
+func cpuSeconds() float64 {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	tv := func(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
+	return tv(ru.Utime) + tv(ru.Stime)
 }
 
 func timed(f func() error) (float64, error) {

@@ -1,0 +1,140 @@
+package p2p
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/ringtrain/ringtrain/ring"
+)
+
+// LocalSwarm is n peers of one job on 127.0.0.1 in this process, each given
+// only the first one's address, for tests and benchmarks.
+type LocalSwarm struct {
+	Hosts      []*Host
+	Nodes      []*Node
+	Formations []*Formation // by host, once Join has run
+	Errs       []error      // what each node's Join returned
+}
+
+// StartLocalSwarm starts the hosts and nodes; Join forms the ring.
+func StartLocalSwarm(ctx context.Context, n int, job Job) (_ *LocalSwarm, err error) {
+	s := &LocalSwarm{}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	for i := range n {
+		cfg := HostConfig{Listen: []string{"/ip4/127.0.0.1/tcp/0"}}
+		if i > 0 {
+			cfg.Bootstrap = []peer.AddrInfo{{ID: s.Hosts[0].ID(), Addrs: s.Hosts[0].Addrs()}}
+		}
+		h, err := NewHost(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		s.Hosts = append(s.Hosts, h)
+		node, err := NewNode(h, job, NodeConfig{})
+		if err != nil {
+			return nil, err
+		}
+		s.Nodes = append(s.Nodes, node)
+	}
+	return s, nil
+}
+
+// Join runs every node's Join at once.
+func (s *LocalSwarm) Join(ctx context.Context) error {
+	s.Formations = make([]*Formation, len(s.Nodes))
+	s.Errs = make([]error, len(s.Nodes))
+	var wg sync.WaitGroup
+	for i, n := range s.Nodes {
+		wg.Go(func() { s.Formations[i], s.Errs[i] = n.Join(ctx) })
+	}
+	wg.Wait()
+	return errors.Join(s.Errs...)
+}
+
+// Connect opens the formed ring's links over plane and returns the
+// transports by rank, and what to close them with.
+func (s *LocalSwarm) Connect(ctx context.Context, plane DataPlane) ([]ring.Transport, func(), error) {
+	n := len(s.Hosts)
+	ts := make([]ring.Transport, n)
+	errs := make([]error, n)
+	links := make([]*RingLinks, n)
+	var wg sync.WaitGroup
+	for i, h := range s.Hosts {
+		links[i] = NewRingLinks(h, "127.0.0.1:0")
+		wg.Go(func() { ts[s.Formations[i].Rank], errs[i] = links[i].Connect(ctx, s.Formations[i], plane) })
+	}
+	wg.Wait()
+	closeLinks := func() {
+		for _, l := range links {
+			l.Close()
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		for _, t := range ts {
+			if t != nil {
+				t.Close()
+			}
+		}
+		closeLinks()
+		return nil, nil, err
+	}
+	return ts, closeLinks, nil
+}
+
+// Close stops every node and host.
+func (s *LocalSwarm) Close() {
+	for _, n := range s.Nodes {
+		n.Close()
+	}
+	for _, h := range s.Hosts {
+		h.Close()
+	}
+}
+
+// LocalRing forms an n-peer ring on loopback and connects it over plane;
+// the returned func closes everything it started once the transports are
+// closed.
+func LocalRing(ctx context.Context, n int, plane DataPlane) ([]ring.Transport, func(), error) {
+	s, err := StartLocalSwarm(ctx, n, Job{Name: "local", ConfigHash: "local", WorldSize: n})
+	if err != nil {
+		return nil, nil, err
+	}
+	jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := s.Join(jctx); err != nil {
+		s.Close()
+		return nil, nil, err
+	}
+	ts, closeLinks, err := s.Connect(ctx, plane)
+	if err != nil {
+		s.Close()
+		return nil, nil, err
+	}
+	return ts, func() { closeLinks(); s.Close() }, nil
+}
+
+// TimeFormation measures, for n peers on loopback, the time from starting
+// the first host to every peer holding the formed ring.
+func TimeFormation(ctx context.Context, n int) (time.Duration, error) {
+	start := time.Now()
+	s, err := StartLocalSwarm(ctx, n, Job{Name: fmt.Sprintf("form-%d", n), ConfigHash: "x", WorldSize: n})
+	if err != nil {
+		return 0, err
+	}
+	defer s.Close()
+	jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := s.Join(jctx); err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
+}
