@@ -12,7 +12,7 @@
 //	node, err := p2p.NewNode(h, p2p.Job{Name: "fmnist", ConfigHash: hash, WorldSize: 4}, p2p.NodeConfig{Logger: log})
 //	defer node.Close()
 //	f, err := node.Join(ctxWithJoinTimeout) // ErrJoinTimeout, ErrRefused, ErrStandby
-//	links := p2p.NewRingLinks(h.Host)
-//	t, err := links.Connect(ctx, f)
+//	links := p2p.NewRingLinks(h.Host, "", log)
+//	t, err := links.Connect(ctx, f, p2p.PlaneLibp2p) // or p2p.PlaneTCP on trusted networks
 //	r, err := ring.New(t, ring.Config{Rank: f.Rank, Size: len(f.Members), Generation: f.Generation})
 package p2p

@@ -84,6 +84,11 @@ type Node struct {
 	views     map[peer.ID]view // the last proposal each verified peer sent
 	refusals  []error          // why peers refused us, one per peer
 	refusedBy map[peer.ID]bool
+	// deadUntil: peers whose hello failed (stale DHT records of peers that
+	// are gone, mostly) are skipped until then, so one cannot stall every
+	// round for a dial timeout.
+	deadUntil map[peer.ID]time.Time
+	deadFor   map[peer.ID]time.Duration
 	pending   []peer.ID // vouched for by a verified peer, not yet greeted
 	locked    []peer.ID // the ring we are ready to form, once all members proposed it
 }
@@ -103,6 +108,8 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 		verified:  map[peer.ID]bool{h.ID(): true},
 		views:     map[peer.ID]view{},
 		refusedBy: map[peer.ID]bool{},
+		deadUntil: map[peer.ID]time.Time{},
+		deadFor:   map[peer.ID]time.Duration{},
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	h.SetStreamHandler(HelloProtocol, n.handleHello)
@@ -198,11 +205,22 @@ func ids(ais []peer.AddrInfo) []peer.ID {
 	return out
 }
 
-// isKnown: verified, or refused — either way, discovery has nothing to add.
+// isKnown: verified, refused, or recently unreachable — either way,
+// discovery has nothing to add.
 func (n *Node) isKnown(p peer.ID) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.verified[p] || n.refusedBy[p]
+	return n.verified[p] || n.refusedBy[p] || time.Now().Before(n.deadUntil[p])
+}
+
+// unreachable backs off from a peer whose hello failed: 2 s, then doubling
+// up to a minute.
+func (n *Node) unreachable(p peer.ID) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	d := min(max(2*n.deadFor[p], 2*time.Second), time.Minute)
+	n.deadFor[p] = d
+	n.deadUntil[p] = time.Now().Add(d)
 }
 
 // exchange says hello to every verified peer, carrying our proposal, and
@@ -217,7 +235,7 @@ func (n *Node) exchange(ctx context.Context) bool {
 		}
 	}
 	for _, p := range n.pending {
-		if !n.verified[p] && !slices.Contains(peers, p) {
+		if !n.verified[p] && !n.refusedBy[p] && !time.Now().Before(n.deadUntil[p]) && !slices.Contains(peers, p) {
 			peers = append(peers, p)
 		}
 	}
@@ -235,6 +253,9 @@ func (n *Node) helloAll(ctx context.Context, peers []peer.ID) {
 		wg.Go(func() {
 			if err := n.sayHello(ctx, p); err != nil {
 				n.cfg.Logger.Debug().Stringer("peer", p).Err(err).Msg("hello failed")
+				if ctx.Err() == nil {
+					n.unreachable(p)
+				}
 			}
 		})
 	}

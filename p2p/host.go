@@ -2,8 +2,11 @@ package p2p
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 
@@ -145,7 +148,7 @@ func ParseBootstrap(addrs []string) ([]peer.AddrInfo, error) {
 }
 
 // ReadSwarmKey reads a libp2p swarm key file (the /key/swarm/psk/1.0.0/
-// format that ipfs-swarm-key-gen and `ringtrain swarm-key` write).
+// format that `ringtrain swarm-key` and IPFS's ipfs-swarm-key-gen write).
 func ReadSwarmKey(path string) (pnet.PSK, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -157,6 +160,17 @@ func ReadSwarmKey(path string) (pnet.PSK, error) {
 		return nil, fmt.Errorf("p2p: swarm key %s: %w", path, err)
 	}
 	return k, nil
+}
+
+// WriteSwarmKey writes a new random swarm key in the format ReadSwarmKey
+// (and IPFS's ipfs-swarm-key-gen) uses. Give the same file to every peer.
+func WriteSwarmKey(w io.Writer) error {
+	k := make([]byte, 32)
+	if _, err := rand.Read(k); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "/key/swarm/psk/1.0.0/\n/base16/\n%s\n", hex.EncodeToString(k))
+	return err
 }
 
 // allowList admits connections only from the listed peers.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/rs/zerolog"
 
 	"github.com/ringtrain/ringtrain/ring"
 )
@@ -69,7 +70,7 @@ func (s *LocalSwarm) Connect(ctx context.Context, plane DataPlane) ([]ring.Trans
 	links := make([]*RingLinks, n)
 	var wg sync.WaitGroup
 	for i, h := range s.Hosts {
-		links[i] = NewRingLinks(h, "127.0.0.1:0")
+		links[i] = NewRingLinks(h, "127.0.0.1:0", zerolog.Nop())
 		wg.Go(func() { ts[s.Formations[i].Rank], errs[i] = links[i].Connect(ctx, s.Formations[i], plane) })
 	}
 	wg.Wait()

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	mrand "math/rand"
 	"net"
 	"os"
@@ -16,8 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/pnet"
+	"github.com/rs/zerolog"
 
 	"github.com/ringtrain/ringtrain/ring"
 )
@@ -168,6 +171,68 @@ func swarmKey(t *testing.T) pnet.PSK {
 	return k
 }
 
+func TestSwarmKeyFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "swarm.key")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteSwarmKey(f); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	k, err := ReadSwarmKey(path)
+	if err != nil || len(k) != 32 {
+		t.Fatalf("ReadSwarmKey of a written key = %d bytes, %v; want 32", len(k), err)
+	}
+	os.WriteFile(path, []byte("/key/swarm/psk/1.0.0/\n/base16/\nzz\n"), 0o600)
+	if _, err := ReadSwarmKey(path); err == nil {
+		t.Error("a corrupt swarm key loaded; want an error")
+	}
+}
+
+// TestAllowList: a host that allows only one peer refuses another.
+func TestAllowList(t *testing.T) {
+	hs := startHosts(t, 1, nil)
+	friend, err := NewHost(context.Background(), HostConfig{Listen: loopback})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer friend.Close()
+	guarded, err := NewHost(context.Background(), HostConfig{Listen: loopback, Allow: []peer.ID{friend.ID()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer guarded.Close()
+	guarded.SetStreamHandler("/test/echo", func(s network.Stream) {
+		io.Copy(s, s)
+		s.Close()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// The dialer may finish its side of the handshake before the guarded
+	// side refuses the peer, so what counts is whether a stream gets through.
+	echo := func(from *Host) error {
+		from.Peerstore().AddAddrs(guarded.ID(), guarded.Addrs(), time.Minute)
+		s, err := from.NewStream(ctx, guarded.ID(), "/test/echo")
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		if _, err := s.Write([]byte("x")); err != nil {
+			return err
+		}
+		_, err = io.ReadFull(s, make([]byte, 1))
+		return err
+	}
+	if err := echo(hs[0]); err == nil {
+		t.Error("a peer not on the allowlist got a stream through")
+	}
+	if err := echo(friend); err != nil {
+		t.Errorf("the allowed peer could not get a stream through: %v", err)
+	}
+}
+
 func TestWrongSwarmKeyCannotConnect(t *testing.T) {
 	a := startHosts(t, 1, swarmKey(t))[0]
 	_, err := NewHost(context.Background(), HostConfig{Listen: loopback, SwarmKey: swarmKey(t), Bootstrap: []peer.AddrInfo{info(a)}})
@@ -245,7 +310,7 @@ func TestAllreduceOverLibp2pMatchesMemory(t *testing.T) {
 // a token handed out is closed by the listener.
 func TestTCPPlaneRefusesWrongToken(t *testing.T) {
 	hs := startHosts(t, 2, nil)
-	links := NewRingLinks(hs[0], "127.0.0.1:0")
+	links := NewRingLinks(hs[0], "127.0.0.1:0", zerolog.Nop())
 	defer links.Close()
 	ln, err := links.tcpListener()
 	if err != nil {
@@ -315,4 +380,31 @@ func ExampleParseBootstrap() {
 	ais, err := ParseBootstrap([]string{"/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN"})
 	fmt.Println(len(ais), err)
 	// Output: 1 <nil>
+}
+
+// TestDeadPeerDoesNotStallFormation: a vouched-for peer that is gone costs
+// one failed hello, then is skipped while it backs off.
+func TestDeadPeerDoesNotStallFormation(t *testing.T) {
+	j := job
+	j.WorldSize = 3
+	s := swarm(t, 3, j)
+	gone, err := NewHost(context.Background(), HostConfig{Listen: loopback})
+	if err != nil {
+		t.Fatal(err)
+	}
+	goneID, goneAddrs := gone.ID(), gone.Addrs()
+	gone.Close()
+	n := s.Nodes[0]
+	n.h.Peerstore().AddAddrs(goneID, goneAddrs, time.Minute)
+	n.mu.Lock()
+	n.pending = append(n.pending, goneID)
+	n.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := s.Join(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !n.isKnown(goneID) {
+		t.Error("the gone peer is not backed off from after its hello failed")
+	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	manet "github.com/multiformats/go-multiaddr/net"
+	"github.com/rs/zerolog"
 
 	"github.com/ringtrain/ringtrain/ring"
 )
@@ -53,6 +54,7 @@ const (
 type RingLinks struct {
 	h      host.Host
 	listen string // TCP data plane listen address
+	log    zerolog.Logger
 
 	mu     sync.Mutex
 	inbox  map[linkKey]chan inbound
@@ -74,12 +76,13 @@ type inbound struct {
 
 // NewRingLinks registers RingProtocol on h. The TCP data plane, when a
 // formation asks for it, listens on tcpListen (host:port; "" means every
-// interface, a port the OS picks). Close it when done.
-func NewRingLinks(h host.Host, tcpListen string) *RingLinks {
+// interface, a port the OS picks). Peers cut off for garbage are logged to
+// log. Close it when done.
+func NewRingLinks(h host.Host, tcpListen string, log zerolog.Logger) *RingLinks {
 	if tcpListen == "" {
 		tcpListen = ":0"
 	}
-	l := &RingLinks{h: h, listen: tcpListen, inbox: map[linkKey]chan inbound{}, tokens: map[[tokenSize]byte]chan net.Conn{}}
+	l := &RingLinks{h: h, listen: tcpListen, log: log, inbox: map[linkKey]chan inbound{}, tokens: map[[tokenSize]byte]chan net.Conn{}}
 	h.SetStreamHandler(RingProtocol, l.handle)
 	return l
 }
@@ -125,6 +128,7 @@ func (l *RingLinks) handle(s network.Stream) {
 	s.SetDeadline(time.Now().Add(10 * time.Second))
 	var b [linkHello]byte
 	if _, err := io.ReadFull(s, b[:]); err != nil || binary.LittleEndian.Uint32(b[0:]) != linkMagic {
+		l.log.Warn().Stringer("peer", s.Conn().RemotePeer()).Msg("cut off a peer that opened a ring link with garbage")
 		s.Reset()
 		return
 	}
@@ -141,6 +145,7 @@ func (l *RingLinks) handle(s network.Stream) {
 		}
 		in.r = c
 	default:
+		l.log.Warn().Stringer("peer", s.Conn().RemotePeer()).Msg("cut off a peer that asked for an unknown data plane")
 		s.Reset()
 		return
 	}
@@ -240,6 +245,7 @@ func (l *RingLinks) acceptLoop(ln net.Listener) {
 			}
 			l.mu.Unlock()
 			if ch == nil {
+				l.log.Warn().Stringer("from", c.RemoteAddr()).Msg("closed a TCP data-plane connection without a valid token")
 				c.Close()
 				return
 			}

@@ -72,3 +72,13 @@ func TestDataCommand(t *testing.T) {
 		t.Errorf("data without --config = %v; want a usage error", err)
 	}
 }
+
+func TestSwarmKeyCommand(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"swarm-key"}, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(out.Bytes(), []byte("/key/swarm/psk/1.0.0/\n/base16/\n")) || out.Len() != 22+9+65 {
+		t.Errorf("swarm-key printed %q; want a /key/swarm/psk/1.0.0/ base16 key", out.String())
+	}
+}

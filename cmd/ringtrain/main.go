@@ -5,6 +5,8 @@
 //
 //	ringtrain bench allreduce [--transport mem|tcp] [--peers N] [--sizes 1MiB,16MiB] [--json]
 //	ringtrain data --config data.json
+//	ringtrain bench form [--peers 4,8] [--runs 5]
+//	ringtrain swarm-key > swarm.key
 package main
 
 import (
@@ -15,6 +17,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/ringtrain/ringtrain/p2p"
 )
 
 // errUsage marks errors that are the caller's words being off; main then
@@ -38,7 +42,9 @@ const usage = `usage: ringtrain <command> [flags]
 
 commands:
   bench allreduce   measure ring-allreduce against the pattern ceiling
+  bench form        time ring formation through the DHT on loopback
   data              load a data config's datasets and say what they hold
+  swarm-key         print a new private-swarm key (give the file to every peer)
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -51,6 +57,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runBench(ctx, args[1:], stdout, stderr)
 	case "data":
 		return runData(ctx, args[1:], stdout, stderr)
+	case "swarm-key":
+		return p2p.WriteSwarmKey(stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
