@@ -62,3 +62,39 @@ func TestMLPLearnsTestdata(t *testing.T) {
 	}
 	t.Logf("test accuracy %.3f, loss %.3f, per class %.2f", r.Accuracy, r.Loss, r.PerClass)
 }
+
+// TestRunOnRing: three replicas on an in-memory ring, each on its share,
+// end with the same parameters and learn.
+func TestRunOnRing(t *testing.T) {
+	const world, batch = 3, 16
+	rings := memRings(t, world)
+	sums := make([]Summary, world)
+	var progress [world]int
+	err := onAll(world, func(i int) error {
+		m, err := NewMLP(MLPConfig{Inputs: 784, Hidden: []int{64}, Classes: 10, Batch: batch, Seed: uint64(i)})
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		tr := loader(t, "train", batch, true)
+		tr.Sampler.World, tr.Sampler.Rank = world, i
+		sums[i], err = Run(context.Background(), RunConfig{
+			Replica: NewReplica(m, &SGD{LR: 0.05, Momentum: 0.9}, rings[i]),
+			Train:   tr, Test: loader(t, "test", batch, false), Epochs: 2, Classes: 10,
+			Progress: func(Progress) { progress[i]++ }, ProgressEvery: 10,
+		})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range sums {
+		if s.ParamHash != sums[0].ParamHash || s.Epochs != 2 || progress[i] == 0 {
+			t.Errorf("rank %d: %+v after %d progress reports; want rank 0's hash %s", i, s, progress[i], sums[0].ParamHash)
+		}
+	}
+	if sums[0].TestAccuracy < 0.6 {
+		t.Errorf("test accuracy %.3f; want ≥ 0.6", sums[0].TestAccuracy)
+	}
+	t.Logf("accuracy %.3f, %.0f samples/s per rank", sums[0].TestAccuracy, sums[0].SamplesPerSec)
+}

@@ -1,0 +1,135 @@
+package train
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ringtrain/ringtrain/data"
+)
+
+// RunConfig describes a training run of one replica.
+type RunConfig struct {
+	Replica *Replica
+	Train   *data.Loader // this rank's share of each epoch
+	Test    *data.Loader // evaluated after the last epoch; nil skips it
+	Epochs  int
+	Classes int
+	// MaxSkips is how many steps in a row may be skipped for non-finite
+	// gradients before the run stops. Zero means 5.
+	MaxSkips int
+	// Progress, if set, is called every ProgressEvery steps and at the end
+	// of every epoch.
+	Progress      func(Progress)
+	ProgressEvery int
+}
+
+// Progress is a report from the middle of a run.
+type Progress struct {
+	Epoch, Step, Steps int
+	Loss               float64 // mean local loss since the last report
+	SamplesPerSec      float64 // this rank's, since the epoch began
+	EpochDone          bool
+}
+
+// Summary is what a finished run reports.
+type Summary struct {
+	Epochs        int
+	TestLoss      float64
+	TestAccuracy  float64
+	PerClass      []float64
+	ParamHash     string  // hex SHA-256 of the final parameters
+	SamplesPerSec float64 // this rank's training samples per second
+}
+
+// Run starts every replica from rank 0's parameters, trains for the epochs,
+// checks at the end of each that the replicas hold the same parameters,
+// and evaluates.
+func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
+	r := cfg.Replica
+	if cfg.MaxSkips <= 0 {
+		cfg.MaxSkips = 5
+	}
+	if cfg.ProgressEvery <= 0 {
+		cfg.ProgressEvery = 50
+	}
+	var s Summary
+	if err := r.SyncParams(ctx); err != nil {
+		return s, err
+	}
+	var samples int
+	var busy time.Duration
+	skips := 0
+	for epoch := range cfg.Epochs {
+		e, err := cfg.Train.Epoch(ctx, epoch)
+		if err != nil {
+			return s, err
+		}
+		steps := cfg.Train.Batches()
+		start := time.Now()
+		step, epochSamples := 0, 0
+		var lossSum float64
+		var lossN int
+		err = e.Each(func(b *data.Batch) error {
+			loss, err := r.Step(ctx, b.X, b.Y, b.N)
+			step++
+			switch {
+			case errors.Is(err, ErrNonFinite):
+				if skips++; skips >= cfg.MaxSkips {
+					return fmt.Errorf("train: %d steps in a row skipped, the last at epoch %d step %d: %w", skips, epoch, step, err)
+				}
+				return nil
+			case err != nil:
+				return fmt.Errorf("train: epoch %d step %d: %w", epoch, step, err)
+			}
+			skips = 0
+			epochSamples += b.N
+			lossSum += float64(loss)
+			lossN++
+			if cfg.Progress != nil && step%cfg.ProgressEvery == 0 {
+				cfg.Progress(Progress{Epoch: epoch, Step: step, Steps: steps, Loss: lossSum / float64(lossN),
+					SamplesPerSec: float64(epochSamples) / time.Since(start).Seconds()})
+				lossSum, lossN = 0, 0
+			}
+			return nil
+		})
+		e.Close()
+		if err != nil {
+			return s, err
+		}
+		elapsed := time.Since(start)
+		samples += epochSamples
+		busy += elapsed
+		if err := r.CheckInSync(ctx); err != nil {
+			return s, fmt.Errorf("train: after epoch %d: %w", epoch, err)
+		}
+		if cfg.Progress != nil {
+			p := Progress{Epoch: epoch, Step: step, Steps: steps, SamplesPerSec: float64(epochSamples) / elapsed.Seconds(), EpochDone: true}
+			if lossN > 0 {
+				p.Loss = lossSum / float64(lossN)
+			}
+			cfg.Progress(p)
+		}
+	}
+	s.Epochs = cfg.Epochs
+	if busy > 0 {
+		s.SamplesPerSec = float64(samples) / busy.Seconds()
+	}
+	h := r.ParamHash()
+	s.ParamHash = hex.EncodeToString(h[:])
+	if cfg.Test != nil {
+		e, err := cfg.Test.Epoch(ctx, 0)
+		if err != nil {
+			return s, err
+		}
+		res, err := Evaluate(r.Model, e, cfg.Classes)
+		e.Close()
+		if err != nil {
+			return s, fmt.Errorf("train: evaluating: %w", err)
+		}
+		s.TestLoss, s.TestAccuracy, s.PerClass = res.Loss, res.Accuracy, res.PerClass
+	}
+	return s, nil
+}
