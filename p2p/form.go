@@ -154,6 +154,9 @@ func (n *Node) Join(ctx context.Context) (*Formation, error) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return nil, fmt.Errorf("p2p: join of job %q: %w", n.job.Name, ctx.Err())
+			}
 			return nil, n.timeoutError()
 		case <-t.C:
 		}

@@ -16,7 +16,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
 	manet "github.com/multiformats/go-multiaddr/net"
+	msmux "github.com/multiformats/go-multistream"
 	"github.com/rs/zerolog"
 
 	"github.com/ringtrain/ringtrain/ring"
@@ -314,9 +316,24 @@ func (l *RingLinks) Connect(ctx context.Context, f *Formation, plane DataPlane) 
 	return ring.NewStreams(o.w, in), nil
 }
 
-// dial opens the link to the successor.
+// dial opens the link to the successor. A successor that formed the ring a
+// moment after us may not have registered RingProtocol yet, so "protocol
+// not supported" is retried until ctx ends.
 func (l *RingLinks) dial(ctx context.Context, succ peer.ID, f *Formation, plane DataPlane) (io.WriteCloser, error) {
-	s, err := l.h.NewStream(ctx, succ, RingProtocol)
+	var s network.Stream
+	var err error
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
+		s, err = l.h.NewStream(ctx, succ, RingProtocol)
+		var unsupported msmux.ErrNotSupported[protocol.ID]
+		if err == nil || !errors.As(err, &unsupported) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (last: %v)", ctx.Err(), err)
+		case <-time.After(wait):
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

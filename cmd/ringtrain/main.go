@@ -3,6 +3,8 @@
 //
 // Usage:
 //
+//	ringtrain join --config job.json [--bootstrap MULTIADDR]... [--listen MULTIADDR]... [--identity FILE] [--swarm-key FILE]
+//	ringtrain local -n 3 --config job.json
 //	ringtrain bench allreduce [--transport mem|tcp] [--peers N] [--sizes 1MiB,16MiB] [--json]
 //	ringtrain data --config data.json
 //	ringtrain bench form [--peers 4,8] [--runs 5]
@@ -41,6 +43,8 @@ func main() {
 const usage = `usage: ringtrain <command> [flags]
 
 commands:
+  join              find the job's peers, form the ring, train, evaluate
+  local             run -n peers of a job as processes on this machine
   bench allreduce   measure ring-allreduce against the pattern ceiling
   bench form        time ring formation through the DHT on loopback
   data              load a data config's datasets and say what they hold
@@ -57,6 +61,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runBench(ctx, args[1:], stdout, stderr)
 	case "data":
 		return runData(ctx, args[1:], stdout, stderr)
+	case "join":
+		return runJoin(ctx, args[1:], stdout, stderr)
+	case "local":
+		return runLocal(ctx, args[1:], stdout, stderr)
 	case "swarm-key":
 		return p2p.WriteSwarmKey(stdout)
 	case "help", "-h", "--help":

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/ringtrain/ringtrain/data"
+)
+
+// jobConfig is the job file. The names nodes (world_size), nr (rank) and
+// gpus are those of the older tools it replaces, accepted as they are.
+type jobConfig struct {
+	Name      string `json:"name"`
+	WorldSize int    `json:"world_size"`
+	Nodes     int    `json:"nodes"` // = world_size
+	Rank      *int   `json:"rank"`  // informational: ranks follow peer IDs
+	Nr        *int   `json:"nr"`    // = rank
+	GPUs      int    `json:"gpus"`  // 0: CPU; CUDA arrives with issue 8
+	Epochs    int    `json:"epochs"`
+	BatchSize int    `json:"batch_size"` // per peer
+	Seed      uint64 `json:"seed"`
+	Model     string `json:"model"` // "mlp"; "cnn" and layer specs arrive with issue 7
+	Optimizer struct {
+		Name        string  `json:"name"` // sgd or adam
+		LR          float32 `json:"lr"`
+		Momentum    float32 `json:"momentum"`
+		WeightDecay float32 `json:"weight_decay"`
+	} `json:"optimizer"`
+	// Data is the data config, inline or as a path to its file.
+	Data          json.RawMessage `json:"data"`
+	CheckpointDir string          `json:"checkpoint_dir"`
+	JoinTimeout   duration        `json:"join_timeout"` // default 60s
+	StepTimeout   duration        `json:"step_timeout"` // default 60s
+
+	data *data.Config // parsed Data
+	hash string       // of the fields every peer must share
+}
+
+// duration reads "30s", "2m" and the like.
+type duration time.Duration
+
+func (d *duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a duration such as \"30s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = duration(v)
+	return nil
+}
+
+// loadJobConfig reads and checks a job file. Unknown fields are errors
+// naming them; a missing required field says what to add.
+func loadJobConfig(path string) (*jobConfig, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var c jobConfig
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if err := c.resolve(filepath.Dir(path)); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &c, nil
+}
+
+func (c *jobConfig) resolve(dir string) error {
+	if c.Name == "" {
+		return errors.New(`no job name; add "name": "<job>" (peers with the same name find each other)`)
+	}
+	switch {
+	case c.WorldSize == 0 && c.Nodes == 0:
+		return errors.New(`no world size; add "world_size": <number of peers> (or "nodes")`)
+	case c.WorldSize != 0 && c.Nodes != 0 && c.WorldSize != c.Nodes:
+		return fmt.Errorf("world_size %d and nodes %d disagree; give one", c.WorldSize, c.Nodes)
+	case c.WorldSize == 0:
+		c.WorldSize = c.Nodes
+	}
+	if c.WorldSize < 1 {
+		return fmt.Errorf("world_size %d; want at least 1", c.WorldSize)
+	}
+	if c.Rank != nil && c.Nr != nil && *c.Rank != *c.Nr {
+		return fmt.Errorf("rank %d and nr %d disagree; give one", *c.Rank, *c.Nr)
+	}
+	if c.GPUs > 0 {
+		return fmt.Errorf("gpus %d: this build computes on the CPU only (the CUDA build comes with issue 8); set gpus to 0", c.GPUs)
+	}
+	if c.Epochs < 1 {
+		return fmt.Errorf(`epochs %d; add "epochs": <at least 1>`, c.Epochs)
+	}
+	if c.BatchSize < 1 {
+		return fmt.Errorf(`batch_size %d; add "batch_size": <samples per peer per step>`, c.BatchSize)
+	}
+	if c.Model != "mlp" {
+		return fmt.Errorf(`model %q is unknown; this build has "mlp"`, c.Model)
+	}
+	switch c.Optimizer.Name {
+	case "":
+		c.Optimizer.Name, c.Optimizer.LR, c.Optimizer.Momentum = "sgd", 0.05, 0.9
+	case "sgd", "adam":
+		if c.Optimizer.LR <= 0 {
+			return fmt.Errorf("optimizer %s has lr %v; want a positive learning rate", c.Optimizer.Name, c.Optimizer.LR)
+		}
+	default:
+		return fmt.Errorf("optimizer %q is unknown; want sgd or adam", c.Optimizer.Name)
+	}
+	if c.JoinTimeout == 0 {
+		c.JoinTimeout = duration(60 * time.Second)
+	}
+	if c.StepTimeout == 0 {
+		c.StepTimeout = duration(60 * time.Second)
+	}
+	if len(c.Data) == 0 {
+		return errors.New(`no data config; add "data": {"transforms": [...], "dataset_path": {...}} or "data": "<file>"`)
+	}
+	var dataPath string
+	var err error
+	if json.Unmarshal(c.Data, &dataPath) == nil {
+		if !filepath.IsAbs(dataPath) {
+			dataPath = filepath.Join(dir, dataPath)
+		}
+		c.data, err = data.LoadConfig(dataPath)
+	} else {
+		c.data, err = data.ParseConfig(bytes.NewReader(c.Data), dir)
+	}
+	if err != nil {
+		return err
+	}
+	return c.computeHash()
+}
+
+// computeHash is the SHA-256 of the canonical form of what every peer must
+// share: not the rank, the paths or the timeouts, which are each machine's.
+func (c *jobConfig) computeHash() error {
+	shared := struct {
+		Name       string
+		WorldSize  int
+		Epochs     int
+		BatchSize  int
+		Seed       uint64
+		Model      string
+		Optimizer  any
+		Transforms []data.TransformSpec
+		Classes    []string
+	}{c.Name, c.WorldSize, c.Epochs, c.BatchSize, c.Seed, c.Model, c.Optimizer, c.data.Transforms, c.data.Classes}
+	b, err := json.Marshal(shared)
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(b)
+	c.hash = hex.EncodeToString(sum[:])
+	return nil
+}

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/ringtrain/ringtrain/data"
+	"github.com/ringtrain/ringtrain/p2p"
+	"github.com/ringtrain/ringtrain/ring"
+	"github.com/ringtrain/ringtrain/train"
+)
+
+// stringList is a repeatable flag.
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+// runJoin is `ringtrain join`: find the job's peers, form the ring, train,
+// evaluate, and print a summary.
+func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("join", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	config := fs.String("config", "", "job config (JSON)")
+	var bootstrap, listen stringList
+	fs.Var(&bootstrap, "bootstrap", "multiaddr of a peer already in the swarm, /ip4/…/tcp/…/p2p/<id> (repeatable)")
+	fs.Var(&listen, "listen", "multiaddr to listen on (repeatable; default /ip4/0.0.0.0/tcp/0)")
+	identity := fs.String("identity", "", "identity key file, created on first use (default: a fresh identity)")
+	swarmKey := fs.String("swarm-key", "", "private swarm key file (see `ringtrain swarm-key`)")
+	plane := fs.String("data-plane", "libp2p", "what carries gradients: libp2p (encrypted) or tcp (token-gated, in the clear; trusted networks)")
+	logFlags := addLogFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("join: %w: %w", errUsage, err)
+	}
+	if *config == "" {
+		return fmt.Errorf("join: --config is required: %w", errUsage)
+	}
+	dp := map[string]p2p.DataPlane{"libp2p": p2p.PlaneLibp2p, "tcp": p2p.PlaneTCP}
+	planeVal, ok := dp[*plane]
+	if !ok {
+		return fmt.Errorf("join: --data-plane %q; want libp2p or tcp: %w", *plane, errUsage)
+	}
+	log := logFlags.logger(stderr)
+	cfg, err := loadJobConfig(*config)
+	if err != nil {
+		return fmt.Errorf("job config: %w", err)
+	}
+
+	// Data first: a broken dataset should fail before anyone waits for us.
+	trainSplit, err := cfg.data.Load("train")
+	if err != nil {
+		return err
+	}
+	log.Info().Str("dataset", trainSplit.Describe()).Msg("train data")
+	var testSplit *data.Split
+	if cfg.data.DatasetPath.Test != "" {
+		if testSplit, err = cfg.data.Load("test"); err != nil {
+			return err
+		}
+	}
+
+	hcfg := p2p.HostConfig{Listen: listen}
+	if *identity != "" {
+		if hcfg.Identity, err = p2p.LoadOrCreateIdentity(*identity); err != nil {
+			return err
+		}
+	}
+	if *swarmKey != "" {
+		if hcfg.SwarmKey, err = p2p.ReadSwarmKey(*swarmKey); err != nil {
+			return err
+		}
+	}
+	if hcfg.Bootstrap, err = p2p.ParseBootstrap(bootstrap); err != nil {
+		return fmt.Errorf("join: %w: %w", err, errUsage)
+	}
+	jctx, cancel := context.WithTimeout(ctx, time.Duration(cfg.JoinTimeout))
+	defer cancel()
+	h, err := p2p.NewHost(jctx, hcfg)
+	if err != nil {
+		if jctx.Err() != nil {
+			return fmt.Errorf("join: no bootstrap peer answered within the join timeout (%v): %w", time.Duration(cfg.JoinTimeout), err)
+		}
+		return err
+	}
+	defer h.Close()
+	// The first line says where this peer can be reached, so the next
+	// machine can be pointed at it.
+	for _, a := range h.FullAddrs() {
+		fmt.Fprintf(stdout, "listening on %s\n", a)
+	}
+	node, err := p2p.NewNode(h, p2p.Job{Name: cfg.Name, ConfigHash: cfg.hash, WorldSize: cfg.WorldSize}, p2p.NodeConfig{Logger: log})
+	if err != nil {
+		return err
+	}
+	defer node.Close()
+	log.Info().Str("job", cfg.Name).Int("world_size", cfg.WorldSize).Str("config_hash", cfg.hash[:16]).Msg("looking for peers")
+	// Ring links first: a peer that forms the ring before us dials at once.
+	links := p2p.NewRingLinks(h.Host, "", log)
+	defer links.Close()
+	formed, err := node.Join(jctx)
+	if err != nil {
+		return fmt.Errorf("join: %w", err)
+	}
+	t, err := links.Connect(jctx, formed, planeVal)
+	if err != nil {
+		return err
+	}
+	n := len(formed.Members)
+	rg, err := ring.New(t, ring.Config{Rank: formed.Rank, Size: n, Generation: formed.Generation})
+	if err != nil {
+		return err
+	}
+	defer rg.Close()
+	rank := formed.Rank
+	log = log.With().Int("rank", rank).Logger()
+
+	model, err := train.NewMLP(train.MLPConfig{Inputs: trainSplit.C * trainSplit.H * trainSplit.W, Hidden: []int{256, 128},
+		Classes: len(trainSplit.Classes), Batch: cfg.BatchSize, Seed: cfg.Seed})
+	if err != nil {
+		return err
+	}
+	defer model.Close()
+	var opt train.Optimizer = &train.SGD{LR: cfg.Optimizer.LR, Momentum: cfg.Optimizer.Momentum, WeightDecay: cfg.Optimizer.WeightDecay}
+	if cfg.Optimizer.Name == "adam" {
+		a := train.NewAdam(cfg.Optimizer.LR)
+		a.WeightDecay = cfg.Optimizer.WeightDecay
+		opt = a
+	}
+	loader := func(s *data.Split, world, rank int, shuffle bool) *data.Loader {
+		return &data.Loader{Split: s, BatchSize: cfg.BatchSize, Seed: cfg.Seed,
+			Sampler: data.Sampler{N: s.Len(), World: world, Rank: rank, Seed: cfg.Seed, Shuffle: shuffle}}
+	}
+	rc := train.RunConfig{
+		Replica: train.NewReplica(model, opt, steppedRing{rg, time.Duration(cfg.StepTimeout)}),
+		Train:   loader(trainSplit, n, rank, true), Epochs: cfg.Epochs, Classes: len(trainSplit.Classes),
+		Progress: func(p train.Progress) {
+			ev := log.Info().Int("epoch", p.Epoch+1).Int("step", p.Step).Int("steps", p.Steps).
+				Float64("loss", p.Loss).Float64("samples_per_sec", p.SamplesPerSec)
+			if p.EpochDone {
+				ev.Msg("epoch done")
+			} else {
+				ev.Msg("training")
+			}
+		},
+	}
+	if testSplit != nil {
+		rc.Test = loader(testSplit, 1, 0, false) // every rank scores the whole test set
+	}
+	log.Info().Int("world_size", n).Uint64("generation", formed.Generation).Msg("training")
+	sum, err := train.Run(ctx, rc)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "rank %d of %d: test accuracy %.4f, param hash %s\n", rank, n, sum.TestAccuracy, sum.ParamHash[:16])
+	// The summary is the peer's last log line (the logger carries rank).
+	log.Info().Int("world_size", n).Int("epochs", sum.Epochs).Float64("test_accuracy", sum.TestAccuracy).
+		Float64("test_loss", sum.TestLoss).Str("param_hash", sum.ParamHash).Float64("samples_per_sec", sum.SamplesPerSec).
+		Msg("summary")
+	return nil
+}
+
+// steppedRing gives every collective the step timeout, so a neighbour that
+// stalls fails the step instead of hanging it.
+type steppedRing struct {
+	*ring.Ring
+	timeout time.Duration
+}
+
+func (s steppedRing) AllreduceMean(ctx context.Context, buf []float32) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	return s.Ring.AllreduceMean(ctx, buf)
+}
+
+func (s steppedRing) AllreduceSum(ctx context.Context, buf []float32) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	return s.Ring.AllreduceSum(ctx, buf)
+}
+
+func (s steppedRing) Broadcast(ctx context.Context, buf []float32, root int) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	return s.Ring.Broadcast(ctx, buf, root)
+}
+
+// logFlags are --log-level and --log-format.
+type logFlags struct{ level, format *string }
+
+func addLogFlags(fs *flag.FlagSet) logFlags {
+	return logFlags{
+		level:  fs.String("log-level", "info", "debug, info, warn or error"),
+		format: fs.String("log-format", "auto", "console, json, or auto (console on a terminal)"),
+	}
+}
+
+// logger builds the one logger of the process: human console output on a
+// terminal, JSON lines otherwise.
+func (f logFlags) logger(w io.Writer) zerolog.Logger {
+	lvl, err := zerolog.ParseLevel(*f.level)
+	if err != nil {
+		lvl = zerolog.InfoLevel
+	}
+	tty := false
+	if file, ok := w.(*os.File); ok {
+		if st, err := file.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			tty = true
+		}
+	}
+	if *f.format == "console" || *f.format == "auto" && tty {
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, NoColor: !tty}
+	}
+	return zerolog.New(w).Level(lvl).With().Timestamp().Logger()
+}

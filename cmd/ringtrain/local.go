@@ -1,0 +1,120 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+)
+
+// runLocal is `ringtrain local -n N --config job.json`: N real processes of
+// this binary on 127.0.0.1, the first with no bootstrap and the rest pointed
+// at it. Every output line is prefixed with the peer's number. If a peer
+// fails, the others are stopped; on Ctrl-C all are, and local waits for them.
+func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("local", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	n := fs.Int("n", 3, "peers to start")
+	config := fs.String("config", "", "job config (JSON)")
+	plane := fs.String("data-plane", "libp2p", "libp2p or tcp")
+	logFormat := fs.String("log-format", "json", "the peers' --log-format")
+	logLevel := fs.String("log-level", "info", "the peers' --log-level")
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("local: %w: %w", errUsage, err)
+	}
+	if *config == "" || *n < 1 {
+		return fmt.Errorf("local: --config and -n ≥ 1 are required: %w", errUsage)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var out sync.Mutex // one line at a time
+	common := []string{"join", "--config", *config, "--listen", "/ip4/127.0.0.1/tcp/0",
+		"--data-plane", *plane, "--log-format", *logFormat, "--log-level", *logLevel}
+	errs := make([]error, *n)
+	var wg sync.WaitGroup
+	start := func(i int, extra []string, firstAddr chan<- string) error {
+		cmd := exec.CommandContext(ctx, self, append(append([]string(nil), common...), extra...)...)
+		// Stop a peer the way Ctrl-C would, so it can leave cleanly; kill
+		// it if it has not gone ten seconds later.
+		cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+		cmd.WaitDelay = 10 * time.Second
+		po, err := cmd.StdoutPipe()
+		if err != nil {
+			return err
+		}
+		pe, err := cmd.StderrPipe()
+		if err != nil {
+			return err
+		}
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		prefix := fmt.Sprintf("[peer %d] ", i)
+		out.Lock()
+		fmt.Fprintf(stdout, "%sstarted, pid %d\n", prefix, cmd.Process.Pid)
+		out.Unlock()
+		var copies sync.WaitGroup
+		copies.Go(func() { prefixLines(po, stdout, prefix, &out, firstAddr) })
+		copies.Go(func() { prefixLines(pe, stderr, prefix, &out, nil) })
+		wg.Go(func() {
+			copies.Wait()
+			if err := cmd.Wait(); err != nil {
+				errs[i] = fmt.Errorf("peer %d: %w", i, err)
+				cancel() // one peer down: the ring cannot finish
+			}
+		})
+		return nil
+	}
+	addr := make(chan string, 1)
+	if err := start(0, nil, addr); err != nil {
+		return err
+	}
+	select {
+	case a := <-addr:
+		for i := 1; i < *n; i++ {
+			if err := start(i, []string{"--bootstrap", a}, nil); err != nil {
+				cancel()
+				errs[i] = err
+				break
+			}
+		}
+	case <-ctx.Done():
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("local: %w", err)
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("local: %w", ctx.Err())
+	}
+	return nil
+}
+
+// prefixLines copies r to w line by line with a prefix. The first
+// "listening on" address of a loopback peer goes to addr, if not nil.
+func prefixLines(r io.Reader, w io.Writer, prefix string, mu *sync.Mutex, addr chan<- string) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if a, ok := strings.CutPrefix(line, "listening on "); ok && addr != nil && strings.Contains(a, "/127.0.0.1/") {
+			addr <- a
+			addr = nil
+		}
+		mu.Lock()
+		fmt.Fprintf(w, "%s%s\n", prefix, line)
+		mu.Unlock()
+	}
+	io.Copy(io.Discard, r)
+}
