@@ -29,8 +29,9 @@ type RunConfig struct {
 // Progress is a report from the middle of a run.
 type Progress struct {
 	Epoch, Step, Steps int
-	Loss               float64 // mean local loss since the last report
-	SamplesPerSec      float64 // this rank's, since the epoch began
+	Loss               float64       // mean local loss since the last report
+	SamplesPerSec      float64       // this rank's, since the epoch began
+	Elapsed            time.Duration // since the epoch began
 	EpochDone          bool
 }
 
@@ -89,8 +90,9 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 			lossSum += float64(loss)
 			lossN++
 			if cfg.Progress != nil && step%cfg.ProgressEvery == 0 {
+				el := time.Since(start)
 				cfg.Progress(Progress{Epoch: epoch, Step: step, Steps: steps, Loss: lossSum / float64(lossN),
-					SamplesPerSec: float64(epochSamples) / time.Since(start).Seconds()})
+					SamplesPerSec: float64(epochSamples) / el.Seconds(), Elapsed: el})
 				lossSum, lossN = 0, 0
 			}
 			return nil
@@ -106,7 +108,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 			return s, fmt.Errorf("train: after epoch %d: %w", epoch, err)
 		}
 		if cfg.Progress != nil {
-			p := Progress{Epoch: epoch, Step: step, Steps: steps, SamplesPerSec: float64(epochSamples) / elapsed.Seconds(), EpochDone: true}
+			p := Progress{Epoch: epoch, Step: step, Steps: steps, SamplesPerSec: float64(epochSamples) / elapsed.Seconds(), Elapsed: elapsed, EpochDone: true}
 			if lossN > 0 {
 				p.Loss = lossSum / float64(lossN)
 			}

@@ -5,7 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"path/filepath"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/ringtrain/ringtrain/train"
 )
 
 func TestParseBytes(t *testing.T) {
@@ -80,5 +85,31 @@ func TestSwarmKeyCommand(t *testing.T) {
 	}
 	if !bytes.HasPrefix(out.Bytes(), []byte("/key/swarm/psk/1.0.0/\n/base16/\n")) || out.Len() != 22+9+65 {
 		t.Errorf("swarm-key printed %q; want a /key/swarm/psk/1.0.0/ base16 key", out.String())
+	}
+}
+
+func TestIDCommand(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "id.key")
+	var first, second bytes.Buffer
+	if err := run(context.Background(), []string{"id", "--identity", path}, &first, &first); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(context.Background(), []string{"id", "--identity", path}, &second, &second); err != nil {
+		t.Fatal(err)
+	}
+	if first.String() != second.String() || !strings.HasPrefix(first.String(), "12D3Koo") {
+		t.Errorf("id printed %q, then %q; want the same peer ID twice", first.String(), second.String())
+	}
+}
+
+func TestProgressBar(t *testing.T) {
+	var b bytes.Buffer
+	bar := progressBar{w: &b}
+	bar.show(train.Progress{Epoch: 0, Step: 50, Steps: 100, Loss: 0.5, SamplesPerSec: 1000, Elapsed: 10 * time.Second}, 2)
+	got := b.String()
+	for _, want := range []string{"\repoch 1/2", "[===============               ]", "50/100", "loss 0.5000", "1000 samples/s", "ETA 10s"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("progress bar %q lacks %q", got, want)
+		}
 	}
 }

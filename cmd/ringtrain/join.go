@@ -32,7 +32,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var bootstrap, listen stringList
 	fs.Var(&bootstrap, "bootstrap", "multiaddr of a peer already in the swarm, /ip4/…/tcp/…/p2p/<id> (repeatable)")
 	fs.Var(&listen, "listen", "multiaddr to listen on (repeatable; default /ip4/0.0.0.0/tcp/0)")
-	identity := fs.String("identity", "", "identity key file, created on first use (default: a fresh identity)")
+	identity := fs.String("identity", "", "identity key file, created on first use (default: a fresh identity each run; see `ringtrain id`)")
 	swarmKey := fs.String("swarm-key", "", "private swarm key file (see `ringtrain swarm-key`)")
 	plane := fs.String("data-plane", "libp2p", "what carries gradients: libp2p (encrypted) or tcp (token-gated, in the clear; trusted networks)")
 	logFlags := addLogFlags(fs)
@@ -137,10 +137,24 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return &data.Loader{Split: s, BatchSize: cfg.BatchSize, Seed: cfg.Seed,
 			Sampler: data.Sampler{N: s.Len(), World: world, Rank: rank, Seed: cfg.Seed, Shuffle: shuffle}}
 	}
+	// On a terminal, a progress bar per epoch; otherwise a log line every
+	// 50 steps.
+	var bar *progressBar
+	every := 50
+	if isTerminal(stderr) && *logFlags.format != "json" {
+		bar, every = &progressBar{w: stderr}, 5
+	}
 	rc := train.RunConfig{
-		Replica: train.NewReplica(model, opt, steppedRing{rg, time.Duration(cfg.StepTimeout)}),
-		Train:   loader(trainSplit, n, rank, true), Epochs: cfg.Epochs, Classes: len(trainSplit.Classes),
+		ProgressEvery: every,
+		Replica:       train.NewReplica(model, opt, steppedRing{rg, time.Duration(cfg.StepTimeout)}),
+		Train:         loader(trainSplit, n, rank, true), Epochs: cfg.Epochs, Classes: len(trainSplit.Classes),
 		Progress: func(p train.Progress) {
+			if bar != nil {
+				bar.show(p, cfg.Epochs)
+				if !p.EpochDone {
+					return
+				}
+			}
 			ev := log.Info().Int("epoch", p.Epoch+1).Int("step", p.Step).Int("steps", p.Steps).
 				Float64("loss", p.Loss).Float64("samples_per_sec", p.SamplesPerSec)
 			if p.EpochDone {
@@ -208,14 +222,35 @@ func (f logFlags) logger(w io.Writer) zerolog.Logger {
 	if err != nil {
 		lvl = zerolog.InfoLevel
 	}
-	tty := false
-	if file, ok := w.(*os.File); ok {
-		if st, err := file.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
-			tty = true
-		}
-	}
+	tty := isTerminal(w)
 	if *f.format == "console" || *f.format == "auto" && tty {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, NoColor: !tty}
 	}
 	return zerolog.New(w).Level(lvl).With().Timestamp().Logger()
+}
+
+func isTerminal(w io.Writer) bool {
+	file, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := file.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// progressBar redraws one line: epoch, bar, step/steps, loss, samples/s, ETA.
+type progressBar struct{ w io.Writer }
+
+func (b *progressBar) show(p train.Progress, epochs int) {
+	const width = 30
+	done := min(width*p.Step/max(p.Steps, 1), width)
+	eta := time.Duration(0)
+	if p.Step > 0 {
+		eta = p.Elapsed * time.Duration(p.Steps-p.Step) / time.Duration(p.Step)
+	}
+	fmt.Fprintf(b.w, "\repoch %d/%d [%s%s] %d/%d loss %.4f %.0f samples/s ETA %v ",
+		p.Epoch+1, epochs, strings.Repeat("=", done), strings.Repeat(" ", width-done), p.Step, p.Steps, p.Loss, p.SamplesPerSec, eta.Round(time.Second))
+	if p.EpochDone {
+		fmt.Fprintln(b.w)
+	}
 }

@@ -9,16 +9,21 @@
 //	ringtrain data --config data.json
 //	ringtrain bench form [--peers 4,8] [--runs 5]
 //	ringtrain swarm-key > swarm.key
+//	ringtrain id [--identity FILE]
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
+
+	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/ringtrain/ringtrain/p2p"
 )
@@ -49,6 +54,7 @@ commands:
   bench form        time ring formation through the DHT on loopback
   data              load a data config's datasets and say what they hold
   swarm-key         print a new private-swarm key (give the file to every peer)
+  id                create or show this machine's peer ID (--identity FILE)
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -65,6 +71,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runJoin(ctx, args[1:], stdout, stderr)
 	case "local":
 		return runLocal(ctx, args[1:], stdout, stderr)
+	case "id":
+		return runID(args[1:], stdout, stderr)
 	case "swarm-key":
 		return p2p.WriteSwarmKey(stdout)
 	case "help", "-h", "--help":
@@ -73,4 +81,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprint(stderr, usage)
 	return fmt.Errorf("unknown command %q: %w", args[0], errUsage)
+}
+
+// runID creates the identity file if there is none and prints its peer ID.
+func runID(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("id", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	home, _ := os.UserHomeDir()
+	identity := fs.String("identity", filepath.Join(home, ".ringtrain", "identity.key"), "identity key file, created on first use")
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("id: %w: %w", errUsage, err)
+	}
+	k, err := p2p.LoadOrCreateIdentity(*identity)
+	if err != nil {
+		return err
+	}
+	id, err := peer.IDFromPrivateKey(k)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, id)
+	return nil
 }
