@@ -17,6 +17,14 @@ type RunConfig struct {
 	Test    *data.Loader // evaluated after the last epoch; nil skips it
 	Epochs  int
 	Classes int
+	// StartEpoch is the first epoch to run: the checkpoint's Epoch when
+	// resuming, else 0.
+	StartEpoch int
+	StartStep  int // steps completed before StartEpoch
+	// AfterEpoch, if set, is called after every epoch once the replicas
+	// are known to agree, with the epochs and steps completed — the place
+	// to write a checkpoint.
+	AfterEpoch func(epochs, steps int) error
 	// MaxSkips is how many steps in a row may be skipped for non-finite
 	// gradients before the run stops. Zero means 5.
 	MaxSkips int
@@ -45,7 +53,9 @@ type Summary struct {
 	SamplesPerSec float64 // this rank's training samples per second
 }
 
-// Run starts every replica from rank 0's parameters, trains for the epochs,
+// Run starts every replica from rank 0's parameters (and, when resuming,
+// rank 0's optimizer state is what every replica loaded from the same
+// checkpoint), trains for the epochs,
 // checks at the end of each that the replicas hold the same parameters,
 // and evaluates.
 func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
@@ -63,7 +73,8 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	var samples int
 	var busy time.Duration
 	skips := 0
-	for epoch := range cfg.Epochs {
+	totalSteps := cfg.StartStep
+	for epoch := cfg.StartEpoch; epoch < cfg.Epochs; epoch++ {
 		e, err := cfg.Train.Epoch(ctx, epoch)
 		if err != nil {
 			return s, err
@@ -106,6 +117,12 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		busy += elapsed
 		if err := r.CheckInSync(ctx); err != nil {
 			return s, fmt.Errorf("train: after epoch %d: %w", epoch, err)
+		}
+		totalSteps += step
+		if cfg.AfterEpoch != nil {
+			if err := cfg.AfterEpoch(epoch+1, totalSteps); err != nil {
+				return s, err
+			}
 		}
 		if cfg.Progress != nil {
 			p := Progress{Epoch: epoch, Step: step, Steps: steps, SamplesPerSec: float64(epochSamples) / elapsed.Seconds(), Elapsed: elapsed, EpochDone: true}

@@ -1,11 +1,35 @@
 package train
 
-import "math"
+import (
+	"fmt"
+	"math"
+	"slices"
+)
 
 // Optimizer updates parameters from gradients, in place. Its state lives in
 // plain slices so that it can be checkpointed and sent to a joining peer.
 type Optimizer interface {
 	Step(params, grads [][]float32)
+	// State returns the optimizer's name, its step count and its state
+	// tensors (which alias the optimizer's own).
+	State() (name string, step int, tensors [][]float32)
+	// SetState restores what State returned, for these params.
+	SetState(step int, tensors, params [][]float32) error
+}
+
+// restore copies saved tensors into fresh ones shaped like want.
+func restore(saved [][]float32, want [][]float32) ([][]float32, error) {
+	if len(saved) != len(want) {
+		return nil, fmt.Errorf("train: optimizer state has %d tensors, want %d: %w", len(saved), len(want), ErrCheckpoint)
+	}
+	out := zerosLike(want)
+	for i := range want {
+		if len(saved[i]) != len(want[i]) {
+			return nil, fmt.Errorf("train: optimizer state tensor %d has %d values, want %d: %w", i, len(saved[i]), len(want[i]), ErrCheckpoint)
+		}
+		copy(out[i], saved[i])
+	}
+	return out, nil
 }
 
 // SGD is torch.optim.SGD: with weight decay wd and momentum mu,
@@ -32,6 +56,21 @@ func (o *SGD) Step(params, grads [][]float32) {
 			p[j] -= o.LR * d
 		}
 	}
+}
+
+// State is the momentum buffers (none before the first step or without
+// momentum).
+func (o *SGD) State() (string, int, [][]float32) { return "sgd", 0, o.velocity }
+
+// SetState restores momentum buffers.
+func (o *SGD) SetState(_ int, tensors, params [][]float32) error {
+	if len(tensors) == 0 {
+		o.velocity = nil
+		return nil
+	}
+	v, err := restore(tensors, params)
+	o.velocity = v
+	return err
 }
 
 // Adam is torch.optim.Adam (weight decay added to the gradient).
@@ -63,6 +102,30 @@ func (o *Adam) Step(params, grads [][]float32) {
 			p[j] -= step * m[j] / (float32(math.Sqrt(float64(v[j])))/sq + o.Eps)
 		}
 	}
+}
+
+// State is the first moments, then the second, and the step count.
+func (o *Adam) State() (string, int, [][]float32) { return "adam", o.t, slices.Concat(o.m, o.v) }
+
+// SetState restores moments and step count.
+func (o *Adam) SetState(step int, tensors, params [][]float32) error {
+	if len(tensors) == 0 {
+		o.m, o.v, o.t = nil, nil, 0
+		return nil
+	}
+	if len(tensors) != 2*len(params) {
+		return fmt.Errorf("train: Adam state has %d tensors, want %d: %w", len(tensors), 2*len(params), ErrCheckpoint)
+	}
+	m, err := restore(tensors[:len(params)], params)
+	if err != nil {
+		return err
+	}
+	v, err := restore(tensors[len(params):], params)
+	if err != nil {
+		return err
+	}
+	o.m, o.v, o.t = m, v, step
+	return nil
 }
 
 func zerosLike(params [][]float32) [][]float32 {

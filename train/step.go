@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"unsafe"
 )
 
@@ -93,6 +94,34 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	scatter(grads, r.flat)
 	r.Opt.Step(r.Model.Params(), grads)
 	return loss, nil
+}
+
+// Snapshot fills a checkpoint's parameters and optimizer state with
+// copies of the replica's; base supplies the rest.
+func (r *Replica) Snapshot(base Checkpoint) *Checkpoint {
+	c := base
+	c.Params = nil
+	for _, p := range r.Model.Params() {
+		c.Params = append(c.Params, slices.Clone(p))
+	}
+	name, step, state := r.Opt.State()
+	c.Optimizer, c.OptStep, c.OptState = name, step, nil
+	for _, t := range state {
+		c.OptState = append(c.OptState, slices.Clone(t))
+	}
+	return &c
+}
+
+// Restore loads a checkpoint's parameters and optimizer state, refusing
+// one of another model or optimizer.
+func (r *Replica) Restore(c *Checkpoint) error {
+	if err := c.LoadInto(r.Model); err != nil {
+		return err
+	}
+	if name, _, _ := r.Opt.State(); name != c.Optimizer {
+		return fmt.Errorf("train: checkpoint was made with %s, this run uses %s: %w", c.Optimizer, name, ErrCheckpoint)
+	}
+	return r.Opt.SetState(c.OptStep, c.OptState, r.Model.Params())
 }
 
 // ParamHash is the SHA-256 of the parameters' bytes, to compare replicas.

@@ -1,0 +1,195 @@
+package train
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/ringtrain/ringtrain/data"
+)
+
+// ErrCheckpoint means a checkpoint file is damaged or does not fit.
+var ErrCheckpoint = errors.New("train: bad checkpoint")
+
+const checkpointMagic = "RTCKPT1\n"
+
+// maxCheckpointHeader bounds the JSON header, read before anything is
+// allocated from it.
+const maxCheckpointHeader = 1 << 20
+
+// Checkpoint is everything needed to resume a run or to predict: the model
+// spec, parameters, optimizer state, where the run was, and the data setup.
+type Checkpoint struct {
+	Model      MLPConfig            `json:"model"`
+	Epoch      int                  `json:"epoch"` // epochs completed
+	Step       int                  `json:"step"`  // steps completed in all
+	Seed       uint64               `json:"seed"`
+	Classes    []string             `json:"classes"`
+	Transforms []data.TransformSpec `json:"transforms"`
+	Input      [3]int               `json:"input"` // C, H, W of a sample
+	Optimizer  string               `json:"optimizer"`
+	OptStep    int                  `json:"opt_step"`
+	Params     [][]float32          `json:"-"`
+	OptState   [][]float32          `json:"-"`
+}
+
+// header is what goes before the tensors: the checkpoint's fields and the
+// lengths of its tensors.
+type header struct {
+	Checkpoint
+	ParamLens []int `json:"param_lens"`
+	StateLens []int `json:"state_lens"`
+}
+
+// Save writes c to path atomically: to a temporary file in the same
+// folder, synced, then renamed over path, so a crash leaves the old
+// checkpoint or the new one, never half of one. Layout: magic, 4-byte
+// header length, JSON header, float32 tensors (little-endian), SHA-256 of
+// all that precedes it.
+func (c *Checkpoint) Save(path string) (err error) {
+	h := header{Checkpoint: *c}
+	for _, p := range c.Params {
+		h.ParamLens = append(h.ParamLens, len(p))
+	}
+	for _, s := range c.OptState {
+		h.StateLens = append(h.StateLens, len(s))
+	}
+	hb, err := json.Marshal(h)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	sum := sha256.New()
+	w := io.MultiWriter(f, sum)
+	var n [4]byte
+	binary.LittleEndian.PutUint32(n[:], uint32(len(hb)))
+	if _, err := w.Write(append(append([]byte(checkpointMagic), n[:]...), hb...)); err != nil {
+		return err
+	}
+	buf := make([]byte, 0, 1<<16)
+	for _, t := range slices.Concat(c.Params, c.OptState) {
+		for _, v := range t {
+			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
+			if len(buf) == cap(buf) {
+				if _, err := w.Write(buf); err != nil {
+					return err
+				}
+				buf = buf[:0]
+			}
+		}
+	}
+	if _, err := w.Write(buf); err != nil {
+		return err
+	}
+	if _, err := f.Write(sum.Sum(nil)); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return err
+	}
+	// The rename itself must reach the disk too.
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// LoadCheckpoint reads and verifies a checkpoint: magic, header size, the
+// tensors' lengths against the file's, and the checksum.
+func LoadCheckpoint(path string) (*Checkpoint, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("train: %w", err)
+	}
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("train: checkpoint %s: %s: %w", path, fmt.Sprintf(format, args...), ErrCheckpoint)
+	}
+	if len(b) < len(checkpointMagic)+4+sha256.Size || string(b[:len(checkpointMagic)]) != checkpointMagic {
+		return nil, fail("not a ringtrain checkpoint (or cut short before its header)")
+	}
+	body, sum := b[:len(b)-sha256.Size], b[len(b)-sha256.Size:]
+	if got := sha256.Sum256(body); !bytes.Equal(got[:], sum) {
+		return nil, fail("checksum mismatch: the file is truncated or corrupt")
+	}
+	rest := body[len(checkpointMagic):]
+	hl := binary.LittleEndian.Uint32(rest)
+	if hl > maxCheckpointHeader || int(hl) > len(rest)-4 {
+		return nil, fail("header of %d bytes does not fit", hl)
+	}
+	var h header
+	if err := json.Unmarshal(rest[4:4+hl], &h); err != nil {
+		return nil, fail("header: %v", err)
+	}
+	tensors := rest[4+hl:]
+	total := 0
+	for _, l := range slices.Concat(h.ParamLens, h.StateLens) {
+		if l < 0 || l > len(tensors)/4 {
+			return nil, fail("a tensor of %d values in %d bytes", l, len(tensors))
+		}
+		total += l
+	}
+	if total*4 != len(tensors) {
+		return nil, fail("tensors hold %d bytes, header says %d", len(tensors), total*4)
+	}
+	c := h.Checkpoint
+	read := func(lens []int) [][]float32 {
+		var out [][]float32
+		for _, l := range lens {
+			t := make([]float32, l)
+			for i := range t {
+				t[i] = math.Float32frombits(binary.LittleEndian.Uint32(tensors[4*i:]))
+			}
+			tensors = tensors[4*l:]
+			out = append(out, t)
+		}
+		return out
+	}
+	c.Params, c.OptState = read(h.ParamLens), read(h.StateLens)
+	return &c, nil
+}
+
+// LoadInto copies the checkpoint's parameters into m, refusing a checkpoint
+// of another model.
+func (c *Checkpoint) LoadInto(m Model) error {
+	ps := m.Params()
+	if len(ps) != len(c.Params) {
+		return fmt.Errorf("train: checkpoint has %d parameter tensors, the model %d: %w", len(c.Params), len(ps), ErrCheckpoint)
+	}
+	for i, p := range ps {
+		if len(p) != len(c.Params[i]) {
+			return fmt.Errorf("train: checkpoint's %s has %d values, the model's %d: %w", m.ParamNames()[i], len(c.Params[i]), len(p), ErrCheckpoint)
+		}
+	}
+	for i, p := range ps {
+		copy(p, c.Params[i])
+	}
+	return nil
+}
