@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"image"
+	"image/png"
 	"io"
 	"os"
 	"os/exec"
@@ -13,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	xdraw "golang.org/x/image/draw"
 )
 
 // The test binary stands in for ringtrain when `local` starts it as a peer.
@@ -45,7 +49,16 @@ func ringtrain(t *testing.T, timeout time.Duration, args ...string) (string, err
 // exits 0, all three summaries carry the same param_hash, and accuracy is
 // well above chance.
 func TestLocalTrainsEndToEnd(t *testing.T) {
-	out, err := ringtrain(t, 3*time.Minute, "local", "-n", "3", "--config", "../../testdata/job.json", "--log-format", "json")
+	dir := t.TempDir()
+	job, err := os.ReadFile("../../testdata/job.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	job = bytes.Replace(job, []byte(`"data": "data-config.json"`),
+		[]byte(`"data": "`+mustAbs(t, "../../testdata/data-config.json")+`", "checkpoint_dir": "`+dir+`"`), 1)
+	cfg := filepath.Join(dir, "job.json")
+	os.WriteFile(cfg, job, 0o644)
+	out, err := ringtrain(t, 3*time.Minute, "local", "-n", "3", "--config", cfg, "--log-format", "json")
 	if err != nil {
 		t.Fatalf("local: %v\n%s", err, out)
 	}
@@ -68,6 +81,42 @@ func TestLocalTrainsEndToEnd(t *testing.T) {
 	}
 	if len(hashes) != 3 || hashes[0] != hashes[1] || hashes[1] != hashes[2] {
 		t.Fatalf("summaries' param hashes %v; want three equal ones\n%s", hashes, out)
+	}
+
+	// predict, from the checkpoint rank 0 wrote, on a PNG (grayscale), a
+	// JPEG (colour) and a colour image of another size.
+	ckpt := filepath.Join(dir, "fashion-mnist-demo.ckpt")
+	odd := filepath.Join(dir, "odd.png")
+	writeOddImage(t, "../../testdata/fashion-folder/test/Trouser/9960.jpg", odd)
+	for _, img := range []string{"../../testdata/fashion-folder/test/Trouser/9960.jpg", "../../testdata/fashion-folder/test/Trouser/9965.png", odd} {
+		out, err := ringtrain(t, time.Minute, "predict", "--checkpoint", ckpt, "--image", img)
+		if err != nil || !strings.Contains(out, img+": Trouser") {
+			t.Errorf("predict %s: %v\n%s; want it to say Trouser", img, err, out)
+		}
+	}
+}
+
+// writeOddImage writes src as a 56×40 colour PNG.
+func writeOddImage(t *testing.T, src, dst string) {
+	t.Helper()
+	f, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m, _, err := image.Decode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := image.NewRGBA(image.Rect(0, 0, 40, 56))
+	xdraw.BiLinear.Scale(out, out.Bounds(), m, m.Bounds(), xdraw.Src, nil)
+	g, err := os.Create(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := png.Encode(g, out); err != nil {
+		t.Fatal(err)
 	}
 }
 

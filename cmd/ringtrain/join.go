@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -121,8 +122,9 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	rank := formed.Rank
 	log = log.With().Int("rank", rank).Logger()
 
-	model, err := train.NewMLP(train.MLPConfig{Inputs: trainSplit.C * trainSplit.H * trainSplit.W, Hidden: []int{256, 128},
-		Classes: len(trainSplit.Classes), Batch: cfg.BatchSize, Seed: cfg.Seed})
+	spec := train.MLPConfig{Inputs: trainSplit.C * trainSplit.H * trainSplit.W, Hidden: []int{256, 128},
+		Classes: len(trainSplit.Classes), Batch: cfg.BatchSize, Seed: cfg.Seed}
+	model, err := train.NewMLP(spec)
 	if err != nil {
 		return err
 	}
@@ -167,10 +169,35 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if testSplit != nil {
 		rc.Test = loader(testSplit, 1, 0, false) // every rank scores the whole test set
 	}
+	// Rank 0 writes the checkpoint after every epoch (all replicas hold the
+	// same parameters then); others could, but on one machine they would
+	// write the same file.
+	ckpt := ""
+	if cfg.CheckpointDir != "" && rank == 0 {
+		ckpt = filepath.Join(cfg.CheckpointDir, cfg.Name+".ckpt")
+		base := train.Checkpoint{Model: spec, Seed: cfg.Seed, Classes: trainSplit.Classes, Transforms: cfg.data.Transforms,
+			Input: [3]int{trainSplit.C, trainSplit.H, trainSplit.W}}
+		rc.AfterEpoch = func(epochs, steps int) error {
+			base.Epoch, base.Step = epochs, steps
+			if err := rc.Replica.Snapshot(base).Save(ckpt); err != nil {
+				return fmt.Errorf("writing checkpoint: %w", err)
+			}
+			log.Info().Str("path", ckpt).Int("epoch", epochs).Msg("checkpoint written")
+			return nil
+		}
+	}
 	log.Info().Int("world_size", n).Uint64("generation", formed.Generation).Msg("training")
 	sum, err := train.Run(ctx, rc)
 	if err != nil {
+		if ctx.Err() != nil && ckpt != "" {
+			// Interrupted: the step under way is abandoned (no update was
+			// applied) and the last epoch's checkpoint stands.
+			log.Warn().Str("checkpoint", ckpt).Msg("interrupted; the checkpoint of the last finished epoch stands")
+		}
 		return err
+	}
+	if ckpt != "" {
+		fmt.Fprintf(stdout, "checkpoint: %s\n", ckpt)
 	}
 	fmt.Fprintf(stdout, "rank %d of %d: test accuracy %.4f, param hash %s\n", rank, n, sum.TestAccuracy, sum.ParamHash[:16])
 	// The summary is the peer's last log line (the logger carries rank).

@@ -10,6 +10,7 @@
 //	ringtrain bench form [--peers 4,8] [--runs 5]
 //	ringtrain swarm-key > swarm.key
 //	ringtrain id [--identity FILE]
+//	ringtrain predict --checkpoint FILE --image FILE.png|jpg
 package main
 
 import (
@@ -53,6 +54,7 @@ commands:
   bench allreduce   measure ring-allreduce against the pattern ceiling
   bench form        time ring formation through the DHT on loopback
   data              load a data config's datasets and say what they hold
+  predict           class and top probabilities of a PNG/JPEG from a checkpoint
   swarm-key         print a new private-swarm key (give the file to every peer)
   id                create or show this machine's peer ID (--identity FILE)
 `
@@ -71,6 +73,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runJoin(ctx, args[1:], stdout, stderr)
 	case "local":
 		return runLocal(ctx, args[1:], stdout, stderr)
+	case "predict":
+		return runPredict(args[1:], stdout, stderr)
 	case "id":
 		return runID(args[1:], stdout, stderr)
 	case "swarm-key":
