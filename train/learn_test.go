@@ -2,6 +2,7 @@ package train
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/ringtrain/ringtrain/data"
@@ -97,4 +98,24 @@ func TestRunOnRing(t *testing.T) {
 		t.Errorf("test accuracy %.3f; want ≥ 0.6", sums[0].TestAccuracy)
 	}
 	t.Logf("accuracy %.3f, %.0f samples/s per rank", sums[0].TestAccuracy, sums[0].SamplesPerSec)
+}
+
+// TestRunStopsBetweenSteps: closing Stop ends the run after the step under
+// way, and says where.
+func TestRunStopsBetweenSteps(t *testing.T) {
+	m := newMLP(t, MLPConfig{Inputs: 784, Hidden: []int{16}, Classes: 10, Batch: 16, Seed: 1})
+	stop := make(chan struct{})
+	s, err := Run(context.Background(), RunConfig{
+		Replica: NewReplica(m, &SGD{LR: 0.05}, solo(t)), Train: loader(t, "train", 16, true), Epochs: 3, Classes: 10,
+		Stop: stop, ProgressEvery: 10,
+		Progress: func(p Progress) {
+			if p.Epoch == 1 && p.Step == 20 {
+				close(stop)
+			}
+		},
+	})
+	want := loader(t, "train", 16, true).Batches() + 20
+	if !errors.Is(err, ErrStopped) || s.Epochs != 1 || s.Steps != want {
+		t.Errorf("Run stopped in epoch 1 at step 20: %v, %d epochs and %d steps done; want ErrStopped, 1 and %d", err, s.Epochs, s.Steps, want)
+	}
 }

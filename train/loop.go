@@ -28,6 +28,10 @@ type RunConfig struct {
 	// MaxSkips is how many steps in a row may be skipped for non-finite
 	// gradients before the run stops. Zero means 5.
 	MaxSkips int
+	// Stop, if set and closed, ends the run between steps: the step under
+	// way finishes, Run returns ErrStopped, and Summary.Epochs and
+	// Summary.Steps say where it stopped.
+	Stop <-chan struct{}
 	// Progress, if set, is called every ProgressEvery steps and at the end
 	// of every epoch.
 	Progress      func(Progress)
@@ -43,9 +47,13 @@ type Progress struct {
 	EpochDone          bool
 }
 
+// ErrStopped is what Run returns when RunConfig.Stop ends it.
+var ErrStopped = errors.New("train: stopped")
+
 // Summary is what a finished run reports.
 type Summary struct {
-	Epochs        int
+	Epochs        int // completed
+	Steps         int // completed, over all epochs
 	TestLoss      float64
 	TestAccuracy  float64
 	PerClass      []float64
@@ -85,6 +93,11 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		var lossSum float64
 		var lossN int
 		err = e.Each(func(b *data.Batch) error {
+			select {
+			case <-cfg.Stop:
+				return ErrStopped
+			default:
+			}
 			loss, err := r.Step(ctx, b.X, b.Y, b.N)
 			step++
 			switch {
@@ -109,6 +122,10 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 			return nil
 		})
 		e.Close()
+		if errors.Is(err, ErrStopped) {
+			s.Epochs, s.Steps = epoch, totalSteps+step
+			return s, err
+		}
 		if err != nil {
 			return s, err
 		}
@@ -132,7 +149,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 			cfg.Progress(p)
 		}
 	}
-	s.Epochs = cfg.Epochs
+	s.Epochs, s.Steps = cfg.Epochs, totalSteps
 	if busy > 0 {
 		s.SamplesPerSec = float64(samples) / busy.Seconds()
 	}

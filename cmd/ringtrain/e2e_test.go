@@ -227,3 +227,49 @@ func TestLocalInterruptLeavesNoOrphans(t *testing.T) {
 		}
 	}
 }
+
+// TestInterruptWritesCheckpoint: Ctrl-C in the middle of training stops
+// every peer between steps, and rank 0 leaves a checkpoint that loads.
+func TestInterruptWritesCheckpoint(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "job.json")
+	os.WriteFile(cfg, []byte(`{"name": "sigint", "world_size": 2, "epochs": 100, "batch_size": 8, "model": "mlp", "checkpoint_dir": "`+dir+`",
+		"data": {"transforms": [{"name": "ToTensor", "args": []}], "dataset_path": {"train": "`+mustAbs(t, "../../testdata/fashion-mnist")+`"}}}`), 0o644)
+	cmd := exec.Command(self, "local", "-n", "2", "--config", cfg)
+	cmd.Env = append(os.Environ(), "RINGTRAIN_TEST_AS_MAIN=1")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	var buf []byte
+	chunk := make([]byte, 4096)
+	for strings.Count(string(buf), `"steps":`) < 2 { // progress lines: the peers are training
+		n, err := stdout.Read(chunk)
+		if err != nil {
+			t.Fatalf("local ended before training: %v\n%s", err, buf)
+		}
+		buf = append(buf, chunk[:n]...)
+	}
+	cmd.Process.Signal(os.Interrupt)
+	rest, _ := io.ReadAll(stdout)
+	buf = append(buf, rest...)
+	cmd.Wait()
+	out := string(buf)
+	stopped := strings.Index(out, "interrupted: left the ring")
+	if stopped < 0 || strings.LastIndex(out, `"message":"checkpoint written"`) < stopped {
+		t.Fatalf("want peers to leave between steps and rank 0 to write a checkpoint after that:\n%s", out)
+	}
+	c, err := ringtrain(t, time.Minute, "predict", "--checkpoint", filepath.Join(dir, "sigint.ckpt"), "--image", "../../testdata/fashion-folder/test/Trouser/9965.png")
+	if err != nil {
+		t.Errorf("predict from the interrupt checkpoint: %v\n%s", err, c)
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -170,30 +171,42 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		rc.Test = loader(testSplit, 1, 0, false) // every rank scores the whole test set
 	}
 	// Rank 0 writes the checkpoint after every epoch (all replicas hold the
-	// same parameters then); others could, but on one machine they would
-	// write the same file.
+	// same parameters then) and when stopped by a signal; others could, but
+	// on one machine they would write the same file.
 	ckpt := ""
-	if cfg.CheckpointDir != "" && rank == 0 {
-		ckpt = filepath.Join(cfg.CheckpointDir, cfg.Name+".ckpt")
-		base := train.Checkpoint{Model: spec, Seed: cfg.Seed, Classes: trainSplit.Classes, Transforms: cfg.data.Transforms,
-			Input: [3]int{trainSplit.C, trainSplit.H, trainSplit.W}}
-		rc.AfterEpoch = func(epochs, steps int) error {
-			base.Epoch, base.Step = epochs, steps
-			if err := rc.Replica.Snapshot(base).Save(ckpt); err != nil {
-				return fmt.Errorf("writing checkpoint: %w", err)
-			}
-			log.Info().Str("path", ckpt).Int("epoch", epochs).Msg("checkpoint written")
+	base := train.Checkpoint{Model: spec, Seed: cfg.Seed, Classes: trainSplit.Classes, Transforms: cfg.data.Transforms,
+		Input: [3]int{trainSplit.C, trainSplit.H, trainSplit.W}}
+	save := func(epochs, steps int) error {
+		if ckpt == "" {
 			return nil
 		}
-	}
-	log.Info().Int("world_size", n).Uint64("generation", formed.Generation).Msg("training")
-	sum, err := train.Run(ctx, rc)
-	if err != nil {
-		if ctx.Err() != nil && ckpt != "" {
-			// Interrupted: the step under way is abandoned (no update was
-			// applied) and the last epoch's checkpoint stands.
-			log.Warn().Str("checkpoint", ckpt).Msg("interrupted; the checkpoint of the last finished epoch stands")
+		base.Epoch, base.Step = epochs, steps
+		if err := rc.Replica.Snapshot(base).Save(ckpt); err != nil {
+			return fmt.Errorf("writing checkpoint: %w", err)
 		}
+		log.Info().Str("path", ckpt).Int("epochs_done", epochs).Int("steps_done", steps).Msg("checkpoint written")
+		return nil
+	}
+	if cfg.CheckpointDir != "" && rank == 0 {
+		ckpt = filepath.Join(cfg.CheckpointDir, cfg.Name+".ckpt")
+		rc.AfterEpoch = save
+	}
+	// SIGINT/SIGTERM (ctx) stops training between steps: the step under way
+	// finishes on every peer that is in it, the peer leaves the ring, and
+	// rank 0 writes a checkpoint of where it stopped. The collectives keep
+	// their own context, bounded by the step timeout, so that the last step
+	// is not torn in half.
+	rc.Stop = ctx.Done()
+	log.Info().Int("world_size", n).Uint64("generation", formed.Generation).Msg("training")
+	sum, err := train.Run(context.WithoutCancel(ctx), rc)
+	if errors.Is(err, train.ErrStopped) {
+		log.Warn().Int("epochs_done", sum.Epochs).Int("steps_done", sum.Steps).Msg("interrupted: left the ring")
+		if serr := save(sum.Epochs, sum.Steps); serr != nil {
+			return serr
+		}
+		return fmt.Errorf("interrupted after %d steps: %w", sum.Steps, ctx.Err())
+	}
+	if err != nil {
 		return err
 	}
 	if ckpt != "" {
