@@ -28,7 +28,7 @@ const maxCheckpointHeader = 1 << 20
 // Checkpoint is everything needed to resume a run or to predict: the model
 // spec, parameters, optimizer state, where the run was, and the data setup.
 type Checkpoint struct {
-	Model      MLPConfig            `json:"model"`
+	Model      ModelConfig          `json:"model"`
 	Epoch      int                  `json:"epoch"` // epochs completed
 	Step       int                  `json:"step"`  // steps completed in all
 	Seed       uint64               `json:"seed"`

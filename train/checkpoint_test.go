@@ -25,7 +25,7 @@ func solo(t *testing.T) *ring.Ring {
 // epoch — the same parameters, bit for bit, for SGD with momentum and Adam.
 func TestResumeEqualsUninterrupted(t *testing.T) {
 	const batch = 32
-	cfg := MLPConfig{Inputs: 784, Hidden: []int{32}, Classes: 10, Batch: batch, Seed: 4}
+	cfg := mlpCfg(784, []int{32}, 10, batch, 4)
 	for _, optName := range []string{"sgd", "adam"} {
 		t.Run(optName, func(t *testing.T) {
 			opt := func() Optimizer {
@@ -68,7 +68,7 @@ func TestResumeEqualsUninterrupted(t *testing.T) {
 }
 
 func TestCheckpointDamage(t *testing.T) {
-	cfg := MLPConfig{Inputs: 12, Hidden: []int{8}, Classes: 3, Batch: 2, Seed: 1}
+	cfg := mlpCfg(12, []int{8}, 3, 2, 1)
 	rep := NewReplica(newMLP(t, cfg), NewAdam(1e-3), solo(t))
 	x, y := randomBatch(rand.New(rand.NewPCG(1, 2)), 2, 12, 3)
 	if _, err := rep.Step(context.Background(), x, y, 2); err != nil {
@@ -105,8 +105,7 @@ func TestCheckpointDamage(t *testing.T) {
 			t.Errorf("%s: LoadCheckpoint = %v; want ErrCheckpoint", d.name, err)
 		}
 	}
-	wider := cfg
-	wider.Hidden = []int{9}
+	wider := mlpCfg(12, []int{9}, 3, 2, 1)
 	if err := c.LoadInto(newMLP(t, wider)); !errors.Is(err, ErrCheckpoint) {
 		t.Errorf("loading into another model = %v; want ErrCheckpoint", err)
 	}

@@ -28,7 +28,7 @@ func loader(t *testing.T, split string, batch int, shuffle bool) *data.Loader {
 func TestMLPLearnsTestdata(t *testing.T) {
 	const batch = 32
 	ctx := context.Background()
-	m := newMLP(t, MLPConfig{Inputs: 784, Hidden: []int{64}, Classes: 10, Batch: batch, Seed: 1})
+	m := newMLP(t, mlpCfg(784, []int{64}, 10, batch, 1))
 	one, err := ring.New(nil, ring.Config{Size: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -72,7 +72,7 @@ func TestRunOnRing(t *testing.T) {
 	sums := make([]Summary, world)
 	var progress [world]int
 	err := onAll(world, func(i int) error {
-		m, err := NewMLP(MLPConfig{Inputs: 784, Hidden: []int{64}, Classes: 10, Batch: batch, Seed: uint64(i)})
+		m, err := NewModel(mlpCfg(784, []int{64}, 10, batch, uint64(i)))
 		if err != nil {
 			return err
 		}
@@ -103,7 +103,7 @@ func TestRunOnRing(t *testing.T) {
 // TestRunStopsBetweenSteps: closing Stop ends the run after the step under
 // way, and says where.
 func TestRunStopsBetweenSteps(t *testing.T) {
-	m := newMLP(t, MLPConfig{Inputs: 784, Hidden: []int{16}, Classes: 10, Batch: 16, Seed: 1})
+	m := newMLP(t, mlpCfg(784, []int{16}, 10, 16, 1))
 	stop := make(chan struct{})
 	s, err := Run(context.Background(), RunConfig{
 		Replica: NewReplica(m, &SGD{LR: 0.05}, solo(t)), Train: loader(t, "train", 16, true), Epochs: 3, Classes: 10,

@@ -32,19 +32,20 @@ type Model interface {
 	Close() error
 }
 
-// MLPConfig describes a fully connected ReLU network.
-type MLPConfig struct {
-	Inputs  int   // features per sample
-	Hidden  []int // widths of the hidden layers
-	Classes int
-	Batch   int    // largest batch the graph takes
-	Seed    uint64 // for He initialisation
+// ModelConfig is a model to build: its spec, the largest batch it takes,
+// and the seed of its initial weights.
+type ModelConfig struct {
+	Spec  Spec   `json:"spec"`
+	Batch int    `json:"batch"`
+	Seed  uint64 `json:"seed"`
 }
 
-// mlp is a gorgonia graph run by one TapeMachine, built once; Reset before
-// every run (without it RunAll silently does nothing).
-type mlp struct {
-	cfg     MLPConfig
+// graphModel is a gorgonia graph run by one TapeMachine, built once; Reset
+// before every run (without it RunAll silently does nothing).
+type graphModel struct {
+	cfg     ModelConfig
+	inputs  int // values per sample
+	classes int
 	g       *G.ExprGraph
 	vm      G.VM
 	x, y    *tensor.Dense // inputs, refilled in place every step
@@ -57,48 +58,89 @@ type mlp struct {
 	outVal  G.Value // logits, batch × classes
 }
 
-// NewMLP builds the network. The loss is −Σ(log softmax ⊙ one-hot)/n with n
-// fed each step, so a short last batch is padded with zero rows that add
-// nothing to it.
-func NewMLP(cfg MLPConfig) (_ Model, err error) {
-	if cfg.Inputs < 1 || cfg.Classes < 2 || cfg.Batch < 1 {
-		return nil, fmt.Errorf("train: MLP with %d inputs, %d classes, batch %d: want ≥ 1, ≥ 2, ≥ 1", cfg.Inputs, cfg.Classes, cfg.Batch)
+// NewModel builds the network a spec describes, with He initialisation
+// (Glorot for layers not followed by a ReLU) from the seed. The loss is
+// −Σ(log softmax ⊙ one-hot)/n with n fed each step, so a short last batch
+// is padded with zero rows that add nothing to it.
+func NewModel(cfg ModelConfig) (_ Model, err error) {
+	shapes, err := cfg.Spec.Shapes()
+	if err != nil {
+		return nil, fmt.Errorf("train: %w", err)
 	}
-	m := &mlp{cfg: cfg, g: G.NewGraph()}
-	m.x = tensor.New(tensor.WithShape(cfg.Batch, cfg.Inputs), tensor.Of(tensor.Float32))
-	m.y = tensor.New(tensor.WithShape(cfg.Batch, cfg.Classes), tensor.Of(tensor.Float32))
-	x := G.NewMatrix(m.g, G.Float32, G.WithShape(cfg.Batch, cfg.Inputs), G.WithName("x"), G.WithValue(m.x))
-	y := G.NewMatrix(m.g, G.Float32, G.WithShape(cfg.Batch, cfg.Classes), G.WithName("y"), G.WithValue(m.y))
+	if cfg.Batch < 1 {
+		return nil, fmt.Errorf("train: batch %d; want at least 1", cfg.Batch)
+	}
+	m := &graphModel{cfg: cfg, g: G.NewGraph(), inputs: 1, classes: shapes[len(shapes)-1][0]}
+	for _, d := range cfg.Spec.Input {
+		m.inputs *= d
+	}
+	b := cfg.Batch
+	xShape := append([]int{b}, cfg.Spec.Input...)
+	m.x = tensor.New(tensor.WithShape(xShape...), tensor.Of(tensor.Float32))
+	m.y = tensor.New(tensor.WithShape(b, m.classes), tensor.Of(tensor.Float32))
+	var x *G.Node
+	if len(xShape) == 2 {
+		x = G.NewMatrix(m.g, G.Float32, G.WithShape(xShape...), G.WithName("x"), G.WithValue(m.x))
+	} else {
+		x = G.NewTensor(m.g, G.Float32, 4, G.WithShape(xShape...), G.WithName("x"), G.WithValue(m.x))
+	}
+	y := G.NewMatrix(m.g, G.Float32, G.WithShape(b, m.classes), G.WithName("y"), G.WithValue(m.y))
 	m.invN = G.NewScalar(m.g, G.Float32, G.WithName("invN"), G.WithValue(float32(1)))
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6d6c70))
 
-	// gorgonia panics on shape errors; the shapes here are ours, but a
+	// gorgonia panics on shape errors; Shapes has checked them, but a
 	// panic must not cross the package boundary all the same.
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("train: building MLP: %v", r)
+			err = fmt.Errorf("train: building the model: %v", r)
 		}
 	}()
 	h := x
-	in := cfg.Inputs
-	widths := append(append([]int(nil), cfg.Hidden...), cfg.Classes)
-	for i, out := range widths {
-		w := heInit(rng, in, out)
-		wn := G.NewMatrix(m.g, G.Float32, G.WithShape(in, out), G.WithName(fmt.Sprintf("fc%d.weight", i+1)), G.WithValue(w))
-		bn := G.NewMatrix(m.g, G.Float32, G.WithShape(1, out), G.WithName(fmt.Sprintf("fc%d.bias", i+1)), G.WithInit(G.Zeroes()))
-		h = G.Must(G.BroadcastAdd(G.Must(G.Mul(h, wn)), bn, nil, []byte{0}))
-		if i < len(widths)-1 {
+	in := cfg.Spec.Input
+	saved := map[string]*G.Node{}
+	layers := cfg.Spec.Layers
+	for i, l := range layers {
+		relu := i+1 < len(layers) && layers[i+1].Type == "relu"
+		name := fmt.Sprintf("%d.%s", i, l.Type)
+		switch l.Type {
+		case "linear":
+			w := initWeights(rng, in[0], in[0]*l.Out, l.Out, relu, in[0], l.Out)
+			wn := G.NewMatrix(m.g, G.Float32, G.WithShape(in[0], l.Out), G.WithName(name+".weight"), G.WithValue(w))
+			bn := G.NewMatrix(m.g, G.Float32, G.WithShape(1, l.Out), G.WithName(name+".bias"), G.WithInit(G.Zeroes()))
+			h = G.Must(G.BroadcastAdd(G.Must(G.Mul(h, wn)), bn, nil, []byte{0}))
+			m.learn = append(m.learn, wn, bn)
+		case "conv2d":
+			fanIn := in[0] * l.Kernel * l.Kernel
+			w := initWeights(rng, fanIn, l.Out*fanIn, l.Out*l.Kernel*l.Kernel, relu, l.Out, in[0], l.Kernel, l.Kernel)
+			wn := G.NewTensor(m.g, G.Float32, 4, G.WithShape(l.Out, in[0], l.Kernel, l.Kernel), G.WithName(name+".weight"), G.WithValue(w))
+			bn := G.NewTensor(m.g, G.Float32, 4, G.WithShape(1, l.Out, 1, 1), G.WithName(name+".bias"), G.WithInit(G.Zeroes()))
+			c := G.Must(G.Conv2d(h, wn, tensor.Shape{l.Kernel, l.Kernel}, []int{l.Pad, l.Pad}, []int{1, 1}, []int{1, 1}))
+			h = G.Must(G.BroadcastAdd(c, bn, nil, []byte{0, 2, 3}))
+			m.learn = append(m.learn, wn, bn)
+		case "maxpool2d":
+			h = G.Must(G.MaxPool2D(h, tensor.Shape{l.Kernel, l.Kernel}, []int{0, 0}, []int{l.Kernel, l.Kernel}))
+		case "relu":
 			h = G.Must(G.Rectify(h))
+		case "sigmoid":
+			h = G.Must(G.Sigmoid(h))
+		case "tanh":
+			h = G.Must(G.Tanh(h))
+		case "flatten":
+			h = G.Must(G.Reshape(h, tensor.Shape{b, shapes[i][0]}))
+		case "add":
+			h = G.Must(G.Add(h, saved[l.From]))
 		}
-		m.learn = append(m.learn, wn, bn)
-		in = out
+		if l.Save != "" {
+			saved[l.Save] = h
+		}
+		in = shapes[i]
 	}
 	G.Read(h, &m.outVal)
 	logp := G.Must(G.LogSoftMax(h))
 	cost := G.Must(G.Neg(G.Must(G.Mul(G.Must(G.Sum(G.Must(G.HadamardProd(logp, y)))), m.invN))))
 	G.Read(cost, &m.costVal)
 	if _, err := G.Grad(cost, m.learn...); err != nil {
-		return nil, fmt.Errorf("train: MLP gradients: %w", err)
+		return nil, fmt.Errorf("train: gradients: %w", err)
 	}
 	m.vm = G.NewTapeMachine(m.g, G.BindDualValues(m.learn...))
 	for _, n := range m.learn {
@@ -108,20 +150,24 @@ func NewMLP(cfg MLPConfig) (_ Model, err error) {
 	return m, nil
 }
 
-// heInit draws weights from N(0, 2/fanIn), He initialisation for ReLU.
-func heInit(rng *rand.Rand, fanIn, fanOut int) *tensor.Dense {
+// initWeights draws n weights of the given shape: He, N(0, 2/fanIn), before
+// a ReLU; Glorot, N(0, 2/(fanIn+fanOut)), elsewhere.
+func initWeights(rng *rand.Rand, fanIn, n, fanOut int, relu bool, shape ...int) *tensor.Dense {
 	std := math.Sqrt(2 / float64(fanIn))
-	v := make([]float32, fanIn*fanOut)
+	if !relu {
+		std = math.Sqrt(2 / float64(fanIn+fanOut))
+	}
+	v := make([]float32, n)
 	for i := range v {
 		v[i] = float32(rng.NormFloat64() * std)
 	}
-	return tensor.New(tensor.WithShape(fanIn, fanOut), tensor.WithBacking(v))
+	return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(v))
 }
 
-func (m *mlp) ForwardBackward(x []float32, y []int, n int) (loss float32, err error) {
-	if n < 1 || n > m.cfg.Batch || len(x) != n*m.cfg.Inputs || len(y) != n {
-		return 0, fmt.Errorf("train: batch of %d samples with %d features and %d labels; model takes up to %d samples of %d features",
-			n, len(x), len(y), m.cfg.Batch, m.cfg.Inputs)
+func (m *graphModel) ForwardBackward(x []float32, y []int, n int) (loss float32, err error) {
+	if n < 1 || n > m.cfg.Batch || len(x) != n*m.inputs || len(y) != n {
+		return 0, fmt.Errorf("train: batch of %d samples with %d values and %d labels; model takes up to %d samples of %d values",
+			n, len(x), len(y), m.cfg.Batch, m.inputs)
 	}
 	xs := m.x.Data().([]float32)
 	copy(xs, x)
@@ -129,10 +175,10 @@ func (m *mlp) ForwardBackward(x []float32, y []int, n int) (loss float32, err er
 	ys := m.y.Data().([]float32)
 	clear(ys)
 	for i, l := range y {
-		if l < 0 || l >= m.cfg.Classes {
-			return 0, fmt.Errorf("train: label %d of sample %d outside [0, %d)", l, i, m.cfg.Classes)
+		if l < 0 || l >= m.classes {
+			return 0, fmt.Errorf("train: label %d of sample %d outside [0, %d)", l, i, m.classes)
 		}
-		ys[i*m.cfg.Classes+l] = 1
+		ys[i*m.classes+l] = 1
 	}
 	if err := G.Let(m.invN, float32(1)/float32(n)); err != nil {
 		return 0, err
@@ -169,8 +215,8 @@ func (m *mlp) ForwardBackward(x []float32, y []int, n int) (loss float32, err er
 	return c, nil
 }
 
-func (m *mlp) Params() [][]float32  { return m.params }
-func (m *mlp) Grads() [][]float32   { return m.grads }
-func (m *mlp) ParamNames() []string { return m.names }
-func (m *mlp) Close() error         { return m.vm.Close() }
-func (m *mlp) Logits() []float32    { return m.outVal.Data().([]float32) }
+func (m *graphModel) Params() [][]float32  { return m.params }
+func (m *graphModel) Grads() [][]float32   { return m.grads }
+func (m *graphModel) ParamNames() []string { return m.names }
+func (m *graphModel) Close() error         { return m.vm.Close() }
+func (m *graphModel) Logits() []float32    { return m.outVal.Data().([]float32) }

@@ -11,11 +11,18 @@ import (
 	"github.com/ringtrain/ringtrain/ring"
 )
 
-var tiny = MLPConfig{Inputs: 12, Hidden: []int{16, 8}, Classes: 5, Seed: 3}
+const tinyIn, tinyClasses = 12, 5
 
-func newMLP(t *testing.T, cfg MLPConfig) Model {
+var tiny = mlpCfg(tinyIn, []int{16, 8}, tinyClasses, 0, 3)
+
+// mlpCfg is a test shorthand for an MLP's ModelConfig.
+func mlpCfg(inputs int, hidden []int, classes, batch int, seed uint64) ModelConfig {
+	return ModelConfig{Spec: MLPSpec(inputs, hidden, classes), Batch: batch, Seed: seed}
+}
+
+func newMLP(t *testing.T, cfg ModelConfig) Model {
 	t.Helper()
-	m, err := NewMLP(cfg)
+	m, err := NewModel(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +48,7 @@ func TestGradientsMatchFiniteDifferences(t *testing.T) {
 	cfg := tiny
 	cfg.Batch = 4
 	m := newMLP(t, cfg)
-	x, y := randomBatch(rand.New(rand.NewPCG(1, 2)), 3, cfg.Inputs, cfg.Classes) // 3 < batch: padding too
+	x, y := randomBatch(rand.New(rand.NewPCG(1, 2)), 3, tinyIn, tinyClasses) // 3 < batch: padding too
 	if _, err := m.ForwardBackward(x, y, 3); err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +118,7 @@ func TestDistributedEqualsBigBatch(t *testing.T) {
 	}
 	global := make([]batch, steps)
 	for s := range global {
-		global[s].x, global[s].y = randomBatch(rng, world*b, tiny.Inputs, tiny.Classes)
+		global[s].x, global[s].y = randomBatch(rng, world*b, tinyIn, tinyClasses)
 	}
 	opt := func() Optimizer { return &SGD{LR: 0.1, Momentum: 0.9, WeightDecay: 1e-4} }
 
@@ -142,7 +149,7 @@ func TestDistributedEqualsBigBatch(t *testing.T) {
 			return err
 		}
 		for _, g := range global {
-			f := tiny.Inputs
+			f := tinyIn
 			if _, err := r.Step(ctx, g.x[i*b*f:(i+1)*b*f], g.y[i*b:(i+1)*b], b); err != nil {
 				return err
 			}
@@ -183,7 +190,7 @@ func TestNonFiniteSkipsEverywhere(t *testing.T) {
 	before := reps[0].ParamHash()
 	errs := make([]error, world)
 	onAll(world, func(i int) error {
-		x, y := randomBatch(rand.New(rand.NewPCG(uint64(i), 9)), b, cfg.Inputs, cfg.Classes)
+		x, y := randomBatch(rand.New(rand.NewPCG(uint64(i), 9)), b, tinyIn, tinyClasses)
 		if i == 1 {
 			x[5] = float32(math.NaN())
 		}
@@ -207,7 +214,7 @@ func TestGradientsDoNotAccumulate(t *testing.T) {
 	cfg := tiny
 	cfg.Batch = 4
 	m := newMLP(t, cfg)
-	x, y := randomBatch(rand.New(rand.NewPCG(3, 4)), 4, cfg.Inputs, cfg.Classes)
+	x, y := randomBatch(rand.New(rand.NewPCG(3, 4)), 4, tinyIn, tinyClasses)
 	if _, err := m.ForwardBackward(x, y, 4); err != nil {
 		t.Fatal(err)
 	}

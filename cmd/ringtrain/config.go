@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ringtrain/ringtrain/data"
+	"github.com/ringtrain/ringtrain/train"
 )
 
 // jobConfig is the job file. The names nodes (world_size), nr (rank) and
@@ -26,7 +27,9 @@ type jobConfig struct {
 	Epochs    int    `json:"epochs"`
 	BatchSize int    `json:"batch_size"` // per peer
 	Seed      uint64 `json:"seed"`
-	Model     string `json:"model"` // "mlp"; "cnn" and layer specs arrive with issue 7
+	// Model is a built-in name ("mlp", "cnn") or a layer spec object
+	// (train.Spec); its input may be left out, to be the data's shape.
+	Model     json.RawMessage `json:"model"`
 	Optimizer struct {
 		Name        string  `json:"name"` // sgd or adam
 		LR          float32 `json:"lr"`
@@ -39,8 +42,10 @@ type jobConfig struct {
 	JoinTimeout   duration        `json:"join_timeout"` // default 60s
 	StepTimeout   duration        `json:"step_timeout"` // default 60s
 
-	data *data.Config // parsed Data
-	hash string       // of the fields every peer must share
+	data      *data.Config // parsed Data
+	modelName string       // a built-in name, or "" for a spec
+	spec      *train.Spec  // a spec, or nil for a built-in
+	hash      string       // of the fields every peer must share
 }
 
 // duration reads "30s", "2m" and the like.
@@ -105,8 +110,8 @@ func (c *jobConfig) resolve(dir string) error {
 	if c.BatchSize < 1 {
 		return fmt.Errorf(`batch_size %d; add "batch_size": <samples per peer per step>`, c.BatchSize)
 	}
-	if c.Model != "mlp" {
-		return fmt.Errorf(`model %q is unknown; this build has "mlp"`, c.Model)
+	if err := c.parseModel(); err != nil {
+		return err
 	}
 	switch c.Optimizer.Name {
 	case "":
@@ -152,7 +157,7 @@ func (c *jobConfig) computeHash() error {
 		Epochs     int
 		BatchSize  int
 		Seed       uint64
-		Model      string
+		Model      json.RawMessage
 		Optimizer  any
 		Transforms []data.TransformSpec
 		Classes    []string
@@ -164,4 +169,59 @@ func (c *jobConfig) computeHash() error {
 	sum := sha256.Sum256(b)
 	c.hash = hex.EncodeToString(sum[:])
 	return nil
+}
+
+// parseModel reads "model": a built-in name or a layer spec.
+func (c *jobConfig) parseModel() error {
+	if len(c.Model) == 0 {
+		return errors.New(`no model; add "model": "mlp" (or "cnn", or a layer spec)`)
+	}
+	if json.Unmarshal(c.Model, &c.modelName) == nil {
+		if _, err := train.BuiltinSpec(c.modelName, 1, 28, 28, 10); err != nil {
+			return fmt.Errorf("model %q is unknown; built in: mlp, cnn (or give a layer spec)", c.modelName)
+		}
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(c.Model))
+	dec.DisallowUnknownFields()
+	var s train.Spec
+	if err := dec.Decode(&s); err != nil {
+		return fmt.Errorf("model spec: %w", err)
+	}
+	c.spec = &s
+	return nil
+}
+
+// modelSpec is the model for samples of C×H×W and the given classes; a
+// spec without an input takes the data's shape, and it is checked here, with
+// errors naming the layer.
+func (c *jobConfig) modelSpec(ch, h, w, classes int) (train.Spec, error) {
+	if c.spec == nil {
+		return train.BuiltinSpec(c.modelName, ch, h, w, classes)
+	}
+	s := *c.spec
+	if len(s.Input) == 0 {
+		s.Input = []int{ch, h, w}
+		if len(s.Layers) > 0 && s.Layers[0].Type == "linear" {
+			s.Input = []int{ch * h * w}
+		}
+	}
+	if _, err := s.Shapes(); err != nil {
+		return s, fmt.Errorf("model spec: %w", err)
+	}
+	return s, nil
+}
+
+// overrideModel replaces the config's model with a built-in one, as
+// --model asks; every peer must be given the same.
+func (c *jobConfig) overrideModel(name string) error {
+	b, err := json.Marshal(name)
+	if err != nil {
+		return err
+	}
+	c.Model, c.spec = b, nil
+	if err := c.parseModel(); err != nil {
+		return err
+	}
+	return c.computeHash()
 }

@@ -37,6 +37,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	identity := fs.String("identity", "", "identity key file, created on first use (default: a fresh identity each run; see `ringtrain id`)")
 	swarmKey := fs.String("swarm-key", "", "private swarm key file (see `ringtrain swarm-key`)")
 	plane := fs.String("data-plane", "libp2p", "what carries gradients: libp2p (encrypted) or tcp (token-gated, in the clear; trusted networks)")
+	modelName := fs.String("model", "", "use this built-in model instead of the config's (mlp or cnn)")
 	logFlags := addLogFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("join: %w: %w", errUsage, err)
@@ -51,6 +52,9 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	log := logFlags.logger(stderr)
 	cfg, err := loadJobConfig(*config)
+	if err == nil && *modelName != "" {
+		err = cfg.overrideModel(*modelName)
+	}
 	if err != nil {
 		return fmt.Errorf("job config: %w", err)
 	}
@@ -123,9 +127,12 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	rank := formed.Rank
 	log = log.With().Int("rank", rank).Logger()
 
-	spec := train.MLPConfig{Inputs: trainSplit.C * trainSplit.H * trainSplit.W, Hidden: []int{256, 128},
-		Classes: len(trainSplit.Classes), Batch: cfg.BatchSize, Seed: cfg.Seed}
-	model, err := train.NewMLP(spec)
+	layers, err := cfg.modelSpec(trainSplit.C, trainSplit.H, trainSplit.W, len(trainSplit.Classes))
+	if err != nil {
+		return err
+	}
+	spec := train.ModelConfig{Spec: layers, Batch: cfg.BatchSize, Seed: cfg.Seed}
+	model, err := train.NewModel(spec)
 	if err != nil {
 		return err
 	}

@@ -26,6 +26,7 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	plane := fs.String("data-plane", "libp2p", "libp2p or tcp")
 	logFormat := fs.String("log-format", "json", "the peers' --log-format")
 	logLevel := fs.String("log-level", "info", "the peers' --log-level")
+	model := fs.String("model", "", "the peers' --model (a built-in model instead of the config's)")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("local: %w: %w", errUsage, err)
 	}
@@ -41,6 +42,9 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var out sync.Mutex // one line at a time
 	common := []string{"join", "--config", *config, "--listen", "/ip4/127.0.0.1/tcp/0",
 		"--data-plane", *plane, "--log-format", *logFormat, "--log-level", *logLevel}
+	if *model != "" {
+		common = append(common, "--model", *model)
+	}
 	errs := make([]error, *n)
 	var wg sync.WaitGroup
 	start := func(i int, extra []string, firstAddr chan<- string) error {

@@ -50,7 +50,7 @@ func runPredict(args []string, stdout, stderr io.Writer) error {
 	}
 	spec := c.Model
 	spec.Batch = 1
-	model, err := train.NewMLP(spec)
+	model, err := train.NewModel(spec)
 	if err != nil {
 		return err
 	}
@@ -63,7 +63,11 @@ func runPredict(args []string, stdout, stderr io.Writer) error {
 	if _, err := model.ForwardBackward(x, []int{0}, 1); err != nil {
 		return err
 	}
-	probs := softmax(model.Logits()[:spec.Classes])
+	shapes, err := spec.Spec.Shapes()
+	if err != nil {
+		return err
+	}
+	probs := softmax(model.Logits()[:shapes[len(shapes)-1][0]])
 	order := make([]int, len(probs))
 	for i := range order {
 		order[i] = i

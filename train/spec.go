@@ -1,0 +1,175 @@
+package train
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// ErrSpec means a model spec is wrong; the message names the layer.
+var ErrSpec = errors.New("train: bad model spec")
+
+// Spec is a model as a list of layers, the form the job config takes:
+//
+//	{"input": [1, 28, 28], "layers": [
+//	  {"type": "conv2d", "out": 32, "kernel": 5, "pad": 2}, {"type": "relu", "save": "a"},
+//	  {"type": "conv2d", "out": 32, "kernel": 3, "pad": 1}, {"type": "add", "from": "a"},
+//	  {"type": "maxpool2d", "kernel": 2}, {"type": "flatten"}, {"type": "linear", "out": 10}]}
+//
+// Types: linear (out), conv2d (out, kernel, pad; stride 1), maxpool2d
+// (kernel; stride = kernel), relu, sigmoid, tanh, flatten, and add (from:
+// the name a layer before it saved its output under with "save"; the shapes
+// must match). The last layer's output are the logits; the loss is softmax
+// cross-entropy.
+type Spec struct {
+	Input  []int   `json:"input"` // C, H, W for images; F for flat features
+	Layers []Layer `json:"layers"`
+}
+
+// Layer is one entry of a Spec.
+type Layer struct {
+	Type   string `json:"type"`
+	Out    int    `json:"out,omitempty"`
+	Kernel int    `json:"kernel,omitempty"`
+	Pad    int    `json:"pad,omitempty"`
+	Save   string `json:"save,omitempty"`
+	From   string `json:"from,omitempty"`
+}
+
+// MLPSpec is `mlp` in general: linear layers with ReLU between them.
+func MLPSpec(inputs int, hidden []int, classes int) Spec {
+	s := Spec{Input: []int{inputs}}
+	for _, h := range hidden {
+		s.Layers = append(s.Layers, Layer{Type: "linear", Out: h}, Layer{Type: "relu"})
+	}
+	s.Layers = append(s.Layers, Layer{Type: "linear", Out: classes})
+	return s
+}
+
+// BuiltinSpec returns the built-in models for C×H×W inputs: "mlp"
+// (784-256-128-10 on Fashion-MNIST) and "cnn", the classic 2-conv
+// Fashion-MNIST network (conv 32 5×5 pad 2, ReLU, pool 2; conv 64 5×5 pad 2,
+// ReLU, pool 2; linear 1024, ReLU; linear classes).
+func BuiltinSpec(name string, c, h, w, classes int) (Spec, error) {
+	switch name {
+	case "mlp":
+		return MLPSpec(c*h*w, []int{256, 128}, classes), nil
+	case "cnn":
+		return Spec{Input: []int{c, h, w}, Layers: []Layer{
+			{Type: "conv2d", Out: 32, Kernel: 5, Pad: 2}, {Type: "relu"}, {Type: "maxpool2d", Kernel: 2},
+			{Type: "conv2d", Out: 64, Kernel: 5, Pad: 2}, {Type: "relu"}, {Type: "maxpool2d", Kernel: 2},
+			{Type: "flatten"}, {Type: "linear", Out: 1024}, {Type: "relu"}, {Type: "linear", Out: classes},
+		}}, nil
+	}
+	return Spec{}, fmt.Errorf("train: unknown model %q; built in: mlp, cnn (or give a layer spec): %w", name, ErrSpec)
+}
+
+// Shapes checks the spec and returns each layer's output shape (without
+// the batch dimension); errors name the layer.
+func (s Spec) Shapes() ([][]int, error) {
+	if len(s.Input) != 1 && len(s.Input) != 3 {
+		return nil, fmt.Errorf("input %v; want [features] or [channels, height, width]: %w", s.Input, ErrSpec)
+	}
+	for _, d := range s.Input {
+		if d < 1 {
+			return nil, fmt.Errorf("input %v has a dimension below 1: %w", s.Input, ErrSpec)
+		}
+	}
+	if len(s.Layers) == 0 {
+		return nil, fmt.Errorf("no layers: %w", ErrSpec)
+	}
+	shape := s.Input
+	saved := map[string][]int{}
+	var out [][]int
+	for i, l := range s.Layers {
+		where := fmt.Sprintf("layer %d (%s)", i, l.Type)
+		bad := func(format string, args ...any) error {
+			return fmt.Errorf("%s: %s: %w", where, fmt.Sprintf(format, args...), ErrSpec)
+		}
+		switch l.Type {
+		case "linear":
+			if len(shape) != 1 {
+				return nil, bad("input %v is not flat; put a flatten before it", shape)
+			}
+			if l.Out < 1 {
+				return nil, bad("out %d; want at least 1", l.Out)
+			}
+			shape = []int{l.Out}
+		case "conv2d":
+			if len(shape) != 3 {
+				return nil, bad("input %v is not C×H×W", shape)
+			}
+			if l.Out < 1 || l.Kernel < 1 || l.Pad < 0 {
+				return nil, bad("out %d, kernel %d, pad %d; want out ≥ 1, kernel ≥ 1, pad ≥ 0", l.Out, l.Kernel, l.Pad)
+			}
+			h, w := shape[1]+2*l.Pad-l.Kernel+1, shape[2]+2*l.Pad-l.Kernel+1
+			if h < 1 || w < 1 {
+				return nil, bad("a %d×%d kernel does not fit %d×%d with pad %d", l.Kernel, l.Kernel, shape[1], shape[2], l.Pad)
+			}
+			shape = []int{l.Out, h, w}
+		case "maxpool2d":
+			if len(shape) != 3 {
+				return nil, bad("input %v is not C×H×W", shape)
+			}
+			if l.Kernel < 1 || shape[1] < l.Kernel || shape[2] < l.Kernel {
+				return nil, bad("kernel %d for %d×%d", l.Kernel, shape[1], shape[2])
+			}
+			shape = []int{shape[0], shape[1] / l.Kernel, shape[2] / l.Kernel}
+		case "relu", "sigmoid", "tanh":
+		case "flatten":
+			n := 1
+			for _, d := range shape {
+				n *= d
+			}
+			shape = []int{n}
+		case "add":
+			s, ok := saved[l.From]
+			if !ok {
+				return nil, bad("from %q: no earlier layer saved that name", l.From)
+			}
+			if !equal(s, shape) {
+				return nil, bad("adds %q of shape %v to shape %v", l.From, s, shape)
+			}
+		case "dropout":
+			return nil, bad("dropout is not built yet")
+		default:
+			return nil, bad("unknown type; want linear, conv2d, maxpool2d, relu, sigmoid, tanh, flatten or add")
+		}
+		if l.Save != "" {
+			if _, dup := saved[l.Save]; dup {
+				return nil, bad("save %q is used twice", l.Save)
+			}
+			saved[l.Save] = shape
+		}
+		out = append(out, shape)
+	}
+	if last := out[len(out)-1]; len(last) != 1 || last[0] < 2 {
+		return nil, fmt.Errorf("the last layer gives %v; want a flat vector of at least 2 class scores: %w", last, ErrSpec)
+	}
+	return out, nil
+}
+
+func equal(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// String is a short form for logs: input, then the layers.
+func (s Spec) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%v", s.Input)
+	for _, l := range s.Layers {
+		b.WriteString(" → " + l.Type)
+		if l.Out > 0 {
+			fmt.Fprintf(&b, "(%d)", l.Out)
+		}
+	}
+	return b.String()
+}
