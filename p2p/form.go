@@ -431,7 +431,7 @@ func (n *Node) agreed() (*Formation, error) {
 	defer n.mu.Unlock()
 	// Refused by peers while none agrees with us: our config is the odd
 	// one out. (One refusal alone could be the odd peer refusing us.)
-	if len(n.verified) == 1 && len(n.refusals) >= min(2, n.job.WorldSize-1) {
+	if len(n.verified) == 1 && len(n.refusals) > 0 && len(n.refusals) >= min(2, n.job.WorldSize-1) {
 		return nil, errors.Join(n.refusals...)
 	}
 	self := n.h.ID()

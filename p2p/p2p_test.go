@@ -99,6 +99,18 @@ func TestEightPeersFormOneRing(t *testing.T) {
 	}
 }
 
+// TestRingOfOne: a job of world size 1 forms at once, with its one peer.
+func TestRingOfOne(t *testing.T) {
+	j := job
+	j.WorldSize = 1
+	s := swarm(t, 1, j)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Join(ctx); err != nil || len(s.Formations[0].Members) != 1 {
+		t.Fatalf("Join of a ring of one = %v, %+v; want it formed", err, s.Formations[0])
+	}
+}
+
 func TestDifferentConfigIsRefused(t *testing.T) {
 	hs := startHosts(t, 3, nil)
 	j := job

@@ -14,7 +14,7 @@ import (
 type RunConfig struct {
 	Replica *Replica
 	Train   *data.Loader // this rank's share of each epoch
-	Test    *data.Loader // evaluated after the last epoch; nil skips it
+	Test    *data.Loader // evaluated after every epoch; nil skips it
 	Epochs  int
 	Classes int
 	// StartEpoch is the first epoch to run: the checkpoint's Epoch when
@@ -45,6 +45,7 @@ type Progress struct {
 	SamplesPerSec      float64       // this rank's, since the epoch began
 	Elapsed            time.Duration // since the epoch began
 	EpochDone          bool
+	TestAccuracy       float64 // with EpochDone, if there is a test set
 }
 
 // ErrStopped is what Run returns when RunConfig.Stop ends it.
@@ -57,8 +58,9 @@ type Summary struct {
 	TestLoss      float64
 	TestAccuracy  float64
 	PerClass      []float64
-	ParamHash     string  // hex SHA-256 of the final parameters
-	SamplesPerSec float64 // this rank's training samples per second
+	EpochAccuracy []float64 // test accuracy after each epoch run
+	ParamHash     string    // hex SHA-256 of the final parameters
+	SamplesPerSec float64   // this rank's training samples per second
 }
 
 // Run starts every replica from rank 0's parameters (and, when resuming,
@@ -136,6 +138,14 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 			return s, fmt.Errorf("train: after epoch %d: %w", epoch, err)
 		}
 		totalSteps += step
+		if cfg.Test != nil {
+			res, err := evaluate(cfg)
+			if err != nil {
+				return s, err
+			}
+			s.TestLoss, s.TestAccuracy, s.PerClass = res.Loss, res.Accuracy, res.PerClass
+			s.EpochAccuracy = append(s.EpochAccuracy, res.Accuracy)
+		}
 		if cfg.AfterEpoch != nil {
 			if err := cfg.AfterEpoch(epoch+1, totalSteps); err != nil {
 				return s, err
@@ -146,6 +156,9 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 			if lossN > 0 {
 				p.Loss = lossSum / float64(lossN)
 			}
+			if cfg.Test != nil {
+				p.TestAccuracy = s.TestAccuracy
+			}
 			cfg.Progress(p)
 		}
 	}
@@ -155,17 +168,18 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	}
 	h := r.ParamHash()
 	s.ParamHash = hex.EncodeToString(h[:])
-	if cfg.Test != nil {
-		e, err := cfg.Test.Epoch(ctx, 0)
-		if err != nil {
-			return s, err
-		}
-		res, err := Evaluate(r.Model, e, cfg.Classes)
-		e.Close()
-		if err != nil {
-			return s, fmt.Errorf("train: evaluating: %w", err)
-		}
-		s.TestLoss, s.TestAccuracy, s.PerClass = res.Loss, res.Accuracy, res.PerClass
-	}
 	return s, nil
+}
+
+func evaluate(cfg RunConfig) (Result, error) {
+	e, err := cfg.Test.Epoch(context.Background(), 0)
+	if err != nil {
+		return Result{}, err
+	}
+	defer e.Close()
+	res, err := Evaluate(cfg.Replica.Model, e, cfg.Classes)
+	if err != nil {
+		return res, fmt.Errorf("train: evaluating: %w", err)
+	}
+	return res, nil
 }

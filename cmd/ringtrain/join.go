@@ -168,6 +168,9 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			ev := log.Info().Int("epoch", p.Epoch+1).Int("step", p.Step).Int("steps", p.Steps).
 				Float64("loss", p.Loss).Float64("samples_per_sec", p.SamplesPerSec)
 			if p.EpochDone {
+				if testSplit != nil {
+					ev = ev.Float64("test_accuracy", p.TestAccuracy)
+				}
 				ev.Msg("epoch done")
 			} else {
 				ev.Msg("training")
