@@ -17,6 +17,8 @@ type RunConfig struct {
 	Test    *data.Loader // evaluated after every epoch; nil skips it
 	Epochs  int
 	Classes int
+	// Schedule, if set, gives the learning rate of every epoch.
+	Schedule *Schedule
 	// StartEpoch is the first epoch to run: the checkpoint's Epoch when
 	// resuming, else 0.
 	StartEpoch int
@@ -85,6 +87,9 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	skips := 0
 	totalSteps := cfg.StartStep
 	for epoch := cfg.StartEpoch; epoch < cfg.Epochs; epoch++ {
+		if cfg.Schedule != nil {
+			r.Opt.SetLR(cfg.Schedule.LR(epoch))
+		}
 		e, err := cfg.Train.Epoch(ctx, epoch)
 		if err != nil {
 			return s, err

@@ -15,6 +15,8 @@ type Optimizer interface {
 	State() (name string, step int, tensors [][]float32)
 	// SetState restores what State returned, for these params.
 	SetState(step int, tensors, params [][]float32) error
+	// SetLR changes the learning rate (a schedule calls it every epoch).
+	SetLR(lr float32)
 }
 
 // restore copies saved tensors into fresh ones shaped like want.
@@ -57,6 +59,9 @@ func (o *SGD) Step(params, grads [][]float32) {
 		}
 	}
 }
+
+// SetLR changes the learning rate.
+func (o *SGD) SetLR(lr float32) { o.LR = lr }
 
 // State is the momentum buffers (none before the first step or without
 // momentum).
@@ -103,6 +108,9 @@ func (o *Adam) Step(params, grads [][]float32) {
 		}
 	}
 }
+
+// SetLR changes the learning rate.
+func (o *Adam) SetLR(lr float32) { o.LR = lr }
 
 // State is the first moments, then the second, and the step count.
 func (o *Adam) State() (string, int, [][]float32) { return "adam", o.t, slices.Concat(o.m, o.v) }

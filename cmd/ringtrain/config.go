@@ -35,6 +35,9 @@ type jobConfig struct {
 		LR          float32 `json:"lr"`
 		Momentum    float32 `json:"momentum"`
 		WeightDecay float32 `json:"weight_decay"`
+		Schedule    string  `json:"schedule"` // constant (default), step or cosine
+		StepSize    int     `json:"step_size"`
+		Gamma       float32 `json:"gamma"`
 	} `json:"optimizer"`
 	// Data is the data config, inline or as a path to its file.
 	Data          json.RawMessage `json:"data"`
@@ -122,6 +125,9 @@ func (c *jobConfig) resolve(dir string) error {
 		}
 	default:
 		return fmt.Errorf("optimizer %q is unknown; want sgd or adam", c.Optimizer.Name)
+	}
+	if err := c.schedule().Validate(); err != nil {
+		return err
 	}
 	if c.JoinTimeout == 0 {
 		c.JoinTimeout = duration(60 * time.Second)
@@ -224,4 +230,10 @@ func (c *jobConfig) overrideModel(name string) error {
 		return err
 	}
 	return c.computeHash()
+}
+
+// schedule is the optimizer's learning-rate schedule over the job's epochs.
+func (c *jobConfig) schedule() train.Schedule {
+	o := c.Optimizer
+	return train.Schedule{Kind: o.Schedule, Base: o.LR, Epochs: c.Epochs, StepSize: o.StepSize, Gamma: o.Gamma}
 }

@@ -154,7 +154,9 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if isTerminal(stderr) && *logFlags.format != "json" {
 		bar, every = &progressBar{w: stderr}, 5
 	}
+	sched := cfg.schedule()
 	rc := train.RunConfig{
+		Schedule:      &sched,
 		ProgressEvery: every,
 		Replica:       train.NewReplica(model, opt, steppedRing{rg, time.Duration(cfg.StepTimeout)}),
 		Train:         loader(trainSplit, n, rank, true), Epochs: cfg.Epochs, Classes: len(trainSplit.Classes),
