@@ -15,32 +15,42 @@ import (
 // quotient (not the gradient), so their spec takes a smaller step.
 var gradSpecs = []struct {
 	Spec
-	h float64
+	h        float64
+	batch, n int // n < batch: the padded rows must add nothing
 }{
+	{MLPSpec(12, []int{16, 8}, 5), 1e-2, 4, 3},
 	{Spec{Input: []int{2, 6, 6}, Layers: []Layer{
 		{Type: "conv2d", Out: 3, Kernel: 3, Pad: 1}, {Type: "tanh", Save: "a"},
 		{Type: "conv2d", Out: 3, Kernel: 3, Pad: 1}, {Type: "add", From: "a"}, {Type: "flatten"},
 		{Type: "linear", Out: 5}, {Type: "sigmoid"}, {Type: "linear", Out: 4},
-	}}, 1e-2},
+	}}, 1e-2, 3, 3},
 	{Spec{Input: []int{2, 6, 6}, Layers: []Layer{
 		{Type: "conv2d", Out: 3, Kernel: 3, Pad: 1}, {Type: "relu"}, {Type: "maxpool2d", Kernel: 2},
 		{Type: "flatten"}, {Type: "linear", Out: 4},
-	}}, 1e-3},
+	}}, 1e-3, 3, 3},
 }
 
 // TestEveryLayerGradient checks the gradient of every parameter tensor
 // against central finite differences.
 func TestEveryLayerGradient(t *testing.T) {
 	for _, tt := range gradSpecs {
-		t.Run(tt.String(), func(t *testing.T) { checkGradients(t, tt.Spec, tt.h) })
+		t.Run(tt.String(), func(t *testing.T) { checkGradients(t, tt.Spec, tt.h, tt.batch, tt.n) })
 	}
 }
 
-func checkGradients(t *testing.T, spec Spec, h float64) {
-	m := newMLP(t, ModelConfig{Spec: spec, Batch: 3, Seed: 2})
+func checkGradients(t *testing.T, spec Spec, h float64, batch, n int) {
+	m := newMLP(t, ModelConfig{Spec: spec, Batch: batch, Seed: 2})
+	shapes, err := spec.Shapes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inputs := 1
+	for _, d := range spec.Input {
+		inputs *= d
+	}
 	rng := rand.New(rand.NewPCG(5, 5))
-	x, y := randomBatch(rng, 3, 2*6*6, 4)
-	if _, err := m.ForwardBackward(x, y, 3); err != nil {
+	x, y := randomBatch(rng, n, inputs, shapes[len(shapes)-1][0])
+	if _, err := m.ForwardBackward(x, y, n); err != nil {
 		t.Fatal(err)
 	}
 	var grads [][]float32
@@ -48,7 +58,7 @@ func checkGradients(t *testing.T, spec Spec, h float64) {
 		grads = append(grads, append([]float32(nil), g...))
 	}
 	loss := func() float64 {
-		l, err := m.ForwardBackward(x, y, 3)
+		l, err := m.ForwardBackward(x, y, n)
 		if err != nil {
 			t.Fatal(err)
 		}

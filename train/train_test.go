@@ -42,44 +42,6 @@ func randomBatch(rng *rand.Rand, n, features, classes int) ([]float32, []int) {
 	return x, y
 }
 
-// TestGradientsMatchFiniteDifferences checks every parameter tensor's
-// gradient, at a few entries each, against central differences of the loss.
-func TestGradientsMatchFiniteDifferences(t *testing.T) {
-	cfg := tiny
-	cfg.Batch = 4
-	m := newMLP(t, cfg)
-	x, y := randomBatch(rand.New(rand.NewPCG(1, 2)), 3, tinyIn, tinyClasses) // 3 < batch: padding too
-	if _, err := m.ForwardBackward(x, y, 3); err != nil {
-		t.Fatal(err)
-	}
-	var grads [][]float32
-	for _, g := range m.Grads() {
-		grads = append(grads, append([]float32(nil), g...))
-	}
-	loss := func() float64 {
-		l, err := m.ForwardBackward(x, y, 3)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return float64(l)
-	}
-	const h = 1e-2
-	for ti, p := range m.Params() {
-		for _, j := range []int{0, len(p) / 2, len(p) - 1} {
-			old := p[j]
-			p[j] = old + h
-			up := loss()
-			p[j] = old - h
-			down := loss()
-			p[j] = old
-			fd := (up - down) / (2 * h)
-			if got := float64(grads[ti][j]); math.Abs(got-fd) > 2e-3+2e-2*math.Abs(fd) {
-				t.Errorf("%s[%d]: gradient %g; finite difference %g", m.ParamNames()[ti], j, got, fd)
-			}
-		}
-	}
-}
-
 func memRings(t *testing.T, n int) []*ring.Ring {
 	t.Helper()
 	ts := ring.MemRing(n)

@@ -146,10 +146,7 @@ func TestJoinRefusesBadConfigs(t *testing.T) {
 // TestJoinUnreachableBootstrap: nobody listens at the bootstrap address; the
 // join fails within its timeout and says so.
 func TestJoinUnreachableBootstrap(t *testing.T) {
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "job.json")
-	os.WriteFile(cfg, []byte(`{"name": "j", "world_size": 2, "epochs": 1, "batch_size": 8, "model": "mlp", "join_timeout": "3s",
-		"data": {"transforms": [{"name": "ToTensor", "args": []}], "dataset_path": {"train": "`+mustAbs(t, "../../testdata/fashion-mnist")+`"}}}`), 0o644)
+	cfg := jobFile(t, t.TempDir(), `"name": "j", "world_size": 2, "epochs": 1, "join_timeout": "3s"`)
 	start := time.Now()
 	out, err := ringtrain(t, time.Minute, "join", "--config", cfg, "--listen", "/ip4/127.0.0.1/tcp/0",
 		"--bootstrap", "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN")
@@ -170,21 +167,23 @@ func mustAbs(t *testing.T, p string) string {
 	return a
 }
 
-// TestLocalInterruptLeavesNoOrphans: Ctrl-C on `local` stops every peer, and
-// local returns only once they are gone.
-func TestLocalInterruptLeavesNoOrphans(t *testing.T) {
+// started is a ringtrain process of this test binary with its combined
+// output being read.
+type started struct {
+	cmd *exec.Cmd
+	out io.Reader
+	buf []byte
+}
+
+func startRingtrain(t *testing.T, args ...string) *started {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "job.json")
-	// world_size 4 with 3 peers: they wait for a fourth that never comes.
-	os.WriteFile(cfg, []byte(`{"name": "orphans", "world_size": 4, "epochs": 1, "batch_size": 8, "model": "mlp", "join_timeout": "5m",
-		"data": {"transforms": [{"name": "ToTensor", "args": []}], "dataset_path": {"train": "`+mustAbs(t, "../../testdata/fashion-mnist")+`"}}}`), 0o644)
-	cmd := exec.Command(self, "local", "-n", "3", "--config", cfg)
+	cmd := exec.Command(self, args...)
 	cmd.Env = append(os.Environ(), "RINGTRAIN_TEST_AS_MAIN=1")
-	stdout, err := cmd.StdoutPipe()
+	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,31 +191,61 @@ func TestLocalInterruptLeavesNoOrphans(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Process.Kill()
-	pidRe := regexp.MustCompile(`started, pid (\d+)`)
-	var pids []int
-	looking := 0
-	buf := make([]byte, 0, 1<<16)
+	t.Cleanup(func() { cmd.Process.Kill() })
+	return &started{cmd: cmd, out: out}
+}
+
+// until reads output until done says the output so far is enough.
+func (s *started) until(t *testing.T, what string, done func(out string) bool) {
+	t.Helper()
 	chunk := make([]byte, 4096)
-	for looking < 3 {
-		n, err := stdout.Read(chunk)
+	for !done(string(s.buf)) {
+		n, err := s.out.Read(chunk)
 		if err != nil {
-			t.Fatalf("local ended before its peers were all looking for each other: %v\n%s", err, buf)
+			t.Fatalf("output ended before %s: %v\n%s", what, err, s.buf)
 		}
-		buf = append(buf, chunk[:n]...)
-		pids = pids[:0]
-		for _, m := range pidRe.FindAllStringSubmatch(string(buf), -1) {
-			p, _ := strconv.Atoi(m[1])
-			pids = append(pids, p)
-		}
-		looking = strings.Count(string(buf), "looking for peers")
+		s.buf = append(s.buf, chunk[:n]...)
+	}
+}
+
+// interrupt sends Ctrl-C, waits for the process, and returns all its output
+// and its exit error.
+func (s *started) interrupt() (string, error) {
+	s.cmd.Process.Signal(os.Interrupt)
+	rest, _ := io.ReadAll(s.out)
+	s.buf = append(s.buf, rest...)
+	return string(s.buf), s.cmd.Wait()
+}
+
+// jobFile writes a job config training on the testdata subset, with extra
+// fields spliced in.
+func jobFile(t *testing.T, dir, fields string) string {
+	t.Helper()
+	p := filepath.Join(dir, "job.json")
+	body := `{` + fields + `, "batch_size": 8, "model": "mlp",
+		"data": {"transforms": [{"name": "ToTensor", "args": []}], "dataset_path": {"train": "` + mustAbs(t, "../../testdata/fashion-mnist") + `"}}}`
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestLocalInterruptLeavesNoOrphans: Ctrl-C on `local` stops every peer, and
+// local returns only once they are gone.
+func TestLocalInterruptLeavesNoOrphans(t *testing.T) {
+	// world_size 4 with 3 peers: they wait for a fourth that never comes.
+	cfg := jobFile(t, t.TempDir(), `"name": "orphans", "world_size": 4, "epochs": 1, "join_timeout": "5m"`)
+	local := startRingtrain(t, "local", "-n", "3", "--config", cfg)
+	local.until(t, "all peers look for each other", func(out string) bool { return strings.Count(out, "looking for peers") == 3 })
+	var pids []int
+	for _, m := range regexp.MustCompile(`started, pid (\d+)`).FindAllStringSubmatch(string(local.buf), -1) {
+		p, _ := strconv.Atoi(m[1])
+		pids = append(pids, p)
 	}
 	if len(pids) != 3 {
-		t.Fatalf("found pids %v; want 3\n%s", pids, buf)
+		t.Fatalf("found pids %v; want 3\n%s", pids, local.buf)
 	}
-	cmd.Process.Signal(os.Interrupt)
-	go func() { io.Copy(io.Discard, stdout) }()
-	if err := cmd.Wait(); err == nil {
+	if _, err := local.interrupt(); err == nil {
 		t.Error("interrupted local exited 0; want non-zero")
 	}
 	for _, p := range pids {
@@ -231,39 +260,11 @@ func TestLocalInterruptLeavesNoOrphans(t *testing.T) {
 // TestInterruptWritesCheckpoint: Ctrl-C in the middle of training stops
 // every peer between steps, and rank 0 leaves a checkpoint that loads.
 func TestInterruptWritesCheckpoint(t *testing.T) {
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	cfg := filepath.Join(dir, "job.json")
-	os.WriteFile(cfg, []byte(`{"name": "sigint", "world_size": 2, "epochs": 100, "batch_size": 8, "model": "mlp", "checkpoint_dir": "`+dir+`",
-		"data": {"transforms": [{"name": "ToTensor", "args": []}], "dataset_path": {"train": "`+mustAbs(t, "../../testdata/fashion-mnist")+`"}}}`), 0o644)
-	cmd := exec.Command(self, "local", "-n", "2", "--config", cfg)
-	cmd.Env = append(os.Environ(), "RINGTRAIN_TEST_AS_MAIN=1")
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	var buf []byte
-	chunk := make([]byte, 4096)
-	for strings.Count(string(buf), `"steps":`) < 2 { // progress lines: the peers are training
-		n, err := stdout.Read(chunk)
-		if err != nil {
-			t.Fatalf("local ended before training: %v\n%s", err, buf)
-		}
-		buf = append(buf, chunk[:n]...)
-	}
-	cmd.Process.Signal(os.Interrupt)
-	rest, _ := io.ReadAll(stdout)
-	buf = append(buf, rest...)
-	cmd.Wait()
-	out := string(buf)
+	cfg := jobFile(t, dir, `"name": "sigint", "world_size": 2, "epochs": 100, "checkpoint_dir": "`+dir+`"`)
+	local := startRingtrain(t, "local", "-n", "2", "--config", cfg)
+	local.until(t, "training", func(out string) bool { return strings.Count(out, `"steps":`) >= 2 }) // progress lines
+	out, _ := local.interrupt()
 	stopped := strings.Index(out, "interrupted: left the ring")
 	if stopped < 0 || strings.LastIndex(out, `"message":"checkpoint written"`) < stopped {
 		t.Fatalf("want peers to leave between steps and rank 0 to write a checkpoint after that:\n%s", out)
