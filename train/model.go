@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync"
 
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
@@ -58,6 +59,12 @@ type graphModel struct {
 	outVal  G.Value // logits, batch × classes
 }
 
+// buildMu serialises graph building: gorgonia's node constructors share
+// package-level state (internal/encoding's group counter), so two models
+// built at once race (seen under -race). Running built graphs does not.
+// This lock guards gorgonia's global, not ours.
+var buildMu sync.Mutex
+
 // NewModel builds the network a spec describes, with He initialisation
 // (Glorot for layers not followed by a ReLU) from the seed. The loss is
 // −Σ(log softmax ⊙ one-hot)/n with n fed each step, so a short last batch
@@ -70,6 +77,8 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 	if cfg.Batch < 1 {
 		return nil, fmt.Errorf("train: batch %d; want at least 1", cfg.Batch)
 	}
+	buildMu.Lock()
+	defer buildMu.Unlock()
 	m := &graphModel{cfg: cfg, g: G.NewGraph(), inputs: 1, classes: shapes[len(shapes)-1][0]}
 	for _, d := range cfg.Spec.Input {
 		m.inputs *= d
