@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"image"
 	"image/png"
 	"io"
@@ -81,6 +82,11 @@ func TestLocalTrainsEndToEnd(t *testing.T) {
 	}
 	if len(hashes) != 3 || hashes[0] != hashes[1] || hashes[1] != hashes[2] {
 		t.Fatalf("summaries' param hashes %v; want three equal ones\n%s", hashes, out)
+	}
+	for r := range 3 {
+		if want := fmt.Sprintf("[rank %d] rank %d of 3:", r, r); !strings.Contains(out, want) {
+			t.Errorf("output lacks %q: lines are not prefixed with their rank", want)
+		}
 	}
 
 	// predict, from the checkpoint rank 0 wrote, on a PNG (grayscale), a

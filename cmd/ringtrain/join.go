@@ -126,6 +126,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	defer rg.Close()
 	rank := formed.Rank
 	log = log.With().Int("rank", rank).Logger()
+	fmt.Fprintf(stdout, "ring formed: rank %d of %d, generation %d\n", rank, n, formed.Generation)
 
 	layers, err := cfg.modelSpec(trainSplit.C, trainSplit.H, trainSplit.W, len(trainSplit.Classes))
 	if err != nil {

@@ -16,7 +16,8 @@ import (
 
 // runLocal is `ringtrain local -n N --config job.json`: N real processes of
 // this binary on 127.0.0.1, the first with no bootstrap and the rest pointed
-// at it. Every output line is prefixed with the peer's number. If a peer
+// at it. Every output line is prefixed with the peer's rank once the ring has
+// formed, and with its start number before. If a peer
 // fails, the others are stopped; on Ctrl-C all are, and local waits for them.
 func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("local", flag.ContinueOnError)
@@ -64,13 +65,11 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err := cmd.Start(); err != nil {
 			return err
 		}
-		prefix := fmt.Sprintf("[peer %d] ", i)
-		out.Lock()
-		fmt.Fprintf(stdout, "%sstarted, pid %d\n", prefix, cmd.Process.Pid)
-		out.Unlock()
+		p := &peerOut{prefix: fmt.Sprintf("[peer %d] ", i), mu: &out}
+		p.println(stdout, fmt.Sprintf("started, pid %d", cmd.Process.Pid))
 		var copies sync.WaitGroup
-		copies.Go(func() { prefixLines(po, stdout, prefix, &out, firstAddr) })
-		copies.Go(func() { prefixLines(pe, stderr, prefix, &out, nil) })
+		copies.Go(func() { p.copy(po, stdout, firstAddr) })
+		copies.Go(func() { p.copy(pe, stderr, nil) })
 		wg.Go(func() {
 			copies.Wait()
 			if err := cmd.Wait(); err != nil {
@@ -105,9 +104,27 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return nil
 }
 
-// prefixLines copies r to w line by line with a prefix. The first
-// "listening on" address of a loopback peer goes to addr, if not nil.
-func prefixLines(r io.Reader, w io.Writer, prefix string, mu *sync.Mutex, addr chan<- string) {
+// peerOut prefixes one peer's output lines: "[peer i] " until the peer
+// says which rank it got, "[rank r] " after.
+type peerOut struct {
+	mu     *sync.Mutex // shared by all peers: one line at a time
+	prefix string      // guarded by mu
+}
+
+func (p *peerOut) println(w io.Writer, line string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if rest, ok := strings.CutPrefix(line, "ring formed: rank "); ok {
+		if r, _, ok := strings.Cut(rest, " "); ok {
+			p.prefix = "[rank " + r + "] "
+		}
+	}
+	fmt.Fprintf(w, "%s%s\n", p.prefix, line)
+}
+
+// copy copies r to w line by line. The first "listening on" address of a
+// loopback peer goes to addr, if not nil.
+func (p *peerOut) copy(r io.Reader, w io.Writer, addr chan<- string) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -116,9 +133,7 @@ func prefixLines(r io.Reader, w io.Writer, prefix string, mu *sync.Mutex, addr c
 			addr <- a
 			addr = nil
 		}
-		mu.Lock()
-		fmt.Fprintf(w, "%s%s\n", prefix, line)
-		mu.Unlock()
+		p.println(w, line)
 	}
 	io.Copy(io.Discard, r)
 }
