@@ -48,6 +48,7 @@ bench: build
 	$(BIN)/ringtrain bench allreduce --transport tcp --peers 4 --sizes 1MiB,16MiB,64MiB --iters $(ITERS) $(BENCHFLAGS)
 	$(MAKE) --no-print-directory bench-data
 	$(MAKE) --no-print-directory bench-train
+	$(GO) test -run '^$$' -bench '^BenchmarkStepOverhead$$' -benchtime 3x -count 5 ./train
 
 # Data pipeline, one core: load → ToTensor → Normalize → batches of 64 over
 # the real Fashion-MNIST (Debian's dataset-fashion-mnist, installed here).
