@@ -16,15 +16,14 @@ type Result struct {
 }
 
 // Evaluate runs the model over every batch of an epoch and scores it.
-// For now it goes through ForwardBackward, so it also computes gradients it
-// throws away; a forward-only path is one of issue 7's open parts.
+// It runs the model forward only, in evaluation mode.
 func Evaluate(m Model, e *data.Epoch, classes int) (Result, error) {
 	var r Result
 	correct := make([]int, classes)
 	total := make([]int, classes)
 	var lossSum float64
 	err := e.Each(func(b *data.Batch) error {
-		loss, err := m.ForwardBackward(b.X, b.Y, b.N)
+		loss, err := m.Forward(b.X, b.Y, b.N)
 		if err != nil {
 			return err
 		}

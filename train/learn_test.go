@@ -100,8 +100,8 @@ func TestRunOnRing(t *testing.T) {
 	t.Logf("accuracy %.3f, %.0f samples/s per rank", sums[0].TestAccuracy, sums[0].SamplesPerSec)
 }
 
-// TestRunStopsBetweenSteps: closing Stop ends the run after the step under
-// way, and says where.
+// TestRunStopsBetweenSteps: closing Stop ends the run after one more step,
+// and says where.
 func TestRunStopsBetweenSteps(t *testing.T) {
 	m := newMLP(t, mlpCfg(784, []int{16}, 10, 16, 1))
 	stop := make(chan struct{})
@@ -114,8 +114,50 @@ func TestRunStopsBetweenSteps(t *testing.T) {
 			}
 		},
 	})
-	want := loader(t, "train", 16, true).Batches() + 20
+	want := loader(t, "train", 16, true).Batches() + 21
 	if !errors.Is(err, ErrStopped) || s.Epochs != 1 || s.Steps != want {
-		t.Errorf("Run stopped in epoch 1 at step 20: %v, %d epochs and %d steps done; want ErrStopped, 1 and %d", err, s.Epochs, s.Steps, want)
+		t.Errorf("Run stopped in epoch 1 after step 20: %v, %d epochs and %d steps done; want ErrStopped, 1 and %d", err, s.Epochs, s.Steps, want)
+	}
+}
+
+// TestOneRankStopsAll: a stop on one rank of three ends the run on every
+// rank after the same step, with the same parameters, and each learns who
+// asked — where a rank that stopped alone would leave the others stuck in
+// the next allreduce.
+func TestOneRankStopsAll(t *testing.T) {
+	const world, batch = 3, 16
+	rings := memRings(t, world)
+	stop := make(chan struct{})
+	sums := make([]Summary, world)
+	errs := make([]error, world)
+	hashes := make([][32]byte, world)
+	onAll(world, func(i int) error {
+		rep := NewReplica(newMLP(t, mlpCfg(784, []int{16}, 10, batch, 1)), &SGD{LR: 0.05}, rings[i])
+		tr := loader(t, "train", batch, true)
+		tr.Sampler.World, tr.Sampler.Rank = world, i
+		cfg := RunConfig{Replica: rep, Train: tr, Epochs: 2, Classes: 10, ProgressEvery: 5}
+		if i == 1 {
+			cfg.Stop = stop
+			cfg.Progress = func(p Progress) {
+				if p.Step == 15 {
+					close(stop)
+				}
+			}
+		}
+		sums[i], errs[i] = Run(context.Background(), cfg)
+		hashes[i] = rep.ParamHash()
+		return nil
+	})
+	for i := range world {
+		var leave *LeaveError
+		if !errors.As(errs[i], &leave) || len(leave.Ranks) != 1 || leave.Ranks[0] != 1 {
+			t.Errorf("rank %d: Run = %v; want a LeaveError naming rank 1", i, errs[i])
+		}
+		if sums[i].Epochs != 0 || sums[i].Steps != 16 {
+			t.Errorf("rank %d stopped after %d epochs and %d steps; want 0 and 16", i, sums[i].Epochs, sums[i].Steps)
+		}
+		if hashes[i] != hashes[0] {
+			t.Errorf("rank %d ends with other parameters than rank 0", i)
+		}
 	}
 }

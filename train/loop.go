@@ -30,9 +30,11 @@ type RunConfig struct {
 	// MaxSkips is how many steps in a row may be skipped for non-finite
 	// gradients before the run stops. Zero means 5.
 	MaxSkips int
-	// Stop, if set and closed, ends the run between steps: the step under
-	// way finishes, Run returns ErrStopped, and Summary.Epochs and
-	// Summary.Steps say where it stopped.
+	// Stop, if set and closed, ends the run on every rank after one more
+	// step, which carries the request to the others (Replica.Leave): Run
+	// returns ErrStopped (a *LeaveError naming the ranks that asked), and
+	// Summary.Epochs and Summary.Steps say where it stopped — the same on
+	// every rank.
 	Stop <-chan struct{}
 	// Progress, if set, is called every ProgressEvery steps and at the end
 	// of every epoch.
@@ -79,6 +81,10 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		cfg.ProgressEvery = 50
 	}
 	var s Summary
+	r.Steps = cfg.StartStep
+	if cfg.Stop != nil {
+		r.Leave = cfg.Stop
+	}
 	if err := r.SyncParams(ctx); err != nil {
 		return s, err
 	}
@@ -100,14 +106,14 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		var lossSum float64
 		var lossN int
 		err = e.Each(func(b *data.Batch) error {
-			select {
-			case <-cfg.Stop:
-				return ErrStopped
-			default:
-			}
 			loss, err := r.Step(ctx, b.X, b.Y, b.N)
 			step++
+			var leave *LeaveError
 			switch {
+			case errors.As(err, &leave) && !errors.Is(err, ErrNonFinite):
+				return leave // the step was applied
+			case errors.As(err, &leave):
+				return err
 			case errors.Is(err, ErrNonFinite):
 				if skips++; skips >= cfg.MaxSkips {
 					return fmt.Errorf("train: %d steps in a row skipped, the last at epoch %d step %d: %w", skips, epoch, step, err)

@@ -20,6 +20,9 @@ type Model interface {
 	// samples in x (n × features, row-major) with labels y, and its
 	// gradients. n may be less than the batch size the model was built for.
 	ForwardBackward(x []float32, y []int, n int) (loss float32, err error)
+	// Forward computes the loss and the logits alone, in evaluation mode
+	// (no dropout), and leaves the gradients as they were.
+	Forward(x []float32, y []int, n int) (loss float32, err error)
 	// Params returns every parameter tensor, in a fixed order.
 	Params() [][]float32
 	// Grads returns the gradients, in the order of Params. Valid after
@@ -27,10 +30,19 @@ type Model interface {
 	Grads() [][]float32
 	// ParamNames names the tensors of Params, for messages.
 	ParamNames() []string
-	// Logits returns the n × classes outputs of the last ForwardBackward.
+	// Logits returns the n × classes outputs of the last ForwardBackward
+	// or Forward.
 	Logits() []float32
 	// Close frees the engine.
 	Close() error
+}
+
+// MaskSeeder is a Model with random layers (dropout). SeedMasks restarts
+// the stream its masks are drawn from, so a step's masks depend on the seed
+// alone: Replica seeds them with its rank and step count, which makes a
+// resumed run draw the masks an uninterrupted one would.
+type MaskSeeder interface {
+	SeedMasks(seed uint64)
 }
 
 // ModelConfig is a model to build: its spec, the largest batch it takes,
@@ -48,7 +60,8 @@ type graphModel struct {
 	inputs  int // values per sample
 	classes int
 	g       *G.ExprGraph
-	vm      G.VM
+	vm      G.VM          // forward and backward
+	fwd     G.VM          // forward alone, for evaluation
 	x, y    *tensor.Dense // inputs, refilled in place every step
 	invN    *G.Node
 	learn   G.Nodes
@@ -57,6 +70,19 @@ type graphModel struct {
 	names   []string
 	costVal G.Value
 	outVal  G.Value // logits, batch × classes
+	drops   []dropout
+	masks   *rand.PCG
+}
+
+// dropout is a layer's mask: an input of the graph multiplied into its
+// activations, refilled before every run — 0 or 1/(1−p) while training, 1 in
+// evaluation. gorgonia's own Dropout draws through a slow generator per
+// element (+0.8 s a step on the cnn's fc1, shared/FACTS.md); this costs one
+// 64-bit draw per two values.
+type dropout struct {
+	mask []float32
+	keep float32 // 1/(1−p)
+	cut  uint32  // a value is dropped when its 32 random bits are below cut
 }
 
 // buildMu serialises graph building: gorgonia's node constructors share
@@ -79,7 +105,8 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 	}
 	buildMu.Lock()
 	defer buildMu.Unlock()
-	m := &graphModel{cfg: cfg, g: G.NewGraph(), inputs: 1, classes: shapes[len(shapes)-1][0]}
+	m := &graphModel{cfg: cfg, g: G.NewGraph(), inputs: 1, classes: shapes[len(shapes)-1][0],
+		masks: rand.NewPCG(cfg.Seed, 0x64726f70)}
 	for _, d := range cfg.Spec.Input {
 		m.inputs *= d
 	}
@@ -138,16 +165,26 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 			h = G.Must(G.Reshape(h, tensor.Shape{b, shapes[i][0]}))
 		case "add":
 			h = G.Must(G.Add(h, saved[l.From]))
+		case "dropout":
+			shape := append([]int{b}, in...)
+			mt := tensor.New(tensor.WithShape(shape...), tensor.Of(tensor.Float32))
+			mn := G.NewTensor(m.g, G.Float32, len(shape), G.WithShape(shape...), G.WithName(name+".mask"), G.WithValue(mt))
+			h = G.Must(G.HadamardProd(h, mn))
+			m.drops = append(m.drops, dropout{mask: mt.Data().([]float32), keep: float32(1 / (1 - l.P)),
+				cut: uint32(math.Min(l.P*(1<<32), math.MaxUint32))})
 		}
 		if l.Save != "" {
 			saved[l.Save] = h
 		}
 		in = shapes[i]
 	}
-	G.Read(h, &m.outVal)
+	readOut := G.Read(h, &m.outVal)
 	logp := G.Must(G.LogSoftMax(h))
 	cost := G.Must(G.Neg(G.Must(G.Mul(G.Must(G.Sum(G.Must(G.HadamardProd(logp, y)))), m.invN))))
-	G.Read(cost, &m.costVal)
+	readCost := G.Read(cost, &m.costVal)
+	// The forward machine runs the part of the graph the two reads need,
+	// which holds no gradient node; it is compiled before Grad adds them.
+	m.fwd = G.NewTapeMachine(m.g.SubgraphRoots(readOut, readCost))
 	if _, err := G.Grad(cost, m.learn...); err != nil {
 		return nil, fmt.Errorf("train: gradients: %w", err)
 	}
@@ -174,8 +211,42 @@ func initWeights(rng *rand.Rand, fanIn, n, fanOut int, relu bool, shape ...int) 
 }
 
 func (m *graphModel) ForwardBackward(x []float32, y []int, n int) (loss float32, err error) {
+	if err := m.feed(x, y, n, true); err != nil {
+		return 0, err
+	}
+	// Backward adds into the gradient tensors, and neither Reset nor
+	// RunAll clears them (gorgonia's own solvers do, in Step): without
+	// this, every step's gradient would carry all the earlier ones.
+	for _, g := range m.grads {
+		clear(g)
+	}
+	loss, err = m.run(m.vm)
+	if err != nil || m.grads != nil {
+		return loss, err
+	}
+	// Gradient storage is allocated by the first run and stays put.
+	for _, n := range m.learn {
+		gv, err := n.Grad()
+		if err != nil {
+			return 0, err
+		}
+		m.grads = append(m.grads, gv.Data().([]float32))
+	}
+	return loss, nil
+}
+
+func (m *graphModel) Forward(x []float32, y []int, n int) (float32, error) {
+	if err := m.feed(x, y, n, false); err != nil {
+		return 0, err
+	}
+	return m.run(m.fwd)
+}
+
+// feed checks a batch and loads it, with fresh dropout masks when training
+// and masks of ones when not.
+func (m *graphModel) feed(x []float32, y []int, n int, training bool) error {
 	if n < 1 || n > m.cfg.Batch || len(x) != n*m.inputs || len(y) != n {
-		return 0, fmt.Errorf("train: batch of %d samples with %d values and %d labels; model takes up to %d samples of %d values",
+		return fmt.Errorf("train: batch of %d samples with %d values and %d labels; model takes up to %d samples of %d values",
 			n, len(x), len(y), m.cfg.Batch, m.inputs)
 	}
 	xs := m.x.Data().([]float32)
@@ -185,37 +256,46 @@ func (m *graphModel) ForwardBackward(x []float32, y []int, n int) (loss float32,
 	clear(ys)
 	for i, l := range y {
 		if l < 0 || l >= m.classes {
-			return 0, fmt.Errorf("train: label %d of sample %d outside [0, %d)", l, i, m.classes)
+			return fmt.Errorf("train: label %d of sample %d outside [0, %d)", l, i, m.classes)
 		}
 		ys[i*m.classes+l] = 1
 	}
-	if err := G.Let(m.invN, float32(1)/float32(n)); err != nil {
-		return 0, err
+	for _, d := range m.drops {
+		if training {
+			d.fill(m.masks)
+		} else {
+			for i := range d.mask {
+				d.mask[i] = 1
+			}
+		}
 	}
+	return G.Let(m.invN, float32(1)/float32(n))
+}
+
+func (d dropout) fill(src *rand.PCG) {
+	for i := 0; i < len(d.mask); i += 2 {
+		r := src.Uint64()
+		for k, bits := range [2]uint32{uint32(r), uint32(r >> 32)} {
+			if i+k < len(d.mask) {
+				d.mask[i+k] = d.keep
+				if bits < d.cut {
+					d.mask[i+k] = 0
+				}
+			}
+		}
+	}
+}
+
+// run runs a machine and returns the loss.
+func (m *graphModel) run(vm G.VM) (loss float32, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("train: forward/backward: %v", r)
 		}
 	}()
-	// Backward adds into the gradient tensors, and neither Reset nor
-	// RunAll clears them (gorgonia's own solvers do, in Step): without
-	// this, every step's gradient would carry all the earlier ones.
-	for _, g := range m.grads {
-		clear(g)
-	}
-	m.vm.Reset()
-	if err := m.vm.RunAll(); err != nil {
+	vm.Reset()
+	if err := vm.RunAll(); err != nil {
 		return 0, fmt.Errorf("train: forward/backward: %w", err)
-	}
-	if m.grads == nil {
-		// Gradient storage is allocated by the first run and stays put.
-		for _, n := range m.learn {
-			gv, err := n.Grad()
-			if err != nil {
-				return 0, err
-			}
-			m.grads = append(m.grads, gv.Data().([]float32))
-		}
 	}
 	c, ok := m.costVal.Data().(float32)
 	if !ok {
@@ -224,8 +304,11 @@ func (m *graphModel) ForwardBackward(x []float32, y []int, n int) (loss float32,
 	return c, nil
 }
 
+// SeedMasks restarts the dropout masks' stream at (model seed, seed).
+func (m *graphModel) SeedMasks(seed uint64) { m.masks.Seed(m.cfg.Seed, seed^0x64726f70) }
+
 func (m *graphModel) Params() [][]float32  { return m.params }
 func (m *graphModel) Grads() [][]float32   { return m.grads }
 func (m *graphModel) ParamNames() []string { return m.names }
-func (m *graphModel) Close() error         { return m.vm.Close() }
+func (m *graphModel) Close() error         { return errors.Join(m.vm.Close(), m.fwd.Close()) }
 func (m *graphModel) Logits() []float32    { return m.outVal.Data().([]float32) }

@@ -17,7 +17,9 @@ var ErrSpec = errors.New("train: bad model spec")
 //	  {"type": "maxpool2d", "kernel": 2}, {"type": "flatten"}, {"type": "linear", "out": 10}]}
 //
 // Types: linear (out), conv2d (out, kernel, pad; stride 1), maxpool2d
-// (kernel; stride = kernel), relu, sigmoid, tanh, flatten, and add (from:
+// (kernel; stride = kernel), relu, sigmoid, tanh, flatten, dropout (p: the
+// share zeroed while training; the rest are scaled by 1/(1−p), and nothing
+// is dropped in evaluation, as in torch), and add (from:
 // the name a layer before it saved its output under with "save"; the shapes
 // must match). The last layer's output are the logits; the loss is softmax
 // cross-entropy.
@@ -34,6 +36,8 @@ type Layer struct {
 	Pad    int    `json:"pad,omitempty"`
 	Save   string `json:"save,omitempty"`
 	From   string `json:"from,omitempty"`
+	// P is dropout's share of values zeroed while training, in (0, 1).
+	P float64 `json:"p,omitempty"`
 }
 
 // MLPSpec is `mlp` in general: linear layers with ReLU between them.
@@ -131,9 +135,11 @@ func (s Spec) Shapes() ([][]int, error) {
 				return nil, bad("adds %q of shape %v to shape %v", l.From, s, shape)
 			}
 		case "dropout":
-			return nil, bad("dropout is not built yet")
+			if !(l.P > 0 && l.P < 1) {
+				return nil, bad("p %v; want the share of values to drop, above 0 and below 1", l.P)
+			}
 		default:
-			return nil, bad("unknown type; want linear, conv2d, maxpool2d, relu, sigmoid, tanh, flatten or add")
+			return nil, bad("unknown type; want linear, conv2d, maxpool2d, relu, sigmoid, tanh, flatten, dropout or add")
 		}
 		if l.Save != "" {
 			if _, dup := saved[l.Save]; dup {

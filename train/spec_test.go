@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -28,6 +29,9 @@ var gradSpecs = []struct {
 		{Type: "conv2d", Out: 3, Kernel: 3, Pad: 1}, {Type: "relu"}, {Type: "maxpool2d", Kernel: 2},
 		{Type: "flatten"}, {Type: "linear", Out: 4},
 	}}, 1e-3, 3, 3},
+	{Spec{Input: []int{12}, Layers: []Layer{
+		{Type: "linear", Out: 16}, {Type: "tanh"}, {Type: "dropout", P: 0.4}, {Type: "linear", Out: 5},
+	}}, 1e-2, 4, 3},
 }
 
 // TestEveryLayerGradient checks the gradient of every parameter tensor
@@ -50,6 +54,14 @@ func checkGradients(t *testing.T, spec Spec, h float64, batch, n int) {
 	}
 	rng := rand.New(rand.NewPCG(5, 5))
 	x, y := randomBatch(rng, n, inputs, shapes[len(shapes)-1][0])
+	// Dropout's masks are part of the function being differentiated:
+	// every evaluation below draws the same ones.
+	seed := func() {
+		if s, ok := m.(MaskSeeder); ok {
+			s.SeedMasks(7)
+		}
+	}
+	seed()
 	if _, err := m.ForwardBackward(x, y, n); err != nil {
 		t.Fatal(err)
 	}
@@ -58,6 +70,7 @@ func checkGradients(t *testing.T, spec Spec, h float64, batch, n int) {
 		grads = append(grads, append([]float32(nil), g...))
 	}
 	loss := func() float64 {
+		seed()
 		l, err := m.ForwardBackward(x, y, n)
 		if err != nil {
 			t.Fatal(err)
@@ -91,6 +104,8 @@ func TestSpecErrorsNameTheLayer(t *testing.T) {
 		{"kernel too big", Spec{Input: []int{1, 4, 4}, Layers: []Layer{{Type: "conv2d", Out: 3, Kernel: 7}}}, "does not fit"},
 		{"add unknown", Spec{Input: []int{4}, Layers: []Layer{{Type: "linear", Out: 4}, {Type: "add", From: "x"}}}, `layer 1 (add): from "x"`},
 		{"add mismatch", Spec{Input: []int{4}, Layers: []Layer{{Type: "linear", Out: 4, Save: "a"}, {Type: "linear", Out: 3}, {Type: "add", From: "a"}}}, "of shape [4] to shape [3]"},
+		{"dropout without p", Spec{Input: []int{4}, Layers: []Layer{{Type: "dropout"}, {Type: "linear", Out: 3}}}, "layer 0 (dropout): p 0; want the share"},
+		{"dropout of all", Spec{Input: []int{4}, Layers: []Layer{{Type: "linear", Out: 3}, {Type: "dropout", P: 1}}}, "layer 1 (dropout): p 1;"},
 		{"unknown type", Spec{Input: []int{4}, Layers: []Layer{{Type: "lstm"}}}, "layer 0 (lstm): unknown type"},
 		{"ends in images", Spec{Input: []int{1, 4, 4}, Layers: []Layer{{Type: "relu"}}}, "flat vector"},
 	}
@@ -152,5 +167,95 @@ func TestCNNLearns(t *testing.T) {
 	}
 	if s.TestAccuracy < 0.6 {
 		t.Errorf("small conv net: test accuracy %.3f after one epoch; want ≥ 0.6", s.TestAccuracy)
+	}
+}
+
+// TestForwardOnly: Forward gives ForwardBackward's loss and logits, leaves
+// the gradients alone, and runs without dropout — the same as the network
+// with its dropout layers taken out.
+func TestForwardOnly(t *testing.T) {
+	plain := MLPSpec(12, []int{16}, 5)
+	dropped := plain
+	dropped.Layers = []Layer{plain.Layers[0], plain.Layers[1], {Type: "dropout", P: 0.5}, plain.Layers[2]}
+	rng := rand.New(rand.NewPCG(3, 3))
+	x, y := randomBatch(rng, 3, 12, 5)
+
+	m := newMLP(t, ModelConfig{Spec: plain, Batch: 4, Seed: 2})
+	fbLoss, err := m.ForwardBackward(x, y, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fbLogits := slices.Clone(m.Logits())
+	var grads [][]float32
+	for _, g := range m.Grads() {
+		grads = append(grads, slices.Clone(g))
+	}
+	// Another batch through Forward must not touch the gradients.
+	x2, y2 := randomBatch(rng, 4, 12, 5)
+	if _, err := m.Forward(x2, y2, 4); err != nil {
+		t.Fatal(err)
+	}
+	for i, g := range m.Grads() {
+		if !slices.Equal(g, grads[i]) {
+			t.Fatalf("Forward changed the gradient of %s", m.ParamNames()[i])
+		}
+	}
+	fLoss, err := m.Forward(x, y, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fLoss != fbLoss || !slices.Equal(m.Logits(), fbLogits) {
+		t.Errorf("Forward: loss %v, logits %v; ForwardBackward: %v, %v", fLoss, m.Logits(), fbLoss, fbLogits)
+	}
+
+	d := newMLP(t, ModelConfig{Spec: dropped, Batch: 4, Seed: 2})
+	if _, err := d.ForwardBackward(x, y, 3); err != nil { // leaves a random mask behind
+		t.Fatal(err)
+	}
+	dLoss, err := d.Forward(x, y, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dLoss != fLoss {
+		t.Errorf("Forward with dropout: loss %v; without the layer: %v", dLoss, fLoss)
+	}
+}
+
+// TestDropoutMasks: a training mask zeroes about p of the values and scales
+// the rest by 1/(1−p); the same seed draws the same mask, another seed
+// another one.
+func TestDropoutMasks(t *testing.T) {
+	spec := Spec{Input: []int{64}, Layers: []Layer{{Type: "linear", Out: 1024}, {Type: "relu"}, {Type: "dropout", P: 0.25}, {Type: "linear", Out: 10}}}
+	m := newMLP(t, ModelConfig{Spec: spec, Batch: 64, Seed: 1})
+	gm := m.(*graphModel)
+	rng := rand.New(rand.NewPCG(1, 1))
+	x, y := randomBatch(rng, 64, 64, 10)
+	draw := func(seed uint64) ([]float32, float32) {
+		gm.SeedMasks(seed)
+		l, err := m.ForwardBackward(x, y, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.Clone(gm.drops[0].mask), l
+	}
+	mask, loss := draw(1)
+	zeros := 0
+	for _, v := range mask {
+		switch v {
+		case 0:
+			zeros++
+		case 1 / 0.75:
+		default:
+			t.Fatalf("mask value %v; want 0 or %v", v, 1/0.75)
+		}
+	}
+	if share := float64(zeros) / float64(len(mask)); math.Abs(share-0.25) > 0.01 {
+		t.Errorf("%.4f of the mask dropped; want 0.25", share)
+	}
+	if again, l := draw(1); !slices.Equal(again, mask) || l != loss {
+		t.Error("the same seed drew another mask")
+	}
+	if other, l := draw(2); slices.Equal(other, mask) || l == loss {
+		t.Error("another seed drew the same mask")
 	}
 }

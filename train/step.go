@@ -32,11 +32,35 @@ type Replica struct {
 	Model Model
 	Opt   Optimizer
 	Coll  Collective
+	// Steps counts the steps run, applied or skipped. With the rank it
+	// seeds each step's dropout masks, so they differ between ranks (each
+	// drops its own units, as separate GPUs would) and a resumed run, which
+	// sets it from the checkpoint, draws what an uninterrupted one would.
+	Steps int
+	// Leave, once closed, makes this rank ask the ring to stop: its next
+	// step carries the request to every rank, all apply that step, and all
+	// return a *LeaveError from it — the same step everywhere, where a rank
+	// that simply stopped would leave the others stuck in a collective.
+	Leave <-chan struct{}
 
+	nparams int
 	// flat holds every gradient (or, to broadcast, parameter) tensor end
-	// to end, then one flag.
+	// to end, then the non-finite flag, then one leave flag per rank.
 	flat []float32
 }
+
+// LeaveError is what Step returns once a rank has asked to leave; the step
+// it comes from was applied on every rank.
+type LeaveError struct {
+	Ranks []int // the ranks that asked
+}
+
+func (e *LeaveError) Error() string {
+	return fmt.Sprintf("train: ranks %v asked to stop; every rank stops after this step", e.Ranks)
+}
+
+// Unwrap makes a LeaveError an ErrStopped.
+func (e *LeaveError) Unwrap() error { return ErrStopped }
 
 // NewReplica wires a model, an optimizer and a collective.
 func NewReplica(m Model, opt Optimizer, c Collective) *Replica {
@@ -44,12 +68,21 @@ func NewReplica(m Model, opt Optimizer, c Collective) *Replica {
 	for _, p := range m.Params() {
 		n += len(p)
 	}
-	return &Replica{Model: m, Opt: opt, Coll: c, flat: make([]float32, n+1)} // +1: the non-finite flag
+	return &Replica{Model: m, Opt: opt, Coll: c, nparams: n}
+}
+
+// buffer returns the flat buffer for the collective's size; it is made
+// once per ring, not per step.
+func (r *Replica) buffer() []float32 {
+	if want := r.nparams + 1 + r.Coll.Size(); len(r.flat) != want {
+		r.flat = make([]float32, want)
+	}
+	return r.flat
 }
 
 // SyncParams makes every replica start from rank 0's parameters.
 func (r *Replica) SyncParams(ctx context.Context) error {
-	params := r.flat[:len(r.flat)-1]
+	params := r.buffer()[:r.nparams]
 	gather(params, r.Model.Params())
 	if err := r.Coll.Broadcast(ctx, params, 0); err != nil {
 		return fmt.Errorf("train: broadcasting parameters: %w", err)
@@ -66,33 +99,57 @@ func (r *Replica) SyncParams(ctx context.Context) error {
 // the one allreduce that averages them also tells every rank whether any
 // rank was bad. Nothing is applied then: every rank skips the step, and Step
 // returns an error wrapping ErrNonFinite that says how many ranks were bad
-// and, for this rank, which tensor.
+// and, for this rank, which tensor. Requests to leave ride in the same
+// allreduce, one slot per rank.
 func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float32, error) {
+	if s, ok := r.Model.(MaskSeeder); ok {
+		s.SeedMasks(uint64(r.Steps)<<20 ^ uint64(r.Coll.Rank()))
+	}
+	r.Steps++
 	loss, err := r.Model.ForwardBackward(x, y, n)
 	if err != nil {
 		return 0, err
 	}
 	grads := r.Model.Grads()
-	bad := firstNonFinite(grads)
-	flag := len(r.flat) - 1
-	gather(r.flat, grads)
-	r.flat[flag] = 0
+	flat := r.buffer()
+	bad := gatherFinite(flat, grads)
+	flag, leave := r.nparams, flat[r.nparams+1:]
+	flat[flag] = 0
 	if bad >= 0 {
-		r.flat[flag] = 1
+		flat[flag] = 1
 	}
-	if err := r.Coll.AllreduceMean(ctx, r.flat); err != nil {
+	clear(leave)
+	select {
+	case <-r.Leave:
+		leave[r.Coll.Rank()] = 1
+	default:
+	}
+	if err := r.Coll.AllreduceMean(ctx, flat); err != nil {
 		return 0, fmt.Errorf("train: averaging gradients: %w", err)
 	}
-	if badRanks := int(math.Round(float64(r.flat[flag]) * float64(r.Coll.Size()))); badRanks > 0 {
+	var leaving []int
+	for k, v := range leave {
+		if v != 0 {
+			leaving = append(leaving, k)
+		}
+	}
+	if badRanks := int(math.Round(float64(flat[flag]) * float64(r.Coll.Size()))); badRanks > 0 {
 		where := "its own are finite"
 		if bad >= 0 {
 			where = "its " + r.Model.ParamNames()[bad] + " gradient is not"
 		}
-		return loss, fmt.Errorf("train: %d of %d ranks had NaN or Inf gradients (rank %d: %s); step skipped on all: %w",
+		err := fmt.Errorf("train: %d of %d ranks had NaN or Inf gradients (rank %d: %s); step skipped on all: %w",
 			badRanks, r.Coll.Size(), r.Coll.Rank(), where, ErrNonFinite)
+		if leaving != nil {
+			err = errors.Join(err, &LeaveError{Ranks: leaving})
+		}
+		return loss, err
 	}
-	scatter(grads, r.flat)
+	scatter(grads, flat)
 	r.Opt.Step(r.Model.Params(), grads)
+	if leaving != nil {
+		return loss, &LeaveError{Ranks: leaving}
+	}
 	return loss, nil
 }
 
@@ -167,15 +224,35 @@ func (r *Replica) CheckInSync(ctx context.Context) error {
 	return nil
 }
 
-func firstNonFinite(ts [][]float32) int {
+// gatherFinite copies the tensors into flat end to end and returns the
+// index of the first that holds a NaN or an Inf, or -1. It is one pass over
+// the gradients, not a scan and then a copy: v−v is 0 for every finite v and
+// NaN otherwise, and four sums of it keep the loop off one add's latency.
+func gatherFinite(flat []float32, ts [][]float32) int {
+	bad := -1
+	o := 0
 	for i, t := range ts {
-		for _, v := range t {
-			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-				return i
-			}
+		dst := flat[o : o+len(t)]
+		var s0, s1, s2, s3 float32
+		j := 0
+		for ; j+4 <= len(t); j += 4 {
+			v0, v1, v2, v3 := t[j], t[j+1], t[j+2], t[j+3]
+			dst[j], dst[j+1], dst[j+2], dst[j+3] = v0, v1, v2, v3
+			s0 += v0 - v0
+			s1 += v1 - v1
+			s2 += v2 - v2
+			s3 += v3 - v3
 		}
+		for ; j < len(t); j++ {
+			dst[j] = t[j]
+			s0 += t[j] - t[j]
+		}
+		if bad < 0 && s0+s1+s2+s3 != 0 {
+			bad = i
+		}
+		o += len(t)
 	}
-	return -1
+	return bad
 }
 
 func gather(flat []float32, ts [][]float32) {

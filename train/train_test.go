@@ -190,3 +190,52 @@ func TestGradientsDoNotAccumulate(t *testing.T) {
 		}
 	}
 }
+
+// TestGatherFinite: the one-pass copy finds a NaN or an Inf wherever it
+// sits — in the unrolled body or the tail, in any tensor — copies every
+// value, and passes the largest finite values.
+func TestGatherFinite(t *testing.T) {
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	for _, tc := range []struct {
+		name   string
+		tensor int // where the bad value goes; -1: none
+		at     int
+		v      float32
+		want   int
+	}{
+		{"all finite", -1, 0, 0, -1},
+		{"NaN in the body", 1, 2, nan, 1},
+		{"+Inf in the tail", 1, 9, inf, 1},
+		{"-Inf first of all", 0, 0, -inf, 0},
+		{"NaN in the last tensor's tail", 2, 2, nan, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := [][]float32{make([]float32, 7), make([]float32, 10), make([]float32, 3)}
+			k := float32(1)
+			for _, x := range ts {
+				for j := range x {
+					x[j] = k
+					k = -k * 1.5
+				}
+			}
+			ts[0][1] = math.MaxFloat32
+			ts[1][0] = -math.MaxFloat32
+			if tc.tensor >= 0 {
+				ts[tc.tensor][tc.at] = tc.v
+			}
+			flat := make([]float32, 20)
+			if got := gatherFinite(flat, ts); got != tc.want {
+				t.Errorf("gatherFinite = %d; want %d", got, tc.want)
+			}
+			o := 0
+			for _, x := range ts {
+				for j, v := range x {
+					if flat[o+j] != v && !(v != v && flat[o+j] != flat[o+j]) {
+						t.Fatalf("flat[%d] = %v; want %v", o+j, flat[o+j], v)
+					}
+				}
+				o += len(x)
+			}
+		})
+	}
+}

@@ -271,9 +271,17 @@ func TestInterruptWritesCheckpoint(t *testing.T) {
 	local := startRingtrain(t, "local", "-n", "2", "--config", cfg)
 	local.until(t, "training", func(out string) bool { return strings.Count(out, `"steps":`) >= 2 }) // progress lines
 	out, _ := local.interrupt()
-	stopped := strings.Index(out, "interrupted: left the ring")
+	stopped := strings.Index(out, "interrupted: every peer stopped after the same step")
 	if stopped < 0 || strings.LastIndex(out, `"message":"checkpoint written"`) < stopped {
 		t.Fatalf("want peers to leave between steps and rank 0 to write a checkpoint after that:\n%s", out)
+	}
+	// Both peers stop after the same step, whichever saw the signal first.
+	var done []string
+	for _, m := range regexp.MustCompile(`"steps_done":(\d+)[^\n]*every peer stopped`).FindAllStringSubmatch(out, -1) {
+		done = append(done, m[1])
+	}
+	if len(done) != 2 || done[0] != done[1] {
+		t.Errorf("steps done when stopped: %v; want the same on both peers\n%s", done, out)
 	}
 	c, err := ringtrain(t, time.Minute, "predict", "--checkpoint", filepath.Join(dir, "sigint.ckpt"), "--image", "../../testdata/fashion-folder/test/Trouser/9965.png")
 	if err != nil {

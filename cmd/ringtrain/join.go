@@ -204,18 +204,28 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		ckpt = filepath.Join(cfg.CheckpointDir, cfg.Name+".ckpt")
 		rc.AfterEpoch = save
 	}
-	// SIGINT/SIGTERM (ctx) stops training between steps: the step under way
-	// finishes on every peer that is in it, the peer leaves the ring, and
-	// rank 0 writes a checkpoint of where it stopped. The collectives keep
-	// their own context, bounded by the step timeout, so that the last step
-	// is not torn in half.
+	// SIGINT/SIGTERM (ctx) stops training on every peer after the same
+	// step: this peer's next step tells the others (train.Replica.Leave),
+	// all apply it and leave the ring, and rank 0 writes a checkpoint of
+	// where they stopped. The collectives keep their own context, bounded
+	// by the step timeout, so that the last step is not torn in half.
 	rc.Stop = ctx.Done()
 	log.Info().Int("world_size", n).Uint64("generation", formed.Generation).Msg("training")
 	sum, err := train.Run(context.WithoutCancel(ctx), rc)
 	if errors.Is(err, train.ErrStopped) {
-		log.Warn().Int("epochs_done", sum.Epochs).Int("steps_done", sum.Steps).Msg("interrupted: left the ring")
+		var leave *train.LeaveError
+		errors.As(err, &leave)
+		var askedBy []int
+		if leave != nil {
+			askedBy = leave.Ranks
+		}
+		log.Warn().Ints("asked_by_ranks", askedBy).Int("epochs_done", sum.Epochs).Int("steps_done", sum.Steps).
+			Msg("interrupted: every peer stopped after the same step and left the ring")
 		if serr := save(sum.Epochs, sum.Steps); serr != nil {
 			return serr
+		}
+		if ctx.Err() == nil {
+			return fmt.Errorf("stopped after %d steps because rank(s) %v were interrupted: %w", sum.Steps, askedBy, err)
 		}
 		return fmt.Errorf("interrupted after %d steps: %w", sum.Steps, ctx.Err())
 	}

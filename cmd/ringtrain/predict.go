@@ -58,9 +58,9 @@ func runPredict(args []string, stdout, stderr io.Writer) error {
 	if err := c.LoadInto(model); err != nil {
 		return err
 	}
-	// Forward through the training graph; the label is a placeholder and
-	// the gradients it also computes are thrown away.
-	if _, err := model.ForwardBackward(x, []int{0}, 1); err != nil {
+	// Forward only, in evaluation mode; the label is a placeholder (it
+	// feeds the loss, which is not shown).
+	if _, err := model.Forward(x, []int{0}, 1); err != nil {
 		return err
 	}
 	shapes, err := spec.Spec.Shapes()
