@@ -60,6 +60,39 @@ func TestSamplerShares(t *testing.T) {
 	}
 }
 
+// TestSamplerExact: exact shares hold every sample once, differ in size by
+// at most one, and match NumSamples — also with more ranks than samples.
+func TestSamplerExact(t *testing.T) {
+	for _, n := range []int{0, 1, 9, 10, 11, 500} {
+		for _, world := range []int{1, 2, 3, 4, 7, 16} {
+			counts := make([]int, n)
+			small, large := n, 0
+			for rank := range world {
+				s := Sampler{N: n, World: world, Rank: rank, Seed: 1, Exact: true}
+				idx, err := s.Indices(0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(idx) != s.NumSamples() {
+					t.Fatalf("N=%d world=%d rank %d: %d indices; want NumSamples() = %d", n, world, rank, len(idx), s.NumSamples())
+				}
+				small, large = min(small, len(idx)), max(large, len(idx))
+				for _, i := range idx {
+					counts[i]++
+				}
+			}
+			for i, c := range counts {
+				if c != 1 {
+					t.Fatalf("N=%d world=%d: sample %d in %d shares; want exactly 1", n, world, i, c)
+				}
+			}
+			if large-small > 1 {
+				t.Fatalf("N=%d world=%d: shares of %d to %d samples; want sizes within one", n, world, small, large)
+			}
+		}
+	}
+}
+
 func TestSamplerPermutation(t *testing.T) {
 	s := Sampler{N: 100, World: 1, Seed: 7, Shuffle: true}
 	e0, _ := s.Indices(0)

@@ -22,6 +22,11 @@ type Sampler struct {
 	// Without it, the permutation is padded by wrapping round to its
 	// start, so a few samples are seen twice in the epoch.
 	DropLast bool
+	// Exact gives every sample to exactly one rank, in shares that differ
+	// in size by at most one — for evaluation, whose counts are summed over
+	// the ranks once at the end. Training needs DropLast or padding, so
+	// that every rank runs the same number of steps.
+	Exact bool
 }
 
 func (s Sampler) validate() error {
@@ -31,9 +36,13 @@ func (s Sampler) validate() error {
 	return nil
 }
 
-// NumSamples is how many samples each rank gets per epoch.
+// NumSamples is how many samples this rank gets per epoch (every rank
+// the same, unless Exact).
 func (s Sampler) NumSamples() int {
-	if s.DropLast {
+	switch {
+	case s.Exact:
+		return (s.N - s.Rank + s.World - 1) / s.World
+	case s.DropLast:
 		return s.N / s.World
 	}
 	return (s.N + s.World - 1) / s.World
@@ -54,6 +63,9 @@ func (s Sampler) Indices(epoch int) ([]int, error) {
 		}
 	}
 	total := s.NumSamples() * s.World
+	if s.Exact {
+		total = s.N
+	}
 	for len(perm) < total && s.N > 0 {
 		perm = append(perm, perm[:min(total-len(perm), s.N)]...)
 	}

@@ -1,6 +1,7 @@
 package train
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -15,19 +16,56 @@ type Result struct {
 	Samples  int
 }
 
-// Evaluate runs the model over every batch of an epoch and scores it.
-// It runs the model forward only, in evaluation mode.
+// Evaluate scores the model on every batch of an epoch, forward only, in
+// evaluation mode.
 func Evaluate(m Model, e *data.Epoch, classes int) (Result, error) {
-	var r Result
-	correct := make([]int, classes)
-	total := make([]int, classes)
-	var lossSum float64
+	t, err := tallyEpoch(m, e, classes)
+	if err != nil {
+		return Result{}, err
+	}
+	return t.result()
+}
+
+// EvaluateSharded scores the model on this rank's share of a data set (a
+// loader with Sampler.Exact) and sums the counts over the collective, so
+// every rank returns the result for the whole set, having scored 1/size of
+// it. Every rank must call it, even one whose share is empty.
+func EvaluateSharded(ctx context.Context, c Collective, m Model, e *data.Epoch, classes int) (Result, error) {
+	t, err := tallyEpoch(m, e, classes)
+	if err != nil {
+		return Result{}, err
+	}
+	// Counts stay exact in float32 up to 2^24 samples; the loss sum is
+	// rounded to float32 once, on the way in.
+	buf := make([]float32, 1+2*classes)
+	buf[0] = float32(t.lossSum)
+	for k := range classes {
+		buf[1+k], buf[1+classes+k] = float32(t.correct[k]), float32(t.total[k])
+	}
+	if err := c.AllreduceSum(ctx, buf); err != nil {
+		return Result{}, fmt.Errorf("train: summing evaluation counts: %w", err)
+	}
+	t.lossSum = float64(buf[0])
+	for k := range classes {
+		t.correct[k], t.total[k] = int(buf[1+k]), int(buf[1+classes+k])
+	}
+	return t.result()
+}
+
+// tally is an evaluation's counts before they become a Result.
+type tally struct {
+	lossSum        float64
+	correct, total []int // per class
+}
+
+func tallyEpoch(m Model, e *data.Epoch, classes int) (tally, error) {
+	t := tally{correct: make([]int, classes), total: make([]int, classes)}
 	err := e.Each(func(b *data.Batch) error {
 		loss, err := m.Forward(b.X, b.Y, b.N)
 		if err != nil {
 			return err
 		}
-		lossSum += float64(loss) * float64(b.N)
+		t.lossSum += float64(loss) * float64(b.N)
 		logits := m.Logits()
 		for i, y := range b.Y {
 			row := logits[i*classes : (i+1)*classes]
@@ -40,27 +78,29 @@ func Evaluate(m Model, e *data.Epoch, classes int) (Result, error) {
 			if y < 0 || y >= classes {
 				return fmt.Errorf("train: label %d outside [0, %d)", y, classes)
 			}
-			total[y]++
+			t.total[y]++
 			if best == y {
-				correct[y]++
+				t.correct[y]++
 			}
 		}
-		r.Samples += b.N
 		return nil
 	})
-	if err != nil {
-		return r, err
+	return t, err
+}
+
+func (t tally) result() (Result, error) {
+	var r Result
+	all := 0
+	r.PerClass = make([]float64, len(t.total))
+	for k := range t.total {
+		r.Samples += t.total[k]
+		all += t.correct[k]
+		r.PerClass[k] = float64(t.correct[k]) / float64(t.total[k])
 	}
 	if r.Samples == 0 {
 		return r, errors.New("train: nothing to evaluate")
 	}
-	all := 0
-	r.PerClass = make([]float64, classes)
-	for k := range classes {
-		all += correct[k]
-		r.PerClass[k] = float64(correct[k]) / float64(total[k])
-	}
-	r.Loss = lossSum / float64(r.Samples)
+	r.Loss = t.lossSum / float64(r.Samples)
 	r.Accuracy = float64(all) / float64(r.Samples)
 	return r, nil
 }

@@ -3,6 +3,8 @@ package train
 import (
 	"context"
 	"errors"
+	"math"
+	"slices"
 	"testing"
 
 	"github.com/ringtrain/ringtrain/data"
@@ -65,11 +67,13 @@ func TestMLPLearnsTestdata(t *testing.T) {
 }
 
 // TestRunOnRing: three replicas on an in-memory ring, each on its share,
-// end with the same parameters and learn.
+// end with the same parameters and learn; each scores a third of the test
+// set, and every rank's result is that of the whole set scored in one place.
 func TestRunOnRing(t *testing.T) {
 	const world, batch = 3, 16
 	rings := memRings(t, world)
 	sums := make([]Summary, world)
+	var whole Result
 	var progress [world]int
 	err := onAll(world, func(i int) error {
 		m, err := NewModel(mlpCfg(784, []int{64}, 10, batch, uint64(i)))
@@ -79,11 +83,22 @@ func TestRunOnRing(t *testing.T) {
 		defer m.Close()
 		tr := loader(t, "train", batch, true)
 		tr.Sampler.World, tr.Sampler.Rank = world, i
+		te := loader(t, "test", batch, false)
+		te.Sampler.World, te.Sampler.Rank, te.Sampler.Exact = world, i, true
 		sums[i], err = Run(context.Background(), RunConfig{
 			Replica: NewReplica(m, &SGD{LR: 0.05, Momentum: 0.9}, rings[i]),
-			Train:   tr, Test: loader(t, "test", batch, false), Epochs: 2, Classes: 10,
+			Train:   tr, Test: te, Epochs: 2, Classes: 10,
 			Progress: func(Progress) { progress[i]++ }, ProgressEvery: 10,
 		})
+		if err != nil || i != 0 {
+			return err
+		}
+		e, err := loader(t, "test", batch, false).Epoch(context.Background(), 0)
+		if err != nil {
+			return err
+		}
+		defer e.Close()
+		whole, err = Evaluate(m, e, 10)
 		return err
 	})
 	if err != nil {
@@ -96,6 +111,12 @@ func TestRunOnRing(t *testing.T) {
 	}
 	if sums[0].TestAccuracy < 0.6 {
 		t.Errorf("test accuracy %.3f; want ≥ 0.6", sums[0].TestAccuracy)
+	}
+	for i, s := range sums {
+		if s.TestSamples != whole.Samples || s.TestAccuracy != whole.Accuracy || !slices.Equal(s.PerClass, whole.PerClass) || math.Abs(s.TestLoss-whole.Loss) > 1e-5*whole.Loss {
+			t.Errorf("rank %d: sharded evaluation of %d samples gives accuracy %v, loss %v, per class %v; the whole set of %d in one place %v, %v, %v",
+				i, s.TestSamples, s.TestAccuracy, s.TestLoss, s.PerClass, whole.Samples, whole.Accuracy, whole.Loss, whole.PerClass)
+		}
 	}
 	t.Logf("accuracy %.3f, %.0f samples/s per rank", sums[0].TestAccuracy, sums[0].SamplesPerSec)
 }

@@ -14,7 +14,10 @@ import (
 type RunConfig struct {
 	Replica *Replica
 	Train   *data.Loader // this rank's share of each epoch
-	Test    *data.Loader // evaluated after every epoch; nil skips it
+	// Test is this rank's share of the test set (Sampler.Exact), scored
+	// after every epoch; every rank gets the whole set's result. Nil on
+	// every rank skips evaluation.
+	Test    *data.Loader
 	Epochs  int
 	Classes int
 	// Schedule, if set, gives the learning rate of every epoch.
@@ -62,6 +65,7 @@ type Summary struct {
 	TestLoss      float64
 	TestAccuracy  float64
 	PerClass      []float64
+	TestSamples   int       // scored over all ranks
 	EpochAccuracy []float64 // test accuracy after each epoch run
 	ParamHash     string    // hex SHA-256 of the final parameters
 	SamplesPerSec float64   // this rank's training samples per second
@@ -150,11 +154,11 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		}
 		totalSteps += step
 		if cfg.Test != nil {
-			res, err := evaluate(cfg)
+			res, err := evaluate(ctx, cfg)
 			if err != nil {
 				return s, err
 			}
-			s.TestLoss, s.TestAccuracy, s.PerClass = res.Loss, res.Accuracy, res.PerClass
+			s.TestLoss, s.TestAccuracy, s.PerClass, s.TestSamples = res.Loss, res.Accuracy, res.PerClass, res.Samples
 			s.EpochAccuracy = append(s.EpochAccuracy, res.Accuracy)
 		}
 		if cfg.AfterEpoch != nil {
@@ -182,13 +186,13 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	return s, nil
 }
 
-func evaluate(cfg RunConfig) (Result, error) {
-	e, err := cfg.Test.Epoch(context.Background(), 0)
+func evaluate(ctx context.Context, cfg RunConfig) (Result, error) {
+	e, err := cfg.Test.Epoch(ctx, 0)
 	if err != nil {
 		return Result{}, err
 	}
 	defer e.Close()
-	res, err := Evaluate(cfg.Replica.Model, e, cfg.Classes)
+	res, err := EvaluateSharded(ctx, cfg.Replica.Coll, cfg.Replica.Model, e, cfg.Classes)
 	if err != nil {
 		return res, fmt.Errorf("train: evaluating: %w", err)
 	}

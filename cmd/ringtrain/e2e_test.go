@@ -83,6 +83,10 @@ func TestLocalTrainsEndToEnd(t *testing.T) {
 	if len(hashes) != 3 || hashes[0] != hashes[1] || hashes[1] != hashes[2] {
 		t.Fatalf("summaries' param hashes %v; want three equal ones\n%s", hashes, out)
 	}
+	// Each rank scored a third of the 500 test images; each reports all 500.
+	if n := strings.Count(out, `"test_samples":500,`); n != 3 {
+		t.Errorf("%d summaries report 500 test samples; want 3 (sharded evaluation, counts summed)", n)
+	}
 	for r := range 3 {
 		if want := fmt.Sprintf("[rank %d] rank %d of 3:", r, r); !strings.Contains(out, want) {
 			t.Errorf("output lacks %q: lines are not prefixed with their rank", want)

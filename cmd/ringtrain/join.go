@@ -181,7 +181,12 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		},
 	}
 	if testSplit != nil {
-		rc.Test = loader(testSplit, 1, 0, false) // every rank scores the whole test set
+		// Each rank scores its own slice of the test set and the counts are
+		// summed over the ring, so every rank logs the whole set's result
+		// in 1/n of the time (DDP users do the same by hand with a
+		// DistributedSampler and an all_reduce of their metrics).
+		rc.Test = loader(testSplit, n, rank, false)
+		rc.Test.Sampler.Exact = true
 	}
 	// Rank 0 writes the checkpoint after every epoch (all replicas hold the
 	// same parameters then) and when stopped by a signal; others could, but
@@ -212,6 +217,9 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	rc.Stop = ctx.Done()
 	log.Info().Int("world_size", n).Uint64("generation", formed.Generation).Msg("training")
 	sum, err := train.Run(context.WithoutCancel(ctx), rc)
+	if err == nil || errors.Is(err, train.ErrStopped) {
+		leaveTogether(rg, time.Duration(cfg.StepTimeout), log)
+	}
 	if errors.Is(err, train.ErrStopped) {
 		var leave *train.LeaveError
 		errors.As(err, &leave)
@@ -237,10 +245,27 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	fmt.Fprintf(stdout, "rank %d of %d: test accuracy %.4f, param hash %s\n", rank, n, sum.TestAccuracy, sum.ParamHash[:16])
 	// The summary is the peer's last log line (the logger carries rank).
-	log.Info().Int("world_size", n).Int("epochs", sum.Epochs).Float64("test_accuracy", sum.TestAccuracy).
+	log.Info().Int("world_size", n).Int("epochs", sum.Epochs).Float64("test_accuracy", sum.TestAccuracy).Int("test_samples", sum.TestSamples).
 		Float64("test_loss", sum.TestLoss).Str("param_hash", sum.ParamHash).Float64("samples_per_sec", sum.SamplesPerSec).
 		Msg("summary")
 	return nil
+}
+
+// leaveTogether holds a peer in the ring until every peer has finished the
+// last collective. A peer that exited straight after its part of it could
+// take the others' last frames down with it: its kernel answers the frames
+// still arriving (acknowledgements of what it sent last) with a TCP reset,
+// and a reset throws away what the neighbour had received but not yet read
+// (seen: a 3-peer run whose rank 0 lost its last evaluation frame). After a
+// barrier every peer has read the data that mattered; only the barrier's own
+// last frames can still be lost that way, so its failure is a warning: this
+// peer's results are complete either way.
+func leaveTogether(rg *ring.Ring, timeout time.Duration, log zerolog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := rg.Barrier(ctx); err != nil {
+		log.Warn().Err(err).Msg("a peer left before confirming the end of the job; this peer's results are complete")
+	}
 }
 
 // steppedRing gives every collective the step timeout, so a neighbour that
