@@ -14,16 +14,35 @@ FUZZ     := ./ring:FuzzRecv ./data:FuzzReadIDX ./data:FuzzReadCSV ./p2p:FuzzRead
 
 MODEL ?= mlp
 
-.PHONY: build test vet fuzz lint fmt-check bench bench-data bench-train fashion-mnist testdata demo clean
+.PHONY: build build-openblas openblas test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn fashion-mnist testdata demo clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
+
+# The same program with OpenBLAS doing gorgonia's matrix products (cgo,
+# -tags netlib): the cnn trains about 2–3× faster here. The default build
+# stays pure Go and static.
+# (gcc prints the bare name back when it cannot find the library.)
+OPENBLAS_OK = command -v gcc >/dev/null && [ "$$(gcc -print-file-name=libopenblas.so)" != libopenblas.so ]
+openblas:
+	@$(OPENBLAS_OK) || { (apt-get install -y -qq gcc libopenblas-dev || (apt-get update -qq && apt-get install -y -qq gcc libopenblas-dev)) >/dev/null 2>&1 || echo "could not install libopenblas-dev"; }
+
+build-openblas: openblas
+	CGO_ENABLED=1 $(GO) build -tags netlib -o $(BIN)/ringtrain-openblas ./cmd/ringtrain
+
+# The gradient and distribution tests again with OpenBLAS underneath, when
+# it can be had; says so when it cannot.
+test-openblas: openblas
+	@if $(OPENBLAS_OK); then \
+	  CGO_ENABLED=1 $(GO) test -tags netlib -count=1 -run 'EveryLayerGradient|DistributedEqualsBigBatch|ForwardOnly' ./train; \
+	else echo "test-openblas: SKIPPED, libopenblas-dev is not installed and could not be"; fi
 
 vet:
 	$(GO) vet ./...
 
 test: vet
 	$(GO) test -race -count=1 ./...
+	$(MAKE) --no-print-directory test-openblas
 	$(MAKE) --no-print-directory fuzz
 
 fuzz:
@@ -48,6 +67,7 @@ bench: build
 	$(BIN)/ringtrain bench allreduce --transport tcp --peers 4 --sizes 1MiB,16MiB,64MiB --iters $(ITERS) $(BENCHFLAGS)
 	$(MAKE) --no-print-directory bench-data
 	$(MAKE) --no-print-directory bench-train
+	$(MAKE) --no-print-directory bench-train-cnn
 	$(GO) test -run '^$$' -bench '^BenchmarkStepOverhead$$' -benchtime 3x -count 5 ./train
 
 # Data pipeline, one core: load → ToTensor → Normalize → batches of 64 over
@@ -65,6 +85,12 @@ fashion-mnist:
 bench-train: build fashion-mnist
 	$(BIN)/ringtrain local -n 1 --config testdata/bench-mlp-1.json 2>&1 | grep -E '"epoch done"|"summary"'
 	$(BIN)/ringtrain local -n 2 --config testdata/bench-mlp-2.json 2>&1 | grep -E '"epoch done"|"summary"'
+
+# The cnn the same way, with OpenBLAS (pure Go it would take hours): one
+# replica on both cores, then two with one core each.
+bench-train-cnn: build-openblas fashion-mnist
+	OPENBLAS_NUM_THREADS=2 $(BIN)/ringtrain-openblas local -n 1 --config testdata/bench-cnn-1.json 2>&1 | grep -E '"epoch done"|"summary"'
+	OPENBLAS_NUM_THREADS=1 $(BIN)/ringtrain-openblas local -n 2 --config testdata/bench-cnn-2.json 2>&1 | grep -E '"epoch done"|"summary"'
 
 # testdata/ is made from the real Fashion-MNIST; the output is committed.
 testdata: fashion-mnist

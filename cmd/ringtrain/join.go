@@ -215,7 +215,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	// where they stopped. The collectives keep their own context, bounded
 	// by the step timeout, so that the last step is not torn in half.
 	rc.Stop = ctx.Done()
-	log.Info().Int("world_size", n).Uint64("generation", formed.Generation).Msg("training")
+	log.Info().Int("world_size", n).Uint64("generation", formed.Generation).Str("blas", train.BLAS).Msg("training")
 	sum, err := train.Run(context.WithoutCancel(ctx), rc)
 	if err == nil || errors.Is(err, train.ErrStopped) {
 		leaveTogether(rg, time.Duration(cfg.StepTimeout), log)
