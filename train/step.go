@@ -47,6 +47,9 @@ type Replica struct {
 	// flat holds every gradient (or, to broadcast, parameter) tensor end
 	// to end, then the non-finite flag, then one leave flag per rank.
 	flat []float32
+	// views are the gradient tensors' places in flat: the optimizer reads
+	// the averaged gradients there, which saves copying them back.
+	views [][]float32
 }
 
 // LeaveError is what Step returns once a rank has asked to leave; the step
@@ -76,6 +79,12 @@ func NewReplica(m Model, opt Optimizer, c Collective) *Replica {
 func (r *Replica) buffer() []float32 {
 	if want := r.nparams + 1 + r.Coll.Size(); len(r.flat) != want {
 		r.flat = make([]float32, want)
+		r.views = r.views[:0]
+		o := 0
+		for _, p := range r.Model.Params() {
+			r.views = append(r.views, r.flat[o:o+len(p):o+len(p)])
+			o += len(p)
+		}
 	}
 	return r.flat
 }
@@ -145,8 +154,7 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		}
 		return loss, err
 	}
-	scatter(grads, flat)
-	r.Opt.Step(r.Model.Params(), grads)
+	r.Opt.Step(r.Model.Params(), r.views)
 	if leaving != nil {
 		return loss, &LeaveError{Ranks: leaving}
 	}
