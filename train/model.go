@@ -122,7 +122,11 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 	}
 	y := G.NewMatrix(m.g, G.Float32, G.WithShape(b, m.classes), G.WithName("y"), G.WithValue(m.y))
 	m.invN = G.NewScalar(m.g, G.Float32, G.WithName("invN"), G.WithValue(float32(1)))
-	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6d6c70))
+	init, err := InitParams(cfg)
+	if err != nil {
+		return nil, err
+	}
+	next := 0 // the next tensor of init
 
 	// gorgonia panics on shape errors; Shapes has checked them, but a
 	// panic must not cross the package boundary all the same.
@@ -136,20 +140,20 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 	saved := map[string]*G.Node{}
 	layers := cfg.Spec.Layers
 	for i, l := range layers {
-		relu := i+1 < len(layers) && layers[i+1].Type == "relu"
 		name := fmt.Sprintf("%d.%s", i, l.Type)
 		switch l.Type {
 		case "linear":
-			w := initWeights(rng, in[0], in[0]*l.Out, l.Out, relu, in[0], l.Out)
+			w, bias := init[next].tensor(), init[next+1].tensor()
+			next += 2
 			wn := G.NewMatrix(m.g, G.Float32, G.WithShape(in[0], l.Out), G.WithName(name+".weight"), G.WithValue(w))
-			bn := G.NewMatrix(m.g, G.Float32, G.WithShape(1, l.Out), G.WithName(name+".bias"), G.WithInit(G.Zeroes()))
+			bn := G.NewMatrix(m.g, G.Float32, G.WithShape(1, l.Out), G.WithName(name+".bias"), G.WithValue(bias))
 			h = G.Must(G.BroadcastAdd(G.Must(G.Mul(h, wn)), bn, nil, []byte{0}))
 			m.learn = append(m.learn, wn, bn)
 		case "conv2d":
-			fanIn := in[0] * l.Kernel * l.Kernel
-			w := initWeights(rng, fanIn, l.Out*fanIn, l.Out*l.Kernel*l.Kernel, relu, l.Out, in[0], l.Kernel, l.Kernel)
+			w, bias := init[next].tensor(), init[next+1].tensor()
+			next += 2
 			wn := G.NewTensor(m.g, G.Float32, 4, G.WithShape(l.Out, in[0], l.Kernel, l.Kernel), G.WithName(name+".weight"), G.WithValue(w))
-			bn := G.NewTensor(m.g, G.Float32, 4, G.WithShape(1, l.Out, 1, 1), G.WithName(name+".bias"), G.WithInit(G.Zeroes()))
+			bn := G.NewTensor(m.g, G.Float32, 4, G.WithShape(1, l.Out, 1, 1), G.WithName(name+".bias"), G.WithValue(bias))
 			c := G.Must(G.Conv2d(h, wn, tensor.Shape{l.Kernel, l.Kernel}, []int{l.Pad, l.Pad}, []int{1, 1}, []int{1, 1}))
 			h = G.Must(G.BroadcastAdd(c, bn, nil, []byte{0, 2, 3}))
 			m.learn = append(m.learn, wn, bn)
@@ -196,18 +200,64 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 	return m, nil
 }
 
-// initWeights draws n weights of the given shape: He, N(0, 2/fanIn), before
-// a ReLU; Glorot, N(0, 2/(fanIn+fanOut)), elsewhere.
-func initWeights(rng *rand.Rand, fanIn, n, fanOut int, relu bool, shape ...int) *tensor.Dense {
-	std := math.Sqrt(2 / float64(fanIn))
-	if !relu {
-		std = math.Sqrt(2 / float64(fanIn+fanOut))
+// Param is one parameter tensor of a model: its name, shape and values.
+type Param struct {
+	Name  string
+	Shape []int
+	Data  []float32
+}
+
+func (p Param) tensor() *tensor.Dense {
+	return tensor.New(tensor.WithShape(p.Shape...), tensor.WithBacking(p.Data))
+}
+
+// InitParams draws a model's initial parameters from its seed, in the order
+// and shapes every engine keeps them (so checkpoints move between engines):
+// per linear layer i, "i.linear.weight" (in, out) and "i.linear.bias"
+// (1, out); per conv2d, "i.conv2d.weight" (out, in, k, k) and
+// "i.conv2d.bias" (1, out, 1, 1). Weights are He, N(0, 2/fanIn), before a
+// ReLU and Glorot, N(0, 2/(fanIn+fanOut)), elsewhere; biases are zero.
+func InitParams(cfg ModelConfig) ([]Param, error) {
+	shapes, err := cfg.Spec.Shapes()
+	if err != nil {
+		return nil, fmt.Errorf("train: %w", err)
 	}
-	v := make([]float32, n)
-	for i := range v {
-		v[i] = float32(rng.NormFloat64() * std)
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6d6c70))
+	draw := func(fanIn, fanOut int, relu bool, shape ...int) []float32 {
+		std := math.Sqrt(2 / float64(fanIn))
+		if !relu {
+			std = math.Sqrt(2 / float64(fanIn+fanOut))
+		}
+		n := 1
+		for _, d := range shape {
+			n *= d
+		}
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64() * std)
+		}
+		return v
 	}
-	return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(v))
+	var out []Param
+	in := cfg.Spec.Input
+	layers := cfg.Spec.Layers
+	for i, l := range layers {
+		relu := i+1 < len(layers) && layers[i+1].Type == "relu"
+		name := fmt.Sprintf("%d.%s", i, l.Type)
+		switch l.Type {
+		case "linear":
+			out = append(out,
+				Param{name + ".weight", []int{in[0], l.Out}, draw(in[0], l.Out, relu, in[0], l.Out)},
+				Param{name + ".bias", []int{1, l.Out}, make([]float32, l.Out)})
+		case "conv2d":
+			k := l.Kernel
+			out = append(out,
+				Param{name + ".weight", []int{l.Out, in[0], k, k}, draw(in[0]*k*k, l.Out*k*k, relu, l.Out, in[0], k, k)},
+				Param{name + ".bias", []int{1, l.Out, 1, 1}, make([]float32, l.Out)})
+		}
+		in = shapes[i]
+	}
+	return out, nil
 }
 
 func (m *graphModel) ForwardBackward(x []float32, y []int, n int) (loss float32, err error) {
