@@ -1,0 +1,45 @@
+package engine
+
+// Conv is the geometry of one sample's 2-D convolution, stride 1: C input
+// channels of H×W, K×K kernels, Pad on every side, an OH×OW output.
+type Conv struct {
+	C, H, W, K, Pad int
+	OH, OW          int
+}
+
+// NewConv fills in the output size.
+func NewConv(c, h, w, k, pad int) Conv {
+	return Conv{C: c, H: h, W: w, K: k, Pad: pad, OH: h + 2*pad - k + 1, OW: w + 2*pad - k + 1}
+}
+
+// ColRows is the rows of the im2col matrix: one per (channel, ky, kx).
+func (g Conv) ColRows() int { return g.C * g.K * g.K }
+
+// ColCols is its columns: one per output position.
+func (g Conv) ColCols() int { return g.OH * g.OW }
+
+// Pool is the geometry of a max-pool over B·C planes of H×W with K×K
+// windows and stride K (the tail that does not fill a window is dropped, as
+// in torch).
+type Pool struct {
+	Planes, H, W, K int
+	OH, OW          int
+}
+
+// NewPool fills in the output size.
+func NewPool(planes, h, w, k int) Pool {
+	return Pool{Planes: planes, H: h, W: w, K: k, OH: h / k, OW: w / k}
+}
+
+// Threads per block of every elementwise kernel.
+const blockSize = 256
+
+// Launch returns the grid and block sizes that give every one of n
+// elements a thread: ⌈n/256⌉ blocks of 256. The kernels check i < n, so
+// the last block may run over.
+func Launch(n int) (grid, block int) {
+	if n <= 0 {
+		return 0, blockSize
+	}
+	return (n + blockSize - 1) / blockSize, blockSize
+}

@@ -1,0 +1,116 @@
+package engine
+
+import (
+	"fmt"
+
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/blas32"
+)
+
+// Host is Ops in main memory and pure Go: the reference the CUDA Ops are
+// held to, and an engine that runs anywhere.
+type Host struct{}
+
+type hostBuf []float32
+
+func (b hostBuf) Len() int { return len(b) }
+
+func f32(b Buf) []float32 { return b.(hostBuf) }
+
+func (Host) Name() string                        { return "host" }
+func (Host) Alloc(n int) (Buf, error)            { return make(hostBuf, n), nil }
+func (Host) Slice(b Buf, off, n int) Buf         { return hostBuf(f32(b)[off : off+n : off+n]) }
+func (Host) Close() error                        { return nil }
+func (Host) Upload(dst Buf, src []float32) error { return copyChecked(f32(dst), src) }
+func (Host) Download(dst []float32, src Buf) error {
+	return copyChecked(dst, f32(src))
+}
+
+func copyChecked(dst, src []float32) error {
+	if len(dst) != len(src) {
+		return fmt.Errorf("engine: copy of %d values into %d", len(src), len(dst))
+	}
+	copy(dst, src)
+	return nil
+}
+
+func (Host) Gemm(transA, transB bool, m, n, k int, a, b Buf, beta float32, c Buf) error {
+	ta, tb := blas.NoTrans, blas.NoTrans
+	lda, ldb := k, n
+	if transA {
+		ta, lda = blas.Trans, m
+	}
+	if transB {
+		tb, ldb = blas.Trans, k
+	}
+	blas32.Implementation().Sgemm(ta, tb, m, n, k, 1, f32(a), lda, f32(b), ldb, beta, f32(c), n)
+	return nil
+}
+
+func (Host) Im2col(x, col Buf, g Conv) error {
+	xs, cs := f32(x), f32(col)
+	for i := range g.ColRows() * g.ColCols() {
+		im2colThread(i, xs, cs, g)
+	}
+	return nil
+}
+
+func (Host) Col2im(col, dx Buf, g Conv) error {
+	cs, d := f32(col), f32(dx)
+	for i := range g.C * g.H * g.W {
+		col2imThread(i, cs, d, g)
+	}
+	return nil
+}
+
+func (Host) BiasAdd(y, b Buf, rows, cols, inner int) error {
+	ys, bs := f32(y), f32(b)
+	for i := range rows * cols * inner {
+		biasAddThread(i, ys, bs, cols, inner)
+	}
+	return nil
+}
+
+func (Host) BiasGrad(dy, db Buf, rows, cols, inner int) error {
+	for j := range cols {
+		biasGradThread(j, f32(dy), f32(db), rows, cols, inner)
+	}
+	return nil
+}
+
+func (Host) Relu(x, y Buf) error {
+	xs, ys := f32(x), f32(y)
+	for i := range xs {
+		reluThread(i, xs, ys)
+	}
+	return nil
+}
+
+func (Host) ReluBackward(y, dy, dx Buf) error {
+	ys, dys, dxs := f32(y), f32(dy), f32(dx)
+	for i := range ys {
+		reluBackwardThread(i, ys, dys, dxs)
+	}
+	return nil
+}
+
+func (Host) MaxPool(x, y Buf, g Pool) error {
+	for i := range g.Planes * g.OH * g.OW {
+		maxPoolThread(i, f32(x), f32(y), g)
+	}
+	return nil
+}
+
+func (Host) MaxPoolBackward(x, dy, dx Buf, g Pool) error {
+	for i := range g.Planes * g.H * g.W {
+		maxPoolBackwardThread(i, f32(x), f32(dy), f32(dx), g)
+	}
+	return nil
+}
+
+func (Host) SoftmaxXent(logits, labels, grad, loss Buf, rows, n, classes int) error {
+	for r := range rows {
+		softmaxXentThread(r, f32(logits), f32(labels), f32(grad), f32(loss), n, classes)
+	}
+	return nil
+}

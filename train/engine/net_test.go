@@ -1,0 +1,123 @@
+package engine
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/ringtrain/ringtrain/train"
+)
+
+func batchOf(rng *rand.Rand, n, features, classes int) ([]float32, []int) {
+	x := make([]float32, n*features)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	y := make([]int, n)
+	for i := range y {
+		y[i] = rng.IntN(classes)
+	}
+	return x, y
+}
+
+// TestNetMatchesGorgonia: on the same parameters and batch, the engine on
+// Host gives the gorgonia model's loss, logits and every gradient — for an
+// mlp, a small conv net with a short batch, and the built-in cnn.
+func TestNetMatchesGorgonia(t *testing.T) {
+	cnn, err := train.BuiltinSpec("cnn", 1, 28, 28, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name     string
+		spec     train.Spec
+		batch, n int
+	}{
+		{"mlp", train.MLPSpec(12, []int{16, 8}, 5), 4, 3},
+		{"conv", train.Spec{Input: []int{2, 6, 6}, Layers: []train.Layer{
+			{Type: "conv2d", Out: 3, Kernel: 3, Pad: 1}, {Type: "relu"}, {Type: "maxpool2d", Kernel: 2},
+			{Type: "conv2d", Out: 4, Kernel: 2}, {Type: "relu"},
+			{Type: "flatten"}, {Type: "linear", Out: 4},
+		}}, 3, 2},
+		{"cnn", cnn, 2, 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := train.ModelConfig{Spec: tt.spec, Batch: tt.batch, Seed: 3}
+			ref, err := train.NewModel(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ref.Close()
+			net, err := New(Host{}, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer net.Close()
+			for i, p := range ref.Params() {
+				if got := net.Params()[i]; len(got) != len(p) || net.ParamNames()[i] != ref.ParamNames()[i] || got[0] != p[0] {
+					t.Fatalf("tensor %d: %s of %d values starting %v; gorgonia has %s of %d starting %v",
+						i, net.ParamNames()[i], len(got), got[0], ref.ParamNames()[i], len(p), p[0])
+				}
+			}
+			shapes, _ := tt.spec.Shapes()
+			features := 1
+			for _, d := range tt.spec.Input {
+				features *= d
+			}
+			classes := shapes[len(shapes)-1][0]
+			x, y := batchOf(rand.New(rand.NewPCG(1, 2)), tt.n, features, classes)
+			want, err := ref.ForwardBackward(x, y, tt.n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := net.ForwardBackward(x, y, tt.n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if math.Abs(float64(got-want)) > 1e-5*math.Abs(float64(want)) {
+				t.Errorf("loss %v; gorgonia %v", got, want)
+			}
+			for i, v := range ref.Logits()[:tt.n*classes] {
+				if g := net.Logits()[i]; math.Abs(float64(g-v)) > 1e-4*(1+math.Abs(float64(v))) {
+					t.Fatalf("logit %d: %v; gorgonia %v", i, g, v)
+				}
+			}
+			for ti, ref := range ref.Grads() {
+				for j, v := range ref {
+					if g := net.Grads()[ti][j]; math.Abs(float64(g-v)) > 1e-5+1e-3*math.Abs(float64(v)) {
+						t.Fatalf("%s[%d]: gradient %v; gorgonia %v", net.ParamNames()[ti], j, g, v)
+					}
+				}
+			}
+			fwd, err := net.Forward(x, y, tt.n)
+			if err != nil || fwd != got {
+				t.Errorf("Forward = %v, %v; want ForwardBackward's loss %v", fwd, err, got)
+			}
+		})
+	}
+}
+
+func TestNetRefuses(t *testing.T) {
+	spec := train.Spec{Input: []int{4}, Layers: []train.Layer{{Type: "linear", Out: 4}, {Type: "tanh"}, {Type: "linear", Out: 2}}}
+	if _, err := New(Host{}, train.ModelConfig{Spec: spec, Batch: 2}); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("tanh: New = %v; want ErrUnsupported", err)
+	}
+	net, err := New(Host{}, train.ModelConfig{Spec: train.MLPSpec(4, nil, 3), Batch: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		x []float32
+		y []int
+		n int
+	}{
+		{make([]float32, 12), []int{0, 1, 2}, 3}, // more than the batch
+		{make([]float32, 7), []int{0, 1}, 2},     // wrong size
+		{make([]float32, 8), []int{0, 3}, 2},     // label out of range
+	} {
+		if _, err := net.ForwardBackward(tc.x, tc.y, tc.n); err == nil {
+			t.Errorf("ForwardBackward(%d values, labels %v, n=%d) = nil error", len(tc.x), tc.y, tc.n)
+		}
+	}
+}
