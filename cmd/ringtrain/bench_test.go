@@ -37,6 +37,20 @@ func TestParseBytes(t *testing.T) {
 	}
 }
 
+// TestBenchEngines: the host engine follows gorgonia step for step; a
+// tolerance no engine can meet makes the command fail.
+func TestBenchEngines(t *testing.T) {
+	var out, errOut bytes.Buffer
+	args := []string{"bench", "engines", "--device", "host", "--model", "mlp", "--steps", "4", "--batch", "8"}
+	if err := run(context.Background(), args, &out, &errOut); err != nil || !strings.Contains(out.String(), "differs by") {
+		t.Fatalf("bench engines: %v\n%s%s", err, out.String(), errOut.String())
+	}
+	out.Reset()
+	if err := run(context.Background(), append(args, "--tolerance", "-1"), &out, &errOut); !errors.Is(err, errEnginesDiffer) {
+		t.Errorf("bench engines with tolerance -1 = %v; want errEnginesDiffer", err)
+	}
+}
+
 func TestBenchAllreduceJSON(t *testing.T) {
 	var out, errOut bytes.Buffer
 	err := run(context.Background(), []string{"bench", "allreduce", "--transport", "mem", "--peers", "2", "--sizes", "4KiB", "--iters", "1", "--json"}, &out, &errOut)

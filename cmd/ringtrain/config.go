@@ -23,7 +23,7 @@ type jobConfig struct {
 	Nodes     int    `json:"nodes"` // = world_size
 	Rank      *int   `json:"rank"`  // informational: ranks follow peer IDs
 	Nr        *int   `json:"nr"`    // = rank
-	GPUs      int    `json:"gpus"`  // 0: CPU; CUDA arrives with issue 8
+	GPUs      int    `json:"gpus"`  // 0: CPU; 1: the CUDA engine (see --device)
 	Epochs    int    `json:"epochs"`
 	BatchSize int    `json:"batch_size"` // per peer
 	Seed      uint64 `json:"seed"`
@@ -104,8 +104,8 @@ func (c *jobConfig) resolve(dir string) error {
 	if c.Rank != nil && c.Nr != nil && *c.Rank != *c.Nr {
 		return fmt.Errorf("rank %d and nr %d disagree; give one", *c.Rank, *c.Nr)
 	}
-	if c.GPUs > 0 {
-		return fmt.Errorf("gpus %d: this build computes on the CPU only (the CUDA build comes with issue 8); set gpus to 0", c.GPUs)
+	if c.GPUs < 0 {
+		return fmt.Errorf("gpus %d; want 0 (CPU) or 1 (one GPU per peer)", c.GPUs)
 	}
 	if c.Epochs < 1 {
 		return fmt.Errorf(`epochs %d; add "epochs": <at least 1>`, c.Epochs)

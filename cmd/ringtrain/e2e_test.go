@@ -144,12 +144,42 @@ func TestJoinRefusesBadConfigs(t *testing.T) {
 		{"unknown model", `{"name": "j", "world_size": 1, "epochs": 1, "batch_size": 8, "model": "resnet152", ` + data + `}`, `model "resnet152" is unknown`},
 		{"no world size", `{"name": "j", "epochs": 1, "batch_size": 8, "model": "mlp", ` + data + `}`, `add "world_size"`},
 		{"aliases disagree", `{"name": "j", "world_size": 2, "nodes": 3, "epochs": 1, "batch_size": 8, "model": "mlp", ` + data + `}`, "disagree"},
+		// This binary has no CUDA: asking for a GPU names the build to use.
+		{"gpus without CUDA", `{"name": "j", "world_size": 1, "gpus": 1, "epochs": 1, "batch_size": 8, "model": "mlp", ` + data + `}`, "built without CUDA: build the CUDA one with `make cuda`"},
+		{"two gpus", `{"name": "j", "world_size": 1, "gpus": 2, "epochs": 1, "batch_size": 8, "model": "mlp", ` + data + `}`, "a peer drives one GPU"},
 	}
 	for _, tt := range tests {
 		out, err := ringtrain(t, time.Minute, "join", "--config", write(tt.name+".json", tt.body), "--log-format", "json")
 		if err == nil || !strings.Contains(out, tt.words) {
 			t.Errorf("%s: join exited %v with %q; want non-zero, naming %q", tt.name, err, out, tt.words)
 		}
+	}
+}
+
+// TestDeviceFlag: --device cuda in a build without CUDA stops before the
+// peer joins anything; --device host trains the mlp on ringtrain's own
+// engine (the CUDA engine's logic, on the CPU) with two peers in step.
+func TestDeviceFlag(t *testing.T) {
+	cfg := jobFile(t, t.TempDir(), `"name": "device", "world_size": 2, "epochs": 1`)
+	out, err := ringtrain(t, time.Minute, "join", "--config", cfg, "--device", "cuda", "--log-format", "json")
+	if err == nil || !strings.Contains(out, "bin/ringtrain-cuda") || strings.Contains(out, "looking for peers") {
+		t.Errorf("join --device cuda exited %v with %q; want an error naming bin/ringtrain-cuda before any peer search", err, out)
+	}
+	out, err = ringtrain(t, 3*time.Minute, "local", "-n", "2", "--config", cfg, "--device", "host")
+	if err != nil {
+		t.Fatalf("local --device host: %v\n%s", err, out)
+	}
+	hashes := regexp.MustCompile(`"device":"host"|"param_hash":"([0-9a-f]{64})"`).FindAllStringSubmatch(out, -1)
+	var devices, hs []string
+	for _, m := range hashes {
+		if m[1] == "" {
+			devices = append(devices, m[0])
+		} else {
+			hs = append(hs, m[1])
+		}
+	}
+	if len(devices) != 2 || len(hs) != 2 || hs[0] != hs[1] {
+		t.Errorf("local --device host: %d peers said device host, hashes %v; want 2 and two equal hashes\n%s", len(devices), hs, out)
 	}
 }
 

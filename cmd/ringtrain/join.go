@@ -38,6 +38,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	swarmKey := fs.String("swarm-key", "", "private swarm key file (see `ringtrain swarm-key`)")
 	plane := fs.String("data-plane", "libp2p", "what carries gradients: libp2p (encrypted) or tcp (token-gated, in the clear; trusted networks)")
 	modelName := fs.String("model", "", "use this built-in model instead of the config's (mlp or cnn)")
+	deviceFlag := fs.String("device", "", deviceHelp+" (default: cuda if the config says gpus 1, else cpu)")
 	logFlags := addLogFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("join: %w: %w", errUsage, err)
@@ -57,6 +58,16 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if err != nil {
 		return fmt.Errorf("job config: %w", err)
+	}
+	device, err := deviceOf(*deviceFlag, cfg.GPUs)
+	if err != nil {
+		return fmt.Errorf("job config: %w", err)
+	}
+	if device == "cuda" {
+		// Before the network: a peer that cannot compute must not join.
+		if err := cudaAvailable(); err != nil {
+			return fmt.Errorf("--device cuda: %w", err)
+		}
 	}
 
 	// Data first: a broken dataset should fail before anyone waits for us.
@@ -133,7 +144,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	spec := train.ModelConfig{Spec: layers, Batch: cfg.BatchSize, Seed: cfg.Seed}
-	model, err := train.NewModel(spec)
+	model, err := newModel(device, spec)
 	if err != nil {
 		return err
 	}
@@ -215,7 +226,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	// where they stopped. The collectives keep their own context, bounded
 	// by the step timeout, so that the last step is not torn in half.
 	rc.Stop = ctx.Done()
-	log.Info().Int("world_size", n).Uint64("generation", formed.Generation).Str("blas", train.BLAS).Msg("training")
+	log.Info().Int("world_size", n).Uint64("generation", formed.Generation).Str("device", device).Str("blas", train.BLAS).Msg("training")
 	sum, err := train.Run(context.WithoutCancel(ctx), rc)
 	if err == nil || errors.Is(err, train.ErrStopped) {
 		leaveTogether(rg, time.Duration(cfg.StepTimeout), log)

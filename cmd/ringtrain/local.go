@@ -28,6 +28,7 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	logFormat := fs.String("log-format", "json", "the peers' --log-format")
 	logLevel := fs.String("log-level", "info", "the peers' --log-level")
 	model := fs.String("model", "", "the peers' --model (a built-in model instead of the config's)")
+	device := fs.String("device", "", "the peers' --device: cpu, cuda or host")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("local: %w: %w", errUsage, err)
 	}
@@ -45,6 +46,9 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		"--data-plane", *plane, "--log-format", *logFormat, "--log-level", *logLevel}
 	if *model != "" {
 		common = append(common, "--model", *model)
+	}
+	if *device != "" {
+		common = append(common, "--device", *device)
 	}
 	errs := make([]error, *n)
 	var wg sync.WaitGroup

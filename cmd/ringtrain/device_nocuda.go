@@ -1,0 +1,9 @@
+//go:build !ringtrain_cuda
+
+package main
+
+import "github.com/ringtrain/ringtrain/train/engine"
+
+func newCUDA() (engine.Ops, error) { return nil, errNoCUDA }
+
+func cudaAvailable() error { return errNoCUDA }

@@ -1,0 +1,32 @@
+// Package ptx holds the CUDA engine's kernels as PTX, generated from
+// kernels.cu by nvcc and committed, so that building and CI need no nvcc.
+// It has no cgo: the table of kernels and their parameters is checked
+// against the PTX text on any machine.
+package ptx
+
+import (
+	_ "embed" // for the PTX text
+)
+
+//go:generate sh gen.sh
+
+// Module is the PTX of every kernel, for cuModuleLoadData. compute_52
+// (Maxwell) is the oldest architecture CUDA 11.8 targets; the driver
+// compiles PTX for whatever GPU it finds.
+//
+//go:embed kernels.ptx
+var Module string
+
+// Kernels names every kernel in Module with how many parameters it takes
+// (all 8 bytes wide); the engine launches nothing else.
+var Kernels = map[string]int{
+	"im2col":            9,
+	"col2im":            9,
+	"bias_add":          5,
+	"bias_grad":         5,
+	"relu":              3,
+	"relu_backward":     4,
+	"max_pool":          8,
+	"max_pool_backward": 9,
+	"softmax_xent":      7,
+}
