@@ -14,7 +14,7 @@ FUZZ     := ./ring:FuzzRecv ./data:FuzzReadIDX ./data:FuzzReadCSV ./p2p:FuzzRead
 
 MODEL ?= mlp
 
-.PHONY: build build-openblas openblas test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn fashion-mnist testdata demo clean
+.PHONY: build build-openblas openblas cuda cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn fashion-mnist testdata demo clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -43,6 +43,7 @@ vet:
 test: vet
 	$(GO) test -race -count=1 ./...
 	$(MAKE) --no-print-directory test-openblas
+	$(MAKE) --no-print-directory cuda-check
 	$(MAKE) --no-print-directory fuzz
 
 fuzz:
@@ -57,6 +58,81 @@ fmt-check:
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
 lint: vet fmt-check
+
+# --- CUDA -----------------------------------------------------------------
+# The CUDA engine (train/engine, tag ringtrain_cuda — not "cuda", which
+# switches gorgonia itself to its cuDNN engine) needs CUDA's headers and
+# libraries to build. Where CUDA is not installed, cuda-fetch takes the
+# headers and the link-time stub libraries (about 16 MB) out of Debian's
+# non-free nvidia-cuda-dev into CUDA_CACHE, through an apt configuration of
+# its own (the system's sources are not touched). With CUDA installed, point
+# CUDA_ROOT at it (e.g. make cuda CUDA_ROOT=/ for Debian's packages).
+CUDA_CACHE ?= $(HOME)/.cache/ringtrain-cuda
+CUDA_ROOT  ?= $(CUDA_CACHE)/root
+CUDA_LIBS  ?= $(CUDA_ROOT)/usr/lib/x86_64-linux-gnu
+CUDA_APT    = -o Dir::Etc::sourcelist=$(CUDA_CACHE)/apt/sources.list -o Dir::Etc::sourceparts=/dev/null \
+              -o Dir::State::Lists=$(CUDA_CACHE)/apt/lists -o Dir::Cache=$(CUDA_CACHE)/apt/cache \
+              -o Dir::State::status=/var/lib/dpkg/status -o Debug::NoLocking=1
+CUDA_ENV    = CGO_ENABLED=1 CGO_CFLAGS="-I$(CUDA_ROOT)/usr/include -Wno-deprecated-declarations -Wno-implicit-function-declaration" \
+              CGO_LDFLAGS="-L$(CUDA_LIBS)/stubs -L$(CUDA_LIBS)"
+
+cuda-apt:
+	@mkdir -p $(CUDA_CACHE)/apt/lists/partial $(CUDA_CACHE)/apt/cache/archives/partial
+	@echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main contrib non-free" > $(CUDA_CACHE)/apt/sources.list
+	@apt-get $(CUDA_APT) update -qq >/dev/null 2>&1
+
+cuda-fetch:
+	@if [ ! -e $(CUDA_ROOT)/usr/include/cuda.h ]; then \
+	  echo "cuda-fetch: CUDA headers and stubs from Debian's nvidia-cuda-dev into $(CUDA_CACHE)"; \
+	  $(MAKE) --no-print-directory cuda-apt && \
+	  cd $(CUDA_CACHE) && rm -f nvidia-cuda-dev_*.deb && apt-get $(CUDA_APT) download nvidia-cuda-dev >/dev/null 2>&1 && \
+	  mkdir -p root && dpkg-deb --fsys-tarfile nvidia-cuda-dev_*.deb | \
+	    tar -x -C root --wildcards './usr/include/*' './usr/lib/x86_64-linux-gnu/stubs/*' && \
+	  rm -f nvidia-cuda-dev_*.deb; \
+	fi
+
+# The CUDA build: bin/ringtrain-cuda (links libcuda and cuBLAS, so it needs
+# the NVIDIA driver and libcublas11 where it runs).
+cuda: cuda-fetch
+	$(CUDA_ENV) $(GO) build -tags ringtrain_cuda -o $(BIN)/ringtrain-cuda ./cmd/ringtrain
+
+# What CI can check without a GPU: the CUDA code vets and builds, and the
+# binary, started where the driver finds no device (here: the stub
+# libcuda), stops at once with one line saying so. Skipped, with a line
+# saying why, where nvidia-cuda-dev cannot be had.
+cuda-check:
+	@$(MAKE) --no-print-directory cuda-fetch || true
+	@if [ ! -e $(CUDA_ROOT)/usr/include/cuda.h ]; then \
+	  echo "cuda-check: SKIPPED, Debian's nvidia-cuda-dev could not be downloaded (needs deb.debian.org)"; exit 0; \
+	fi; \
+	echo "cuda-check: go vet and go build -tags ringtrain_cuda"; \
+	stubs=$$(mktemp -d); trap 'rm -rf $$stubs' EXIT; \
+	quiet() { "$$@" >$$stubs/log 2>&1 || { grep -v -e 'warning:' -e cgo-gcc-prolog -e 'note:' -e '^ *[0-9]* |' -e '^ *|' $$stubs/log; return 1; }; }; \
+	quiet env $(CUDA_ENV) $(GO) vet -tags ringtrain_cuda ./... || { echo "cuda-check: go vet failed"; exit 1; }; \
+	quiet env $(CUDA_ENV) $(GO) build -tags ringtrain_cuda -o $(BIN)/ringtrain-cuda ./cmd/ringtrain || { echo "cuda-check: build failed"; exit 1; }; \
+	ln -s $(CUDA_LIBS)/stubs/libcuda.so $$stubs/libcuda.so.1; ln -s $(CUDA_LIBS)/stubs/libcublas.so $$stubs/libcublas.so.11; \
+	ln -s $(CUDA_LIBS)/stubs/libcublasLt.so $$stubs/libcublasLt.so.11; \
+	out=$$(LD_LIBRARY_PATH=$$stubs $(BIN)/ringtrain-cuda id 2>&1) && { echo "cuda-check: ringtrain-cuda started without a GPU: $$out"; exit 1; }; \
+	if [ "$$(printf '%s\n' "$$out" | wc -l)" = 1 ] && printf '%s' "$$out" | grep -q '^ringtrain: no CUDA device found'; then \
+	  echo "cuda-check: ok; without a GPU ringtrain-cuda says: $$out"; \
+	else echo "cuda-check: want one line 'ringtrain: no CUDA device found …', got:"; echo "$$out"; exit 1; fi
+
+# nvcc, for remaking the kernels' PTX (`make ptx`); not needed to build.
+NVCC_HOME = $(CUDA_CACHE)/toolkit
+cuda-toolkit: cuda-fetch
+	@if [ ! -x $(NVCC_HOME)/usr/lib/nvidia-cuda-toolkit/bin/nvcc ]; then \
+	  $(MAKE) --no-print-directory cuda-apt && mkdir -p $(NVCC_HOME) && cd $(CUDA_CACHE) && \
+	  apt-get $(CUDA_APT) download nvidia-cuda-toolkit libnvvm4 >/dev/null 2>&1 && \
+	  for d in nvidia-cuda-toolkit_*.deb libnvvm4_*.deb; do dpkg -x $$d $(NVCC_HOME); done && \
+	  rm -f nvidia-cuda-toolkit_*.deb libnvvm4_*.deb; \
+	fi
+	@b=$(NVCC_HOME)/usr/lib/nvidia-cuda-toolkit/bin; rm -f $$b/nvcc.profile; { \
+	  echo "NVVMIR_LIBRARY_DIR = $(NVCC_HOME)/usr/lib/nvidia-cuda-toolkit/libdevice"; \
+	  echo "PATH += $$b:"; echo 'INCLUDES += -I$(CUDA_ROOT)/usr/include $$(_SPACE_)'; } > $$b/nvcc.profile
+
+ptx: cuda-toolkit
+	cd train/engine/ptx && LD_LIBRARY_PATH=$(NVCC_HOME)/usr/lib/x86_64-linux-gnu \
+	  NVCC=$(NVCC_HOME)/usr/lib/nvidia-cuda-toolkit/bin/nvcc $(GO) generate .
 
 # Allreduce figures for the README: n = 2 and 4 over loopback TCP, each row
 # a median of ITERS calls, next to the pattern ceiling measured in the same run.

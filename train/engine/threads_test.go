@@ -3,7 +3,11 @@ package engine
 import (
 	"math"
 	"math/rand/v2"
+	"os"
+	"strings"
 	"testing"
+
+	"github.com/ringtrain/ringtrain/train/engine/ptx"
 )
 
 var convs = []Conv{
@@ -117,6 +121,26 @@ func TestLaunch(t *testing.T) {
 		grid, block := Launch(n)
 		if block != 256 || grid*block < n || (n > 0 && (grid-1)*block >= n) || (n == 0 && grid != 0) {
 			t.Errorf("Launch(%d) = %d blocks of %d", n, grid, block)
+		}
+	}
+}
+
+// TestEveryKernelHasItsGoBody: each kernel in the PTX table has its Go twin
+// in threads.go (im2col → im2colThread, bias_add → biasAddThread, …), which
+// is what the host engine runs and these tests check.
+func TestEveryKernelHasItsGoBody(t *testing.T) {
+	src, err := os.ReadFile("threads.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range ptx.Kernels {
+		parts := strings.Split(name, "_")
+		for i := 1; i < len(parts); i++ {
+			parts[i] = strings.ToUpper(parts[i][:1]) + parts[i][1:]
+		}
+		fn := "func " + strings.Join(parts, "") + "Thread("
+		if !strings.Contains(string(src), fn) {
+			t.Errorf("kernel %s has no %s…) in threads.go", name, fn)
 		}
 	}
 }
