@@ -46,16 +46,24 @@ func (o *SGD) Step(params, grads [][]float32) {
 	if o.Momentum != 0 && o.velocity == nil {
 		o.velocity = zerosLike(params)
 	}
+	// One loop per case, with the slices cut to p's length, so the
+	// compiler drops the bounds checks: this runs over every parameter
+	// every step (3.3M for the cnn), where a branch per value cost more
+	// than the arithmetic.
+	lr, wd, mu := o.LR, o.WeightDecay, o.Momentum
 	for i, p := range params {
-		g := grads[i]
-		for j := range p {
-			d := g[j] + o.WeightDecay*p[j]
-			if o.Momentum != 0 {
-				v := &o.velocity[i][j]
-				*v = o.Momentum**v + d
-				d = *v
+		g := grads[i][:len(p)]
+		if mu == 0 {
+			for j, w := range p {
+				p[j] = w - lr*(g[j]+wd*w)
 			}
-			p[j] -= o.LR * d
+			continue
+		}
+		v := o.velocity[i][:len(p)]
+		for j, w := range p {
+			m := mu*v[j] + (g[j] + wd*w)
+			v[j] = m
+			p[j] = w - lr*m
 		}
 	}
 }
@@ -98,13 +106,16 @@ func (o *Adam) Step(params, grads [][]float32) {
 	bc2 := 1 - math.Pow(float64(o.Beta2), float64(o.t))
 	step := o.LR / float32(bc1)
 	sq := float32(math.Sqrt(bc2))
+	// Locals and slices cut to p's length keep the loop free of reloads
+	// and bounds checks (see SGD.Step).
+	wd, b1, b2, eps := o.WeightDecay, o.Beta1, o.Beta2, o.Eps
 	for i, p := range params {
-		g, m, v := grads[i], o.m[i], o.v[i]
+		g, m, v := grads[i][:len(p)], o.m[i][:len(p)], o.v[i][:len(p)]
 		for j := range p {
-			d := g[j] + o.WeightDecay*p[j]
-			m[j] = o.Beta1*m[j] + (1-o.Beta1)*d
-			v[j] = o.Beta2*v[j] + (1-o.Beta2)*d*d
-			p[j] -= step * m[j] / (float32(math.Sqrt(float64(v[j])))/sq + o.Eps)
+			d := g[j] + wd*p[j]
+			m[j] = b1*m[j] + (1-b1)*d
+			v[j] = b2*v[j] + (1-b2)*d*d
+			p[j] -= step * m[j] / (float32(math.Sqrt(float64(v[j])))/sq + eps)
 		}
 	}
 }
