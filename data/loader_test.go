@@ -303,3 +303,33 @@ func BenchmarkLoader(b *testing.B) {
 		b.Fatal("NaN in batches")
 	}
 }
+
+// TestSamplerSkip: a sampler that skips the positions k steps of W ranks ×
+// B samples used gives each rank the rest of the batches it would have had
+// — also in a padded last batch — and an out-of-range skip is an error.
+func TestSamplerSkip(t *testing.T) {
+	const n, world, batch = 103, 3, 4 // 103 is no multiple of 3: padding
+	for _, steps := range []int{0, 1, 5, 8} {
+		for rank := range world {
+			full := Sampler{N: n, World: world, Rank: rank, Seed: 9, Shuffle: true}
+			all, err := full.Indices(2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			skip := full
+			skip.Skip = steps * world * batch
+			rest, err := skip.Indices(2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := all[steps*batch:]; !slices.Equal(rest, want) || skip.NumSamples() != len(want) {
+				t.Errorf("skip %d steps, rank %d: %v (NumSamples %d); want %v", steps, rank, rest, skip.NumSamples(), want)
+			}
+		}
+	}
+	for _, bad := range []int{-1, n + 1} {
+		if _, err := (Sampler{N: n, World: 1, Skip: bad}).Indices(0); err == nil {
+			t.Errorf("skip %d of %d: no error", bad, n)
+		}
+	}
+}

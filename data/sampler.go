@@ -27,25 +27,35 @@ type Sampler struct {
 	// the ranks once at the end. Training needs DropLast or padding, so
 	// that every rank runs the same number of steps.
 	Exact bool
+	// Skip is how many positions at the start of the epoch's permutation
+	// were trained on already: a run resumed in the middle of an epoch
+	// shares out the rest. Padding still wraps to the permutation's
+	// start, so a run resumed with the world size it stopped with gets the
+	// very batches it would have had.
+	Skip int
 }
 
 func (s Sampler) validate() error {
 	if s.World < 1 || s.Rank < 0 || s.Rank >= s.World || s.N < 0 {
 		return fmt.Errorf("data: sampler of rank %d in a world of %d over %d samples: want 0 ≤ rank < world", s.Rank, s.World, s.N)
 	}
+	if s.Skip < 0 || s.Skip > s.N {
+		return fmt.Errorf("data: sampler skips %d of %d samples: want 0 ≤ skip ≤ samples", s.Skip, s.N)
+	}
 	return nil
 }
 
 // NumSamples is how many samples this rank gets per epoch (every rank
-// the same, unless Exact).
+// the same, unless Exact), after Skip.
 func (s Sampler) NumSamples() int {
+	n := s.N - s.Skip
 	switch {
 	case s.Exact:
-		return (s.N - s.Rank + s.World - 1) / s.World
+		return max(0, (n-s.Rank+s.World-1)/s.World)
 	case s.DropLast:
-		return s.N / s.World
+		return n / s.World
 	}
-	return (s.N + s.World - 1) / s.World
+	return (n + s.World - 1) / s.World
 }
 
 // Indices returns this rank's dataset indices for the epoch.
@@ -62,14 +72,15 @@ func (s Sampler) Indices(epoch int) ([]int, error) {
 			perm[i] = i
 		}
 	}
+	rest := perm[s.Skip:]
 	total := s.NumSamples() * s.World
 	if s.Exact {
-		total = s.N
+		total = len(rest)
 	}
-	for len(perm) < total && s.N > 0 {
-		perm = append(perm, perm[:min(total-len(perm), s.N)]...)
+	for len(rest) < total && s.N > 0 {
+		rest = append(rest, perm[:min(total-len(rest), s.N)]...)
 	}
-	perm = perm[:total]
+	perm = rest[:total]
 	out := make([]int, 0, s.NumSamples())
 	for i := s.Rank; i < total; i += s.World {
 		out = append(out, perm[i])

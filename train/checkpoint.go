@@ -28,9 +28,13 @@ const maxCheckpointHeader = 1 << 20
 // Checkpoint is everything needed to resume a run or to predict: the model
 // spec, parameters, optimizer state, where the run was, and the data setup.
 type Checkpoint struct {
-	Model      ModelConfig          `json:"model"`
-	Epoch      int                  `json:"epoch"` // epochs completed
-	Step       int                  `json:"step"`  // steps completed in all
+	Model ModelConfig `json:"model"`
+	Epoch int         `json:"epoch"` // epochs completed
+	Step  int         `json:"step"`  // steps completed in all
+	// Skip is how many positions of epoch Epoch's permutation were trained
+	// on, when the checkpoint was written in the middle of it.
+	Skip       int                  `json:"skip,omitempty"`
+	WorldSize  int                  `json:"world_size,omitempty"` // when it was written
 	Seed       uint64               `json:"seed"`
 	Classes    []string             `json:"classes"`
 	Transforms []data.TransformSpec `json:"transforms"`

@@ -3,6 +3,7 @@ package train
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -22,58 +23,80 @@ func solo(t *testing.T) *ring.Ring {
 	return r
 }
 
-// TestResumeEqualsUninterrupted: two epochs straight, against one epoch, a
-// checkpoint, a fresh process's worth of objects loading it, and the second
-// epoch — the same parameters, bit for bit, for SGD with momentum and Adam,
-// and with dropout, whose masks must come out as they would have.
+// TestResumeEqualsUninterrupted: two epochs straight, against a run that
+// writes checkpoints (every epoch and every 7 steps) and is stopped in
+// epoch 2, then a fresh process's worth of objects loading its last
+// checkpoint and running to the end — the same parameters, bit for bit, for
+// SGD with momentum and Adam, and with dropout, whose masks must come out as
+// they would have. Stopped at epoch 2's step 3 the last checkpoint is the
+// epoch boundary; at step 20, one from the middle of the epoch.
 func TestResumeEqualsUninterrupted(t *testing.T) {
 	const batch = 32
 	for _, optName := range []string{"sgd", "adam", "adam+dropout"} {
-		t.Run(optName, func(t *testing.T) {
-			cfg := mlpCfg(784, []int{32}, 10, batch, 4)
-			if optName == "adam+dropout" {
-				cfg.Spec.Layers = slices.Insert(cfg.Spec.Layers, 2, Layer{Type: "dropout", P: 0.3})
-			}
-			opt := func() Optimizer {
-				if optName == "adam" {
+		for _, stopAt := range []int{3, 20} {
+			t.Run(fmt.Sprintf("%s/stopped at epoch 2 step %d", optName, stopAt), func(t *testing.T) {
+				cfg := mlpCfg(784, []int{32}, 10, batch, 4)
+				if optName == "adam+dropout" {
+					cfg.Spec.Layers = slices.Insert(cfg.Spec.Layers, 2, Layer{Type: "dropout", P: 0.3})
+				}
+				opt := func() Optimizer {
+					if optName == "sgd" {
+						return &SGD{LR: 0.05, Momentum: 0.9}
+					}
 					return NewAdam(1e-3)
 				}
-				return &SGD{LR: 0.05, Momentum: 0.9}
-			}
-			run := func(rep *Replica, start, steps, end int, after func(int, int) error) Summary {
-				s, err := Run(context.Background(), RunConfig{Replica: rep, Train: loader(t, "train", batch, true),
-					Epochs: end, StartEpoch: start, StartStep: steps, Classes: 10, AfterEpoch: after})
+				run := func(rc RunConfig) (Summary, error) {
+					rc.Train, rc.Epochs, rc.Classes = loader(t, "train", batch, true), 2, 10
+					return Run(context.Background(), rc)
+				}
+				straight, err := run(RunConfig{Replica: NewReplica(newMLP(t, cfg), opt(), solo(t))})
 				if err != nil {
 					t.Fatal(err)
 				}
-				return s
-			}
-			straight := run(NewReplica(newMLP(t, cfg), opt(), solo(t)), 0, 0, 2, nil)
 
-			path := filepath.Join(t.TempDir(), "ckpt")
-			first := NewReplica(newMLP(t, cfg), opt(), solo(t))
-			run(first, 0, 0, 1, func(epochs, steps int) error {
-				return first.Snapshot(Checkpoint{Model: cfg, Epoch: epochs, Step: steps}).Save(path)
+				path := filepath.Join(t.TempDir(), "ckpt")
+				first := NewReplica(newMLP(t, cfg), opt(), solo(t))
+				stop := make(chan struct{})
+				var saved []Position
+				_, err = run(RunConfig{Replica: first, SaveEvery: 7, Stop: stop, ProgressEvery: 1,
+					Save: func(p Position) error {
+						saved = append(saved, p)
+						return first.Snapshot(Checkpoint{Model: cfg, Epoch: p.Epochs, Step: p.Steps, Skip: p.Skip}).Save(path)
+					},
+					Progress: func(p Progress) {
+						if p.Epoch == 1 && p.Step == stopAt {
+							close(stop)
+						}
+					}})
+				if !errors.Is(err, ErrStopped) {
+					t.Fatalf("interrupted run: %v; want ErrStopped", err)
+				}
+				c, err := LoadCheckpoint(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if last := saved[len(saved)-1]; (stopAt == 3) != (last.Skip == 0) || c.Skip != last.Skip {
+					t.Fatalf("last checkpoint at %+v (file says skip %d); want the epoch boundary when stopped at step 3, else mid-epoch", last, c.Skip)
+				}
+				other := c.Model
+				if !strings.Contains(optName, "dropout") {
+					// The checkpoint must overwrite this init. (Dropout masks
+					// hang on the model's seed too, so that run keeps it.)
+					other.Seed = 99
+				}
+				second := NewReplica(newMLP(t, other), opt(), solo(t))
+				if err := second.Restore(c); err != nil {
+					t.Fatal(err)
+				}
+				resumed, err := run(RunConfig{Replica: second, Start: Position{Epochs: c.Epoch, Steps: c.Step, Skip: c.Skip}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if resumed.ParamHash != straight.ParamHash || resumed.Position != straight.Position {
+					t.Errorf("resumed run ends at %+v with %s; uninterrupted at %+v with %s", resumed.Position, resumed.ParamHash, straight.Position, straight.ParamHash)
+				}
 			})
-			c, err := LoadCheckpoint(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			other := c.Model
-			if !strings.Contains(optName, "dropout") {
-				// The checkpoint must overwrite this init. (Dropout masks
-				// hang on the model's seed too, so that run keeps it.)
-				other.Seed = 99
-			}
-			second := NewReplica(newMLP(t, other), opt(), solo(t))
-			if err := second.Restore(c); err != nil {
-				t.Fatal(err)
-			}
-			resumed := run(second, c.Epoch, c.Step, 2, nil)
-			if resumed.ParamHash != straight.ParamHash {
-				t.Errorf("resumed run ends with %s; uninterrupted with %s", resumed.ParamHash, straight.ParamHash)
-			}
-		})
+		}
 	}
 }
 

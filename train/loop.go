@@ -22,14 +22,14 @@ type RunConfig struct {
 	Classes int
 	// Schedule, if set, gives the learning rate of every epoch.
 	Schedule *Schedule
-	// StartEpoch is the first epoch to run: the checkpoint's Epoch when
-	// resuming, else 0.
-	StartEpoch int
-	StartStep  int // steps completed before StartEpoch
-	// AfterEpoch, if set, is called after every epoch once the replicas
-	// are known to agree, with the epochs and steps completed — the place
-	// to write a checkpoint.
-	AfterEpoch func(epochs, steps int) error
+	// Start is where to begin: a checkpoint's position when resuming, the
+	// zero Position otherwise.
+	Start Position
+	// Save, if set, is called after every epoch once the replicas are
+	// known to agree, and every SaveEvery steps (if not 0) in between —
+	// the place to write a checkpoint.
+	Save      func(Position) error
+	SaveEvery int
 	// MaxSkips is how many steps in a row may be skipped for non-finite
 	// gradients before the run stops. Zero means 5.
 	MaxSkips int
@@ -55,13 +55,19 @@ type Progress struct {
 	TestAccuracy       float64 // with EpochDone, if there is a test set
 }
 
+// Position is where a run is: Epochs completed, Steps run in all, and Skip,
+// the positions of epoch Epochs's permutation already trained on (the
+// samples of Skip/world steps of every rank, when stopped mid-epoch).
+type Position struct {
+	Epochs, Steps, Skip int
+}
+
 // ErrStopped is what Run returns when RunConfig.Stop ends it.
 var ErrStopped = errors.New("train: stopped")
 
 // Summary is what a finished run reports.
 type Summary struct {
-	Epochs        int // completed
-	Steps         int // completed, over all epochs
+	Position      // where the run ended or stopped
 	TestLoss      float64
 	TestAccuracy  float64
 	PerClass      []float64
@@ -85,7 +91,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		cfg.ProgressEvery = 50
 	}
 	var s Summary
-	r.Steps = cfg.StartStep
+	r.Steps = cfg.Start.Steps
 	if cfg.Stop != nil {
 		r.Leave = cfg.Stop
 	}
@@ -95,16 +101,27 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	var samples int
 	var busy time.Duration
 	skips := 0
-	totalSteps := cfg.StartStep
-	for epoch := cfg.StartEpoch; epoch < cfg.Epochs; epoch++ {
+	totalSteps := cfg.Start.Steps
+	for epoch := cfg.Start.Epochs; epoch < cfg.Epochs; epoch++ {
 		if cfg.Schedule != nil {
 			r.Opt.SetLR(cfg.Schedule.LR(epoch))
 		}
-		e, err := cfg.Train.Epoch(ctx, epoch)
+		train := *cfg.Train
+		skip := 0
+		if epoch == cfg.Start.Epochs {
+			skip = cfg.Start.Skip
+		}
+		train.Sampler.Skip = skip
+		e, err := train.Epoch(ctx, epoch)
 		if err != nil {
 			return s, err
 		}
-		steps := cfg.Train.Batches()
+		steps := train.Batches()
+		// Each step takes World × BatchSize positions of the permutation.
+		at := func(step int) Position {
+			return Position{Epochs: epoch, Steps: totalSteps + step,
+				Skip: min(skip+step*train.Sampler.World*train.BatchSize, train.Sampler.N)}
+		}
 		start := time.Now()
 		step, epochSamples := 0, 0
 		var lossSum float64
@@ -127,6 +144,11 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 				return fmt.Errorf("train: epoch %d step %d: %w", epoch, step, err)
 			}
 			skips = 0
+			if cfg.Save != nil && cfg.SaveEvery > 0 && (totalSteps+step)%cfg.SaveEvery == 0 && step < steps {
+				if err := cfg.Save(at(step)); err != nil {
+					return err
+				}
+			}
 			epochSamples += b.N
 			lossSum += float64(loss)
 			lossN++
@@ -140,7 +162,10 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		})
 		e.Close()
 		if errors.Is(err, ErrStopped) {
-			s.Epochs, s.Steps = epoch, totalSteps+step
+			s.Position = at(step)
+			if step == steps { // the stop came with the epoch's last step
+				s.Position = Position{Epochs: epoch + 1, Steps: totalSteps + step}
+			}
 			return s, err
 		}
 		if err != nil {
@@ -161,8 +186,8 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 			s.TestLoss, s.TestAccuracy, s.PerClass, s.TestSamples = res.Loss, res.Accuracy, res.PerClass, res.Samples
 			s.EpochAccuracy = append(s.EpochAccuracy, res.Accuracy)
 		}
-		if cfg.AfterEpoch != nil {
-			if err := cfg.AfterEpoch(epoch+1, totalSteps); err != nil {
+		if cfg.Save != nil {
+			if err := cfg.Save(Position{Epochs: epoch + 1, Steps: totalSteps}); err != nil {
 				return s, err
 			}
 		}
@@ -177,7 +202,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 			cfg.Progress(p)
 		}
 	}
-	s.Epochs, s.Steps = cfg.Epochs, totalSteps
+	s.Position = Position{Epochs: cfg.Epochs, Steps: totalSteps}
 	if busy > 0 {
 		s.SamplesPerSec = float64(samples) / busy.Seconds()
 	}
