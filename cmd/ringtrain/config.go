@@ -42,8 +42,11 @@ type jobConfig struct {
 	// Data is the data config, inline or as a path to its file.
 	Data          json.RawMessage `json:"data"`
 	CheckpointDir string          `json:"checkpoint_dir"`
-	JoinTimeout   duration        `json:"join_timeout"` // default 60s
-	StepTimeout   duration        `json:"step_timeout"` // default 60s
+	// CheckpointEvery, if set, also writes the checkpoint every that many
+	// steps, not only after every epoch.
+	CheckpointEvery int      `json:"checkpoint_every"`
+	JoinTimeout     duration `json:"join_timeout"` // default 60s
+	StepTimeout     duration `json:"step_timeout"` // default 60s
 
 	data      *data.Config // parsed Data
 	modelName string       // a built-in name, or "" for a spec
@@ -128,6 +131,9 @@ func (c *jobConfig) resolve(dir string) error {
 	}
 	if err := c.schedule().Validate(); err != nil {
 		return err
+	}
+	if c.CheckpointEvery < 0 {
+		return fmt.Errorf("checkpoint_every %d; want 0 (after every epoch only) or a number of steps", c.CheckpointEvery)
 	}
 	if c.JoinTimeout == 0 {
 		c.JoinTimeout = duration(60 * time.Second)

@@ -322,3 +322,62 @@ func TestInterruptWritesCheckpoint(t *testing.T) {
 		t.Errorf("predict from the interrupt checkpoint: %v\n%s", err, c)
 	}
 }
+
+// TestKillAllAndRestartResumes: two peers write a checkpoint every 40 steps;
+// both are SIGKILLed mid-run; started again, they resume from the last
+// checkpoint (in the middle of an epoch) and end with the parameters of a
+// run that was never stopped.
+func TestKillAllAndRestartResumes(t *testing.T) {
+	fields := `"name": "restart", "world_size": 2, "epochs": 4, "checkpoint_every": 40`
+	hashOf := func(out string) string {
+		var hs []string
+		for _, m := range regexp.MustCompile(`"param_hash":"([0-9a-f]{64})"`).FindAllStringSubmatch(out, -1) {
+			hs = append(hs, m[1])
+		}
+		if len(hs) != 2 || hs[0] != hs[1] {
+			t.Fatalf("hashes %v; want two equal ones\n%s", hs, out)
+		}
+		return hs[0]
+	}
+	straightDir := t.TempDir()
+	out, err := ringtrain(t, 3*time.Minute, "local", "-n", "2", "--config",
+		jobFile(t, straightDir, fields+`, "checkpoint_dir": "`+straightDir+`"`))
+	if err != nil {
+		t.Fatalf("uninterrupted run: %v\n%s", err, out)
+	}
+	want := hashOf(out)
+
+	dir := t.TempDir()
+	cfg := jobFile(t, dir, fields+`, "checkpoint_dir": "`+dir+`"`)
+	first := startRingtrain(t, "local", "-n", "2", "--config", cfg)
+	first.until(t, "a mid-epoch checkpoint", func(out string) bool {
+		return strings.Contains(out, `"steps_done":80,`) && strings.Contains(out, "checkpoint written")
+	})
+	var pids []int
+	for _, m := range regexp.MustCompile(`started, pid (\d+)`).FindAllStringSubmatch(string(first.buf), -1) {
+		p, _ := strconv.Atoi(m[1])
+		pids = append(pids, p)
+	}
+	for _, p := range pids {
+		syscall.Kill(p, syscall.SIGKILL)
+	}
+	if out, err := first.interrupt(); err == nil || strings.Contains(out, `"message":"summary"`) {
+		t.Fatalf("the killed run finished anyway (make it longer):\n%s", out)
+	}
+
+	out, err = ringtrain(t, 3*time.Minute, "local", "-n", "2", "--config", cfg)
+	if err != nil {
+		t.Fatalf("restarted run: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "resuming from a checkpoint") || strings.Count(out, `"samples_into_epoch":`) != 2 {
+		t.Errorf("the restarted peers did not say they resumed:\n%s", out)
+	}
+	if got := hashOf(out); got != want {
+		t.Errorf("resumed run ends with %s; the uninterrupted one with %s", got, want)
+	}
+	// A finished run's checkpoint is not trained on again, nor overwritten.
+	out, err = ringtrain(t, time.Minute, "local", "-n", "2", "--config", cfg)
+	if err == nil || !strings.Contains(out, "is of a finished run (4 of 4 epochs)") {
+		t.Errorf("a third start over a finished checkpoint: %v; want an error saying so\n%s", err, out)
+	}
+}

@@ -204,21 +204,43 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	// on one machine they would write the same file.
 	ckpt := ""
 	base := train.Checkpoint{Model: spec, Seed: cfg.Seed, Classes: trainSplit.Classes, Transforms: cfg.data.Transforms,
-		Input: [3]int{trainSplit.C, trainSplit.H, trainSplit.W}}
-	save := func(epochs, steps int) error {
+		Input: [3]int{trainSplit.C, trainSplit.H, trainSplit.W}, WorldSize: n}
+	save := func(p train.Position) error {
 		if ckpt == "" {
 			return nil
 		}
-		base.Epoch, base.Step = epochs, steps
+		base.Epoch, base.Step, base.Skip = p.Epochs, p.Steps, p.Skip
 		if err := rc.Replica.Snapshot(base).Save(ckpt); err != nil {
 			return fmt.Errorf("writing checkpoint: %w", err)
 		}
-		log.Info().Str("path", ckpt).Int("epochs_done", epochs).Int("steps_done", steps).Msg("checkpoint written")
+		log.Info().Str("path", ckpt).Int("epochs_done", p.Epochs).Int("steps_done", p.Steps).Msg("checkpoint written")
 		return nil
 	}
 	if cfg.CheckpointDir != "" && rank == 0 {
 		ckpt = filepath.Join(cfg.CheckpointDir, cfg.Name+".ckpt")
-		rc.AfterEpoch = save
+		rc.Save, rc.SaveEvery = save, cfg.CheckpointEvery
+	}
+	// A restarted job carries on from the most advanced checkpoint that any
+	// peer finds in its checkpoint_dir (every peer looks in its own).
+	if cfg.CheckpointDir != "" {
+		found, err := findCheckpoint(filepath.Join(cfg.CheckpointDir, cfg.Name+".ckpt"), cfg.Epochs)
+		if err == nil && found != nil {
+			if err = rc.Replica.Restore(found); err != nil {
+				err = fmt.Errorf("checkpoint in %s does not fit this job: %w (move it away to start afresh)", cfg.CheckpointDir, err)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		start, from, err := rc.Replica.Resume(ctx, found)
+		if err != nil {
+			return err
+		}
+		if from >= 0 {
+			log.Info().Int("from_rank", from).Int("epochs_done", start.Epochs).Int("steps_done", start.Steps).
+				Int("samples_into_epoch", start.Skip).Msg("resuming from a checkpoint")
+		}
+		rc.Start = start
 	}
 	// SIGINT/SIGTERM (ctx) stops training on every peer after the same
 	// step: this peer's next step tells the others (train.Replica.Leave),
@@ -240,7 +262,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		log.Warn().Ints("asked_by_ranks", askedBy).Int("epochs_done", sum.Epochs).Int("steps_done", sum.Steps).
 			Msg("interrupted: every peer stopped after the same step and left the ring")
-		if serr := save(sum.Epochs, sum.Steps); serr != nil {
+		if serr := save(sum.Position); serr != nil {
 			return serr
 		}
 		if ctx.Err() == nil {
@@ -260,6 +282,23 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		Float64("test_loss", sum.TestLoss).Str("param_hash", sum.ParamHash).Float64("samples_per_sec", sum.SamplesPerSec).
 		Msg("summary")
 	return nil
+}
+
+// findCheckpoint loads the checkpoint at path, if there is one. One of a
+// run that has finished, or one that does not fit this job, is an error
+// that says what to do: nothing is overwritten.
+func findCheckpoint(path string, epochs int) (*train.Checkpoint, error) {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	c, err := train.LoadCheckpoint(path)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w (move it away to start afresh)", path, err)
+	}
+	if c.Epoch >= epochs {
+		return nil, fmt.Errorf("checkpoint %s is of a finished run (%d of %d epochs); move it away to start afresh, or raise epochs to train on", path, c.Epoch, epochs)
+	}
+	return c, nil
 }
 
 // leaveTogether holds a peer in the ring until every peer has finished the
