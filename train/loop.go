@@ -30,6 +30,14 @@ type RunConfig struct {
 	// the place to write a checkpoint.
 	Save      func(Position) error
 	SaveEvery int
+	// Reform, if set, is called when a collective fails in a step — a
+	// peer died, left or stalled past the step timeout — with the cause
+	// and where the run is; it returns the collective of the survivors (a
+	// new generation of the ring). The interrupted step was applied on no
+	// rank, so all still agree; Run checks that they do, shares the rest
+	// of the epoch out among the new ring, and runs the step again. Unset,
+	// a failed collective ends the run.
+	Reform func(ctx context.Context, cause error, at Position) (Collective, error)
 	// MaxSkips is how many steps in a row may be skipped for non-finite
 	// gradients before the run stops. Zero means 5.
 	MaxSkips int
@@ -106,70 +114,93 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		if cfg.Schedule != nil {
 			r.Opt.SetLR(cfg.Schedule.LR(epoch))
 		}
-		train := *cfg.Train
 		skip := 0
 		if epoch == cfg.Start.Epochs {
 			skip = cfg.Start.Skip
 		}
-		train.Sampler.Skip = skip
-		e, err := train.Epoch(ctx, epoch)
-		if err != nil {
-			return s, err
-		}
-		steps := train.Batches()
-		// Each step takes World × BatchSize positions of the permutation.
-		at := func(step int) Position {
-			return Position{Epochs: epoch, Steps: totalSteps + step,
-				Skip: min(skip+step*train.Sampler.World*train.BatchSize, train.Sampler.N)}
-		}
 		start := time.Now()
-		step, epochSamples := 0, 0
+		step, steps, epochSamples := 0, 0, 0
 		var lossSum float64
 		var lossN int
-		err = e.Each(func(b *data.Batch) error {
-			loss, err := r.Step(ctx, b.X, b.Y, b.N)
-			step++
-			var leave *LeaveError
-			switch {
-			case errors.As(err, &leave) && !errors.Is(err, ErrNonFinite):
-				return leave // the step was applied
-			case errors.As(err, &leave):
-				return err
-			case errors.Is(err, ErrNonFinite):
-				if skips++; skips >= cfg.MaxSkips {
-					return fmt.Errorf("train: %d steps in a row skipped, the last at epoch %d step %d: %w", skips, epoch, step, err)
+		// at is the position after step steps of the epoch; positions
+		// before segStep were taken by an earlier ring of another size.
+		segSkip, segStep, segTake := skip, 0, 0
+		at := func(step int) Position {
+			return Position{Epochs: epoch, Steps: totalSteps + step,
+				Skip: min(segSkip+(step-segStep)*segTake, cfg.Train.Sampler.N)}
+		}
+		// An epoch runs in segments, one per ring: when a peer is lost,
+		// the survivors re-form (cfg.Reform), the rest of the epoch is
+		// shared out among them, and the interrupted step runs again.
+		for {
+			train := *cfg.Train
+			train.Sampler.World, train.Sampler.Rank = r.Coll.Size(), r.Coll.Rank()
+			train.Sampler.Skip = segSkip
+			segTake = train.Sampler.World * train.BatchSize
+			steps = segStep + train.Batches()
+			e, err := train.Epoch(ctx, epoch)
+			if err != nil {
+				return s, err
+			}
+			err = e.Each(func(b *data.Batch) error {
+				loss, err := r.Step(ctx, b.X, b.Y, b.N)
+				step++
+				var leave *LeaveError
+				switch {
+				case errors.As(err, &leave) && !errors.Is(err, ErrNonFinite):
+					return leave // the step was applied
+				case errors.As(err, &leave):
+					return err
+				case errors.Is(err, ErrNonFinite):
+					if skips++; skips >= cfg.MaxSkips {
+						return fmt.Errorf("train: %d steps in a row skipped, the last at epoch %d step %d: %w", skips, epoch, step, err)
+					}
+					return nil
+				case errors.Is(err, ErrCollective):
+					step-- // not applied anywhere: it runs again
+					return err
+				case err != nil:
+					return fmt.Errorf("train: epoch %d step %d: %w", epoch, step, err)
+				}
+				skips = 0
+				if cfg.Save != nil && cfg.SaveEvery > 0 && (totalSteps+step)%cfg.SaveEvery == 0 && step < steps {
+					if err := cfg.Save(at(step)); err != nil {
+						return err
+					}
+				}
+				epochSamples += b.N
+				lossSum += float64(loss)
+				lossN++
+				if cfg.Progress != nil && step%cfg.ProgressEvery == 0 {
+					el := time.Since(start)
+					cfg.Progress(Progress{Epoch: epoch, Step: step, Steps: steps, Loss: lossSum / float64(lossN),
+						SamplesPerSec: float64(epochSamples) / el.Seconds(), Elapsed: el})
+					lossSum, lossN = 0, 0
 				}
 				return nil
-			case err != nil:
-				return fmt.Errorf("train: epoch %d step %d: %w", epoch, step, err)
-			}
-			skips = 0
-			if cfg.Save != nil && cfg.SaveEvery > 0 && (totalSteps+step)%cfg.SaveEvery == 0 && step < steps {
-				if err := cfg.Save(at(step)); err != nil {
-					return err
+			})
+			e.Close()
+			if errors.Is(err, ErrCollective) && cfg.Reform != nil {
+				if err := reform(ctx, cfg, r, err, at(step)); err != nil {
+					return s, err
 				}
+				segSkip, segStep = at(step).Skip, step
+				continue
 			}
-			epochSamples += b.N
-			lossSum += float64(loss)
-			lossN++
-			if cfg.Progress != nil && step%cfg.ProgressEvery == 0 {
-				el := time.Since(start)
-				cfg.Progress(Progress{Epoch: epoch, Step: step, Steps: steps, Loss: lossSum / float64(lossN),
-					SamplesPerSec: float64(epochSamples) / el.Seconds(), Elapsed: el})
-				lossSum, lossN = 0, 0
+			if errors.Is(err, ErrCollective) {
+				err = fmt.Errorf("train: epoch %d step %d: %w", epoch, step+1, err)
 			}
-			return nil
-		})
-		e.Close()
-		if errors.Is(err, ErrStopped) {
-			s.Position = at(step)
-			if step == steps { // the stop came with the epoch's last step
-				s.Position = Position{Epochs: epoch + 1, Steps: totalSteps + step}
+			if errors.Is(err, ErrStopped) {
+				s.Position = at(step)
+				if step == steps { // the stop came with the epoch's last step
+					s.Position = Position{Epochs: epoch + 1, Steps: totalSteps + step}
+				}
+				return s, err
 			}
-			return s, err
-		}
-		if err != nil {
-			return s, err
+			if err != nil {
+				return s, err
+			}
+			break
 		}
 		elapsed := time.Since(start)
 		samples += epochSamples
@@ -211,8 +242,24 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	return s, nil
 }
 
+// reform replaces the replica's collective with the survivors' and checks
+// that they hold the same parameters.
+func reform(ctx context.Context, cfg RunConfig, r *Replica, cause error, at Position) error {
+	c, err := cfg.Reform(ctx, cause, at)
+	if err != nil {
+		return fmt.Errorf("train: re-forming the ring after a failed step (%v): %w", cause, err)
+	}
+	r.Coll = c
+	if err := r.CheckInSync(ctx); err != nil {
+		return fmt.Errorf("train: after re-forming the ring: %w", err)
+	}
+	return nil
+}
+
 func evaluate(ctx context.Context, cfg RunConfig) (Result, error) {
-	e, err := cfg.Test.Epoch(ctx, 0)
+	test := *cfg.Test
+	test.Sampler.World, test.Sampler.Rank = cfg.Replica.Coll.Size(), cfg.Replica.Coll.Rank()
+	e, err := test.Epoch(ctx, 0)
 	if err != nil {
 		return Result{}, err
 	}

@@ -21,6 +21,10 @@ type Collective interface {
 	Size() int
 }
 
+// ErrCollective means a step's collective failed — a peer died, left or
+// stalled — so the step was applied on no rank.
+var ErrCollective = errors.New("train: the ring failed")
+
 // ErrNonFinite means a gradient had a NaN or an Inf on some rank; every rank
 // skips that step together.
 var ErrNonFinite = errors.New("train: non-finite gradient")
@@ -134,7 +138,8 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	default:
 	}
 	if err := r.Coll.AllreduceMean(ctx, flat); err != nil {
-		return 0, fmt.Errorf("train: averaging gradients: %w", err)
+		r.Steps-- // it runs again, with the same dropout masks
+		return 0, fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
 	}
 	var leaving []int
 	for k, v := range leave {

@@ -1,0 +1,129 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ringtrain/ringtrain/ring"
+)
+
+// errKilled is how the dying rank's run ends.
+var errKilled = errors.New("killed")
+
+// dying is a rank that vanishes in the middle of its n-th allreduce, as a
+// SIGKILLed process would: its links close under the neighbours' feet.
+type dying struct {
+	*ring.Ring
+	n int
+}
+
+func (d *dying) AllreduceMean(ctx context.Context, buf []float32) error {
+	if d.n--; d.n == 0 {
+		d.Ring.Close()
+		return errKilled
+	}
+	return d.Ring.AllreduceMean(ctx, buf)
+}
+
+// rendezvous is a fake of the survivors' re-formation: once `want` ranks
+// have asked, it builds a new in-memory ring of them, ranked in their old
+// order, in generation 2.
+type rendezvous struct {
+	t       *testing.T
+	want    int
+	mu      sync.Mutex
+	waiting map[int]chan Collective // by old rank
+	at      []Position
+}
+
+func (z *rendezvous) reform(oldRank int, at Position) (Collective, error) {
+	ch := make(chan Collective, 1)
+	z.mu.Lock()
+	z.waiting[oldRank] = ch
+	z.at = append(z.at, at)
+	if len(z.waiting) == z.want {
+		var olds []int
+		for r := range z.waiting {
+			olds = append(olds, r)
+		}
+		slices.Sort(olds)
+		ts := ring.MemRing(z.want)
+		for i, old := range olds {
+			r, err := ring.New(ts[i], ring.Config{Rank: i, Size: z.want, Generation: 2})
+			if err != nil {
+				z.t.Error(err)
+			}
+			z.t.Cleanup(func() { r.Close() })
+			z.waiting[old] <- r
+		}
+	}
+	z.mu.Unlock()
+	select {
+	case c := <-ch:
+		return c, nil
+	case <-time.After(time.Minute): // a survivor never came: fail, not hang
+		return nil, errors.New("rendezvous: the other survivors did not come")
+	}
+}
+
+// TestSurvivorsFinish: rank 2 of 4 dies in the middle of an allreduce in
+// the first epoch; the other three re-form, share out the rest of the epoch,
+// run the interrupted step again and finish both epochs with the same
+// parameters — and each learns where the ring broke, the same for all.
+func TestSurvivorsFinish(t *testing.T) {
+	const world, batch = 4, 8
+	rings := memRings(t, world)
+	z := &rendezvous{t: t, want: world - 1, waiting: map[int]chan Collective{}}
+	sums := make([]Summary, world)
+	errs := make([]error, world)
+	hashes := make([][32]byte, world)
+	onAll(world, func(i int) error {
+		var coll Collective = rings[i]
+		if i == 2 {
+			coll = &dying{Ring: rings[i], n: 7}
+		}
+		rep := NewReplica(newMLP(t, mlpCfg(784, []int{16}, 10, batch, 1)), &SGD{LR: 0.05, Momentum: 0.9}, coll)
+		tr := loader(t, "train", batch, true)
+		te := loader(t, "test", batch, false)
+		te.Sampler.Exact = true
+		sums[i], errs[i] = Run(context.Background(), RunConfig{Replica: rep, Train: tr, Test: te, Epochs: 2, Classes: 10,
+			Reform: func(ctx context.Context, cause error, at Position) (Collective, error) {
+				if i == 2 { // dead: a killed process re-forms nothing
+					return nil, errKilled
+				}
+				if !errors.Is(cause, ErrCollective) {
+					t.Errorf("rank %d re-forms for %v; want ErrCollective", i, cause)
+				}
+				return z.reform(i, at)
+			}})
+		hashes[i] = rep.ParamHash()
+		return nil
+	})
+	if !errors.Is(errs[2], errKilled) {
+		t.Errorf("the dying rank's run: %v; want it killed", errs[2])
+	}
+	for _, i := range []int{0, 1, 3} {
+		if errs[i] != nil {
+			t.Fatalf("survivor %d: %v", i, errs[i])
+		}
+		if hashes[i] != hashes[0] || sums[i].ParamHash != sums[0].ParamHash {
+			t.Errorf("survivor %d ends with other parameters than survivor 0", i)
+		}
+		if sums[i].Epochs != 2 || sums[i].TestSamples != 500 {
+			t.Errorf("survivor %d: %d epochs, %d test samples scored; want 2 and 500", i, sums[i].Epochs, sums[i].TestSamples)
+		}
+	}
+	// Six steps were done when the seventh broke: 6 × 4 ranks × 8 samples.
+	for _, at := range z.at {
+		if want := (Position{Epochs: 0, Steps: 6, Skip: 6 * world * batch}); at != want {
+			t.Errorf("a survivor re-formed at %+v; want %+v", at, want)
+		}
+	}
+	if sums[0].TestAccuracy < 0.6 {
+		t.Errorf("test accuracy %.3f after losing a rank; want ≥ 0.6", sums[0].TestAccuracy)
+	}
+}
