@@ -279,7 +279,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fmt.Fprintf(stdout, "rank %d of %d: test accuracy %.4f, param hash %s\n", rank, n, sum.TestAccuracy, sum.ParamHash[:16])
 	// The summary is the peer's last log line (the logger carries rank).
 	log.Info().Int("world_size", n).Int("epochs", sum.Epochs).Float64("test_accuracy", sum.TestAccuracy).Int("test_samples", sum.TestSamples).
-		Float64("test_loss", sum.TestLoss).Str("param_hash", sum.ParamHash).Float64("samples_per_sec", sum.SamplesPerSec).
+		Float64("test_loss", sum.TestLoss).Floats64("test_accuracy_per_class", sum.PerClass).Str("param_hash", sum.ParamHash).Float64("samples_per_sec", sum.SamplesPerSec).
 		Msg("summary")
 	return nil
 }
