@@ -89,8 +89,9 @@ type Node struct {
 	// round for a dial timeout.
 	deadUntil map[peer.ID]time.Time
 	deadFor   map[peer.ID]time.Duration
-	pending   []peer.ID // vouched for by a verified peer, not yet greeted
-	locked    []peer.ID // the ring we are ready to form, once all members proposed it
+	pending   []peer.ID    // vouched for by a verified peer, not yet greeted
+	locked    []peer.ID    // the ring we are ready to form, once all members proposed it
+	reform    *reformState // the latest re-formation, if any
 }
 
 // NewNode registers the hello protocol on h and starts advertising the job
@@ -113,6 +114,7 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	h.SetStreamHandler(HelloProtocol, n.handleHello)
+	h.SetStreamHandler(ReformProtocol, n.handleReform)
 	rd := drouting.NewRoutingDiscovery(h.DHT)
 	n.wg.Go(func() {
 		// Advertise retries on its own; a first Provide may fail while
@@ -125,6 +127,7 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 // Close stops answering hellos and advertising, and waits for both.
 func (n *Node) Close() error {
 	n.h.RemoveStreamHandler(HelloProtocol)
+	n.h.RemoveStreamHandler(ReformProtocol)
 	n.cancel()
 	n.wg.Wait()
 	return nil

@@ -420,3 +420,96 @@ func TestDeadPeerDoesNotStallFormation(t *testing.T) {
 		t.Error("the gone peer is not backed off from after its hello failed")
 	}
 }
+
+// TestSurvivorsReform: of a formed ring of four, one host dies; the three
+// others agree on generation 2 without it (same members, ranks in the old
+// order), connect it and allreduce over it; asking for four at least fails
+// with ErrTooFew instead.
+func TestSurvivorsReform(t *testing.T) {
+	const n = 4
+	j := job
+	j.WorldSize = n
+	s := swarm(t, n, j)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.Join(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dead := 2 // by host
+	s.Nodes[dead].Close()
+	s.Hosts[dead].Close()
+	var alive []int
+	for i := range n {
+		if i != dead {
+			alive = append(alive, i)
+		}
+	}
+	reform := func(min int) ([]*Formation, []error) {
+		fs := make([]*Formation, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for _, i := range alive {
+			wg.Go(func() {
+				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				fs[i], errs[i] = s.Nodes[i].Reform(rctx, s.Formations[i], min)
+			})
+		}
+		wg.Wait()
+		return fs, errs
+	}
+	fs, errs := reform(n)
+	for _, i := range alive {
+		if !errors.Is(errs[i], ErrTooFew) {
+			t.Errorf("host %d: Reform with min %d = %v; want ErrTooFew", i, n, errs[i])
+		}
+	}
+	// The next attempt is the generation after; a fresh Formation per try.
+	fs, errs = reform(n - 1)
+	want := slices.DeleteFunc(slices.Clone(s.Formations[0].Members), func(p peer.ID) bool { return p == s.Hosts[dead].ID() })
+	for _, i := range alive {
+		if errs[i] != nil {
+			t.Fatalf("host %d: Reform: %v", i, errs[i])
+		}
+		if f := fs[i]; !slices.Equal(f.Members, want) || f.Generation != 2 || f.Members[f.Rank] != s.Hosts[i].ID() {
+			t.Errorf("host %d: formation %+v; want the three survivors in the old order, generation 2", i, f)
+		}
+	}
+	ts := make([]ring.Transport, n-1)
+	var wg sync.WaitGroup
+	for _, i := range alive {
+		links := NewRingLinks(s.Hosts[i], "127.0.0.1:0", zerolog.Nop())
+		t.Cleanup(links.Close)
+		wg.Go(func() {
+			var err error
+			if ts[fs[i].Rank], err = links.Connect(ctx, fs[i], PlaneLibp2p); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	sums := make([][]float32, n-1)
+	for r := range n - 1 {
+		wg.Go(func() {
+			rg, err := ring.New(ts[r], ring.Config{Rank: r, Size: n - 1, Generation: 2})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer rg.Close()
+			sums[r] = []float32{float32(r + 1)}
+			if err := rg.AllreduceSum(ctx, sums[r]); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	for r, s := range sums {
+		if len(s) != 1 || s[0] != 6 {
+			t.Errorf("rank %d of generation 2: sum %v; want 6", r, s)
+		}
+	}
+}
