@@ -44,9 +44,12 @@ type jobConfig struct {
 	CheckpointDir string          `json:"checkpoint_dir"`
 	// CheckpointEvery, if set, also writes the checkpoint every that many
 	// steps, not only after every epoch.
-	CheckpointEvery int      `json:"checkpoint_every"`
-	JoinTimeout     duration `json:"join_timeout"` // default 60s
-	StepTimeout     duration `json:"step_timeout"` // default 60s
+	CheckpointEvery int `json:"checkpoint_every"`
+	// MinWorldSize is how few peers may carry on after others are lost;
+	// default world_size, so that losing a peer stops the job.
+	MinWorldSize int      `json:"min_world_size"`
+	JoinTimeout  duration `json:"join_timeout"` // default 60s
+	StepTimeout  duration `json:"step_timeout"` // default 60s
 
 	data      *data.Config // parsed Data
 	modelName string       // a built-in name, or "" for a spec
@@ -131,6 +134,12 @@ func (c *jobConfig) resolve(dir string) error {
 	}
 	if err := c.schedule().Validate(); err != nil {
 		return err
+	}
+	if c.MinWorldSize == 0 {
+		c.MinWorldSize = c.WorldSize
+	}
+	if c.MinWorldSize < 1 || c.MinWorldSize > c.WorldSize {
+		return fmt.Errorf("min_world_size %d; want between 1 and world_size %d", c.MinWorldSize, c.WorldSize)
 	}
 	if c.CheckpointEvery < 0 {
 		return fmt.Errorf("checkpoint_every %d; want 0 (after every epoch only) or a number of steps", c.CheckpointEvery)

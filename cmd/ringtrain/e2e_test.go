@@ -381,3 +381,32 @@ func TestKillAllAndRestartResumes(t *testing.T) {
 		t.Errorf("a third start over a finished checkpoint: %v; want an error saying so\n%s", err, out)
 	}
 }
+
+// TestLosingAPeerMidTraining: three peers with min_world_size 2; one is
+// SIGKILLed in the middle of training; the other two re-form the ring
+// (generation 2), say so, finish every epoch and end with the same
+// parameters.
+func TestLosingAPeerMidTraining(t *testing.T) {
+	cfg := jobFile(t, t.TempDir(), `"name": "elastic", "world_size": 3, "min_world_size": 2, "epochs": 4, "step_timeout": "10s"`)
+	local := startRingtrain(t, "local", "-n", "3", "--config", cfg)
+	local.until(t, "training", func(out string) bool { return strings.Count(out, `"steps":`) >= 3 })
+	m := regexp.MustCompile(`\[peer 2\] started, pid (\d+)`).FindStringSubmatch(string(local.buf))
+	if m == nil {
+		t.Fatalf("no pid for peer 2:\n%s", local.buf)
+	}
+	pid, _ := strconv.Atoi(m[1])
+	syscall.Kill(pid, syscall.SIGKILL)
+	rest, _ := io.ReadAll(local.out)
+	out := string(append(local.buf, rest...))
+	local.cmd.Wait() // non-zero: a peer was killed
+	if strings.Count(out, "ring re-formed: rank ") != 2 || !strings.Contains(out, `"generation":2`) {
+		t.Errorf("want both survivors to say the ring re-formed in generation 2:\n%s", out)
+	}
+	var hashes []string
+	for _, m := range regexp.MustCompile(`"world_size":2,"epochs":4,.*"param_hash":"([0-9a-f]{64})"`).FindAllStringSubmatch(out, -1) {
+		hashes = append(hashes, m[1])
+	}
+	if len(hashes) != 2 || hashes[0] != hashes[1] {
+		t.Errorf("survivors' summaries: hashes %v; want two equal ones, of a world of 2 after 4 epochs\n%s", hashes, out)
+	}
+}

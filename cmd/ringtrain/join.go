@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -134,9 +135,10 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	defer rg.Close()
+	defer func() { rg.Close() }() // rg changes when the ring re-forms
 	rank := formed.Rank
-	log = log.With().Int("rank", rank).Logger()
+	peerLog := log // without the rank, which can change
+	log = peerLog.With().Int("rank", rank).Logger()
 	fmt.Fprintf(stdout, "ring formed: rank %d of %d, generation %d\n", rank, n, formed.Generation)
 
 	layers, err := cfg.modelSpec(trainSplit.C, trainSplit.H, trainSplit.W, len(trainSplit.Classes))
@@ -216,9 +218,54 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		log.Info().Str("path", ckpt).Int("epochs_done", p.Epochs).Int("steps_done", p.Steps).Msg("checkpoint written")
 		return nil
 	}
-	if cfg.CheckpointDir != "" && rank == 0 {
+	if cfg.CheckpointDir != "" {
+		// Whoever is rank 0 writes: after a re-formation that may be
+		// another peer than at the start.
 		ckpt = filepath.Join(cfg.CheckpointDir, cfg.Name+".ckpt")
-		rc.Save, rc.SaveEvery = save, cfg.CheckpointEvery
+		rc.Save = func(p train.Position) error {
+			if rc.Replica.Coll.Rank() != 0 {
+				return nil
+			}
+			return save(p)
+		}
+		rc.SaveEvery = cfg.CheckpointEvery
+	}
+	// A peer lost in a step (killed, unplugged, stalled past step_timeout)
+	// fails that step's allreduce on every peer; the survivors agree on
+	// the next generation of the ring among themselves — if at least
+	// min_world_size remain — and carry on from the interrupted step.
+	rc.Reform = func(rctx context.Context, cause error, at train.Position) (train.Collective, error) {
+		began := time.Now()
+		rg.Close()
+		log.Warn().Str("cause", cause.Error()).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).Int("world_size", n).
+			Msg("a peer was lost during this step; re-forming the ring with the survivors")
+		fctx, cancel := context.WithTimeout(rctx, time.Duration(cfg.JoinTimeout))
+		defer cancel()
+		f, err := node.Reform(fctx, formed, cfg.MinWorldSize)
+		if err != nil {
+			return nil, err
+		}
+		t, err := links.Connect(fctx, f, planeVal)
+		if err != nil {
+			return nil, err
+		}
+		next, err := ring.New(t, ring.Config{Rank: f.Rank, Size: len(f.Members), Generation: f.Generation})
+		if err != nil {
+			t.Close()
+			return nil, err
+		}
+		var lost []string
+		for _, p := range formed.Members {
+			if !slices.Contains(f.Members, p) {
+				lost = append(lost, p.String())
+			}
+		}
+		formed, rg, rank, n = f, next, f.Rank, len(f.Members)
+		log = peerLog.With().Int("rank", rank).Logger()
+		log.Warn().Strs("lost", lost).Int("world_size", n).Uint64("generation", f.Generation).
+			Str("took", time.Since(began).Round(time.Millisecond).String()).Msg("ring re-formed without the lost peers; running the step again")
+		fmt.Fprintf(stdout, "ring re-formed: rank %d of %d, generation %d, %d peer(s) lost\n", rank, n, f.Generation, len(lost))
+		return steppedRing{rg, time.Duration(cfg.StepTimeout)}, nil
 	}
 	// A restarted job carries on from the most advanced checkpoint that any
 	// peer finds in its checkpoint_dir (every peer looks in its own).

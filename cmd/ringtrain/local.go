@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -39,6 +40,13 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	// A lost peer stops the others unless the job lets fewer carry on
+	// (min_world_size); a config that does not load is the peers' to report.
+	minWorld := *n
+	if jc, err := loadJobConfig(*config); err == nil {
+		minWorld = jc.MinWorldSize
+	}
+	var failed atomic.Int32
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var out sync.Mutex // one line at a time
@@ -78,7 +86,9 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			copies.Wait()
 			if err := cmd.Wait(); err != nil {
 				errs[i] = fmt.Errorf("peer %d: %w", i, err)
-				cancel() // one peer down: the ring cannot finish
+				if *n-int(failed.Add(1)) < minWorld {
+					cancel() // too few left: the ring cannot finish
+				}
 			}
 		})
 		return nil
@@ -118,7 +128,11 @@ type peerOut struct {
 func (p *peerOut) println(w io.Writer, line string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if rest, ok := strings.CutPrefix(line, "ring formed: rank "); ok {
+	rest, ok := strings.CutPrefix(line, "ring formed: rank ")
+	if !ok {
+		rest, ok = strings.CutPrefix(line, "ring re-formed: rank ")
+	}
+	if ok {
 		if r, _, ok := strings.Cut(rest, " "); ok {
 			p.prefix = "[rank " + r + "] "
 		}
