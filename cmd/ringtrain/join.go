@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -172,7 +173,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	rc := train.RunConfig{
 		Schedule:      &sched,
 		ProgressEvery: every,
-		Replica:       train.NewReplica(model, opt, steppedRing{rg, time.Duration(cfg.StepTimeout)}),
+		Replica:       train.NewReplica(model, opt, steppedRing{rg, time.Duration(cfg.StepTimeout), nil}),
 		Train:         loader(trainSplit, n, rank, true), Epochs: cfg.Epochs, Classes: len(trainSplit.Classes),
 		Progress: func(p train.Progress) {
 			if bar != nil {
@@ -265,7 +266,13 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		log.Warn().Strs("lost", lost).Int("world_size", n).Uint64("generation", f.Generation).
 			Str("took", time.Since(began).Round(time.Millisecond).String()).Msg("ring re-formed without the lost peers; running the step again")
 		fmt.Fprintf(stdout, "ring re-formed: rank %d of %d, generation %d, %d peer(s) lost\n", rank, n, f.Generation, len(lost))
-		return steppedRing{rg, time.Duration(cfg.StepTimeout)}, nil
+		// The moment the new ring has averaged its first gradients is the
+		// end of the outage; its wall-clock time is for bench-elastic.
+		first := &onceHook{f: func() {
+			log.Info().Uint64("generation", f.Generation).Str("since_the_step_failed", time.Since(began).Round(time.Millisecond).String()).
+				Int64("unix_ms", time.Now().UnixMilli()).Msg("first step of the new generation done")
+		}}
+		return steppedRing{rg, time.Duration(cfg.StepTimeout), first}, nil
 	}
 	// A restarted job carries on from the most advanced checkpoint that any
 	// peer finds in its checkpoint_dir (every peer looks in its own).
@@ -370,12 +377,23 @@ func leaveTogether(rg *ring.Ring, timeout time.Duration, log zerolog.Logger) {
 type steppedRing struct {
 	*ring.Ring
 	timeout time.Duration
+	first   *onceHook // if set, runs after the first AllreduceMean that succeeds
+}
+
+// onceHook runs f once.
+type onceHook struct {
+	once sync.Once
+	f    func()
 }
 
 func (s steppedRing) AllreduceMean(ctx context.Context, buf []float32) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	return s.Ring.AllreduceMean(ctx, buf)
+	err := s.Ring.AllreduceMean(ctx, buf)
+	if err == nil && s.first != nil {
+		s.first.once.Do(s.first.f)
+	}
+	return err
 }
 
 func (s steppedRing) AllreduceSum(ctx context.Context, buf []float32) error {

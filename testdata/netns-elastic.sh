@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Multi-host test of the elastic ring (issue 6), on one machine: four network
+# namespaces, each with one veth into a bridge, every link capped at 1 Gbit/s
+# with tbf (and 1 ms of netem delay where the kernel has netem; this one does
+# not). A `ringtrain join` runs in each; one is SIGKILLed mid-epoch; the
+# three others must re-form the ring and finish with identical parameter
+# hashes. Addresses are 10.231.0.1–4, inside the namespaces only; everything
+# made here is removed on exit, also on failure.
+#
+# usage: testdata/netns-elastic.sh [path/to/ringtrain]   (make test-netns)
+#
+# Not yet covered, because it is not built: a fifth peer joining mid-training
+# and being admitted (issue 6).
+set -euo pipefail
+
+bin=$(realpath "${1:-bin/ringtrain}")
+here=$(cd "$(dirname "$0")" && pwd)
+if [ "$(id -u)" != 0 ]; then echo "netns-elastic: SKIPPED, creating network namespaces needs root"; exit 0; fi
+if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then echo "netns-elastic: SKIPPED, needs ip and tc (iproute2)"; exit 0; fi
+
+p=rtn$$ # a prefix of our own for every name made here
+br=${p}br
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+	for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+	for i in 0 1 2 3; do ip netns del "$p$i" 2>/dev/null || true; done
+	ip link del "$br" 2>/dev/null || true
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+ip link add "$br" type bridge
+ip link set "$br" up
+for i in 0 1 2 3; do
+	ns=$p$i
+	ip netns add "$ns"
+	ip link add "${p}v$i" type veth peer name eth0 netns "$ns"
+	ip link set "${p}v$i" master "$br" up
+	ip -n "$ns" link set lo up
+	ip -n "$ns" addr add "10.231.0.$((i + 1))/24" dev eth0
+	ip -n "$ns" link set eth0 up
+	# 1 Gbit/s each way on every link.
+	tc qdisc add dev "${p}v$i" root tbf rate 1gbit burst 256kb latency 50ms
+	ip netns exec "$ns" tc qdisc add dev eth0 root handle 1: tbf rate 1gbit burst 256kb latency 50ms
+	# A little delay where netem exists (a child of tbf); skipped where not.
+	ip netns exec "$ns" tc qdisc add dev eth0 parent 1:1 handle 10: netem delay 1ms 2>/dev/null || true
+done
+
+cat >"$tmp/job.json" <<EOF
+{"name": "netns-elastic", "world_size": 4, "min_world_size": 3, "epochs": 4, "batch_size": 8, "seed": 3, "model": "mlp",
+ "data": {"transforms": [{"name": "ToTensor", "args": []}],
+          "dataset_path": {"train": "$here/fashion-mnist", "test": "$here/fashion-mnist"}}}
+EOF
+
+start() { # start <i> [bootstrap]: ringtrain join in namespace i, output in $tmp/<i>.log
+	local i=$1 boot=${2:-}
+	local args=(join --config "$tmp/job.json" --listen "/ip4/10.231.0.$((i + 1))/tcp/4001" --log-format json)
+	[ -n "$boot" ] && args+=(--bootstrap "$boot")
+	ip netns exec "$p$i" "$bin" "${args[@]}" >"$tmp/$i.log" 2>&1 &
+	pids[$i]=$!
+}
+wait_for() { # wait_for <file> <regexp> <seconds>
+	local deadline=$((SECONDS + $3))
+	until grep -qE "$2" "$1" 2>/dev/null; do
+		if [ $SECONDS -ge $deadline ]; then echo "netns-elastic: FAIL, no '$2' in $1:"; cat "$1"; exit 1; fi
+		sleep 0.1
+	done
+}
+
+start 0
+wait_for "$tmp/0.log" '^listening on /ip4/10.231.0.1/' 30
+boot=$(grep -m1 '^listening on /ip4/10.231.0.1/' "$tmp/0.log" | cut -d' ' -f3)
+for i in 1 2 3; do start "$i" "$boot"; done
+for i in 0 1 2 3; do wait_for "$tmp/$i.log" '"message":"training"' 60; done
+wait_for "$tmp/0.log" '"epoch":2,"step":50,' 120 # the middle of epoch 2
+kill -9 "${pids[3]}"
+echo "netns-elastic: SIGKILLed the peer in $p3 in the middle of epoch 2"
+for i in 0 1 2; do
+	if ! wait "${pids[$i]}"; then echo "netns-elastic: FAIL, peer $i exited non-zero:"; cat "$tmp/$i.log"; exit 1; fi
+done
+hashes=$(for i in 0 1 2; do grep -o '"world_size":3,"epochs":4,[^}]*"param_hash":"[0-9a-f]*"' "$tmp/$i.log" | grep -o '[0-9a-f]\{64\}'; done | sort -u)
+reformed=$(cat "$tmp"/[012].log | grep -c 'ring re-formed without the lost peers' || true)
+if [ "$(echo "$hashes" | wc -l)" != 1 ] || [ -z "$hashes" ] || [ "$reformed" != 3 ]; then
+	echo "netns-elastic: FAIL, want 3 re-formations and one hash of a world of 3; got $reformed and:"; echo "$hashes"
+	cat "$tmp"/[012].log
+	exit 1
+fi
+echo "netns-elastic: ok, the 3 survivors re-formed and ended with parameter hash ${hashes:0:16}"
