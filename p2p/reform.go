@@ -35,10 +35,14 @@ type reformState struct {
 // prev that are neither yet (still noticing the failure) are waited for.
 // Then the two phases of Join run on the survivors: each proposes the
 // survivors it knows, in the old rank order; all ready on one list form it.
+// Members in gone (peers that said they leave) are out from the start.
 // It fails with ErrTooFew when fewer than min members survive, and with
 // ErrJoinTimeout when ctx ends first.
-func (n *Node) Reform(ctx context.Context, prev *Formation, min int) (*Formation, error) {
+func (n *Node) Reform(ctx context.Context, prev *Formation, min int, gone ...peer.ID) (*Formation, error) {
 	st := &reformState{gen: prev.Generation + 1, prev: prev.Members, views: map[peer.ID]view{}, dead: map[peer.ID]bool{}}
+	for _, p := range gone {
+		st.dead[p] = true
+	}
 	// The state stays after Reform returns: peers still finishing their
 	// ready phase ask this one, which must go on saying it is ready.
 	n.mu.Lock()

@@ -127,3 +127,50 @@ func TestSurvivorsFinish(t *testing.T) {
 		t.Errorf("test accuracy %.3f after losing a rank; want ≥ 0.6", sums[0].TestAccuracy)
 	}
 }
+
+// TestLeaverGoesOthersStay: rank 1 of 4 asks to leave; with three enough
+// (MinSize 3), it stops after the step that told the others, and they
+// re-form without it, from the position after that step, and finish in
+// step. With MinSize 4 everyone stops instead (TestOneRankStopsAll).
+func TestLeaverGoesOthersStay(t *testing.T) {
+	const world, batch = 4, 8
+	rings := memRings(t, world)
+	z := &rendezvous{t: t, want: world - 1, waiting: map[int]chan Collective{}}
+	stop := make(chan struct{})
+	sums := make([]Summary, world)
+	errs := make([]error, world)
+	onAll(world, func(i int) error {
+		rep := NewReplica(newMLP(t, mlpCfg(784, []int{16}, 10, batch, 1)), &SGD{LR: 0.05}, rings[i])
+		cfg := RunConfig{Replica: rep, Train: loader(t, "train", batch, true), Epochs: 2, Classes: 10, MinSize: 3,
+			Reform: func(ctx context.Context, cause error, at Position) (Collective, error) {
+				var leave *LeaveError
+				if !errors.As(cause, &leave) || !slices.Equal(leave.Ranks, []int{1}) || i == 1 {
+					t.Errorf("rank %d re-forms for %v", i, cause)
+				}
+				return z.reform(i, at)
+			}}
+		if i == 1 {
+			cfg.Stop, cfg.ProgressEvery = stop, 5
+			cfg.Progress = func(p Progress) {
+				if p.Step == 5 {
+					close(stop)
+				}
+			}
+		}
+		sums[i], errs[i] = Run(context.Background(), cfg)
+		return nil
+	})
+	if !errors.Is(errs[1], ErrStopped) || sums[1].Steps != 6 {
+		t.Errorf("the leaver: %v after %d steps; want ErrStopped after 6", errs[1], sums[1].Steps)
+	}
+	for _, at := range z.at {
+		if want := (Position{Steps: 6, Skip: 6 * world * batch}); at != want {
+			t.Errorf("re-formed at %+v; want %+v (after the leaver's last step)", at, want)
+		}
+	}
+	for _, i := range []int{0, 2, 3} {
+		if errs[i] != nil || sums[i].Epochs != 2 || sums[i].ParamHash != sums[0].ParamHash {
+			t.Errorf("rank %d: %v, %d epochs, hash %s; want 2 epochs and rank 0's hash", i, errs[i], sums[i].Epochs, sums[i].ParamHash)
+		}
+	}
+}

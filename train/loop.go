@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ringtrain/ringtrain/data"
@@ -37,7 +38,10 @@ type RunConfig struct {
 	// rank, so all still agree; Run checks that they do, shares the rest
 	// of the epoch out among the new ring, and runs the step again. Unset,
 	// a failed collective ends the run.
-	Reform func(ctx context.Context, cause error, at Position) (Collective, error)
+	// It is also called when ranks ask to leave (Replica.Leave) while at
+	// least MinSize others stay: those carry on without them.
+	Reform  func(ctx context.Context, cause error, at Position) (Collective, error)
+	MinSize int
 	// MaxSkips is how many steps in a row may be skipped for non-finite
 	// gradients before the run stops. Zero means 5.
 	MaxSkips int
@@ -180,6 +184,18 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 				return nil
 			})
 			e.Close()
+			var leave *LeaveError
+			if errors.As(err, &leave) && cfg.Reform != nil && !slices.Contains(leave.Ranks, r.Coll.Rank()) &&
+				r.Coll.Size()-len(leave.Ranks) >= max(cfg.MinSize, 1) {
+				// Others leave; this rank carries on without them, after the
+				// step that told it (applied, or skipped by all alike).
+				pos := at(step)
+				if err := reform(ctx, cfg, r, err, pos); err != nil {
+					return s, err
+				}
+				segSkip, segStep = pos.Skip, step
+				continue
+			}
 			if errors.Is(err, ErrCollective) && cfg.Reform != nil {
 				if err := reform(ctx, cfg, r, err, at(step)); err != nil {
 					return s, err

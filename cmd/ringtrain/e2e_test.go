@@ -410,3 +410,31 @@ func TestLosingAPeerMidTraining(t *testing.T) {
 		t.Errorf("survivors' summaries: hashes %v; want two equal ones, of a world of 2 after 4 epochs\n%s", hashes, out)
 	}
 }
+
+// TestCtrlCOnOnePeerLetsOthersGoOn: with min_world_size 2 of 3, Ctrl-C on
+// one peer makes it leave after its next step, and the other two re-form
+// at once (no timeout: they are told) and finish in step.
+func TestCtrlCOnOnePeerLetsOthersGoOn(t *testing.T) {
+	cfg := jobFile(t, t.TempDir(), `"name": "leave", "world_size": 3, "min_world_size": 2, "epochs": 4`)
+	local := startRingtrain(t, "local", "-n", "3", "--config", cfg)
+	local.until(t, "training", func(out string) bool { return strings.Count(out, `"steps":`) >= 3 })
+	m := regexp.MustCompile(`\[peer 1\] started, pid (\d+)`).FindStringSubmatch(string(local.buf))
+	if m == nil {
+		t.Fatalf("no pid for peer 1:\n%s", local.buf)
+	}
+	pid, _ := strconv.Atoi(m[1])
+	syscall.Kill(pid, syscall.SIGINT)
+	rest, _ := io.ReadAll(local.out)
+	out := string(append(local.buf, rest...))
+	local.cmd.Wait()
+	if strings.Count(out, "peers are leaving; re-forming the ring without them") != 2 || strings.Count(out, "ring re-formed: rank ") != 2 {
+		t.Errorf("want both others to re-form without the leaver:\n%s", out)
+	}
+	var hashes []string
+	for _, m := range regexp.MustCompile(`"world_size":2,"epochs":4,.*"param_hash":"([0-9a-f]{64})"`).FindAllStringSubmatch(out, -1) {
+		hashes = append(hashes, m[1])
+	}
+	if len(hashes) != 2 || hashes[0] != hashes[1] {
+		t.Errorf("the two that stayed: hashes %v; want two equal ones\n%s", hashes, out)
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"regexp"
 	"slices"
@@ -82,7 +83,9 @@ func TestBenchElastic(t *testing.T) {
 	local := startRingtrain(t, "local", "-n", "4", "--config", job("bench-elastic-lossy"))
 	local.until(t, "epoch 2", func(out string) bool { return strings.Contains(out, `"epoch":2,"step":400,`) })
 	syscall.Kill(pidOf(string(local.buf), 3), syscall.SIGKILL)
-	out, _ = local.interrupt()
+	rest, _ := io.ReadAll(local.out) // the survivors run to the end
+	out = string(append(local.buf, rest...))
+	local.cmd.Wait()
 	lossy := accuracy.FindStringSubmatch(out)
 	if whole == nil || lossy == nil {
 		t.Fatalf("no summaries: whole %v, lossy %v\n%s", whole, lossy, out)

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/rs/zerolog"
 
 	"github.com/ringtrain/ringtrain/data"
@@ -235,14 +236,26 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	// fails that step's allreduce on every peer; the survivors agree on
 	// the next generation of the ring among themselves — if at least
 	// min_world_size remain — and carry on from the interrupted step.
+	// A peer interrupted with Ctrl-C says so in its last step, and the
+	// others re-form without it at once, the same way.
+	rc.MinSize = cfg.MinWorldSize
 	rc.Reform = func(rctx context.Context, cause error, at train.Position) (train.Collective, error) {
 		began := time.Now()
 		rg.Close()
-		log.Warn().Str("cause", cause.Error()).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).Int("world_size", n).
-			Msg("a peer was lost during this step; re-forming the ring with the survivors")
+		var gone []peer.ID
+		if leave := (*train.LeaveError)(nil); errors.As(cause, &leave) {
+			for _, r := range leave.Ranks {
+				gone = append(gone, formed.Members[r])
+			}
+			log.Warn().Ints("leaving_ranks", leave.Ranks).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).Int("world_size", n).
+				Msg("peers are leaving; re-forming the ring without them")
+		} else {
+			log.Warn().Str("cause", cause.Error()).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).Int("world_size", n).
+				Msg("a peer was lost during this step; re-forming the ring with the survivors")
+		}
 		fctx, cancel := context.WithTimeout(rctx, time.Duration(cfg.JoinTimeout))
 		defer cancel()
-		f, err := node.Reform(fctx, formed, cfg.MinWorldSize)
+		f, err := node.Reform(fctx, formed, cfg.MinWorldSize, gone...)
 		if err != nil {
 			return nil, err
 		}
