@@ -75,7 +75,7 @@ for i in 1 2 3; do start "$i" "$boot"; done
 for i in 0 1 2 3; do wait_for "$tmp/$i.log" '"message":"training"' 60; done
 wait_for "$tmp/0.log" '"epoch":2,"step":50,' 120 # the middle of epoch 2
 kill -9 "${pids[3]}"
-echo "netns-elastic: SIGKILLed the peer in $p3 in the middle of epoch 2"
+echo "netns-elastic: SIGKILLed the peer in ${p}3 in the middle of epoch 2"
 for i in 0 1 2; do
 	if ! wait "${pids[$i]}"; then echo "netns-elastic: FAIL, peer $i exited non-zero:"; cat "$tmp/$i.log"; exit 1; fi
 done

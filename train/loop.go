@@ -185,22 +185,18 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 			})
 			e.Close()
 			var leave *LeaveError
-			if errors.As(err, &leave) && cfg.Reform != nil && !slices.Contains(leave.Ranks, r.Coll.Rank()) &&
-				r.Coll.Size()-len(leave.Ranks) >= max(cfg.MinSize, 1) {
-				// Others leave; this rank carries on without them, after the
-				// step that told it (applied, or skipped by all alike).
-				pos := at(step)
-				if err := reform(ctx, cfg, r, err, pos); err != nil {
+			leaving := errors.As(err, &leave) && cfg.Reform != nil && !slices.Contains(leave.Ranks, r.Coll.Rank()) &&
+				r.Coll.Size()-len(leave.Ranks) >= max(cfg.MinSize, 1)
+			if leaving || errors.Is(err, ErrCollective) && cfg.Reform != nil {
+				// Others left (this rank carries on without them, after the
+				// step that told it) or were lost (the step failed here).
+				pos, err := reform(ctx, cfg, r, err, at(step))
+				if err != nil {
 					return s, err
 				}
+				step = pos.Steps - totalSteps
+				r.Steps = pos.Steps
 				segSkip, segStep = pos.Skip, step
-				continue
-			}
-			if errors.Is(err, ErrCollective) && cfg.Reform != nil {
-				if err := reform(ctx, cfg, r, err, at(step)); err != nil {
-					return s, err
-				}
-				segSkip, segStep = at(step).Skip, step
 				continue
 			}
 			if errors.Is(err, ErrCollective) {
@@ -258,18 +254,29 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	return s, nil
 }
 
-// reform replaces the replica's collective with the survivors' and checks
-// that they hold the same parameters.
-func reform(ctx context.Context, cfg RunConfig, r *Replica, cause error, at Position) error {
+// reform replaces the replica's collective with the survivors' and brings
+// them level. A peer lost in the middle of an allreduce can leave it done on
+// some ranks — those that had every frame they needed before it went — and
+// failed on others; the ones that finished have applied the step. So the
+// survivors all take the parameters, optimizer state and position of the
+// one furthest on (one step at most), then check that they agree.
+func reform(ctx context.Context, cfg RunConfig, r *Replica, cause error, at Position) (Position, error) {
 	c, err := cfg.Reform(ctx, cause, at)
 	if err != nil {
-		return fmt.Errorf("train: re-forming the ring after a failed step (%v): %w", cause, err)
+		return Position{}, fmt.Errorf("train: re-forming the ring after a failed step (%v): %w", cause, err)
 	}
 	r.Coll = c
-	if err := r.CheckInSync(ctx); err != nil {
-		return fmt.Errorf("train: after re-forming the ring: %w", err)
+	pos, _, err := r.adoptLatest(ctx, true, at)
+	if err != nil {
+		return Position{}, fmt.Errorf("train: after re-forming the ring: %w", err)
 	}
-	return nil
+	if pos.Epochs != at.Epochs {
+		return Position{}, fmt.Errorf("train: after re-forming the ring: a survivor is in epoch %d, this one in %d", pos.Epochs+1, at.Epochs+1)
+	}
+	if err := r.CheckInSync(ctx); err != nil {
+		return Position{}, fmt.Errorf("train: after re-forming the ring: %w", err)
+	}
+	return pos, nil
 }
 
 func evaluate(ctx context.Context, cfg RunConfig) (Result, error) {

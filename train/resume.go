@@ -15,14 +15,25 @@ import (
 // the zero Position, when no rank had a checkpoint). Every rank must call
 // it.
 func (r *Replica) Resume(ctx context.Context, c *Checkpoint) (Position, int, error) {
+	if c == nil {
+		return r.adoptLatest(ctx, false, Position{})
+	}
+	return r.adoptLatest(ctx, true, Position{Epochs: c.Epoch, Steps: c.Step, Skip: c.Skip})
+}
+
+// adoptLatest makes every rank take the parameters, optimizer state and
+// position of the rank that offers the most steps (the lowest such rank on
+// a tie), among those that offer any (has). It returns that position and
+// rank, or the zero Position and -1 when none offers.
+func (r *Replica) adoptLatest(ctx context.Context, has bool, mine Position) (Position, int, error) {
 	size, rank := r.Coll.Size(), r.Coll.Rank()
 	// Who has what: per rank, a flag and its step count in two 16-bit
 	// halves (exact in float32), summed from slots that are zero elsewhere.
 	const per = 3
 	table := make([]float32, per*size)
-	if c != nil {
+	if has {
 		table[per*rank] = 1
-		putInt(table[per*rank+1:], c.Step)
+		putInt(table[per*rank+1:], mine.Steps)
 	}
 	if err := r.Coll.AllreduceSum(ctx, table); err != nil {
 		return Position{}, -1, fmt.Errorf("train: comparing checkpoints: %w", err)
@@ -42,7 +53,7 @@ func (r *Replica) Resume(ctx context.Context, c *Checkpoint) (Position, int, err
 	head := make([]float32, 2*5)
 	if rank == root {
 		_, optStep, state := r.Opt.State()
-		for i, v := range []int{c.Epoch, c.Step, c.Skip, optStep, len(state)} {
+		for i, v := range []int{mine.Epochs, mine.Steps, mine.Skip, optStep, len(state)} {
 			putInt(head[2*i:], v)
 		}
 	}
