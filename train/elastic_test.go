@@ -174,3 +174,59 @@ func TestLeaverGoesOthersStay(t *testing.T) {
 		}
 	}
 }
+
+// TestNewcomerIsAdmitted: three ranks train; after their first epoch a
+// fourth is admitted. It catches up (parameters, optimizer state,
+// position) from the others through the new ring, and all four finish the
+// remaining epochs with the same parameters.
+func TestNewcomerIsAdmitted(t *testing.T) {
+	const batch = 8
+	rings := memRings(t, 3)
+	grown := ring.MemRing(4)
+	newRing := func(rank int) Collective {
+		r, err := ring.New(grown[rank], ring.Config{Rank: rank, Size: 4, Generation: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		return r
+	}
+	sums := make([]Summary, 4)
+	errs := make([]error, 4)
+	grows := make([]int, 3)
+	onAll(4, func(i int) error {
+		m := newMLP(t, mlpCfg(784, []int{16}, 10, batch, uint64(1+i)))
+		opt := NewAdam(0.01)
+		tr := loader(t, "train", batch, true)
+		if i == 3 { // the newcomer
+			rep := NewReplica(m, opt, nil)
+			pos, err := rep.Admitted(context.Background(), newRing(3))
+			if err != nil {
+				errs[i] = err
+				return nil
+			}
+			sums[i], errs[i] = Run(context.Background(), RunConfig{Replica: rep, Train: tr, Epochs: 3, Classes: 10, Start: pos, Joined: true})
+			return nil
+		}
+		rep := NewReplica(m, opt, rings[i])
+		sums[i], errs[i] = Run(context.Background(), RunConfig{Replica: rep, Train: tr, Epochs: 3, Classes: 10,
+			Grow: func(ctx context.Context, at Position) (Collective, error) {
+				if grows[i]++; grows[i] > 1 {
+					return nil, nil
+				}
+				if at != (Position{Epochs: 1, Steps: 84}) { // 2000 samples / (3 × 8)
+					t.Errorf("rank %d grows at %+v", i, at)
+				}
+				return newRing(i), nil
+			}})
+		return nil
+	})
+	for i := range 4 {
+		if errs[i] != nil || sums[i].Epochs != 3 || sums[i].ParamHash != sums[0].ParamHash {
+			t.Errorf("rank %d: %v, %d epochs, hash %.16s; want 3 epochs and rank 0's %.16s", i, errs[i], sums[i].Epochs, sums[i].ParamHash, sums[0].ParamHash)
+		}
+	}
+	if sums[3].Steps != sums[0].Steps {
+		t.Errorf("the newcomer counts %d steps, the others %d", sums[3].Steps, sums[0].Steps)
+	}
+}

@@ -42,6 +42,14 @@ type RunConfig struct {
 	// least MinSize others stay: those carry on without them.
 	Reform  func(ctx context.Context, cause error, at Position) (Collective, error)
 	MinSize int
+	// Grow, if set, is called after every epoch but the last; it returns
+	// the collective of a larger ring when peers are to be admitted, or
+	// nil. The newcomers call Admitted; every rank of the new ring then
+	// holds the state of the most advanced one.
+	Grow func(ctx context.Context, at Position) (Collective, error)
+	// Joined says this replica was admitted mid-run (Admitted has given it
+	// its state and Start): Run does not broadcast rank 0's parameters.
+	Joined bool
 	// MaxSkips is how many steps in a row may be skipped for non-finite
 	// gradients before the run stops. Zero means 5.
 	MaxSkips int
@@ -107,8 +115,10 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	if cfg.Stop != nil {
 		r.Leave = cfg.Stop
 	}
-	if err := r.SyncParams(ctx); err != nil {
-		return s, err
+	if !cfg.Joined {
+		if err := r.SyncParams(ctx); err != nil {
+			return s, err
+		}
 	}
 	var samples int
 	var busy time.Duration
@@ -234,6 +244,19 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 				return s, err
 			}
 		}
+		if cfg.Grow != nil && epoch+1 < cfg.Epochs {
+			at := Position{Epochs: epoch + 1, Steps: totalSteps}
+			c, err := cfg.Grow(ctx, at)
+			if err != nil {
+				return s, fmt.Errorf("train: admitting peers after epoch %d: %w", epoch+1, err)
+			}
+			if c != nil {
+				r.Coll = c
+				if _, _, err := r.adoptLatest(ctx, true, at); err != nil {
+					return s, fmt.Errorf("train: bringing admitted peers up to date: %w", err)
+				}
+			}
+		}
 		if cfg.Progress != nil {
 			p := Progress{Epoch: epoch, Step: step, Steps: steps, SamplesPerSec: float64(epochSamples) / elapsed.Seconds(), Elapsed: elapsed, EpochDone: true}
 			if lossN > 0 {
@@ -252,6 +275,19 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	h := r.ParamHash()
 	s.ParamHash = hex.EncodeToString(h[:])
 	return s, nil
+}
+
+// Admitted brings a replica admitted mid-run up to date through its new
+// ring, c: the state and position of the most advanced rank. Run it while
+// the ring's other ranks return from RunConfig.Grow, then Run with Start
+// set to the position and Joined.
+func (r *Replica) Admitted(ctx context.Context, c Collective) (Position, error) {
+	r.Coll = c
+	pos, _, err := r.adoptLatest(ctx, false, Position{})
+	if err != nil {
+		return Position{}, fmt.Errorf("train: catching up on admission: %w", err)
+	}
+	return pos, nil
 }
 
 // reform replaces the replica's collective with the survivors' and brings
