@@ -37,8 +37,9 @@ type Job struct {
 
 // view is what a peer last said it proposes.
 type view struct {
-	prop  []peer.ID
-	ready bool
+	prop   []peer.ID
+	ready  bool
+	formed bool
 }
 
 // Formation is an agreed ring: its members in rank order.
@@ -92,6 +93,8 @@ type Node struct {
 	pending   []peer.ID    // vouched for by a verified peer, not yet greeted
 	locked    []peer.ID    // the ring we are ready to form, once all members proposed it
 	reform    *reformState // the latest re-formation, if any
+	admitted  chan *Formation
+	formed    bool // Join has returned a ring
 }
 
 // NewNode registers the hello protocol on h and starts advertising the job
@@ -111,10 +114,12 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 		refusedBy: map[peer.ID]bool{},
 		deadUntil: map[peer.ID]time.Time{},
 		deadFor:   map[peer.ID]time.Duration{},
+		admitted:  make(chan *Formation, 1),
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	h.SetStreamHandler(HelloProtocol, n.handleHello)
 	h.SetStreamHandler(ReformProtocol, n.handleReform)
+	h.SetStreamHandler(AdmitProtocol, n.handleAdmit)
 	rd := drouting.NewRoutingDiscovery(h.DHT)
 	n.wg.Go(func() {
 		// Advertise retries on its own; a first Provide may fail while
@@ -128,6 +133,7 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 func (n *Node) Close() error {
 	n.h.RemoveStreamHandler(HelloProtocol)
 	n.h.RemoveStreamHandler(ReformProtocol)
+	n.h.RemoveStreamHandler(AdmitProtocol)
 	n.cancel()
 	n.wg.Wait()
 	return nil
@@ -288,6 +294,7 @@ func (n *Node) ourHello() *Hello {
 		h.Proposal = append(h.Proposal, p.String())
 	}
 	h.Ready = n.locked != nil
+	h.Formed = n.formed
 	return h
 }
 
@@ -336,7 +343,7 @@ func (n *Node) learn(from peer.ID, h *Hello) {
 		}
 		prop = append(prop, id)
 	}
-	n.views[from] = view{prop: prop, ready: h.Ready}
+	n.views[from] = view{prop: prop, ready: h.Ready, formed: h.Formed}
 	for _, m := range h.Members {
 		id, err := peer.Decode(m.ID)
 		if err != nil || id == n.h.ID() || n.verified[id] {
@@ -461,7 +468,15 @@ func (n *Node) agreed() (*Formation, error) {
 		}
 		if n.allOthers(n.locked, true) {
 			f := n.locked
+			n.formed = true
 			return &Formation{Members: f, Rank: slices.Index(f, self), Generation: 1}, nil
+		}
+	}
+	for _, v := range n.views {
+		if v.formed && !slices.Contains(v.prop, self) {
+			// A ring is training without us (perhaps smaller than it
+			// began, having lost members): wait to be admitted.
+			return nil, fmt.Errorf("%w: job %q is training in a ring without this peer", ErrStandby, n.job.Name)
 		}
 	}
 	for _, v := range n.views {

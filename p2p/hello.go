@@ -46,6 +46,9 @@ type Hello struct {
 	Ready bool `json:"ready,omitempty"`
 	// Generation of the proposed ring.
 	Generation uint64 `json:"generation"`
+	// Formed: the sender's ring has formed and is training; a peer not in
+	// its Proposal is late, and waits as a standby.
+	Formed bool `json:"formed,omitempty"`
 	// Refused, in a response, says why the responder will not form a
 	// ring with the sender (another config, version or job).
 	Refused string `json:"refused,omitempty"`

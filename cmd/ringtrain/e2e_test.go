@@ -438,3 +438,38 @@ func TestCtrlCOnOnePeerLetsOthersGoOn(t *testing.T) {
 		t.Errorf("the two that stayed: hashes %v; want two equal ones\n%s", hashes, out)
 	}
 }
+
+// TestReplacementIsAdmitted: three peers (min_world_size 2) lose one; a new
+// peer started then waits as a standby, is admitted after an epoch, catches
+// up, and the three end the job with the same parameters.
+func TestReplacementIsAdmitted(t *testing.T) {
+	cfg := jobFile(t, t.TempDir(), `"name": "replace", "world_size": 3, "min_world_size": 2, "epochs": 6`)
+	local := startRingtrain(t, "local", "-n", "3", "--config", cfg)
+	local.until(t, "training", func(out string) bool { return strings.Count(out, `"steps":`) >= 3 })
+	buf := string(local.buf)
+	m := regexp.MustCompile(`\[peer 2\] started, pid (\d+)`).FindStringSubmatch(buf)
+	a := regexp.MustCompile(`\[(?:peer|rank) \d\] listening on (/ip4/127\.0\.0\.1/\S+)`).FindStringSubmatch(buf)
+	if m == nil || a == nil {
+		t.Fatalf("no pid or address:\n%s", buf)
+	}
+	pid, _ := strconv.Atoi(m[1])
+	syscall.Kill(pid, syscall.SIGKILL)
+	local.until(t, "re-formation", func(out string) bool { return strings.Count(out, "ring re-formed: rank ") == 2 })
+	out, err := ringtrain(t, 3*time.Minute, "join", "--config", cfg, "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", a[1], "--log-format", "json")
+	if err != nil {
+		t.Fatalf("the replacement: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "waiting as a standby") || !strings.Contains(out, "admitted to the ring") {
+		t.Errorf("the replacement did not say it waited and was admitted:\n%s", out)
+	}
+	rest, _ := io.ReadAll(local.out)
+	all := string(append(local.buf, rest...)) + out
+	local.cmd.Wait()
+	var hashes []string
+	for _, m := range regexp.MustCompile(`"world_size":3,"epochs":6,.*"param_hash":"([0-9a-f]{64})"`).FindAllStringSubmatch(all, -1) {
+		hashes = append(hashes, m[1])
+	}
+	if len(hashes) != 3 || hashes[0] != hashes[1] || hashes[1] != hashes[2] {
+		t.Errorf("summaries of the grown ring: hashes %v; want three equal ones\n%s", hashes, all)
+	}
+}

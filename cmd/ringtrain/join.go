@@ -125,10 +125,25 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	links := p2p.NewRingLinks(h.Host, "", log)
 	defer links.Close()
 	formed, err := node.Join(jctx)
+	admitted := false
+	if errors.Is(err, p2p.ErrStandby) {
+		// Late: the ring is training. Wait, as a standby, to be let in at
+		// the end of an epoch while the ring is below world_size.
+		log.Info().Msg("the ring has formed without this peer; waiting as a standby to be admitted after an epoch")
+		var prev *p2p.Formation
+		if prev, err = node.WaitAdmission(ctx); err == nil {
+			rctx, cancel := context.WithTimeout(ctx, time.Duration(cfg.JoinTimeout))
+			formed, err = node.Reform(rctx, prev, 1)
+			cancel()
+			admitted = true
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("join: %w", err)
 	}
-	t, err := links.Connect(jctx, formed, planeVal)
+	cctx, cancelConnect := context.WithTimeout(ctx, time.Duration(cfg.JoinTimeout))
+	defer cancelConnect()
+	t, err := links.Connect(cctx, formed, planeVal)
 	if err != nil {
 		return err
 	}
@@ -236,6 +251,55 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	// fails that step's allreduce on every peer; the survivors agree on
 	// the next generation of the ring among themselves — if at least
 	// min_world_size remain — and carry on from the interrupted step.
+	// After an epoch, rank 0 lets in standbys (peers that arrived late, or
+	// replacements for lost ones) while the ring is below world_size: it
+	// names them to the others through the ring, tells them, and all re-form
+	// with them in a new generation; they catch up from the ring.
+	rc.Grow = func(gctx context.Context, at train.Position) (train.Collective, error) {
+		var pick []peer.ID
+		if rank == 0 {
+			for _, p := range node.Standbys(formed.Members) {
+				if len(formed.Members)+len(pick) < cfg.WorldSize {
+					pick = append(pick, p)
+				}
+			}
+		}
+		pick, err := agreeOnPeers(gctx, rc.Replica.Coll, cfg.WorldSize, pick)
+		if err != nil || len(pick) == 0 {
+			return nil, err
+		}
+		began := time.Now()
+		grown := append(slices.Clone(formed.Members), pick...)
+		if rank == 0 {
+			for _, p := range pick {
+				if err := node.Admit(gctx, p, formed, grown); err != nil {
+					log.Warn().Err(err).Msg("could not admit a standby")
+				}
+			}
+		}
+		rg.Close()
+		fctx, cancel := context.WithTimeout(gctx, time.Duration(cfg.JoinTimeout))
+		defer cancel()
+		f, err := node.Reform(fctx, &p2p.Formation{Members: grown, Rank: rank, Generation: formed.Generation}, cfg.MinWorldSize)
+		if err != nil {
+			return nil, err
+		}
+		t, err := links.Connect(fctx, f, planeVal)
+		if err != nil {
+			return nil, err
+		}
+		next, err := ring.New(t, ring.Config{Rank: f.Rank, Size: len(f.Members), Generation: f.Generation})
+		if err != nil {
+			t.Close()
+			return nil, err
+		}
+		formed, rg, rank, n = f, next, f.Rank, len(f.Members)
+		log = peerLog.With().Int("rank", rank).Logger()
+		log.Info().Int("admitted", len(pick)).Int("world_size", n).Uint64("generation", f.Generation).Int("epochs_done", at.Epochs).
+			Str("took", time.Since(began).Round(time.Millisecond).String()).Msg("ring grew: admitted standbys")
+		fmt.Fprintf(stdout, "ring grew: rank %d of %d, generation %d\n", rank, n, f.Generation)
+		return steppedRing{rg, time.Duration(cfg.StepTimeout), nil}, nil
+	}
 	// A peer interrupted with Ctrl-C says so in its last step, and the
 	// others re-form without it at once, the same way.
 	rc.MinSize = cfg.MinWorldSize
@@ -287,9 +351,18 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}}
 		return steppedRing{rg, time.Duration(cfg.StepTimeout), first}, nil
 	}
-	// A restarted job carries on from the most advanced checkpoint that any
+	// A peer admitted mid-run takes the ring's state and position; a
+	// restarted job carries on from the most advanced checkpoint that any
 	// peer finds in its checkpoint_dir (every peer looks in its own).
-	if cfg.CheckpointDir != "" {
+	if admitted {
+		start, err := rc.Replica.Admitted(ctx, rc.Replica.Coll)
+		if err != nil {
+			return err
+		}
+		rc.Start, rc.Joined = start, true
+		log.Info().Int("world_size", n).Uint64("generation", formed.Generation).Int("epochs_done", start.Epochs).
+			Int("steps_done", start.Steps).Msg("admitted to the ring; caught up with its parameters and optimizer state")
+	} else if cfg.CheckpointDir != "" {
 		found, err := findCheckpoint(filepath.Join(cfg.CheckpointDir, cfg.Name+".ckpt"), cfg.Epochs)
 		if err == nil && found != nil {
 			if err = rc.Replica.Restore(found); err != nil {
@@ -349,6 +422,47 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		Float64("test_loss", sum.TestLoss).Floats64("test_accuracy_per_class", sum.PerClass).Str("param_hash", sum.ParamHash).Float64("samples_per_sec", sum.SamplesPerSec).
 		Msg("summary")
 	return nil
+}
+
+// agreeOnPeers sends rank 0's list of peers to every rank through the
+// ring — each ID's bytes as floats, at most max of them — so that all act
+// on the same one.
+func agreeOnPeers(ctx context.Context, c train.Collective, max int, pick []peer.ID) ([]peer.ID, error) {
+	const width = 1 + 64 // length, then up to 64 bytes of ID
+	buf := make([]float32, 1+max*width)
+	if c.Rank() == 0 {
+		buf[0] = float32(len(pick))
+		for i, p := range pick {
+			b := []byte(p)
+			if len(b) > 64 {
+				return nil, fmt.Errorf("peer ID %s is longer than 64 bytes", p)
+			}
+			buf[1+i*width] = float32(len(b))
+			for j, x := range b {
+				buf[2+i*width+j] = float32(x)
+			}
+		}
+	}
+	if err := c.Broadcast(ctx, buf, 0); err != nil {
+		return nil, fmt.Errorf("agreeing on standbys to admit: %w", err)
+	}
+	k := int(buf[0])
+	if k < 0 || k > max {
+		return nil, fmt.Errorf("rank 0 names %d standbys, at most %d expected", k, max)
+	}
+	out := make([]peer.ID, 0, k)
+	for i := range k {
+		l := int(buf[1+i*width])
+		if l < 0 || l > 64 {
+			return nil, fmt.Errorf("rank 0 sent a %d-byte peer ID", l)
+		}
+		b := make([]byte, l)
+		for j := range b {
+			b[j] = byte(buf[2+i*width+j])
+		}
+		out = append(out, peer.ID(b))
+	}
+	return out, nil
 }
 
 // findCheckpoint loads the checkpoint at path, if there is one. One of a
