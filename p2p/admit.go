@@ -55,13 +55,31 @@ func (n *Node) Admit(ctx context.Context, p peer.ID, prev *Formation, members []
 
 // WaitAdmission waits, as a standby, until a member of the formed ring
 // admits this node, and returns the formation to Reform from: the ring to
-// be, in the generation before.
-func (n *Node) WaitAdmission(ctx context.Context) (*Formation, error) {
-	select {
-	case f := <-n.admitted:
-		return f, nil
-	case <-ctx.Done():
-		return nil, fmt.Errorf("p2p: waiting to be admitted to job %q: %w", n.job.Name, ctx.Err())
+// be, in the generation before. It gives up when no peer of the job has
+// been connected for idle (the job has ended, most likely).
+func (n *Node) WaitAdmission(ctx context.Context, idle time.Duration) (*Formation, error) {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	last := time.Now()
+	for {
+		select {
+		case f := <-n.admitted:
+			return f, nil
+		case <-ctx.Done():
+			return nil, fmt.Errorf("p2p: waiting to be admitted to job %q: %w", n.job.Name, ctx.Err())
+		case <-tick.C:
+		}
+		n.mu.Lock()
+		for p := range n.verified {
+			if p != n.h.ID() && n.h.Network().Connectedness(p) == network.Connected {
+				last = time.Now()
+				break
+			}
+		}
+		n.mu.Unlock()
+		if time.Since(last) > idle {
+			return nil, fmt.Errorf("p2p: waited to be admitted to job %q, but none of its peers has been reachable for %v: the job has ended or gone", n.job.Name, idle)
+		}
 	}
 }
 

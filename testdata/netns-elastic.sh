@@ -3,14 +3,12 @@
 # namespaces, each with one veth into a bridge, every link capped at 1 Gbit/s
 # with tbf (and 1 ms of netem delay where the kernel has netem; this one does
 # not). A `ringtrain join` runs in each; one is SIGKILLed mid-epoch; the
-# three others must re-form the ring and finish with identical parameter
-# hashes. Addresses are 10.231.0.1–4, inside the namespaces only; everything
+# three others must re-form the ring; a new peer started in the dead one's
+# namespace must be admitted after an epoch; and all four must finish with
+# identical parameter hashes. Addresses are 10.231.0.1–4, inside the namespaces only; everything
 # made here is removed on exit, also on failure.
 #
 # usage: testdata/netns-elastic.sh [path/to/ringtrain]   (make test-netns)
-#
-# Not yet covered, because it is not built: a fifth peer joining mid-training
-# and being admitted (issue 6).
 set -euo pipefail
 
 bin=$(realpath "${1:-bin/ringtrain}")
@@ -48,7 +46,7 @@ for i in 0 1 2 3; do
 done
 
 cat >"$tmp/job.json" <<EOF
-{"name": "netns-elastic", "world_size": 4, "min_world_size": 3, "epochs": 4, "batch_size": 8, "seed": 3, "model": "mlp",
+{"name": "netns-elastic", "world_size": 4, "min_world_size": 3, "epochs": 8, "batch_size": 8, "seed": 3, "model": "mlp",
  "data": {"transforms": [{"name": "ToTensor", "args": []}],
           "dataset_path": {"train": "$here/fashion-mnist", "test": "$here/fashion-mnist"}}}
 EOF
@@ -76,14 +74,18 @@ for i in 0 1 2 3; do wait_for "$tmp/$i.log" '"message":"training"' 60; done
 wait_for "$tmp/0.log" '"epoch":2,"step":50,' 120 # the middle of epoch 2
 kill -9 "${pids[3]}"
 echo "netns-elastic: SIGKILLed the peer in ${p}3 in the middle of epoch 2"
-for i in 0 1 2; do
+for i in 0 1 2; do wait_for "$tmp/$i.log" 'ring re-formed without the lost peers' 30; done
+echo "netns-elastic: the 3 survivors re-formed; starting a replacement in ${p}3"
+mv "$tmp/3.log" "$tmp/3-killed.log"
+start 3 "$boot"
+for i in 0 1 2 3; do
 	if ! wait "${pids[$i]}"; then echo "netns-elastic: FAIL, peer $i exited non-zero:"; cat "$tmp/$i.log"; exit 1; fi
 done
-hashes=$(for i in 0 1 2; do grep -o '"world_size":3,"epochs":4,[^}]*"param_hash":"[0-9a-f]*"' "$tmp/$i.log" | grep -o '[0-9a-f]\{64\}'; done | sort -u)
-reformed=$(cat "$tmp"/[012].log | grep -c 'ring re-formed without the lost peers' || true)
-if [ "$(echo "$hashes" | wc -l)" != 1 ] || [ -z "$hashes" ] || [ "$reformed" != 3 ]; then
-	echo "netns-elastic: FAIL, want 3 re-formations and one hash of a world of 3; got $reformed and:"; echo "$hashes"
-	cat "$tmp"/[012].log
+hashes=$(for i in 0 1 2 3; do grep -o '"world_size":4,"epochs":8,[^}]*"param_hash":"[0-9a-f]*"' "$tmp/$i.log" | grep -o '[0-9a-f]\{64\}'; done | sort -u)
+summaries=$(cat "$tmp"/[0123].log | grep -c '"message":"summary"' || true)
+if [ "$(echo "$hashes" | wc -l)" != 1 ] || [ -z "$hashes" ] || [ "$summaries" != 4 ] || ! grep -q 'admitted to the ring' "$tmp/3.log"; then
+	echo "netns-elastic: FAIL, want the replacement admitted and 4 summaries of a world of 4 with one hash; got $summaries and:"; echo "$hashes"
+	cat "$tmp"/[0123].log
 	exit 1
 fi
-echo "netns-elastic: ok, the 3 survivors re-formed and ended with parameter hash ${hashes:0:16}"
+echo "netns-elastic: ok, the replacement was admitted and all 4 ended with parameter hash ${hashes:0:16}"

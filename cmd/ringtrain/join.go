@@ -131,7 +131,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		// the end of an epoch while the ring is below world_size.
 		log.Info().Msg("the ring has formed without this peer; waiting as a standby to be admitted after an epoch")
 		var prev *p2p.Formation
-		if prev, err = node.WaitAdmission(ctx); err == nil {
+		if prev, err = node.WaitAdmission(ctx, time.Duration(cfg.JoinTimeout)); err == nil {
 			rctx, cancel := context.WithTimeout(ctx, time.Duration(cfg.JoinTimeout))
 			formed, err = node.Reform(rctx, prev, 1)
 			cancel()
