@@ -63,8 +63,10 @@ func (r *Replica) adoptLatest(ctx context.Context, has bool, mine Position) (Pos
 	pos := Position{Epochs: getInt(head[0:]), Steps: getInt(head[2:]), Skip: getInt(head[4:])}
 	optStep, nState := getInt(head[6:]), getInt(head[8:])
 	params := r.Model.Params()
-	if nState%max(len(params), 1) != 0 {
-		return Position{}, root, fmt.Errorf("train: rank %d's optimizer has %d state tensors for %d parameter tensors", root, nState, len(params))
+	// What another rank sends is checked before anything is made from it:
+	// an optimizer keeps at most two tensors per parameter (Adam).
+	if nState < 0 || nState > 2*len(params) || nState%max(len(params), 1) != 0 || pos.Epochs < 0 || pos.Steps < 0 || pos.Skip < 0 {
+		return Position{}, root, fmt.Errorf("train: rank %d sends %d optimizer state tensors for %d parameter tensors, at %+v", root, nState, len(params), pos)
 	}
 	// Parameters, then every state tensor (each shaped like a parameter).
 	if err := r.broadcastTensors(ctx, params, root); err != nil {

@@ -251,6 +251,22 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	// fails that step's allreduce on every peer; the survivors agree on
 	// the next generation of the ring among themselves — if at least
 	// min_world_size remain — and carry on from the interrupted step.
+	// switchRing connects the ring of a new formation and makes it this
+	// peer's (the old one is closed by then).
+	switchRing := func(ctx context.Context, f *p2p.Formation) error {
+		t, err := links.Connect(ctx, f, planeVal)
+		if err != nil {
+			return err
+		}
+		next, err := ring.New(t, ring.Config{Rank: f.Rank, Size: len(f.Members), Generation: f.Generation})
+		if err != nil {
+			t.Close()
+			return err
+		}
+		formed, rg, rank, n = f, next, f.Rank, len(f.Members)
+		log = peerLog.With().Int("rank", rank).Logger()
+		return nil
+	}
 	// After an epoch, rank 0 lets in standbys (peers that arrived late, or
 	// replacements for lost ones) while the ring is below world_size: it
 	// names them to the others through the ring, tells them, and all re-form
@@ -284,17 +300,9 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if err != nil {
 			return nil, err
 		}
-		t, err := links.Connect(fctx, f, planeVal)
-		if err != nil {
+		if err := switchRing(fctx, f); err != nil {
 			return nil, err
 		}
-		next, err := ring.New(t, ring.Config{Rank: f.Rank, Size: len(f.Members), Generation: f.Generation})
-		if err != nil {
-			t.Close()
-			return nil, err
-		}
-		formed, rg, rank, n = f, next, f.Rank, len(f.Members)
-		log = peerLog.With().Int("rank", rank).Logger()
 		log.Info().Int("admitted", len(pick)).Int("world_size", n).Uint64("generation", f.Generation).Int("epochs_done", at.Epochs).
 			Str("took", time.Since(began).Round(time.Millisecond).String()).Msg("ring grew: admitted standbys")
 		fmt.Fprintf(stdout, "ring grew: rank %d of %d, generation %d\n", rank, n, f.Generation)
@@ -323,23 +331,15 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if err != nil {
 			return nil, err
 		}
-		t, err := links.Connect(fctx, f, planeVal)
-		if err != nil {
-			return nil, err
-		}
-		next, err := ring.New(t, ring.Config{Rank: f.Rank, Size: len(f.Members), Generation: f.Generation})
-		if err != nil {
-			t.Close()
-			return nil, err
-		}
 		var lost []string
 		for _, p := range formed.Members {
 			if !slices.Contains(f.Members, p) {
 				lost = append(lost, p.String())
 			}
 		}
-		formed, rg, rank, n = f, next, f.Rank, len(f.Members)
-		log = peerLog.With().Int("rank", rank).Logger()
+		if err := switchRing(fctx, f); err != nil {
+			return nil, err
+		}
 		log.Warn().Strs("lost", lost).Int("world_size", n).Uint64("generation", f.Generation).
 			Str("took", time.Since(began).Round(time.Millisecond).String()).Msg("ring re-formed without the lost peers; running the step again")
 		fmt.Fprintf(stdout, "ring re-formed: rank %d of %d, generation %d, %d peer(s) lost\n", rank, n, f.Generation, len(lost))

@@ -8,7 +8,6 @@ import (
 	"runtime"
 	"unsafe"
 
-	"gonum.org/v1/gonum/blas"
 	"gorgonia.org/cu"
 	cublas "gorgonia.org/cu/blas"
 
@@ -155,14 +154,7 @@ func devSlice(b devBuf) []float32 {
 // transpose in column-major, so C = A·B is computed as Cᵀ = Bᵀ·Aᵀ with
 // the operands swapped and the leading dimensions unchanged.
 func (c *CUDA) Gemm(transA, transB bool, m, n, k int, a, b Buf, beta float32, out Buf) error {
-	ta, tb := blas.NoTrans, blas.NoTrans
-	lda, ldb := k, n
-	if transA {
-		ta, lda = blas.Trans, m
-	}
-	if transB {
-		tb, ldb = blas.Trans, k
-	}
+	ta, tb, lda, ldb := gemmArgs(transA, transB, m, n, k)
 	return c.on(func() error {
 		c.bl.Sgemm(tb, ta, n, m, k, 1, devSlice(dev(b)), ldb, devSlice(dev(a)), lda, beta, devSlice(dev(out)), n)
 		return c.bl.Err()

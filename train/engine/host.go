@@ -3,7 +3,6 @@ package engine
 import (
 	"fmt"
 
-	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/blas32"
 )
 
@@ -35,14 +34,7 @@ func copyChecked(dst, src []float32) error {
 }
 
 func (Host) Gemm(transA, transB bool, m, n, k int, a, b Buf, beta float32, c Buf) error {
-	ta, tb := blas.NoTrans, blas.NoTrans
-	lda, ldb := k, n
-	if transA {
-		ta, lda = blas.Trans, m
-	}
-	if transB {
-		tb, ldb = blas.Trans, k
-	}
+	ta, tb, lda, ldb := gemmArgs(transA, transB, m, n, k)
 	blas32.Implementation().Sgemm(ta, tb, m, n, k, 1, f32(a), lda, f32(b), ldb, beta, f32(c), n)
 	return nil
 }

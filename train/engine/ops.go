@@ -1,5 +1,7 @@
 package engine
 
+import "gonum.org/v1/gonum/blas"
+
 // Buf is a buffer of float32s in an Ops's memory.
 type Buf interface {
 	// Len is its length in float32s.
@@ -39,4 +41,17 @@ type Ops interface {
 	SoftmaxXent(logits, labels, grad, loss Buf, rows, n, classes int) error
 	// Close frees what the Ops hold; buffers die with it.
 	Close() error
+}
+
+// gemmArgs turns Gemm's row-major request into BLAS's transpose flags and
+// leading dimensions.
+func gemmArgs(transA, transB bool, m, n, k int) (ta, tb blas.Transpose, lda, ldb int) {
+	ta, tb, lda, ldb = blas.NoTrans, blas.NoTrans, k, n
+	if transA {
+		ta, lda = blas.Trans, m
+	}
+	if transB {
+		tb, ldb = blas.Trans, k
+	}
+	return ta, tb, lda, ldb
 }

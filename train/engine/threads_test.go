@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -91,28 +92,16 @@ func TestMaxPoolBackward(t *testing.T) {
 	}
 	y := make([]float32, 4)
 	Host{}.MaxPool(hostBuf(x), hostBuf(y), g)
-	if want := []float32{3, 5, 7, 4}; !equal(y, want) {
+	if want := []float32{3, 5, 7, 4}; !slices.Equal(y, want) {
 		t.Fatalf("max pool = %v; want %v", y, want)
 	}
 	dx := make([]float32, 25)
 	Host{}.MaxPoolBackward(hostBuf(x), hostBuf([]float32{10, 20, 30, 40}), hostBuf(dx), g)
 	want := make([]float32, 25)
 	want[1], want[7], want[16], want[12] = 10, 20, 30, 40 // the first 3; the first 4 of the tie
-	if !equal(dx, want) {
+	if !slices.Equal(dx, want) {
 		t.Errorf("max pool backward = %v; want %v", dx, want)
 	}
-}
-
-func equal(a, b []float32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestLaunch: every element gets a thread, in as few blocks as that takes.
