@@ -255,6 +255,9 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 				if _, _, err := r.adoptLatest(ctx, true, at); err != nil {
 					return s, fmt.Errorf("train: bringing admitted peers up to date: %w", err)
 				}
+				if err := r.CheckInSync(ctx); err != nil {
+					return s, fmt.Errorf("train: after admitting peers: %w", err)
+				}
 			}
 		}
 		if cfg.Progress != nil {
@@ -286,6 +289,9 @@ func (r *Replica) Admitted(ctx context.Context, c Collective) (Position, error) 
 	pos, _, err := r.adoptLatest(ctx, false, Position{})
 	if err != nil {
 		return Position{}, fmt.Errorf("train: catching up on admission: %w", err)
+	}
+	if err := r.CheckInSync(ctx); err != nil {
+		return Position{}, fmt.Errorf("train: after admission: %w", err)
 	}
 	return pos, nil
 }
