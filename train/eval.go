@@ -43,7 +43,7 @@ func EvaluateSharded(ctx context.Context, c Collective, m Model, e *data.Epoch, 
 		buf[1+k], buf[1+classes+k] = float32(t.correct[k]), float32(t.total[k])
 	}
 	if err := c.AllreduceSum(ctx, buf); err != nil {
-		return Result{}, fmt.Errorf("train: summing evaluation counts: %w", err)
+		return Result{}, fmt.Errorf("%w: summing evaluation counts: %w", ErrCollective, err)
 	}
 	t.lossSum = float64(buf[0])
 	for k := range classes {

@@ -227,18 +227,32 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		elapsed := time.Since(start)
 		samples += epochSamples
 		busy += elapsed
-		if err := r.CheckInSync(ctx); err != nil {
-			return s, fmt.Errorf("train: after epoch %d: %w", epoch, err)
+		// The epoch's end: the replicas compare hashes and score the test
+		// set. A peer lost here (or one that finished the epoch's last
+		// step alone and came here first) makes the ring re-form and the
+		// end run again.
+		for {
+			err := r.CheckInSync(ctx)
+			var res Result
+			if err == nil && cfg.Test != nil {
+				res, err = evaluate(ctx, cfg)
+			}
+			if errors.Is(err, ErrCollective) && cfg.Reform != nil {
+				if _, err := reform(ctx, cfg, r, err, at(step)); err != nil {
+					return s, err
+				}
+				continue
+			}
+			if err != nil {
+				return s, fmt.Errorf("train: after epoch %d: %w", epoch+1, err)
+			}
+			if cfg.Test != nil {
+				s.TestLoss, s.TestAccuracy, s.PerClass, s.TestSamples = res.Loss, res.Accuracy, res.PerClass, res.Samples
+				s.EpochAccuracy = append(s.EpochAccuracy, res.Accuracy)
+			}
+			break
 		}
 		totalSteps += step
-		if cfg.Test != nil {
-			res, err := evaluate(ctx, cfg)
-			if err != nil {
-				return s, err
-			}
-			s.TestLoss, s.TestAccuracy, s.PerClass, s.TestSamples = res.Loss, res.Accuracy, res.PerClass, res.Samples
-			s.EpochAccuracy = append(s.EpochAccuracy, res.Accuracy)
-		}
 		if cfg.Save != nil {
 			if err := cfg.Save(Position{Epochs: epoch + 1, Steps: totalSteps}); err != nil {
 				return s, err

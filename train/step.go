@@ -21,8 +21,8 @@ type Collective interface {
 	Size() int
 }
 
-// ErrCollective means a step's collective failed — a peer died, left or
-// stalled — so the step was applied on no rank.
+// ErrCollective means a collective failed — a peer died, left or stalled.
+// In a step, the step was applied on no rank whose call failed.
 var ErrCollective = errors.New("train: the ring failed")
 
 // ErrNonFinite means a gradient had a NaN or an Inf on some rank; every rank
@@ -220,7 +220,7 @@ func (r *Replica) CheckInSync(ctx context.Context) error {
 		table[pieces*rank+i] = float32(binary.LittleEndian.Uint16(hash[2*i:]))
 	}
 	if err := r.Coll.AllreduceSum(ctx, table); err != nil {
-		return fmt.Errorf("train: comparing parameter hashes: %w", err)
+		return fmt.Errorf("%w: comparing parameter hashes: %w", ErrCollective, err)
 	}
 	var differ []int
 	for k := 1; k < size; k++ {
