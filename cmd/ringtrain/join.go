@@ -247,10 +247,6 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		rc.SaveEvery = cfg.CheckpointEvery
 	}
-	// A peer lost in a step (killed, unplugged, stalled past step_timeout)
-	// fails that step's allreduce on every peer; the survivors agree on
-	// the next generation of the ring among themselves — if at least
-	// min_world_size remain — and carry on from the interrupted step.
 	// switchRing connects the ring of a new formation and makes it this
 	// peer's (the old one is closed by then).
 	switchRing := func(ctx context.Context, f *p2p.Formation) error {
@@ -308,6 +304,10 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintf(stdout, "ring grew: rank %d of %d, generation %d\n", rank, n, f.Generation)
 		return steppedRing{rg, time.Duration(cfg.StepTimeout), nil}, nil
 	}
+	// A peer lost in a step (killed, unplugged, stalled past step_timeout)
+	// fails that step's allreduce on every peer; the survivors agree on
+	// the next generation of the ring among themselves — if at least
+	// min_world_size remain — and carry on from the interrupted step.
 	// A peer interrupted with Ctrl-C says so in its last step, and the
 	// others re-form without it at once, the same way.
 	rc.MinSize = cfg.MinWorldSize
@@ -402,8 +402,10 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		log.Warn().Ints("asked_by_ranks", askedBy).Int("epochs_done", sum.Epochs).Int("steps_done", sum.Steps).
 			Msg("interrupted: every peer stopped after the same step and left the ring")
-		if serr := save(sum.Position); serr != nil {
-			return serr
+		if rc.Save != nil { // rank 0 writes where the ring stopped
+			if serr := rc.Save(sum.Position); serr != nil {
+				return serr
+			}
 		}
 		if ctx.Err() == nil {
 			return fmt.Errorf("stopped after %d steps because rank(s) %v were interrupted: %w", sum.Steps, askedBy, err)
