@@ -87,11 +87,8 @@ func (n *Node) WaitAdmission(ctx context.Context, idle time.Duration) (*Formatio
 // ring that includes it.
 func (n *Node) handleAdmit(s network.Stream) {
 	defer s.Close()
-	s.SetDeadline(time.Now().Add(5 * time.Second))
-	from := s.Conn().RemotePeer()
-	h, err := readHello(s)
-	if err != nil || n.check(h) != "" {
-		s.Reset()
+	h, from, ok := n.readJobHello(s)
+	if !ok {
 		return
 	}
 	n.mu.Lock()

@@ -36,9 +36,9 @@ type reformState struct {
 // Then the two phases of Join run on the survivors: each proposes the
 // survivors it knows, in the old rank order; all ready on one list form it.
 // Members in gone (peers that said they leave) are out from the start.
-// It fails with ErrTooFew when fewer than min members survive, and with
+// It fails with ErrTooFew when fewer than minSize members survive, and with
 // ErrJoinTimeout when ctx ends first.
-func (n *Node) Reform(ctx context.Context, prev *Formation, min int, gone ...peer.ID) (*Formation, error) {
+func (n *Node) Reform(ctx context.Context, prev *Formation, minSize int, gone ...peer.ID) (*Formation, error) {
 	st := &reformState{gen: prev.Generation + 1, prev: prev.Members, views: map[peer.ID]view{}, dead: map[peer.ID]bool{}}
 	for _, p := range gone {
 		st.dead[p] = true
@@ -50,7 +50,7 @@ func (n *Node) Reform(ctx context.Context, prev *Formation, min int, gone ...pee
 	n.mu.Unlock()
 	for {
 		n.reformRound(ctx, st)
-		f, err := n.reformAgreed(st, min)
+		f, err := n.reformAgreed(st, minSize)
 		if f != nil || err != nil {
 			if f != nil {
 				n.cfg.Logger.Info().Int("rank", f.Rank).Int("world_size", len(f.Members)).Uint64("generation", f.Generation).
@@ -180,7 +180,7 @@ func (n *Node) learnReform(st *reformState, from peer.ID, h *Hello) {
 
 // reformAgreed is agreed's counterpart: ready once every member of our
 // proposal proposes it; formed once all are ready on it.
-func (n *Node) reformAgreed(st *reformState, min int) (*Formation, error) {
+func (n *Node) reformAgreed(st *reformState, minSize int) (*Formation, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	self := n.h.ID()
@@ -198,9 +198,9 @@ func (n *Node) reformAgreed(st *reformState, min int) (*Formation, error) {
 	}
 	if st.lock == nil {
 		prop := n.reformProposal(st)
-		if prop != nil && len(prop) < min {
+		if prop != nil && len(prop) < minSize {
 			return nil, fmt.Errorf("%w: %d of the %d peers of generation %d survive, and the job needs at least %d (min_world_size)",
-				ErrTooFew, len(prop), len(st.prev), st.gen-1, min)
+				ErrTooFew, len(prop), len(st.prev), st.gen-1, minSize)
 		}
 		if prop != nil && others(prop, false) {
 			st.lock = prop
@@ -226,11 +226,8 @@ func (n *Node) reformAgreed(st *reformState, min int) (*Formation, error) {
 // (not yet) when it is not.
 func (n *Node) handleReform(s network.Stream) {
 	defer s.Close()
-	s.SetDeadline(time.Now().Add(5 * time.Second))
-	from := s.Conn().RemotePeer()
-	h, err := readHello(s)
-	if err != nil || n.check(h) != "" {
-		s.Reset()
+	h, from, ok := n.readJobHello(s)
+	if !ok {
 		return
 	}
 	n.mu.Lock()
@@ -246,4 +243,16 @@ func (n *Node) handleReform(s network.Stream) {
 	if err := writeHello(s, resp); err != nil {
 		s.Reset()
 	}
+}
+
+// readJobHello reads the one hello of a reform or admit stream; a
+// malformed one, or one of another job, cuts the stream off.
+func (n *Node) readJobHello(s network.Stream) (*Hello, peer.ID, bool) {
+	s.SetDeadline(time.Now().Add(5 * time.Second))
+	h, err := readHello(s)
+	if err != nil || n.check(h) != "" {
+		s.Reset()
+		return nil, "", false
+	}
+	return h, s.Conn().RemotePeer(), true
 }

@@ -97,11 +97,10 @@ type Summary struct {
 	SamplesPerSec float64   // this rank's training samples per second
 }
 
-// Run starts every replica from rank 0's parameters (and, when resuming,
-// rank 0's optimizer state is what every replica loaded from the same
-// checkpoint), trains for the epochs,
-// checks at the end of each that the replicas hold the same parameters,
-// and evaluates.
+// Run starts every replica from rank 0's parameters (unless Joined: an
+// admitted replica has its state already; a resumed one has had it from
+// Replica.Resume), trains from Start to Epochs, checks at the end of each
+// epoch that the replicas hold the same parameters, and evaluates.
 func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	r := cfg.Replica
 	if cfg.MaxSkips <= 0 {
