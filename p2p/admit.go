@@ -13,18 +13,18 @@ import (
 // AdmitProtocol tells a standby it is admitted: the message is a Hello
 // whose Proposal is the ring to be, old members first, and whose
 // Generation is the ring's current one. Then all of them Reform.
-const AdmitProtocol = "/ringtrain/admit/1.0.0"
+const AdmitProtocol = "/ringtrain/admit/2.0.0"
 
-// Standbys are the peers of this job that said hello to this node but are
-// not in members: late arrivals, waiting to be admitted.
+// Standbys are the verified peers of this job that are connected but not
+// in members: late arrivals, waiting to be admitted.
 func (n *Node) Standbys(members []peer.ID) []peer.ID {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	var out []peer.ID
-	for p := range n.verified {
+	for p, pi := range n.peers {
 		// Connected: a peer that said hello and is still there (the
 		// verified set also holds members lost since).
-		if !slices.Contains(members, p) && !n.refusedBy[p] && n.h.Network().Connectedness(p) == network.Connected {
+		if pi.verified && !pi.refused && !slices.Contains(members, p) && n.h.Network().Connectedness(p) == network.Connected {
 			out = append(out, p)
 		}
 	}
@@ -34,18 +34,18 @@ func (n *Node) Standbys(members []peer.ID) []peer.ID {
 
 // Admit tells standby p that the ring prev grows into members.
 func (n *Node) Admit(ctx context.Context, p peer.ID, prev *Formation, members []peer.ID) error {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.HelloTimeout)
 	defer cancel()
 	s, err := n.h.NewStream(ctx, p, AdmitProtocol)
 	if err != nil {
 		return fmt.Errorf("p2p: admitting %s: %w", p, err)
 	}
 	defer s.Close()
-	s.SetDeadline(time.Now().Add(3 * time.Second))
-	h := &Hello{Version: ProtocolVersion, Job: n.job.Name, ConfigHash: n.job.ConfigHash, WorldSize: n.job.WorldSize, Generation: prev.Generation}
-	for _, m := range members {
-		h.Proposal = append(h.Proposal, m.String())
-	}
+	s.SetDeadline(time.Now().Add(n.cfg.HelloTimeout))
+	h := &Hello{Version: ProtocolVersion, Proof: proof(n.key, n.h.ID(), p)}
+	grown := slices.Clone(members)
+	slices.Sort(grown)
+	h.setProposal(Proposal{Gen: prev.Generation, Members: grown})
 	if err := writeHello(s, h); err != nil {
 		s.Reset()
 		return fmt.Errorf("p2p: admitting %s: %w", p, err)
@@ -70,8 +70,8 @@ func (n *Node) WaitAdmission(ctx context.Context, idle time.Duration) (*Formatio
 		case <-tick.C:
 		}
 		n.mu.Lock()
-		for p := range n.verified {
-			if p != n.h.ID() && n.h.Network().Connectedness(p) == network.Connected {
+		for p, pi := range n.peers {
+			if pi.verified && n.h.Network().Connectedness(p) == network.Connected {
 				last = time.Now()
 				break
 			}
@@ -84,7 +84,7 @@ func (n *Node) WaitAdmission(ctx context.Context, idle time.Duration) (*Formatio
 }
 
 // handleAdmit takes an admission from a peer this node has verified, for a
-// ring that includes it.
+// well-formed ring of at most world_size that holds both.
 func (n *Node) handleAdmit(s network.Stream) {
 	defer s.Close()
 	h, from, ok := n.readJobHello(s)
@@ -92,22 +92,24 @@ func (n *Node) handleAdmit(s network.Stream) {
 		return
 	}
 	n.mu.Lock()
-	known := n.verified[from]
+	pi := n.peers[from]
+	known := pi != nil && pi.verified
 	n.mu.Unlock()
-	var members []peer.ID
-	for _, m := range h.Proposal {
-		id, err := peer.Decode(m)
-		if err != nil {
-			return
+	m, err := h.proposal()
+	if err == nil {
+		// The same shape rules as any proposal: sorted, no peer twice, at
+		// most world_size.
+		err = NewReformAgreement(n.h.ID(), m.Gen, m.Members, 1, nil).valid(m)
+		if len(m.Members) > n.job.WorldSize {
+			err = fmt.Errorf("a ring of %d, the job's world size is %d", len(m.Members), n.job.WorldSize)
 		}
-		members = append(members, id)
 	}
-	if !known || !slices.Contains(members, n.h.ID()) || !slices.Contains(members, from) {
-		n.cfg.Logger.Warn().Stringer("peer", from).Msg("ignored an admission that does not come from the ring or does not include this peer")
+	if !known || err != nil || !slices.Contains(m.Members, n.h.ID()) || !slices.Contains(m.Members, from) {
+		n.cfg.Logger.Warn().Stringer("peer", from).AnErr("proposal", err).Msg("ignored an admission that does not come from a verified peer of the ring, or does not include this peer")
 		return
 	}
 	select {
-	case n.admitted <- &Formation{Members: members, Rank: slices.Index(members, n.h.ID()), Generation: h.Generation}:
+	case n.admitted <- &Formation{Members: m.Members, Rank: slices.Index(m.Members, n.h.ID()), Generation: m.Gen}:
 	default: // one is waiting already
 	}
 }

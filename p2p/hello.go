@@ -1,22 +1,32 @@
 package p2p
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/libp2p/go-libp2p/core/peer"
 )
 
 // HelloProtocol is the protocol of the agreement exchange.
-const HelloProtocol = "/ringtrain/hello/1.0.0"
+const HelloProtocol = "/ringtrain/hello/2.0.0"
 
-// ProtocolVersion is what peers must share to form a ring.
-const ProtocolVersion = 1
+// ProtocolVersion is what peers must share to form a ring. Version 2
+// proves the job instead of naming it.
+const ProtocolVersion = 2
 
-// maxHelloBytes bounds a hello on the wire; a peer list of hundreds of
-// members with a few addresses each fits with room to spare.
-const maxHelloBytes = 256 << 10
+// Bounds on a hello: a peer list of hundreds of members with a few
+// addresses each fits in maxHelloBytes with room to spare.
+const (
+	maxHelloBytes  = 256 << 10
+	maxHelloPeers  = 4096
+	maxMemberAddrs = 16
+)
 
 // ErrBadHello means a peer sent a hello that is malformed or too large.
 var ErrBadHello = errors.New("p2p: bad hello")
@@ -28,18 +38,20 @@ type Member struct {
 }
 
 // Hello is what peers exchange to agree on a ring. A request and its
-// response are both Hellos.
+// response are both Hellos. Nothing in it names the job: Proof shows that
+// the sender holds the job's name, config hash and world size, bound to the
+// sender and the receiver (see proof), so a stranger learns nothing from
+// it and cannot pass it on as its own.
 type Hello struct {
-	Version    int    `json:"version"`
-	Job        string `json:"job"`
-	ConfigHash string `json:"config_hash"` // hex SHA-256 of the canonical job config
-	WorldSize  int    `json:"world_size"`
-	// Members are the peers of this job the sender has verified,
-	// itself included. Receivers dial the ones they did not know, so a
-	// swarm that started in pieces ends as one.
-	Members []Member `json:"members"`
-	// Proposal is the ring the sender proposes: world_size peer IDs in
-	// rank order; empty until it knows enough members.
+	Version int    `json:"version"`
+	Proof   string `json:"proof,omitempty"`
+	// Members are the peers of this job the sender has verified, itself
+	// included — sent only to verified peers, and only when they changed
+	// since the last hello to that peer. Receivers dial the ones they did
+	// not know, so a swarm that started in pieces ends as one.
+	Members []Member `json:"members,omitempty"`
+	// Proposal is the ring the sender proposes: peer IDs in rank order
+	// (sorted); empty until it knows enough members.
 	Proposal []string `json:"proposal,omitempty"`
 	// Ready: the sender has seen every member propose Proposal and will
 	// not change it; the ring forms when all members are ready.
@@ -49,8 +61,8 @@ type Hello struct {
 	// Formed: the sender's ring has formed and is training; a peer not in
 	// its Proposal is late, and waits as a standby.
 	Formed bool `json:"formed,omitempty"`
-	// Refused, in a response, says why the responder will not form a
-	// ring with the sender (another config, version or job).
+	// Refused, in a response, says that the responder will not form a ring
+	// with the sender — without saying anything of the responder's job.
 	Refused string `json:"refused,omitempty"`
 }
 
@@ -72,7 +84,7 @@ func writeHello(w io.Writer, h *Hello) error {
 }
 
 // readHello reads one hello, refusing a length over the limit before
-// allocating anything, and an unknown field.
+// allocating anything.
 func readHello(r io.Reader) (*Hello, error) {
 	var n [4]byte
 	if _, err := io.ReadFull(r, n[:]); err != nil {
@@ -94,8 +106,57 @@ func decodeHello(b []byte) (*Hello, error) {
 	if err := json.Unmarshal(b, &h); err != nil {
 		return nil, fmt.Errorf("hello: %v: %w", err, ErrBadHello)
 	}
-	if h.WorldSize < 0 || len(h.Proposal) > max(h.WorldSize, 0) || len(h.Members) > 4096 {
-		return nil, fmt.Errorf("hello with world size %d, %d members, proposal of %d: %w", h.WorldSize, len(h.Members), len(h.Proposal), ErrBadHello)
+	if len(h.Proposal) > maxHelloPeers || len(h.Members) > maxHelloPeers || len(h.Proof) > 128 || len(h.Refused) > 1024 {
+		return nil, fmt.Errorf("hello with %d members, a proposal of %d, a %d-byte proof, a %d-byte refusal: %w",
+			len(h.Members), len(h.Proposal), len(h.Proof), len(h.Refused), ErrBadHello)
+	}
+	for _, m := range h.Members {
+		if len(m.Addrs) > maxMemberAddrs {
+			return nil, fmt.Errorf("hello vouches for %s at %d addresses, at most %d: %w", m.ID, len(m.Addrs), maxMemberAddrs, ErrBadHello)
+		}
 	}
 	return &h, nil
+}
+
+// proposal decodes a hello's proposal; a malformed peer ID is an error.
+func (h *Hello) proposal() (Proposal, error) {
+	m := Proposal{Gen: h.Generation, Ready: h.Ready, Formed: h.Formed}
+	for _, s := range h.Proposal {
+		id, err := peer.Decode(s)
+		if err != nil {
+			return Proposal{}, fmt.Errorf("%w: proposal holds %q: %v", ErrBadProposal, s, err)
+		}
+		m.Members = append(m.Members, id)
+	}
+	return m, nil
+}
+
+// setProposal writes m into the hello.
+func (h *Hello) setProposal(m Proposal) {
+	h.Generation, h.Ready, h.Formed, h.Proposal = m.Gen, m.Ready, m.Formed, nil
+	for _, p := range m.Members {
+		h.Proposal = append(h.Proposal, p.String())
+	}
+}
+
+// jobKey is the secret a hello's proof is made with: every peer of the job
+// derives it from the job's name, config hash and world size.
+func jobKey(j Job) []byte {
+	k := sha256.Sum256(fmt.Appendf(nil, "ringtrain job key\x00%d\x00%s\x00%s\x00%d", ProtocolVersion, j.Name, j.ConfigHash, j.WorldSize))
+	return k[:]
+}
+
+// proof is what from says to prove to to that it is a peer of the job: an
+// HMAC of both peer IDs under the job key. Both IDs are authenticated by
+// the connection, so a proof is good only from that sender to that
+// receiver: relayed or echoed, it proves nothing.
+func proof(key []byte, from, to peer.ID) string {
+	m := hmac.New(sha256.New, key)
+	fmt.Fprintf(m, "ringtrain hello\x00%s\x00%s", from, to)
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// proves reports whether got is from's proof to to.
+func proves(key []byte, got string, from, to peer.ID) bool {
+	return hmac.Equal([]byte(got), []byte(proof(key, from, to)))
 }

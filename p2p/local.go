@@ -70,8 +70,8 @@ func (s *LocalSwarm) Connect(ctx context.Context, plane DataPlane) ([]ring.Trans
 	links := make([]*RingLinks, n)
 	var wg sync.WaitGroup
 	for i, h := range s.Hosts {
-		links[i] = NewRingLinks(h, "127.0.0.1:0", zerolog.Nop())
-		wg.Go(func() { ts[s.Formations[i].Rank], errs[i] = links[i].Connect(ctx, s.Formations[i], plane) })
+		links[i] = NewRingLinks(h, s.Nodes[i], LinksConfig{Plane: plane, TCPListen: "127.0.0.1:0", Logger: zerolog.Nop()})
+		wg.Go(func() { ts[s.Formations[i].Rank], errs[i] = links[i].Connect(ctx, s.Formations[i]) })
 	}
 	wg.Wait()
 	closeLinks := func() {

@@ -14,70 +14,63 @@ import (
 
 // ReformProtocol carries the survivors' agreement on the next generation
 // of a ring that lost a member. Its messages are Hellos.
-const ReformProtocol = "/ringtrain/reform/1.0.0"
+const ReformProtocol = "/ringtrain/reform/2.0.0"
 
 // ErrTooFew means fewer peers survived than the job's minimum world size.
 var ErrTooFew = errors.New("p2p: too few peers left")
 
-// reformState is one re-formation under way: the generation it makes and
-// what each member of the old ring said of it.
-type reformState struct {
-	gen   uint64
-	prev  []peer.ID
-	views map[peer.ID]view // survivors' proposals for gen
-	dead  map[peer.ID]bool
-	lock  []peer.ID // the ring this node is ready to form
-}
-
-// Reform agrees with the other survivors of prev on the next generation of
-// the ring, after a collective failed. A member is alive when it answers
-// that it is re-forming too, and dead when it cannot be reached; members of
-// prev that are neither yet (still noticing the failure) are waited for.
-// Then the two phases of Join run on the survivors: each proposes the
-// survivors it knows, in the old rank order; all ready on one list form it.
-// Members in gone (peers that said they leave) are out from the start.
-// It fails with ErrTooFew when fewer than minSize members survive, and with
-// ErrJoinTimeout when ctx ends first.
+// Reform agrees with the other members of prev on the next generation of
+// the ring, after a collective failed, peers left, or standbys were
+// admitted (prev then holds them too). A member is alive when it answers
+// that it is re-forming too, and dead when it cannot be reached; members
+// that are neither yet (still noticing the failure) are waited for. Then
+// the two phases of Join run on the survivors (see Agreement). Members in
+// gone (peers that said they leave, or that were caught lying) are out from
+// the start, whatever they say. It fails with ErrTooFew when fewer than
+// minSize members survive, and with ErrJoinTimeout when ctx ends first.
 func (n *Node) Reform(ctx context.Context, prev *Formation, minSize int, gone ...peer.ID) (*Formation, error) {
-	st := &reformState{gen: prev.Generation + 1, prev: prev.Members, views: map[peer.ID]view{}, dead: map[peer.ID]bool{}}
-	for _, p := range gone {
-		st.dead[p] = true
-	}
-	// The state stays after Reform returns: peers still finishing their
-	// ready phase ask this one, which must go on saying it is ready.
+	members := slices.Clone(prev.Members)
+	slices.Sort(members)
+	a := NewReformAgreement(n.h.ID(), prev.Generation+1, members, minSize, gone)
+	// The agreement stays after Reform returns: peers still finishing
+	// their ready phase ask this one, which must go on saying it is ready.
 	n.mu.Lock()
-	n.reform = st
+	n.reform = a
 	n.mu.Unlock()
 	for {
-		n.reformRound(ctx, st)
-		f, err := n.reformAgreed(st, minSize)
-		if f != nil || err != nil {
-			if f != nil {
-				n.cfg.Logger.Info().Int("rank", f.Rank).Int("world_size", len(f.Members)).Uint64("generation", f.Generation).
-					Stringers("members", peerStringers(f.Members)).Msg("ring re-formed")
-			}
-			return f, err
+		n.reformRound(ctx, a)
+		n.mu.Lock()
+		d := a.Decide()
+		if d.Formed != nil {
+			n.current = d.Formed
 		}
-		t := time.NewTimer(n.cfg.Interval)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		n.mu.Unlock()
+		if d.Formed != nil {
+			f := d.Formed
+			n.cfg.Logger.Info().Int("rank", f.Rank).Int("world_size", len(f.Members)).Uint64("generation", f.Generation).
+				Stringers("members", peerStringers(f.Members)).Msg("ring re-formed")
+			return f, nil
+		}
+		if d.Err != nil {
+			return nil, d.Err
+		}
+		if err := n.wait(ctx, n.cfg.Interval); err != nil {
 			n.mu.Lock()
 			defer n.mu.Unlock()
-			return nil, fmt.Errorf("%w: re-forming generation %d: %d of the %d members of generation %d answered, %d unreachable: %v",
-				ErrJoinTimeout, st.gen, len(st.views)+1, len(st.prev), prev.Generation, len(st.dead), ctx.Err())
-		case <-t.C:
+			return nil, fmt.Errorf("%w: re-forming generation %d: waiting for %v; unreachable %v: %v",
+				ErrJoinTimeout, a.Generation(), a.Waiting(), a.Unreached(), err)
 		}
 	}
 }
 
-// reformRound exchanges re-formation hellos with every old member not
-// known dead.
-func (n *Node) reformRound(ctx context.Context, st *reformState) {
+// reformRound exchanges re-formation hellos with every member not known
+// unreachable.
+func (n *Node) reformRound(ctx context.Context, a *Agreement) {
 	n.mu.Lock()
+	unreached := a.Unreached()
 	var peers []peer.ID
-	for _, p := range st.prev {
-		if p != n.h.ID() && !st.dead[p] {
+	for _, p := range a.Members() {
+		if p != n.h.ID() && !slices.Contains(unreached, p) {
 			peers = append(peers, p)
 		}
 	}
@@ -85,7 +78,7 @@ func (n *Node) reformRound(ctx context.Context, st *reformState) {
 	var wg sync.WaitGroup
 	for _, p := range peers {
 		wg.Go(func() {
-			resp, err := n.reformHello(ctx, p, st)
+			resp, err := n.reformHello(ctx, p, a)
 			n.mu.Lock()
 			defer n.mu.Unlock()
 			switch {
@@ -93,27 +86,37 @@ func (n *Node) reformRound(ctx context.Context, st *reformState) {
 				// A dead process refuses the connection; a stalled one
 				// times out. Either way it is not in the next ring.
 				n.cfg.Logger.Debug().Stringer("peer", p).Err(err).Msg("a member of the old ring is gone")
-				st.dead[p] = true
-				delete(st.views, p)
-			case err == nil && resp.Generation == st.gen && resp.Refused == "":
-				n.learnReform(st, p, resp)
+				a.Unreachable(p)
+			case err == nil && resp.Generation == a.Generation():
+				n.stepLocked(a, p, resp)
 			}
 		})
 	}
 	wg.Wait()
 }
 
-// reformHello sends our view of generation st.gen to p and returns p's.
-func (n *Node) reformHello(ctx context.Context, p peer.ID, st *reformState) (*Hello, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+// stepLocked feeds a re-formation hello to a, logging a lie. n.mu held.
+func (n *Node) stepLocked(a *Agreement, from peer.ID, h *Hello) {
+	m, err := h.proposal()
+	if err == nil {
+		err = a.Step(from, m)
+	}
+	if err != nil {
+		n.cfg.Logger.Warn().Stringer("peer", from).Err(err).Msg("ignored a re-formation proposal")
+	}
+}
+
+// reformHello sends our view of a's generation to p and returns p's.
+func (n *Node) reformHello(ctx context.Context, p peer.ID, a *Agreement) (*Hello, error) {
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.ReformTimeout)
 	defer cancel()
 	s, err := n.h.NewStream(ctx, p, ReformProtocol)
 	if err != nil {
 		return nil, err
 	}
 	defer s.Close()
-	s.SetDeadline(time.Now().Add(2 * time.Second))
-	if err := writeHello(s, n.reformHelloOf(st)); err != nil {
+	s.SetDeadline(time.Now().Add(n.cfg.ReformTimeout))
+	if err := writeHello(s, n.reformHelloTo(p, a)); err != nil {
 		s.Reset()
 		return nil, err
 	}
@@ -122,108 +125,26 @@ func (n *Node) reformHello(ctx context.Context, p peer.ID, st *reformState) (*He
 		s.Reset()
 		return nil, err
 	}
-	if why := n.check(resp); why != "" {
-		return nil, fmt.Errorf("%w: %s", ErrRefused, why)
+	if resp.Version != ProtocolVersion || !proves(n.key, resp.Proof, p, n.h.ID()) {
+		return nil, fmt.Errorf("%w: %s does not prove this job", ErrRefused, p)
 	}
 	return resp, nil
 }
 
-// reformHelloOf is this node's view of a re-formation. n.mu not held.
-func (n *Node) reformHelloOf(st *reformState) *Hello {
+// reformHelloTo is this node's view of a, for p. n.mu not held.
+func (n *Node) reformHelloTo(p peer.ID, a *Agreement) *Hello {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	h := &Hello{Version: ProtocolVersion, Job: n.job.Name, ConfigHash: n.job.ConfigHash, WorldSize: n.job.WorldSize, Generation: st.gen}
-	prop := n.reformProposal(st)
-	for _, p := range prop {
-		h.Proposal = append(h.Proposal, p.String())
+	h := &Hello{Version: ProtocolVersion, Proof: proof(n.key, n.h.ID(), p)}
+	if a != nil {
+		h.setProposal(a.Proposal())
 	}
-	h.Ready = st.lock != nil
 	return h
 }
 
-// reformProposal: the ring this node is ready on, else the old members
-// that answered (and itself), in the old order — once no member is
-// undecided. n.mu held.
-func (n *Node) reformProposal(st *reformState) []peer.ID {
-	if st.lock != nil {
-		return st.lock
-	}
-	var prop []peer.ID
-	for _, p := range st.prev {
-		_, answered := st.views[p]
-		switch {
-		case p == n.h.ID() || answered:
-			prop = append(prop, p)
-		case !st.dead[p]:
-			return nil // still waiting to hear from p
-		}
-	}
-	return prop
-}
-
-// learnReform records a survivor's view. n.mu held.
-func (n *Node) learnReform(st *reformState, from peer.ID, h *Hello) {
-	if !slices.Contains(st.prev, from) {
-		return
-	}
-	var prop []peer.ID
-	for _, s := range h.Proposal {
-		id, err := peer.Decode(s)
-		if err != nil || !slices.Contains(st.prev, id) {
-			return
-		}
-		prop = append(prop, id)
-	}
-	st.views[from] = view{prop: prop, ready: h.Ready}
-	delete(st.dead, from) // it answered after all
-}
-
-// reformAgreed is agreed's counterpart: ready once every member of our
-// proposal proposes it; formed once all are ready on it.
-func (n *Node) reformAgreed(st *reformState, minSize int) (*Formation, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	self := n.h.ID()
-	others := func(prop []peer.ID, ready bool) bool {
-		for _, p := range prop {
-			if p == self {
-				continue
-			}
-			v, ok := st.views[p]
-			if !ok || !slices.Equal(v.prop, prop) || ready && !v.ready {
-				return false
-			}
-		}
-		return true
-	}
-	if st.lock == nil {
-		prop := n.reformProposal(st)
-		if prop != nil && len(prop) < minSize {
-			return nil, fmt.Errorf("%w: %d of the %d peers of generation %d survive, and the job needs at least %d (min_world_size)",
-				ErrTooFew, len(prop), len(st.prev), st.gen-1, minSize)
-		}
-		if prop != nil && others(prop, false) {
-			st.lock = prop
-		}
-	}
-	if st.lock == nil {
-		return nil, nil
-	}
-	for _, p := range st.lock {
-		if v, ok := st.views[p]; p != self && ok && v.ready && !slices.Equal(v.prop, st.lock) {
-			st.lock = nil // a member is ready on another list: start again
-			return nil, nil
-		}
-	}
-	if others(st.lock, true) {
-		return &Formation{Members: st.lock, Rank: slices.Index(st.lock, self), Generation: st.gen}, nil
-	}
-	return nil, nil
-}
-
-// handleReform answers a re-formation hello with this node's view when it
-// is re-forming the same generation, and with a hello of no generation
-// (not yet) when it is not.
+// handleReform answers a re-formation hello from a peer that proves the
+// job with this node's view when it is re-forming the same generation, and
+// with a hello of no generation (not yet) when it is not.
 func (n *Node) handleReform(s network.Stream) {
 	defer s.Close()
 	h, from, ok := n.readJobHello(s)
@@ -231,28 +152,30 @@ func (n *Node) handleReform(s network.Stream) {
 		return
 	}
 	n.mu.Lock()
-	st := n.reform
-	if st != nil && st.gen == h.Generation {
-		n.learnReform(st, from, h)
+	a := n.reform
+	if a == nil || a.Generation() != h.Generation {
+		a = nil
+	} else {
+		n.stepLocked(a, from, h)
 	}
 	n.mu.Unlock()
-	resp := &Hello{Version: ProtocolVersion, Job: n.job.Name, ConfigHash: n.job.ConfigHash, WorldSize: n.job.WorldSize}
-	if st != nil && st.gen == h.Generation {
-		resp = n.reformHelloOf(st)
+	if a != nil {
+		n.poke()
 	}
-	if err := writeHello(s, resp); err != nil {
+	if err := writeHello(s, n.reformHelloTo(from, a)); err != nil {
 		s.Reset()
 	}
 }
 
 // readJobHello reads the one hello of a reform or admit stream; a
-// malformed one, or one of another job, cuts the stream off.
+// malformed one, or one that does not prove the job, cuts the stream off.
 func (n *Node) readJobHello(s network.Stream) (*Hello, peer.ID, bool) {
-	s.SetDeadline(time.Now().Add(5 * time.Second))
+	s.SetDeadline(time.Now().Add(n.cfg.HelloTimeout))
+	from := s.Conn().RemotePeer()
 	h, err := readHello(s)
-	if err != nil || n.check(h) != "" {
+	if err != nil || h.Version != ProtocolVersion || !proves(n.key, h.Proof, from, n.h.ID()) {
 		s.Reset()
 		return nil, "", false
 	}
-	return h, s.Conn().RemotePeer(), true
+	return h, from, true
 }

@@ -45,18 +45,38 @@ const (
 )
 
 const (
-	linkMagic uint32 = 0x314c5452 // "RTL1"
-	linkHello        = 20         // magic u32 | rank u32 | generation u64 | plane u32
-	tokenSize        = 32
-	maxInbox         = 64 // links waiting to be claimed
+	linkMagic     uint32 = 0x324c5452 // "RTL2"
+	linkHello            = 20         // magic u32 | rank u32 | generation u64 | plane u32
+	tokenSize            = 32
+	maxInbox             = 64 // links waiting to be claimed, all generations together
+	maxPendingTCP        = 16 // TCP connections not yet past their token
 )
 
-// RingLinks accepts ring links on a host and hands each to the formation
-// that waits for it.
+// Gate says which ring links to accept: *Node's Expects takes those of the
+// members of the ring it is in or ready on.
+type Gate interface {
+	Expects(gen uint64, from peer.ID) bool
+}
+
+// LinksConfig says how RingLinks carries frames.
+type LinksConfig struct {
+	// Plane is the job's data plane; a link asking for another is refused,
+	// and the TCP listener exists only when Plane is PlaneTCP.
+	Plane DataPlane
+	// TCPListen is the TCP data plane's listen address (host:port); ""
+	// means every interface, a port the OS picks.
+	TCPListen string
+	// Logger hears of peers cut off for garbage or strangeness.
+	Logger zerolog.Logger
+}
+
+// RingLinks accepts ring links on a host — only from the peers its Gate
+// expects — and hands each to the formation that waits for it.
 type RingLinks struct {
-	h      host.Host
-	listen string // TCP data plane listen address
-	log    zerolog.Logger
+	h    host.Host
+	gate Gate
+	cfg  LinksConfig
+	log  zerolog.Logger
 
 	mu     sync.Mutex
 	inbox  map[linkKey]chan inbound
@@ -76,15 +96,13 @@ type inbound struct {
 	rank int
 }
 
-// NewRingLinks registers RingProtocol on h. The TCP data plane, when a
-// formation asks for it, listens on tcpListen (host:port; "" means every
-// interface, a port the OS picks). Peers cut off for garbage are logged to
-// log. Close it when done.
-func NewRingLinks(h host.Host, tcpListen string, log zerolog.Logger) *RingLinks {
-	if tcpListen == "" {
-		tcpListen = ":0"
+// NewRingLinks registers RingProtocol on h, accepting links that gate
+// expects over cfg.Plane. Close it when done.
+func NewRingLinks(h host.Host, gate Gate, cfg LinksConfig) *RingLinks {
+	if cfg.TCPListen == "" {
+		cfg.TCPListen = ":0"
 	}
-	l := &RingLinks{h: h, listen: tcpListen, log: log, inbox: map[linkKey]chan inbound{}, tokens: map[[tokenSize]byte]chan net.Conn{}}
+	l := &RingLinks{h: h, gate: gate, cfg: cfg, log: cfg.Logger, inbox: map[linkKey]chan inbound{}, tokens: map[[tokenSize]byte]chan net.Conn{}}
 	h.SetStreamHandler(RingProtocol, l.handle)
 	return l
 }
@@ -136,7 +154,18 @@ func (l *RingLinks) handle(s network.Stream) {
 	}
 	k := linkKey{gen: binary.LittleEndian.Uint64(b[8:]), from: s.Conn().RemotePeer()}
 	in := inbound{r: s, rank: int(binary.LittleEndian.Uint32(b[4:]))}
-	switch DataPlane(binary.LittleEndian.Uint32(b[16:])) {
+	if !l.gate.Expects(k.gen, k.from) {
+		l.log.Warn().Stringer("peer", k.from).Uint64("generation", k.gen).Msg("refused a ring link from a peer that is not a member of the ring")
+		s.Reset()
+		return
+	}
+	plane := DataPlane(binary.LittleEndian.Uint32(b[16:]))
+	if plane != l.cfg.Plane {
+		l.log.Warn().Stringer("peer", k.from).Msg("refused a ring link that asks for another data plane than the job's")
+		s.Reset()
+		return
+	}
+	switch plane {
 	case PlaneLibp2p:
 		s.SetDeadline(time.Time{})
 	case PlaneTCP:
@@ -209,7 +238,7 @@ func (l *RingLinks) tcpListener() (net.Listener, error) {
 	if l.ln != nil {
 		return l.ln, nil
 	}
-	ln, err := net.Listen("tcp", l.listen)
+	ln, err := net.Listen("tcp", l.cfg.TCPListen)
 	if err != nil {
 		return nil, fmt.Errorf("p2p: TCP data plane: %w", err)
 	}
@@ -224,12 +253,20 @@ func (l *RingLinks) tcpListener() (net.Listener, error) {
 func (l *RingLinks) acceptLoop(ln net.Listener) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	pending := make(chan struct{}, maxPendingTCP)
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
+		select {
+		case pending <- struct{}{}:
+		default: // a flood of connections that send no token: turn them away at once
+			c.Close()
+			continue
+		}
 		wg.Go(func() {
+			defer func() { <-pending }()
 			var tok [tokenSize]byte
 			c.SetReadDeadline(time.Now().Add(5 * time.Second))
 			if _, err := io.ReadFull(c, tok[:]); err != nil {
@@ -257,9 +294,10 @@ func (l *RingLinks) acceptLoop(ln net.Listener) {
 }
 
 // Connect opens this rank's links of the formed ring — one to its
-// successor, and the one its predecessor opens — over the chosen data
+// successor, and the one its predecessor opens — over the job's data
 // plane, and returns them as a ring.Transport (nil for a ring of one).
-func (l *RingLinks) Connect(ctx context.Context, f *Formation, plane DataPlane) (ring.Transport, error) {
+func (l *RingLinks) Connect(ctx context.Context, f *Formation) (ring.Transport, error) {
+	plane := l.cfg.Plane
 	n := len(f.Members)
 	if n == 1 {
 		return nil, nil

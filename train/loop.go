@@ -53,6 +53,11 @@ type RunConfig struct {
 	// MaxSkips is how many steps in a row may be skipped for non-finite
 	// gradients before the run stops. Zero means 5.
 	MaxSkips int
+	// MaxReforms is how many times in a row the ring may re-form without a
+	// step completing in between before the run stops with
+	// ErrReformBudget — a peer that keeps failing every ring it is in
+	// would otherwise keep the job re-forming for ever. Zero means 5.
+	MaxReforms int
 	// Stop, if set and closed, ends the run on every rank after one more
 	// step, which carries the request to the others (Replica.Leave): Run
 	// returns ErrStopped (a *LeaveError naming the ranks that asked), and
@@ -85,6 +90,10 @@ type Position struct {
 // ErrStopped is what Run returns when RunConfig.Stop ends it.
 var ErrStopped = errors.New("train: stopped")
 
+// ErrReformBudget means the ring re-formed RunConfig.MaxReforms times in a
+// row without completing a step.
+var ErrReformBudget = errors.New("train: the ring keeps failing")
+
 // Summary is what a finished run reports.
 type Summary struct {
 	Position      // where the run ended or stopped
@@ -109,6 +118,10 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	if cfg.ProgressEvery <= 0 {
 		cfg.ProgressEvery = 50
 	}
+	if cfg.MaxReforms <= 0 {
+		cfg.MaxReforms = 5
+	}
+	streak := 0 // re-formations since the last step that completed
 	var s Summary
 	r.Steps = cfg.Start.Steps
 	if cfg.Stop != nil {
@@ -175,7 +188,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 				case err != nil:
 					return fmt.Errorf("train: epoch %d step %d: %w", epoch, step, err)
 				}
-				skips = 0
+				skips, streak = 0, 0
 				if cfg.Save != nil && cfg.SaveEvery > 0 && (totalSteps+step)%cfg.SaveEvery == 0 && step < steps {
 					if err := cfg.Save(at(step)); err != nil {
 						return err
@@ -199,7 +212,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 			if leaving || errors.Is(err, ErrCollective) && cfg.Reform != nil {
 				// Others left (this rank carries on without them, after the
 				// step that told it) or were lost (the step failed here).
-				pos, err := reform(ctx, cfg, r, err, at(step))
+				pos, err := reform(ctx, cfg, r, err, at(step), &streak)
 				if err != nil {
 					return s, err
 				}
@@ -236,8 +249,8 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 			if err == nil && cfg.Test != nil {
 				res, err = evaluate(ctx, cfg)
 			}
-			if errors.Is(err, ErrCollective) && cfg.Reform != nil {
-				if _, err := reform(ctx, cfg, r, err, at(step)); err != nil {
+			if (errors.Is(err, ErrCollective) || droppable(cfg, r, err)) && cfg.Reform != nil {
+				if _, err := reform(ctx, cfg, r, err, at(step), &streak); err != nil {
 					return s, err
 				}
 				continue
@@ -265,11 +278,15 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 			}
 			if c != nil {
 				r.Coll = c
-				if _, _, err := r.adoptLatest(ctx, true, at); err != nil {
-					return s, fmt.Errorf("train: bringing admitted peers up to date: %w", err)
+				_, _, err := r.adoptLatest(ctx, true, at, 0)
+				if err == nil {
+					err = r.CheckInSync(ctx)
 				}
-				if err := r.CheckInSync(ctx); err != nil {
-					return s, fmt.Errorf("train: after admitting peers: %w", err)
+				if (errors.Is(err, ErrCollective) || droppable(cfg, r, err)) && cfg.Reform != nil {
+					_, err = reform(ctx, cfg, r, err, at, &streak)
+				}
+				if err != nil {
+					return s, fmt.Errorf("train: bringing admitted peers up to date: %w", err)
 				}
 			}
 		}
@@ -299,7 +316,9 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 // set to the position and Joined.
 func (r *Replica) Admitted(ctx context.Context, c Collective) (Position, error) {
 	r.Coll = c
-	pos, _, err := r.adoptLatest(ctx, false, Position{})
+	// All the old members are level at an epoch's end: none may claim to
+	// be ahead (the same rule as theirs in Run, so all decide alike).
+	pos, _, err := r.adoptLatest(ctx, false, Position{}, 0)
 	if err != nil {
 		return Position{}, fmt.Errorf("train: catching up on admission: %w", err)
 	}
@@ -309,29 +328,50 @@ func (r *Replica) Admitted(ctx context.Context, c Collective) (Position, error) 
 	return pos, nil
 }
 
+// droppable reports whether err names liars that the others can re-form
+// without: not this rank, and enough left.
+func droppable(cfg RunConfig, r *Replica, err error) bool {
+	var liar *LiarError
+	return errors.As(err, &liar) && !slices.Contains(liar.Ranks, r.Coll.Rank()) && r.Coll.Size()-len(liar.Ranks) >= max(cfg.MinSize, 1)
+}
+
 // reform replaces the replica's collective with the survivors' and brings
 // them level. A peer lost in the middle of an allreduce can leave it done on
 // some ranks — those that had every frame they needed before it went — and
 // failed on others; the ones that finished have applied the step. So the
 // survivors all take the parameters, optimizer state and position of the
-// one furthest on (one step at most), then check that they agree.
-func reform(ctx context.Context, cfg RunConfig, r *Replica, cause error, at Position) (Position, error) {
-	c, err := cfg.Reform(ctx, cause, at)
-	if err != nil {
-		return Position{}, fmt.Errorf("train: re-forming the ring after a failed step (%v): %w", cause, err)
+// one furthest on (one step at most: a claim further is a lie), then check
+// that they agree. Ranks caught lying are dropped: the ring re-forms again
+// without them. A peer lost while the survivors level up makes it re-form
+// again too. After MaxReforms in a row without a completed step (streak
+// counts them), it gives up with ErrReformBudget.
+func reform(ctx context.Context, cfg RunConfig, r *Replica, cause error, at Position, streak *int) (Position, error) {
+	for {
+		if *streak >= cfg.MaxReforms {
+			return Position{}, fmt.Errorf("%w: re-formed %d times in a row without completing a step; the last cause: %w", ErrReformBudget, *streak, cause)
+		}
+		*streak++
+		c, err := cfg.Reform(ctx, cause, at)
+		if err != nil {
+			return Position{}, fmt.Errorf("train: re-forming the ring after a failed step (%v): %w", cause, err)
+		}
+		r.Coll = c
+		pos, _, err := r.adoptLatest(ctx, true, at, 1)
+		if err == nil && pos.Epochs != at.Epochs {
+			return Position{}, fmt.Errorf("train: after re-forming the ring: a survivor is in epoch %d, this one in %d", pos.Epochs+1, at.Epochs+1)
+		}
+		if err == nil {
+			err = r.CheckInSync(ctx)
+		}
+		if errors.Is(err, ErrCollective) || droppable(cfg, r, err) {
+			cause = err
+			continue
+		}
+		if err != nil {
+			return Position{}, fmt.Errorf("train: after re-forming the ring: %w", err)
+		}
+		return pos, nil
 	}
-	r.Coll = c
-	pos, _, err := r.adoptLatest(ctx, true, at)
-	if err != nil {
-		return Position{}, fmt.Errorf("train: after re-forming the ring: %w", err)
-	}
-	if pos.Epochs != at.Epochs {
-		return Position{}, fmt.Errorf("train: after re-forming the ring: a survivor is in epoch %d, this one in %d", pos.Epochs+1, at.Epochs+1)
-	}
-	if err := r.CheckInSync(ctx); err != nil {
-		return Position{}, fmt.Errorf("train: after re-forming the ring: %w", err)
-	}
-	return pos, nil
 }
 
 func evaluate(ctx context.Context, cfg RunConfig) (Result, error) {

@@ -3,6 +3,7 @@ package train
 import (
 	"context"
 	"fmt"
+	"slices"
 )
 
 // Resume brings every rank to the most advanced checkpoint any of them
@@ -10,67 +11,149 @@ import (
 // the machine that wrote the checkpoint is no longer rank 0. Each rank
 // passes the checkpoint it found and has already Restored into r, or nil.
 // The rank with the most steps (the lowest such rank on a tie) sends its
-// parameters, optimizer state and position; the others load them. It
-// returns the position to start from and the rank it came from (-1, with
-// the zero Position, when no rank had a checkpoint). Every rank must call
-// it.
+// parameters, optimizer state and position; the others load them. Ranks
+// whose checkpoints are at the same step must hold the same parameters:
+// the odd ones are named (*LiarError). It returns the position to start
+// from and the rank it came from (-1, with the zero Position, when no rank
+// had a checkpoint). Every rank must call it.
 func (r *Replica) Resume(ctx context.Context, c *Checkpoint) (Position, int, error) {
 	if c == nil {
-		return r.adoptLatest(ctx, false, Position{})
+		return r.adoptLatest(ctx, false, Position{}, anyAhead)
 	}
-	return r.adoptLatest(ctx, true, Position{Epochs: c.Epoch, Steps: c.Step, Skip: c.Skip})
+	return r.adoptLatest(ctx, true, Position{Epochs: c.Epoch, Steps: c.Step, Skip: c.Skip}, anyAhead)
 }
+
+// anyAhead lets adoptLatest take a claim however far it is ahead of the
+// others: checkpoints on different machines may be far apart.
+const anyAhead = -1
+
+// A rank's row in adoptLatest's table: whether it offers state, its
+// position, and the hash of its parameters.
+const (
+	offerHas    = 0
+	offerEpochs = 1
+	offerSteps  = offerEpochs + intSlots
+	offerSkip   = offerSteps + intSlots
+	offerHash   = offerSkip + intSlots
+	offerWidth  = offerHash + hashSlots
+)
 
 // adoptLatest makes every rank take the parameters, optimizer state and
 // position of the rank that offers the most steps (the lowest such rank on
 // a tie), among those that offer any (has). It returns that position and
 // rank, or the zero Position and -1 when none offers.
-func (r *Replica) adoptLatest(ctx context.Context, has bool, mine Position) (Position, int, error) {
+//
+// It trusts no claim on its own. A claim more than maxAhead steps from the
+// median claim (anyAhead: no bound) — a survivor of a failed step is at
+// most one step on from the others, and at an epoch's end all are level —
+// is a lie; so is, among the ranks at the chosen step, a parameter hash
+// unlike most of theirs; so is state that does not match the hash its
+// sender declared. Liars are named in a *LiarError, the same on every rank,
+// and nothing is adopted.
+func (r *Replica) adoptLatest(ctx context.Context, has bool, mine Position, maxAhead int) (Position, int, error) {
 	size, rank := r.Coll.Size(), r.Coll.Rank()
-	// Who has what: per rank, a flag and its step count in two 16-bit
-	// halves (exact in float32), summed from slots that are zero elsewhere.
-	const per = 3
-	table := make([]float32, per*size)
+	t := newTable(size, offerWidth)
 	if has {
-		table[per*rank] = 1
-		putInt(table[per*rank+1:], mine.Steps)
+		row := t.row(rank)
+		row[offerHas] = 1
+		putInt(row[offerEpochs:], mine.Epochs)
+		putInt(row[offerSteps:], mine.Steps)
+		putInt(row[offerSkip:], mine.Skip)
+		putHash(row[offerHash:], r.ParamHash())
 	}
-	if err := r.Coll.AllreduceSum(ctx, table); err != nil {
-		return Position{}, -1, fmt.Errorf("train: comparing checkpoints: %w", err)
+	if err := t.share(ctx, r.Coll); err != nil {
+		return Position{}, -1, fmt.Errorf("%w: comparing states: %w", ErrCollective, err)
 	}
-	root, best := -1, -1
+	var offers, bad []int
+	pos := make([]Position, size)
 	for k := range size {
-		if table[per*k] != 0 {
-			if s := getInt(table[per*k+1:]); s > best {
-				root, best = k, s
-			}
+		row := t.row(k)
+		if row[offerHas] == 0 {
+			continue
 		}
+		pos[k] = Position{Epochs: getInt(row[offerEpochs:]), Steps: getInt(row[offerSteps:]), Skip: getInt(row[offerSkip:])}
+		if row[offerHas] != 1 || pos[k].Epochs < 0 || pos[k].Steps < 0 || pos[k].Skip < 0 {
+			bad = append(bad, k)
+			continue
+		}
+		offers = append(offers, k)
 	}
-	if root < 0 {
+	if len(bad) > 0 {
+		return Position{}, -1, &LiarError{Ranks: bad, Why: "they offer state with a malformed position"}
+	}
+	if len(offers) == 0 {
 		return Position{}, -1, nil
 	}
-	// The position and the optimizer's shape.
-	head := make([]float32, 2*5)
-	if rank == root {
-		_, optStep, state := r.Opt.State()
-		for i, v := range []int{mine.Epochs, mine.Steps, mine.Skip, optStep, len(state)} {
-			putInt(head[2*i:], v)
+	if maxAhead != anyAhead {
+		steps := make([]int, len(offers))
+		for i, k := range offers {
+			steps[i] = pos[k].Steps
+		}
+		slices.Sort(steps)
+		median := steps[(len(steps)-1)/2]
+		var far []int
+		for _, k := range offers {
+			if d := pos[k].Steps - median; d > maxAhead || -d > maxAhead {
+				far = append(far, k)
+			}
+		}
+		if len(far) > 0 {
+			return Position{}, -1, &LiarError{Ranks: far, Why: fmt.Sprintf("they claim to be more than %d step(s) from the others (median step %d)", maxAhead, median)}
 		}
 	}
-	if err := r.Coll.Broadcast(ctx, head, root); err != nil {
-		return Position{}, root, fmt.Errorf("train: sending the checkpoint's position: %w", err)
+	best := -1
+	for _, k := range offers {
+		best = max(best, pos[k].Steps)
 	}
-	pos := Position{Epochs: getInt(head[0:]), Steps: getInt(head[2:]), Skip: getInt(head[4:])}
-	optStep, nState := getInt(head[6:]), getInt(head[8:])
+	var top []int
+	for _, k := range offers {
+		if pos[k].Steps == best {
+			top = append(top, k)
+		}
+	}
+	hashOf := func(k int) hash128 { return getHash(t.row(k)[offerHash:]) }
+	if odd, majority := oddOnes(top, hashOf); len(odd) > 0 {
+		if !majority {
+			return Position{}, -1, fmt.Errorf("train: ranks %v are all at step %d with other parameters, and no majority tells which are right", top, best)
+		}
+		return Position{}, -1, &LiarError{Ranks: odd, Why: fmt.Sprintf("at step %d they hold other parameters than most ranks at that step", best)}
+	}
+	root := top[0]
+	got := pos[root]
+	// The optimizer's step count and shape.
+	head := make([]float32, 2*intSlots)
+	if rank == root {
+		_, optStep, state := r.Opt.State()
+		putInt(head, optStep)
+		putInt(head[intSlots:], len(state))
+	}
+	if err := r.Coll.Broadcast(ctx, head, root); err != nil {
+		return Position{}, root, fmt.Errorf("%w: sending the optimizer's shape: %w", ErrCollective, err)
+	}
+	optStep, nState := getInt(head), getInt(head[intSlots:])
 	params := r.Model.Params()
 	// What another rank sends is checked before anything is made from it:
 	// an optimizer keeps at most two tensors per parameter (Adam).
-	if nState < 0 || nState > 2*len(params) || nState%max(len(params), 1) != 0 || pos.Epochs < 0 || pos.Steps < 0 || pos.Skip < 0 {
-		return Position{}, root, fmt.Errorf("train: rank %d sends %d optimizer state tensors for %d parameter tensors, at %+v", root, nState, len(params), pos)
+	if optStep < 0 || nState < 0 || nState > 2*len(params) || nState%max(len(params), 1) != 0 {
+		return Position{}, root, &LiarError{Ranks: []int{root}, Why: fmt.Sprintf("it sends %d optimizer state tensors (step %d) for %d parameter tensors", nState, optStep, len(params))}
 	}
 	// Parameters, then every state tensor (each shaped like a parameter).
+	var keep [][]float32
+	if rank != root {
+		for _, p := range params {
+			keep = append(keep, slices.Clone(p))
+		}
+	}
 	if err := r.broadcastTensors(ctx, params, root); err != nil {
-		return Position{}, root, fmt.Errorf("train: sending the checkpoint's parameters: %w", err)
+		return Position{}, root, fmt.Errorf("%w: sending the parameters: %w", ErrCollective, err)
+	}
+	if h := r.ParamHash(); getHash(t.row(root)[offerHash:]) != tableHash(h) {
+		// Put this rank's own parameters back: they are not to be lost on
+		// a lie.
+		for i, p := range params {
+			copy(p, keep[i])
+		}
+		return Position{}, root, &LiarError{Ranks: []int{root}, Why: "the parameters it sent do not match the hash it declared"}
 	}
 	var state [][]float32
 	if rank == root {
@@ -81,14 +164,20 @@ func (r *Replica) adoptLatest(ctx context.Context, has bool, mine Position) (Pos
 		}
 	}
 	if err := r.broadcastTensors(ctx, state, root); err != nil {
-		return Position{}, root, fmt.Errorf("train: sending the optimizer state: %w", err)
+		return Position{}, root, fmt.Errorf("%w: sending the optimizer state: %w", ErrCollective, err)
 	}
 	if rank != root {
 		if err := r.Opt.SetState(optStep, state, params); err != nil {
 			return Position{}, root, err
 		}
 	}
-	return pos, root, nil
+	return got, root, nil
+}
+
+func tableHash(h [32]byte) hash128 {
+	var row [hashSlots]float32
+	putHash(row[:], h)
+	return row
 }
 
 // broadcastTensors sends ts from root, one tensor at a time, into the
@@ -101,11 +190,3 @@ func (r *Replica) broadcastTensors(ctx context.Context, ts [][]float32, root int
 	}
 	return nil
 }
-
-// putInt writes a non-negative int below 2^32 as two 16-bit halves, which
-// float32 holds exactly.
-func putInt(dst []float32, v int) {
-	dst[0], dst[1] = float32(v>>16&0xffff), float32(v&0xffff)
-}
-
-func getInt(src []float32) int { return int(src[0])<<16 | int(src[1]) }

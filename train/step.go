@@ -3,10 +3,8 @@ package train
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"unsafe"
 )
@@ -69,6 +67,25 @@ func (e *LeaveError) Error() string {
 // Unwrap makes a LeaveError an ErrStopped.
 func (e *LeaveError) Unwrap() error { return ErrStopped }
 
+// ErrLiar means ranks told the others what no honest replica could: a
+// position too far ahead, state that does not match the hash they
+// declared, parameters unlike everyone else's.
+var ErrLiar = errors.New("train: ranks are not consistent with the others")
+
+// LiarError names the ranks caught and says why. Run drops them: the
+// others re-form the ring without them when enough remain.
+type LiarError struct {
+	Ranks []int
+	Why   string
+}
+
+func (e *LiarError) Error() string {
+	return fmt.Sprintf("train: ranks %v: %s", e.Ranks, e.Why)
+}
+
+// Unwrap makes a LiarError an ErrLiar.
+func (e *LiarError) Unwrap() error { return ErrLiar }
+
 // NewReplica wires a model, an optimizer and a collective.
 func NewReplica(m Model, opt Optimizer, c Collective) *Replica {
 	n := 0
@@ -81,7 +98,7 @@ func NewReplica(m Model, opt Optimizer, c Collective) *Replica {
 // buffer returns the flat buffer for the collective's size; it is made
 // once per ring, not per step.
 func (r *Replica) buffer() []float32 {
-	if want := r.nparams + 1 + r.Coll.Size(); len(r.flat) != want {
+	if want := r.nparams + stepTrailer(r.Coll.Size()); len(r.flat) != want {
 		r.flat = make([]float32, want)
 		r.views = r.views[:0]
 		o := 0
@@ -126,28 +143,20 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	grads := r.Model.Grads()
 	flat := r.buffer()
 	bad := gatherFinite(flat, grads)
-	flag, leave := r.nparams, flat[r.nparams+1:]
-	flat[flag] = 0
-	if bad >= 0 {
-		flat[flag] = 1
-	}
-	clear(leave)
+	leave := false
 	select {
 	case <-r.Leave:
-		leave[r.Coll.Rank()] = 1
+		leave = true
 	default:
 	}
+	tail := flat[r.nparams:]
+	putStepFlags(tail, r.Coll.Rank(), bad >= 0, leave)
 	if err := r.Coll.AllreduceMean(ctx, flat); err != nil {
 		r.Steps-- // it runs again, with the same dropout masks
 		return 0, fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
 	}
-	var leaving []int
-	for k, v := range leave {
-		if v != 0 {
-			leaving = append(leaving, k)
-		}
-	}
-	if badRanks := int(math.Round(float64(flat[flag]) * float64(r.Coll.Size()))); badRanks > 0 {
+	badRanks, leaving := stepFlagsOf(tail, r.Coll.Size())
+	if badRanks > 0 {
 		where := "its own are finite"
 		if bad >= 0 {
 			where = "its " + r.Model.ParamNames()[bad] + " gradient is not"
@@ -207,34 +216,53 @@ func (r *Replica) ParamHash() [32]byte {
 	return out
 }
 
-// CheckInSync compares every rank's parameter hash through the collective
-// and names the ranks that differ from rank 0.
+// CheckInSync compares every rank's parameter hash through the collective.
+// Ranks that differ from the most (the lowest rank's hash on a tie) are
+// named; the error is a *LiarError, though a bug could cause it as well as
+// a lie.
 func (r *Replica) CheckInSync(ctx context.Context) error {
-	size, rank := r.Coll.Size(), r.Coll.Rank()
-	hash := r.ParamHash()
-	// Each rank puts 128 bits of its hash, as 16-bit pieces, in its own
-	// slot; the others hold zeros, so the sum is exact in float32.
-	const pieces = 8
-	table := make([]float32, pieces*size)
-	for i := range pieces {
-		table[pieces*rank+i] = float32(binary.LittleEndian.Uint16(hash[2*i:]))
-	}
-	if err := r.Coll.AllreduceSum(ctx, table); err != nil {
+	t := newTable(r.Coll.Size(), hashSlots)
+	putHash(t.row(r.Coll.Rank()), r.ParamHash())
+	if err := t.share(ctx, r.Coll); err != nil {
 		return fmt.Errorf("%w: comparing parameter hashes: %w", ErrCollective, err)
 	}
-	var differ []int
-	for k := 1; k < size; k++ {
-		for i := range pieces {
-			if table[pieces*k+i] != table[i] {
-				differ = append(differ, k)
-				break
-			}
-		}
+	all := make([]int, t.rows())
+	for k := range all {
+		all[k] = k
 	}
-	if len(differ) > 0 {
-		return fmt.Errorf("train: replicas out of step: ranks %v hold other parameters than rank 0", differ)
+	odd, majority := oddOnes(all, func(k int) hash128 { return getHash(t.row(k)) })
+	switch {
+	case len(odd) > 0 && majority:
+		return &LiarError{Ranks: odd, Why: "replicas out of step: they hold other parameters than most ranks"}
+	case len(odd) > 0:
+		return fmt.Errorf("train: replicas out of step: ranks %v hold other parameters than rank 0, and no majority tells which are right", odd)
 	}
 	return nil
+}
+
+// oddOnes returns the ranks whose key differs from the one most ranks
+// hold (the lowest rank's, on a tie), in order, and whether that one is
+// held by more than half of them — without which nobody can tell who is
+// right.
+func oddOnes[K comparable](ranks []int, key func(int) K) ([]int, bool) {
+	count := map[K]int{}
+	for _, k := range ranks {
+		count[key(k)]++
+	}
+	var best K
+	n := 0
+	for _, k := range ranks {
+		if c := count[key(k)]; c > n {
+			best, n = key(k), c
+		}
+	}
+	var odd []int
+	for _, k := range ranks {
+		if key(k) != best {
+			odd = append(odd, k)
+		}
+	}
+	return odd, 2*n > len(ranks)
 }
 
 // gatherFinite copies the tensors into flat end to end and returns the

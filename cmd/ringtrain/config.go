@@ -171,18 +171,21 @@ func (c *jobConfig) resolve(dir string) error {
 
 // computeHash is the SHA-256 of the canonical form of what every peer must
 // share: not the rank, the paths or the timeouts, which are each machine's.
+// min_world_size is shared: peers that held different values would decide
+// differently whether a ring that lost a peer carries on.
 func (c *jobConfig) computeHash() error {
 	shared := struct {
-		Name       string
-		WorldSize  int
-		Epochs     int
-		BatchSize  int
-		Seed       uint64
-		Model      json.RawMessage
-		Optimizer  any
-		Transforms []data.TransformSpec
-		Classes    []string
-	}{c.Name, c.WorldSize, c.Epochs, c.BatchSize, c.Seed, c.Model, c.Optimizer, c.data.Transforms, c.data.Classes}
+		Name         string
+		WorldSize    int
+		MinWorldSize int
+		Epochs       int
+		BatchSize    int
+		Seed         uint64
+		Model        json.RawMessage
+		Optimizer    any
+		Transforms   []data.TransformSpec
+		Classes      []string
+	}{c.Name, c.WorldSize, c.MinWorldSize, c.Epochs, c.BatchSize, c.Seed, c.Model, c.Optimizer, c.data.Transforms, c.data.Classes}
 	b, err := json.Marshal(shared)
 	if err != nil {
 		return err

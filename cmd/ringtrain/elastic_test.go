@@ -48,7 +48,7 @@ func TestSurvivorsFinishOverLibp2p(t *testing.T) {
 	defer s.Close()
 	links := make([]*p2p.RingLinks, world)
 	for i, h := range s.Hosts {
-		links[i] = p2p.NewRingLinks(h, "", zerolog.Nop())
+		links[i] = p2p.NewRingLinks(h, s.Nodes[i], p2p.LinksConfig{Logger: zerolog.Nop()})
 		defer links[i].Close()
 	}
 	if err := s.Join(ctx); err != nil {
@@ -63,7 +63,7 @@ func TestSurvivorsFinishOverLibp2p(t *testing.T) {
 		t.Fatal(err)
 	}
 	connect := func(i int, f *p2p.Formation) (*ring.Ring, error) {
-		tr, err := links[i].Connect(ctx, f, p2p.PlaneLibp2p)
+		tr, err := links[i].Connect(ctx, f)
 		if err != nil {
 			return nil, err
 		}

@@ -122,7 +122,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	defer node.Close()
 	log.Info().Str("job", cfg.Name).Int("world_size", cfg.WorldSize).Str("config_hash", cfg.hash[:16]).Msg("looking for peers")
 	// Ring links first: a peer that forms the ring before us dials at once.
-	links := p2p.NewRingLinks(h.Host, "", log)
+	links := p2p.NewRingLinks(h.Host, node, p2p.LinksConfig{Plane: planeVal, Logger: log})
 	defer links.Close()
 	formed, err := node.Join(jctx)
 	admitted := false
@@ -143,7 +143,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	cctx, cancelConnect := context.WithTimeout(ctx, time.Duration(cfg.JoinTimeout))
 	defer cancelConnect()
-	t, err := links.Connect(cctx, formed, planeVal)
+	t, err := links.Connect(cctx, formed)
 	if err != nil {
 		return err
 	}
@@ -250,7 +250,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	// switchRing connects the ring of a new formation and makes it this
 	// peer's (the old one is closed by then).
 	switchRing := func(ctx context.Context, f *p2p.Formation) error {
-		t, err := links.Connect(ctx, f, planeVal)
+		t, err := links.Connect(ctx, f)
 		if err != nil {
 			return err
 		}

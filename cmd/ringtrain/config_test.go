@@ -1,0 +1,46 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestConfigHashCoversSharedFields: the fields every peer must share change
+// the config hash — min_world_size among them, since peers holding
+// different values would decide differently whether a ring that lost a
+// peer carries on — and each machine's own (timeouts, checkpoint_dir) do
+// not.
+func TestConfigHashCoversSharedFields(t *testing.T) {
+	dataCfg, err := filepath.Abs("../../testdata/data-config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := `"name": "h", "world_size": 4, "epochs": 1, "batch_size": 8, "model": "mlp", "data": "` + dataCfg + `"`
+	hash := func(extra string) string {
+		t.Helper()
+		p := filepath.Join(t.TempDir(), "job.json")
+		if err := os.WriteFile(p, []byte("{"+base+extra+"}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c, err := loadJobConfig(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.hash
+	}
+	plain := hash("")
+	for _, tc := range []struct {
+		extra string
+		same  bool
+	}{
+		{`, "min_world_size": 3`, false},
+		{`, "min_world_size": 4`, true}, // the default, written out
+		{`, "seed": 2`, false},
+		{`, "join_timeout": "5s", "step_timeout": "9s", "checkpoint_dir": "/tmp/x"`, true},
+	} {
+		if got := hash(tc.extra); (got == plain) != tc.same {
+			t.Errorf("config hash with %s: same as without = %v; want %v", tc.extra, got == plain, tc.same)
+		}
+	}
+}

@@ -1,0 +1,258 @@
+package p2p
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/rs/zerolog"
+
+	"github.com/ringtrain/ringtrain/ring"
+)
+
+// rawHello sends req from h to p on proto, as an attacker's own code would,
+// and returns the answer and its bytes as they came.
+func rawHello(t *testing.T, h *Host, p peer.ID, proto protocol.ID, req *Hello) (*Hello, []byte) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := h.NewStream(ctx, p, proto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := writeHello(s, req); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := io.ReadAll(s)
+	if err != nil || len(raw) == 0 {
+		return nil, raw // cut off
+	}
+	resp, err := readHello(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatalf("answer %q: %v", raw, err)
+	}
+	return resp, raw
+}
+
+// outsider starts a host that knows the swarm's first host and nothing of
+// the job.
+func outsider(t *testing.T, boot *Host) *Host {
+	t.Helper()
+	h, err := NewHost(context.Background(), HostConfig{Listen: loopback, Bootstrap: []peer.AddrInfo{info(boot)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+// TestOutsiderLearnsNothing: a peer without the job — any job name, no
+// proof, an echo of what it was told, or a proof a member made for it and
+// replayed to another member — is refused with words that name nothing of
+// the job, and hears no member, address or proposal. Before hellos carried
+// proofs, the refusal named the job's real name, config hash and world
+// size, and echoing them back made the stranger verified.
+func TestOutsiderLearnsNothing(t *testing.T) {
+	j := job
+	j.WorldSize = 2
+	s := swarm(t, 2, j)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := s.Join(ctx); err != nil {
+		t.Fatal(err)
+	}
+	x := outsider(t, s.Hosts[0])
+	a, b := s.Hosts[0].ID(), s.Hosts[1].ID()
+	x.Peerstore().AddAddrs(b, s.Hosts[1].Addrs(), time.Minute) // as the DHT would give it
+	replayed := proof(jobKey(j), a, x.ID())                    // what a says when it greets x, found in the DHT
+	var echoed *Hello
+	for _, tc := range []struct {
+		name string
+		req  func() *Hello
+	}{
+		{"any job, no proof", func() *Hello { return &Hello{Version: ProtocolVersion} }},
+		{"a made-up proof", func() *Hello { return &Hello{Version: ProtocolVersion, Proof: proof([]byte("guess"), x.ID(), b)} }},
+		{"echo of the refusal", func() *Hello { return echoed }},
+		{"a's proof to x, replayed to b", func() *Hello { return &Hello{Version: ProtocolVersion, Proof: replayed} }},
+		{"a's proof to x, sent back to a", func() *Hello { return &Hello{Version: ProtocolVersion, Proof: replayed} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			to := b
+			if tc.name == "a's proof to x, sent back to a" {
+				to = a
+			}
+			req := tc.req()
+			if req == nil {
+				req = &Hello{Version: ProtocolVersion}
+			}
+			resp, raw := rawHello(t, x, to, HelloProtocol, req)
+			if resp == nil || resp.Refused != refusal || resp.Members != nil || resp.Proposal != nil || resp.Proof != "" || resp.Ready || resp.Formed {
+				t.Errorf("answer %+v; want a bare refusal", resp)
+			}
+			for _, secret := range []string{j.Name, j.ConfigHash[:16], a.String(), "world", "127.0.0.1"} {
+				if bytes.Contains(raw, []byte(secret)) {
+					t.Errorf("the answer %q holds %q", raw, secret)
+				}
+			}
+			echoed = resp
+		})
+	}
+	for i, n := range s.Nodes {
+		if slices.Contains(n.Standbys(nil), x.ID()) || n.Expects(1, x.ID()) {
+			t.Errorf("node %d takes the outsider for a standby or a ring member", i)
+		}
+	}
+}
+
+// member is a raw host that holds the job key — a member of the job that
+// runs its own code.
+type member struct {
+	*Host
+	key []byte
+}
+
+func (m member) hello(to peer.ID, prop []peer.ID, ready bool) *Hello {
+	h := &Hello{Version: ProtocolVersion, Proof: proof(m.key, m.ID(), to)}
+	h.setProposal(Proposal{Gen: 1, Members: prop, Ready: ready})
+	return h
+}
+
+// TestMemberCannotForceABadRing: a member that proposes, ready, a ring with
+// itself twice ([victim, A, A]) or with a peer nobody verified, cannot make
+// the victim form it. Before proposals were checked, the first made the
+// victim form a 3-ring with A twice.
+func TestMemberCannotForceABadRing(t *testing.T) {
+	j := job
+	j.WorldSize = 3
+	s := swarm(t, 1, j)
+	victim := s.Nodes[0]
+	liar := member{outsider(t, s.Hosts[0]), jobKey(j)}
+	ghost := outsider(t, s.Hosts[0]) // a real peer that never says hello
+	v, a := s.Hosts[0].ID(), liar.ID()
+	twice := []peer.ID{v, a, a}
+	slices.Sort(twice)
+	withGhost := []peer.ID{v, a, ghost.ID()}
+	slices.Sort(withGhost)
+	for _, prop := range [][]peer.ID{twice, withGhost} {
+		resp, _ := rawHello(t, liar.Host, v, HelloProtocol, liar.hello(v, prop, true))
+		if resp == nil || resp.Refused != "" {
+			t.Fatalf("the victim refuses a member's hello: %+v", resp)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	f, err := victim.Join(ctx)
+	if f != nil || !errors.Is(err, ErrJoinTimeout) {
+		t.Errorf("victim's Join = %+v, %v; want no ring (ErrJoinTimeout)", f, err)
+	}
+}
+
+// TestRingLinksRefuseStrangers: ring links opened by a peer that is not a
+// member of the ring — 70 of them, each of another generation — are cut
+// off, and the members' own links still connect and carry an allreduce.
+// Before the gate, 64 such links filled the inbox and every later Connect
+// failed with "too many ring links waiting". A member that asks for the TCP
+// plane of a job on libp2p streams is refused, and no TCP listener opens.
+func TestRingLinksRefuseStrangers(t *testing.T) {
+	j := job
+	j.WorldSize = 2
+	s := swarm(t, 2, j)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.Join(ctx); err != nil {
+		t.Fatal(err)
+	}
+	links := make([]*RingLinks, 2)
+	for i, h := range s.Hosts {
+		links[i] = NewRingLinks(h, s.Nodes[i], LinksConfig{Logger: zerolog.Nop()})
+		t.Cleanup(links[i].Close)
+	}
+	x := outsider(t, s.Hosts[0])
+	open := func(from *Host, to peer.ID, gen uint64, plane DataPlane) error {
+		st, err := from.NewStream(ctx, to, RingProtocol)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		var b [linkHello]byte
+		binary.LittleEndian.PutUint32(b[0:], linkMagic)
+		binary.LittleEndian.PutUint64(b[8:], gen)
+		binary.LittleEndian.PutUint32(b[16:], uint32(plane))
+		st.Write(b[:])
+		st.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = st.Read(make([]byte, 1))
+		return err
+	}
+	for gen := range uint64(70) {
+		if err := open(x, s.Hosts[0].ID(), gen, PlaneLibp2p); err == nil {
+			t.Fatalf("a stranger's ring link of generation %d was not cut off", gen)
+		}
+	}
+	if err := open(s.Hosts[1], s.Hosts[0].ID(), 1, PlaneTCP); err == nil {
+		t.Error("a ring link asking for the TCP plane of a libp2p job was not cut off")
+	}
+	links[0].mu.Lock()
+	ln, waiting := links[0].ln, len(links[0].inbox)
+	links[0].mu.Unlock()
+	if ln != nil || waiting != 0 {
+		t.Errorf("after the strangers: TCP listener %v, %d links waiting; want none and none", ln, waiting)
+	}
+	ts := make([]ring.Transport, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Go(func() { ts[s.Formations[i].Rank], errs[i] = links[i].Connect(ctx, s.Formations[i]) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("the members' Connect after the strangers: %v", err)
+	}
+	sums := make([][]float32, 2)
+	for r := range 2 {
+		wg.Go(func() {
+			rg, err := ring.New(ts[r], ring.Config{Rank: r, Size: 2, Generation: 1})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer rg.Close()
+			sums[r] = []float32{float32(r + 1)}
+			errs[r] = rg.AllreduceSum(ctx, sums[r])
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil || sums[0][0] != 3 || sums[1][0] != 3 {
+		t.Errorf("allreduce after the strangers: %v, %v; want 3 on both", sums, err)
+	}
+}
+
+// TestPeerStateBounded: a node remembers at most MaxPeers peers however
+// many strangers greet it.
+func TestPeerStateBounded(t *testing.T) {
+	hs := startHosts(t, 1, nil)
+	n, err := NewNode(hs[0], job, NodeConfig{MaxPeers: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	for range 6 {
+		x := outsider(t, hs[0])
+		rawHello(t, x, hs[0].ID(), HelloProtocol, &Hello{Version: ProtocolVersion})
+	}
+	n.mu.Lock()
+	got := len(n.peers)
+	n.mu.Unlock()
+	if got > 3 {
+		t.Errorf("a node with MaxPeers 3 remembers %d peers after 6 strangers", got)
+	}
+}

@@ -1,0 +1,357 @@
+package p2p
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+)
+
+// ErrBadProposal means a peer proposed a ring that no honest peer could:
+// unsorted, with a peer twice, of the wrong size, of another generation's
+// members, or ready on nothing. The proposal is not used.
+var ErrBadProposal = errors.New("p2p: bad proposal")
+
+// Proposal is what a peer says about one generation of the ring: the
+// members it proposes, in rank order (sorted by peer ID), whether it is
+// ready on them (it will not change its proposal any more), and, for the
+// first generation, whether its ring has formed and is training.
+type Proposal struct {
+	Gen     uint64
+	Members []peer.ID
+	Ready   bool
+	Formed  bool
+}
+
+// Decision is what an Agreement has decided: a formed ring, or an error
+// (ErrTooFew, ErrStandby), or neither yet.
+type Decision struct {
+	Formed *Formation
+	Err    error
+}
+
+type liveness uint8
+
+const (
+	unknown liveness = iota // not heard from yet (re-formation only)
+	alive                   // a verified peer of the job that answers
+	dead                    // unreachable; may answer again
+	out                     // left or dropped: never part of this generation
+)
+
+// Agreement decides one generation of a ring among peers, in two phases:
+// each peer proposes a ring; once every member of a proposal proposes it,
+// each becomes ready on it and stops changing it; the ring forms when every
+// member is ready on it. A ready peer that sees a member ready on another
+// ring gives its own up. So rings that form never share a peer.
+//
+// It is a pure state machine, in the shape of etcd-io/raft's RawNode: the
+// caller feeds it what it hears (Verified, Unreachable, Step) and asks what
+// to say (Proposal) and what is decided (Decide); it does no I/O, keeps no
+// time and takes no lock. Node is the loop around it.
+//
+// One type serves the first formation (NewJoinAgreement: any verified peer
+// of the job may be a member; the ring is the world_size smallest IDs) and
+// re-formation and admission (NewReformAgreement: the members come from a
+// fixed list; the ring is all of them that answer, once every one has
+// answered or is known unreachable).
+type Agreement struct {
+	self     peer.ID
+	gen      uint64
+	min, max int
+	fixed    bool // candidates fixed at the start (re-formation)
+	limit    int  // at most this many candidates (first formation)
+	peers    map[peer.ID]liveness
+	views    map[peer.ID]Proposal
+	lock     []peer.ID // the ring this peer is ready on
+	formed   bool
+}
+
+// NewJoinAgreement is the agreement on a job's first ring (generation 1)
+// of exactly worldSize peers. It remembers at most limit peers (zero: 64 or
+// four times the world size, whichever is more), so that a swarm of
+// strangers cannot grow its state without bound.
+func NewJoinAgreement(self peer.ID, worldSize, limit int) *Agreement {
+	if limit <= 0 {
+		limit = max(64, 4*worldSize)
+	}
+	a := &Agreement{self: self, gen: 1, min: worldSize, max: worldSize, limit: limit,
+		peers: map[peer.ID]liveness{self: alive}, views: map[peer.ID]Proposal{}}
+	return a
+}
+
+// NewReformAgreement is the agreement on generation gen among the peers
+// in members (the old ring's, or the old ring's and the standbys being
+// admitted): the ring is every one of them that answers, and at least
+// minSize. The peers in gone (leaving, or dropped for lying) are out from
+// the start and stay out.
+func NewReformAgreement(self peer.ID, gen uint64, members []peer.ID, minSize int, gone []peer.ID) *Agreement {
+	a := &Agreement{self: self, gen: gen, min: max(minSize, 1), max: len(members), fixed: true,
+		peers: map[peer.ID]liveness{}, views: map[peer.ID]Proposal{}}
+	for _, p := range members {
+		a.peers[p] = unknown
+	}
+	for _, p := range gone {
+		if _, ok := a.peers[p]; ok {
+			a.peers[p] = out
+		}
+	}
+	a.peers[self] = alive
+	return a
+}
+
+// Generation is the generation this agreement decides.
+func (a *Agreement) Generation() uint64 { return a.gen }
+
+// Candidate reports whether p may be a member of the ring decided here.
+func (a *Agreement) Candidate(p peer.ID) bool {
+	l, ok := a.peers[p]
+	return ok && l != out
+}
+
+// Members are the peers that may still be part of the ring (for a
+// re-formation, those not gone), sorted.
+func (a *Agreement) Members() []peer.ID {
+	var ps []peer.ID
+	for p, l := range a.peers {
+		if l != out {
+			ps = append(ps, p)
+		}
+	}
+	slices.Sort(ps)
+	return ps
+}
+
+// Verified records that p proved itself a peer of the job and answers. In a
+// first formation it becomes a candidate, unless the agreement already
+// remembers its limit of peers (it returns false then); in a
+// re-formation only the fixed members count, and a gone one stays out.
+func (a *Agreement) Verified(p peer.ID) bool {
+	l, ok := a.peers[p]
+	switch {
+	case ok && l == out:
+		return false
+	case ok:
+		a.peers[p] = alive
+		return true
+	case a.fixed || len(a.peers) >= a.limit:
+		return false
+	}
+	a.peers[p] = alive
+	return true
+}
+
+// Unreachable records that p could not be reached. In a re-formation it
+// is left out of this peer's proposal until it answers again; in a first
+// formation, where a slow hello is no sign of death, nothing changes.
+func (a *Agreement) Unreachable(p peer.ID) {
+	if l, ok := a.peers[p]; a.fixed && ok && l != out && p != a.self {
+		a.peers[p] = dead
+		delete(a.views, p)
+	}
+}
+
+// Forget drops everything known of p (first formation: a peer gone so
+// long that it is no longer worth remembering).
+func (a *Agreement) Forget(p peer.ID) {
+	if a.fixed || p == a.self {
+		return
+	}
+	delete(a.peers, p)
+	delete(a.views, p)
+}
+
+// Step takes what peer from says of this agreement's generation. A
+// proposal that no honest peer could make is refused with ErrBadProposal
+// naming what is wrong, and not used; one of another generation, or from a
+// peer that is not a candidate, is ignored.
+func (a *Agreement) Step(from peer.ID, m Proposal) error {
+	if m.Gen != a.gen || from == a.self {
+		return nil
+	}
+	if l, ok := a.peers[from]; !ok || l == out {
+		return nil
+	}
+	if err := a.valid(m); err != nil {
+		return fmt.Errorf("%w from %s for generation %d: %w", ErrBadProposal, from, m.Gen, err)
+	}
+	a.peers[from] = alive // it answered
+	a.views[from] = Proposal{Gen: m.Gen, Members: slices.Clone(m.Members), Ready: m.Ready, Formed: m.Formed && !a.fixed}
+	return nil
+}
+
+// valid checks a proposal's shape: empty and not ready (still waiting), or
+// sorted, without a peer twice, of an allowed size, and — where the
+// members are fixed — only of them.
+func (a *Agreement) valid(m Proposal) error {
+	if len(m.Members) == 0 {
+		if m.Ready || m.Formed {
+			return errors.New("ready on an empty ring")
+		}
+		return nil
+	}
+	if len(m.Members) < a.min || len(m.Members) > a.max {
+		return fmt.Errorf("a ring of %d peers; want %d to %d", len(m.Members), a.min, a.max)
+	}
+	for i := 1; i < len(m.Members); i++ {
+		if m.Members[i] == m.Members[i-1] {
+			return fmt.Errorf("peer %s twice", m.Members[i])
+		}
+		if m.Members[i] < m.Members[i-1] {
+			return fmt.Errorf("members not in rank order (sorted by peer ID) at rank %d", i)
+		}
+	}
+	if a.fixed {
+		for _, p := range m.Members {
+			if !a.Candidate(p) {
+				return fmt.Errorf("peer %s is not one of this generation's members", p)
+			}
+		}
+	}
+	return nil
+}
+
+// Proposal is what this peer says: the ring it is ready on, else the ring
+// it proposes (nil while it waits for peers), with Formed once decided.
+func (a *Agreement) Proposal() Proposal {
+	return Proposal{Gen: a.gen, Members: a.proposal(), Ready: a.lock != nil, Formed: a.formed && !a.fixed}
+}
+
+func (a *Agreement) proposal() []peer.ID {
+	if a.lock != nil {
+		return a.lock
+	}
+	var live []peer.ID
+	for p, l := range a.peers {
+		switch {
+		case l == alive:
+			live = append(live, p)
+		case l == unknown && a.fixed:
+			return nil // still waiting to hear from p
+		}
+	}
+	if len(live) < a.min {
+		return nil
+	}
+	slices.Sort(live)
+	return live[:min(len(live), a.max)]
+}
+
+// Decide says what is decided now: the formed ring once every member of the
+// one this peer is ready on is ready on it; ErrTooFew when a re-formation
+// has heard from everyone and too few are left; ErrStandby when a first
+// ring has formed, or is forming, without this peer.
+func (a *Agreement) Decide() Decision {
+	if a.fixed && a.lock == nil {
+		if prop, live := a.proposal(), len(a.in(alive)); prop == nil && len(a.in(unknown)) == 0 && live < a.min {
+			return Decision{Err: fmt.Errorf("%w: %d of the %d peers of generation %d answer, and the job needs at least %d (min_world_size)",
+				ErrTooFew, live, len(a.peers), a.gen, a.min)}
+		}
+	}
+	if a.lock == nil {
+		// Ready on this peer's own proposal once all its members propose
+		// it, or — in a first formation — on one whose other members are
+		// all ready on it already. A re-formation takes only its own: one
+		// that took another's would leave out members it has not heard
+		// from yet.
+		cands := [][]peer.ID{a.proposal()}
+		for _, p := range a.viewers() {
+			if !a.fixed {
+				cands = append(cands, a.views[p].Members)
+			}
+		}
+		for i, prop := range cands {
+			if a.acceptable(prop) && a.othersOn(prop, i > 0) {
+				a.lock = prop
+				break
+			}
+		}
+	}
+	if a.lock != nil {
+		for _, p := range a.lock {
+			if v, ok := a.views[p]; p != a.self && ok && v.Ready && !slices.Equal(v.Members, a.lock) {
+				a.lock = nil // a member is ready on another ring: ours cannot form
+				return Decision{}
+			}
+		}
+		if a.othersOn(a.lock, true) {
+			a.formed = true
+			return Decision{Formed: &Formation{Members: slices.Clone(a.lock), Rank: slices.Index(a.lock, a.self), Generation: a.gen}}
+		}
+		return Decision{}
+	}
+	if !a.fixed {
+		for _, p := range a.viewers() {
+			v := a.views[p]
+			if len(v.Members) > 0 && !slices.Contains(v.Members, a.self) && (v.Formed || a.othersOn(v.Members, true)) {
+				// A ring is training (or all but ready) without this peer
+				// — perhaps smaller than it began, having lost members:
+				// wait to be admitted.
+				return Decision{Err: fmt.Errorf("%w: the job's ring of %d formed without this peer", ErrStandby, len(v.Members))}
+			}
+		}
+	}
+	return Decision{}
+}
+
+// acceptable: a ring this peer may be ready on — of the right shape, with
+// this peer in it, and every member a verified, answering candidate.
+func (a *Agreement) acceptable(prop []peer.ID) bool {
+	if len(prop) == 0 || a.valid(Proposal{Members: prop}) != nil || !slices.Contains(prop, a.self) {
+		return false
+	}
+	for _, p := range prop {
+		if a.peers[p] != alive {
+			return false
+		}
+	}
+	return true
+}
+
+// othersOn reports whether every member of prop other than this peer
+// proposes prop — and, with ready, is ready on it.
+func (a *Agreement) othersOn(prop []peer.ID, ready bool) bool {
+	for _, p := range prop {
+		if p == a.self {
+			continue
+		}
+		v, ok := a.views[p]
+		if !ok || !slices.Equal(v.Members, prop) || ready && !v.Ready {
+			return false
+		}
+	}
+	return true
+}
+
+// viewers are the peers whose proposals this peer holds, sorted, so that
+// a decision never depends on map order.
+func (a *Agreement) viewers() []peer.ID {
+	ps := make([]peer.ID, 0, len(a.views))
+	for p := range a.views {
+		ps = append(ps, p)
+	}
+	slices.Sort(ps)
+	return ps
+}
+
+// in lists the candidates in state l, sorted.
+func (a *Agreement) in(l liveness) []peer.ID {
+	var ps []peer.ID
+	for p, pl := range a.peers {
+		if pl == l {
+			ps = append(ps, p)
+		}
+	}
+	slices.Sort(ps)
+	return ps
+}
+
+// Ready is the ring this peer is ready on, or nil.
+func (a *Agreement) Ready() []peer.ID { return a.lock }
+
+// Waiting lists the candidates not heard from yet (re-formation), sorted.
+func (a *Agreement) Waiting() []peer.ID { return a.in(unknown) }
+
+// Unreached lists the candidates known unreachable (re-formation), sorted.
+func (a *Agreement) Unreached() []peer.ID { return a.in(dead) }

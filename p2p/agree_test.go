@@ -1,0 +1,203 @@
+package p2p
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+)
+
+// Peers for the machine's tests: the machine never decodes IDs, and these
+// sort in the order of their names.
+const (
+	pa peer.ID = "peer-a"
+	pb peer.ID = "peer-b"
+	pc peer.ID = "peer-c"
+	pd peer.ID = "peer-d"
+)
+
+// msg is one input to an Agreement in a scripted test.
+type msg struct {
+	from  peer.ID
+	prop  []peer.ID
+	ready bool
+	dead  bool // Unreachable(from) instead of a proposal
+	gen   uint64
+}
+
+func feed(t *testing.T, a *Agreement, ms []msg) []error {
+	t.Helper()
+	var errs []error
+	for _, m := range ms {
+		if m.dead {
+			a.Unreachable(m.from)
+			continue
+		}
+		gen := m.gen
+		if gen == 0 {
+			gen = a.Generation()
+		}
+		if err := a.Step(m.from, Proposal{Gen: gen, Members: m.prop, Ready: m.ready}); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+func TestAgreementJoin(t *testing.T) {
+	abc := []peer.ID{pa, pb, pc}
+	for _, tc := range []struct {
+		name     string
+		self     peer.ID
+		verified []peer.ID
+		msgs     []msg
+		bad      int       // how many messages ErrBadProposal refuses
+		formed   []peer.ID // nil: not formed
+		standby  bool
+		proposal []peer.ID // what self proposes at the end
+	}{
+		{name: "all propose, then all ready: formed", self: pa, verified: abc,
+			msgs:   []msg{{from: pb, prop: abc}, {from: pc, prop: abc}, {from: pb, prop: abc, ready: true}, {from: pc, prop: abc, ready: true}},
+			formed: abc, proposal: abc},
+		{name: "all propose, none ready yet: ready, not formed", self: pa, verified: abc,
+			msgs: []msg{{from: pb, prop: abc}, {from: pc, prop: abc}}, proposal: abc},
+		{name: "too few verified: no proposal", self: pa, verified: []peer.ID{pa, pb}},
+		{name: "a peer twice in a proposal is refused, not used", self: pa, verified: abc,
+			msgs: []msg{{from: pb, prop: []peer.ID{pa, pb, pb}, ready: true}, {from: pc, prop: abc, ready: true}},
+			bad:  1, proposal: abc},
+		{name: "an unsorted proposal is refused", self: pa, verified: abc,
+			msgs: []msg{{from: pb, prop: []peer.ID{pb, pa, pc}}}, bad: 1, proposal: abc},
+		{name: "a proposal of the wrong size is refused", self: pa, verified: abc,
+			msgs: []msg{{from: pb, prop: []peer.ID{pa, pb}, ready: true}}, bad: 1, proposal: abc},
+		{name: "ready on nothing is refused", self: pa, verified: abc,
+			msgs: []msg{{from: pb, ready: true}}, bad: 1, proposal: abc},
+		{name: "a ring with a peer this one never verified does not form", self: pa, verified: []peer.ID{pa, pb},
+			msgs: []msg{{from: pb, prop: abc, ready: true}}},
+		{name: "the others all ready without this peer: standby", self: pd, verified: []peer.ID{pa, pb, pc, pd},
+			msgs:    []msg{{from: pa, prop: abc, ready: true}, {from: pb, prop: abc, ready: true}, {from: pc, prop: abc, ready: true}},
+			standby: true, proposal: abc},
+		{name: "another generation is ignored", self: pa, verified: abc,
+			msgs: []msg{{from: pb, prop: abc, ready: true, gen: 2}, {from: pc, prop: abc, ready: true, gen: 2}}, proposal: abc},
+		{name: "an unverified sender is ignored", self: pa, verified: []peer.ID{pa, pb},
+			msgs: []msg{{from: pc, prop: abc, ready: true}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := NewJoinAgreement(tc.self, 3, 0)
+			for _, p := range tc.verified {
+				a.Verified(p)
+			}
+			errs := feed(t, a, tc.msgs)
+			for _, err := range errs {
+				if !errors.Is(err, ErrBadProposal) {
+					t.Errorf("Step: %v; want ErrBadProposal or nil", err)
+				}
+			}
+			if len(errs) != tc.bad {
+				t.Errorf("%d proposals refused (%v); want %d", len(errs), errs, tc.bad)
+			}
+			d := a.Decide()
+			switch {
+			case tc.formed != nil && (d.Formed == nil || !slices.Equal(d.Formed.Members, tc.formed) || d.Formed.Members[d.Formed.Rank] != tc.self):
+				t.Errorf("Decide = %+v; want %v formed", d, tc.formed)
+			case tc.formed == nil && d.Formed != nil:
+				t.Errorf("Decide formed %+v; want nothing formed", d.Formed)
+			case tc.standby != errors.Is(d.Err, ErrStandby):
+				t.Errorf("Decide error %v; want standby %v", d.Err, tc.standby)
+			}
+			if got := a.Proposal().Members; !slices.Equal(got, tc.proposal) {
+				t.Errorf("proposes %v; want %v", got, tc.proposal)
+			}
+		})
+	}
+}
+
+// TestAgreementGivesUpARingAMemberLeft: ready on a ring, a peer sees one of
+// its members ready on another; it gives its own up.
+func TestAgreementGivesUpARingAMemberLeft(t *testing.T) {
+	a := NewJoinAgreement(pa, 2, 0)
+	for _, p := range []peer.ID{pb, pc} {
+		a.Verified(p)
+	}
+	ab := []peer.ID{pa, pb}
+	feed(t, a, []msg{{from: pb, prop: ab}})
+	if a.Decide(); !slices.Equal(a.Ready(), ab) {
+		t.Fatalf("ready on %v; want %v", a.Ready(), ab)
+	}
+	feed(t, a, []msg{{from: pb, prop: []peer.ID{pb, pc}, ready: true}})
+	if d := a.Decide(); d.Formed != nil || a.Ready() != nil {
+		t.Errorf("after a member went ready on another ring: %+v, ready on %v; want neither", d, a.Ready())
+	}
+}
+
+// TestAgreementJoinBounded: a first formation remembers at most its limit
+// of peers.
+func TestAgreementJoinBounded(t *testing.T) {
+	a := NewJoinAgreement(pa, 2, 3)
+	got := []bool{a.Verified(pb), a.Verified(pc), a.Verified(pd)}
+	if !slices.Equal(got, []bool{true, true, false}) {
+		t.Errorf("Verified over a limit of 3 = %v; want the third refused", got)
+	}
+	a.Forget(pb)
+	if !a.Verified(pd) {
+		t.Error("a forgotten peer's room is not free again")
+	}
+}
+
+func TestAgreementReform(t *testing.T) {
+	abcd := []peer.ID{pa, pb, pc, pd}
+	for _, tc := range []struct {
+		name    string
+		min     int
+		gone    []peer.ID
+		msgs    []msg
+		bad     int
+		formed  []peer.ID
+		tooFew  bool
+		waiting bool // no proposal yet: members not heard from
+	}{
+		{name: "one dead, the others agree", min: 3,
+			msgs: []msg{{from: pd, dead: true},
+				{from: pb, prop: []peer.ID{pa, pb, pc}, ready: true}, {from: pc, prop: []peer.ID{pa, pb, pc}, ready: true}},
+			formed: []peer.ID{pa, pb, pc}},
+		{name: "a member not heard from is waited for", min: 2,
+			msgs: []msg{{from: pb, prop: []peer.ID{pa, pb}, ready: true}}, waiting: true},
+		{name: "too few left", min: 3,
+			msgs:   []msg{{from: pc, dead: true}, {from: pd, dead: true}, {from: pb}},
+			tooFew: true, waiting: true},
+		{name: "a leaver stays out, whatever it says", min: 2, gone: []peer.ID{pd},
+			msgs: []msg{{from: pd, prop: abcd, ready: true}, {from: pb, prop: []peer.ID{pa, pb, pc}, ready: true},
+				{from: pc, prop: []peer.ID{pa, pb, pc}, ready: true}},
+			formed: []peer.ID{pa, pb, pc}},
+		{name: "a proposal with a gone peer is refused", min: 2, gone: []peer.ID{pd},
+			msgs: []msg{{from: pb, prop: abcd}, {from: pc, dead: true}}, bad: 1, waiting: true},
+		{name: "a stranger to the old ring is refused", min: 2,
+			msgs: []msg{{from: pb, prop: []peer.ID{pa, pb, "peer-x"}}}, bad: 1, waiting: true},
+		{name: "a member unreachable, then answering after all, is back", min: 4,
+			msgs: []msg{{from: pd, dead: true}, {from: pd, prop: abcd, ready: true},
+				{from: pb, prop: abcd, ready: true}, {from: pc, prop: abcd, ready: true}},
+			formed: abcd},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := NewReformAgreement(pa, 2, abcd, tc.min, tc.gone)
+			errs := feed(t, a, tc.msgs)
+			if len(errs) != tc.bad {
+				t.Errorf("%d proposals refused (%v); want %d", len(errs), errs, tc.bad)
+			}
+			d := a.Decide()
+			if d.Formed == nil && d.Err == nil {
+				d = a.Decide() // ready now, perhaps: decide again
+			}
+			switch {
+			case tc.formed != nil && (d.Formed == nil || !slices.Equal(d.Formed.Members, tc.formed) || d.Formed.Generation != 2):
+				t.Errorf("Decide = %+v (error %v); want %v formed in generation 2", d.Formed, d.Err, tc.formed)
+			case tc.formed == nil && d.Formed != nil:
+				t.Errorf("Decide formed %+v; want nothing formed", d.Formed)
+			case tc.tooFew != errors.Is(d.Err, ErrTooFew):
+				t.Errorf("Decide error %v; want ErrTooFew %v", d.Err, tc.tooFew)
+			case tc.waiting != (a.Proposal().Members == nil):
+				t.Errorf("proposes %v; want waiting %v", a.Proposal().Members, tc.waiting)
+			}
+		})
+	}
+}
