@@ -57,7 +57,7 @@ type Host struct {
 // NewHost starts a host: TCP; TLS preferred over Noise (TLS moves bulk data
 // about 1.6× faster here); yamux; libp2p's default autoscaled resource
 // limits; a DHT in server mode with protocol prefix /ringtrain, connected to
-// any bootstrap peers it could reach. If NewHost fails, nothing it started
+// any bootstrap peers it could reach. ctx bounds the start only. If NewHost fails, nothing it started
 // is left running. Close the Host when done.
 func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	listen := cfg.Listen
@@ -95,7 +95,10 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 			h.Close()
 		}
 	}()
-	d, err := dht.New(ctx, h, dht.Mode(dht.ModeServer), dht.ProtocolPrefix(ProtocolPrefix))
+	// The DHT lives as long as the host: kad-dht derives its own lifetime
+	// from the context New is given, and ctx only bounds the start (a
+	// caller's join timeout, say). Close stops it.
+	d, err := dht.New(context.WithoutCancel(ctx), h, dht.Mode(dht.ModeServer), dht.ProtocolPrefix(ProtocolPrefix))
 	if err != nil {
 		return nil, fmt.Errorf("p2p: starting DHT: %w", err)
 	}

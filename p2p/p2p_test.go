@@ -520,3 +520,40 @@ func TestSurvivorsReform(t *testing.T) {
 type expectNone struct{}
 
 func (expectNone) Expects(uint64, peer.ID) bool { return false }
+
+// TestHostOutlivesItsStartContext: a host's DHT keeps working after the
+// context NewHost was given ends (a caller bounds the start with its join
+// timeout and cancels it on return). kad-dht ties its lifetime to the
+// context New gets; when that was NewHost's, discovery died with it and no
+// ring formed.
+func TestHostOutlivesItsStartContext(t *testing.T) {
+	start, cancel := context.WithCancel(context.Background())
+	hs := make([]*Host, 2)
+	for i := range hs {
+		cfg := HostConfig{Listen: loopback}
+		if i > 0 {
+			cfg.Bootstrap = []peer.AddrInfo{info(hs[0])}
+		}
+		h, err := NewHost(start, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs[i] = h
+		t.Cleanup(func() { h.Close() })
+	}
+	cancel()
+	j := job
+	j.WorldSize = 2
+	ns := startNodes(t, hs, j)
+	ctx, done := context.WithTimeout(context.Background(), 20*time.Second)
+	defer done()
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i, n := range ns {
+		wg.Go(func() { _, errs[i] = n.Join(ctx) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("Join after the hosts' start context ended: %v", err)
+	}
+}

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,32 +13,32 @@ import (
 
 	"github.com/ringtrain/ringtrain/data"
 	"github.com/ringtrain/ringtrain/p2p"
-	"github.com/ringtrain/ringtrain/ring"
 	"github.com/ringtrain/ringtrain/train"
+	"github.com/ringtrain/ringtrain/train/elastic"
 )
 
-// vanishing is a rank whose whole host goes away in the middle of its n-th
-// allreduce: its libp2p connections drop under the neighbours' feet.
+// vanishing is a replica whose whole host goes away after its n-th
+// backward pass: its neighbours are in the step's allreduce, and its libp2p
+// connections drop under their feet.
 type vanishing struct {
-	train.Collective
+	train.Model
 	n    int
 	gone func()
 }
 
-var errVanished = errors.New("vanished")
-
-func (v *vanishing) AllreduceMean(ctx context.Context, buf []float32) error {
+func (v *vanishing) ForwardBackward(x []float32, y []int, n int) (float32, error) {
+	loss, err := v.Model.ForwardBackward(x, y, n)
 	if v.n--; v.n == 0 {
 		v.gone()
-		return errVanished
 	}
-	return v.Collective.AllreduceMean(ctx, buf)
+	return loss, err
 }
 
-// TestSurvivorsFinishOverLibp2p is TestSurvivorsFinish of package train
-// over real libp2p hosts in this process: one of four hosts vanishes in the
-// middle of an allreduce; the other three re-form through p2p (Reform,
-// new links) and finish training with the same parameters.
+// TestSurvivorsFinishOverLibp2p runs what `ringtrain join` runs — an
+// elastic.Job over p2p.Membership — on four libp2p hosts in this process:
+// one host vanishes in the middle of a step; the other three re-form
+// through p2p (Reform, new links) and finish training with the same
+// parameters.
 func TestSurvivorsFinishOverLibp2p(t *testing.T) {
 	const world, batch = 4, 8
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -46,14 +48,6 @@ func TestSurvivorsFinishOverLibp2p(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	links := make([]*p2p.RingLinks, world)
-	for i, h := range s.Hosts {
-		links[i] = p2p.NewRingLinks(h, s.Nodes[i], p2p.LinksConfig{Logger: zerolog.Nop()})
-		defer links[i].Close()
-	}
-	if err := s.Join(ctx); err != nil {
-		t.Fatal(err)
-	}
 	cfgData, err := data.LoadConfig("../../testdata/data-config.json")
 	if err != nil {
 		t.Fatal(err)
@@ -62,68 +56,53 @@ func TestSurvivorsFinishOverLibp2p(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	connect := func(i int, f *p2p.Formation) (*ring.Ring, error) {
-		tr, err := links[i].Connect(ctx, f)
-		if err != nil {
-			return nil, err
-		}
-		return ring.New(tr, ring.Config{Rank: f.Rank, Size: len(f.Members), Generation: f.Generation})
-	}
 	sums := make([]train.Summary, world)
 	errs := make([]error, world)
+	outs := make([]bytes.Buffer, world)
 	var wg sync.WaitGroup
 	for i := range world {
+		links := p2p.NewRingLinks(s.Hosts[i], s.Nodes[i], p2p.LinksConfig{Logger: zerolog.Nop()})
+		defer links.Close()
 		wg.Go(func() {
-			f := s.Formations[i]
-			rg, err := connect(i, f)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			defer func() { rg.Close() }()
-			var coll train.Collective = rg
-			if i == 2 {
-				coll = &vanishing{Collective: rg, n: 7, gone: func() { rg.Close(); s.Nodes[i].Close(); s.Hosts[i].Close() }}
-			}
 			m, err := train.NewModel(train.ModelConfig{Spec: train.MLPSpec(784, []int{16}, 10), Batch: batch, Seed: 1})
 			if err != nil {
 				errs[i] = err
 				return
 			}
 			defer m.Close()
-			sums[i], errs[i] = train.Run(ctx, train.RunConfig{
-				Replica: train.NewReplica(m, &train.SGD{LR: 0.05, Momentum: 0.9}, coll),
-				Train: &data.Loader{Split: split, BatchSize: batch, Seed: 1,
-					Sampler: data.Sampler{N: split.Len(), World: world, Rank: f.Rank, Seed: 1, Shuffle: true}},
-				Epochs: 2, Classes: 10, MinSize: 3,
-				Reform: func(ctx context.Context, cause error, at train.Position) (train.Collective, error) {
-					if i == 2 {
-						return nil, errVanished
-					}
-					rg.Close()
-					next, err := s.Nodes[i].Reform(ctx, f, 3)
-					if err != nil {
-						return nil, err
-					}
-					f = next
-					if rg, err = connect(i, f); err != nil {
-						return nil, err
-					}
-					return rg, nil
+			var model train.Model = m
+			if i == 2 {
+				model = &vanishing{Model: m, n: 7, gone: func() { links.Close(); s.Nodes[i].Close(); s.Hosts[i].Close() }}
+			}
+			job := &elastic.Job{
+				Members:   p2p.NewMembership(s.Nodes[i], links, 20*time.Second),
+				WorldSize: world, MinWorldSize: 3, StepTimeout: 10 * time.Second, Out: &outs[i],
+				Training: train.RunConfig{
+					Replica: train.NewReplica(model, &train.SGD{LR: 0.05, Momentum: 0.9}, nil),
+					Train: &data.Loader{Split: split, BatchSize: batch, Seed: 1,
+						Sampler: data.Sampler{N: split.Len(), World: 1, Seed: 1, Shuffle: true}},
+					Epochs: 2, Classes: 10,
 				},
-			})
+			}
+			sums[i], errs[i] = job.Run(ctx)
 		})
 	}
 	wg.Wait()
-	if !errors.Is(errs[2], errVanished) {
-		t.Errorf("the vanished host's run: %v", errs[2])
+	if errs[2] == nil {
+		t.Error("the vanished host's run ended without an error")
 	}
 	for _, i := range []int{0, 1, 3} {
 		if errs[i] != nil {
 			t.Fatalf("survivor %d: %v", i, errs[i])
 		}
+		if !strings.Contains(outs[i].String(), "ring re-formed: rank") || !strings.Contains(outs[i].String(), "of 3, generation 2, 1 peer(s) lost") {
+			t.Errorf("survivor %d says %q; want the ring re-formed as 3 in generation 2", i, outs[i].String())
+		}
 		if sums[i].Epochs != 2 || sums[i].ParamHash != sums[0].ParamHash {
 			t.Errorf("survivor %d: %d epochs, hash %.16s; want 2 and survivor 0's %.16s", i, sums[i].Epochs, sums[i].ParamHash, sums[0].ParamHash)
 		}
+	}
+	if errors.Is(errs[0], train.ErrReformBudget) {
+		t.Error("the survivors ran out of re-formations")
 	}
 }

@@ -1,0 +1,146 @@
+package p2p
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/ringtrain/ringtrain/ring"
+)
+
+// Membership is the peers of a job as an elastic job runner sees them
+// (train/elastic's Membership): a Node agrees on each generation of the
+// ring, RingLinks connect it, and Membership keeps the current one. Its
+// methods are called from one goroutine, the runner's.
+type Membership struct {
+	node  *Node
+	links *RingLinks
+	// timeout bounds each agreement and connection; a standby waits to
+	// be admitted until no peer of the job has been reachable for as long.
+	timeout time.Duration
+	cur     *Formation
+}
+
+// NewMembership runs a job's membership through node and links; timeout
+// is the job's join timeout.
+func NewMembership(node *Node, links *RingLinks, timeout time.Duration) *Membership {
+	return &Membership{node: node, links: links, timeout: timeout}
+}
+
+// Form joins the job's first ring and connects it. If the ring has formed
+// without this peer, it waits as a standby until a member admits it, then
+// re-forms with the ring it is admitted to, and says so with admitted.
+func (m *Membership) Form(ctx context.Context) (r *ring.Ring, admitted bool, err error) {
+	jctx, cancel := context.WithTimeout(ctx, m.timeout)
+	f, err := m.node.Join(jctx)
+	cancel()
+	if errors.Is(err, ErrStandby) {
+		m.node.cfg.Logger.Info().Msg("the ring has formed without this peer; waiting as a standby to be admitted after an epoch")
+		var prev *Formation
+		if prev, err = m.node.WaitAdmission(ctx, m.timeout); err == nil {
+			rctx, cancel := context.WithTimeout(ctx, m.timeout)
+			f, err = m.node.Reform(rctx, prev, 1)
+			cancel()
+			admitted = true
+		}
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	r, err = m.connect(ctx, f)
+	return r, admitted, err
+}
+
+// Reform agrees with the members of the current ring, less those at the
+// ranks in gone (leavers, liars), on the next generation and connects it.
+// Close the current ring first.
+func (m *Membership) Reform(ctx context.Context, minSize int, gone []int) (*ring.Ring, error) {
+	var ids []peer.ID
+	for _, r := range gone {
+		if r < 0 || r >= len(m.cur.Members) {
+			return nil, fmt.Errorf("p2p: rank %d to leave out of a ring of %d", r, len(m.cur.Members))
+		}
+		ids = append(ids, m.cur.Members[r])
+	}
+	rctx, cancel := context.WithTimeout(ctx, m.timeout)
+	defer cancel()
+	f, err := m.node.Reform(rctx, m.cur, minSize, ids...)
+	if err != nil {
+		return nil, err
+	}
+	return m.connect(ctx, f)
+}
+
+// Grow re-forms the current ring with the standbys in add, which every
+// member passes alike; with admit (one member: rank 0), this peer first
+// tells them they are admitted. Close the current ring first.
+func (m *Membership) Grow(ctx context.Context, add []string, admit bool, minSize int) (*ring.Ring, error) {
+	grown := slices.Clone(m.cur.Members)
+	for _, s := range add {
+		id, err := peer.Decode(s)
+		if err != nil {
+			return nil, fmt.Errorf("p2p: standby %q: %w", s, err)
+		}
+		if slices.Contains(grown, id) {
+			return nil, fmt.Errorf("p2p: standby %s is a member already", id)
+		}
+		grown = append(grown, id)
+	}
+	slices.Sort(grown)
+	prev := &Formation{Members: grown, Rank: slices.Index(grown, m.node.h.ID()), Generation: m.cur.Generation}
+	if admit {
+		for _, p := range grown {
+			if !slices.Contains(m.cur.Members, p) {
+				if err := m.node.Admit(ctx, p, m.cur, grown); err != nil {
+					m.node.cfg.Logger.Warn().Err(err).Msg("could not admit a standby")
+				}
+			}
+		}
+	}
+	rctx, cancel := context.WithTimeout(ctx, m.timeout)
+	defer cancel()
+	f, err := m.node.Reform(rctx, prev, minSize)
+	if err != nil {
+		return nil, err
+	}
+	return m.connect(ctx, f)
+}
+
+// Standbys are the verified peers of the job, outside the ring, waiting
+// to be admitted.
+func (m *Membership) Standbys() []string {
+	return idStrings(m.node.Standbys(m.cur.Members))
+}
+
+// Members are the current ring's members in rank order.
+func (m *Membership) Members() []string { return idStrings(m.cur.Members) }
+
+func (m *Membership) connect(ctx context.Context, f *Formation) (*ring.Ring, error) {
+	cctx, cancel := context.WithTimeout(ctx, m.timeout)
+	defer cancel()
+	t, err := m.links.Connect(cctx, f)
+	if err != nil {
+		return nil, err
+	}
+	r, err := ring.New(t, ring.Config{Rank: f.Rank, Size: len(f.Members), Generation: f.Generation})
+	if err != nil {
+		if t != nil {
+			t.Close()
+		}
+		return nil, err
+	}
+	m.cur = f
+	return r, nil
+}
+
+func idStrings(ps []peer.ID) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
+	}
+	return out
+}

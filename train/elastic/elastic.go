@@ -1,0 +1,391 @@
+// Package elastic runs one peer's part of an elastic training job: it forms
+// the ring through a Membership, trains with train.Run, re-forms the ring
+// when peers are lost, leave or are caught lying, admits standbys between
+// epochs, writes and resumes checkpoints, and leaves the ring together with
+// the others at the end — what Horovod's elastic mode and torchrun's
+// rendezvous do, with no coordinator.
+//
+// # Usage
+//
+//	m := p2p.NewMembership(node, links, joinTimeout) // or any Membership
+//	job := &elastic.Job{Members: m, Training: rc, WorldSize: 4, MinWorldSize: 3, StepTimeout: time.Minute, Out: os.Stdout}
+//	sum, err := job.Run(ctx) // ctx's end: every peer stops after the same step
+package elastic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/ringtrain/ringtrain/ring"
+	"github.com/ringtrain/ringtrain/train"
+)
+
+// Membership is what a job needs of the peers it trains with. Its methods
+// are called from one goroutine. p2p.Membership has them.
+type Membership interface {
+	// Form joins the job's first ring and connects it; if the ring formed
+	// without this peer, it waits as a standby until admitted to a grown
+	// one, and says so with admitted.
+	Form(ctx context.Context) (r *ring.Ring, admitted bool, err error)
+	// Reform agrees with the members of the current ring, less those at
+	// the ranks in gone, on the next generation, at least minSize strong,
+	// and connects it. The caller has closed the current ring.
+	Reform(ctx context.Context, minSize int, gone []int) (*ring.Ring, error)
+	// Grow re-forms the current ring with the standbys in add, the same
+	// list on every member; with admit (rank 0) this peer tells them first.
+	// The caller has closed the current ring.
+	Grow(ctx context.Context, add []string, admit bool, minSize int) (*ring.Ring, error)
+	// Standbys are peers of the job outside the ring, waiting to be
+	// admitted.
+	Standbys() []string
+	// Members are the current ring's members, in rank order.
+	Members() []string
+}
+
+// Job is one peer's part of an elastic job. Fill it, then call Run once.
+type Job struct {
+	// Members forms and re-forms the ring.
+	Members Membership
+	// Training is the training run; Job sets its Replica's collective and its
+	// Reform, Grow, Save, Stop, Start, Joined and MinSize.
+	Training train.RunConfig
+	// WorldSize is how many peers the ring should hold; standbys are
+	// admitted while it holds fewer. MinWorldSize is how few may carry on
+	// after peers are lost or leave; zero means WorldSize.
+	WorldSize, MinWorldSize int
+	// StepTimeout bounds every collective, so that a peer that stalls
+	// fails the step instead of hanging it. Zero means a minute.
+	StepTimeout time.Duration
+	// Checkpoint, if set, is where rank 0 writes the checkpoint (filled
+	// from CheckpointBase) after every epoch, every Run.SaveEvery steps and
+	// when stopped; a checkpoint found there at the start is resumed from.
+	Checkpoint     string
+	CheckpointBase train.Checkpoint
+	// Logger hears of formation, re-formation, admission, checkpoints and
+	// the end; each line carries the peer's rank at the time.
+	Logger zerolog.Logger
+	// Out, if set, gets one line per ring formed ("ring formed: rank 0 of
+	// 3, generation 1", "ring re-formed: …", "ring grew: …").
+	Out io.Writer
+
+	rg   *ring.Ring
+	lost map[string]int // peers lost in re-formations since a step last completed
+}
+
+// Rank is this peer's rank in the current ring.
+func (j *Job) Rank() int { return j.rg.Rank() }
+
+// Log is the job's logger with the current rank.
+func (j *Job) Log() *zerolog.Logger {
+	l := j.Logger.With().Int("rank", j.rg.Rank()).Logger()
+	return &l
+}
+
+func (j *Job) say(format string, args ...any) {
+	if j.Out != nil {
+		fmt.Fprintf(j.Out, format+"\n", args...)
+	}
+}
+
+// Run forms the ring, brings the replica to its starting state (rank 0's
+// parameters, the ring's state on admission, or the most advanced
+// checkpoint any peer holds), trains, and leaves the ring together with the
+// others. When ctx ends, every peer stops after the same step, rank 0
+// writes the checkpoint, and Run returns an error wrapping train.ErrStopped.
+func (j *Job) Run(ctx context.Context) (train.Summary, error) {
+	if j.MinWorldSize <= 0 {
+		j.MinWorldSize = j.WorldSize
+	}
+	if j.StepTimeout <= 0 {
+		j.StepTimeout = time.Minute
+	}
+	j.lost = map[string]int{}
+	rg, admitted, err := j.Members.Form(ctx)
+	if err != nil {
+		return train.Summary{}, fmt.Errorf("join: %w", err)
+	}
+	j.rg = rg
+	defer func() { j.rg.Close() }() // j.rg changes when the ring re-forms
+	j.say("ring formed: rank %d of %d, generation %d", rg.Rank(), rg.Size(), rg.Generation())
+	rc := j.Training
+	rc.Replica.Coll = j.stepped(nil)
+	rc.MinSize = j.MinWorldSize
+	rc.Reform = j.reform
+	rc.Grow = j.grow
+	if j.Checkpoint != "" {
+		rc.Save = func(p train.Position) error {
+			if j.rg.Rank() != 0 { // all hold the same; one writes
+				return nil
+			}
+			return j.save(rc.Replica, p)
+		}
+	}
+	if admitted {
+		start, err := rc.Replica.Admitted(ctx, rc.Replica.Coll)
+		if err != nil {
+			return train.Summary{}, err
+		}
+		rc.Start, rc.Joined = start, true
+		j.Log().Info().Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).Int("epochs_done", start.Epochs).
+			Int("steps_done", start.Steps).Msg("admitted to the ring; caught up with its parameters and optimizer state")
+	} else if rc.Start, err = j.resume(ctx, rc.Replica); err != nil {
+		return train.Summary{}, err
+	}
+	// The collectives keep their own context, bounded by the step
+	// timeout, so that the last step is not torn in half; ctx's end
+	// reaches the others through the step (train.Replica.Leave).
+	rc.Stop = ctx.Done()
+	j.Log().Info().Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).Msg("training")
+	sum, err := train.Run(context.WithoutCancel(ctx), rc)
+	if err == nil || errors.Is(err, train.ErrStopped) {
+		j.leaveTogether()
+	}
+	if errors.Is(err, train.ErrReformBudget) {
+		return sum, j.budgetError(err)
+	}
+	if !errors.Is(err, train.ErrStopped) {
+		return sum, err
+	}
+	var leave *train.LeaveError
+	var askedBy []int
+	if errors.As(err, &leave) {
+		askedBy = leave.Ranks
+	}
+	j.Log().Warn().Ints("asked_by_ranks", askedBy).Int("epochs_done", sum.Epochs).Int("steps_done", sum.Steps).
+		Msg("interrupted: every peer stopped after the same step and left the ring")
+	if rc.Save != nil {
+		if serr := rc.Save(sum.Position); serr != nil {
+			return sum, serr
+		}
+	}
+	if ctx.Err() == nil {
+		return sum, fmt.Errorf("stopped after %d steps because rank(s) %v were interrupted: %w", sum.Steps, askedBy, err)
+	}
+	return sum, fmt.Errorf("interrupted after %d steps: %w", sum.Steps, ctx.Err())
+}
+
+// reform is train's RunConfig.Reform: the survivors of a failed step, or
+// the peers staying when others leave or are caught lying, agree on the
+// next generation and carry on from the interrupted step.
+func (j *Job) reform(ctx context.Context, cause error, at train.Position) (train.Collective, error) {
+	began := time.Now()
+	old := j.Members.Members()
+	log := j.Log()
+	j.rg.Close()
+	var gone []int
+	var leave *train.LeaveError
+	var liar *train.LiarError
+	switch {
+	case errors.As(cause, &leave):
+		gone = leave.Ranks
+		log.Warn().Ints("leaving_ranks", gone).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).Int("world_size", len(old)).
+			Msg("peers are leaving; re-forming the ring without them")
+	case errors.As(cause, &liar):
+		gone = liar.Ranks
+		var names []string
+		for _, r := range gone {
+			names = append(names, old[r])
+		}
+		log.Error().Strs("dropped", names).Str("why", liar.Why).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).
+			Msg("peers told the others what no honest replica could; re-forming the ring without them")
+	default:
+		log.Warn().Str("cause", cause.Error()).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).Int("world_size", len(old)).
+			Msg("a peer was lost during this step; re-forming the ring with the survivors")
+	}
+	rg, err := j.Members.Reform(ctx, j.MinWorldSize, gone)
+	if err != nil {
+		return nil, err
+	}
+	j.rg = rg
+	now := j.Members.Members()
+	var lost []string
+	for _, p := range old {
+		if !slices.Contains(now, p) {
+			lost = append(lost, p)
+			j.lost[p]++
+		}
+	}
+	j.Log().Warn().Strs("lost", lost).Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).
+		Str("took", time.Since(began).Round(time.Millisecond).String()).Msg("ring re-formed without the lost peers; running the step again")
+	j.say("ring re-formed: rank %d of %d, generation %d, %d peer(s) lost", rg.Rank(), rg.Size(), rg.Generation(), len(lost))
+	// The moment the new ring has averaged its first gradients is the end
+	// of the outage; its wall-clock time is for bench-elastic.
+	return j.stepped(&onceHook{f: func() {
+		j.Log().Info().Uint64("generation", rg.Generation()).Str("since_the_step_failed", time.Since(began).Round(time.Millisecond).String()).
+			Int64("unix_ms", time.Now().UnixMilli()).Msg("first step of the new generation done")
+	}}), nil
+}
+
+// grow is train's RunConfig.Grow: after an epoch, rank 0 lets standbys in
+// (peers that arrived late, or replacements for lost ones) while the ring
+// is below the world size; it names them to the others through the ring,
+// tells them, and all re-form with them; they catch up from the ring.
+func (j *Job) grow(ctx context.Context, at train.Position) (train.Collective, error) {
+	members := j.Members.Members()
+	var pick []string
+	if j.rg.Rank() == 0 {
+		for _, p := range j.Members.Standbys() {
+			if len(members)+len(pick) < j.WorldSize {
+				pick = append(pick, p)
+			}
+		}
+	}
+	pick, err := train.BroadcastStrings(ctx, j.stepped(nil), 0, pick, max(j.WorldSize-len(members), 0), maxPeerID)
+	if err != nil || len(pick) == 0 {
+		return nil, err
+	}
+	began := time.Now()
+	admit := j.rg.Rank() == 0
+	j.rg.Close()
+	rg, err := j.Members.Grow(ctx, pick, admit, j.MinWorldSize)
+	if err != nil {
+		return nil, err
+	}
+	j.rg = rg
+	j.Log().Info().Int("admitted", len(pick)).Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).Int("epochs_done", at.Epochs).
+		Str("took", time.Since(began).Round(time.Millisecond).String()).Msg("ring grew: admitted standbys")
+	j.say("ring grew: rank %d of %d, generation %d", rg.Rank(), rg.Size(), rg.Generation())
+	return j.stepped(nil), nil
+}
+
+// maxPeerID bounds a peer ID's text on the wire (an Ed25519 one is 52
+// characters).
+const maxPeerID = 128
+
+// budgetError names the peer the job kept losing.
+func (j *Job) budgetError(err error) error {
+	worst, n := "", 0
+	for p, k := range j.lost {
+		if k > n || k == n && p < worst {
+			worst, n = p, k
+		}
+	}
+	if worst == "" {
+		return fmt.Errorf("%w (no peer was lost: the ring itself keeps failing)", err)
+	}
+	return fmt.Errorf("%w; the peer lost most often: %s (%d times)", err, worst, n)
+}
+
+// resume carries on from the most advanced checkpoint that any peer finds
+// at its Checkpoint path (every peer looks in its own), or starts afresh.
+func (j *Job) resume(ctx context.Context, rep *train.Replica) (train.Position, error) {
+	if j.Checkpoint == "" {
+		return train.Position{}, nil
+	}
+	found, err := findCheckpoint(j.Checkpoint, j.Training.Epochs)
+	if err == nil && found != nil {
+		if err = rep.Restore(found); err != nil {
+			err = fmt.Errorf("checkpoint %s does not fit this job: %w (move it away to start afresh)", j.Checkpoint, err)
+		}
+	}
+	if err != nil {
+		return train.Position{}, err
+	}
+	start, from, err := rep.Resume(ctx, found)
+	if err != nil {
+		return train.Position{}, err
+	}
+	if from >= 0 {
+		j.Log().Info().Int("from_rank", from).Int("epochs_done", start.Epochs).Int("steps_done", start.Steps).
+			Int("samples_into_epoch", start.Skip).Msg("resuming from a checkpoint")
+	}
+	return start, nil
+}
+
+func (j *Job) save(rep *train.Replica, p train.Position) error {
+	base := j.CheckpointBase
+	base.Epoch, base.Step, base.Skip, base.WorldSize = p.Epochs, p.Steps, p.Skip, j.rg.Size()
+	if err := rep.Snapshot(base).Save(j.Checkpoint); err != nil {
+		return fmt.Errorf("writing checkpoint: %w", err)
+	}
+	j.Log().Info().Str("path", j.Checkpoint).Int("epochs_done", p.Epochs).Int("steps_done", p.Steps).Msg("checkpoint written")
+	return nil
+}
+
+// findCheckpoint loads the checkpoint at path, if there is one. One of a
+// run that has finished, or one that does not fit this job, is an error
+// that says what to do: nothing is overwritten.
+func findCheckpoint(path string, epochs int) (*train.Checkpoint, error) {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	c, err := train.LoadCheckpoint(path)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w (move it away to start afresh)", path, err)
+	}
+	if c.Epoch >= epochs {
+		return nil, fmt.Errorf("checkpoint %s is of a finished run (%d of %d epochs); move it away to start afresh, or raise epochs to train on", path, c.Epoch, epochs)
+	}
+	return c, nil
+}
+
+// leaveTogether holds a peer in the ring until every peer has finished the
+// last collective. A peer that exited straight after its part of it could
+// take the others' last frames down with it: its kernel answers the frames
+// still arriving (acknowledgements of what it sent last) with a TCP reset,
+// and a reset throws away what the neighbour had received but not yet read
+// (seen: a 3-peer run whose rank 0 lost its last evaluation frame). After a
+// barrier every peer has read the data that mattered; only the barrier's own
+// last frames can still be lost that way, so its failure is a warning: this
+// peer's results are complete either way.
+func (j *Job) leaveTogether() {
+	ctx, cancel := context.WithTimeout(context.Background(), j.StepTimeout)
+	defer cancel()
+	if err := j.rg.Barrier(ctx); err != nil {
+		j.Log().Warn().Err(err).Msg("a peer left before confirming the end of the job; this peer's results are complete")
+	}
+}
+
+// stepped is the current ring with the step timeout on every collective;
+// first, if set, runs after the first AllreduceMean that succeeds.
+func (j *Job) stepped(first *onceHook) train.Collective {
+	return steppedRing{Ring: j.rg, timeout: j.StepTimeout, first: first, done: func() { clear(j.lost) }}
+}
+
+// steppedRing gives every collective the step timeout, so a neighbour that
+// stalls fails the step instead of hanging it.
+type steppedRing struct {
+	*ring.Ring
+	timeout time.Duration
+	first   *onceHook // if set, runs after the first AllreduceMean that succeeds
+	done    func()    // after every AllreduceMean that succeeds: a step completed
+}
+
+// onceHook runs f once.
+type onceHook struct {
+	once sync.Once
+	f    func()
+}
+
+func (s steppedRing) AllreduceMean(ctx context.Context, buf []float32) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	err := s.Ring.AllreduceMean(ctx, buf)
+	if err == nil {
+		s.done()
+		if s.first != nil {
+			s.first.once.Do(s.first.f)
+		}
+	}
+	return err
+}
+
+func (s steppedRing) AllreduceSum(ctx context.Context, buf []float32) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	return s.Ring.AllreduceSum(ctx, buf)
+}
+
+func (s steppedRing) Broadcast(ctx context.Context, buf []float32, root int) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	return s.Ring.Broadcast(ctx, buf, root)
+}

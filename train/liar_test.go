@@ -1,0 +1,310 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ringtrain/ringtrain/ring"
+)
+
+// lying is a rank that runs its own code: it claims to be ahead in the
+// state comparison of a re-formation, or sends other parameters than it
+// declared.
+type lying struct {
+	Collective
+	ahead    int  // steps added to its claimed position
+	tamper   bool // alters the parameters it broadcasts as root
+	declared bool // set once its row has gone out
+}
+
+func (l *lying) AllreduceSum(ctx context.Context, buf []float32) error {
+	if len(buf) == l.Size()*offerWidth {
+		row := buf[l.Rank()*offerWidth:]
+		if row[offerHas] == 1 && l.ahead > 0 {
+			putInt(row[offerSteps:], getInt(row[offerSteps:])+l.ahead)
+		}
+		l.declared = true
+	}
+	return l.Collective.AllreduceSum(ctx, buf)
+}
+
+func (l *lying) Broadcast(ctx context.Context, buf []float32, root int) error {
+	if l.tamper && l.declared && root == l.Rank() && len(buf) > 1 {
+		buf = slices.Clone(buf)
+		buf[0] += 1
+	}
+	return l.Collective.Broadcast(ctx, buf, root)
+}
+
+// adoptOn runs adoptLatest on n replicas of one model over an in-memory
+// ring, rank liar wrapped in l, every rank at position at (rank liar one
+// step on if ahead1).
+func adoptOn(t *testing.T, n, liar int, l lying, at Position, maxAhead int, ahead1 bool) []error {
+	t.Helper()
+	rings := memRings(t, n)
+	errs := make([]error, n)
+	onAll(n, func(i int) error {
+		var c Collective = rings[i]
+		mine := at
+		if i == liar {
+			l.Collective = rings[i]
+			c = &l
+			if ahead1 {
+				mine.Steps++
+			}
+		}
+		rep := NewReplica(newMLP(t, mlpCfg(4, []int{3}, 2, 2, 1)), &SGD{LR: 0.1}, c)
+		_, _, errs[i] = rep.adoptLatest(context.Background(), true, mine, maxAhead)
+		return nil
+	})
+	return errs
+}
+
+// TestAdoptionCatchesLiars: a rank that claims to be far ahead of the others
+// at a re-formation, or that sends other parameters than the hash it
+// declared, is named on every rank and nothing is adopted from it. Before
+// these checks every rank took the claimant's state and position.
+func TestAdoptionCatchesLiars(t *testing.T) {
+	at := Position{Epochs: 1, Steps: 40, Skip: 8}
+	for _, tc := range []struct {
+		name     string
+		l        lying
+		maxAhead int
+		ahead1   bool
+	}{
+		{"claims 1000 steps ahead at a re-formation", lying{ahead: 1000}, 1, false},
+		{"claims 1 step ahead at an epoch's end (admission)", lying{ahead: 1}, 0, false},
+		{"sends other parameters than it declared", lying{tamper: true}, 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			errs := adoptOn(t, 4, 2, tc.l, at, tc.maxAhead, tc.ahead1)
+			for i, err := range errs {
+				if i == 2 && tc.l.tamper {
+					continue // the root does not check what it sent itself
+				}
+				var liar *LiarError
+				if !errors.As(err, &liar) || !slices.Equal(liar.Ranks, []int{2}) {
+					t.Errorf("rank %d: adoptLatest = %v; want rank 2 named", i, err)
+				}
+			}
+		})
+	}
+	// An honest survivor one step on is adopted.
+	for i, err := range adoptOn(t, 4, 2, lying{}, at, 1, true) {
+		if err != nil {
+			t.Errorf("rank %d: adoptLatest with an honest rank one step on = %v", i, err)
+		}
+	}
+}
+
+// TestCheckInSyncNamesTheOddOne: of three replicas, the one whose
+// parameters differ is named, not the two that agree; of two that differ,
+// none is blamed.
+func TestCheckInSyncNamesTheOddOne(t *testing.T) {
+	for _, tc := range []struct {
+		n, odd int
+		want   []int // nil: an error that blames nobody
+	}{
+		{3, 0, []int{0}},
+		{3, 2, []int{2}},
+		{2, 1, nil},
+	} {
+		rings := memRings(t, tc.n)
+		errs := make([]error, tc.n)
+		onAll(tc.n, func(i int) error {
+			m := newMLP(t, mlpCfg(4, []int{3}, 2, 2, 1))
+			if i == tc.odd {
+				m.Params()[0][0] += 1
+			}
+			errs[i] = NewReplica(m, &SGD{LR: 0.1}, rings[i]).CheckInSync(context.Background())
+			return nil
+		})
+		for i, err := range errs {
+			var liar *LiarError
+			switch {
+			case tc.want != nil && (!errors.As(err, &liar) || !slices.Equal(liar.Ranks, tc.want)):
+				t.Errorf("%d ranks, rank %d odd: rank %d's CheckInSync = %v; want %v named", tc.n, tc.odd, i, err, tc.want)
+			case tc.want == nil && (err == nil || errors.As(err, &liar)):
+				t.Errorf("%d ranks, rank %d odd: rank %d's CheckInSync = %v; want an error naming no liar", tc.n, tc.odd, i, err)
+			}
+		}
+	}
+}
+
+// regroup fakes re-formations that can happen more than once: the ranks
+// that ask in round k get a fresh in-memory ring of the size the first of
+// them says, ranked by their original index.
+type regroup struct {
+	t      *testing.T
+	mu     sync.Mutex
+	rounds map[int]map[int]chan Collective // round → original index → answer
+}
+
+func (g *regroup) join(round, want, id int) (Collective, error) {
+	ch := make(chan Collective, 1)
+	g.mu.Lock()
+	if g.rounds[round] == nil {
+		g.rounds[round] = map[int]chan Collective{}
+	}
+	w := g.rounds[round]
+	w[id] = ch
+	if len(w) == want {
+		ids := make([]int, 0, want)
+		for k := range w {
+			ids = append(ids, k)
+		}
+		slices.Sort(ids)
+		ts := ring.MemRing(want)
+		for r, k := range ids {
+			rg, err := ring.New(ts[r], ring.Config{Rank: r, Size: want, Generation: uint64(round + 1)})
+			if err != nil {
+				g.t.Error(err)
+			}
+			g.t.Cleanup(func() { rg.Close() })
+			w[k] <- rg
+		}
+	}
+	g.mu.Unlock()
+	select {
+	case c := <-ch:
+		return c, nil
+	case <-time.After(time.Minute):
+		return nil, errors.New("regroup: the others did not come")
+	}
+}
+
+// TestLiarIsDroppedAndTheOthersFinish: rank 1 of 4 leaves; at the
+// re-formation rank 3 claims to be 1000 steps ahead. The other two name it,
+// re-form without it and finish both epochs with the same parameters; the
+// liar's run ends with its lie named. Before, everyone adopted its claim.
+func TestLiarIsDroppedAndTheOthersFinish(t *testing.T) {
+	const world, batch = 4, 8
+	rings := memRings(t, world)
+	g := &regroup{t: t, rounds: map[int]map[int]chan Collective{}}
+	stop := make(chan struct{})
+	sums := make([]Summary, world)
+	errs := make([]error, world)
+	onAll(world, func(i int) error {
+		var c Collective = rings[i]
+		var liar *lying
+		if i == 3 {
+			liar = &lying{Collective: rings[i]}
+			c = liar
+		}
+		rep := NewReplica(newMLP(t, mlpCfg(784, []int{16}, 10, batch, 1)), &SGD{LR: 0.05}, c)
+		round, size := 0, world
+		cfg := RunConfig{Replica: rep, Train: loader(t, "train", batch, true), Epochs: 2, Classes: 10, MinSize: 2,
+			Reform: func(ctx context.Context, cause error, at Position) (Collective, error) {
+				var leave *LeaveError
+				var lie *LiarError
+				switch {
+				case errors.As(cause, &leave):
+					size -= len(leave.Ranks)
+				case errors.As(cause, &lie):
+					size -= len(lie.Ranks)
+				default:
+					t.Errorf("rank %d re-forms for %v", i, cause)
+				}
+				round++
+				next, err := g.join(round, size, i)
+				if liar != nil && err == nil {
+					liar.Collective, liar.ahead = next, 1000
+					return liar, nil
+				}
+				return next, err
+			}}
+		if i == 1 {
+			cfg.Stop, cfg.ProgressEvery = stop, 5
+			cfg.Progress = func(p Progress) {
+				if p.Step == 5 {
+					close(stop)
+				}
+			}
+		}
+		sums[i], errs[i] = Run(context.Background(), cfg)
+		return nil
+	})
+	if !errors.Is(errs[1], ErrStopped) {
+		t.Errorf("the leaver: %v; want ErrStopped", errs[1])
+	}
+	if lie := (*LiarError)(nil); !errors.As(errs[3], &lie) || !slices.Equal(lie.Ranks, []int{2}) {
+		t.Errorf("the liar's run: %v; want its lie named (rank 2 of the second generation)", errs[3])
+	}
+	for _, i := range []int{0, 2} {
+		if errs[i] != nil || sums[i].Epochs != 2 || sums[i].ParamHash != sums[0].ParamHash {
+			t.Errorf("rank %d: %v, %d epochs, hash %.16s; want 2 epochs and rank 0's hash", i, errs[i], sums[i].Epochs, sums[i].ParamHash)
+		}
+	}
+}
+
+// failing is a collective whose every call fails, as a ring does where a
+// peer keeps breaking it.
+type failing struct{ size int }
+
+var errBroken = errors.New("broken")
+
+func (f failing) AllreduceMean(context.Context, []float32) error           { return errBroken }
+func (f failing) AllreduceSum(context.Context, []float32) error            { return errBroken }
+func (f failing) Broadcast(_ context.Context, _ []float32, root int) error { return nil }
+func (f failing) Rank() int                                                { return 0 }
+func (f failing) Size() int                                                { return f.size }
+
+// TestReformBudget: a ring that fails again every time it re-forms stops
+// the run after MaxReforms re-formations with ErrReformBudget, instead of
+// re-forming for ever (as it did before the budget).
+func TestReformBudget(t *testing.T) {
+	calls := 0
+	rep := NewReplica(newMLP(t, mlpCfg(784, []int{16}, 10, 8, 1)), &SGD{LR: 0.05}, failing{2})
+	_, err := Run(context.Background(), RunConfig{Replica: rep, Train: loader(t, "train", 8, true), Epochs: 1, Classes: 10, MaxReforms: 3,
+		Reform: func(context.Context, error, Position) (Collective, error) {
+			calls++
+			return failing{2}, nil
+		}})
+	if !errors.Is(err, ErrReformBudget) || calls != 3 {
+		t.Errorf("Run over a ring that keeps failing = %v after %d re-formations; want ErrReformBudget after 3", err, calls)
+	}
+}
+
+// TestBroadcastStrings: a list goes out as sent; a root that sends more,
+// or longer, than the bounds, or garbage, is an error on every rank.
+func TestBroadcastStrings(t *testing.T) {
+	rings := memRings(t, 3)
+	got := make([][]string, 3)
+	errs := make([]error, 3)
+	onAll(3, func(i int) error {
+		var send []string
+		if i == 1 {
+			send = []string{"12D3KooWabc", "", "x"}
+		}
+		got[i], errs[i] = BroadcastStrings(context.Background(), rings[i], 1, send, 4, 16)
+		return nil
+	})
+	for i := range 3 {
+		if errs[i] != nil || !slices.Equal(got[i], []string{"12D3KooWabc", "", "x"}) {
+			t.Errorf("rank %d: %q, %v", i, got[i], errs[i])
+		}
+	}
+	for _, garbage := range [][]float32{{5}, {1, 99}, {1, 1, 300}, {1, 1, 0.5}, {-1}} {
+		g := garbled{vals: garbage}
+		if _, err := BroadcastStrings(context.Background(), g, 0, nil, 4, 16); err == nil {
+			t.Errorf("a broadcast of %v read without an error", garbage)
+		}
+	}
+}
+
+// garbled is a rank-1 view of a root that sends vals.
+type garbled struct {
+	failing
+	vals []float32
+}
+
+func (g garbled) Broadcast(_ context.Context, buf []float32, _ int) error {
+	clear(buf)
+	copy(buf, g.vals)
+	return nil
+}
+func (g garbled) Rank() int { return 1 }
