@@ -45,7 +45,7 @@ func (n *Node) Admit(ctx context.Context, p peer.ID, prev *Formation, members []
 	h := &Hello{Version: ProtocolVersion, Proof: proof(n.key, n.h.ID(), p)}
 	grown := slices.Clone(members)
 	slices.Sort(grown)
-	h.setProposal(Proposal{Gen: prev.Generation, Members: grown})
+	h.setProposal(Proposal{Gen: prev.Generation, Members: grown}, &n.names)
 	if err := writeHello(s, h); err != nil {
 		s.Reset()
 		return fmt.Errorf("p2p: admitting %s: %w", p, err)
@@ -95,7 +95,7 @@ func (n *Node) handleAdmit(s network.Stream) {
 	pi := n.peers[from]
 	known := pi != nil && pi.verified
 	n.mu.Unlock()
-	m, err := h.proposal()
+	m, err := h.proposal(&n.names)
 	if err == nil {
 		// The same shape rules as any proposal: sorted, no peer twice, at
 		// most world_size.

@@ -123,7 +123,7 @@ type member struct {
 
 func (m member) hello(to peer.ID, prop []peer.ID, ready bool) *Hello {
 	h := &Hello{Version: ProtocolVersion, Proof: proof(m.key, m.ID(), to)}
-	h.setProposal(Proposal{Gen: 1, Members: prop, Ready: ready})
+	h.setProposal(Proposal{Gen: 1, Members: prop, Ready: ready}, &idNames{})
 	return h
 }
 
@@ -254,5 +254,28 @@ func TestPeerStateBounded(t *testing.T) {
 	n.mu.Unlock()
 	if got > 3 {
 		t.Errorf("a node with MaxPeers 3 remembers %d peers after 6 strangers", got)
+	}
+}
+
+// TestOvertakenProposalIsIgnored: hellos cross, so a peer's answer written
+// before it got ready can arrive after its hello that says ready. The older
+// one, by Seq, must not undo the newer: before Seq, the node went back to
+// taking the peer for not ready, and waited a refresh to hear it again.
+func TestOvertakenProposalIsIgnored(t *testing.T) {
+	j := job
+	j.WorldSize = 2
+	hs := startHosts(t, 2, nil)
+	n := startNodes(t, hs[:1], j)[0]
+	m := member{hs[1], jobKey(j)}
+	ring := []peer.ID{hs[0].ID(), hs[1].ID()}
+	slices.Sort(ring)
+	newer, older := m.hello(hs[0].ID(), ring, true), m.hello(hs[0].ID(), ring, false)
+	newer.Seq, older.Seq = 7, 6
+	n.learn(m.ID(), newer)
+	n.learn(m.ID(), older)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if v := n.join.views[m.ID()]; !v.Ready {
+		t.Errorf("after a ready hello and then an older one, the node holds %+v; want the ready one", v)
 	}
 }

@@ -2,8 +2,12 @@
 // a libp2p host with a persistent identity (TLS preferred over Noise, yamux,
 // optional private swarm and allowlist), a Kademlia DHT in server mode under
 // the /ringtrain protocol prefix, rendezvous on a key derived from the job
-// name, a hello protocol on which peers agree on one rank-ordered ring, and
-// the ring's Transport over libp2p streams.
+// name, a hello protocol on which peers that prove the same job agree on one
+// rank-ordered ring (the decisions are Agreement's, a state machine with no
+// I/O), re-formation and admission on the same Agreement, and the ring's
+// Transport over libp2p streams or token-gated TCP, accepted only from the
+// members a Gate expects. Membership wraps a Node and its RingLinks as the
+// train/elastic.Membership the elastic runner drives.
 //
 // # Usage
 //
@@ -12,7 +16,8 @@
 //	node, err := p2p.NewNode(h, p2p.Job{Name: "fmnist", ConfigHash: hash, WorldSize: 4}, p2p.NodeConfig{Logger: log})
 //	defer node.Close()
 //	f, err := node.Join(ctxWithJoinTimeout) // ErrJoinTimeout, ErrRefused, ErrStandby
-//	links := p2p.NewRingLinks(h.Host, "", log)
-//	t, err := links.Connect(ctx, f, p2p.PlaneLibp2p) // or p2p.PlaneTCP on trusted networks
+//	links := p2p.NewRingLinks(h.Host, node, p2p.LinksConfig{Plane: p2p.PlaneLibp2p, Logger: log}) // or p2p.PlaneTCP on trusted networks
+//	defer links.Close()
+//	t, err := links.Connect(ctx, f)
 //	r, err := ring.New(t, ring.Config{Rank: f.Rank, Size: len(f.Members), Generation: f.Generation})
 package p2p

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/event"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/peerstore"
@@ -62,6 +63,10 @@ type NodeConfig struct {
 	// Forget is how long a peer that is neither connected nor heard from
 	// is remembered. Default one minute.
 	Forget time.Duration
+	// Refresh is how often a verified peer is greeted while nothing we
+	// would tell it has changed. Default 1 s. Changes are pushed at once:
+	// greeting every peer every round made formation quadratic in hellos.
+	Refresh time.Duration
 }
 
 func (c *NodeConfig) fill(worldSize int) {
@@ -80,6 +85,9 @@ func (c *NodeConfig) fill(worldSize int) {
 	if c.Forget <= 0 {
 		c.Forget = time.Minute
 	}
+	if c.Refresh <= 0 {
+		c.Refresh = time.Second
+	}
 }
 
 // peerInfo is what a node remembers of one peer.
@@ -92,7 +100,22 @@ type peerInfo struct {
 	// every round for a dial timeout.
 	deadUntil time.Time
 	deadFor   time.Duration
-	sentList  int // the member-list version last sent to it
+	// toldProp is the version of our proposal it last had, and toldAt
+	// when it last heard from us; knows, the peers it knows of (it told us
+	// of them, or we it). A round greets it when our proposal changed,
+	// when we know members it does not (at most every Interval), or when
+	// Refresh has passed.
+	toldProp int
+	toldAt   time.Time
+	knows    map[peer.ID]bool
+	heard    uint64 // the highest Seq of its proposals this node took
+}
+
+// told is what a hello told a verified peer: our proposal's version and
+// the members it did not know of.
+type told struct {
+	prop    int
+	members []peer.ID
 }
 
 // Node finds the other peers of a job and agrees with them on a ring. It
@@ -105,11 +128,12 @@ type peerInfo struct {
 // admitted. What Node remembers of peers is bounded (MaxPeers) and
 // forgotten after a while (Forget).
 type Node struct {
-	h   *Host
-	job Job
-	key []byte // the job key hello proofs are made with
-	cfg NodeConfig
-	ns  string // rendezvous key
+	h     *Host
+	job   Job
+	key   []byte // the job key hello proofs are made with
+	cfg   NodeConfig
+	ns    string // rendezvous key
+	names idNames
 
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
@@ -118,12 +142,16 @@ type Node struct {
 
 	mu       sync.Mutex
 	peers    map[peer.ID]*peerInfo
-	list     int        // the member list's version: bumped when it changes
-	refusals []error    // why peers refused us, one per peer
-	pending  []peer.ID  // vouched for by a verified peer, not yet greeted
-	join     *Agreement // the first formation
-	reform   *Agreement // the latest re-formation, if any
-	current  *Formation // the ring this node is in
+	propVer  int              // our proposal's version: bumped when it changes
+	seq0     uint64           // Seq of version 0: when the node started, so a restarted peer's Seqs rise still
+	nearby   []peer.ID        // connected peers that speak the hello protocol, not yet greeted
+	busy     map[peer.ID]bool // a hello to it is under way
+	lastProp Proposal         // the proposal of version propVer
+	refusals []error          // why peers refused us, one per peer
+	pending  []peer.ID        // vouched for by a verified peer, not yet greeted
+	join     *Agreement       // the first formation
+	reform   *Agreement       // the latest re-formation, if any
+	current  *Formation       // the ring this node is in
 	admitted chan *Formation
 }
 
@@ -139,13 +167,20 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 		ns:       "ringtrain/job/" + job.Name,
 		kick:     make(chan struct{}, 1),
 		peers:    map[peer.ID]*peerInfo{},
+		busy:     map[peer.ID]bool{},
 		join:     NewJoinAgreement(h.ID(), job.WorldSize, cfg.MaxPeers),
 		admitted: make(chan *Formation, 1),
+		seq0:     uint64(time.Now().UnixNano()),
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	h.SetStreamHandler(HelloProtocol, n.handleHello)
 	h.SetStreamHandler(ReformProtocol, n.handleReform)
 	h.SetStreamHandler(AdmitProtocol, n.handleAdmit)
+	sub, err := h.EventBus().Subscribe([]any{new(event.EvtPeerIdentificationCompleted), new(event.EvtPeerProtocolsUpdated)})
+	if err != nil {
+		return nil, fmt.Errorf("p2p: watching for peers: %w", err)
+	}
+	n.wg.Go(func() { n.watch(sub) })
 	rd := drouting.NewRoutingDiscovery(h.DHT)
 	n.wg.Go(func() {
 		// Advertise retries on its own; a first Provide may fail while
@@ -155,12 +190,56 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 	return n, nil
 }
 
+// watch notes the connected peers that speak the hello protocol — the DHT
+// connects peers long before a rendezvous query finds them — so that the
+// next round greets them.
+func (n *Node) watch(sub event.Subscription) {
+	defer sub.Close()
+	for _, p := range n.h.Network().Peers() {
+		if ok, _ := n.h.Peerstore().SupportsProtocols(p, HelloProtocol); len(ok) > 0 {
+			n.near(p)
+		}
+	}
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case e, ok := <-sub.Out():
+			if !ok {
+				return
+			}
+			switch e := e.(type) {
+			case event.EvtPeerIdentificationCompleted:
+				if slices.Contains(e.Protocols, HelloProtocol) {
+					n.near(e.Peer)
+				}
+			case event.EvtPeerProtocolsUpdated:
+				if slices.Contains(e.Added, HelloProtocol) {
+					n.near(e.Peer)
+				}
+			}
+		}
+	}
+}
+
+func (n *Node) near(p peer.ID) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if p == n.h.ID() || n.peers[p] != nil || len(n.nearby) >= n.cfg.MaxPeers || slices.Contains(n.nearby, p) {
+		return
+	}
+	n.nearby = append(n.nearby, p)
+	n.poke()
+}
+
 // Close stops answering hellos and advertising, and waits for both.
 func (n *Node) Close() error {
 	n.h.RemoveStreamHandler(HelloProtocol)
 	n.h.RemoveStreamHandler(ReformProtocol)
 	n.h.RemoveStreamHandler(AdmitProtocol)
-	n.cancel()
+	n.mu.Lock()
+	n.cancel() // under n.mu: exchange starts no hello once it is done
+	n.mu.Unlock()
 	n.wg.Wait()
 	return nil
 }
@@ -180,7 +259,7 @@ func (n *Node) Join(ctx context.Context) (*Formation, error) {
 	wg.Go(func() { n.discoverLoop(dctx) })
 	pause := n.cfg.Interval
 	for {
-		learned := n.exchange(ctx)
+		n.exchange()
 		if f, err := n.decideJoin(); f != nil || err != nil {
 			if f != nil {
 				n.cfg.Logger.Info().Int("rank", f.Rank).Int("world_size", len(f.Members)).Uint64("generation", f.Generation).
@@ -188,30 +267,33 @@ func (n *Node) Join(ctx context.Context) (*Formation, error) {
 			}
 			return f, err
 		}
-		if learned {
-			pause = n.cfg.Interval
-		}
-		if err := n.wait(ctx, pause); err != nil {
+		kicked, err := n.wait(ctx, pause)
+		if err != nil {
 			if errors.Is(err, context.Canceled) {
 				return nil, fmt.Errorf("p2p: join of job %q: %w", n.job.Name, err)
 			}
 			return nil, n.timeoutError()
 		}
-		pause = min(2*pause, time.Second)
+		if kicked {
+			pause = n.cfg.Interval
+		} else {
+			pause = min(2*pause, time.Second)
+		}
 	}
 }
 
-// wait pauses until d has passed or something was learned.
-func (n *Node) wait(ctx context.Context, d time.Duration) error {
+// wait pauses until d has passed or something was learned, and says which.
+func (n *Node) wait(ctx context.Context, d time.Duration) (kicked bool, err error) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		return ctx.Err()
+		return false, ctx.Err()
 	case <-n.kick:
+		return true, nil
 	case <-t.C:
+		return false, nil
 	}
-	return nil
 }
 
 func (n *Node) poke() {
@@ -229,9 +311,13 @@ func (n *Node) decideJoin() (*Formation, error) {
 	if n.verifiedLocked() == 0 && len(n.refusals) > 0 && len(n.refusals) >= min(2, n.job.WorldSize-1) {
 		return nil, errors.Join(n.refusals...)
 	}
+	before := n.toldLocked()
 	d := n.join.Decide()
 	if d.Formed != nil {
 		n.current = d.Formed
+	}
+	if n.toldLocked() != before {
+		n.poke() // ready now, or formed: tell the others at once
 	}
 	return d.Formed, d.Err
 }
@@ -296,19 +382,16 @@ func (n *Node) discover(ctx context.Context, rd *drouting.RoutingDiscovery) bool
 		}
 		fresh = append(fresh, ai)
 	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	for _, ai := range fresh {
+		if len(n.pending) >= n.cfg.MaxPeers || slices.Contains(n.pending, ai.ID) {
+			continue
+		}
 		n.h.Peerstore().AddAddrs(ai.ID, ai.Addrs[:min(len(ai.Addrs), maxMemberAddrs)], peerstore.TempAddrTTL)
+		n.pending = append(n.pending, ai.ID)
 	}
-	n.helloAll(ctx, ids(fresh))
 	return len(fresh) > 0
-}
-
-func ids(ais []peer.AddrInfo) []peer.ID {
-	out := make([]peer.ID, len(ais))
-	for i, ai := range ais {
-		out[i] = ai.ID
-	}
-	return out
 }
 
 // isKnown: verified, refused, or recently unreachable — either way,
@@ -347,10 +430,10 @@ func (n *Node) forgetLocked() {
 			n.current != nil && slices.Contains(n.current.Members, p) {
 			continue
 		}
-		if pi.verified {
-			n.list++
-		}
 		delete(n.peers, p)
+		for _, qi := range n.peers {
+			delete(qi.knows, p) // if it comes back, it is news again
+		}
 		n.join.Forget(p)
 	}
 }
@@ -369,73 +452,112 @@ func (n *Node) unreachable(p peer.ID) {
 	pi.deadUntil = time.Now().Add(d)
 }
 
-// exchange says hello to every verified peer and to those vouched for,
-// and reports whether anything new was learned.
-func (n *Node) exchange(ctx context.Context) bool {
+// exchange starts a hello to every verified peer with something new to be
+// told (or not greeted for Refresh), to those vouched for or advertising
+// the job, and to connected peers that speak the hello protocol. It does
+// not wait for them: each answer is learned as it comes, and pokes the
+// next round, so one slow peer holds nobody's decision up. At most one
+// hello per peer is under way.
+func (n *Node) exchange() {
 	n.mu.Lock()
-	before := n.list
+	defer n.mu.Unlock()
+	if n.ctx.Err() != nil {
+		return // closed: n.wg may be waited on already
+	}
 	n.forgetLocked()
-	var peers []peer.ID
 	now := time.Now()
+	cur := n.toldLocked()
 	for p, pi := range n.peers {
-		if pi.verified {
-			peers = append(peers, p)
+		if !pi.verified {
+			continue
+		}
+		since := now.Sub(pi.toldAt)
+		if pi.toldProp != cur || since >= n.cfg.Refresh || since >= n.cfg.Interval && len(n.newsLocked(p, pi)) > 0 {
+			n.greetLocked(p, true)
 		}
 	}
 	for _, p := range n.pending {
-		pi := n.peers[p]
-		if (pi == nil || !pi.verified && !pi.refused && !now.Before(pi.deadUntil)) && !slices.Contains(peers, p) {
-			peers = append(peers, p)
+		if pi := n.peers[p]; pi == nil || !pi.verified && !pi.refused && !now.Before(pi.deadUntil) {
+			n.greetLocked(p, true)
 		}
 	}
-	n.pending = nil
-	n.mu.Unlock()
-	n.helloAll(ctx, peers)
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.list != before
+	n.pending = n.pending[:0]
+	for _, p := range n.nearby {
+		if n.peers[p] == nil {
+			n.greetLocked(p, false)
+		}
+	}
+	n.nearby = n.nearby[:0]
 }
 
-func (n *Node) helloAll(ctx context.Context, peers []peer.ID) {
-	var wg sync.WaitGroup
-	for _, p := range peers {
-		wg.Go(func() {
-			if err := n.sayHello(ctx, p); err != nil {
-				n.cfg.Logger.Debug().Stringer("peer", p).Err(err).Msg("hello failed")
-				if ctx.Err() == nil {
-					n.unreachable(p)
-				}
-			}
-		})
+// greetLocked starts a hello to p unless one is under way. Peers that are
+// strict claim to be of this job (they advertise it, a verified peer
+// vouches for them, or they are verified); the others merely speak the
+// hello protocol, and only those of the job matter, so one that fails or
+// refuses is not held against anyone. n.mu held.
+func (n *Node) greetLocked(p peer.ID, strict bool) {
+	if n.busy[p] {
+		return
 	}
-	wg.Wait()
+	n.busy[p] = true
+	n.wg.Go(func() {
+		if err := n.sayHello(n.ctx, p, strict); err != nil {
+			n.cfg.Logger.Debug().Stringer("peer", p).Err(err).Msg("hello failed")
+			if n.ctx.Err() == nil && strict {
+				n.unreachable(p)
+			}
+		}
+		n.mu.Lock()
+		delete(n.busy, p)
+		n.mu.Unlock()
+		n.poke() // what it was told may be stale already
+	})
+}
+
+// toldLocked returns the version of this node's proposal, bumping it if the
+// proposal changed. n.mu held.
+func (n *Node) toldLocked() int {
+	if m := n.join.Proposal(); m.Gen != n.lastProp.Gen || m.Ready != n.lastProp.Ready || m.Formed != n.lastProp.Formed ||
+		!slices.Equal(m.Members, n.lastProp.Members) {
+		n.propVer++
+		n.lastProp = m
+	}
+	return n.propVer
+}
+
+// newsLocked lists the verified peers p does not know of. n.mu held.
+func (n *Node) newsLocked(p peer.ID, pi *peerInfo) []peer.ID {
+	var out []peer.ID
+	for q, qi := range n.peers {
+		if qi.verified && q != p && !pi.knows[q] {
+			out = append(out, q)
+		}
+	}
+	return out
 }
 
 // helloTo is the hello this node sends to (or answers) p: a proof for p,
-// and — only if p is verified — the member list, when it changed since p
-// last had it, and our proposal. It returns the list's version too.
-func (n *Node) helloTo(p peer.ID) (*Hello, int) {
+// and — only if p is verified — the members it does not know of, and our
+// proposal. It returns what it told (prop -1: nothing).
+func (n *Node) helloTo(p peer.ID) (*Hello, told) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	h := &Hello{Version: ProtocolVersion, Proof: proof(n.key, n.h.ID(), p)}
 	pi := n.peers[p]
 	if pi == nil || !pi.verified {
-		return h, 0
+		return h, told{prop: -1}
 	}
-	if pi.sentList != n.list {
-		for q, qi := range n.peers {
-			if qi.verified && q != p {
-				h.Members = append(h.Members, n.memberLocked(q))
-			}
-		}
-		h.Members = append(h.Members, n.memberLocked(n.h.ID()))
+	v := told{prop: n.toldLocked(), members: n.newsLocked(p, pi)}
+	for _, q := range v.members {
+		h.Members = append(h.Members, n.memberLocked(q))
 	}
-	h.setProposal(n.join.Proposal())
-	return h, n.list
+	h.setProposal(n.lastProp, &n.names)
+	h.Seq = n.seq0 + uint64(v.prop)
+	return h, v
 }
 
 func (n *Node) memberLocked(p peer.ID) Member {
-	m := Member{ID: p.String()}
+	m := Member{ID: n.names.name(p)}
 	addrs := n.h.Addrs()
 	if p != n.h.ID() {
 		addrs = n.h.Peerstore().Addrs(p)
@@ -446,15 +568,18 @@ func (n *Node) memberLocked(p peer.ID) Member {
 	return m
 }
 
-// sent records that p has had the member list of version v.
-func (n *Node) sent(p peer.ID, v int, h *Hello) {
-	if h.Members == nil {
+// sent records that p has been told v.
+func (n *Node) sent(p peer.ID, v told) {
+	if v.prop < 0 {
 		return
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if pi := n.peers[p]; pi != nil {
-		pi.sentList = v
+	if pi := n.peers[p]; pi != nil && pi.verified {
+		pi.toldProp, pi.toldAt = max(pi.toldProp, v.prop), time.Now()
+		for _, q := range v.members {
+			pi.knows[q] = true
+		}
 	}
 }
 
@@ -472,8 +597,7 @@ func (n *Node) learn(from peer.ID, h *Hello) (changed bool) {
 	pi.seen = time.Now()
 	if !pi.verified {
 		pi.verified = true
-		n.list++
-		pi.sentList = -1
+		pi.toldProp, pi.knows = -1, map[peer.ID]bool{}
 		changed = true
 	}
 	before, had := n.join.views[from]
@@ -481,17 +605,31 @@ func (n *Node) learn(from peer.ID, h *Hello) (changed bool) {
 		after, has := n.join.views[from]
 		changed = changed || has != had || after.Ready != before.Ready || after.Formed != before.Formed || !slices.Equal(after.Members, before.Members)
 	}()
-	if m, err := h.proposal(); err != nil {
+	if m, err := h.proposal(&n.names); err != nil {
 		n.cfg.Logger.Warn().Stringer("peer", from).Err(err).Msg("ignored a proposal")
+	} else if h.Seq < pi.heard {
+		// Overtaken by a newer one from the same peer.
 	} else if err := n.join.Step(from, m); err != nil {
 		n.cfg.Logger.Warn().Err(err).Msg("ignored a proposal")
+	} else {
+		pi.heard = h.Seq
 	}
 	for _, m := range h.Members {
-		id, err := peer.Decode(m.ID)
+		id, err := n.names.decode(m.ID)
 		if err != nil || id == n.h.ID() {
 			continue
 		}
-		if qi := n.peers[id]; qi != nil || len(n.pending) >= n.cfg.MaxPeers {
+		qi := n.peers[id]
+		if qi != nil {
+			pi.knows[id] = true // only peers remembered: knows stays bounded
+			// Verified or refused already, or failed lately: nothing to do.
+			// One whose hello failed a while ago is tried again, or two
+			// peers whose first hellos timed out would never meet.
+			if qi.verified || qi.refused || time.Now().Before(qi.deadUntil) {
+				continue
+			}
+		}
+		if len(n.pending) >= n.cfg.MaxPeers {
 			continue
 		}
 		var addrs []ma.Multiaddr
@@ -510,8 +648,9 @@ func (n *Node) learn(from peer.ID, h *Hello) (changed bool) {
 	return changed
 }
 
-// sayHello exchanges hellos with p.
-func (n *Node) sayHello(ctx context.Context, p peer.ID) error {
+// sayHello exchanges hellos with p; a refusal from a casual peer is
+// ignored (see greetLocked).
+func (n *Node) sayHello(ctx context.Context, p peer.ID, strict bool) error {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.HelloTimeout)
 	defer cancel()
 	s, err := n.h.NewStream(ctx, p, HelloProtocol)
@@ -531,8 +670,10 @@ func (n *Node) sayHello(ctx context.Context, p peer.ID) error {
 		n.cfg.Logger.Warn().Stringer("peer", p).Err(err).Msg("cut off a peer that sent a bad hello")
 		return err
 	}
-	n.sent(p, v, req)
+	n.sent(p, v)
 	switch {
+	case !strict && (resp.Version != ProtocolVersion || resp.Refused != "" || !proves(n.key, resp.Proof, p, n.h.ID())):
+		n.cfg.Logger.Debug().Stringer("peer", p).Msg("a connected peer is not of this job")
 	case resp.Version != ProtocolVersion:
 		n.refuse(p, fmt.Errorf("%w by %s: it speaks protocol version %d, this peer %d", ErrRefused, p, resp.Version, ProtocolVersion))
 	case resp.Refused != "":
@@ -579,7 +720,7 @@ func (n *Node) handleHello(s network.Stream) {
 		return
 	}
 	var resp *Hello
-	var v int
+	v := told{prop: -1}
 	switch {
 	case h.Version != ProtocolVersion:
 		resp = &Hello{Version: ProtocolVersion, Refused: fmt.Sprintf("protocol version %d; yours is %d", ProtocolVersion, h.Version)}
@@ -608,7 +749,7 @@ func (n *Node) handleHello(s network.Stream) {
 		s.Reset()
 		return
 	}
-	n.sent(from, v, resp)
+	n.sent(from, v)
 }
 
 func peerStringers(ps []peer.ID) []fmt.Stringer {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 )
@@ -45,10 +46,10 @@ type Member struct {
 type Hello struct {
 	Version int    `json:"version"`
 	Proof   string `json:"proof,omitempty"`
-	// Members are the peers of this job the sender has verified, itself
-	// included — sent only to verified peers, and only when they changed
-	// since the last hello to that peer. Receivers dial the ones they did
-	// not know, so a swarm that started in pieces ends as one.
+	// Members are peers of this job the sender has verified and the
+	// receiver, as far as the sender knows, has not heard of — sent only to
+	// verified peers. Receivers greet the ones they did not know, so a swarm
+	// that started in pieces ends as one.
 	Members []Member `json:"members,omitempty"`
 	// Proposal is the ring the sender proposes: peer IDs in rank order
 	// (sorted); empty until it knows enough members.
@@ -61,6 +62,10 @@ type Hello struct {
 	// Formed: the sender's ring has formed and is training; a peer not in
 	// its Proposal is late, and waits as a standby.
 	Formed bool `json:"formed,omitempty"`
+	// Seq numbers the sender's proposals, rising: a receiver drops a
+	// proposal older than one it holds, as hellos cross — an answer written
+	// before its sender changed its mind can arrive after its next hello.
+	Seq uint64 `json:"seq,omitempty"`
 	// Refused, in a response, says that the responder will not form a ring
 	// with the sender — without saying anything of the responder's job.
 	Refused string `json:"refused,omitempty"`
@@ -119,10 +124,10 @@ func decodeHello(b []byte) (*Hello, error) {
 }
 
 // proposal decodes a hello's proposal; a malformed peer ID is an error.
-func (h *Hello) proposal() (Proposal, error) {
+func (h *Hello) proposal(names *idNames) (Proposal, error) {
 	m := Proposal{Gen: h.Generation, Ready: h.Ready, Formed: h.Formed}
 	for _, s := range h.Proposal {
-		id, err := peer.Decode(s)
+		id, err := names.decode(s)
 		if err != nil {
 			return Proposal{}, fmt.Errorf("%w: proposal holds %q: %v", ErrBadProposal, s, err)
 		}
@@ -132,11 +137,55 @@ func (h *Hello) proposal() (Proposal, error) {
 }
 
 // setProposal writes m into the hello.
-func (h *Hello) setProposal(m Proposal) {
+func (h *Hello) setProposal(m Proposal, names *idNames) {
 	h.Generation, h.Ready, h.Formed, h.Proposal = m.Gen, m.Ready, m.Formed, nil
 	for _, p := range m.Members {
-		h.Proposal = append(h.Proposal, p.String())
+		h.Proposal = append(h.Proposal, names.name(p))
 	}
+}
+
+// idNames caches peer IDs' text both ways: base58 took a third of the CPU
+// of a 32-peer formation, every hello spelling every member again. At most
+// maxNames are kept; past that it starts afresh.
+type idNames struct {
+	mu   sync.Mutex
+	str  map[peer.ID]string
+	id   map[string]peer.ID
+	size int
+}
+
+const maxNames = 4096
+
+func (c *idNames) name(p peer.ID) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s, ok := c.str[p]; ok {
+		return s
+	}
+	s := p.String()
+	c.putLocked(p, s)
+	return s
+}
+
+func (c *idNames) decode(s string) (peer.ID, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p, ok := c.id[s]; ok {
+		return p, nil
+	}
+	p, err := peer.Decode(s)
+	if err != nil {
+		return "", err
+	}
+	c.putLocked(p, s)
+	return p, nil
+}
+
+func (c *idNames) putLocked(p peer.ID, s string) {
+	if c.str == nil || len(c.str) >= maxNames {
+		c.str, c.id = map[peer.ID]string{}, map[string]peer.ID{}
+	}
+	c.str[p], c.id[s] = s, p
 }
 
 // jobKey is the secret a hello's proof is made with: every peer of the job

@@ -54,7 +54,7 @@ func (n *Node) Reform(ctx context.Context, prev *Formation, minSize int, gone ..
 		if d.Err != nil {
 			return nil, d.Err
 		}
-		if err := n.wait(ctx, n.cfg.Interval); err != nil {
+		if _, err := n.wait(ctx, n.cfg.Interval); err != nil {
 			n.mu.Lock()
 			defer n.mu.Unlock()
 			return nil, fmt.Errorf("%w: re-forming generation %d: waiting for %v; unreachable %v: %v",
@@ -97,7 +97,7 @@ func (n *Node) reformRound(ctx context.Context, a *Agreement) {
 
 // stepLocked feeds a re-formation hello to a, logging a lie. n.mu held.
 func (n *Node) stepLocked(a *Agreement, from peer.ID, h *Hello) {
-	m, err := h.proposal()
+	m, err := h.proposal(&n.names)
 	if err == nil {
 		err = a.Step(from, m)
 	}
@@ -137,7 +137,7 @@ func (n *Node) reformHelloTo(p peer.ID, a *Agreement) *Hello {
 	defer n.mu.Unlock()
 	h := &Hello{Version: ProtocolVersion, Proof: proof(n.key, n.h.ID(), p)}
 	if a != nil {
-		h.setProposal(a.Proposal())
+		h.setProposal(a.Proposal(), &n.names)
 	}
 	return h
 }

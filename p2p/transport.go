@@ -28,7 +28,7 @@ import (
 // successor. With the stream data plane the frames then flow on that
 // stream; with the TCP data plane it only carries the one-time token for a
 // direct TCP connection.
-const RingProtocol = "/ringtrain/ring/1.0.0"
+const RingProtocol = "/ringtrain/ring/2.0.0"
 
 // DataPlane says what carries the ring's frames.
 type DataPlane int

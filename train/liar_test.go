@@ -3,6 +3,8 @@ package train
 import (
 	"context"
 	"errors"
+	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
@@ -308,3 +310,41 @@ func (g garbled) Broadcast(_ context.Context, buf []float32, _ int) error {
 	return nil
 }
 func (g garbled) Rank() int { return 1 }
+
+// hidingNaN is a rank that sends a NaN gradient with its non-finite flag at
+// 0.
+type hidingNaN struct{ Collective }
+
+func (h hidingNaN) AllreduceMean(ctx context.Context, buf []float32) error {
+	buf[0] = float32(math.NaN())
+	return h.Collective.AllreduceMean(ctx, buf)
+}
+
+// TestHiddenNaNIsSkipped: a NaN that a rank sends while flagging its own
+// gradients finite is not applied on any rank. Before the check of the
+// average, every rank applied it, and the hash check passed, as all held
+// the same NaN.
+func TestHiddenNaNIsSkipped(t *testing.T) {
+	const n = 3
+	rings := memRings(t, n)
+	cfg := mlpCfg(12, []int{8}, 3, 2, 1)
+	x, y := randomBatch(rand.New(rand.NewPCG(1, 2)), 2, 12, 3)
+	errs := make([]error, n)
+	onAll(n, func(i int) error {
+		var c Collective = rings[i]
+		if i == 1 {
+			c = hidingNaN{rings[i]}
+		}
+		rep := NewReplica(newMLP(t, cfg), &SGD{LR: 0.1}, c)
+		before := slices.Clone(rep.Model.Params()[0])
+		if _, errs[i] = rep.Step(context.Background(), x, y, 2); !slices.Equal(before, rep.Model.Params()[0]) {
+			t.Errorf("rank %d: parameters changed by a step with a hidden NaN", i)
+		}
+		return nil
+	})
+	for i, err := range errs {
+		if !errors.Is(err, ErrNonFinite) {
+			t.Errorf("rank %d: Step = %v; want ErrNonFinite", i, err)
+		}
+	}
+}

@@ -129,7 +129,8 @@ func (r *Replica) SyncParams(ctx context.Context) error {
 // the one allreduce that averages them also tells every rank whether any
 // rank was bad. Nothing is applied then: every rank skips the step, and Step
 // returns an error wrapping ErrNonFinite that says how many ranks were bad
-// and, for this rank, which tensor. Requests to leave ride in the same
+// and, for this rank, which tensor. A rank that sends NaN or Inf with its
+// flag at 0 is caught too: the average is checked before it is applied. Requests to leave ride in the same
 // allreduce, one slot per rank.
 func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float32, error) {
 	if s, ok := r.Model.(MaskSeeder); ok {
@@ -163,6 +164,17 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		}
 		err := fmt.Errorf("train: %d of %d ranks had NaN or Inf gradients (rank %d: %s); step skipped on all: %w",
 			badRanks, r.Coll.Size(), r.Coll.Rank(), where, ErrNonFinite)
+		if leaving != nil {
+			err = errors.Join(err, &LeaveError{Ranks: leaving})
+		}
+		return loss, err
+	}
+	if !finite(flat[:r.nparams]) {
+		// Every rank flagged its own gradients finite, yet their average is
+		// not: a rank sent NaN or Inf and hid it (or the sum overflowed).
+		// Every rank holds the same average, so every rank skips.
+		err := fmt.Errorf("train: the averaged gradients hold a NaN or Inf though all %d ranks flagged theirs finite (a rank hid its own, or the sum overflowed); step skipped on all: %w",
+			r.Coll.Size(), ErrNonFinite)
 		if leaving != nil {
 			err = errors.Join(err, &LeaveError{Ranks: leaving})
 		}
@@ -294,6 +306,23 @@ func gatherFinite(flat []float32, ts [][]float32) int {
 		o += len(t)
 	}
 	return bad
+}
+
+// finite reports whether every value of v is finite, with gatherFinite's
+// four sums of v−v.
+func finite(v []float32) bool {
+	var s0, s1, s2, s3 float32
+	j := 0
+	for ; j+4 <= len(v); j += 4 {
+		s0 += v[j] - v[j]
+		s1 += v[j+1] - v[j+1]
+		s2 += v[j+2] - v[j+2]
+		s3 += v[j+3] - v[j+3]
+	}
+	for ; j < len(v); j++ {
+		s0 += v[j] - v[j]
+	}
+	return s0+s1+s2+s3 == 0
 }
 
 func gather(flat []float32, ts [][]float32) {
