@@ -257,16 +257,22 @@ func TestPeerStateBounded(t *testing.T) {
 	}
 }
 
+// nodeAndMember starts size hosts for a job of that world size: a node on
+// the first, a member (key, own code) on the second, the rest bare.
+func nodeAndMember(t *testing.T, size int) ([]*Host, *Node, member) {
+	t.Helper()
+	j := job
+	j.WorldSize = size
+	hs := startHosts(t, size, nil)
+	return hs, startNodes(t, hs[:1], j)[0], member{hs[1], jobKey(j)}
+}
+
 // TestOvertakenProposalIsIgnored: hellos cross, so a peer's answer written
 // before it got ready can arrive after its hello that says ready. The older
 // one, by Seq, must not undo the newer: before Seq, the node went back to
 // taking the peer for not ready, and waited a refresh to hear it again.
 func TestOvertakenProposalIsIgnored(t *testing.T) {
-	j := job
-	j.WorldSize = 2
-	hs := startHosts(t, 2, nil)
-	n := startNodes(t, hs[:1], j)[0]
-	m := member{hs[1], jobKey(j)}
+	hs, n, m := nodeAndMember(t, 2)
 	ring := []peer.ID{hs[0].ID(), hs[1].ID()}
 	slices.Sort(ring)
 	newer, older := m.hello(hs[0].ID(), ring, true), m.hello(hs[0].ID(), ring, false)
@@ -277,5 +283,25 @@ func TestOvertakenProposalIsIgnored(t *testing.T) {
 	defer n.mu.Unlock()
 	if v := n.join.views[m.ID()]; !v.Ready {
 		t.Errorf("after a ready hello and then an older one, the node holds %+v; want the ready one", v)
+	}
+}
+
+// TestFailedPeerIsTriedAgainWhenVouchedFor: a peer whose first hello failed
+// is greeted again once a verified peer vouches for it after the back-off.
+// Before, it stayed remembered and never greeted again, and a 64-peer
+// formation on a loaded machine timed out with pairs that never met.
+func TestFailedPeerIsTriedAgainWhenVouchedFor(t *testing.T) {
+	hs, n, m := nodeAndMember(t, 3)
+	failed := hs[2].ID()
+	n.mu.Lock()
+	n.peers[failed] = &peerInfo{seen: time.Now(), deadUntil: time.Now().Add(-time.Second), deadFor: 2 * time.Second}
+	n.mu.Unlock()
+	h := m.hello(hs[0].ID(), nil, false)
+	h.Members = []Member{{ID: failed.String()}}
+	n.learn(m.ID(), h)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !slices.Contains(n.pending, failed) {
+		t.Errorf("pending %v after a verified peer vouched for %s, whose hello failed a while ago; want it greeted again", n.pending, failed)
 	}
 }

@@ -311,12 +311,12 @@ func (n *Node) decideJoin() (*Formation, error) {
 	if n.verifiedLocked() == 0 && len(n.refusals) > 0 && len(n.refusals) >= min(2, n.job.WorldSize-1) {
 		return nil, errors.Join(n.refusals...)
 	}
-	before := n.toldLocked()
+	before := n.propVersionLocked()
 	d := n.join.Decide()
 	if d.Formed != nil {
 		n.current = d.Formed
 	}
-	if n.toldLocked() != before {
+	if n.propVersionLocked() != before {
 		n.poke() // ready now, or formed: tell the others at once
 	}
 	return d.Formed, d.Err
@@ -466,7 +466,7 @@ func (n *Node) exchange() {
 	}
 	n.forgetLocked()
 	now := time.Now()
-	cur := n.toldLocked()
+	cur := n.propVersionLocked()
 	for p, pi := range n.peers {
 		if !pi.verified {
 			continue
@@ -514,9 +514,9 @@ func (n *Node) greetLocked(p peer.ID, strict bool) {
 	})
 }
 
-// toldLocked returns the version of this node's proposal, bumping it if the
-// proposal changed. n.mu held.
-func (n *Node) toldLocked() int {
+// propVersionLocked returns the version of this node's proposal, bumping
+// it if the proposal changed. n.mu held.
+func (n *Node) propVersionLocked() int {
 	if m := n.join.Proposal(); m.Gen != n.lastProp.Gen || m.Ready != n.lastProp.Ready || m.Formed != n.lastProp.Formed ||
 		!slices.Equal(m.Members, n.lastProp.Members) {
 		n.propVer++
@@ -547,7 +547,7 @@ func (n *Node) helloTo(p peer.ID) (*Hello, told) {
 	if pi == nil || !pi.verified {
 		return h, told{prop: -1}
 	}
-	v := told{prop: n.toldLocked(), members: n.newsLocked(p, pi)}
+	v := told{prop: n.propVersionLocked(), members: n.newsLocked(p, pi)}
 	for _, q := range v.members {
 		h.Members = append(h.Members, n.memberLocked(q))
 	}

@@ -148,10 +148,9 @@ func (h *Hello) setProposal(m Proposal, names *idNames) {
 // of a 32-peer formation, every hello spelling every member again. At most
 // maxNames are kept; past that it starts afresh.
 type idNames struct {
-	mu   sync.Mutex
-	str  map[peer.ID]string
-	id   map[string]peer.ID
-	size int
+	mu  sync.Mutex
+	str map[peer.ID]string
+	id  map[string]peer.ID
 }
 
 const maxNames = 4096

@@ -130,8 +130,8 @@ func (r *Replica) SyncParams(ctx context.Context) error {
 // rank was bad. Nothing is applied then: every rank skips the step, and Step
 // returns an error wrapping ErrNonFinite that says how many ranks were bad
 // and, for this rank, which tensor. A rank that sends NaN or Inf with its
-// flag at 0 is caught too: the average is checked before it is applied. Requests to leave ride in the same
-// allreduce, one slot per rank.
+// flag at 0 is caught too: the average is checked before it is applied.
+// Requests to leave ride in the same allreduce, one slot per rank.
 func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float32, error) {
 	if s, ok := r.Model.(MaskSeeder); ok {
 		s.SeedMasks(uint64(r.Steps)<<20 ^ uint64(r.Coll.Rank()))
@@ -157,24 +157,22 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		return 0, fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
 	}
 	badRanks, leaving := stepFlagsOf(tail, r.Coll.Size())
-	if badRanks > 0 {
+	switch { // err is nil here: ForwardBackward's
+	case badRanks > 0:
 		where := "its own are finite"
 		if bad >= 0 {
 			where = "its " + r.Model.ParamNames()[bad] + " gradient is not"
 		}
-		err := fmt.Errorf("train: %d of %d ranks had NaN or Inf gradients (rank %d: %s); step skipped on all: %w",
+		err = fmt.Errorf("train: %d of %d ranks had NaN or Inf gradients (rank %d: %s); step skipped on all: %w",
 			badRanks, r.Coll.Size(), r.Coll.Rank(), where, ErrNonFinite)
-		if leaving != nil {
-			err = errors.Join(err, &LeaveError{Ranks: leaving})
-		}
-		return loss, err
-	}
-	if !finite(flat[:r.nparams]) {
+	case !finite(flat[:r.nparams]):
 		// Every rank flagged its own gradients finite, yet their average is
 		// not: a rank sent NaN or Inf and hid it (or the sum overflowed).
 		// Every rank holds the same average, so every rank skips.
-		err := fmt.Errorf("train: the averaged gradients hold a NaN or Inf though all %d ranks flagged theirs finite (a rank hid its own, or the sum overflowed); step skipped on all: %w",
+		err = fmt.Errorf("train: the averaged gradients hold a NaN or Inf though all %d ranks flagged theirs finite (a rank hid its own, or the sum overflowed); step skipped on all: %w",
 			r.Coll.Size(), ErrNonFinite)
+	}
+	if err != nil {
 		if leaving != nil {
 			err = errors.Join(err, &LeaveError{Ranks: leaving})
 		}
