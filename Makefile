@@ -14,7 +14,7 @@ FUZZ     := ./ring:FuzzRecv ./data:FuzzReadIDX ./data:FuzzReadCSV ./p2p:FuzzRead
 
 MODEL ?= mlp
 
-.PHONY: test-netns build build-openblas openblas cuda cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-elastic fashion-mnist testdata demo clean
+.PHONY: test-netns build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-elastic fashion-mnist testdata demo clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -98,10 +98,31 @@ cuda-fetch:
 	  rm -f nvidia-cuda-dev_*.deb; \
 	fi
 
-# The CUDA build: bin/ringtrain-cuda (links libcuda and cuBLAS, so it needs
-# the NVIDIA driver and libcublas11 where it runs).
+# The CUDA build: bin/ringtrain-cuda. It links only libcuda (the driver's,
+# unversioned); cuBLAS 13, 12 or 11 is opened at run time, so one binary
+# runs on hosts with any of them (driver >= 520).
 cuda: cuda-fetch
 	$(CUDA_ENV) $(GO) build -tags ringtrain_cuda -o $(BIN)/ringtrain-cuda ./cmd/ringtrain
+
+# The CUDA engine's own tests (kernels against their Go twins, training
+# deterministic and equal to the Host engine's, out-of-memory), as a binary
+# to run on a GPU host: bin/engine-cuda.test -test.v
+cuda-test: cuda-fetch
+	$(CUDA_ENV) $(GO) test -c -tags ringtrain_cuda -o $(BIN)/engine-cuda.test ./train/engine
+
+# Everything a GPU host without Go needs for the figures in one folder
+# (binaries stripped and xz'd, Fashion-MNIST, the bench configs and the
+# PyTorch reference): copy bin/gpu there and run `bash gpu-bench.sh OUTDIR`.
+TORCH_BENCH ?= ../shared/bench/torch_fmnist_gpu.py
+gpu-pack: cuda-fetch fashion-mnist
+	@rm -rf $(BIN)/gpu && mkdir -p $(BIN)/gpu/fmnist
+	$(CUDA_ENV) $(GO) build -tags ringtrain_cuda -ldflags='-s -w' -o $(BIN)/gpu/ringtrain-cuda ./cmd/ringtrain
+	$(CUDA_ENV) $(GO) test -c -tags ringtrain_cuda -ldflags='-s -w' -o $(BIN)/gpu/engine-cuda.test ./train/engine
+	xz -6 -T0 $(BIN)/gpu/ringtrain-cuda $(BIN)/gpu/engine-cuda.test
+	cp $(FASHION)/*.gz $(BIN)/gpu/fmnist/
+	cp testdata/gpu-bench.sh testdata/bench-cnn-1.json testdata/bench-cnn-2.json $(BIN)/gpu/
+	@if [ -e $(TORCH_BENCH) ]; then cp $(TORCH_BENCH) $(BIN)/gpu/; else echo "gpu-pack: no $(TORCH_BENCH): the PyTorch side will be skipped"; fi
+	@du -sh $(BIN)/gpu
 
 # What CI can check without a GPU: the CUDA code vets and builds, and the
 # binary, started where the driver finds no device (here: the stub
@@ -117,8 +138,9 @@ cuda-check:
 	quiet() { "$$@" >$$stubs/log 2>&1 || { grep -v -e 'warning:' -e cgo-gcc-prolog -e 'note:' -e '^ *[0-9]* |' -e '^ *|' $$stubs/log; return 1; }; }; \
 	quiet env $(CUDA_ENV) $(GO) vet -tags ringtrain_cuda ./... || { echo "cuda-check: go vet failed"; exit 1; }; \
 	quiet env $(CUDA_ENV) $(GO) build -tags ringtrain_cuda -o $(BIN)/ringtrain-cuda ./cmd/ringtrain || { echo "cuda-check: build failed"; exit 1; }; \
-	ln -s $(CUDA_LIBS)/stubs/libcuda.so $$stubs/libcuda.so.1; ln -s $(CUDA_LIBS)/stubs/libcublas.so $$stubs/libcublas.so.11; \
-	ln -s $(CUDA_LIBS)/stubs/libcublasLt.so $$stubs/libcublasLt.so.11; \
+	if readelf -d $(BIN)/ringtrain-cuda | grep -q 'NEEDED.*libcublas'; then echo "cuda-check: ringtrain-cuda links cuBLAS; it must open it at run time"; exit 1; fi; \
+	quiet env $(CUDA_ENV) $(GO) test -c -tags ringtrain_cuda -o $$stubs/engine-cuda.test ./train/engine || { echo "cuda-check: the CUDA tests do not build"; exit 1; }; \
+	ln -s $(CUDA_LIBS)/stubs/libcuda.so $$stubs/libcuda.so.1; \
 	out=$$(LD_LIBRARY_PATH=$$stubs $(BIN)/ringtrain-cuda id 2>&1) && { echo "cuda-check: ringtrain-cuda started without a GPU: $$out"; exit 1; }; \
 	if [ "$$(printf '%s\n' "$$out" | wc -l)" = 1 ] && printf '%s' "$$out" | grep -q '^ringtrain: no CUDA device found'; then \
 	  echo "cuda-check: ok; without a GPU ringtrain-cuda says: $$out"; \

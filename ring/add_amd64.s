@@ -34,3 +34,63 @@ loop:
 
 done:
 	RET
+
+// func mulBlocks(dst []float32, f float32)
+// Multiplies the first len(dst)&^15 elements of dst by f, 16 at a time.
+TEXT ·mulBlocks(SB), NOSPLIT, $0-28
+	MOVQ   dst_base+0(FP), DI
+	MOVQ   dst_len+8(FP), CX
+	MOVSS  f+24(FP), X8
+	SHUFPS $0, X8, X8
+	SHRQ   $4, CX
+	JZ     muldone
+
+mulloop:
+	MOVUPS (DI), X0
+	MOVUPS 16(DI), X1
+	MOVUPS 32(DI), X2
+	MOVUPS 48(DI), X3
+	MULPS  X8, X0
+	MULPS  X8, X1
+	MULPS  X8, X2
+	MULPS  X8, X3
+	MOVUPS X0, (DI)
+	MOVUPS X1, 16(DI)
+	MOVUPS X2, 32(DI)
+	MOVUPS X3, 48(DI)
+	ADDQ   $64, DI
+	DECQ   CX
+	JNZ    mulloop
+
+muldone:
+	RET
+
+// func divBlocks(dst []float32, f float32)
+// Divides the first len(dst)&^15 elements of dst by f, 16 at a time.
+TEXT ·divBlocks(SB), NOSPLIT, $0-28
+	MOVQ   dst_base+0(FP), DI
+	MOVQ   dst_len+8(FP), CX
+	MOVSS  f+24(FP), X8
+	SHUFPS $0, X8, X8
+	SHRQ   $4, CX
+	JZ     divdone
+
+divloop:
+	MOVUPS (DI), X0
+	MOVUPS 16(DI), X1
+	MOVUPS 32(DI), X2
+	MOVUPS 48(DI), X3
+	DIVPS  X8, X0
+	DIVPS  X8, X1
+	DIVPS  X8, X2
+	DIVPS  X8, X3
+	MOVUPS X0, (DI)
+	MOVUPS X1, 16(DI)
+	MOVUPS X2, 32(DI)
+	MOVUPS X3, 48(DI)
+	ADDQ   $64, DI
+	DECQ   CX
+	JNZ    divloop
+
+divdone:
+	RET

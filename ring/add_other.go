@@ -17,3 +17,18 @@ func add(dst, src []float32) {
 		dst[i] += src[i]
 	}
 }
+
+// scale divides dst by n, giving exactly the bits of x/n; see add_amd64.go.
+func scale(dst []float32, n int) {
+	f := float32(n)
+	if n&(n-1) == 0 {
+		inv := 1 / f
+		for i := range dst {
+			dst[i] *= inv
+		}
+		return
+	}
+	for i := range dst {
+		dst[i] /= f
+	}
+}

@@ -409,11 +409,12 @@ func (r *Ring) ringAllreduce(seq uint64, op Op, buf []float32) error {
 				want.Offset, want.Length = lo, uint32(4*(hi-lo))
 				dst := buf[lo:hi]
 				if reduce {
-					if err := r.readAdd(&want, dst); err != nil {
-						return r.recvErr(&want, err)
-					}
+					div := 0 // the mean divides the completed segment by n
 					if last && op == OpAllreduceMean {
-						scale(dst, n)
+						div = n
+					}
+					if err := r.readAdd(&want, dst, div); err != nil {
+						return r.recvErr(&want, err)
 					}
 				} else {
 					if !f.awaitSent() {
@@ -438,8 +439,9 @@ func (r *Ring) ringAllreduce(seq uint64, op Op, buf []float32) error {
 // crosses memory once rather than three times.
 const addPiece = 64 << 10
 
-// readAdd reads a frame and adds its payload into dst piece by piece.
-func (r *Ring) readAdd(want *Header, dst []float32) error {
+// readAdd reads a frame and adds its payload into dst piece by piece,
+// then divides each piece by div when div > 0 (the mean).
+func (r *Ring) readAdd(want *Header, dst []float32, div int) error {
 	if err := r.fr.readHeader(want); err != nil {
 		return err
 	}
@@ -449,6 +451,9 @@ func (r *Ring) readAdd(want *Header, dst []float32) error {
 			return err
 		}
 		add(dst[:len(src)], src)
+		if div > 0 { // while the piece is still in cache
+			scale(dst[:len(src)], div)
+		}
 		dst = dst[len(src):]
 	}
 	return nil
@@ -515,13 +520,4 @@ func (r *Ring) broadcast(seq uint64, buf []float32, root int) error {
 		return nil
 	}
 	return r.pipe(send, recv, nf+1)
-}
-
-// scale divides by n. Division rather than multiplying by 1/n keeps the
-// mean as close as float32 allows to the true one.
-func scale(dst []float32, n int) {
-	f := float32(n)
-	for i := range dst {
-		dst[i] /= f
-	}
 }

@@ -563,3 +563,36 @@ func TestAddMatchesPlainLoop(t *testing.T) {
 		}
 	}
 }
+
+// TestScaleIsDivision: the mean's scaling gives exactly x/n, whichever
+// way it computes it — normal, subnormal, huge and special values alike.
+func TestScaleIsDivision(t *testing.T) {
+	rng := rand.New(rand.NewSource(3))
+	vals := []float32{0, -0, 1, -1, math.MaxFloat32, math.SmallestNonzeroFloat32, 3e-39, -5e-39,
+		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN())}
+	for range 10000 {
+		vals = append(vals, math.Float32frombits(rng.Uint32()))
+	}
+	for _, n := range []int{1, 2, 3, 4, 5, 6, 8, 16, 64, 1024} {
+		got := append([]float32(nil), vals...)
+		scale(got, n)
+		for i, v := range vals {
+			want := v / float32(n)
+			if math.Float32bits(got[i]) != math.Float32bits(want) && !(math.IsNaN(float64(want)) && math.IsNaN(float64(got[i]))) {
+				t.Fatalf("n=%d: scale(%g) = %g; want %g", n, v, got[i], want)
+			}
+		}
+	}
+}
+
+func BenchmarkScale(b *testing.B) {
+	buf := make([]float32, 1<<20)
+	for _, n := range []int{2, 3} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			b.SetBytes(4 << 20)
+			for b.Loop() {
+				scale(buf, n)
+			}
+		})
+	}
+}

@@ -38,6 +38,22 @@ func (d *dying) AllreduceSum(ctx context.Context, buf []float32) error {
 	return d.Ring.AllreduceSum(ctx, buf)
 }
 
+// errDeviceLost is what a lost GPU's failing call looks like to a step.
+var errDeviceLost = errors.New("engine: training step on cuda:0: CUDA_ERROR_ILLEGAL_ADDRESS (fake)")
+
+// lostDevice is a model whose device fails in its n-th ForwardBackward.
+type lostDevice struct {
+	Model
+	n int
+}
+
+func (m *lostDevice) ForwardBackward(x []float32, y []int, n int) (float32, error) {
+	if m.n--; m.n == 0 {
+		return 0, errDeviceLost
+	}
+	return m.Model.ForwardBackward(x, y, n)
+}
+
 // rendezvous is a fake of the survivors' re-formation: once `want` ranks
 // have asked, it builds a new in-memory ring of them, ranked in their old
 // order, in generation 2.
@@ -85,19 +101,24 @@ func (z *rendezvous) reform(oldRank int, at Position) (Collective, error) {
 // parameters — and each learns where the ring broke, the same for all.
 func TestSurvivorsFinish(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		kill dying
-		at   Position
+		name  string
+		kill  dying
+		fault int
+		at    Position
 	}{
-		{"in a step's allreduce", dying{n: 7}, Position{Epochs: 0, Steps: 6, Skip: 6 * 4 * 8}},
+		{"in a step's allreduce", dying{n: 7}, 0, Position{Epochs: 0, Steps: 6, Skip: 6 * 4 * 8}},
 		// 2000 samples / (4 × 8) = 63 steps, the last one short.
-		{"at the epoch's end", dying{sums: 1}, Position{Epochs: 0, Steps: 63, Skip: 2000}},
+		{"at the epoch's end", dying{sums: 1}, 0, Position{Epochs: 0, Steps: 63, Skip: 2000}},
+		// Its GPU fails in step 7: its run ends with the device's error,
+		// its process exits (closing its links), and the others go on as
+		// from any lost peer.
+		{"its device lost", dying{}, 7, Position{Epochs: 0, Steps: 6, Skip: 6 * 4 * 8}},
 	} {
-		t.Run(tc.name, func(t *testing.T) { survivorsFinish(t, tc.kill, tc.at) })
+		t.Run(tc.name, func(t *testing.T) { survivorsFinish(t, tc.kill, tc.fault, tc.at) })
 	}
 }
 
-func survivorsFinish(t *testing.T, kill dying, wantAt Position) {
+func survivorsFinish(t *testing.T, kill dying, fault int, wantAt Position) {
 	const world, batch = 4, 8
 	rings := memRings(t, world)
 	z := &rendezvous{t: t, want: world - 1, waiting: map[int]chan Collective{}}
@@ -106,12 +127,16 @@ func survivorsFinish(t *testing.T, kill dying, wantAt Position) {
 	hashes := make([][32]byte, world)
 	onAll(world, func(i int) error {
 		var coll Collective = rings[i]
-		if i == 2 {
+		model := newMLP(t, mlpCfg(784, []int{16}, 10, batch, 1))
+		if i == 2 && fault > 0 {
+			model = &lostDevice{Model: model, n: fault}
+			defer rings[i].Close() // the process exits
+		} else if i == 2 {
 			d := kill
 			d.Ring = rings[i]
 			coll = &d
 		}
-		rep := NewReplica(newMLP(t, mlpCfg(784, []int{16}, 10, batch, 1)), NewAdam(0.003), coll)
+		rep := NewReplica(model, NewAdam(0.003), coll)
 		tr := loader(t, "train", batch, true)
 		te := loader(t, "test", batch, false)
 		te.Sampler.Exact = true
@@ -128,8 +153,8 @@ func survivorsFinish(t *testing.T, kill dying, wantAt Position) {
 		hashes[i] = rep.ParamHash()
 		return nil
 	})
-	if !errors.Is(errs[2], errKilled) {
-		t.Errorf("the dying rank's run: %v; want it killed", errs[2])
+	if want := map[bool]error{true: errDeviceLost, false: errKilled}[fault > 0]; !errors.Is(errs[2], want) {
+		t.Errorf("the dying rank's run: %v; want %v", errs[2], want)
 	}
 	for _, i := range []int{0, 1, 3} {
 		if errs[i] != nil {

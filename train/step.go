@@ -95,11 +95,48 @@ func NewReplica(m Model, opt Optimizer, c Collective) *Replica {
 	return &Replica{Model: m, Opt: opt, Coll: c, nparams: n}
 }
 
+// Resident is a Model whose parameters live on a device, such as a GPU. It
+// hands the replica its gradients end to end, in host memory it provides
+// for a fast copy (page-locked), and checked for NaN and Inf on the device.
+type Resident interface {
+	Model
+	// FlatBuffer returns n values of that host memory, valid until the
+	// model is closed; the replica keeps its flat buffer there.
+	FlatBuffer(n int) ([]float32, error)
+	// ForwardBackwardFlat is ForwardBackward leaving the gradients end to
+	// end in flat[:P] (P the values of all Params) instead of in Grads;
+	// bad is the first tensor with a NaN or Inf, or -1.
+	ForwardBackwardFlat(x []float32, y []int, n int, flat []float32) (loss float32, bad int, err error)
+}
+
+// DeviceOptimizer is an Optimizer that runs where a Resident model keeps
+// its parameters, its own state kept there too.
+type DeviceOptimizer interface {
+	Optimizer
+	// StepFlat applies the update from gradients end to end (the replica's
+	// averaged flat buffer) unless one is NaN or Inf, which it checks where
+	// it runs; finite says whether it applied them.
+	StepFlat(grads []float32) (finite bool, err error)
+	// StepAlone is a whole step for a ring of one, which has nothing to
+	// average: forward, backward, the check for NaN and Inf, and the update
+	// unless the check failed (then bad names the tensor, else it is -1),
+	// the gradients never leaving the device.
+	StepAlone(x []float32, y []int, n int) (loss float32, bad int, err error)
+}
+
 // buffer returns the flat buffer for the collective's size; it is made
-// once per ring, not per step.
-func (r *Replica) buffer() []float32 {
+// once per ring, not per step, in the model's memory if it is Resident.
+func (r *Replica) buffer() ([]float32, error) {
 	if want := r.nparams + stepTrailer(r.Coll.Size()); len(r.flat) != want {
-		r.flat = make([]float32, want)
+		if res, ok := r.Model.(Resident); ok {
+			flat, err := res.FlatBuffer(want)
+			if err != nil {
+				return nil, err
+			}
+			r.flat = flat
+		} else {
+			r.flat = make([]float32, want)
+		}
 		r.views = r.views[:0]
 		o := 0
 		for _, p := range r.Model.Params() {
@@ -107,12 +144,16 @@ func (r *Replica) buffer() []float32 {
 			o += len(p)
 		}
 	}
-	return r.flat
+	return r.flat, nil
 }
 
 // SyncParams makes every replica start from rank 0's parameters.
 func (r *Replica) SyncParams(ctx context.Context) error {
-	params := r.buffer()[:r.nparams]
+	flat, err := r.buffer()
+	if err != nil {
+		return err
+	}
+	params := flat[:r.nparams]
 	gather(params, r.Model.Params())
 	if err := r.Coll.Broadcast(ctx, params, 0); err != nil {
 		return fmt.Errorf("train: broadcasting parameters: %w", err)
@@ -132,24 +173,34 @@ func (r *Replica) SyncParams(ctx context.Context) error {
 // and, for this rank, which tensor. A rank that sends NaN or Inf with its
 // flag at 0 is caught too: the average is checked before it is applied.
 // Requests to leave ride in the same allreduce, one slot per rank.
+//
+// A Resident model checks its gradients on its device and copies them
+// straight into the flat buffer; a DeviceOptimizer applies the average
+// there. With both on a ring of one, the whole step stays on the device.
 func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float32, error) {
 	if s, ok := r.Model.(MaskSeeder); ok {
 		s.SeedMasks(uint64(r.Steps)<<20 ^ uint64(r.Coll.Rank()))
 	}
 	r.Steps++
-	loss, err := r.Model.ForwardBackward(x, y, n)
+	dev, onDevice := r.Opt.(DeviceOptimizer)
+	if onDevice && r.Coll.Size() == 1 {
+		return r.stepAlone(dev, x, y, n)
+	}
+	flat, err := r.buffer()
 	if err != nil {
 		return 0, err
 	}
-	grads := r.Model.Grads()
-	flat := r.buffer()
-	bad := gatherFinite(flat, grads)
-	leave := false
-	select {
-	case <-r.Leave:
-		leave = true
-	default:
+	var loss float32
+	bad := -1
+	if res, ok := r.Model.(Resident); ok {
+		loss, bad, err = res.ForwardBackwardFlat(x, y, n, flat)
+	} else if loss, err = r.Model.ForwardBackward(x, y, n); err == nil {
+		bad = gatherFinite(flat, r.Model.Grads())
 	}
+	if err != nil {
+		return 0, err
+	}
+	leave := r.leaving()
 	tail := flat[r.nparams:]
 	putStepFlags(tail, r.Coll.Rank(), bad >= 0, leave)
 	if err := r.Coll.AllreduceMean(ctx, flat); err != nil {
@@ -157,7 +208,10 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		return 0, fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
 	}
 	badRanks, leaving := stepFlagsOf(tail, r.Coll.Size())
-	switch { // err is nil here: ForwardBackward's
+	// err is nil here: ForwardBackward's. A DeviceOptimizer checks the
+	// average itself, where it applies it; the host checks it otherwise.
+	applied := false
+	switch {
 	case badRanks > 0:
 		where := "its own are finite"
 		if bad >= 0 {
@@ -165,24 +219,61 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		}
 		err = fmt.Errorf("train: %d of %d ranks had NaN or Inf gradients (rank %d: %s); step skipped on all: %w",
 			badRanks, r.Coll.Size(), r.Coll.Rank(), where, ErrNonFinite)
-	case !finite(flat[:r.nparams]):
+	case onDevice:
+		if applied, err = dev.StepFlat(flat[:r.nparams]); err != nil {
+			return loss, err
+		}
+	case finite(flat[:r.nparams]):
+		r.Opt.Step(r.Model.Params(), r.views)
+		applied = true
+	}
+	if err == nil && !applied {
 		// Every rank flagged its own gradients finite, yet their average is
 		// not: a rank sent NaN or Inf and hid it (or the sum overflowed).
 		// Every rank holds the same average, so every rank skips.
 		err = fmt.Errorf("train: the averaged gradients hold a NaN or Inf though all %d ranks flagged theirs finite (a rank hid its own, or the sum overflowed); step skipped on all: %w",
 			r.Coll.Size(), ErrNonFinite)
 	}
-	if err != nil {
-		if leaving != nil {
-			err = errors.Join(err, &LeaveError{Ranks: leaving})
-		}
+	if leaving == nil {
 		return loss, err
 	}
-	r.Opt.Step(r.Model.Params(), r.views)
-	if leaving != nil {
-		return loss, &LeaveError{Ranks: leaving}
+	if err != nil {
+		return loss, errors.Join(err, &LeaveError{Ranks: leaving})
 	}
-	return loss, nil
+	return loss, &LeaveError{Ranks: leaving}
+}
+
+// leaving reports whether this rank has been asked to leave.
+func (r *Replica) leaving() bool {
+	select {
+	case <-r.Leave:
+		return true
+	default:
+		return false
+	}
+}
+
+// stepAlone is Step for a ring of one with a DeviceOptimizer: the same
+// outcomes (ErrNonFinite, LeaveError) without the flat buffer, which a ring
+// of one would only average with itself.
+func (r *Replica) stepAlone(dev DeviceOptimizer, x []float32, y []int, n int) (float32, error) {
+	leave := r.leaving()
+	loss, bad, err := dev.StepAlone(x, y, n)
+	if err != nil {
+		return 0, err
+	}
+	if bad >= 0 {
+		err = fmt.Errorf("train: 1 of 1 ranks had NaN or Inf gradients (rank %d: its %s gradient is not); step skipped on all: %w",
+			r.Coll.Rank(), r.Model.ParamNames()[bad], ErrNonFinite)
+	}
+	if leave {
+		le := &LeaveError{Ranks: []int{r.Coll.Rank()}}
+		if err == nil {
+			return loss, le
+		}
+		err = errors.Join(err, le)
+	}
+	return loss, err
 }
 
 // Snapshot fills a checkpoint's parameters and optimizer state with

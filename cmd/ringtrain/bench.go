@@ -23,8 +23,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(args) > 0 && args[0] == "engines" {
 		return runBenchEngines(args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "device" {
+		return runBenchDevice(ctx, args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "allreduce" {
-		return fmt.Errorf("bench: want 'bench allreduce', 'bench form' or 'bench engines': %w", errUsage)
+		return fmt.Errorf("bench: want 'bench allreduce', 'bench form', 'bench engines' or 'bench device': %w", errUsage)
 	}
 	fs := flag.NewFlagSet("bench allreduce", flag.ContinueOnError)
 	fs.SetOutput(stderr)

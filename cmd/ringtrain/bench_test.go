@@ -51,6 +51,31 @@ func TestBenchEngines(t *testing.T) {
 	}
 }
 
+// TestBenchDevice: one JSON line per run and a median line, on the host
+// engine (whose steps take the device path: the optimizer bound to the
+// net, whole steps on a ring of one) and on gorgonia's.
+func TestBenchDevice(t *testing.T) {
+	for _, dev := range []string{"host", "cpu"} {
+		var out, errOut bytes.Buffer
+		args := []string{"bench", "device", "--device", dev, "--model", "mlp", "--batch", "8", "--steps", "3", "--warmup", "2", "--runs", "2"}
+		if err := run(context.Background(), args, &out, &errOut); err != nil {
+			t.Fatalf("%s: bench device: %v (%s)", dev, err, errOut.String())
+		}
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		if len(lines) != 3 {
+			t.Fatalf("%s: %d lines; want 2 runs and a median:\n%s", dev, len(lines), out.String())
+		}
+		var last deviceResult
+		if err := json.Unmarshal([]byte(lines[2]), &last); err != nil || !last.Median || last.SamplesPerS <= 0 || last.Batch != 8 || last.Model != "mlp" {
+			t.Errorf("%s: median line %s (%v)", dev, lines[2], err)
+		}
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"bench", "device", "--optimizer", "lbfgs"}, &out, &out); !errors.Is(err, errUsage) {
+		t.Errorf("bench device --optimizer lbfgs = %v; want a usage error", err)
+	}
+}
+
 func TestBenchAllreduceJSON(t *testing.T) {
 	var out, errOut bytes.Buffer
 	err := run(context.Background(), []string{"bench", "allreduce", "--transport", "mem", "--peers", "2", "--sizes", "4KiB", "--iters", "1", "--json"}, &out, &errOut)

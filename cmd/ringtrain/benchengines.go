@@ -28,6 +28,7 @@ func runBenchEngines(args []string, stdout, stderr io.Writer) error {
 	batch := fs.Int("batch", 64, "batch size")
 	seed := fs.Uint64("seed", 1, "seed of the weights and the batches")
 	tol := fs.Float64("tolerance", 1e-3, "largest |loss difference| allowed at the last step")
+	devOpt := addDeviceFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("bench engines: %w: %w", errUsage, err)
 	}
@@ -38,26 +39,19 @@ func runBenchEngines(args []string, stdout, stderr io.Writer) error {
 	cfg := train.ModelConfig{Spec: spec, Batch: *batch, Seed: *seed}
 	// Fashion-MNIST-shaped batches of noise with random labels: the check
 	// is of arithmetic, not of learning, and needs no data files.
-	rng := rand.New(rand.NewPCG(*seed, 7))
-	xs := make([][]float32, *steps)
-	ys := make([][]int, *steps)
-	for s := range *steps {
-		xs[s] = make([]float32, *batch*784)
-		for i := range xs[s] {
-			xs[s][i] = float32(rng.NormFloat64())
-		}
-		ys[s] = make([]int, *batch)
-		for i := range ys[s] {
-			ys[s][i] = rng.IntN(10)
-		}
-	}
+	xs, ys := noiseBatches(rand.New(rand.NewPCG(*seed, 7)), *steps, *batch)
 	run := func(device string) ([]float32, time.Duration, error) {
-		m, err := newModel(device, cfg)
+		m, err := newModel(device, cfg, *devOpt)
 		if err != nil {
 			return nil, 0, err
 		}
 		defer m.Close()
-		opt := &train.SGD{LR: 0.01, Momentum: 0.9}
+		// On an engine device the optimizer runs there too, so the check
+		// covers its kernels as well.
+		opt, err := bindOptimizer(m, &train.SGD{LR: 0.01, Momentum: 0.9}, *devOpt)
+		if err != nil {
+			return nil, 0, err
+		}
 		losses := make([]float32, *steps)
 		start := time.Now()
 		for s := range *steps {
@@ -89,4 +83,22 @@ func runBenchEngines(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("bench engines: %w: %.2e > %.0e", errEnginesDiffer, diff, *tol)
 	}
 	return nil
+}
+
+// noiseBatches returns count Fashion-MNIST-shaped batches of normal noise
+// with uniform labels.
+func noiseBatches(rng *rand.Rand, count, batch int) ([][]float32, [][]int) {
+	xs := make([][]float32, count)
+	ys := make([][]int, count)
+	for s := range count {
+		xs[s] = make([]float32, batch*784)
+		for i := range xs[s] {
+			xs[s][i] = float32(rng.NormFloat64())
+		}
+		ys[s] = make([]int, batch)
+		for i := range ys[s] {
+			ys[s][i] = rng.IntN(10)
+		}
+	}
+	return xs, ys
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/ringtrain/ringtrain/train/engine"
 )
 
-func newCUDA() (engine.Ops, error) { return engine.NewCUDA(0) }
+func newCUDA(o engine.CUDAOptions) (engine.Ops, error) { return engine.NewCUDA(0, o) }
 
 // cudaAvailable says whether there is a device, without opening it.
 func cudaAvailable() error {

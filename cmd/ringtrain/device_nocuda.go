@@ -4,6 +4,6 @@ package main
 
 import "github.com/ringtrain/ringtrain/train/engine"
 
-func newCUDA() (engine.Ops, error) { return nil, errNoCUDA }
+func newCUDA(engine.CUDAOptions) (engine.Ops, error) { return nil, errNoCUDA }
 
 func cudaAvailable() error { return errNoCUDA }

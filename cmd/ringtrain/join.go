@@ -30,6 +30,7 @@ type joinFlags struct {
 	bootstrap, listen                         stringList
 	plane                                     p2p.DataPlane
 	log                                       logFlags
+	engine                                    *deviceOptions
 }
 
 // runJoin is `ringtrain join`: find the job's peers, form the ring, train,
@@ -55,7 +56,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer peer.close()
-	job, model, err := newJob(cfg, device, trainSplit, testSplit, peer.members, stdout, stderr, f.log, log)
+	job, model, err := newJob(cfg, device, *f.engine, trainSplit, testSplit, peer.members, stdout, stderr, f.log, log)
 	if err != nil {
 		return err
 	}
@@ -87,6 +88,7 @@ func parseJoinFlags(args []string, stderr io.Writer) (*joinFlags, error) {
 	plane := fs.String("data-plane", "libp2p", "what carries gradients: libp2p (encrypted) or tcp (token-gated, in the clear; trusted networks)")
 	fs.StringVar(&f.model, "model", "", "use this built-in model instead of the config's (mlp or cnn)")
 	fs.StringVar(&f.device, "device", "", deviceHelp+" (default: cuda if the config says gpus 1, else cpu)")
+	f.engine = addDeviceFlags(fs)
 	f.log = addLogFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, fmt.Errorf("join: %w: %w", errUsage, err)
@@ -197,14 +199,14 @@ func startPeer(ctx context.Context, f *joinFlags, cfg *jobConfig, stdout io.Writ
 // newJob builds the model, optimizer, data loaders and checkpointing of
 // the job, and the progress reports: a bar per epoch on a terminal, a log
 // line every 50 steps otherwise.
-func newJob(cfg *jobConfig, device string, trainSplit, testSplit *data.Split, members elastic.Membership,
+func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, testSplit *data.Split, members elastic.Membership,
 	stdout, stderr io.Writer, lf logFlags, log zerolog.Logger) (*elastic.Job, train.Model, error) {
 	layers, err := cfg.modelSpec(trainSplit.C, trainSplit.H, trainSplit.W, len(trainSplit.Classes))
 	if err != nil {
 		return nil, nil, err
 	}
 	spec := train.ModelConfig{Spec: layers, Batch: cfg.BatchSize, Seed: cfg.Seed}
-	model, err := newModel(device, spec)
+	model, err := newModel(device, spec, devOpt)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -213,6 +215,10 @@ func newJob(cfg *jobConfig, device string, trainSplit, testSplit *data.Split, me
 		a := train.NewAdam(cfg.Optimizer.LR)
 		a.WeightDecay = cfg.Optimizer.WeightDecay
 		opt = a
+	}
+	if opt, err = bindOptimizer(model, opt, devOpt); err != nil {
+		model.Close()
+		return nil, nil, err
 	}
 	// World size and rank are the ring's, set by train.Run.
 	loader := func(s *data.Split, shuffle bool) *data.Loader {

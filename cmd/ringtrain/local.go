@@ -30,6 +30,7 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	logLevel := fs.String("log-level", "info", "the peers' --log-level")
 	model := fs.String("model", "", "the peers' --model (a built-in model instead of the config's)")
 	device := fs.String("device", "", "the peers' --device: cpu, cuda or host")
+	devOpt := addDeviceFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("local: %w: %w", errUsage, err)
 	}
@@ -58,6 +59,7 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *device != "" {
 		common = append(common, "--device", *device)
 	}
+	common = append(common, devOpt.args()...)
 	errs := make([]error, *n)
 	var wg sync.WaitGroup
 	start := func(i int, extra []string, firstAddr chan<- string) error {

@@ -8,6 +8,8 @@
 //	ringtrain bench allreduce [--transport mem|tcp] [--peers N] [--sizes 1MiB,16MiB] [--json]
 //	ringtrain data --config data.json
 //	ringtrain bench form [--peers 4,8] [--runs 5]
+//	ringtrain bench engines --device cuda|host [--model cnn] [--steps 20]
+//	ringtrain bench device --device cuda|host|cpu [--model cnn] [--batch 64] [--tf32] [--no-graph]
 //	ringtrain swarm-key > swarm.key
 //	ringtrain id [--identity FILE]
 //	ringtrain predict --checkpoint FILE --image FILE.png|jpg
@@ -22,6 +24,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -29,13 +32,36 @@ import (
 	"github.com/ringtrain/ringtrain/p2p"
 )
 
+// startProfile writes a CPU profile of this process to PREFIX-PID.pprof
+// when RINGTRAIN_CPUPROFILE=PREFIX is set (it reaches every peer of
+// `ringtrain local` through the environment); the returned func ends it.
+func startProfile(prefix string) func() {
+	if prefix == "" {
+		return func() {}
+	}
+	f, err := os.Create(fmt.Sprintf("%s-%d.pprof", prefix, os.Getpid()))
+	if err == nil {
+		err = pprof.StartCPUProfile(f)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ringtrain: RINGTRAIN_CPUPROFILE:", err)
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
+}
+
 // errUsage marks errors that are the caller's words being off; main then
 // exits 2, as flag does.
 var errUsage = errors.New("usage")
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	stopProfile := startProfile(os.Getenv("RINGTRAIN_CPUPROFILE"))
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stopProfile()
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ringtrain:", err)
@@ -53,6 +79,8 @@ commands:
   local             run -n peers of a job as processes on this machine
   bench allreduce   measure ring-allreduce against the pattern ceiling
   bench form        time ring formation through the DHT on loopback
+  bench engines     hold a device's losses against gorgonia's, step by step
+  bench device      one device's training samples/s for a model and batch, as JSON
   data              load a data config's datasets and say what they hold
   predict           class and top probabilities of a PNG/JPEG from a checkpoint
   swarm-key         print a new private-swarm key (give the file to every peer)

@@ -2,14 +2,93 @@
 
 package engine
 
+// #cgo LDFLAGS: -lcuda -ldl
+// #include <cuda.h>
+// #include <dlfcn.h>
+// #include <stdint.h>
+// #include <stdlib.h>
+//
+// // cuBLAS is opened at run time (dlopen), not linked: one binary then runs
+// // on hosts with CUDA 11, 12 or 13's libcublas, whose sonames and symbol
+// // versions differ. These are the few entry points the engine uses; their
+// // signatures are the same in all three.
+// typedef int (*blasCreate)(void **);
+// typedef int (*blasDestroy)(void *);
+// typedef int (*blasSetStream)(void *, CUstream);
+// typedef int (*blasSetMathMode)(void *, int);
+// typedef int (*blasSetWorkspace)(void *, void *, size_t);
+// typedef int (*blasGetVersion)(void *, int *);
+// typedef int (*blasSgemm)(void *, int, int, int, int, int, const float *, const float *, int,
+//                          const float *, int, const float *, float *, int);
+// typedef struct {
+//   void *lib, *h;
+//   blasDestroy destroy;
+//   blasSgemm sgemm;
+// } blas;
+//
+// // rt_blas_open loads path (after lt, cuBLASLt, which it needs, when given)
+// // and starts a handle on stream s: 0, or -1 when the library cannot be
+// // loaded, -2 when it lacks a symbol, else cuBLAS's status.
+// static int rt_blas_open(blas *b, const char *lt, const char *path, CUstream s, int tf32, CUdeviceptr ws, size_t wsBytes, int *version) {
+//   if (lt != NULL) dlopen(lt, RTLD_NOW | RTLD_GLOBAL);
+//   b->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+//   if (b->lib == NULL) return -1;
+//   blasCreate create = (blasCreate)dlsym(b->lib, "cublasCreate_v2");
+//   blasSetStream setStream = (blasSetStream)dlsym(b->lib, "cublasSetStream_v2");
+//   blasSetMathMode setMath = (blasSetMathMode)dlsym(b->lib, "cublasSetMathMode");
+//   blasSetWorkspace setWs = (blasSetWorkspace)dlsym(b->lib, "cublasSetWorkspace_v2");
+//   blasGetVersion getVersion = (blasGetVersion)dlsym(b->lib, "cublasGetVersion_v2");
+//   b->destroy = (blasDestroy)dlsym(b->lib, "cublasDestroy_v2");
+//   b->sgemm = (blasSgemm)dlsym(b->lib, "cublasSgemm_v2");
+//   if (!create || !setStream || !setMath || !b->destroy || !b->sgemm || !getVersion) { dlclose(b->lib); return -2; }
+//   int r = create(&b->h);
+//   if (r) { dlclose(b->lib); return r; }
+//   getVersion(b->h, version);
+//   if ((r = setStream(b->h, s)) || (r = setMath(b->h, tf32 ? 3 : 0))) { b->destroy(b->h); dlclose(b->lib); return r; }
+//   // A workspace of our own: cuBLAS then allocates nothing while a step is
+//   // captured into a graph.
+//   if (setWs && wsBytes && (r = setWs(b->h, (void *)ws, wsBytes))) { b->destroy(b->h); dlclose(b->lib); return r; }
+//   return 0;
+// }
+// static void rt_blas_close(blas *b) { b->destroy(b->h); dlclose(b->lib); }
+// static int rt_sgemm(blas *b, int ta, int tb, int m, int n, int k, CUdeviceptr a, int lda, CUdeviceptr bb, int ldb, float beta, CUdeviceptr c, int ldc) {
+//   float one = 1.f;
+//   return b->sgemm(b->h, ta, tb, m, n, k, &one, (const float *)a, lda, (const float *)bb, ldb, &beta, (float *)c, ldc);
+// }
+//
+// // rt_launch launches f on s with n 64-bit arguments (the kernels take
+// // nothing else); the driver copies them before it returns.
+// static CUresult rt_launch(CUfunction f, unsigned grid, unsigned block, CUstream s, uint64_t *args, int n) {
+//   void *p[16];
+//   for (int i = 0; i < n && i < 16; i++) p[i] = &args[i];
+//   return cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, s, p, NULL);
+// }
+// static CUresult rt_capture(CUstream s) { return cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED); }
+// static CUresult rt_end_capture(CUstream s, CUgraphExec *exec) {
+//   CUgraph g;
+//   CUresult r = cuStreamEndCapture(s, &g);
+//   if (r != CUDA_SUCCESS) return r;
+//   r = cuGraphInstantiateWithFlags(exec, g, 0);
+//   cuGraphDestroy(g);
+//   return r;
+// }
+// static const char *rt_error(CUresult r) {
+//   const char *s = NULL;
+//   if (cuGetErrorName(r, &s) != CUDA_SUCCESS || s == NULL) return "unknown CUDA error";
+//   return s;
+// }
+import "C"
+
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"unsafe"
 
 	"gorgonia.org/cu"
-	cublas "gorgonia.org/cu/blas"
 
 	"github.com/ringtrain/ringtrain/train/engine/ptx"
 )
@@ -18,29 +97,36 @@ import (
 // to its own CUDA engine, which imports cuDNN (gorgonia.org/cu/dnn) and does
 // not build here.
 //
-// This file has NOT run on a GPU: no machine it was written on has one. It
-// is compiled and vetted in CI against CUDA 11.8's headers and stub
-// libraries (make cuda-check); the logic it drives is Net's, tested with
-// Host, and its kernels are threads.go's bodies, tested there.
+// gorgonia.org/cu finds the device and makes the context; the calls a step
+// makes (launches, copies, cuBLAS, graph capture) go straight to the driver
+// API from the C above, on one stream.
 
 // ErrNoDevice means there is no CUDA device to run on.
 var ErrNoDevice = errors.New("engine: no CUDA device found")
 
-// CUDA is Ops on an NVIDIA GPU through gorgonia.org/cu: cuBLAS for Gemm
-// and the kernels of package ptx for the rest. Each call makes the context
+// ErrNoCUBLAS means no cuBLAS library could be loaded.
+var ErrNoCUBLAS = errors.New("engine: cuBLAS not found")
+
+// CUDA is Ops on an NVIDIA GPU: cuBLAS for Gemm, the kernels of package
+// ptx for the rest, all queued on one stream. Each call makes the context
 // current on a locked OS thread, since a CUDA context belongs to a thread
 // and goroutines move between threads.
 type CUDA struct {
-	name string
-	ctx  cu.CUContext
-	mod  cu.Module
-	fns  map[string]cu.Function
-	bl   *cublas.Standard
-	mem  []cu.DevicePtr
+	name   string
+	ctx    cu.CUContext
+	stream C.CUstream
+	mod    C.CUmodule
+	fns    map[string]C.CUfunction
+	bl     C.blas
+	blas   string // which library, for logs
+	ws     C.CUdeviceptr
+	mem    []C.CUdeviceptr
+	pinned []unsafe.Pointer
+	graphs []C.CUgraphExec
 }
 
 type devBuf struct {
-	p cu.DevicePtr
+	p C.CUdeviceptr
 	n int
 }
 
@@ -48,8 +134,19 @@ func (b devBuf) Len() int { return b.n }
 
 func dev(b Buf) devBuf { return b.(devBuf) }
 
+// cuErr turns a driver result into an error naming what failed.
+func cuErr(r C.CUresult, what string) error {
+	if r == C.CUDA_SUCCESS {
+		return nil
+	}
+	return fmt.Errorf("engine: %s: %s (CUDA error %d)", what, C.GoString(C.rt_error(r)), int(r))
+}
+
+// cuBLAS's workspace: what NVIDIA recommends for Hopper.
+const workspaceBytes = 32 << 20
+
 // NewCUDA opens device ordinal, loads the kernels and starts cuBLAS.
-func NewCUDA(ordinal int) (_ *CUDA, err error) {
+func NewCUDA(ordinal int, opt CUDAOptions) (_ *CUDA, err error) {
 	n, err := cu.NumDevices()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoDevice, err)
@@ -62,7 +159,7 @@ func NewCUDA(ordinal int) (_ *CUDA, err error) {
 		return nil, err
 	}
 	name, _ := d.Name()
-	c := &CUDA{name: fmt.Sprintf("cuda:%d (%s)", ordinal, name), fns: map[string]cu.Function{}}
+	c := &CUDA{name: fmt.Sprintf("cuda:%d (%s)", ordinal, name), fns: map[string]C.CUfunction{}}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if c.ctx, err = d.MakeContext(cu.SchedAuto); err != nil {
@@ -73,16 +170,100 @@ func NewCUDA(ordinal int) (_ *CUDA, err error) {
 			c.ctx.Destroy()
 		}
 	}()
-	if c.mod, err = cu.LoadData(ptx.Module); err != nil {
-		return nil, fmt.Errorf("engine: loading the kernels' PTX: %w", err)
+	if err := cuErr(C.cuStreamCreate(&c.stream, C.CU_STREAM_NON_BLOCKING), "creating a stream"); err != nil {
+		return nil, err
+	}
+	text := C.CString(ptx.Module)
+	defer C.free(unsafe.Pointer(text))
+	if err := cuErr(C.cuModuleLoadData(&c.mod, unsafe.Pointer(text)), "loading the kernels' PTX"); err != nil {
+		return nil, err
 	}
 	for k := range ptx.Kernels {
-		if c.fns[k], err = c.mod.Function(k); err != nil {
-			return nil, fmt.Errorf("engine: kernel %s: %w", k, err)
+		var f C.CUfunction
+		ck := C.CString(k)
+		r := C.cuModuleGetFunction(&f, c.mod, ck)
+		C.free(unsafe.Pointer(ck))
+		if err := cuErr(r, "kernel "+k); err != nil {
+			return nil, err
+		}
+		c.fns[k] = f
+	}
+	if err := cuErr(C.cuMemAlloc(&c.ws, workspaceBytes), "cuBLAS workspace"); err != nil {
+		return nil, err
+	}
+	c.mem = append(c.mem, c.ws)
+	if err := c.openBLAS(opt.TF32); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// openBLAS loads cuBLAS: RINGTRAIN_CUBLAS if set, else the newest of
+// CUDA 13, 12 and 11's on the loader's path, else in the usual CUDA
+// install folders (which are often not on the loader's path).
+func (c *CUDA) openBLAS(tf32 bool) error {
+	var tries []string
+	if p := os.Getenv("RINGTRAIN_CUBLAS"); p != "" {
+		tries = []string{p}
+	} else {
+		var dirs []string
+		for _, env := range []string{"CUDA_HOME", "CUDA_PATH"} {
+			if h := os.Getenv(env); h != "" {
+				dirs = append(dirs, filepath.Join(h, "lib64"), filepath.Join(h, "targets/x86_64-linux/lib"))
+			}
+		}
+		globbed, _ := filepath.Glob("/usr/local/cuda*/targets/x86_64-linux/lib")
+		dirs = append(append(dirs, "/usr/local/cuda/lib64"), globbed...)
+		for _, major := range []string{"13", "12", "11"} {
+			tries = append(tries, "libcublas.so."+major)
+			for _, d := range dirs {
+				if p := filepath.Join(d, "libcublas.so."+major); fileExists(p) {
+					tries = append(tries, p)
+				}
+			}
 		}
 	}
-	c.bl = cublas.New()
-	return c, nil
+	var why []string
+	for _, p := range tries {
+		var lt *C.char
+		if strings.Contains(p, "/") {
+			lt = C.CString(filepath.Join(filepath.Dir(p), strings.Replace(filepath.Base(p), "libcublas", "libcublasLt", 1)))
+		}
+		cp := C.CString(p)
+		var version C.int
+		r := C.rt_blas_open(&c.bl, lt, cp, c.stream, boolInt(tf32), c.ws, workspaceBytes, &version)
+		C.free(unsafe.Pointer(cp))
+		C.free(unsafe.Pointer(lt))
+		switch r {
+		case 0:
+			c.blas = fmt.Sprintf("%s (cuBLAS %d)", p, int(version))
+			return nil
+		case -1:
+			why = append(why, p+": "+dlerror())
+		case -2:
+			why = append(why, p+": lacks a cuBLAS entry point ringtrain uses")
+		default:
+			return fmt.Errorf("engine: starting cuBLAS from %s: status %d", p, int(r))
+		}
+	}
+	return fmt.Errorf("%w: looked for libcublas.so.13, .12 and .11 on the loader's path and in /usr/local/cuda*; install CUDA's cuBLAS, or set LD_LIBRARY_PATH or RINGTRAIN_CUBLAS to it (%s)",
+		ErrNoCUBLAS, strings.Join(why, "; "))
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+func dlerror() string {
+	if s := C.dlerror(); s != nil {
+		return C.GoString(s)
+	}
+	return "cannot be loaded"
+}
+
+func boolInt(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // on runs f with the context current on this goroutine's locked thread.
@@ -95,15 +276,19 @@ func (c *CUDA) on(f func() error) error {
 	return f()
 }
 
+// Name says which GPU, and which cuBLAS.
 func (c *CUDA) Name() string { return c.name }
 
+// BLAS says which cuBLAS was loaded.
+func (c *CUDA) BLAS() string { return c.blas }
+
 func (c *CUDA) Alloc(n int) (Buf, error) {
-	var p cu.DevicePtr
-	err := c.on(func() (err error) {
-		if p, err = cu.MemAlloc(int64(4 * max(n, 1))); err != nil {
+	var p C.CUdeviceptr
+	err := c.on(func() error {
+		if err := cuErr(C.cuMemAlloc(&p, C.size_t(4*max(n, 1))), fmt.Sprintf("allocating %.1f MiB", mib(4*int64(n)))); err != nil {
 			return err
 		}
-		return cu.MemsetD32(p, 0, int64(max(n, 1)))
+		return cuErr(C.cuMemsetD32(p, 0, C.size_t(max(n, 1))), "zeroing")
 	})
 	if err != nil {
 		return nil, fmt.Errorf("engine: %d floats on %s: %w", n, c.name, err)
@@ -112,126 +297,257 @@ func (c *CUDA) Alloc(n int) (Buf, error) {
 	return devBuf{p, n}, nil
 }
 
+func (c *CUDA) Free() (free, total int64) {
+	var f, t C.size_t
+	if c.on(func() error { return cuErr(C.cuMemGetInfo(&f, &t), "memory info") }) != nil {
+		return 0, 0
+	}
+	return int64(f), int64(t)
+}
+
 func (c *CUDA) Slice(b Buf, off, n int) Buf {
 	d := dev(b)
 	if off < 0 || n < 0 || off+n > d.n {
 		panic(fmt.Sprintf("engine: slice [%d:%d] of a %d-float buffer", off, off+n, d.n)) // a bug in Net, not input
 	}
-	return devBuf{d.p + cu.DevicePtr(4*off), n}
+	return devBuf{d.p + C.CUdeviceptr(4*off), n}
 }
 
+func (c *CUDA) Pinned(n int) ([]float32, error) {
+	var p unsafe.Pointer
+	err := c.on(func() error { return cuErr(C.cuMemAllocHost(&p, C.size_t(4*max(n, 1))), "page-locked host memory") })
+	if err != nil {
+		return nil, err
+	}
+	c.pinned = append(c.pinned, p)
+	return unsafe.Slice((*float32)(p), n), nil
+}
+
+func sameLen(n, m int, what string) error {
+	if n != m {
+		return fmt.Errorf("engine: %s of %d values into %d", what, m, n)
+	}
+	return nil
+}
+
+// Upload copies Go memory: queued on the stream, waited for, since the
+// driver may read src until the copy has run.
 func (c *CUDA) Upload(dst Buf, src []float32) error {
 	d := dev(dst)
-	if d.n != len(src) {
-		return fmt.Errorf("engine: upload of %d values into %d", len(src), d.n)
+	if err := sameLen(d.n, len(src), "upload"); err != nil || d.n == 0 {
+		return err
 	}
-	if d.n == 0 {
-		return nil
-	}
-	return c.on(func() error { return cu.MemcpyHtoD(d.p, unsafe.Pointer(&src[0]), int64(4*d.n)) })
+	return c.on(func() error {
+		if err := cuErr(C.cuMemcpyHtoDAsync(d.p, unsafe.Pointer(&src[0]), C.size_t(4*d.n), c.stream), "copy to the device"); err != nil {
+			return err
+		}
+		return cuErr(C.cuStreamSynchronize(c.stream), "copy to the device")
+	})
 }
 
 func (c *CUDA) Download(dst []float32, src Buf) error {
 	s := dev(src)
-	if s.n != len(dst) {
-		return fmt.Errorf("engine: download of %d values into %d", s.n, len(dst))
+	if err := sameLen(len(dst), s.n, "download"); err != nil || s.n == 0 {
+		return err
 	}
-	if s.n == 0 {
-		return nil
-	}
-	return c.on(func() error { return cu.MemcpyDtoH(unsafe.Pointer(&dst[0]), s.p, int64(4*s.n)) })
+	return c.on(func() error {
+		if err := cuErr(C.cuMemcpyDtoHAsync(unsafe.Pointer(&dst[0]), s.p, C.size_t(4*s.n), c.stream), "copy from the device"); err != nil {
+			return err
+		}
+		return cuErr(C.cuStreamSynchronize(c.stream), "copy from the device")
+	})
 }
 
-// devSlice dresses a device address as a []float32 for cuBLAS's Go API,
-// which takes &s[0] as the matrix's address; the slice is never read by
-// Go. (Reading the address out of p's memory keeps vet's
-// unsafe-pointer check satisfied: this is not Go memory.)
-func devSlice(b devBuf) []float32 {
-	return unsafe.Slice((*float32)(*(*unsafe.Pointer)(unsafe.Pointer(&b.p))), max(b.n, 1))
+// UploadAsync and DownloadAsync take page-locked memory from Pinned, which
+// is C memory: the driver may use it after the call.
+func (c *CUDA) UploadAsync(dst Buf, src []float32) error {
+	d := dev(dst)
+	if err := sameLen(d.n, len(src), "upload"); err != nil || d.n == 0 {
+		return err
+	}
+	return c.on(func() error {
+		return cuErr(C.cuMemcpyHtoDAsync(d.p, unsafe.Pointer(unsafe.SliceData(src)), C.size_t(4*d.n), c.stream), "copy to the device")
+	})
+}
+
+func (c *CUDA) DownloadAsync(dst []float32, src Buf) error {
+	s := dev(src)
+	if err := sameLen(len(dst), s.n, "download"); err != nil || s.n == 0 {
+		return err
+	}
+	return c.on(func() error {
+		return cuErr(C.cuMemcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(dst)), s.p, C.size_t(4*s.n), c.stream), "copy from the device")
+	})
+}
+
+func (c *CUDA) Zero(b Buf) error {
+	d := dev(b)
+	if d.n == 0 {
+		return nil
+	}
+	return c.on(func() error { return cuErr(C.cuMemsetD32Async(d.p, 0, C.size_t(d.n), c.stream), "zeroing") })
+}
+
+func (c *CUDA) Sync() error {
+	return c.on(func() error { return cuErr(C.cuStreamSynchronize(c.stream), "running the queued work") })
+}
+
+// Capture records what f queues into a CUDA graph, instantiates it and
+// launches it once; the replay launches it again.
+func (c *CUDA) Capture(f func() error) (func() error, error) {
+	var exec C.CUgraphExec
+	err := c.on(func() error {
+		if err := cuErr(C.rt_capture(c.stream), "starting a graph capture"); err != nil {
+			return err
+		}
+		ferr := f()
+		// f's calls ran on this locked thread too: c.on nests.
+		end := cuErr(C.rt_end_capture(c.stream, &exec), "capturing the step into a graph")
+		if ferr != nil {
+			if end == nil {
+				C.cuGraphExecDestroy(exec)
+			}
+			return ferr
+		}
+		return end
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.graphs = append(c.graphs, exec)
+	replay := func() error {
+		return c.on(func() error { return cuErr(C.cuGraphLaunch(exec, c.stream), "launching the step's graph") })
+	}
+	return replay, replay()
 }
 
 // Gemm is row-major; cuBLAS is column-major, and a row-major matrix is its
 // transpose in column-major, so C = A·B is computed as Cᵀ = Bᵀ·Aᵀ with
 // the operands swapped and the leading dimensions unchanged.
 func (c *CUDA) Gemm(transA, transB bool, m, n, k int, a, b Buf, beta float32, out Buf) error {
-	ta, tb, lda, ldb := gemmArgs(transA, transB, m, n, k)
+	_, _, lda, ldb := gemmArgs(transA, transB, m, n, k)
+	op := func(t bool) C.int {
+		if t {
+			return 1 // CUBLAS_OP_T
+		}
+		return 0
+	}
 	return c.on(func() error {
-		c.bl.Sgemm(tb, ta, n, m, k, 1, devSlice(dev(b)), ldb, devSlice(dev(a)), lda, beta, devSlice(dev(out)), n)
-		return c.bl.Err()
+		if r := C.rt_sgemm(&c.bl, op(transB), op(transA), C.int(n), C.int(m), C.int(k), dev(b).p, C.int(ldb), dev(a).p, C.int(lda),
+			C.float(beta), dev(out).p, C.int(n)); r != 0 {
+			return fmt.Errorf("engine: cuBLAS sgemm (%d×%d×%d): status %d", m, n, k, int(r))
+		}
+		return nil
 	})
 }
 
-// launch runs kernel name over n threads with the given arguments, each
-// widened to the 64-bit word gorgonia.org/cu passes.
-func (c *CUDA) launch(name string, n int, args ...any) error {
+// launch queues kernel name over n threads (grid blocks of block threads
+// when grid is given) with the given arguments, each widened to a 64-bit
+// word.
+func (c *CUDA) launch(name string, grid, block int, args ...any) error {
 	if want := ptx.Kernels[name]; want != len(args) {
 		return fmt.Errorf("engine: kernel %s takes %d arguments, given %d", name, want, len(args))
 	}
-	if n <= 0 {
+	if grid <= 0 {
 		return nil
 	}
-	words := make([]uint64, len(args))
-	ptrs := make([]unsafe.Pointer, len(args))
+	var words [16]C.uint64_t
 	for i, a := range args {
 		switch v := a.(type) {
 		case Buf:
-			words[i] = uint64(dev(v).p)
+			words[i] = C.uint64_t(dev(v).p)
 		case int:
-			words[i] = uint64(int64(v))
+			words[i] = C.uint64_t(int64(v))
 		default:
 			return fmt.Errorf("engine: kernel %s argument %d is a %T", name, i, a)
 		}
-		ptrs[i] = unsafe.Pointer(&words[i])
 	}
-	grid, block := Launch(n)
 	return c.on(func() error {
-		return c.fns[name].LaunchAndSync(grid, 1, 1, block, 1, 1, 0, cu.NoStream, ptrs)
+		return cuErr(C.rt_launch(c.fns[name], C.uint(grid), C.uint(block), c.stream, &words[0], C.int(len(args))), "kernel "+name)
 	})
 }
 
-func (c *CUDA) Im2col(x, col Buf, g Conv) error {
-	return c.launch("im2col", g.ColRows()*g.ColCols(), x, col, g.C, g.H, g.W, g.K, g.Pad, g.OH, g.OW)
+// over launches one thread per element of n.
+func (c *CUDA) over(name string, n int, args ...any) error {
+	grid, block := Launch(n)
+	return c.launch(name, grid, block, args...)
 }
 
-func (c *CUDA) Col2im(col, dx Buf, g Conv) error {
-	return c.launch("col2im", g.C*g.H*g.W, col, dx, g.C, g.H, g.W, g.K, g.Pad, g.OH, g.OW)
+func (c *CUDA) Im2colBatch(x, col Buf, g Conv, batch int) error {
+	return c.over("im2col_batch", g.ColRows()*batch*g.ColCols(), x, col, batch, g.C, g.H, g.W, g.K, g.Pad, g.OH, g.OW)
+}
+
+func (c *CUDA) Col2imBatch(col, dx Buf, g Conv, batch int) error {
+	return c.over("col2im_batch", batch*g.C*g.H*g.W, col, dx, batch, g.C, g.H, g.W, g.K, g.Pad, g.OH, g.OW)
+}
+
+func (c *CUDA) UnbatchBias(t, b, y Buf, batch, chans, inner int) error {
+	return c.over("unbatch_bias", batch*chans*inner, t, b, y, batch, chans, inner)
+}
+
+func (c *CUDA) Rebatch(y, t Buf, batch, chans, inner int) error {
+	return c.over("rebatch", batch*chans*inner, y, t, batch, chans, inner)
 }
 
 func (c *CUDA) BiasAdd(y, b Buf, rows, cols, inner int) error {
-	return c.launch("bias_add", rows*cols*inner, y, b, rows*cols*inner, cols, inner)
+	return c.over("bias_add", rows*cols*inner, y, b, rows*cols*inner, cols, inner)
 }
 
+// BiasGrad runs a block of blockSize threads per channel (see
+// biasGradBlock).
 func (c *CUDA) BiasGrad(dy, db Buf, rows, cols, inner int) error {
-	return c.launch("bias_grad", cols, dy, db, rows, cols, inner)
+	return c.launch("bias_grad", cols, blockSize, dy, db, rows, cols, inner)
 }
 
-func (c *CUDA) Relu(x, y Buf) error { return c.launch("relu", x.Len(), x, y, x.Len()) }
+func (c *CUDA) Relu(x, y Buf) error { return c.over("relu", x.Len(), x, y, x.Len()) }
 
 func (c *CUDA) ReluBackward(y, dy, dx Buf) error {
-	return c.launch("relu_backward", y.Len(), y, dy, dx, y.Len())
+	return c.over("relu_backward", y.Len(), y, dy, dx, y.Len())
 }
 
 func (c *CUDA) MaxPool(x, y Buf, g Pool) error {
-	return c.launch("max_pool", g.Planes*g.OH*g.OW, x, y, g.Planes, g.H, g.W, g.K, g.OH, g.OW)
+	return c.over("max_pool", g.Planes*g.OH*g.OW, x, y, g.Planes, g.H, g.W, g.K, g.OH, g.OW)
 }
 
 func (c *CUDA) MaxPoolBackward(x, dy, dx Buf, g Pool) error {
-	return c.launch("max_pool_backward", g.Planes*g.H*g.W, x, dy, dx, g.Planes, g.H, g.W, g.K, g.OH, g.OW)
+	return c.over("max_pool_backward", g.Planes*g.H*g.W, x, dy, dx, g.Planes, g.H, g.W, g.K, g.OH, g.OW)
 }
 
 func (c *CUDA) SoftmaxXent(logits, labels, grad, loss Buf, rows, n, classes int) error {
-	return c.launch("softmax_xent", rows, logits, labels, grad, loss, rows, n, classes)
+	return c.over("softmax_xent", rows, logits, labels, grad, loss, rows, n, classes)
 }
 
-// Close frees every buffer, cuBLAS, the kernels and the context.
+func (c *CUDA) NonFinite(g, flag Buf) error { return c.over("nonfinite", g.Len(), g, flag, g.Len()) }
+
+func (c *CUDA) SGD(p, g, v, hyper, skip Buf) error {
+	if v.Len() == 0 { // no momentum: the kernel never reads v
+		v = p
+	}
+	return c.over("sgd", p.Len(), p, g, v, hyper, skip, p.Len())
+}
+
+func (c *CUDA) Adam(p, g, m, v, hyper, skip Buf) error {
+	return c.over("adam", p.Len(), p, g, m, v, hyper, skip, p.Len())
+}
+
+// Close frees every buffer, graph and page, cuBLAS, the kernels and the
+// context.
 func (c *CUDA) Close() error {
 	return c.on(func() error {
 		var errs []error
-		for _, p := range c.mem {
-			errs = append(errs, cu.MemFree(p))
+		errs = append(errs, cuErr(C.cuStreamSynchronize(c.stream), "finishing"))
+		for _, g := range c.graphs {
+			errs = append(errs, cuErr(C.cuGraphExecDestroy(g), "freeing a graph"))
 		}
-		c.mem = nil
-		errs = append(errs, c.bl.Close(), c.mod.Unload(), c.ctx.Destroy())
+		C.rt_blas_close(&c.bl)
+		for _, p := range c.mem {
+			errs = append(errs, cuErr(C.cuMemFree(p), "freeing device memory"))
+		}
+		for _, p := range c.pinned {
+			errs = append(errs, cuErr(C.cuMemFreeHost(p), "freeing page-locked memory"))
+		}
+		c.graphs, c.mem, c.pinned = nil, nil, nil
+		errs = append(errs, cuErr(C.cuModuleUnload(c.mod), "unloading the kernels"), cuErr(C.cuStreamDestroy(c.stream), "destroying the stream"), c.ctx.Destroy())
 		return errors.Join(errs...)
 	})
 }

@@ -1,19 +1,27 @@
 // Package engine is ringtrain's own small compute engine for the layers of
-// the built-in models — linear, conv2d (im2col + GEMM), maxpool2d, ReLU,
-// flatten — and softmax cross-entropy. It exists for the GPU: gorgonia's
-// CUDA engine needs cuDNN, which cannot be had here, so the CUDA path is
-// this engine on gorgonia.org/cu and cuBLAS (build tag cuda), with its
-// kernels committed as PTX (package ptx).
+// the built-in models — linear, conv2d (im2col + GEMM over the whole
+// batch), maxpool2d, ReLU, flatten — softmax cross-entropy, and the SGD and
+// Adam updates. It exists for the GPU: gorgonia's CUDA engine needs cuDNN,
+// which cannot be had here, so the CUDA path is this engine on the CUDA
+// driver API (gorgonia.org/cu for the device and context) and cuBLAS
+// (opened at run time; build tag ringtrain_cuda), with its kernels
+// committed as PTX (package ptx).
 //
 // The network logic (Net: which primitive runs when, on which buffers) is
 // written once against Ops, the device primitives. Two Ops exist: Host, in
-// pure Go, and CUDA (cuda.go, -tags cuda). Host runs every elementwise
-// primitive by calling, for each thread index, the same function body the
-// CUDA kernel has (threads.go mirrors ptx/kernels.cu line for line), so the
-// index arithmetic the GPU will run is the one the tests check here. Net
-// with Host is tested against the gorgonia model's loss and gradients.
+// pure Go, and CUDA (cuda.go, -tags ringtrain_cuda). Host runs every
+// kernel by calling, for each thread index (or block), the same function
+// body the CUDA kernel has (threads.go mirrors ptx/kernels.cu line for
+// line), so the index arithmetic and the rounding the GPU will run are the
+// ones the tests check here. Net with Host is tested against the gorgonia
+// model's loss and gradients, and Optimizer against train.SGD and
+// train.Adam bit for bit.
 //
-// Net keeps parameters and gradients in host memory, as train.Model asks:
-// parameters go to the device before each forward pass and gradients come
-// back after each backward pass, for the ring.
+// Net keeps its parameters, and Optimizer its state, in device memory,
+// allocated once when they are built. A step queues its calls on one
+// stream and waits once; with a full batch it is replayed from a capture
+// (a CUDA graph). Only the gradients cross to the host, into page-locked
+// memory, for the ring to average — and on a ring of one, not even those.
+// Params brings the parameters to the host when something asks for them
+// (checkpoints, hashes, broadcasts) and sends back what it was given.
 package engine

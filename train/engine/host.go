@@ -16,14 +16,25 @@ func (b hostBuf) Len() int { return len(b) }
 
 func f32(b Buf) []float32 { return b.(hostBuf) }
 
-func (Host) Name() string                        { return "host" }
-func (Host) Alloc(n int) (Buf, error)            { return make(hostBuf, n), nil }
-func (Host) Slice(b Buf, off, n int) Buf         { return hostBuf(f32(b)[off : off+n : off+n]) }
-func (Host) Close() error                        { return nil }
-func (Host) Upload(dst Buf, src []float32) error { return copyChecked(f32(dst), src) }
-func (Host) Download(dst []float32, src Buf) error {
+func (Host) Name() string                             { return "host" }
+func (Host) Alloc(n int) (Buf, error)                 { return make(hostBuf, n), nil }
+func (Host) Free() (int64, int64)                     { return 0, 0 }
+func (Host) Slice(b Buf, off, n int) Buf              { return hostBuf(f32(b)[off : off+n : off+n]) }
+func (Host) Close() error                             { return nil }
+func (Host) Upload(dst Buf, src []float32) error      { return copyChecked(f32(dst), src) }
+func (Host) Download(dst []float32, src Buf) error    { return copyChecked(dst, f32(src)) }
+func (Host) Pinned(n int) ([]float32, error)          { return make([]float32, n), nil }
+func (Host) UploadAsync(dst Buf, src []float32) error { return copyChecked(f32(dst), src) }
+func (Host) DownloadAsync(dst []float32, src Buf) error {
 	return copyChecked(dst, f32(src))
 }
+func (Host) Zero(b Buf) error { clear(f32(b)); return nil }
+func (Host) Sync() error      { return nil }
+
+// Capture runs f, and its replay is f again: what the host engine reads
+// is read anew each time, which a CUDA graph does only through pinned
+// memory — Net keeps to that, and the CUDA tests hold the two together.
+func (Host) Capture(f func() error) (func() error, error) { return f, f() }
 
 func copyChecked(dst, src []float32) error {
 	if len(dst) != len(src) {
@@ -39,18 +50,34 @@ func (Host) Gemm(transA, transB bool, m, n, k int, a, b Buf, beta float32, c Buf
 	return nil
 }
 
-func (Host) Im2col(x, col Buf, g Conv) error {
+func (Host) Im2colBatch(x, col Buf, g Conv, batch int) error {
 	xs, cs := f32(x), f32(col)
-	for i := range g.ColRows() * g.ColCols() {
-		im2colThread(i, xs, cs, g)
+	for i := range g.ColRows() * batch * g.ColCols() {
+		im2colBatchThread(i, xs, cs, g, batch)
 	}
 	return nil
 }
 
-func (Host) Col2im(col, dx Buf, g Conv) error {
+func (Host) Col2imBatch(col, dx Buf, g Conv, batch int) error {
 	cs, d := f32(col), f32(dx)
-	for i := range g.C * g.H * g.W {
-		col2imThread(i, cs, d, g)
+	for i := range batch * g.C * g.H * g.W {
+		col2imBatchThread(i, cs, d, g, batch)
+	}
+	return nil
+}
+
+func (Host) UnbatchBias(t, b, y Buf, batch, chans, inner int) error {
+	ts, bs, ys := f32(t), f32(b), f32(y)
+	for i := range batch * chans * inner {
+		unbatchBiasThread(i, ts, bs, ys, batch, chans, inner)
+	}
+	return nil
+}
+
+func (Host) Rebatch(y, t Buf, batch, chans, inner int) error {
+	ys, ts := f32(y), f32(t)
+	for i := range batch * chans * inner {
+		rebatchThread(i, ys, ts, batch, chans, inner)
 	}
 	return nil
 }
@@ -65,7 +92,7 @@ func (Host) BiasAdd(y, b Buf, rows, cols, inner int) error {
 
 func (Host) BiasGrad(dy, db Buf, rows, cols, inner int) error {
 	for j := range cols {
-		biasGradThread(j, f32(dy), f32(db), rows, cols, inner)
+		biasGradBlock(j, f32(dy), f32(db), rows, cols, inner)
 	}
 	return nil
 }
@@ -103,6 +130,30 @@ func (Host) MaxPoolBackward(x, dy, dx Buf, g Pool) error {
 func (Host) SoftmaxXent(logits, labels, grad, loss Buf, rows, n, classes int) error {
 	for r := range rows {
 		softmaxXentThread(r, f32(logits), f32(labels), f32(grad), f32(loss), n, classes)
+	}
+	return nil
+}
+
+func (Host) NonFinite(g, flag Buf) error {
+	gs, fs := f32(g), f32(flag)
+	for i := range gs {
+		nonfiniteThread(i, gs, fs)
+	}
+	return nil
+}
+
+func (Host) SGD(p, g, v, hyper, skip Buf) error {
+	ps, gs, vs, hs, ss := f32(p), f32(g), f32(v), f32(hyper), f32(skip)
+	for i := range ps {
+		sgdThread(i, ps, gs, vs, hs, ss)
+	}
+	return nil
+}
+
+func (Host) Adam(p, g, m, v, hyper, skip Buf) error {
+	ps, gs, ms, vs, hs, ss := f32(p), f32(g), f32(m), f32(v), f32(hyper), f32(skip)
+	for i := range ps {
+		adamThread(i, ps, gs, ms, vs, hs, ss)
 	}
 	return nil
 }

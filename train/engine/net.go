@@ -3,12 +3,17 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/ringtrain/ringtrain/train"
 )
 
 // ErrUnsupported means a spec has a layer this engine does not have.
 var ErrUnsupported = errors.New("engine: layer not supported")
+
+// ErrOutOfMemory means the model and batch do not fit in the device's
+// memory.
+var ErrOutOfMemory = errors.New("engine: out of device memory")
 
 // layer is one step of the plan.
 type layer struct {
@@ -24,32 +29,102 @@ type layer struct {
 // on an Ops. It is a train.Model; its parameters are the ones
 // train.InitParams draws, in the same order, shapes and names as the
 // gorgonia model's, so the two start alike and share checkpoints.
+//
+// The parameters live on the device. Params hands out host copies, brought
+// down when asked for and sent back before the next step that follows (the
+// caller may have written them): checkpoints, the hash check, broadcasts
+// and resume see and set the device's values, and a step does not pay for
+// them. Net is also a train.Resident, and Optimizer binds an optimizer to
+// run on the device: then a step moves only the gradients to the host and
+// back, and a ring of one moves nothing but the batch in and the loss out.
 type Net struct {
 	ops     Ops
 	batch   int
 	classes int
+	inputs  int // values per sample
 	layers  []layer
-	params  [][]float32 // host: the optimizer's
-	grads   [][]float32 // host: for the ring
 	names   []string
-	dParams []Buf
+	nparams int
+	params  [][]float32 // host copies of the parameters
+	grads   [][]float32 // host: ForwardBackward's gradients
+	// hostOK: params hold the device's values; devOK: the device holds
+	// params' (false once Params has let a caller write them).
+	hostOK, devOK bool
+	logitsOK      bool // logits hold the last pass's
+
+	dParam  Buf   // every parameter, end to end
+	dGrad   Buf   // every gradient, end to end
+	dParams []Buf // views of dParam, one per tensor
 	dGrads  []Buf
 	acts    []Buf // acts[i] is layer i's input; the last, the logits
 	dActs   []Buf // gradients of the loss by acts
-	col     Buf   // one sample's im2col matrix, for the largest conv
-	dCol    Buf
+	cols    []Buf // per layer: a conv's im2col of its input, kept for backward
+	dCol    Buf   // the largest conv's
+	tmp     Buf   // the largest conv's channel-major output or gradient
 	labels  Buf
-	dLoss   Buf       // per-row losses
-	xPad    []float32 // a whole batch of input, zero-padded
-	yHost   []float32 // labels as floats
-	lossRow []float32
-	logits  []float32
+	dLoss   Buf // per-row losses
+	flags   Buf // [0]: the gradients hold a NaN or Inf; [1]: always 0; [2]: the averaged ones do
+	hyper   Buf // the optimizer's hyperparameters
+
+	xPin, yPin, lossPin, flagPin, hyperPin []float32 // page-locked staging
+	flatPin                                []float32 // the replica's flat buffer
+	logits                                 []float32
+	err                                    error // sticky: a failed optimizer Step
+
+	// Graph makes full-batch steps replay a captured queue of calls (a CUDA
+	// graph on a GPU) after one warm-up step that runs call by call, so
+	// libraries set themselves up (cuBLAS its workspace) outside the
+	// capture. On by default.
+	Graph bool
+	fb    replayer // ForwardBackwardFlat's
 }
 
-var _ train.Model = (*Net)(nil)
+// replayer is one captured queue of calls and what it was captured for.
+type replayer struct {
+	key    *float32 // the host memory it copies to or from
+	warm   bool
+	replay func() error
+}
 
-// New builds the network of cfg on ops; the Net owns ops from then on.
+// run runs queue: replayed from a capture when replay is allowed and the
+// Net's Graph is on, else call by call.
+func (n *Net) run(r *replayer, key *float32, replay bool, queue func() error) error {
+	if !replay || !n.Graph {
+		return queue()
+	}
+	if r.key != key { // captured for other memory: capture again
+		*r = replayer{key: key}
+	}
+	switch {
+	case r.replay != nil:
+		return r.replay()
+	case !r.warm:
+		r.warm = true
+		return queue()
+	}
+	var err error
+	r.replay, err = n.ops.Capture(queue)
+	return err
+}
+
+var (
+	_ train.Model    = (*Net)(nil)
+	_ train.Resident = (*Net)(nil)
+)
+
+// align keeps every buffer of the arena on a 256-byte boundary, which
+// cuBLAS and coalesced loads like.
+const align = 64
+
+// New builds the network of cfg on ops; the Net owns ops from then on. All
+// device memory a step needs is allocated here, at once: a model or batch
+// too large for the device fails now, with the sizes, not mid-step.
 func New(ops Ops, cfg train.ModelConfig) (_ *Net, err error) {
+	defer func() {
+		if err != nil {
+			ops.Close()
+		}
+	}()
 	shapes, err := cfg.Spec.Shapes()
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
@@ -61,12 +136,6 @@ func New(ops Ops, cfg train.ModelConfig) (_ *Net, err error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &Net{ops: ops, batch: cfg.Batch, classes: shapes[len(shapes)-1][0]}
-	defer func() {
-		if err != nil {
-			ops.Close()
-		}
-	}()
 	size := func(s []int) int {
 		v := 1
 		for _, d := range s {
@@ -74,8 +143,9 @@ func New(ops Ops, cfg train.ModelConfig) (_ *Net, err error) {
 		}
 		return v
 	}
+	n := &Net{ops: ops, batch: cfg.Batch, classes: shapes[len(shapes)-1][0], inputs: size(cfg.Spec.Input)}
 	in := cfg.Spec.Input
-	maxCol := 0
+	maxCol, maxTmp := 0, 0
 	for i, l := range cfg.Spec.Layers {
 		ly := layer{kind: l.Type, in: size(in), out: size(shapes[i]), w: -1, b: -1}
 		switch l.Type {
@@ -86,6 +156,7 @@ func New(ops Ops, cfg train.ModelConfig) (_ *Net, err error) {
 			ly.conv = NewConv(in[0], in[1], in[2], l.Kernel, l.Pad)
 			ly.outC = l.Out
 			maxCol = max(maxCol, ly.conv.ColRows()*ly.conv.ColCols())
+			maxTmp = max(maxTmp, ly.outC*ly.conv.ColCols())
 		case "maxpool2d":
 			ly.pool = NewPool(in[0], in[1], in[2], l.Kernel)
 		case "relu", "flatten":
@@ -98,48 +169,91 @@ func New(ops Ops, cfg train.ModelConfig) (_ *Net, err error) {
 				n.params = append(n.params, p.Data)
 				n.grads = append(n.grads, make([]float32, len(p.Data)))
 				n.names = append(n.names, p.Name)
+				n.nparams += len(p.Data)
 			}
 		}
 		n.layers = append(n.layers, ly)
 		in = shapes[i]
 	}
-	alloc := func(size int) Buf {
+
+	// Plan the arena, then allocate it in one piece.
+	var plan []int
+	want := func(size int) int {
+		plan = append(plan, size)
+		return len(plan) - 1
+	}
+	iParam, iGrad := want(n.nparams), want(n.nparams)
+	iAct, iDAct := []int{want(n.batch * n.inputs)}, []int{want(n.batch * n.inputs)}
+	iCol := make([]int, len(n.layers))
+	for k, ly := range n.layers {
+		iCol[k] = -1
+		if ly.kind == "flatten" { // the same values, seen flat
+			iAct, iDAct = append(iAct, iAct[len(iAct)-1]), append(iDAct, iDAct[len(iDAct)-1])
+			continue
+		}
+		iAct, iDAct = append(iAct, want(n.batch*ly.out)), append(iDAct, want(n.batch*ly.out))
+		if ly.kind == "conv2d" {
+			iCol[k] = want(n.batch * ly.conv.ColRows() * ly.conv.ColCols())
+		}
+	}
+	iDCol, iTmp := want(n.batch*maxCol), want(n.batch*maxTmp)
+	iLabels, iLoss, iFlags, iHyper := want(n.batch), want(n.batch), want(3), want(8)
+	offs := make([]int, len(plan))
+	total := 0
+	for k, s := range plan {
+		offs[k] = total
+		total += (s + align - 1) / align * align
+	}
+	arena, err := ops.Alloc(total)
+	if err != nil {
+		free, all := ops.Free()
+		return nil, fmt.Errorf("engine: %d parameters at batch %d need %.1f MiB of device memory on %s (%.1f MiB free of %.1f); try a smaller batch: %w: %w",
+			n.nparams, n.batch, mib(4*int64(total)), ops.Name(), mib(free), mib(all), ErrOutOfMemory, err)
+	}
+	buf := func(k int) Buf {
+		if k < 0 {
+			return nil
+		}
+		return ops.Slice(arena, offs[k], plan[k])
+	}
+	n.dParam, n.dGrad = buf(iParam), buf(iGrad)
+	o := 0
+	for _, p := range n.params {
+		n.dParams = append(n.dParams, ops.Slice(n.dParam, o, len(p)))
+		n.dGrads = append(n.dGrads, ops.Slice(n.dGrad, o, len(p)))
+		o += len(p)
+	}
+	for k := range iAct {
+		n.acts, n.dActs = append(n.acts, buf(iAct[k])), append(n.dActs, buf(iDAct[k]))
+	}
+	for _, k := range iCol {
+		n.cols = append(n.cols, buf(k))
+	}
+	n.dCol, n.tmp = buf(iDCol), buf(iTmp)
+	n.labels, n.dLoss, n.flags, n.hyper = buf(iLabels), buf(iLoss), buf(iFlags), buf(iHyper)
+
+	pin := func(size int) []float32 {
 		if err != nil {
 			return nil
 		}
-		var b Buf
-		b, err = ops.Alloc(size)
-		return b
+		var p []float32
+		p, err = ops.Pinned(size)
+		return p
 	}
-	for _, p := range n.params {
-		n.dParams = append(n.dParams, alloc(len(p)))
-		n.dGrads = append(n.dGrads, alloc(len(p)))
-	}
-	first := size(cfg.Spec.Input)
-	n.acts = []Buf{alloc(n.batch * first)}
-	n.dActs = []Buf{alloc(n.batch * first)}
-	for _, ly := range n.layers {
-		if ly.kind == "flatten" { // the same values, seen flat
-			n.acts = append(n.acts, n.acts[len(n.acts)-1])
-			n.dActs = append(n.dActs, n.dActs[len(n.dActs)-1])
-			continue
-		}
-		n.acts = append(n.acts, alloc(n.batch*ly.out))
-		n.dActs = append(n.dActs, alloc(n.batch*ly.out))
-	}
-	if maxCol > 0 {
-		n.col, n.dCol = alloc(maxCol), alloc(maxCol)
-	}
-	n.labels, n.dLoss = alloc(n.batch), alloc(n.batch)
+	n.xPin, n.yPin, n.lossPin = pin(n.batch*n.inputs), pin(n.batch), pin(n.batch)
+	n.flagPin, n.hyperPin = pin(3), pin(8)
 	if err != nil {
-		return nil, fmt.Errorf("engine: allocating on %s: %w", ops.Name(), err)
+		return nil, fmt.Errorf("engine: page-locked host memory for %s: %w", ops.Name(), err)
 	}
-	n.xPad = make([]float32, n.batch*first)
-	n.yHost = make([]float32, n.batch)
-	n.lossRow = make([]float32, n.batch)
 	n.logits = make([]float32, n.batch*n.classes)
+	n.hostOK, n.Graph = true, true
+	if err := n.ensureDevice(); err != nil {
+		return nil, err
+	}
 	return n, nil
 }
+
+func mib(b int64) float64 { return float64(b) / (1 << 20) }
 
 // errs keeps the first error of a run of calls.
 type errs struct{ err error }
@@ -150,68 +264,211 @@ func (e *errs) do(err error) {
 	}
 }
 
-// ForwardBackward computes the mean loss of the first n samples and its
-// gradients, which it leaves in Grads (host memory).
-func (n *Net) ForwardBackward(x []float32, y []int, rows int) (float32, error) {
-	loss, err := n.forward(x, y, rows)
-	if err != nil {
-		return 0, err
+// ensureDevice sends the host's parameters to the device if a caller of
+// Params may have changed them.
+func (n *Net) ensureDevice() error {
+	if n.err != nil {
+		return n.err
+	}
+	if n.devOK {
+		return nil
 	}
 	var e errs
-	for i := len(n.layers) - 1; i >= 0; i-- {
-		e.do(n.backward(i))
-	}
-	for i, g := range n.dGrads {
-		e.do(n.ops.Download(n.grads[i], g))
-	}
-	if e.err != nil {
-		return 0, fmt.Errorf("engine: backward on %s: %w", n.ops.Name(), e.err)
-	}
-	return loss, nil
-}
-
-// Forward computes the loss and the logits alone.
-func (n *Net) Forward(x []float32, y []int, rows int) (float32, error) {
-	return n.forward(x, y, rows)
-}
-
-func (n *Net) forward(x []float32, y []int, rows int) (float32, error) {
-	per := len(n.xPad) / n.batch
-	if rows < 1 || rows > n.batch || len(x) != rows*per || len(y) != rows {
-		return 0, fmt.Errorf("engine: batch of %d samples with %d values and %d labels; model takes up to %d samples of %d values",
-			rows, len(x), len(y), n.batch, per)
-	}
-	copy(n.xPad, x)
-	clear(n.xPad[len(x):])
-	clear(n.yHost)
-	for i, l := range y {
-		if l < 0 || l >= n.classes {
-			return 0, fmt.Errorf("engine: label %d of sample %d outside [0, %d)", l, i, n.classes)
-		}
-		n.yHost[i] = float32(l)
-	}
-	var e errs
-	e.do(n.ops.Upload(n.acts[0], n.xPad))
-	e.do(n.ops.Upload(n.labels, n.yHost))
 	for i, p := range n.params {
 		e.do(n.ops.Upload(n.dParams[i], p))
 	}
+	if e.err != nil {
+		return fmt.Errorf("engine: parameters to %s: %w", n.ops.Name(), e.err)
+	}
+	n.devOK = true
+	return nil
+}
+
+// updated records that the device's parameters changed.
+func (n *Net) updated() { n.hostOK, n.logitsOK = false, false }
+
+// begin readies the parameters and stages a batch, as every pass starts.
+func (n *Net) begin(x []float32, y []int, rows int) error {
+	if err := n.ensureDevice(); err != nil {
+		return err
+	}
+	return n.stage(x, y, rows)
+}
+
+// stage checks a batch and puts it in page-locked memory.
+func (n *Net) stage(x []float32, y []int, rows int) error {
+	if rows < 1 || rows > n.batch || len(x) != rows*n.inputs || len(y) != rows {
+		return fmt.Errorf("engine: batch of %d samples with %d values and %d labels; model takes up to %d samples of %d values",
+			rows, len(x), len(y), n.batch, n.inputs)
+	}
+	for i, l := range y {
+		if l < 0 || l >= n.classes {
+			return fmt.Errorf("engine: label %d of sample %d outside [0, %d)", l, i, n.classes)
+		}
+	}
+	copy(n.xPin, x)
+	clear(n.xPin[len(x):])
+	clear(n.yPin)
+	for i, l := range y {
+		n.yPin[i] = float32(l)
+	}
+	return nil
+}
+
+// queueForward queues the batch's upload, the forward pass and the loss.
+func (n *Net) queueForward(rows int) error {
+	var e errs
+	e.do(n.ops.UploadAsync(n.acts[0], n.xPin))
+	e.do(n.ops.UploadAsync(n.labels, n.yPin))
 	for i := range n.layers {
 		e.do(n.forwardLayer(i))
 	}
 	logits := n.acts[len(n.acts)-1]
 	dLogits := n.dActs[len(n.dActs)-1]
 	e.do(n.ops.SoftmaxXent(logits, n.labels, dLogits, n.dLoss, n.batch, rows, n.classes))
-	e.do(n.ops.Download(n.lossRow, n.dLoss))
-	e.do(n.ops.Download(n.logits, logits))
+	e.do(n.ops.DownloadAsync(n.lossPin, n.dLoss))
+	return e.err
+}
+
+func (n *Net) queueBackward() error {
+	var e errs
+	for i := len(n.layers) - 1; i >= 0; i-- {
+		e.do(n.backward(i))
+	}
+	return e.err
+}
+
+// loss is the mean of the first rows losses, summed on the host in row
+// order (the same bits on every device).
+func (n *Net) loss(rows int) float32 {
+	sum := float32(0)
+	for _, l := range n.lossPin[:rows] {
+		sum += l
+	}
+	return sum / float32(rows)
+}
+
+// ForwardBackward computes the mean loss of the first n samples and its
+// gradients, which it leaves in Grads (host memory).
+func (n *Net) ForwardBackward(x []float32, y []int, rows int) (float32, error) {
+	if err := n.begin(x, y, rows); err != nil {
+		return 0, err
+	}
+	var e errs
+	e.do(n.queueForward(rows))
+	e.do(n.queueBackward())
+	e.do(n.ops.Sync())
+	for i, g := range n.dGrads {
+		e.do(n.ops.Download(n.grads[i], g))
+	}
+	if e.err != nil {
+		return 0, fmt.Errorf("engine: forward and backward on %s: %w", n.ops.Name(), e.err)
+	}
+	n.logitsOK = false
+	return n.loss(rows), nil
+}
+
+// FlatBuffer returns size values of page-locked host memory for the
+// replica's flat buffer; ForwardBackwardFlat copies into it without a
+// staging copy. A larger size than before gets new memory (the old stays
+// until Close).
+func (n *Net) FlatBuffer(size int) ([]float32, error) {
+	if cap(n.flatPin) < size {
+		p, err := n.ops.Pinned(size)
+		if err != nil {
+			return nil, fmt.Errorf("engine: %d values of page-locked host memory: %w", size, err)
+		}
+		n.flatPin = p
+	}
+	n.flatPin = n.flatPin[:size]
+	clear(n.flatPin)
+	return n.flatPin, nil
+}
+
+// pinned reports whether v starts the flat buffer, so async copies may
+// use it.
+func (n *Net) pinned(v []float32) bool {
+	return len(v) > 0 && len(n.flatPin) > 0 && &v[0] == &n.flatPin[0]
+}
+
+// ForwardBackwardFlat is ForwardBackward leaving the gradients end to end
+// in flat[:P] (P the values of all Params), checked for NaN and Inf on the
+// device: bad is the first tensor that holds one, or -1.
+func (n *Net) ForwardBackwardFlat(x []float32, y []int, rows int, flat []float32) (loss float32, bad int, err error) {
+	if len(flat) < n.nparams {
+		return 0, -1, fmt.Errorf("engine: flat buffer of %d values for %d gradients", len(flat), n.nparams)
+	}
+	if err := n.begin(x, y, rows); err != nil {
+		return 0, -1, err
+	}
+	var e errs
+	if n.pinned(flat) {
+		e.do(n.run(&n.fb, &flat[0], rows == n.batch, func() error {
+			var q errs
+			q.do(n.queueForward(rows))
+			q.do(n.queueBackward())
+			q.do(n.queueCheck())
+			q.do(n.ops.DownloadAsync(n.flagPin[:1], n.ops.Slice(n.flags, 0, 1)))
+			q.do(n.ops.DownloadAsync(flat[:n.nparams], n.dGrad))
+			return q.err
+		}))
+		e.do(n.ops.Sync())
+	} else {
+		e.do(n.queueForward(rows))
+		e.do(n.queueBackward())
+		e.do(n.queueCheck())
+		e.do(n.ops.DownloadAsync(n.flagPin[:1], n.ops.Slice(n.flags, 0, 1)))
+		e.do(n.ops.Sync())
+		e.do(n.ops.Download(flat[:n.nparams], n.dGrad))
+	}
+	if e.err != nil {
+		return 0, -1, fmt.Errorf("engine: forward and backward on %s: %w", n.ops.Name(), e.err)
+	}
+	n.logitsOK = false
+	bad = -1
+	if n.flagPin[0] != 0 {
+		bad = firstNonFinite(flat[:n.nparams], n.params)
+	}
+	return n.loss(rows), bad, nil
+}
+
+// queueCheck sets flags[0] to whether the gradients hold a NaN or Inf.
+func (n *Net) queueCheck() error {
+	flag := n.ops.Slice(n.flags, 0, 1)
+	if err := n.ops.Zero(flag); err != nil {
+		return err
+	}
+	return n.ops.NonFinite(n.dGrad, flag)
+}
+
+// firstNonFinite returns the index of the first tensor (laid end to end
+// in flat with the lengths of like) that holds a NaN or Inf, or -1.
+func firstNonFinite(flat []float32, like [][]float32) int {
+	o := 0
+	for i, t := range like {
+		for _, v := range flat[o : o+len(t)] {
+			if f := float64(v); math.IsNaN(f) || math.IsInf(f, 0) {
+				return i
+			}
+		}
+		o += len(t)
+	}
+	return -1
+}
+
+// Forward computes the loss and the logits alone.
+func (n *Net) Forward(x []float32, y []int, rows int) (float32, error) {
+	if err := n.begin(x, y, rows); err != nil {
+		return 0, err
+	}
+	var e errs
+	e.do(n.queueForward(rows))
+	e.do(n.ops.Sync())
 	if e.err != nil {
 		return 0, fmt.Errorf("engine: forward on %s: %w", n.ops.Name(), e.err)
 	}
-	sum := float32(0)
-	for _, l := range n.lossRow[:rows] {
-		sum += l
-	}
-	return sum / float32(rows), nil
+	n.logitsOK = false
+	return n.loss(rows), nil
 }
 
 func (n *Net) forwardLayer(i int) error {
@@ -223,17 +480,18 @@ func (n *Net) forwardLayer(i int) error {
 		}
 		return ops.BiasAdd(y, n.dParams[ly.b], n.batch, ly.out, 1)
 	case "conv2d":
-		g := ly.conv
-		col := ops.Slice(n.col, 0, g.ColRows()*g.ColCols())
-		for s := range n.batch {
-			if err := ops.Im2col(ops.Slice(x, s*ly.in, ly.in), col, g); err != nil {
-				return err
-			}
-			if err := ops.Gemm(false, false, ly.outC, g.ColCols(), g.ColRows(), n.dParams[ly.w], col, 0, ops.Slice(y, s*ly.out, ly.out)); err != nil {
-				return err
-			}
+		// One im2col and one GEMM for the whole batch: the GEMM's output is
+		// channel-major (outC × batch·P), turned batch-major with the bias.
+		g, P := ly.conv, ly.conv.ColCols()
+		col := n.cols[i]
+		t := ops.Slice(n.tmp, 0, ly.outC*n.batch*P)
+		if err := ops.Im2colBatch(x, col, g, n.batch); err != nil {
+			return err
 		}
-		return ops.BiasAdd(y, n.dParams[ly.b], n.batch, ly.outC, g.ColCols())
+		if err := ops.Gemm(false, false, ly.outC, n.batch*P, g.ColRows(), n.dParams[ly.w], col, 0, t); err != nil {
+			return err
+		}
+		return ops.UnbatchBias(t, n.dParams[ly.b], y, n.batch, ly.outC, P)
 	case "maxpool2d":
 		g := ly.pool
 		g.Planes *= n.batch
@@ -261,33 +519,26 @@ func (n *Net) backward(i int) error {
 			return ops.Gemm(false, true, n.batch, ly.in, ly.out, dy, n.dParams[ly.w], 0, dx)
 		}
 	case "conv2d":
-		g := ly.conv
-		col := ops.Slice(n.col, 0, g.ColRows()*g.ColCols())
-		dCol := ops.Slice(n.dCol, 0, g.ColRows()*g.ColCols())
-		if err := ops.BiasGrad(dy, n.dGrads[ly.b], n.batch, ly.outC, g.ColCols()); err != nil {
+		g, P := ly.conv, ly.conv.ColCols()
+		col := n.cols[i] // forward's im2col of x
+		t := ops.Slice(n.tmp, 0, ly.outC*n.batch*P)
+		if err := ops.Rebatch(dy, t, n.batch, ly.outC, P); err != nil {
 			return err
 		}
-		for s := range n.batch {
-			dys := ops.Slice(dy, s*ly.out, ly.out)
-			if err := ops.Im2col(ops.Slice(x, s*ly.in, ly.in), col, g); err != nil {
+		// t is outC rows of batch·P: the bias gradient sums each row, and
+		// the weight gradient sums over the batch inside one GEMM.
+		if err := ops.BiasGrad(t, n.dGrads[ly.b], 1, ly.outC, n.batch*P); err != nil {
+			return err
+		}
+		if err := ops.Gemm(false, true, ly.outC, g.ColRows(), n.batch*P, t, col, 0, n.dGrads[ly.w]); err != nil {
+			return err
+		}
+		if needDx {
+			dCol := ops.Slice(n.dCol, 0, g.ColRows()*n.batch*P)
+			if err := ops.Gemm(true, false, g.ColRows(), n.batch*P, ly.outC, n.dParams[ly.w], t, 0, dCol); err != nil {
 				return err
 			}
-			beta := float32(1) // sum over the samples
-			if s == 0 {
-				beta = 0
-			}
-			if err := ops.Gemm(false, true, ly.outC, g.ColRows(), g.ColCols(), dys, col, beta, n.dGrads[ly.w]); err != nil {
-				return err
-			}
-			if !needDx {
-				continue
-			}
-			if err := ops.Gemm(true, false, g.ColRows(), g.ColCols(), ly.outC, n.dParams[ly.w], dys, 0, dCol); err != nil {
-				return err
-			}
-			if err := ops.Col2im(dCol, ops.Slice(dx, s*ly.in, ly.in), g); err != nil {
-				return err
-			}
+			return ops.Col2imBatch(dCol, dx, g, n.batch)
 		}
 	case "maxpool2d":
 		if needDx {
@@ -303,12 +554,41 @@ func (n *Net) backward(i int) error {
 	return nil
 }
 
-func (n *Net) Params() [][]float32  { return n.params }
+// Params returns host copies of the parameters, brought from the device
+// if a step changed them since. The caller may write them: the next step
+// sends them back first.
+func (n *Net) Params() [][]float32 {
+	if !n.hostOK && n.err == nil {
+		var e errs
+		e.do(n.ops.Sync())
+		for i, p := range n.params {
+			e.do(n.ops.Download(p, n.dParams[i]))
+		}
+		if e.err != nil {
+			// Params cannot fail; the next step does, with this.
+			n.err = fmt.Errorf("engine: parameters from %s: %w", n.ops.Name(), e.err)
+		} else {
+			n.hostOK = true
+		}
+	}
+	n.devOK = false
+	return n.params
+}
+
 func (n *Net) Grads() [][]float32   { return n.grads }
 func (n *Net) ParamNames() []string { return n.names }
 
-// Logits returns the outputs of the last Forward or ForwardBackward.
-func (n *Net) Logits() []float32 { return n.logits }
+// Logits returns the outputs of the last Forward or ForwardBackward (read
+// from the device when first asked for after it).
+func (n *Net) Logits() []float32 {
+	if !n.logitsOK && n.err == nil {
+		if err := n.ops.Download(n.logits, n.acts[len(n.acts)-1]); err != nil {
+			n.err = fmt.Errorf("engine: logits from %s: %w", n.ops.Name(), err)
+		}
+		n.logitsOK = true
+	}
+	return n.logits
+}
 
 // Device names the Ops the net runs on.
 func (n *Net) Device() string { return n.ops.Name() }

@@ -11,25 +11,58 @@ type Buf interface {
 // Ops are the primitives Net is written against, on buffers in the
 // device's memory. Matrices are row-major. Every call may fail (a device
 // can), and no call keeps a slice it is given.
+//
+// Calls are ordered as they are made but may return before the device has
+// run them (on a GPU they are queued on one stream): the Go memory passed
+// to Upload and Download is done with when they return; memory from Pinned,
+// passed to the Async calls, only after Sync.
 type Ops interface {
 	// Name says which device, for logs.
 	Name() string
+	// Alloc returns n values of device memory, zeroed.
 	Alloc(n int) (Buf, error)
+	// Free says how many bytes of device memory are free, and how many the
+	// device has; 0, 0 where it does not tell.
+	Free() (free, total int64)
 	// Slice is n values of b from off on, sharing b's memory.
 	Slice(b Buf, off, n int) Buf
 	Upload(dst Buf, src []float32) error
 	Download(dst []float32, src Buf) error
+	// Pinned returns n values of host memory the device copies to and from
+	// without a staging copy (page-locked on a GPU). It lives until Close.
+	Pinned(n int) ([]float32, error)
+	// UploadAsync and DownloadAsync copy from and to memory from Pinned,
+	// in order with the other calls; the host side may be touched again
+	// only after Sync.
+	UploadAsync(dst Buf, src []float32) error
+	DownloadAsync(dst []float32, src Buf) error
+	// Zero sets b to zeros.
+	Zero(b Buf) error
+	// Sync waits until every call made so far has run.
+	Sync() error
+	// Capture runs f and returns a replay of what it queued: on a GPU, the
+	// calls captured into a CUDA graph, launched as one. What f reads from
+	// the host when it is called is read again on replay only through
+	// memory from Pinned; everything else is fixed at capture.
+	Capture(f func() error) (replay func() error, err error)
 	// Gemm sets c (m×n) to op(a)·op(b) + beta·c, op transposing when asked;
 	// op(a) is m×k and op(b) k×n.
 	Gemm(transA, transB bool, m, n, k int, a, b Buf, beta float32, c Buf) error
-	// Im2col unrolls one sample x (C×H×W) into col ((C·K·K) × (OH·OW)).
-	Im2col(x, col Buf, g Conv) error
-	// Col2im is Im2col's adjoint: dx (C×H×W) gets the sum of the col
-	// entries taken from each place.
-	Col2im(col, dx Buf, g Conv) error
+	// Im2colBatch unrolls a batch x (batch×C×H×W) into col ((C·K·K) ×
+	// (batch·OH·OW)): one GEMM then convolves the whole batch.
+	Im2colBatch(x, col Buf, g Conv, batch int) error
+	// Col2imBatch is Im2colBatch's adjoint: dx gets, for every input place,
+	// the sum of the col entries taken from it.
+	Col2imBatch(col, dx Buf, g Conv, batch int) error
+	// UnbatchBias sets y[s, c, p] to t[c, s, p] + b[c] (batch × chans ×
+	// inner values): the batched GEMM's output in the layout layers read.
+	UnbatchBias(t, b, y Buf, batch, chans, inner int) error
+	// Rebatch sets t[c, s, p] to y[s, c, p], the other way.
+	Rebatch(y, t Buf, batch, chans, inner int) error
 	// BiasAdd adds b[c] to every y[r, c, i] of y (rows × cols × inner).
 	BiasAdd(y, b Buf, rows, cols, inner int) error
-	// BiasGrad sets db[c] to the sum of dy[r, c, i] over r and i.
+	// BiasGrad sets db[c] to the sum of dy[r, c, i] over r and i, in an
+	// order fixed by the shape alone.
 	BiasGrad(dy, db Buf, rows, cols, inner int) error
 	Relu(x, y Buf) error
 	ReluBackward(y, dy, dx Buf) error
@@ -39,8 +72,24 @@ type Ops interface {
 	// row) and writes grad, the gradient of the mean loss of the first n
 	// rows, and loss, each row's loss (0 past n).
 	SoftmaxXent(logits, labels, grad, loss Buf, rows, n, classes int) error
+	// NonFinite sets flag[0] to 1 if any of g is NaN or Inf (and leaves it
+	// otherwise).
+	NonFinite(g, flag Buf) error
+	// SGD and Adam are train.SGD's and train.Adam's updates of p from g,
+	// bit for bit, with their hyperparameters in hyper (see sgdThread and
+	// adamThread), skipped when skip[0] is not 0.
+	SGD(p, g, v, hyper, skip Buf) error
+	Adam(p, g, m, v, hyper, skip Buf) error
 	// Close frees what the Ops hold; buffers die with it.
 	Close() error
+}
+
+// CUDAOptions are the CUDA engine's settings.
+type CUDAOptions struct {
+	// TF32 lets cuBLAS multiply on tensor cores in TF32 (10-bit
+	// mantissas): faster GEMMs, with relative errors near 1e-3 instead of
+	// float32's 1e-7. Off by default.
+	TF32 bool
 }
 
 // gemmArgs turns Gemm's row-major request into BLAS's transpose flags and

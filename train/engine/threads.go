@@ -8,13 +8,16 @@ import "math"
 // (blockIdx.x·blockDim.x + threadIdx.x); the kernels return for i ≥ n, as
 // the loops that call these never reach.
 
-// im2colThread: thread i writes col[i] of the (C·K·K) × (OH·OW) matrix:
-// the input value that kernel tap (c, ky, kx) sees at output (oy, ox), or 0
-// in the padding.
-func im2colThread(i int, x, col []float32, g Conv) {
-	ox := i % g.OW
-	oy := (i / g.OW) % g.OH
-	r := i / (g.OW * g.OH) // row of col: (c, ky, kx)
+// im2colBatchThread: thread i writes col[i] of the (C·K·K) × (B·OH·OW)
+// matrix: row r = (c, ky, kx), column s·OH·OW + p; the input value of
+// sample s that tap r sees at output position p, or 0 in the padding.
+func im2colBatchThread(i int, x, col []float32, g Conv, batch int) {
+	P := g.OH * g.OW
+	p := i % P
+	s := (i / P) % batch
+	r := i / (P * batch)
+	ox := p % g.OW
+	oy := p / g.OW
 	kx := r % g.K
 	ky := (r / g.K) % g.K
 	c := r / (g.K * g.K)
@@ -22,18 +25,20 @@ func im2colThread(i int, x, col []float32, g Conv) {
 	xx := ox + kx - g.Pad
 	v := float32(0)
 	if y >= 0 && y < g.H && xx >= 0 && xx < g.W {
-		v = x[(c*g.H+y)*g.W+xx]
+		v = x[((s*g.C+c)*g.H+y)*g.W+xx]
 	}
 	col[i] = v
 }
 
-// col2imThread: thread i writes dx[i], input (c, y, x): the sum of every
-// col entry im2col took from it. A gather, so no two threads write the same
-// place and no atomics are needed.
-func col2imThread(i int, col, dx []float32, g Conv) {
+// col2imBatchThread: thread i writes dx[i], input (s, c, y, x): the sum of
+// every col entry im2col took from it. A gather, so no two threads write
+// the same place and no atomics are needed.
+func col2imBatchThread(i int, col, dx []float32, g Conv, batch int) {
+	P := g.OH * g.OW
 	xx := i % g.W
 	y := (i / g.W) % g.H
-	c := i / (g.W * g.H)
+	c := (i / (g.W * g.H)) % g.C
+	s := i / (g.W * g.H * g.C)
 	sum := float32(0)
 	for ky := 0; ky < g.K; ky++ {
 		oy := y + g.Pad - ky
@@ -46,10 +51,26 @@ func col2imThread(i int, col, dx []float32, g Conv) {
 				continue
 			}
 			r := (c*g.K+ky)*g.K + kx
-			sum += col[r*g.OH*g.OW+oy*g.OW+ox]
+			sum += col[(r*batch+s)*P+oy*g.OW+ox]
 		}
 	}
 	dx[i] = sum
+}
+
+// unbatchBiasThread: y[s, c, p] = t[c, s, p] + b[c].
+func unbatchBiasThread(i int, t, b, y []float32, batch, chans, inner int) {
+	p := i % inner
+	c := (i / inner) % chans
+	s := i / (inner * chans)
+	y[i] = t[(c*batch+s)*inner+p] + b[c]
+}
+
+// rebatchThread: t[c, s, p] = y[s, c, p].
+func rebatchThread(i int, y, t []float32, batch, chans, inner int) {
+	p := i % inner
+	s := (i / inner) % batch
+	c := i / (inner * batch)
+	t[i] = y[(s*chans+c)*inner+p]
 }
 
 // biasAddThread: y[i] += b[channel of i], y being rows × cols × inner.
@@ -57,17 +78,26 @@ func biasAddThread(i int, y, b []float32, cols, inner int) {
 	y[i] += b[(i/inner)%cols]
 }
 
-// biasGradThread: thread j (one per channel) writes db[j], the sum of dy
-// over rows and inner positions of channel j.
-func biasGradThread(j int, dy, db []float32, rows, cols, inner int) {
-	sum := float32(0)
-	for r := 0; r < rows; r++ {
-		base := (r*cols + j) * inner
-		for k := 0; k < inner; k++ {
-			sum += dy[base+k]
+// biasGradBlock: block j writes db[j], the sum of dy over rows and inner
+// positions of channel j, as the kernel's 256 threads do it: thread t sums
+// elements t, t+256, …, then a tree adds the partial sums in a fixed order.
+// Same order, same bits.
+func biasGradBlock(j int, dy, db []float32, rows, cols, inner int) {
+	var part [blockSize]float32
+	for t := range blockSize {
+		sum := float32(0)
+		for e := t; e < rows*inner; e += blockSize {
+			r, k := e/inner, e%inner
+			sum += dy[(r*cols+j)*inner+k]
+		}
+		part[t] = sum
+	}
+	for s := blockSize / 2; s > 0; s >>= 1 {
+		for t := 0; t < s; t++ {
+			part[t] += part[t+s]
 		}
 	}
-	db[j] = sum
+	db[j] = part[0]
 }
 
 func reluThread(i int, x, y []float32) {
@@ -167,4 +197,45 @@ func softmaxXentThread(r int, logits, labels, grad, loss []float32, n, classes i
 		g[k] = p * inv
 	}
 	loss[r] = float32(math.Log(float64(sum))) - (row[label] - m)
+}
+
+// nonfiniteThread: flag[0] = 1 if g[i] is NaN or Inf.
+func nonfiniteThread(i int, g, flag []float32) {
+	v := float64(g[i])
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		flag[0] = 1
+	}
+}
+
+// sgdThread is train.SGD's update of value i; hyper is (lr, momentum,
+// weight decay). The explicit float32 conversions forbid the compiler a
+// fused multiply-add, as -fmad=false does nvcc.
+func sgdThread(i int, p, g, v, hyper, skip []float32) {
+	if skip[0] != 0 {
+		return
+	}
+	lr, mu, wd := hyper[0], hyper[1], hyper[2]
+	w := p[i]
+	if mu == 0 {
+		p[i] = w - float32(lr*float32(g[i]+float32(wd*w)))
+		return
+	}
+	m := float32(mu*v[i]) + float32(g[i]+float32(wd*w))
+	v[i] = m
+	p[i] = w - float32(lr*m)
+}
+
+// adamThread is train.Adam's update of value i; hyper is (lr/(1−b1ᵗ),
+// √(1−b2ᵗ), weight decay, b1, b2, eps).
+func adamThread(i int, p, g, m, v, hyper, skip []float32) {
+	if skip[0] != 0 {
+		return
+	}
+	step, sq, wd, b1, b2, eps := hyper[0], hyper[1], hyper[2], hyper[3], hyper[4], hyper[5]
+	d := g[i] + float32(wd*p[i])
+	mi := float32(b1*m[i]) + float32((1-b1)*d)
+	vi := float32(b2*v[i]) + float32(float32((1-b2)*d)*d)
+	m[i] = mi
+	v[i] = vi
+	p[i] = p[i] - float32(step*mi)/(float32(math.Sqrt(float64(vi)))/sq+eps)
 }

@@ -18,28 +18,33 @@ var convs = []Conv{
 	NewConv(2, 3, 3, 1, 2), // pad larger than the kernel
 }
 
-// TestIm2col: every col entry is the input a direct convolution reads for
-// that tap and output position (0 in the padding).
-func TestIm2col(t *testing.T) {
+// TestIm2colBatch: every col entry is the input a direct convolution reads
+// for that tap, sample and output position (0 in the padding).
+func TestIm2colBatch(t *testing.T) {
 	for _, g := range convs {
-		x := make([]float32, g.C*g.H*g.W)
-		for i := range x {
-			x[i] = float32(i + 1)
-		}
-		col := make([]float32, g.ColRows()*g.ColCols())
-		Host{}.Im2col(hostBuf(x), hostBuf(col), g)
-		for c := range g.C {
-			for ky := range g.K {
-				for kx := range g.K {
-					for oy := range g.OH {
-						for ox := range g.OW {
-							want := float32(0)
-							if y, xx := oy+ky-g.Pad, ox+kx-g.Pad; y >= 0 && y < g.H && xx >= 0 && xx < g.W {
-								want = x[(c*g.H+y)*g.W+xx]
-							}
-							r := (c*g.K+ky)*g.K + kx
-							if got := col[r*g.ColCols()+oy*g.OW+ox]; got != want {
-								t.Fatalf("%+v: col[tap %d,%d,%d][out %d,%d] = %v; want %v", g, c, ky, kx, oy, ox, got, want)
+		for _, batch := range []int{1, 3} {
+			x := make([]float32, batch*g.C*g.H*g.W)
+			for i := range x {
+				x[i] = float32(i + 1)
+			}
+			P := g.ColCols()
+			col := make([]float32, g.ColRows()*batch*P)
+			Host{}.Im2colBatch(hostBuf(x), hostBuf(col), g, batch)
+			for s := range batch {
+				for c := range g.C {
+					for ky := range g.K {
+						for kx := range g.K {
+							for oy := range g.OH {
+								for ox := range g.OW {
+									want := float32(0)
+									if y, xx := oy+ky-g.Pad, ox+kx-g.Pad; y >= 0 && y < g.H && xx >= 0 && xx < g.W {
+										want = x[((s*g.C+c)*g.H+y)*g.W+xx]
+									}
+									r := (c*g.K+ky)*g.K + kx
+									if got := col[(r*batch+s)*P+oy*g.OW+ox]; got != want {
+										t.Fatalf("%+v batch %d: col[tap %d,%d,%d][sample %d][out %d,%d] = %v; want %v", g, batch, c, ky, kx, s, oy, ox, got, want)
+									}
+								}
 							}
 						}
 					}
@@ -49,23 +54,18 @@ func TestIm2col(t *testing.T) {
 	}
 }
 
-// TestCol2imIsAdjoint: ⟨im2col(x), c⟩ = ⟨x, col2im(c)⟩ for random x and c,
-// which is what makes col2im the gradient of im2col.
-func TestCol2imIsAdjoint(t *testing.T) {
+// TestCol2imBatchIsAdjoint: ⟨im2col(x), c⟩ = ⟨x, col2im(c)⟩ for random x
+// and c, which is what makes col2im the gradient of im2col.
+func TestCol2imBatchIsAdjoint(t *testing.T) {
 	rng := rand.New(rand.NewPCG(4, 4))
 	for _, g := range convs {
-		x := make([]float32, g.C*g.H*g.W)
-		c := make([]float32, g.ColRows()*g.ColCols())
-		for i := range x {
-			x[i] = float32(rng.NormFloat64())
-		}
-		for i := range c {
-			c[i] = float32(rng.NormFloat64())
-		}
+		const batch = 3
+		x := randn(rng, batch*g.C*g.H*g.W)
+		c := randn(rng, g.ColRows()*batch*g.ColCols())
 		col := make([]float32, len(c))
 		dx := make([]float32, len(x))
-		Host{}.Im2col(hostBuf(x), hostBuf(col), g)
-		Host{}.Col2im(hostBuf(c), hostBuf(dx), g)
+		Host{}.Im2colBatch(hostBuf(x), hostBuf(col), g, batch)
+		Host{}.Col2imBatch(hostBuf(c), hostBuf(dx), g, batch)
 		var a, b float64
 		for i := range c {
 			a += float64(col[i]) * float64(c[i])
@@ -75,6 +75,79 @@ func TestCol2imIsAdjoint(t *testing.T) {
 		}
 		if math.Abs(a-b) > 1e-4*(1+math.Abs(a)) {
 			t.Errorf("%+v: <im2col x, c> = %v; <x, col2im c> = %v", g, a, b)
+		}
+	}
+}
+
+func randn(rng *rand.Rand, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64())
+	}
+	return v
+}
+
+// TestUnbatchRebatch: unbatch moves t[c, s, p] to y[s, c, p] adding b[c],
+// and rebatch moves it back.
+func TestUnbatchRebatch(t *testing.T) {
+	const batch, chans, inner = 3, 4, 5
+	tm := randn(rand.New(rand.NewPCG(5, 5)), batch*chans*inner)
+	b := []float32{10, 20, 30, 40}
+	y := make([]float32, len(tm))
+	Host{}.UnbatchBias(hostBuf(tm), hostBuf(b), hostBuf(y), batch, chans, inner)
+	for s := range batch {
+		for c := range chans {
+			for p := range inner {
+				if got, want := y[(s*chans+c)*inner+p], tm[(c*batch+s)*inner+p]+b[c]; got != want {
+					t.Fatalf("y[%d,%d,%d] = %v; want %v", s, c, p, got, want)
+				}
+			}
+		}
+	}
+	back := make([]float32, len(tm))
+	Host{}.UnbatchBias(hostBuf(tm), hostBuf(make([]float32, chans)), hostBuf(y), batch, chans, inner)
+	Host{}.Rebatch(hostBuf(y), hostBuf(back), batch, chans, inner)
+	if !slices.Equal(back, tm) {
+		t.Errorf("rebatch(unbatch(t)) = %v; want %v", back, tm)
+	}
+}
+
+// TestBiasGrad: each channel's sum, over rows and inner positions, for
+// shapes smaller and larger than a block.
+func TestBiasGrad(t *testing.T) {
+	rng := rand.New(rand.NewPCG(6, 6))
+	for _, sh := range [][3]int{{1, 3, 1}, {64, 10, 1}, {1, 32, 64 * 784}, {5, 7, 300}} {
+		rows, cols, inner := sh[0], sh[1], sh[2]
+		dy := randn(rng, rows*cols*inner)
+		db := make([]float32, cols)
+		Host{}.BiasGrad(hostBuf(dy), hostBuf(db), rows, cols, inner)
+		for j := range cols {
+			want := 0.0
+			for r := range rows {
+				for k := range inner {
+					want += float64(dy[(r*cols+j)*inner+k])
+				}
+			}
+			if math.Abs(float64(db[j])-want) > 1e-5*float64(rows*inner) {
+				t.Errorf("%v: db[%d] = %v; want %v", sh, j, db[j], want)
+			}
+		}
+	}
+}
+
+// TestNonFinite: the flag is raised by a NaN or an Inf anywhere, and by
+// nothing else.
+func TestNonFinite(t *testing.T) {
+	for _, tc := range []struct {
+		v    float32
+		want float32
+	}{{1, 0}, {float32(math.NaN()), 1}, {float32(math.Inf(-1)), 1}, {math.MaxFloat32, 0}} {
+		g := []float32{0, 1, -2, 3}
+		g[2] = tc.v
+		flag := []float32{0}
+		Host{}.NonFinite(hostBuf(g), hostBuf(flag))
+		if flag[0] != tc.want {
+			t.Errorf("%v: flag %v; want %v", tc.v, flag[0], tc.want)
 		}
 	}
 }
@@ -115,10 +188,14 @@ func TestLaunch(t *testing.T) {
 }
 
 // TestEveryKernelHasItsGoBody: each kernel in the PTX table has its Go twin
-// in threads.go (im2col → im2colThread, bias_add → biasAddThread, …), which
-// is what the host engine runs and these tests check.
+// in threads.go (im2col_batch → im2colBatchThread, bias_add →
+// biasAddThread, …; a kernel whose threads cooperate, a …Block), which is
+// what the host engine runs and these tests check.
 func TestEveryKernelHasItsGoBody(t *testing.T) {
 	src, err := os.ReadFile("threads.go")
+	if os.IsNotExist(err) {
+		t.Skip("threads.go is not here (a test binary run away from the source)")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,9 +204,9 @@ func TestEveryKernelHasItsGoBody(t *testing.T) {
 		for i := 1; i < len(parts); i++ {
 			parts[i] = strings.ToUpper(parts[i][:1]) + parts[i][1:]
 		}
-		fn := "func " + strings.Join(parts, "") + "Thread("
-		if !strings.Contains(string(src), fn) {
-			t.Errorf("kernel %s has no %s…) in threads.go", name, fn)
+		fn := "func " + strings.Join(parts, "")
+		if !strings.Contains(string(src), fn+"Thread(") && !strings.Contains(string(src), fn+"Block(") {
+			t.Errorf("kernel %s has no %sThread(…) or %sBlock(…) in threads.go", name, fn, fn)
 		}
 	}
 }

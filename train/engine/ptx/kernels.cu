@@ -9,28 +9,37 @@ typedef long long i64;
 
 __device__ __forceinline__ i64 tid() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
 
-extern "C" __global__ void im2col(const float* x, float* col, i64 C, i64 H, i64 W, i64 K, i64 pad, i64 OH, i64 OW) {
+// im2col_batch unrolls a batch x (B×C×H×W) into col, (C·K·K) × (B·OH·OW):
+// row r is a kernel tap (c, ky, kx), column s·OH·OW + p sample s's output
+// position p, so one GEMM with the weights convolves the whole batch.
+extern "C" __global__ void im2col_batch(const float* x, float* col, i64 B, i64 C, i64 H, i64 W, i64 K, i64 pad, i64 OH, i64 OW) {
   i64 i = tid();
-  if (i >= C * K * K * OH * OW) return;
-  i64 ox = i % OW;
-  i64 oy = (i / OW) % OH;
-  i64 r = i / (OW * OH);
+  i64 P = OH * OW;
+  if (i >= C * K * K * B * P) return;
+  i64 p = i % P;
+  i64 s = (i / P) % B;
+  i64 r = i / (P * B);
+  i64 ox = p % OW;
+  i64 oy = p / OW;
   i64 kx = r % K;
   i64 ky = (r / K) % K;
   i64 c = r / (K * K);
   i64 y = oy + ky - pad;
   i64 xx = ox + kx - pad;
   float v = 0.f;
-  if (y >= 0 && y < H && xx >= 0 && xx < W) v = x[(c * H + y) * W + xx];
+  if (y >= 0 && y < H && xx >= 0 && xx < W) v = x[((s * C + c) * H + y) * W + xx];
   col[i] = v;
 }
 
-extern "C" __global__ void col2im(const float* col, float* dx, i64 C, i64 H, i64 W, i64 K, i64 pad, i64 OH, i64 OW) {
+// col2im_batch is im2col_batch's adjoint, one thread per input value.
+extern "C" __global__ void col2im_batch(const float* col, float* dx, i64 B, i64 C, i64 H, i64 W, i64 K, i64 pad, i64 OH, i64 OW) {
   i64 i = tid();
-  if (i >= C * H * W) return;
+  if (i >= B * C * H * W) return;
+  i64 P = OH * OW;
   i64 xx = i % W;
   i64 y = (i / W) % H;
-  i64 c = i / (W * H);
+  i64 c = (i / (W * H)) % C;
+  i64 s = i / (W * H * C);
   float sum = 0.f;
   for (i64 ky = 0; ky < K; ky++) {
     i64 oy = y + pad - ky;
@@ -39,10 +48,32 @@ extern "C" __global__ void col2im(const float* col, float* dx, i64 C, i64 H, i64
       i64 ox = xx + pad - kx;
       if (ox < 0 || ox >= OW) continue;
       i64 r = (c * K + ky) * K + kx;
-      sum += col[r * OH * OW + oy * OW + ox];
+      sum += col[(r * B + s) * P + oy * OW + ox];
     }
   }
   dx[i] = sum;
+}
+
+// unbatch_bias: y[s, c, p] = t[c, s, p] + b[c], from the GEMM's
+// channel-major output to the batch-major layout the next layer reads.
+extern "C" __global__ void unbatch_bias(const float* t, const float* b, float* y, i64 B, i64 C, i64 P) {
+  i64 i = tid();
+  if (i >= B * C * P) return;
+  i64 p = i % P;
+  i64 c = (i / P) % C;
+  i64 s = i / (P * C);
+  y[i] = t[(c * B + s) * P + p] + b[c];
+}
+
+// rebatch: t[c, s, p] = y[s, c, p], unbatch's transpose, for the backward
+// GEMMs.
+extern "C" __global__ void rebatch(const float* y, float* t, i64 B, i64 C, i64 P) {
+  i64 i = tid();
+  if (i >= B * C * P) return;
+  i64 p = i % P;
+  i64 s = (i / P) % B;
+  i64 c = i / (P * B);
+  t[i] = y[(s * C + c) * P + p];
 }
 
 extern "C" __global__ void bias_add(float* y, const float* b, i64 n, i64 cols, i64 inner) {
@@ -51,15 +82,27 @@ extern "C" __global__ void bias_add(float* y, const float* b, i64 n, i64 cols, i
   y[i] += b[(i / inner) % cols];
 }
 
+// bias_grad: block j (of 256 threads) writes db[j], the sum of dy over rows
+// and inner positions of channel j. Each thread sums a fixed stride of the
+// values and a fixed tree adds the 256 partial sums: no atomics, so the
+// result is the same bits on every run and every replica.
 extern "C" __global__ void bias_grad(const float* dy, float* db, i64 rows, i64 cols, i64 inner) {
-  i64 j = tid();
-  if (j >= cols) return;
+  __shared__ float part[256];
+  i64 j = blockIdx.x;
+  i64 t = threadIdx.x;
   float sum = 0.f;
-  for (i64 r = 0; r < rows; r++) {
-    i64 base = (r * cols + j) * inner;
-    for (i64 k = 0; k < inner; k++) sum += dy[base + k];
+  for (i64 e = t; e < rows * inner; e += 256) {
+    i64 r = e / inner;
+    i64 k = e % inner;
+    sum += dy[(r * cols + j) * inner + k];
   }
-  db[j] = sum;
+  part[t] = sum;
+  __syncthreads();
+  for (int s = 128; s > 0; s >>= 1) {
+    if (t < s) part[t] += part[t + s];
+    __syncthreads();
+  }
+  if (t == 0) db[j] = part[0];
 }
 
 extern "C" __global__ void relu(const float* x, float* y, i64 n) {
@@ -137,4 +180,45 @@ extern "C" __global__ void softmax_xent(const float* logits, const float* labels
     g[k] = p * inv;
   }
   loss[r] = logf(sum) - (row[label] - m);
+}
+
+// nonfinite sets flag[0] to 1 if any of g is NaN or Inf. Every thread that
+// writes, writes the same value, so the race is harmless.
+extern "C" __global__ void nonfinite(const float* g, float* flag, i64 n) {
+  i64 i = tid();
+  if (i >= n) return;
+  if (!isfinite(g[i])) flag[0] = 1.f;
+}
+
+// sgd is train.SGD's update, value by value, skipped when skip[0] is not 0;
+// hyper is (lr, momentum, weight decay), read from device memory so that a
+// captured step picks up a new learning rate.
+extern "C" __global__ void sgd(float* p, const float* g, float* v, const float* hyper, const float* skip, i64 n) {
+  i64 i = tid();
+  if (i >= n || skip[0] != 0.f) return;
+  float lr = hyper[0], mu = hyper[1], wd = hyper[2];
+  float w = p[i];
+  if (mu == 0.f) {
+    p[i] = w - lr * (g[i] + wd * w);
+    return;
+  }
+  float m = mu * v[i] + (g[i] + wd * w);
+  v[i] = m;
+  p[i] = w - lr * m;
+}
+
+// adam is train.Adam's update; hyper is (lr/(1-b1^t), sqrt(1-b2^t), weight
+// decay, b1, b2, eps), computed on the host as train.Adam does. Built
+// without fused multiply-adds (gen.sh), it rounds as the Go code does, so a
+// GPU replica and a CPU one apply the same bits.
+extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, const float* hyper, const float* skip, i64 n) {
+  i64 i = tid();
+  if (i >= n || skip[0] != 0.f) return;
+  float step = hyper[0], sq = hyper[1], wd = hyper[2], b1 = hyper[3], b2 = hyper[4], eps = hyper[5];
+  float d = g[i] + wd * p[i];
+  float mi = b1 * m[i] + (1.f - b1) * d;
+  float vi = b2 * v[i] + (1.f - b2) * d * d;
+  m[i] = mi;
+  v[i] = vi;
+  p[i] = p[i] - step * mi / (sqrtf(vi) / sq + eps);
 }

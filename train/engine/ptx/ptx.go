@@ -20,8 +20,10 @@ var Module string
 // Kernels names every kernel in Module with how many parameters it takes
 // (all 8 bytes wide); the engine launches nothing else.
 var Kernels = map[string]int{
-	"im2col":            9,
-	"col2im":            9,
+	"im2col_batch":      10,
+	"col2im_batch":      10,
+	"unbatch_bias":      6,
+	"rebatch":           5,
 	"bias_add":          5,
 	"bias_grad":         5,
 	"relu":              3,
@@ -29,4 +31,7 @@ var Kernels = map[string]int{
 	"max_pool":          8,
 	"max_pool_backward": 9,
 	"softmax_xent":      7,
+	"nonfinite":         3,
+	"sgd":               6,
+	"adam":              7,
 }

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/ringtrain/ringtrain/ring"
+	"github.com/ringtrain/ringtrain/train"
+)
+
+// deviceResult is one line of `bench device`.
+type deviceResult struct {
+	Device      string  `json:"device"`
+	Model       string  `json:"model"`
+	Batch       int     `json:"batch"`
+	Steps       int     `json:"steps"`
+	Optimizer   string  `json:"optimizer"`
+	Graph       bool    `json:"graph"`
+	TF32        bool    `json:"tf32"`
+	Run         int     `json:"run,omitempty"`
+	SamplesPerS float64 `json:"samples_per_s"`
+	StepMS      float64 `json:"step_ms"`
+	Median      bool    `json:"median,omitempty"`
+}
+
+// runBenchDevice is `ringtrain bench device`: one device's training speed
+// for a model and batch size, as JSON, measured as
+// shared/bench/torch_fmnist_gpu.py measures PyTorch — whole training steps
+// (forward, backward, Adam at lr 1e-3) on full batches already in memory,
+// after untimed warm-up steps, through train.Replica on a ring of one. The
+// batches are seeded noise with random labels: speed does not depend on
+// the values, and no data files are needed. A line per run, then the
+// median.
+func runBenchDevice(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench device", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	device := fs.String("device", "cpu", deviceHelp)
+	model := fs.String("model", "cnn", "built-in model: mlp or cnn")
+	batch := fs.Int("batch", 64, "batch size")
+	steps := fs.Int("steps", 400, "timed steps per run")
+	warmup := fs.Int("warmup", 50, "untimed steps before the first run")
+	runs := fs.Int("runs", 3, "runs; the last line is their median")
+	optName := fs.String("optimizer", "adam", "adam (lr 1e-3, as the PyTorch script) or sgd (lr 0.01, momentum 0.9)")
+	devOpt := addDeviceFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("bench device: %w: %w", errUsage, err)
+	}
+	if *batch < 1 || *steps < 1 || *runs < 1 || *warmup < 0 {
+		return fmt.Errorf("bench device: --batch, --steps and --runs must be positive: %w", errUsage)
+	}
+	spec, err := train.BuiltinSpec(*model, 1, 28, 28, 10)
+	if err != nil {
+		return fmt.Errorf("bench device: %w", err)
+	}
+	var opt train.Optimizer
+	switch *optName {
+	case "adam":
+		opt = train.NewAdam(1e-3)
+	case "sgd":
+		opt = &train.SGD{LR: 0.01, Momentum: 0.9}
+	default:
+		return fmt.Errorf("bench device: --optimizer %q; want adam or sgd: %w", *optName, errUsage)
+	}
+	m, err := newModel(*device, train.ModelConfig{Spec: spec, Batch: *batch, Seed: 1}, *devOpt)
+	if err != nil {
+		return fmt.Errorf("bench device: %w", err)
+	}
+	defer m.Close()
+	if opt, err = bindOptimizer(m, opt, *devOpt); err != nil {
+		return fmt.Errorf("bench device: %w", err)
+	}
+	solo, err := ring.New(nil, ring.Config{Rank: 0, Size: 1})
+	if err != nil {
+		return err
+	}
+	defer solo.Close()
+	r := train.NewReplica(m, opt, solo)
+	const pool = 16 // distinct batches, cycled
+	xs, ys := noiseBatches(rand.New(rand.NewPCG(1, 9)), pool, *batch)
+	step := func(i int) error {
+		if _, err := r.Step(ctx, xs[i%pool], ys[i%pool], *batch); err != nil {
+			return fmt.Errorf("bench device: step %d: %w", i, err)
+		}
+		return nil
+	}
+	for i := range *warmup {
+		if err := step(i); err != nil {
+			return err
+		}
+	}
+	name := *device
+	if d, ok := m.(interface{ Device() string }); ok {
+		name = d.Device()
+	}
+	res := deviceResult{Device: name, Model: *model, Batch: *batch, Steps: *steps, Optimizer: *optName,
+		Graph: !devOpt.NoGraph && *device != "cpu", TF32: devOpt.TF32 && *device == "cuda"}
+	enc := json.NewEncoder(stdout)
+	var rates []float64
+	for run := range *runs {
+		start := time.Now()
+		for i := range *steps {
+			if err := step(i); err != nil {
+				return err
+			}
+		}
+		d := time.Since(start)
+		res.Run = run + 1
+		res.SamplesPerS = float64(*steps**batch) / d.Seconds()
+		res.StepMS = d.Seconds() * 1e3 / float64(*steps)
+		rates = append(rates, res.SamplesPerS)
+		if err := enc.Encode(res); err != nil {
+			return err
+		}
+	}
+	slices.Sort(rates)
+	res.Run, res.Median = 0, true
+	res.SamplesPerS = rates[len(rates)/2]
+	res.StepMS = float64(*batch) / res.SamplesPerS * 1e3
+	return enc.Encode(res)
+}

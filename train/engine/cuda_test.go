@@ -1,0 +1,247 @@
+//go:build ringtrain_cuda
+
+package engine
+
+// These tests need an NVIDIA GPU: gorgonia.org/cu ends the process at
+// start-up without one. Build them with `make cuda-test` (a test binary to
+// carry to a GPU host) and run it there.
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/ringtrain/ringtrain/train"
+)
+
+func newCUDAOrSkip(t *testing.T) *CUDA {
+	t.Helper()
+	c, err := NewCUDA(0, CUDAOptions{})
+	if err != nil {
+		t.Fatalf("NewCUDA: %v", err)
+	}
+	t.Logf("%s, %s", c.Name(), c.BLAS())
+	return c
+}
+
+// onBoth uploads the inputs to the GPU and runs op there and on Host; it
+// returns both results of output index out.
+func onBoth(t *testing.T, c *CUDA, ins [][]float32, outs []int, op func(o Ops, b []Buf) error) (host, gpu [][]float32) {
+	t.Helper()
+	hb := make([]Buf, len(ins))
+	gb := make([]Buf, len(ins))
+	for i, v := range ins {
+		hv := append([]float32(nil), v...)
+		hb[i] = hostBuf(hv)
+		b, err := c.Alloc(len(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Upload(b, v); err != nil {
+			t.Fatal(err)
+		}
+		gb[i] = b
+	}
+	if err := op(Host{}, hb); err != nil {
+		t.Fatal(err)
+	}
+	if err := op(c, gb); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range outs {
+		g := make([]float32, len(ins[k]))
+		if err := c.Download(g, gb[k]); err != nil {
+			t.Fatal(err)
+		}
+		host, gpu = append(host, f32(hb[k])), append(gpu, g)
+	}
+	return host, gpu
+}
+
+func maxRel(a, b []float32) float64 {
+	worst := 0.0
+	for i := range a {
+		d := math.Abs(float64(a[i]-b[i])) / (1e-3 + math.Abs(float64(a[i])))
+		if d > worst || math.IsNaN(d) {
+			worst = d
+		}
+	}
+	return worst
+}
+
+// TestCUDAKernelsMatchTheirTwins: every kernel gives its Go twin's bits
+// (softmax within expf's rounding, GEMM within float32 summation order).
+func TestCUDAKernelsMatchTheirTwins(t *testing.T) {
+	c := newCUDAOrSkip(t)
+	defer c.Close()
+	rng := rand.New(rand.NewPCG(11, 11))
+	g := NewConv(3, 9, 7, 3, 1)
+	const B = 5
+	P := g.ColCols()
+	pool := NewPool(B*3, 9, 7, 2)
+	labels := make([]float32, 6)
+	for i := range labels {
+		labels[i] = float32(rng.IntN(4))
+	}
+	hyperSGD := []float32{0.05, 0.9, 1e-3}
+	hyperAdam := []float32{0.01 / 0.1, float32(math.Sqrt(0.001)), 0.01, 0.9, 0.999, 1e-8}
+	n := 1000
+	absv := func(v []float32) []float32 {
+		for i := range v {
+			v[i] = float32(math.Abs(float64(v[i])))
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		name  string
+		ins   [][]float32
+		outs  []int
+		op    func(o Ops, b []Buf) error
+		exact bool
+	}{
+		{"im2col_batch", [][]float32{randn(rng, B*g.C*g.H*g.W), make([]float32, g.ColRows()*B*P)}, []int{1},
+			func(o Ops, b []Buf) error { return o.Im2colBatch(b[0], b[1], g, B) }, true},
+		{"col2im_batch", [][]float32{randn(rng, g.ColRows()*B*P), make([]float32, B*g.C*g.H*g.W)}, []int{1},
+			func(o Ops, b []Buf) error { return o.Col2imBatch(b[0], b[1], g, B) }, true},
+		{"unbatch_bias", [][]float32{randn(rng, B*4*P), randn(rng, 4), make([]float32, B*4*P)}, []int{2},
+			func(o Ops, b []Buf) error { return o.UnbatchBias(b[0], b[1], b[2], B, 4, P) }, true},
+		{"rebatch", [][]float32{randn(rng, B*4*P), make([]float32, B*4*P)}, []int{1},
+			func(o Ops, b []Buf) error { return o.Rebatch(b[0], b[1], B, 4, P) }, true},
+		{"bias_add", [][]float32{randn(rng, B*4*P), randn(rng, 4)}, []int{0},
+			func(o Ops, b []Buf) error { return o.BiasAdd(b[0], b[1], B, 4, P) }, true},
+		{"bias_grad", [][]float32{randn(rng, B*4*P), make([]float32, 4)}, []int{1},
+			func(o Ops, b []Buf) error { return o.BiasGrad(b[0], b[1], B, 4, P) }, true},
+		{"bias_grad rows", [][]float32{randn(rng, 64*1024), make([]float32, 1024)}, []int{1},
+			func(o Ops, b []Buf) error { return o.BiasGrad(b[0], b[1], 64, 1024, 1) }, true},
+		{"relu", [][]float32{randn(rng, n), make([]float32, n)}, []int{1},
+			func(o Ops, b []Buf) error { return o.Relu(b[0], b[1]) }, true},
+		{"relu_backward", [][]float32{randn(rng, n), randn(rng, n), make([]float32, n)}, []int{2},
+			func(o Ops, b []Buf) error { return o.ReluBackward(b[0], b[1], b[2]) }, true},
+		{"max_pool", [][]float32{randn(rng, B*3*9*7), make([]float32, B*3*4*3)}, []int{1},
+			func(o Ops, b []Buf) error { return o.MaxPool(b[0], b[1], pool) }, true},
+		{"max_pool_backward", [][]float32{randn(rng, B*3*9*7), randn(rng, B*3*4*3), make([]float32, B*3*9*7)}, []int{2},
+			func(o Ops, b []Buf) error { return o.MaxPoolBackward(b[0], b[1], b[2], pool) }, true},
+		{"softmax_xent", [][]float32{randn(rng, 6*4), labels, make([]float32, 6*4), make([]float32, 6)}, []int{2, 3},
+			func(o Ops, b []Buf) error { return o.SoftmaxXent(b[0], b[1], b[2], b[3], 6, 5, 4) }, false},
+		{"nonfinite", [][]float32{append(randn(rng, n), float32(math.NaN())), {0}}, []int{1},
+			func(o Ops, b []Buf) error { return o.NonFinite(b[0], b[1]) }, true},
+		{"sgd", [][]float32{randn(rng, n), randn(rng, n), randn(rng, n), hyperSGD, {0}}, []int{0, 2},
+			func(o Ops, b []Buf) error { return o.SGD(b[0], b[1], b[2], b[3], b[4]) }, true},
+		{"sgd skipped", [][]float32{randn(rng, n), randn(rng, n), randn(rng, n), hyperSGD, {1}}, []int{0, 2},
+			func(o Ops, b []Buf) error { return o.SGD(b[0], b[1], b[2], b[3], b[4]) }, true},
+		{"adam", [][]float32{randn(rng, n), randn(rng, n), randn(rng, n), absv(randn(rng, n)), hyperAdam, {0}}, []int{0, 2, 3},
+			func(o Ops, b []Buf) error { return o.Adam(b[0], b[1], b[2], b[3], b[4], b[5]) }, true},
+		{"gemm", [][]float32{randn(rng, 37*53), randn(rng, 53*29), randn(rng, 37*29)}, []int{2},
+			func(o Ops, b []Buf) error { return o.Gemm(false, false, 37, 29, 53, b[0], b[1], 0, b[2]) }, false},
+		{"gemm tt beta", [][]float32{randn(rng, 53*37), randn(rng, 29*53), randn(rng, 37*29)}, []int{2},
+			func(o Ops, b []Buf) error { return o.Gemm(true, true, 37, 29, 53, b[0], b[1], 1, b[2]) }, false},
+	} {
+		host, gpu := onBoth(t, c, tc.ins, tc.outs, tc.op)
+		for k := range host {
+			if tc.exact {
+				for i := range host[k] {
+					if math.Float32bits(host[k][i]) != math.Float32bits(gpu[k][i]) {
+						t.Errorf("%s: output %d [%d]: GPU %v, Go twin %v", tc.name, k, i, gpu[k][i], host[k][i])
+						break
+					}
+				}
+			} else if d := maxRel(host[k], gpu[k]); d > 1e-4 {
+				t.Errorf("%s: output %d differs by %.2e (relative)", tc.name, k, d)
+			}
+		}
+	}
+}
+
+// trainCNN runs steps of the cnn at batch 8 with Adam on ops and returns
+// the parameters, the losses and the optimizer state.
+func trainCNN(t *testing.T, ops Ops, size int, graph bool) ([][]float32, []float32) {
+	t.Helper()
+	cnn, err := train.BuiltinSpec("cnn", 1, 28, 28, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	net, err := New(ops, train.ModelConfig{Spec: cnn, Batch: 8, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer net.Close()
+	o, err := net.Optimizer(train.NewAdam(1e-3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	net.Graph = graph
+	r := train.NewReplica(net, o, ring{size: size})
+	rng := rand.New(rand.NewPCG(3, 3))
+	var losses []float32
+	for s, n := range []int{8, 8, 8, 5, 8, 8} {
+		x, y := batchOf(rng, n, 784, 10)
+		loss, err := r.Step(context.Background(), x, y, n)
+		if err != nil {
+			t.Fatalf("step %d: %v", s, err)
+		}
+		losses = append(losses, loss)
+	}
+	return clone(net.Params()), losses
+}
+
+// TestCUDATrainingIsDeterministicAndMatchesHost: the cnn trained on the GPU
+// gives the same bits whether each step is replayed from a graph or run
+// call by call, on a ring of one or through the flat buffer, and run after
+// run; and it stays within float32 noise of the Host engine.
+func TestCUDATrainingIsDeterministicAndMatchesHost(t *testing.T) {
+	run := func(size int, graph bool) ([][]float32, []float32) {
+		c := newCUDAOrSkip(t)
+		return trainCNN(t, c, size, graph)
+	}
+	ref, refLoss := run(1, true)
+	for _, tc := range []struct {
+		name  string
+		size  int
+		graph bool
+	}{{"again", 1, true}, {"no graph", 1, false}, {"flat buffer", 2, false}, {"flat buffer replayed", 2, true}} {
+		got, loss := run(tc.size, tc.graph)
+		if !equalParams(got, ref) {
+			t.Errorf("%s: parameters differ from the graph-replayed run's", tc.name)
+		}
+		for i := range loss {
+			if loss[i] != refLoss[i] {
+				t.Errorf("%s: loss %d = %v; want %v", tc.name, i, loss[i], refLoss[i])
+			}
+		}
+	}
+	// Against Host, float32 noise: Adam divides each gradient by its own
+	// size, so where a gradient is near 0 the noise can flip an update's
+	// sign — up to 2·lr per step, 6 steps here — while the losses agree.
+	host, hostLoss := trainCNN(t, Host{}, 1, true)
+	for i := range host {
+		worst := 0.0
+		for j := range host[i] {
+			worst = max(worst, math.Abs(float64(host[i][j]-ref[i][j])))
+		}
+		if worst > 12e-3 {
+			t.Errorf("tensor %d: GPU and Host differ by up to %.2e", i, worst)
+		}
+	}
+	for i := range hostLoss {
+		if d := math.Abs(float64(hostLoss[i]-refLoss[i])) / math.Abs(float64(hostLoss[i])); d > 1e-4 {
+			t.Errorf("loss %d: GPU %v, Host %v", i, refLoss[i], hostLoss[i])
+		}
+	}
+	t.Logf("losses: GPU %v, Host %v", refLoss, hostLoss)
+}
+
+// TestCUDAOutOfMemory: a batch that cannot fit says so, with the sizes.
+func TestCUDAOutOfMemory(t *testing.T) {
+	c := newCUDAOrSkip(t)
+	cnn, _ := train.BuiltinSpec("cnn", 1, 28, 28, 10)
+	_, err := New(c, train.ModelConfig{Spec: cnn, Batch: 1 << 20, Seed: 1})
+	if !errors.Is(err, ErrOutOfMemory) {
+		t.Fatalf("New with batch 2^20 = %v; want ErrOutOfMemory", err)
+	}
+	t.Log(err)
+}
