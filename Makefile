@@ -124,9 +124,11 @@ gpu-pack: cuda-fetch fashion-mnist
 	@if [ -e $(TORCH_BENCH) ]; then cp $(TORCH_BENCH) $(BIN)/gpu/; else echo "gpu-pack: no $(TORCH_BENCH): the PyTorch side will be skipped"; fi
 	@du -sh $(BIN)/gpu
 
-# What CI can check without a GPU: the CUDA code vets and builds, and the
-# binary, started where the driver finds no device (here: the stub
-# libcuda), stops at once with one line saying so. Skipped, with a line
+# What CI can check without a GPU: the CUDA code and its tests vet and
+# build; the binary links no cuBLAS, and CUDA 11.8's libcublas exports every
+# entry point the engine looks up at run time (CUDA 13's was seen to on the
+# GPU host); and the binary, started where the driver finds no device (here:
+# the stub libcuda), stops at once with one line saying so. Skipped, with a line
 # saying why, where nvidia-cuda-dev cannot be had.
 cuda-check:
 	@$(MAKE) --no-print-directory cuda-fetch || true
@@ -139,6 +141,10 @@ cuda-check:
 	quiet env $(CUDA_ENV) $(GO) vet -tags ringtrain_cuda ./... || { echo "cuda-check: go vet failed"; exit 1; }; \
 	quiet env $(CUDA_ENV) $(GO) build -tags ringtrain_cuda -o $(BIN)/ringtrain-cuda ./cmd/ringtrain || { echo "cuda-check: build failed"; exit 1; }; \
 	if readelf -d $(BIN)/ringtrain-cuda | grep -q 'NEEDED.*libcublas'; then echo "cuda-check: ringtrain-cuda links cuBLAS; it must open it at run time"; exit 1; fi; \
+	syms=$$(nm -D --defined-only $(CUDA_LIBS)/stubs/libcublas.so); \
+	for s in $$(grep -o 'dlsym(b->lib, "[A-Za-z_0-9]*")' train/engine/cuda.go | cut -d'"' -f2); do \
+	  grep -qw $$s <<<"$$syms" || { echo "cuda-check: CUDA 11.8's libcublas lacks $$s, which the engine looks up"; exit 1; }; \
+	done; \
 	quiet env $(CUDA_ENV) $(GO) test -c -tags ringtrain_cuda -o $$stubs/engine-cuda.test ./train/engine || { echo "cuda-check: the CUDA tests do not build"; exit 1; }; \
 	ln -s $(CUDA_LIBS)/stubs/libcuda.so $$stubs/libcuda.so.1; \
 	out=$$(LD_LIBRARY_PATH=$$stubs $(BIN)/ringtrain-cuda id 2>&1) && { echo "cuda-check: ringtrain-cuda started without a GPU: $$out"; exit 1; }; \

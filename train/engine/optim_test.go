@@ -263,3 +263,39 @@ func TestOutOfMemoryNamesTheSizes(t *testing.T) {
 		t.Errorf("Optimizer without room for its state = %v; want ErrOutOfMemory", err)
 	}
 }
+
+// TestResumeIsExact: a replica restored from a checkpoint taken mid-run
+// (parameters and Adam's state, through train.Replica's Snapshot and
+// Restore) continues with the bits the uninterrupted run has — on a ring of
+// one and through the flat buffer.
+func TestResumeIsExact(t *testing.T) {
+	for _, size := range []int{1, 2} {
+		cfg := train.ModelConfig{Spec: smallConv(), Batch: 4, Seed: 5}
+		rng := rand.New(rand.NewPCG(10, 10))
+		var xs [][]float32
+		var ys [][]int
+		ns := []int{4, 4, 3, 4, 4, 4}
+		for _, n := range ns {
+			x, y := batchOf(rng, n, 36, 4)
+			xs, ys = append(xs, x), append(ys, y)
+		}
+		net, o := adamNet(t, cfg)
+		r := train.NewReplica(net, o, ring{size: size})
+		stepN(t, r, xs[:3], ys[:3], ns[:3])
+		ckpt := r.Snapshot(train.Checkpoint{})
+		stepN(t, r, xs[3:], ys[3:], ns[3:])
+
+		other := cfg
+		other.Seed = 9
+		net2, o2 := adamNet(t, other)
+		r2 := train.NewReplica(net2, o2, ring{size: size})
+		stepN(t, r2, xs[:1], ys[:1], ns[:1]) // state of its own, to be overwritten
+		if err := r2.Restore(ckpt); err != nil {
+			t.Fatal(err)
+		}
+		stepN(t, r2, xs[3:], ys[3:], ns[3:])
+		if !equalParams(net2.Params(), net.Params()) {
+			t.Errorf("ring of %d: the resumed run's parameters differ from the uninterrupted run's", size)
+		}
+	}
+}
