@@ -14,7 +14,7 @@ FUZZ     := ./ring:FuzzRecv ./data:FuzzReadIDX ./data:FuzzReadCSV ./p2p:FuzzRead
 
 MODEL ?= mlp
 
-.PHONY: test-netns build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-elastic fashion-mnist testdata demo clean
+.PHONY: test-netns test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-elastic fashion-mnist testdata demo clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -42,10 +42,40 @@ vet:
 
 test: vet
 	$(GO) test -race -count=1 ./...
+	$(MAKE) --no-print-directory test-onnx
 	$(MAKE) --no-print-directory test-netns
 	$(MAKE) --no-print-directory test-openblas
 	$(MAKE) --no-print-directory cuda-check
 	$(MAKE) --no-print-directory fuzz
+
+# ONNX export checked by real tools: onnxruntime (npm's onnxruntime-node,
+# whose CPU build is in the npm tarball; ONNXRUNTIME_NODE_INSTALL=skip stops
+# its install script fetching GPU builds from nuget) runs the exported cnn
+# and mlp, and the onnx package's checker (Debian's python3-onnx) checks
+# them. Installed into ONNX_CACHE once; SKIPPED where they cannot be had.
+ONNX_CACHE ?= $(HOME)/.cache/ringtrain-onnx
+ORT_VERSION = 1.23.0
+onnx-runtime:
+	@[ -e $(ONNX_CACHE)/node_modules/onnxruntime-node/package.json ] || { command -v npm >/dev/null || \
+	  (apt-get install -y -qq nodejs npm || (apt-get update -qq && apt-get install -y -qq nodejs npm)) >/dev/null 2>&1; \
+	  mkdir -p $(ONNX_CACHE) && cd $(ONNX_CACHE) && ONNXRUNTIME_NODE_INSTALL=skip npm install --no-audit --no-fund --loglevel=error \
+	    onnxruntime-node@$(ORT_VERSION) >/dev/null 2>&1 || echo "onnx-runtime: could not install onnxruntime-node"; }
+	@/usr/bin/python3 -c 'import onnx' 2>/dev/null || (apt-get install -y -qq python3-onnx || (apt-get update -qq && apt-get install -y -qq python3-onnx)) >/dev/null 2>&1 || \
+	  echo "onnx-runtime: could not install python3-onnx"
+
+test-onnx: onnx-runtime
+	@if [ -e $(ONNX_CACHE)/node_modules/onnxruntime-node/package.json ] && /usr/bin/python3 -c 'import onnx' 2>/dev/null; then \
+	  RINGTRAIN_ONNXRUNTIME=$(ONNX_CACHE)/node_modules RINGTRAIN_ONNX_PYTHON=/usr/bin/python3 $(GO) test -count=1 -run 'Runtime' -v ./train/onnx | grep -E '^(---|ok|FAIL|PASS)|onnx_test|export_test'; \
+	else echo "test-onnx: SKIPPED, onnxruntime-node or python3-onnx could not be installed"; fi
+
+# Remakes train/onnx/onnxpb/onnx.pb.go from onnx.proto (ONNX 1.12's, from
+# Debian's python3-onnx) with protoc and protoc-gen-go at go.mod's
+# google.golang.org/protobuf version. Not needed to build: the Go is committed.
+onnx-proto:
+	@command -v protoc >/dev/null || (apt-get install -y -qq protobuf-compiler || (apt-get update -qq && apt-get install -y -qq protobuf-compiler)) >/dev/null 2>&1
+	GOBIN=$(abspath $(BIN)) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go
+	cd train/onnx/onnxpb && protoc --plugin=protoc-gen-go=$(abspath $(BIN))/protoc-gen-go --go_out=. --go_opt=paths=source_relative \
+	  --go_opt=Monnx.proto=github.com/ringtrain/ringtrain/train/onnx/onnxpb onnx.proto
 
 # Four peers in four network namespaces behind a bridge, 1 Gbit/s links;
 # one is SIGKILLed mid-epoch and the other three must finish in step.

@@ -134,9 +134,9 @@ require (
 	github.com/xtgo/set v1.0.0 // indirect
 	go4.org/unsafe/assume-no-moving-gc v0.0.0-20231121144256-b99613f794b6 // indirect; pinned: older versions (gorgonia's) panic at init on Go 1.26
 	golang.org/x/xerrors v0.0.0-20240903120638-7835f813f4da // indirect
-	gonum.org/v1/gonum v0.16.0 // indirect
-	google.golang.org/protobuf v1.36.11 // indirect
-	gorgonia.org/cu v0.9.4 // indirect
+	gonum.org/v1/gonum v0.16.0
+	google.golang.org/protobuf v1.36.11
+	gorgonia.org/cu v0.9.4
 	gorgonia.org/dawson v1.2.0 // indirect
 	gorgonia.org/vecf32 v0.9.0 // indirect
 	gorgonia.org/vecf64 v0.9.0 // indirect

@@ -13,6 +13,7 @@
 //	ringtrain swarm-key > swarm.key
 //	ringtrain id [--identity FILE]
 //	ringtrain predict --checkpoint FILE --image FILE.png|jpg
+//	ringtrain export --checkpoint FILE --onnx OUT.onnx
 package main
 
 import (
@@ -83,6 +84,7 @@ commands:
   bench device      one device's training samples/s for a model and batch, as JSON
   data              load a data config's datasets and say what they hold
   predict           class and top probabilities of a PNG/JPEG from a checkpoint
+  export            write a checkpoint's model as an ONNX file (opset 13)
   swarm-key         print a new private-swarm key (give the file to every peer)
   id                create or show this machine's peer ID (--identity FILE)
 `
@@ -103,6 +105,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runLocal(ctx, args[1:], stdout, stderr)
 	case "predict":
 		return runPredict(args[1:], stdout, stderr)
+	case "export":
+		return runExport(args[1:], stdout, stderr)
 	case "id":
 		return runID(args[1:], stdout, stderr)
 	case "swarm-key":

@@ -1,0 +1,35 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/ringtrain/ringtrain/train"
+	"github.com/ringtrain/ringtrain/train/onnx"
+)
+
+// runExport is `ringtrain export --checkpoint FILE --onnx OUT`: the
+// checkpoint's model as an ONNX file (opset 13), written atomically.
+func runExport(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("export", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	ckpt := fs.String("checkpoint", "", "checkpoint file (from a job's checkpoint_dir)")
+	out := fs.String("onnx", "", "the ONNX file to write")
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("export: %w: %w", errUsage, err)
+	}
+	if *ckpt == "" || *out == "" {
+		return fmt.Errorf("export: --checkpoint and --onnx are required: %w", errUsage)
+	}
+	c, err := train.LoadCheckpoint(*ckpt)
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	if err := onnx.Write(c, *out); err != nil {
+		return fmt.Errorf("export: %s: %w", *ckpt, err)
+	}
+	fmt.Fprintf(stdout, "%s: ONNX opset %d, input %v floats in [0, 1] per sample (Normalize inside), %d classes\n",
+		*out, onnx.Opset, c.Input, len(c.Classes))
+	return nil
+}
