@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"encoding/binary"
 	"errors"
+	"hash/crc32"
 	"image"
 	"image/color"
 	"image/png"
@@ -298,5 +299,42 @@ func TestConfig(t *testing.T) {
 	}
 	if _, err := (&Config{DatasetPath: Paths{Train: "../testdata/nowhere"}, Transforms: []TransformSpec{{Name: "ToTensor"}}}).Load("train"); err == nil || !strings.Contains(err.Error(), "nowhere") {
 		t.Errorf("Load of a missing path = %v; want an error naming it", err)
+	}
+}
+
+// TestDescribeBeforeLabelsAreChecked: a dataset straight from a reader —
+// a CSV's, which has no class names yet, or an IDX file whose labels run
+// past the ten names — describes itself instead of panicking.
+func TestDescribeBeforeLabelsAreChecked(t *testing.T) {
+	d, err := ReadCSV(strings.NewReader("label,p1,p2,p3,p4\n3,0,0,0,0\n12,1,2,3,4\n"), "x.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := d.Describe(); !strings.Contains(got, "2 images have labels outside") {
+		t.Errorf("CSV Describe() = %q; want it to count the unnamed labels", got)
+	}
+	d.Classes = digitClasses
+	if got := d.Describe(); !strings.Contains(got, "3=1") || !strings.Contains(got, "1 images have labels outside those 10") {
+		t.Errorf("IDX-style Describe() = %q; want 3=1 and one label outside the ten names", got)
+	}
+}
+
+// TestHugeImageHeaderIsRefused: a PNG whose header claims 100000×100000
+// pixels is refused from the header, before anything is allocated for it.
+func TestHugeImageHeaderIsRefused(t *testing.T) {
+	var b bytes.Buffer
+	png.Encode(&b, image.NewGray(image.Rect(0, 0, 1, 1)))
+	raw := b.Bytes()
+	// IHDR's width and height follow the 8-byte signature, the chunk's
+	// length and type; its CRC (over type and data) is made to match.
+	binary.BigEndian.PutUint32(raw[16:], 100000)
+	binary.BigEndian.PutUint32(raw[20:], 100000)
+	binary.BigEndian.PutUint32(raw[29:], crc32.ChecksumIEEE(raw[12:29]))
+	path := filepath.Join(t.TempDir(), "huge.png")
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadImageFile(path); !errors.Is(err, ErrFormat) || !strings.Contains(err.Error(), "100000×100000") {
+		t.Errorf("ReadImageFile of a 100000² header = %v; want ErrFormat naming the size", err)
 	}
 }

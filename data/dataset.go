@@ -94,11 +94,14 @@ func (d *Dataset) checkLabels() error {
 	return nil
 }
 
-// Counts returns how many images each class has.
+// Counts returns how many images each class has; labels outside the
+// class names (a dataset not yet checked) are not counted.
 func (d *Dataset) Counts() []int {
 	c := make([]int, len(d.Classes))
 	for _, l := range d.labels {
-		c[l]++
+		if l >= 0 && int(l) < len(c) {
+			c[l]++
+		}
 	}
 	return c
 }
@@ -133,8 +136,13 @@ func (d *Dataset) Describe() string {
 		}
 	}
 	fmt.Fprintf(&b, ", %d classes:", len(d.Classes))
+	named := 0
 	for i, n := range d.Counts() {
 		fmt.Fprintf(&b, " %s=%d", d.Classes[i], n)
+		named += n
+	}
+	if rest := d.Len() - named; rest > 0 {
+		fmt.Fprintf(&b, "; %d images have labels outside those %d names", rest, len(d.Classes))
 	}
 	return b.String()
 }

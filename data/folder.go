@@ -7,6 +7,7 @@ import (
 	"image/draw"
 	_ "image/jpeg" // decoders for the formats ImageFolder takes
 	_ "image/png"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -46,7 +47,7 @@ func ReadFolder(root string) (*Dataset, error) {
 				continue
 			}
 			path := filepath.Join(dir, f.Name())
-			img, err := readImageFile(path)
+			img, err := ReadImageFile(path)
 			if err != nil {
 				return nil, err
 			}
@@ -59,8 +60,13 @@ func ReadFolder(root string) (*Dataset, error) {
 	return d, nil
 }
 
-// readImageFile decodes a PNG or JPEG file.
-func readImageFile(path string) (Image, error) {
+// MaxImagePixels bounds an image's width × height, read from its header
+// before any pixel is: a 40-byte PNG can claim 2³¹ × 2³¹.
+const MaxImagePixels = 1 << 26
+
+// ReadImageFile decodes a PNG or JPEG file, refusing one whose header
+// claims more than MaxImagePixels before allocating for it.
+func ReadImageFile(path string) (Image, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return Image{}, fmt.Errorf("data: %w", err)
@@ -72,6 +78,16 @@ func readImageFile(path string) (Image, error) {
 	}
 	if st.Size() == 0 {
 		return Image{}, fmt.Errorf("data: %s is empty: %w", path, ErrFormat)
+	}
+	cfg, _, err := image.DecodeConfig(f)
+	if err != nil {
+		return Image{}, fmt.Errorf("data: %s: %w: %w", path, err, ErrFormat)
+	}
+	if cfg.Width <= 0 || cfg.Height <= 0 || cfg.Width > MaxImagePixels/cfg.Height {
+		return Image{}, fmt.Errorf("data: %s: a %d×%d image; at most %d pixels are read: %w", path, cfg.Width, cfg.Height, MaxImagePixels, ErrFormat)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return Image{}, fmt.Errorf("data: %w", err)
 	}
 	m, _, err := image.Decode(f)
 	if err != nil {

@@ -47,6 +47,10 @@ type Epoch struct {
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	current *Batch
+	ctx     context.Context
+	// complete is set by the producer once every batch is out, before it
+	// closes out: an end without it was a cancellation.
+	complete bool
 }
 
 type result struct {
@@ -68,7 +72,7 @@ func (l *Loader) Epoch(ctx context.Context, epoch int) (*Epoch, error) {
 		prefetch = 2
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	e := &Epoch{l: l, out: make(chan result, prefetch), free: make(chan *Batch, prefetch+1), cancel: cancel}
+	e := &Epoch{l: l, out: make(chan result, prefetch), free: make(chan *Batch, prefetch+1), cancel: cancel, ctx: ctx}
 	// prefetch+1 buffers: prefetch ready or being filled, one with the caller.
 	sz := l.Split.C * l.Split.H * l.Split.W
 	for range prefetch + 1 {
@@ -110,10 +114,11 @@ func (e *Epoch) produce(ctx context.Context, idx []int, epoch int) {
 			return
 		}
 	}
+	e.complete = true
 }
 
 // Next returns the next batch, valid until the next call of Next or Close,
-// or io.EOF after the last.
+// or io.EOF after the last; if the epoch's context ends first, its error.
 func (e *Epoch) Next() (*Batch, error) {
 	if e.current != nil {
 		e.free <- e.current
@@ -121,6 +126,9 @@ func (e *Epoch) Next() (*Batch, error) {
 	}
 	r, ok := <-e.out
 	if !ok {
+		if !e.complete && e.ctx.Err() != nil {
+			return nil, fmt.Errorf("data: epoch stopped before its last batch: %w", context.Cause(e.ctx))
+		}
 		return nil, io.EOF
 	}
 	if r.err != nil {
@@ -131,7 +139,8 @@ func (e *Epoch) Next() (*Batch, error) {
 }
 
 // Each calls f with every remaining batch of the epoch, in order, and
-// returns f's first error or the loader's; the end of the epoch is nil.
+// returns f's first error or the loader's; the end of the epoch is nil, and
+// a cancelled epoch is the context's error, not an end.
 func (e *Epoch) Each(f func(*Batch) error) error {
 	for {
 		b, err := e.Next()

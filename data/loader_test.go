@@ -333,3 +333,26 @@ func TestSamplerSkip(t *testing.T) {
 		}
 	}
 }
+
+// TestCancelledEpochIsNotAnEnd: an epoch whose context ends before its
+// last batch says so, rather than ending as if it were complete.
+func TestCancelledEpochIsNotAnEnd(t *testing.T) {
+	l := testLoader(t, 1, 0, TransformSpec{Name: "ToTensor"})
+	l.BatchSize, l.Prefetch = 8, 1
+	ctx, cancel := context.WithCancel(context.Background())
+	e, err := l.Epoch(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	n := 0
+	err = e.Each(func(*Batch) error {
+		if n++; n == 2 {
+			cancel()
+		}
+		return nil
+	})
+	if !errors.Is(err, context.Canceled) || n >= l.Batches() {
+		t.Errorf("Each over a cancelled epoch = %v after %d of %d batches; want context.Canceled", err, n, l.Batches())
+	}
+}

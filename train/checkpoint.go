@@ -164,6 +164,16 @@ func LoadCheckpoint(path string) (*Checkpoint, error) {
 		return nil, fail("tensors hold %d bytes, header says %d", len(tensors), total*4)
 	}
 	c := h.Checkpoint
+	// The model in the header must be one whose parameters are these
+	// tensors: whoever builds it from this file then allocates no more than
+	// the file holds.
+	sizes, err := c.Model.Spec.ParamSizes()
+	if err != nil {
+		return nil, fail("its model: %v", err)
+	}
+	if !slices.Equal(sizes, h.ParamLens) {
+		return nil, fail("its model has parameter tensors of %v values; the file holds %v", sizes, h.ParamLens)
+	}
 	read := func(lens []int) [][]float32 {
 		var out [][]float32
 		for _, l := range lens {

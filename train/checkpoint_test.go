@@ -138,6 +138,16 @@ func TestCheckpointDamage(t *testing.T) {
 			t.Errorf("%s: LoadCheckpoint = %v; want ErrCheckpoint", d.name, err)
 		}
 	}
+	// A header whose model is not the one the tensors belong to — a huge
+	// one, say — is refused on load, before anyone builds that model.
+	liar := *c
+	liar.Model.Spec = MLPSpec(12, []int{1 << 20}, 3)
+	if err := liar.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadCheckpoint(path); !errors.Is(err, ErrCheckpoint) || !strings.Contains(err.Error(), "parameter tensors") {
+		t.Errorf("a header naming another model: LoadCheckpoint = %v; want ErrCheckpoint about its tensors", err)
+	}
 	wider := mlpCfg(12, []int{9}, 3, 2, 1)
 	if err := c.LoadInto(newMLP(t, wider)); !errors.Is(err, ErrCheckpoint) {
 		t.Errorf("loading into another model = %v; want ErrCheckpoint", err)

@@ -96,12 +96,9 @@ var buildMu sync.Mutex
 // −Σ(log softmax ⊙ one-hot)/n with n fed each step, so a short last batch
 // is padded with zero rows that add nothing to it.
 func NewModel(cfg ModelConfig) (_ Model, err error) {
-	shapes, err := cfg.Spec.Shapes()
+	shapes, err := cfg.Shapes()
 	if err != nil {
 		return nil, fmt.Errorf("train: %w", err)
-	}
-	if cfg.Batch < 1 {
-		return nil, fmt.Errorf("train: batch %d; want at least 1", cfg.Batch)
 	}
 	buildMu.Lock()
 	defer buildMu.Unlock()

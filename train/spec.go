@@ -71,16 +71,94 @@ func BuiltinSpec(name string, c, h, w, classes int) (Spec, error) {
 // Shapes checks the spec and returns each layer's output shape (without
 // the batch dimension); errors name the layer.
 func (s Spec) Shapes() ([][]int, error) {
+	shapes, _, err := s.walk()
+	return shapes, err
+}
+
+// ParamSizes returns how many values each parameter tensor of the spec has,
+// in InitParams' order, without allocating them: a file's claim can be
+// checked against it before a model is built.
+func (s Spec) ParamSizes() ([]int, error) {
+	_, sizes, err := s.walk()
+	return sizes, err
+}
+
+// Bounds on a spec, checked before anything is allocated, so a config or a
+// checkpoint header cannot make a model panic in allocation: MaxValues per
+// sample in any layer's output and in any one parameter tensor, MaxParams
+// in all.
+const (
+	MaxValues = 1 << 28
+	MaxParams = 1 << 30
+)
+
+// MaxBatchValues bounds a batch's values in any one layer.
+const MaxBatchValues = 1 << 31
+
+// Shapes checks the config — its spec and its batch size — and returns
+// the spec's shapes.
+func (c ModelConfig) Shapes() ([][]int, error) {
+	shapes, err := c.Spec.Shapes()
+	if err != nil {
+		return nil, err
+	}
+	if c.Batch < 1 {
+		return nil, fmt.Errorf("batch %d; want at least 1: %w", c.Batch, ErrSpec)
+	}
+	widest, _ := values(c.Spec.Input...)
+	for _, sh := range shapes {
+		n, _ := values(sh...)
+		widest = max(widest, n)
+	}
+	if widest > MaxBatchValues/c.Batch {
+		return nil, fmt.Errorf("batch %d of layers up to %d values each is more than %d values: %w", c.Batch, widest, MaxBatchValues, ErrSpec)
+	}
+	return shapes, nil
+}
+
+// values is the product of dims, or false past MaxValues.
+func values(dims ...int) (int, bool) {
+	n := 1
+	for _, d := range dims {
+		if d < 0 || d > MaxValues || n > MaxValues/max(d, 1) {
+			return 0, false
+		}
+		n *= d
+	}
+	return n, true
+}
+
+// walk checks the spec and returns every layer's output shape and every
+// parameter tensor's size.
+func (s Spec) walk() ([][]int, []int, error) {
+	shapes, sizes, err := s.walkShapes()
+	if err != nil {
+		return nil, nil, err
+	}
+	total := 0
+	for _, n := range sizes {
+		if total += n; total > MaxParams {
+			return nil, nil, fmt.Errorf("more than %d parameters: %w", MaxParams, ErrSpec)
+		}
+	}
+	return shapes, sizes, nil
+}
+
+func (s Spec) walkShapes() ([][]int, []int, error) {
 	if len(s.Input) != 1 && len(s.Input) != 3 {
-		return nil, fmt.Errorf("input %v; want [features] or [channels, height, width]: %w", s.Input, ErrSpec)
+		return nil, nil, fmt.Errorf("input %v; want [features] or [channels, height, width]: %w", s.Input, ErrSpec)
 	}
 	for _, d := range s.Input {
 		if d < 1 {
-			return nil, fmt.Errorf("input %v has a dimension below 1: %w", s.Input, ErrSpec)
+			return nil, nil, fmt.Errorf("input %v has a dimension below 1: %w", s.Input, ErrSpec)
 		}
 	}
+	if _, ok := values(s.Input...); !ok {
+		return nil, nil, fmt.Errorf("input %v has more than %d values: %w", s.Input, MaxValues, ErrSpec)
+	}
+	var sizes []int
 	if len(s.Layers) == 0 {
-		return nil, fmt.Errorf("no layers: %w", ErrSpec)
+		return nil, nil, fmt.Errorf("no layers: %w", ErrSpec)
 	}
 	shape := s.Input
 	saved := map[string][]int{}
@@ -93,30 +171,43 @@ func (s Spec) Shapes() ([][]int, error) {
 		switch l.Type {
 		case "linear":
 			if len(shape) != 1 {
-				return nil, bad("input %v is not flat; put a flatten before it", shape)
+				return nil, nil, bad("input %v is not flat; put a flatten before it", shape)
 			}
 			if l.Out < 1 {
-				return nil, bad("out %d; want at least 1", l.Out)
+				return nil, nil, bad("out %d; want at least 1", l.Out)
 			}
+			n, ok := values(shape[0], l.Out)
+			if !ok {
+				return nil, nil, bad("a %d×%d weight; at most %d values", shape[0], l.Out, MaxValues)
+			}
+			sizes = append(sizes, n, l.Out)
 			shape = []int{l.Out}
 		case "conv2d":
 			if len(shape) != 3 {
-				return nil, bad("input %v is not C×H×W", shape)
+				return nil, nil, bad("input %v is not C×H×W", shape)
 			}
 			if l.Out < 1 || l.Kernel < 1 || l.Pad < 0 {
-				return nil, bad("out %d, kernel %d, pad %d; want out ≥ 1, kernel ≥ 1, pad ≥ 0", l.Out, l.Kernel, l.Pad)
+				return nil, nil, bad("out %d, kernel %d, pad %d; want out ≥ 1, kernel ≥ 1, pad ≥ 0", l.Out, l.Kernel, l.Pad)
+			}
+			if l.Pad > MaxValues || l.Kernel > MaxValues {
+				return nil, nil, bad("kernel %d and pad %d; at most %d", l.Kernel, l.Pad, MaxValues)
 			}
 			h, w := shape[1]+2*l.Pad-l.Kernel+1, shape[2]+2*l.Pad-l.Kernel+1
 			if h < 1 || w < 1 {
-				return nil, bad("a %d×%d kernel does not fit %d×%d with pad %d", l.Kernel, l.Kernel, shape[1], shape[2], l.Pad)
+				return nil, nil, bad("a %d×%d kernel does not fit %d×%d with pad %d", l.Kernel, l.Kernel, shape[1], shape[2], l.Pad)
 			}
+			n, ok := values(l.Out, shape[0], l.Kernel, l.Kernel)
+			if !ok {
+				return nil, nil, bad("a %d×%d×%d×%d weight; at most %d values", l.Out, shape[0], l.Kernel, l.Kernel, MaxValues)
+			}
+			sizes = append(sizes, n, l.Out)
 			shape = []int{l.Out, h, w}
 		case "maxpool2d":
 			if len(shape) != 3 {
-				return nil, bad("input %v is not C×H×W", shape)
+				return nil, nil, bad("input %v is not C×H×W", shape)
 			}
 			if l.Kernel < 1 || shape[1] < l.Kernel || shape[2] < l.Kernel {
-				return nil, bad("kernel %d for %d×%d", l.Kernel, shape[1], shape[2])
+				return nil, nil, bad("kernel %d for %d×%d", l.Kernel, shape[1], shape[2])
 			}
 			shape = []int{shape[0], shape[1] / l.Kernel, shape[2] / l.Kernel}
 		case "relu", "sigmoid", "tanh":
@@ -129,30 +220,33 @@ func (s Spec) Shapes() ([][]int, error) {
 		case "add":
 			s, ok := saved[l.From]
 			if !ok {
-				return nil, bad("from %q: no earlier layer saved that name", l.From)
+				return nil, nil, bad("from %q: no earlier layer saved that name", l.From)
 			}
 			if !equal(s, shape) {
-				return nil, bad("adds %q of shape %v to shape %v", l.From, s, shape)
+				return nil, nil, bad("adds %q of shape %v to shape %v", l.From, s, shape)
 			}
 		case "dropout":
 			if !(l.P > 0 && l.P < 1) {
-				return nil, bad("p %v; want the share of values to drop, above 0 and below 1", l.P)
+				return nil, nil, bad("p %v; want the share of values to drop, above 0 and below 1", l.P)
 			}
 		default:
-			return nil, bad("unknown type; want linear, conv2d, maxpool2d, relu, sigmoid, tanh, flatten, dropout or add")
+			return nil, nil, bad("unknown type; want linear, conv2d, maxpool2d, relu, sigmoid, tanh, flatten, dropout or add")
+		}
+		if _, ok := values(shape...); !ok {
+			return nil, nil, bad("gives %v, more than %d values per sample", shape, MaxValues)
 		}
 		if l.Save != "" {
 			if _, dup := saved[l.Save]; dup {
-				return nil, bad("save %q is used twice", l.Save)
+				return nil, nil, bad("save %q is used twice", l.Save)
 			}
 			saved[l.Save] = shape
 		}
 		out = append(out, shape)
 	}
 	if last := out[len(out)-1]; len(last) != 1 || last[0] < 2 {
-		return nil, fmt.Errorf("the last layer gives %v; want a flat vector of at least 2 class scores: %w", last, ErrSpec)
+		return nil, nil, fmt.Errorf("the last layer gives %v; want a flat vector of at least 2 class scores: %w", last, ErrSpec)
 	}
-	return out, nil
+	return out, sizes, nil
 }
 
 func equal(a, b []int) bool {

@@ -259,3 +259,33 @@ func TestDropoutMasks(t *testing.T) {
 		t.Error("another seed drew the same mask")
 	}
 }
+
+// TestSpecBounds: dimensions that would make a model too big to allocate
+// — from a job config or a checkpoint's header — are refused before any
+// allocation, naming the limit; NewModel returns the error, no panic.
+func TestSpecBounds(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  ModelConfig
+	}{
+		{"a huge linear", ModelConfig{Batch: 1, Spec: MLPSpec(784, []int{1 << 27}, 10)}},
+		{"a huge input", ModelConfig{Batch: 1, Spec: Spec{Input: []int{1 << 20, 1 << 20, 1}, Layers: []Layer{{Type: "flatten"}, {Type: "linear", Out: 2}}}}},
+		{"a huge pad", ModelConfig{Batch: 1, Spec: Spec{Input: []int{1, 8, 8}, Layers: []Layer{{Type: "conv2d", Out: 2, Kernel: 3, Pad: 1 << 40}, {Type: "flatten"}, {Type: "linear", Out: 2}}}}},
+		{"a huge conv output", ModelConfig{Batch: 1, Spec: Spec{Input: []int{1, 8, 8}, Layers: []Layer{{Type: "conv2d", Out: 1 << 30, Kernel: 3}, {Type: "flatten"}, {Type: "linear", Out: 2}}}}},
+		{"too many parameters", ModelConfig{Batch: 1, Spec: MLPSpec(1<<14, []int{1 << 14, 1 << 14, 1 << 14, 1 << 14, 1 << 14}, 10)}},
+		{"a huge batch", ModelConfig{Batch: 1 << 30, Spec: MLPSpec(784, []int{16}, 10)}},
+	} {
+		_, err := tc.cfg.Shapes()
+		if !errors.Is(err, ErrSpec) {
+			t.Errorf("%s: Shapes = %v; want ErrSpec", tc.name, err)
+			continue
+		}
+		if _, err := NewModel(tc.cfg); err == nil {
+			t.Errorf("%s: NewModel built it", tc.name)
+		}
+	}
+	sizes, err := MLPSpec(784, []int{256, 128}, 10).ParamSizes()
+	if want := []int{784 * 256, 256, 256 * 128, 128, 1280, 10}; err != nil || !slices.Equal(sizes, want) {
+		t.Errorf("ParamSizes = %v, %v; want %v", sizes, err, want)
+	}
+}

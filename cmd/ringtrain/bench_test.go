@@ -93,8 +93,28 @@ func TestBenchAllreduceJSON(t *testing.T) {
 	}
 }
 
+// TestHelpIsNotAnError: --help on any command prints its flags and
+// succeeds; a flag's placeholder is a word, not a command line.
+func TestHelpIsNotAnError(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"join", "--help"}, {"local", "-h"}, {"bench", "device", "--help"}, {"export", "-help"}} {
+		var out, errOut bytes.Buffer
+		if err := run(context.Background(), args, &out, &errOut); err != nil {
+			t.Errorf("run(%q) = %v; want nil", args, err)
+		}
+		if out.Len()+errOut.Len() == 0 {
+			t.Errorf("run(%q) printed nothing", args)
+		}
+	}
+	var out bytes.Buffer
+	run(context.Background(), []string{"join", "--help"}, &out, &out)
+	if strings.Contains(out.String(), "-identity ringtrain") || !strings.Contains(out.String(), "-identity string") {
+		t.Errorf("join's usage shows a command as a placeholder:\n%s", out.String())
+	}
+}
+
 func TestUsageErrors(t *testing.T) {
-	for _, args := range [][]string{nil, {"frobnicate"}, {"bench"}, {"bench", "allreduce", "--sizes", "lots"}} {
+	for _, args := range [][]string{nil, {"frobnicate"}, {"bench"}, {"bench", "allreduce", "--sizes", "lots"},
+		{"local", "-n", "2", "--config", "../../testdata/job.json"}} { // world_size 3
 		var out bytes.Buffer
 		if err := run(context.Background(), args, &out, &out); !errors.Is(err, errUsage) {
 			t.Errorf("run(%q) = %v; want a usage error", args, err)

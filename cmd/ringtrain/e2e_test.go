@@ -93,6 +93,10 @@ func TestLocalTrainsEndToEnd(t *testing.T) {
 		}
 	}
 
+	// Rank 0 writes the checkpoint, and only it says so.
+	if n := strings.Count(out, "checkpoint: "); n != 1 || !strings.Contains(out, "[rank 0] checkpoint: ") {
+		t.Errorf("%d peers print a checkpoint path; want rank 0 alone, which wrote it", n)
+	}
 	// predict, from the checkpoint rank 0 wrote, on a PNG (grayscale), a
 	// JPEG (colour) and a colour image of another size.
 	ckpt := filepath.Join(dir, "fashion-mnist-demo.ckpt")
@@ -273,8 +277,9 @@ func jobFile(t *testing.T, dir, fields string) string {
 // TestLocalInterruptLeavesNoOrphans: Ctrl-C on `local` stops every peer, and
 // local returns only once they are gone.
 func TestLocalInterruptLeavesNoOrphans(t *testing.T) {
-	// world_size 4 with 3 peers: they wait for a fourth that never comes.
-	cfg := jobFile(t, t.TempDir(), `"name": "orphans", "world_size": 4, "epochs": 1, "join_timeout": "5m"`)
+	// Interrupted while they find each other or train (100 epochs: they
+	// cannot have finished).
+	cfg := jobFile(t, t.TempDir(), `"name": "orphans", "world_size": 3, "epochs": 100, "join_timeout": "5m"`)
 	local := startRingtrain(t, "local", "-n", "3", "--config", cfg)
 	local.until(t, "all peers look for each other", func(out string) bool { return strings.Count(out, "looking for peers") == 3 })
 	var pids []int
@@ -472,4 +477,25 @@ func TestReplacementIsAdmitted(t *testing.T) {
 	if len(hashes) != 3 || hashes[0] != hashes[1] || hashes[1] != hashes[2] {
 		t.Errorf("summaries of the grown ring: hashes %v; want three equal ones\n%s", hashes, all)
 	}
+}
+
+// TestLocalFirstPeerFailsEarly: when peer 0 fails before it prints its
+// address (here: its data cannot be loaded) and the job would let the
+// others go on without it (min_world_size 1), local stops with peer 0's
+// error instead of waiting for an address that never comes.
+func TestLocalFirstPeerFailsEarly(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "job.json")
+	os.WriteFile(filepath.Join(dir, "data.json"), []byte(`{"transforms": [{"name": "ToTensor", "args": []}], "dataset_path": {"train": "nowhere"}}`), 0o644)
+	os.WriteFile(cfg, []byte(`{"name": "early", "world_size": 3, "min_world_size": 1, "epochs": 1, "batch_size": 8,
+		"model": "mlp", "optimizer": {"name": "sgd", "lr": 0.05}, "data": "data.json"}`), 0o644)
+	start := time.Now()
+	out, err := ringtrain(t, 2*time.Minute, "local", "-n", "3", "--config", cfg)
+	if err == nil || !strings.Contains(out, "peer 0") || !strings.Contains(out, "nowhere") {
+		t.Fatalf("local with a broken first peer: %v\n%s", err, out)
+	}
+	if strings.Contains(out, "[peer 1]") {
+		t.Errorf("local started other peers after peer 0 failed:\n%s", out)
+	}
+	t.Logf("local gave up after %v", time.Since(start).Round(time.Millisecond))
 }

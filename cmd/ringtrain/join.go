@@ -65,7 +65,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	if job.Checkpoint != "" {
+	if job.Checkpoint != "" && job.Rank() == 0 { // rank 0 writes it; the others hold the same
 		fmt.Fprintf(stdout, "checkpoint: %s\n", job.Checkpoint)
 	}
 	fmt.Fprintf(stdout, "rank %d of %d: test accuracy %.4f, param hash %s\n", job.Rank(), len(peer.members.Members()), sum.TestAccuracy, sum.ParamHash[:16])
@@ -83,8 +83,8 @@ func parseJoinFlags(args []string, stderr io.Writer) (*joinFlags, error) {
 	fs.StringVar(&f.config, "config", "", "job config (JSON)")
 	fs.Var(&f.bootstrap, "bootstrap", "multiaddr of a peer already in the swarm, /ip4/…/tcp/…/p2p/<id> (repeatable)")
 	fs.Var(&f.listen, "listen", "multiaddr to listen on (repeatable; default /ip4/0.0.0.0/tcp/0)")
-	fs.StringVar(&f.identity, "identity", "", "identity key file, created on first use (default: a fresh identity each run; see `ringtrain id`)")
-	fs.StringVar(&f.swarmKey, "swarm-key", "", "private swarm key file (see `ringtrain swarm-key`)")
+	fs.StringVar(&f.identity, "identity", "", "identity key file, created on first use (default: a fresh identity each run; see: ringtrain id)")
+	fs.StringVar(&f.swarmKey, "swarm-key", "", "private swarm key file (see: ringtrain swarm-key)")
 	plane := fs.String("data-plane", "libp2p", "what carries gradients: libp2p (encrypted) or tcp (token-gated, in the clear; trusted networks)")
 	fs.StringVar(&f.model, "model", "", "use this built-in model instead of the config's (mlp or cnn)")
 	fs.StringVar(&f.device, "device", "", deviceHelp+" (default: cuda if the config says gpus 1, else cpu)")

@@ -46,6 +46,10 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	minWorld := *n
 	if jc, err := loadJobConfig(*config); err == nil {
 		minWorld = jc.MinWorldSize
+		if *n < jc.WorldSize {
+			return fmt.Errorf("local: -n %d starts fewer peers than the config's world_size %d, so the ring would never form; start at least %d: %w",
+				*n, jc.WorldSize, jc.WorldSize, errUsage)
+		}
 	}
 	var failed atomic.Int32
 	ctx, cancel := context.WithCancel(ctx)
@@ -62,6 +66,7 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	common = append(common, devOpt.args()...)
 	errs := make([]error, *n)
 	var wg sync.WaitGroup
+	firstGone := make(chan struct{}) // peer 0's output has ended
 	start := func(i int, extra []string, firstAddr chan<- string) error {
 		cmd := exec.CommandContext(ctx, self, append(append([]string(nil), common...), extra...)...)
 		// Stop a peer the way Ctrl-C would, so it can leave cleanly; kill
@@ -82,7 +87,12 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		p := &peerOut{prefix: fmt.Sprintf("[peer %d] ", i), mu: &out}
 		p.println(stdout, fmt.Sprintf("started, pid %d", cmd.Process.Pid))
 		var copies sync.WaitGroup
-		copies.Go(func() { p.copy(po, stdout, firstAddr) })
+		copies.Go(func() {
+			p.copy(po, stdout, firstAddr)
+			if firstAddr != nil {
+				close(firstGone)
+			}
+		})
 		copies.Go(func() { p.copy(pe, stderr, nil) })
 		wg.Go(func() {
 			copies.Wait()
@@ -99,14 +109,26 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := start(0, nil, addr); err != nil {
 		return err
 	}
-	select {
-	case a := <-addr:
+	// The others need peer 0's address; if it ends first (a bad config,
+	// a crash), they are never started and its error is what local says.
+	startOthers := func(a string) {
 		for i := 1; i < *n; i++ {
 			if err := start(i, []string{"--bootstrap", a}, nil); err != nil {
 				cancel()
 				errs[i] = err
 				break
 			}
+		}
+	}
+	select {
+	case a := <-addr:
+		startOthers(a)
+	case <-firstGone:
+		select {
+		case a := <-addr: // printed just before it ended
+			startOthers(a)
+		default:
+			cancel()
 		}
 	case <-ctx.Done():
 	}

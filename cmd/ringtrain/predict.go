@@ -4,12 +4,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"image"
-	_ "image/jpeg"
-	_ "image/png"
 	"io"
 	"math"
-	"os"
 	"slices"
 
 	"github.com/ringtrain/ringtrain/data"
@@ -35,16 +31,11 @@ func runPredict(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.Open(*imgPath)
+	im, err := data.ReadImageFile(*imgPath)
 	if err != nil {
-		return err
+		return fmt.Errorf("predict: %w", err)
 	}
-	m, _, err := image.Decode(f)
-	f.Close()
-	if err != nil {
-		return fmt.Errorf("predict: %s: %w", *imgPath, err)
-	}
-	x, err := prepare(c, data.FromImage(m))
+	x, err := prepare(c, im)
 	if err != nil {
 		return fmt.Errorf("predict: %s: %w", *imgPath, err)
 	}

@@ -125,12 +125,9 @@ func New(ops Ops, cfg train.ModelConfig) (_ *Net, err error) {
 			ops.Close()
 		}
 	}()
-	shapes, err := cfg.Spec.Shapes()
+	shapes, err := cfg.Shapes()
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
-	}
-	if cfg.Batch < 1 {
-		return nil, fmt.Errorf("engine: batch %d; want at least 1", cfg.Batch)
 	}
 	init, err := train.InitParams(cfg)
 	if err != nil {
