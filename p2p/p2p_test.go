@@ -144,8 +144,17 @@ func TestTooFewPeersTimesOut(t *testing.T) {
 	j.WorldSize = 3
 	s := swarm(t, 2, j)
 	hs := s.Hosts
-	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
-	defer cancel()
+	// The join times out once both have verified each other — not after a
+	// fixed time, which a slow machine might spend finding them.
+	ctx := newDeadline()
+	go func() {
+		defer ctx.expire()
+		for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			if verified(s.Nodes[0], hs[1].ID()) && verified(s.Nodes[1], hs[0].ID()) {
+				return
+			}
+		}
+	}()
 	s.Join(ctx)
 	for i, err := range s.Errs {
 		if !errors.Is(err, ErrJoinTimeout) || !strings.Contains(err.Error(), "found 2 of 3 peers") ||
@@ -153,6 +162,35 @@ func TestTooFewPeersTimesOut(t *testing.T) {
 			t.Errorf("node %d: Join = %v; want ErrJoinTimeout saying 2 of 3 were found, and which", i, err)
 		}
 	}
+}
+
+// deadline is a context that ends, with DeadlineExceeded, when expire is
+// called: a join timeout at a moment the test chooses.
+type deadline struct {
+	context.Context
+	done chan struct{}
+	once sync.Once
+}
+
+func newDeadline() *deadline { return &deadline{Context: context.Background(), done: make(chan struct{})} }
+
+func (d *deadline) expire()               { d.once.Do(func() { close(d.done) }) }
+func (d *deadline) Done() <-chan struct{} { return d.done }
+func (d *deadline) Err() error {
+	select {
+	case <-d.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
+// verified reports whether n has checked p's proof of the job.
+func verified(n *Node, p peer.ID) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	pi, ok := n.peers[p]
+	return ok && pi.verified
 }
 
 func TestExtraPeerIsStandby(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -152,16 +153,24 @@ type peerOut struct {
 func (p *peerOut) println(w io.Writer, line string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	rest, ok := strings.CutPrefix(line, "ring formed: rank ")
-	if !ok {
-		rest, ok = strings.CutPrefix(line, "ring re-formed: rank ")
-	}
-	if ok {
-		if r, _, ok := strings.Cut(rest, " "); ok {
-			p.prefix = "[rank " + r + "] "
-		}
+	if r := rankOf(line); r != "" {
+		p.prefix = "[rank " + r + "] "
 	}
 	fmt.Fprintf(w, "%s%s\n", p.prefix, line)
+}
+
+// rankFields finds the rank in the lines that assign one: the peer's own
+// "ring formed: rank N …" on stdout, and its log of the same on stderr,
+// as console (rank=N) or JSON ("rank":N) — whichever of the two streams
+// gets here first.
+var rankFields = regexp.MustCompile(`^ring (?:re-)?formed: rank (\d+) |ring (?:re-)?formed.*?\brank=(\d+)|"rank":(\d+).*"message":"ring (?:re-)?formed|"message":"ring (?:re-)?formed.*"rank":(\d+)`)
+
+func rankOf(line string) string {
+	m := rankFields.FindStringSubmatch(line)
+	if m == nil {
+		return ""
+	}
+	return m[1] + m[2] + m[3] + m[4]
 }
 
 // copy copies r to w line by line. The first "listening on" address of a
