@@ -172,7 +172,9 @@ type deadline struct {
 	once sync.Once
 }
 
-func newDeadline() *deadline { return &deadline{Context: context.Background(), done: make(chan struct{})} }
+func newDeadline() *deadline {
+	return &deadline{Context: context.Background(), done: make(chan struct{})}
+}
 
 func (d *deadline) expire()               { d.once.Do(func() { close(d.done) }) }
 func (d *deadline) Done() <-chan struct{} { return d.done }
