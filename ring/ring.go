@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -99,6 +100,7 @@ type Ring struct {
 	hdr     [HeaderSize]byte // sender's header buffer
 	bufArr  [2][]byte        // backing for bufs, so writes allocate nothing
 	bufs    net.Buffers
+	stats   Stats
 }
 
 // New returns the Ring for one rank. It takes ownership of t (nil is allowed
@@ -151,6 +153,22 @@ func (r *Ring) AllreduceSum(ctx context.Context, buf []float32) error {
 // ranks' buffers. Every rank ends with the same bits.
 func (r *Ring) AllreduceMean(ctx context.Context, buf []float32) error {
 	return r.allreduce(ctx, OpAllreduceMean, buf)
+}
+
+// Stats are what a ring has done, for metrics.
+type Stats struct {
+	// BytesSent counts every frame's bytes, headers included, since New.
+	BytesSent int64
+	// LastWait is how long the last allreduce waited for its neighbour's
+	// first frame: the time the other ranks took to reach it.
+	LastWait time.Duration
+}
+
+// Stats returns the ring's figures; call it between collectives.
+func (r *Ring) Stats() Stats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stats
 }
 
 // Barrier returns once every rank has entered it.
@@ -325,6 +343,7 @@ type BuffersWriter interface {
 // caller's buffer.
 func (r *Ring) writeFrame(h *Header, payload []float32) error {
 	putHeader(r.hdr[:], h)
+	r.stats.BytesSent += int64(HeaderSize + 4*len(payload))
 	var err error
 	if bw, ok := r.t.(BuffersWriter); ok && len(payload) > 0 {
 		r.bufs = append(r.bufArr[:0], r.hdr[:], asBytes(payload))
@@ -357,6 +376,8 @@ func (r *Ring) recvErr(want *Header, err error) error {
 // bits. A frame received in step s is forwarded in step s+1 as soon as it has
 // been added, which is what pipelines the chunks.
 func (r *Ring) ringAllreduce(seq uint64, op Op, buf []float32) error {
+	began := time.Now()
+	r.stats.LastWait = 0
 	n, rank := r.cfg.Size, r.cfg.Rank
 	count := uint64(len(buf))
 	steps := 2 * (n - 1)
@@ -423,6 +444,11 @@ func (r *Ring) ringAllreduce(seq uint64, op Op, buf []float32) error {
 					if err := r.fr.read(&want, asBytes(dst)); err != nil {
 						return r.recvErr(&want, err)
 					}
+				}
+				if s == 0 && c == 0 {
+					// Until the neighbour's first frame came, this rank
+					// waited for the others to reach the collective.
+					r.stats.LastWait = time.Since(began)
 				}
 				if s < steps-1 {
 					f.ready <- struct{}{}

@@ -596,3 +596,36 @@ func BenchmarkScale(b *testing.B) {
 		})
 	}
 }
+
+// TestStats: an allreduce counts the bytes it sends, and the rank that got
+// there first records the time it waited for the other.
+func TestStats(t *testing.T) {
+	ts := MemRing(2)
+	rs := make([]*Ring, 2)
+	for i := range rs {
+		r, err := New(ts[i], Config{Rank: i, Size: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		rs[i] = r
+	}
+	const n, late = 1 << 16, 50 * time.Millisecond
+	errs := make(chan error, 2)
+	go func() { errs <- rs[0].AllreduceMean(context.Background(), make([]float32, n)) }()
+	go func() { time.Sleep(late); errs <- rs[1].AllreduceMean(context.Background(), make([]float32, n)) }()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	s0, s1 := rs[0].Stats(), rs[1].Stats()
+	if s0.LastWait < late {
+		t.Errorf("rank 0 waited %v for a rank %v late", s0.LastWait, late)
+	}
+	for i, s := range []Stats{s0, s1} {
+		if s.BytesSent < 4*n || s.BytesSent > 4*n+64*HeaderSize {
+			t.Errorf("rank %d sent %d bytes for a %d-byte allreduce of 2", i, s.BytesSent, 4*n)
+		}
+	}
+}

@@ -78,6 +78,8 @@ type Progress struct {
 	Elapsed            time.Duration // since the epoch began
 	EpochDone          bool
 	TestAccuracy       float64 // with EpochDone, if there is a test set
+	WorldSize          int
+	Stats              ReplicaStats // the replica's, summed since it was made
 }
 
 // Position is where a run is: Epochs completed, Steps run in all, and Skip,
@@ -200,7 +202,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 				if cfg.Progress != nil && step%cfg.ProgressEvery == 0 {
 					el := time.Since(start)
 					cfg.Progress(Progress{Epoch: epoch, Step: step, Steps: steps, Loss: lossSum / float64(lossN),
-						SamplesPerSec: float64(epochSamples) / el.Seconds(), Elapsed: el})
+						SamplesPerSec: float64(epochSamples) / el.Seconds(), Elapsed: el, WorldSize: r.Coll.Size(), Stats: r.Stats})
 					lossSum, lossN = 0, 0
 				}
 				return nil
@@ -291,7 +293,8 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 			}
 		}
 		if cfg.Progress != nil {
-			p := Progress{Epoch: epoch, Step: step, Steps: steps, SamplesPerSec: float64(epochSamples) / elapsed.Seconds(), Elapsed: elapsed, EpochDone: true}
+			p := Progress{Epoch: epoch, Step: step, Steps: steps, SamplesPerSec: float64(epochSamples) / elapsed.Seconds(), Elapsed: elapsed, EpochDone: true,
+				WorldSize: r.Coll.Size(), Stats: r.Stats}
 			if lossN > 0 {
 				p.Loss = lossSum / float64(lossN)
 			}
@@ -356,6 +359,7 @@ func reform(ctx context.Context, cfg RunConfig, r *Replica, cause error, at Posi
 			return Position{}, fmt.Errorf("train: re-forming the ring after a failed step (%v): %w", cause, err)
 		}
 		r.Coll = c
+		r.Stats.Reforms++
 		pos, _, err := r.adoptLatest(ctx, true, at, 1)
 		if err == nil && pos.Epochs != at.Epochs {
 			return Position{}, fmt.Errorf("train: after re-forming the ring: a survivor is in epoch %d, this one in %d", pos.Epochs+1, at.Epochs+1)

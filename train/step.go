@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 	"unsafe"
+
+	"github.com/ringtrain/ringtrain/ring"
 )
 
 // Collective is what a training step needs of a ring. *ring.Ring has it;
@@ -45,6 +48,9 @@ type Replica struct {
 	// that simply stopped would leave the others stuck in a collective.
 	Leave <-chan struct{}
 
+	// Stats is what this replica has done, summed since it was made.
+	Stats ReplicaStats
+
 	nparams int
 	// flat holds every gradient (or, to broadcast, parameter) tensor end
 	// to end, then the non-finite flag, then one leave flag per rank.
@@ -52,6 +58,22 @@ type Replica struct {
 	// views are the gradient tensors' places in flat: the optimizer reads
 	// the averaged gradients there, which saves copying them back.
 	views [][]float32
+}
+
+// ReplicaStats is where a replica's steps spent their time and what they
+// did, summed since it was made; Progress reports carry a copy.
+type ReplicaStats struct {
+	Steps   int // steps run, applied or skipped
+	Skipped int // steps skipped for NaN or Inf gradients
+	Reforms int // times the ring re-formed under it
+	// Compute is forward and backward (on a device, for a ring of one, the
+	// whole step: there is no allreduce); Wait the time in the allreduce
+	// until the neighbour's first frame came (the other ranks still
+	// computing); Ring the rest of the allreduce; Optimizer the update.
+	Compute, Wait, Ring, Optimizer time.Duration
+	// BytesSent is the gradient bytes this rank sent: a ring allreduce sends
+	// 2(n−1)/n of the buffer.
+	BytesSent int64
 }
 
 // LeaveError is what Step returns once a rank has asked to leave; the step
@@ -182,9 +204,16 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		s.SeedMasks(uint64(r.Steps)<<20 ^ uint64(r.Coll.Rank()))
 	}
 	r.Steps++
+	r.Stats.Steps++
+	t0 := time.Now()
 	dev, onDevice := r.Opt.(DeviceOptimizer)
 	if onDevice && r.Coll.Size() == 1 {
-		return r.stepAlone(dev, x, y, n)
+		loss, err := r.stepAlone(dev, x, y, n)
+		r.Stats.Compute += time.Since(t0)
+		if errors.Is(err, ErrNonFinite) {
+			r.Stats.Skipped++
+		}
+		return loss, err
 	}
 	flat, err := r.buffer()
 	if err != nil {
@@ -203,8 +232,19 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	leave := r.leaving()
 	tail := flat[r.nparams:]
 	putStepFlags(tail, r.Coll.Rank(), bad >= 0, leave)
-	if err := r.Coll.AllreduceMean(ctx, flat); err != nil {
+	t1 := time.Now()
+	r.Stats.Compute += t1.Sub(t0)
+	err = r.Coll.AllreduceMean(ctx, flat)
+	t2 := time.Now()
+	comm, wait := t2.Sub(t1), time.Duration(0)
+	if st, ok := r.Coll.(interface{ Stats() ring.Stats }); ok {
+		wait = min(st.Stats().LastWait, comm)
+	}
+	r.Stats.Wait += wait
+	r.Stats.Ring += comm - wait
+	if err != nil {
 		r.Steps-- // it runs again, with the same dropout masks
+		r.Stats.Steps--
 		return 0, fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
 	}
 	badRanks, leaving := stepFlagsOf(tail, r.Coll.Size())
@@ -227,12 +267,19 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		r.Opt.Step(r.Model.Params(), r.views)
 		applied = true
 	}
+	if size := int64(r.Coll.Size()); size > 1 {
+		r.Stats.BytesSent += 8 * (size - 1) * int64(len(flat)) / size
+	}
+	r.Stats.Optimizer += time.Since(t2)
 	if err == nil && !applied {
 		// Every rank flagged its own gradients finite, yet their average is
 		// not: a rank sent NaN or Inf and hid it (or the sum overflowed).
 		// Every rank holds the same average, so every rank skips.
 		err = fmt.Errorf("train: the averaged gradients hold a NaN or Inf though all %d ranks flagged theirs finite (a rank hid its own, or the sum overflowed); step skipped on all: %w",
 			r.Coll.Size(), ErrNonFinite)
+	}
+	if errors.Is(err, ErrNonFinite) {
+		r.Stats.Skipped++
 	}
 	if leaving == nil {
 		return loss, err

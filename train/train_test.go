@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ringtrain/ringtrain/ring"
 )
@@ -237,5 +238,43 @@ func TestGatherFinite(t *testing.T) {
 				o += len(x)
 			}
 		})
+	}
+}
+
+// TestReplicaStats: a replica counts its steps, the skipped one and the
+// bytes it sent, splits their time into compute, waiting, ring and update,
+// and the rank that keeps arriving first is the one that waits.
+func TestReplicaStats(t *testing.T) {
+	const world, steps, late = 2, 4, 20 * time.Millisecond
+	rings := memRings(t, world)
+	reps := make([]*Replica, world)
+	cfg := mlpCfg(12, []int{8}, 3, 4, 1)
+	onAll(world, func(i int) error {
+		reps[i] = NewReplica(newMLP(t, cfg), &SGD{LR: 0.1}, rings[i])
+		rng := rand.New(rand.NewPCG(1, uint64(i)))
+		for s := range steps {
+			x, y := randomBatch(rng, 4, 12, 3)
+			if s == 2 && i == 0 {
+				x[0] = float32(math.Inf(1)) // a skipped step, on all
+			}
+			if i == 1 {
+				time.Sleep(late)
+			}
+			reps[i].Step(context.Background(), x, y, 4)
+		}
+		return nil
+	})
+	params := 12*8 + 8 + 8*3 + 3
+	for i, r := range reps {
+		st := r.Stats
+		if st.Steps != steps || st.Skipped != 1 || st.Compute <= 0 || st.Ring <= 0 {
+			t.Errorf("rank %d: %+v; want %d steps, 1 skipped, compute and ring time", i, st, steps)
+		}
+		if flat := params + stepTrailer(world); st.BytesSent != int64(steps*4*flat) { // 2(n−1)/n of 4·flat bytes, n = 2
+			t.Errorf("rank %d sent %d bytes; want %d", i, st.BytesSent, steps*4*flat)
+		}
+	}
+	if w := reps[0].Stats.Wait; w < steps*late/2 {
+		t.Errorf("rank 0, first to every allreduce, waited %v in all; want at least %v", w, steps*late/2)
 	}
 }

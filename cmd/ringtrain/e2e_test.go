@@ -59,9 +59,15 @@ func TestLocalTrainsEndToEnd(t *testing.T) {
 		[]byte(`"data": "`+mustAbs(t, "../../testdata/data-config.json")+`", "checkpoint_dir": "`+dir+`"`), 1)
 	cfg := filepath.Join(dir, "job.json")
 	os.WriteFile(cfg, job, 0o644)
-	out, err := ringtrain(t, 3*time.Minute, "local", "-n", "3", "--config", cfg, "--log-format", "json")
+	out, err := ringtrain(t, 3*time.Minute, "local", "-n", "3", "--config", cfg, "--log-format", "json", "--metrics", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("local: %v\n%s", err, out)
+	}
+	if n := strings.Count(out, "metrics on http://127.0.0.1:"); n != 3 {
+		t.Errorf("%d peers serve metrics; want 3", n)
+	}
+	if n := regexp.MustCompile(`"share_compute":[0-9.]+,"share_wait":[0-9.]+,"share_ring":[0-9.]+`).FindAllString(out, -1); len(n) < 6 {
+		t.Errorf("%d epoch and summary lines say where the time went; want 6 (3 peers × epoch done and summary)", len(n))
 	}
 	re := regexp.MustCompile(`"param_hash":"([0-9a-f]{64})".*"test_accuracy":([0-9.]+)|"test_accuracy":([0-9.]+).*"param_hash":"([0-9a-f]{64})"`)
 	var hashes []string

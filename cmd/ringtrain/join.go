@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,6 +28,7 @@ func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 // joinFlags are `ringtrain join`'s flags.
 type joinFlags struct {
 	config, identity, swarmKey, model, device string
+	metrics                                   string
 	bootstrap, listen                         stringList
 	plane                                     p2p.DataPlane
 	log                                       logFlags
@@ -61,6 +63,20 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer model.Close()
+	if f.metrics != "" {
+		m := newMetrics()
+		addr, stop, err := m.serve(ctx, f.metrics)
+		if err != nil {
+			return fmt.Errorf("--metrics: %w", err)
+		}
+		defer stop()
+		fmt.Fprintf(stdout, "metrics on http://%s/metrics\n", addr)
+		report := job.Training.Progress
+		job.Training.Progress = func(p train.Progress) {
+			m.observe(p, testSplit != nil)
+			report(p)
+		}
+	}
 	sum, err := job.Run(ctx)
 	if err != nil {
 		return err
@@ -72,7 +88,8 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	// The summary is the peer's last log line.
 	job.Log().Info().Int("world_size", len(peer.members.Members())).Int("epochs", sum.Epochs).Float64("test_accuracy", sum.TestAccuracy).
 		Int("test_samples", sum.TestSamples).Float64("test_loss", sum.TestLoss).Floats64("test_accuracy_per_class", sum.PerClass).
-		Str("param_hash", sum.ParamHash).Float64("samples_per_sec", sum.SamplesPerSec).Msg("summary")
+		Str("param_hash", sum.ParamHash).Float64("samples_per_sec", sum.SamplesPerSec).
+		Func(func(e *zerolog.Event) { addShares(e, job.Training.Replica.Stats) }).Msg("summary")
 	return nil
 }
 
@@ -88,6 +105,7 @@ func parseJoinFlags(args []string, stderr io.Writer) (*joinFlags, error) {
 	plane := fs.String("data-plane", "libp2p", "what carries gradients: libp2p (encrypted) or tcp (token-gated, in the clear; trusted networks)")
 	fs.StringVar(&f.model, "model", "", "use this built-in model instead of the config's (mlp or cnn)")
 	fs.StringVar(&f.device, "device", "", deviceHelp+" (default: cuda if the config says gpus 1, else cpu)")
+	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100; port 0 picks one)")
 	f.engine = addDeviceFlags(fs)
 	f.log = addLogFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -264,10 +282,26 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 		if testSplit != nil {
 			ev = ev.Float64("test_accuracy", p.TestAccuracy)
 		}
-		ev.Msg("epoch done")
+		addShares(ev, p.Stats).Int("world_size", p.WorldSize).Msg("epoch done")
 	}
 	log.Info().Str("device", device).Str("blas", train.BLAS).Msg("compute")
 	return job, model, nil
+}
+
+// addShares logs where a replica's step time went, as shares of it all
+// (compute, waiting for the other ranks, the ring, the optimizer), and what
+// it skipped, re-formed and sent: the figures DDP users time by hand.
+func addShares(e *zerolog.Event, s train.ReplicaStats) *zerolog.Event {
+	total := (s.Compute + s.Wait + s.Ring + s.Optimizer).Seconds()
+	share := func(d time.Duration) float64 {
+		if total == 0 {
+			return 0
+		}
+		return math.Round(d.Seconds()/total*1000) / 1000
+	}
+	return e.Float64("share_compute", share(s.Compute)).Float64("share_wait", share(s.Wait)).
+		Float64("share_ring", share(s.Ring)).Float64("share_optimizer", share(s.Optimizer)).
+		Int("skipped_steps", s.Skipped).Int("reformations", s.Reforms).Int64("sent_bytes", s.BytesSent)
 }
 
 // logFlags are --log-level and --log-format.

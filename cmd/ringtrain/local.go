@@ -32,6 +32,7 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	model := fs.String("model", "", "the peers' --model (a built-in model instead of the config's)")
 	device := fs.String("device", "", "the peers' --device: cpu, cuda or host")
 	devOpt := addDeviceFlags(fs)
+	metrics := fs.String("metrics", "", "the peers' --metrics; with port 0 each peer picks its own and prints it")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("local: %w: %w", errUsage, err)
 	}
@@ -65,6 +66,9 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		common = append(common, "--device", *device)
 	}
 	common = append(common, devOpt.args()...)
+	if *metrics != "" {
+		common = append(common, "--metrics", *metrics)
+	}
 	errs := make([]error, *n)
 	var wg sync.WaitGroup
 	firstGone := make(chan struct{}) // peer 0's output has ended

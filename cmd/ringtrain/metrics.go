@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ringtrain/ringtrain/train"
+)
+
+// metrics are a peer's training figures for Prometheus (join --metrics
+// ADDR): where step time goes, samples/s, bytes sent, skipped steps,
+// re-formations, world size and test accuracy per epoch. The training loop
+// hands it its progress reports; a scrape reads the latest under a lock.
+type metrics struct {
+	reg *prometheus.Registry
+	acc *prometheus.GaugeVec
+
+	mu   sync.Mutex
+	last train.Progress
+}
+
+func newMetrics() *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	read := func(f func(p train.Progress) float64) func() float64 {
+		return func() float64 {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			return f(m.last)
+		}
+	}
+	part := func(name string, f func(s train.ReplicaStats) time.Duration) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringtrain_step_seconds_total",
+			Help:        "Seconds of training steps, by part: compute (forward and backward), wait (in the allreduce until the other ranks reached it), ring (the rest of the allreduce), optimizer.",
+			ConstLabels: prometheus.Labels{"part": name}},
+			read(func(p train.Progress) float64 { return f(p.Stats).Seconds() }))
+	}
+	counter := func(name, help string, f func(p train.Progress) float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, read(f))
+	}
+	gauge := func(name, help string, f func(p train.Progress) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, read(f))
+	}
+	m.acc = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ringtrain_test_accuracy",
+		Help: "Test accuracy after each epoch (the whole test set, scored over the ring)."}, []string{"epoch"})
+	m.reg.MustRegister(
+		part("compute", func(s train.ReplicaStats) time.Duration { return s.Compute }),
+		part("wait", func(s train.ReplicaStats) time.Duration { return s.Wait }),
+		part("ring", func(s train.ReplicaStats) time.Duration { return s.Ring }),
+		part("optimizer", func(s train.ReplicaStats) time.Duration { return s.Optimizer }),
+		counter("ringtrain_steps_total", "Training steps run, applied or skipped.", func(p train.Progress) float64 { return float64(p.Stats.Steps) }),
+		counter("ringtrain_skipped_steps_total", "Steps skipped on every rank for NaN or Inf gradients.", func(p train.Progress) float64 { return float64(p.Stats.Skipped) }),
+		counter("ringtrain_reformations_total", "Times the ring re-formed under this peer.", func(p train.Progress) float64 { return float64(p.Stats.Reforms) }),
+		counter("ringtrain_sent_bytes_total", "Gradient bytes this peer sent in allreduces.", func(p train.Progress) float64 { return float64(p.Stats.BytesSent) }),
+		gauge("ringtrain_samples_per_second", "This peer's training samples per second since its epoch began.", func(p train.Progress) float64 { return p.SamplesPerSec }),
+		gauge("ringtrain_world_size", "Peers in the ring.", func(p train.Progress) float64 { return float64(p.WorldSize) }),
+		gauge("ringtrain_epoch", "The epoch under way (1-based), or the last one done.", func(p train.Progress) float64 { return float64(p.Epoch + 1) }),
+		m.acc,
+	)
+	return m
+}
+
+// observe takes a progress report; it runs on the training goroutine.
+func (m *metrics) observe(p train.Progress, hasTest bool) {
+	m.mu.Lock()
+	m.last = p
+	m.mu.Unlock()
+	if p.EpochDone && hasTest {
+		m.acc.WithLabelValues(strconv.Itoa(p.Epoch + 1)).Set(p.TestAccuracy)
+	}
+}
+
+// serve serves /metrics on addr until ctx ends or stop is called, and
+// returns the address it listens on (addr may ask for port 0).
+func (m *metrics) serve(ctx context.Context, addr string) (bound string, stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	var wg sync.WaitGroup
+	// Serve returns http.ErrServerClosed once stopped; the listener is
+	// ours and fails only with it.
+	wg.Go(func() { srv.Serve(ln) })
+	stopped := context.AfterFunc(ctx, func() { srv.Close() })
+	return ln.Addr().String(), func() {
+		stopped()
+		srv.Close()
+		wg.Wait()
+	}, nil
+}
