@@ -59,9 +59,17 @@ func TestLocalTrainsEndToEnd(t *testing.T) {
 		[]byte(`"data": "`+mustAbs(t, "../../testdata/data-config.json")+`", "checkpoint_dir": "`+dir+`"`), 1)
 	cfg := filepath.Join(dir, "job.json")
 	os.WriteFile(cfg, job, 0o644)
-	out, err := ringtrain(t, 3*time.Minute, "local", "-n", "3", "--config", cfg, "--log-format", "json", "--metrics", "127.0.0.1:0")
+	logs := filepath.Join(dir, "logs")
+	out, err := ringtrain(t, 3*time.Minute, "local", "-n", "3", "--config", cfg, "--log-format", "json", "--metrics", "127.0.0.1:0", "--log-dir", logs)
 	if err != nil {
 		t.Fatalf("local: %v\n%s", err, out)
+	}
+	// Each peer's log is in its file too, and plot draws the curves from them.
+	files, _ := filepath.Glob(filepath.Join(logs, "peer-*.jsonl"))
+	var plotOut bytes.Buffer
+	if err := run(context.Background(), append(append([]string{"plot"}, files...), "-o", filepath.Join(dir, "curves.png")), &plotOut, &plotOut); err != nil ||
+		len(files) != 3 || !strings.Contains(plotOut.String(), "of 3 ranks") {
+		t.Errorf("plot of the peers' --log-dir files %v: %v %s", files, err, plotOut.String())
 	}
 	if n := strings.Count(out, "metrics on http://127.0.0.1:"); n != 3 {
 		t.Errorf("%d peers serve metrics; want 3", n)

@@ -43,7 +43,11 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	log := f.log.logger(stderr)
+	log, closeLog, err := f.log.open(stderr)
+	if err != nil {
+		return err
+	}
+	defer closeLog()
 	cfg, device, err := f.jobConfig()
 	if err != nil {
 		return err
@@ -304,19 +308,21 @@ func addShares(e *zerolog.Event, s train.ReplicaStats) *zerolog.Event {
 		Int("skipped_steps", s.Skipped).Int("reformations", s.Reforms).Int64("sent_bytes", s.BytesSent)
 }
 
-// logFlags are --log-level and --log-format.
-type logFlags struct{ level, format *string }
+// logFlags are --log-level, --log-format and --log-file.
+type logFlags struct{ level, format, file *string }
 
 func addLogFlags(fs *flag.FlagSet) logFlags {
 	return logFlags{
 		level:  fs.String("log-level", "info", "debug, info, warn or error"),
 		format: fs.String("log-format", "auto", "console, json, or auto (console on a terminal)"),
+		file:   fs.String("log-file", "", "also write every log line to this file as JSON (ringtrain plot draws the training curves from it)"),
 	}
 }
 
-// logger builds the one logger of the process: human console output on a
-// terminal, JSON lines otherwise.
-func (f logFlags) logger(w io.Writer) zerolog.Logger {
+// open builds the one logger of the process: human console output on a
+// terminal, JSON lines otherwise, and with --log-file JSON lines to that
+// file as well; the func closes the file.
+func (f logFlags) open(w io.Writer) (zerolog.Logger, func(), error) {
 	lvl, err := zerolog.ParseLevel(*f.level)
 	if err != nil {
 		lvl = zerolog.InfoLevel
@@ -325,7 +331,15 @@ func (f logFlags) logger(w io.Writer) zerolog.Logger {
 	if *f.format == "console" || *f.format == "auto" && tty {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, NoColor: !tty}
 	}
-	return zerolog.New(w).Level(lvl).With().Timestamp().Logger()
+	closeFile := func() {}
+	if *f.file != "" {
+		file, err := os.OpenFile(*f.file, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err != nil {
+			return zerolog.Nop(), nil, fmt.Errorf("--log-file: %w", err)
+		}
+		w, closeFile = zerolog.MultiLevelWriter(w, file), func() { file.Close() }
+	}
+	return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), closeFile, nil
 }
 
 func isTerminal(w io.Writer) bool {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -33,8 +34,14 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	device := fs.String("device", "", "the peers' --device: cpu, cuda or host")
 	devOpt := addDeviceFlags(fs)
 	metrics := fs.String("metrics", "", "the peers' --metrics; with port 0 each peer picks its own and prints it")
+	logDir := fs.String("log-dir", "", "write peer i's log as JSON lines to DIR/peer-i.jsonl too (for ringtrain plot)")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("local: %w: %w", errUsage, err)
+	}
+	if *logDir != "" {
+		if err := os.MkdirAll(*logDir, 0o755); err != nil {
+			return fmt.Errorf("local: --log-dir: %w", err)
+		}
 	}
 	if *config == "" || *n < 1 {
 		return fmt.Errorf("local: --config and -n ≥ 1 are required: %w", errUsage)
@@ -73,7 +80,11 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var wg sync.WaitGroup
 	firstGone := make(chan struct{}) // peer 0's output has ended
 	start := func(i int, extra []string, firstAddr chan<- string) error {
-		cmd := exec.CommandContext(ctx, self, append(append([]string(nil), common...), extra...)...)
+		args := append(append([]string(nil), common...), extra...)
+		if *logDir != "" {
+			args = append(args, "--log-file", filepath.Join(*logDir, fmt.Sprintf("peer-%d.jsonl", i)))
+		}
+		cmd := exec.CommandContext(ctx, self, args...)
 		// Stop a peer the way Ctrl-C would, so it can leave cleanly; kill
 		// it if it has not gone ten seconds later.
 		cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }

@@ -14,6 +14,7 @@
 //	ringtrain id [--identity FILE]
 //	ringtrain predict --checkpoint FILE --image FILE.png|jpg
 //	ringtrain export --checkpoint FILE --onnx OUT.onnx
+//	ringtrain plot LOG.jsonl... -o curves.png
 package main
 
 import (
@@ -85,6 +86,7 @@ commands:
   data              load a data config's datasets and say what they hold
   predict           class and top probabilities of a PNG/JPEG from a checkpoint
   export            write a checkpoint's model as an ONNX file (opset 13)
+  plot              draw loss, test accuracy and samples/s per rank from JSON logs
   swarm-key         print a new private-swarm key (give the file to every peer)
   id                create or show this machine's peer ID (--identity FILE)
 `
@@ -115,6 +117,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return runPredict(args[1:], stdout, stderr)
 	case "export":
 		return runExport(args[1:], stdout, stderr)
+	case "plot":
+		return runPlot(args[1:], stdout, stderr)
 	case "id":
 		return runID(args[1:], stdout, stderr)
 	case "swarm-key":

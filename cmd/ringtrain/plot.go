@@ -1,0 +1,177 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"image/color"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+)
+
+// errNoCurves means the log files held no training progress to draw.
+var errNoCurves = errors.New("no training progress in the logs")
+
+// progressLine is what plot reads of a peer's JSON log: its "training" and
+// "epoch done" lines.
+type progressLine struct {
+	Message       string   `json:"message"`
+	Rank          *int     `json:"rank"`
+	Epoch         int      `json:"epoch"`
+	Step          int      `json:"step"`
+	Steps         int      `json:"steps"`
+	Loss          float64  `json:"loss"`
+	SamplesPerSec float64  `json:"samples_per_sec"`
+	TestAccuracy  *float64 `json:"test_accuracy"`
+}
+
+// curves are one rank's series: loss and samples/s by step (counted over
+// epochs), test accuracy by epoch.
+type curves struct{ loss, rate, acc plotter.XYs }
+
+// runPlot is `ringtrain plot LOG... -o curves.png`: loss, test accuracy
+// and samples/s of every rank, from the JSON logs of `join --log-file` (or
+// `local --log-dir`), drawn side by side with gonum/plot.
+func runPlot(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("plot", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	out := fs.String("o", "curves.png", "the PNG to write")
+	var files []string
+	for { // flags may come after the files too
+		if err := fs.Parse(args); err != nil {
+			return fmt.Errorf("plot: %w: %w", errUsage, err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		files, args = append(files, fs.Arg(0)), fs.Args()[1:]
+	}
+	if len(files) == 0 {
+		return fmt.Errorf("plot: name the JSON log files (join --log-file, local --log-dir): %w", errUsage)
+	}
+	ranks := map[int]*curves{}
+	for _, path := range files {
+		if err := readCurves(path, ranks); err != nil {
+			return fmt.Errorf("plot: %w", err)
+		}
+	}
+	if len(ranks) == 0 {
+		return fmt.Errorf("plot: %v: %w", files, errNoCurves)
+	}
+	if err := drawCurves(ranks, *out); err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	fmt.Fprintf(stdout, "%s: loss, test accuracy and samples/s of %d ranks\n", *out, len(ranks))
+	return nil
+}
+
+// readCurves adds a log file's progress lines to ranks. Lines that are not
+// JSON objects (a console log, a panic) are an error naming the line.
+func readCurves(path string, ranks map[int]*curves) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		var l progressLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			return fmt.Errorf("%s:%d: not a JSON log line (write it with --log-file): %v", path, n, err)
+		}
+		if l.Rank == nil || (l.Message != "training" && l.Message != "epoch done") || l.Steps <= 0 || l.Epoch < 1 {
+			continue
+		}
+		c := ranks[*l.Rank]
+		if c == nil {
+			c = &curves{}
+			ranks[*l.Rank] = c
+		}
+		x := float64((l.Epoch-1)*l.Steps + l.Step)
+		c.loss = append(c.loss, plotter.XY{X: x, Y: l.Loss}) // an epoch's end: the mean since the last report
+		c.rate = append(c.rate, plotter.XY{X: x, Y: l.SamplesPerSec})
+		if l.Message == "epoch done" && l.TestAccuracy != nil {
+			c.acc = append(c.acc, plotter.XY{X: float64(l.Epoch), Y: *l.TestAccuracy})
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// drawCurves draws three panels side by side, a line per rank.
+func drawCurves(ranks map[int]*curves, out string) error {
+	titles := [3][2]string{{"training loss", "step"}, {"test accuracy", "epoch"}, {"samples/s per rank, since its epoch began", "step"}}
+	var ps [3]*plot.Plot
+	for i := range ps {
+		ps[i] = plot.New()
+		ps[i].Title.Text, ps[i].X.Label.Text = titles[i][0], titles[i][1]
+		ps[i].Add(plotter.NewGrid())
+	}
+	ps[1].Y.Min, ps[1].Y.Max = 0, 1
+	ps[0].Legend.Top = true
+	order := make([]int, 0, len(ranks))
+	for r := range ranks {
+		order = append(order, r)
+	}
+	slices.Sort(order)
+	for k, r := range order {
+		c := ranks[r]
+		col := plotutilColor(k)
+		for i, xy := range []plotter.XYs{c.loss, c.acc, c.rate} {
+			if len(xy) == 0 {
+				continue
+			}
+			line, points, err := plotter.NewLinePoints(xy)
+			if err != nil {
+				return err
+			}
+			line.Color, points.Color = col, col
+			points.Radius = vg.Points(1.5)
+			ps[i].Add(line, points)
+			if i == 0 {
+				ps[i].Legend.Add(fmt.Sprintf("rank %d", r), line)
+			}
+		}
+	}
+	img := vgimg.New(vg.Points(1200), vg.Points(380))
+	dc := draw.New(img)
+	tiles := draw.Tiles{Rows: 1, Cols: 3, PadX: vg.Points(20), PadY: vg.Points(10), PadTop: vg.Points(6), PadBottom: vg.Points(6),
+		PadLeft: vg.Points(6), PadRight: vg.Points(6)}
+	canvases := plot.Align([][]*plot.Plot{ps[:]}, tiles, dc)
+	for i, p := range ps {
+		p.Draw(canvases[0][i])
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(tmp); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), out)
+}
+
+// plotutilColor is the k-th of a few colours that tell ranks apart.
+func plotutilColor(k int) color.Color {
+	palette := []color.RGBA{{31, 119, 180, 255}, {255, 127, 14, 255}, {44, 160, 44, 255}, {214, 39, 40, 255},
+		{148, 103, 189, 255}, {140, 86, 75, 255}, {227, 119, 194, 255}, {127, 127, 127, 255}}
+	return palette[k%len(palette)]
+}

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestPlot: two ranks' JSON logs make one PNG of three panels with
+// something drawn in it; flags may follow the files; a log that is not JSON
+// is named with its line; logs without progress are an error, not a blank
+// picture.
+func TestPlot(t *testing.T) {
+	dir := t.TempDir()
+	var files []string
+	for r := range 2 {
+		var b strings.Builder
+		b.WriteString(`{"level":"info","message":"looking for peers"}` + "\n")
+		for e := 1; e <= 2; e++ {
+			for s := 10; s <= 40; s += 10 {
+				fmt.Fprintf(&b, `{"level":"info","rank":%d,"epoch":%d,"step":%d,"steps":40,"loss":%g,"samples_per_sec":%d,"message":"training"}`+"\n",
+					r, e, s, 2/float64(e*s), 1000+s)
+			}
+			fmt.Fprintf(&b, `{"level":"info","rank":%d,"epoch":%d,"step":40,"steps":40,"loss":0.1,"samples_per_sec":1040,"test_accuracy":%g,"message":"epoch done"}`+"\n",
+				r, e, 0.7+0.1*float64(e))
+		}
+		p := filepath.Join(dir, fmt.Sprintf("peer-%d.jsonl", r))
+		os.WriteFile(p, []byte(b.String()), 0o644)
+		files = append(files, p)
+	}
+	out := filepath.Join(dir, "curves.png")
+	var stdout, stderr bytes.Buffer
+	if err := run(context.Background(), append(append([]string{"plot"}, files...), "-o", out), &stdout, &stderr); err != nil {
+		t.Fatalf("plot: %v (%s)", err, stderr.String())
+	}
+	f, err := os.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("%s is not a PNG: %v", out, err)
+	}
+	if b := img.Bounds(); b.Dx() < 3*b.Dy() {
+		t.Errorf("a %v picture; want three panels side by side", b)
+	}
+	colours := map[[3]uint32]bool{}
+	for y := img.Bounds().Min.Y; y < img.Bounds().Max.Y; y += 3 {
+		for x := img.Bounds().Min.X; x < img.Bounds().Max.X; x += 3 {
+			r, g, b, _ := img.At(x, y).RGBA()
+			colours[[3]uint32{r >> 8, g >> 8, b >> 8}] = true
+		}
+	}
+	if len(colours) < 4 {
+		t.Errorf("the picture has %d colours; want lines of two ranks on a background", len(colours))
+	}
+
+	bad := filepath.Join(dir, "console.log")
+	os.WriteFile(bad, []byte("09:01:38 INF looking for peers\n"), 0o644)
+	if err := run(context.Background(), []string{"plot", "-o", out, bad}, &stdout, &stderr); err == nil || !strings.Contains(err.Error(), "console.log:1") {
+		t.Errorf("plot of a console log = %v; want an error naming console.log:1", err)
+	}
+	empty := filepath.Join(dir, "empty.jsonl")
+	os.WriteFile(empty, []byte(`{"message":"looking for peers"}`+"\n"), 0o644)
+	if err := run(context.Background(), []string{"plot", empty}, &stdout, &stderr); !errors.Is(err, errNoCurves) {
+		t.Errorf("plot of a log without progress = %v; want errNoCurves", err)
+	}
+	if err := run(context.Background(), []string{"plot"}, &stdout, &stderr); !errors.Is(err, errUsage) {
+		t.Errorf("plot of nothing = %v; want a usage error", err)
+	}
+}
