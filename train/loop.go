@@ -80,6 +80,10 @@ type Progress struct {
 	TestAccuracy       float64 // with EpochDone, if there is a test set
 	WorldSize          int
 	Stats              ReplicaStats // the replica's, summed since it was made
+	// With EpochDone: every rank's compute seconds in the epoch, and the
+	// ranks more than 20% slower than the median (Replica.Stragglers).
+	RankCompute []float64
+	Stragglers  []int
 }
 
 // Position is where a run is: Epochs completed, Steps run in all, and Skip,
@@ -294,7 +298,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		}
 		if cfg.Progress != nil {
 			p := Progress{Epoch: epoch, Step: step, Steps: steps, SamplesPerSec: float64(epochSamples) / elapsed.Seconds(), Elapsed: elapsed, EpochDone: true,
-				WorldSize: r.Coll.Size(), Stats: r.Stats}
+				WorldSize: r.Coll.Size(), Stats: r.Stats, RankCompute: r.RankCompute(), Stragglers: r.Stragglers()}
 			if lossN > 0 {
 				p.Loss = lossSum / float64(lossN)
 			}

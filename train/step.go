@@ -1,6 +1,7 @@
 package train
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -50,6 +51,10 @@ type Replica struct {
 
 	// Stats is what this replica has done, summed since it was made.
 	Stats ReplicaStats
+	// checkedCompute is Stats.Compute at the last CheckInSync; rankCompute
+	// every rank's compute seconds between the last two.
+	checkedCompute time.Duration
+	rankCompute    []float64
 
 	nparams int
 	// flat holds every gradient (or, to broadcast, parameter) tensor end
@@ -368,11 +373,26 @@ func (r *Replica) ParamHash() [32]byte {
 // Ranks that differ from the most (the lowest rank's hash on a tie) are
 // named; the error is a *LiarError, though a bug could cause it as well as
 // a lie.
+//
+// Each rank's row also carries its compute time since the last check, so
+// every rank learns, in the same allreduce, which ranks are slow
+// (RankCompute, Stragglers).
 func (r *Replica) CheckInSync(ctx context.Context) error {
-	t := newTable(r.Coll.Size(), hashSlots)
-	putHash(t.row(r.Coll.Rank()), r.ParamHash())
+	t := newTable(r.Coll.Size(), hashSlots+1)
+	own := t.row(r.Coll.Rank())
+	putHash(own, r.ParamHash())
+	own[hashSlots] = float32((r.Stats.Compute - r.checkedCompute).Seconds())
 	if err := t.share(ctx, r.Coll); err != nil {
 		return fmt.Errorf("%w: comparing parameter hashes: %w", ErrCollective, err)
+	}
+	r.checkedCompute = r.Stats.Compute
+	r.rankCompute = r.rankCompute[:0]
+	for k := range t.rows() {
+		v := float64(t.row(k)[hashSlots])
+		if !(v >= 0 && v < 1e12) { // another rank's garbage: no figure
+			v = 0
+		}
+		r.rankCompute = append(r.rankCompute, v)
 	}
 	all := make([]int, t.rows())
 	for k := range all {
@@ -386,6 +406,35 @@ func (r *Replica) CheckInSync(ctx context.Context) error {
 		return fmt.Errorf("train: replicas out of step: ranks %v hold other parameters than rank 0, and no majority tells which are right", odd)
 	}
 	return nil
+}
+
+// RankCompute returns every rank's compute seconds (forward and backward)
+// between the last two CheckInSync calls — an epoch, in Run — by rank.
+func (r *Replica) RankCompute() []float64 { return slices.Clone(r.rankCompute) }
+
+// Stragglers returns the ranks whose compute took more than 1.2 times the
+// median of all ranks' (by RankCompute), slowest first: the ones the
+// others wait for at every allreduce.
+func (r *Replica) Stragglers() []int { return stragglers(r.rankCompute) }
+
+func stragglers(times []float64) []int {
+	if len(times) < 2 {
+		return nil
+	}
+	sorted := slices.Clone(times)
+	slices.Sort(sorted)
+	median := sorted[len(sorted)/2]
+	if len(sorted)%2 == 0 {
+		median = (sorted[len(sorted)/2-1] + sorted[len(sorted)/2]) / 2
+	}
+	var out []int
+	for k, v := range times {
+		if v > 1.2*median {
+			out = append(out, k)
+		}
+	}
+	slices.SortFunc(out, func(a, b int) int { return cmp.Compare(times[b], times[a]) })
+	return out
 }
 
 // oddOnes returns the ranks whose key differs from the one most ranks

@@ -278,3 +278,49 @@ func TestReplicaStats(t *testing.T) {
 		t.Errorf("rank 0, first to every allreduce, waited %v in all; want at least %v", w, steps*late/2)
 	}
 }
+
+// slowModel is a model whose forward and backward take extra time.
+type slowModel struct {
+	Model
+	d time.Duration
+}
+
+func (m slowModel) ForwardBackward(x []float32, y []int, n int) (float32, error) {
+	time.Sleep(m.d)
+	return m.Model.ForwardBackward(x, y, n)
+}
+
+// TestStragglerIsNamed: the hash check shares each rank's compute time,
+// and every rank names the one that computes far slower than the median.
+func TestStragglerIsNamed(t *testing.T) {
+	const world = 3
+	rings := memRings(t, world)
+	reps := make([]*Replica, world)
+	cfg := mlpCfg(12, []int{8}, 3, 4, 1)
+	err := onAll(world, func(i int) error {
+		var m Model = newMLP(t, cfg)
+		if i == 2 {
+			m = slowModel{m, 20 * time.Millisecond}
+		}
+		reps[i] = NewReplica(m, &SGD{LR: 0.1}, rings[i])
+		rng := rand.New(rand.NewPCG(2, uint64(i)))
+		for range 3 {
+			x, y := randomBatch(rng, 4, 12, 3)
+			if _, err := reps[i].Step(context.Background(), x, y, 4); err != nil {
+				return err
+			}
+		}
+		return reps[i].CheckInSync(context.Background())
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range reps {
+		if got := r.Stragglers(); len(got) != 1 || got[0] != 2 {
+			t.Errorf("rank %d names %v as stragglers (compute %v); want [2]", i, got, r.RankCompute())
+		}
+	}
+	if got := stragglers([]float64{1, 1.1, 0.9, 1}); got != nil {
+		t.Errorf("stragglers among even ranks = %v; want none", got)
+	}
+}

@@ -77,6 +77,9 @@ func TestLocalTrainsEndToEnd(t *testing.T) {
 	if n := regexp.MustCompile(`"share_compute":[0-9.]+,"share_wait":[0-9.]+,"share_ring":[0-9.]+`).FindAllString(out, -1); len(n) < 6 {
 		t.Errorf("%d epoch and summary lines say where the time went; want 6 (3 peers × epoch done and summary)", len(n))
 	}
+	if n := regexp.MustCompile(`"rank_compute_s":\[[0-9.e-]+,[0-9.e-]+,[0-9.e-]+\],"stragglers":\[`).FindAllString(out, -1); len(n) != 3 {
+		t.Errorf("%d epoch-done lines give the three ranks' compute times and the stragglers; want 3", len(n))
+	}
 	re := regexp.MustCompile(`"param_hash":"([0-9a-f]{64})".*"test_accuracy":([0-9.]+)|"test_accuracy":([0-9.]+).*"param_hash":"([0-9a-f]{64})"`)
 	var hashes []string
 	for _, line := range strings.Split(out, "\n") {

@@ -93,7 +93,8 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	job.Log().Info().Int("world_size", len(peer.members.Members())).Int("epochs", sum.Epochs).Float64("test_accuracy", sum.TestAccuracy).
 		Int("test_samples", sum.TestSamples).Float64("test_loss", sum.TestLoss).Floats64("test_accuracy_per_class", sum.PerClass).
 		Str("param_hash", sum.ParamHash).Float64("samples_per_sec", sum.SamplesPerSec).
-		Func(func(e *zerolog.Event) { addShares(e, job.Training.Replica.Stats) }).Msg("summary")
+		Func(func(e *zerolog.Event) { addShares(e, job.Training.Replica.Stats) }).
+		Ints("stragglers", job.Training.Replica.Stragglers()).Msg("summary")
 	return nil
 }
 
@@ -286,7 +287,8 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 		if testSplit != nil {
 			ev = ev.Float64("test_accuracy", p.TestAccuracy)
 		}
-		addShares(ev, p.Stats).Int("world_size", p.WorldSize).Msg("epoch done")
+		addShares(ev, p.Stats).Int("world_size", p.WorldSize).Floats64("rank_compute_s", p.RankCompute).
+			Ints("stragglers", p.Stragglers).Msg("epoch done")
 	}
 	log.Info().Str("device", device).Str("blas", train.BLAS).Msg("compute")
 	return job, model, nil
