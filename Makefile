@@ -238,7 +238,7 @@ bench-train-cnn: build-openblas fashion-mnist
 # in the new generation (median of 5), and the accuracy cost of losing a
 # peer in a 3-epoch mlp run on the full Fashion-MNIST.
 bench-elastic: fashion-mnist
-	RINGTRAIN_BENCH=1 $(GO) test -v -count=1 -run '^TestBenchElastic$$' -timeout 60m ./cmd/ringtrain | grep -E '^bench-elastic|FAIL|ok'
+	$(GO) test -tags bench -v -count=1 -run '^TestBenchElastic$$' -timeout 60m ./cmd/ringtrain | grep -E '^bench-elastic|FAIL|ok'
 
 # testdata/ is made from the real Fashion-MNIST; the output is committed.
 testdata: fashion-mnist

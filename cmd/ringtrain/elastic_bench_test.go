@@ -1,3 +1,5 @@
+//go:build bench
+
 package main
 
 import (
@@ -13,8 +15,9 @@ import (
 	"time"
 )
 
-// TestBenchElastic is issue 6's benchmark, not a test: it runs only with
-// RINGTRAIN_BENCH=1 (make bench-elastic) and prints its figures.
+// TestBenchElastic is issue 6's benchmark, not a test: it asserts nothing,
+// so it is built only with -tags bench (make bench-elastic) and prints its
+// figures.
 //
 //  1. The time from SIGKILLing one of 4 peers to the survivors' first
 //     completed step in the new generation (the slowest survivor's), with
@@ -22,9 +25,6 @@ import (
 //  2. With the full Fashion-MNIST: test accuracy of a 3-epoch mlp run of 4
 //     peers that loses one in epoch 2, against the same run uninterrupted.
 func TestBenchElastic(t *testing.T) {
-	if os.Getenv("RINGTRAIN_BENCH") == "" {
-		t.Skip("a benchmark; run it with make bench-elastic")
-	}
 	dir := t.TempDir()
 	pidOf := func(out string, peer int) int {
 		m := regexp.MustCompile(fmt.Sprintf(`\[peer %d\] started, pid (\d+)`, peer)).FindStringSubmatch(out)
