@@ -32,6 +32,13 @@ func TestMain(m *testing.M) {
 // ringtrain runs the command as a separate process of this test binary.
 func ringtrain(t *testing.T, timeout time.Duration, args ...string) (string, error) {
 	t.Helper()
+	return ringtrainIn(t, "", timeout, args...)
+}
+
+// ringtrainIn is ringtrain run in the working directory dir ("" for this
+// one).
+func ringtrainIn(t *testing.T, dir string, timeout time.Duration, args ...string) (string, error) {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -39,6 +46,7 @@ func ringtrain(t *testing.T, timeout time.Duration, args ...string) (string, err
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, self, args...)
+	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "RINGTRAIN_TEST_AS_MAIN=1")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -518,4 +526,20 @@ func TestLocalFirstPeerFailsEarly(t *testing.T) {
 		t.Errorf("local started other peers after peer 0 failed:\n%s", out)
 	}
 	t.Logf("local gave up after %v", time.Since(start).Round(time.Millisecond))
+}
+
+// TestPredictRecipe: the README's recipe — train testdata/predict-job.json,
+// whose checkpoint_dir is relative to the working directory, then predict
+// from the checkpoint it leaves there — works as written.
+func TestPredictRecipe(t *testing.T) {
+	wd := t.TempDir()
+	cfg := mustAbs(t, "../../testdata/predict-job.json")
+	if out, err := ringtrainIn(t, wd, 3*time.Minute, "local", "-n", "2", "--config", cfg); err != nil {
+		t.Fatalf("local: %v\n%s", err, out)
+	}
+	img := mustAbs(t, "../../testdata/fashion-folder/test/Bag/9969.jpg")
+	out, err := ringtrainIn(t, wd, time.Minute, "predict", "--checkpoint", "ckpt/fashion-mnist-predict.ckpt", "--image", img)
+	if err != nil || !strings.Contains(out, "9969.jpg: ") {
+		t.Errorf("predict from the recipe's checkpoint: %v\n%s", err, out)
+	}
 }

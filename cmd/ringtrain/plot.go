@@ -166,6 +166,9 @@ func drawCurves(ranks map[int]*curves, out string) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
+	if err := os.Chmod(tmp.Name(), 0o644); err != nil { // CreateTemp's 0600 is for secrets
+		return err
+	}
 	return os.Rename(tmp.Name(), out)
 }
 
