@@ -443,14 +443,22 @@ func (n *Net) queueCheck() error {
 func firstNonFinite(flat []float32, like [][]float32) int {
 	o := 0
 	for i, t := range like {
-		for _, v := range flat[o : o+len(t)] {
-			if f := float64(v); math.IsNaN(f) || math.IsInf(f, 0) {
-				return i
-			}
+		if hasNonFinite(flat[o : o+len(t)]) {
+			return i
 		}
 		o += len(t)
 	}
 	return -1
+}
+
+// hasNonFinite reports whether v holds a NaN or an Inf.
+func hasNonFinite(v []float32) bool {
+	for _, x := range v {
+		if f := float64(x); math.IsNaN(f) || math.IsInf(f, 0) {
+			return true
+		}
+	}
+	return false
 }
 
 // Forward computes the loss and the logits alone.

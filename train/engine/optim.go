@@ -218,24 +218,21 @@ func (o *Optimizer) StepAlone(x []float32, y []int, rows int) (loss float32, bad
 		return 0, -1, fmt.Errorf("engine: training step on %s: %w", n.ops.Name(), err)
 	}
 	n.logitsOK = false
-	if n.flagPin[0] != 0 {
+	if n.flagPin[0] != 0 { // rare: find the tensor to name
+		bad := 0
 		for i, g := range n.dGrads {
 			if err := n.ops.Download(n.grads[i], g); err != nil {
 				return 0, -1, fmt.Errorf("engine: gradients from %s: %w", n.ops.Name(), err)
 			}
+			if hasNonFinite(n.grads[i]) {
+				bad = i
+				break
+			}
 		}
-		return n.loss(rows), max(firstNonFinite(flatten(n.grads), n.params), 0), nil
+		return n.loss(rows), bad, nil
 	}
 	o.applied()
 	return n.loss(rows), -1, nil
-}
-
-func flatten(ts [][]float32) []float32 {
-	var out []float32
-	for _, t := range ts {
-		out = append(out, t...)
-	}
-	return out
 }
 
 // Step applies the update from host gradients, in the order of the net's
