@@ -17,6 +17,6 @@ import (
 )
 
 // BLAS names the matrix library this build multiplies with.
-const BLAS = "openblas"
+func BLAS() string { return "openblas" }
 
 func init() { G.Use(netlib.Implementation{}) }

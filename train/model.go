@@ -9,6 +9,8 @@ import (
 
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
+
+	"github.com/ringtrain/ringtrain/train/gemm"
 )
 
 // Model is what the training loop needs of a compute engine: forward and
@@ -72,6 +74,7 @@ type graphModel struct {
 	outVal  G.Value // logits, batch × classes
 	drops   []dropout
 	masks   *rand.PCG
+	blas    *gemm.BLAS // the conv layers' products
 }
 
 // dropout is a layer's mask: an input of the graph multiplied into its
@@ -103,7 +106,7 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	m := &graphModel{cfg: cfg, g: G.NewGraph(), inputs: 1, classes: shapes[len(shapes)-1][0],
-		masks: rand.NewPCG(cfg.Seed, 0x64726f70)}
+		masks: rand.NewPCG(cfg.Seed, 0x64726f70), blas: gemm.New(0)}
 	for _, d := range cfg.Spec.Input {
 		m.inputs *= d
 	}
@@ -135,6 +138,10 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 	h := x
 	in := cfg.Spec.Input
 	saved := map[string]*G.Node{}
+	// learned: whether h depends on a parameter yet. Before the first
+	// layer with weights, nothing needs the gradient of h.
+	learned := false
+	savedLearned := map[string]bool{}
 	layers := cfg.Spec.Layers
 	for i, l := range layers {
 		name := fmt.Sprintf("%d.%s", i, l.Type)
@@ -144,20 +151,23 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 			next += 2
 			wn := G.NewMatrix(m.g, G.Float32, G.WithShape(in[0], l.Out), G.WithName(name+".weight"), G.WithValue(w))
 			bn := G.NewMatrix(m.g, G.Float32, G.WithShape(1, l.Out), G.WithName(name+".bias"), G.WithValue(bias))
-			h = G.Must(G.BroadcastAdd(G.Must(G.Mul(h, wn)), bn, nil, []byte{0}))
+			h = G.Must(linear(h, wn, bn, b, in[0], l.Out, learned, m.blas))
+			learned = true
 			m.learn = append(m.learn, wn, bn)
 		case "conv2d":
 			w, bias := init[next].tensor(), init[next+1].tensor()
 			next += 2
 			wn := G.NewTensor(m.g, G.Float32, 4, G.WithShape(l.Out, in[0], l.Kernel, l.Kernel), G.WithName(name+".weight"), G.WithValue(w))
 			bn := G.NewTensor(m.g, G.Float32, 4, G.WithShape(1, l.Out, 1, 1), G.WithName(name+".bias"), G.WithValue(bias))
-			c := G.Must(G.Conv2d(h, wn, tensor.Shape{l.Kernel, l.Kernel}, []int{l.Pad, l.Pad}, []int{1, 1}, []int{1, 1}))
-			h = G.Must(G.BroadcastAdd(c, bn, nil, []byte{0, 2, 3}))
+			oh, ow := in[1]+2*l.Pad-l.Kernel+1, in[2]+2*l.Pad-l.Kernel+1
+			g := convGeom{b: b, c: in[0], h: in[1], w: in[2], o: l.Out, k: l.Kernel, pad: l.Pad, oh: oh, ow: ow}
+			h = G.Must(conv2d(h, wn, bn, g, learned, m.blas))
+			learned = true
 			m.learn = append(m.learn, wn, bn)
 		case "maxpool2d":
 			h = G.Must(G.MaxPool2D(h, tensor.Shape{l.Kernel, l.Kernel}, []int{0, 0}, []int{l.Kernel, l.Kernel}))
 		case "relu":
-			h = G.Must(G.Rectify(h))
+			h = G.Must(relu(h))
 		case "sigmoid":
 			h = G.Must(G.Sigmoid(h))
 		case "tanh":
@@ -166,6 +176,7 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 			h = G.Must(G.Reshape(h, tensor.Shape{b, shapes[i][0]}))
 		case "add":
 			h = G.Must(G.Add(h, saved[l.From]))
+			learned = learned || savedLearned[l.From]
 		case "dropout":
 			shape := append([]int{b}, in...)
 			mt := tensor.New(tensor.WithShape(shape...), tensor.Of(tensor.Float32))
@@ -175,7 +186,7 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 				cut: uint32(math.Min(l.P*(1<<32), math.MaxUint32))})
 		}
 		if l.Save != "" {
-			saved[l.Save] = h
+			saved[l.Save], savedLearned[l.Save] = h, learned
 		}
 		in = shapes[i]
 	}

@@ -78,7 +78,7 @@ func runBenchEngines(args []string, stdout, stderr io.Writer) error {
 	}
 	rate := func(d time.Duration) float64 { return float64(*steps**batch) / d.Seconds() }
 	fmt.Fprintf(stdout, "%s (cpu BLAS: %s): cpu %.0f samples/s, %s %.0f samples/s; loss after %d steps differs by %.2e (tolerance %.0e)\n",
-		*model, train.BLAS, rate(refTime), *device, rate(gotTime), *steps, diff, *tol)
+		*model, train.BLAS(), rate(refTime), *device, rate(gotTime), *steps, diff, *tol)
 	if !(diff <= *tol) {
 		return fmt.Errorf("bench engines: %w: %.2e > %.0e", errEnginesDiffer, diff, *tol)
 	}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
@@ -29,6 +30,7 @@ func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 type joinFlags struct {
 	config, identity, swarmKey, model, device string
 	metrics                                   string
+	threads                                   int
 	bootstrap, listen                         stringList
 	plane                                     p2p.DataPlane
 	log                                       logFlags
@@ -48,6 +50,11 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer closeLog()
+	if f.threads > 0 {
+		// The CPU engine's matrix products and conv layers split their
+		// work over GOMAXPROCS goroutines.
+		runtime.GOMAXPROCS(f.threads)
+	}
 	cfg, device, err := f.jobConfig()
 	if err != nil {
 		return err
@@ -110,6 +117,7 @@ func parseJoinFlags(args []string, stderr io.Writer) (*joinFlags, error) {
 	plane := fs.String("data-plane", "libp2p", "what carries gradients: libp2p (encrypted) or tcp (token-gated, in the clear; trusted networks)")
 	fs.StringVar(&f.model, "model", "", "use this built-in model instead of the config's (mlp or cnn)")
 	fs.StringVar(&f.device, "device", "", deviceHelp+" (default: cuda if the config says gpus 1, else cpu)")
+	fs.IntVar(&f.threads, "threads", 0, "CPU threads this peer computes with (GOMAXPROCS; 0: all cores, or what GOMAXPROCS says)")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100; port 0 picks one)")
 	f.engine = addDeviceFlags(fs)
 	f.log = addLogFlags(fs)
@@ -118,6 +126,9 @@ func parseJoinFlags(args []string, stderr io.Writer) (*joinFlags, error) {
 	}
 	if f.config == "" {
 		return nil, fmt.Errorf("join: --config is required: %w", errUsage)
+	}
+	if f.threads < 0 {
+		return nil, fmt.Errorf("join: --threads %d; want 0 (all) or more: %w", f.threads, errUsage)
 	}
 	planes := map[string]p2p.DataPlane{"libp2p": p2p.PlaneLibp2p, "tcp": p2p.PlaneTCP}
 	var ok bool
@@ -290,7 +301,7 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 		addShares(ev, p.Stats).Int("world_size", p.WorldSize).Floats64("rank_compute_s", p.RankCompute).
 			Ints("stragglers", p.Stragglers).Msg("epoch done")
 	}
-	log.Info().Str("device", device).Str("blas", train.BLAS).Msg("compute")
+	log.Info().Str("device", device).Str("blas", train.BLAS()).Int("threads", runtime.GOMAXPROCS(0)).Msg("compute")
 	return job, model, nil
 }
 

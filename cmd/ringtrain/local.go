@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +36,7 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	device := fs.String("device", "", "the peers' --device: cpu, cuda or host")
 	devOpt := addDeviceFlags(fs)
 	metrics := fs.String("metrics", "", "the peers' --metrics; with port 0 each peer picks its own and prints it")
+	threads := fs.Int("threads", 0, "each peer's --threads (default: the cores divided by -n, at least 1, so the peers do not fight over cores)")
 	logDir := fs.String("log-dir", "", "write peer i's log as JSON lines to DIR/peer-i.jsonl too (for ringtrain plot)")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("local: %w: %w", errUsage, err)
@@ -76,6 +79,10 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *metrics != "" {
 		common = append(common, "--metrics", *metrics)
 	}
+	if *threads <= 0 {
+		*threads = max(1, runtime.NumCPU() / *n)
+	}
+	common = append(common, "--threads", strconv.Itoa(*threads))
 	errs := make([]error, *n)
 	var wg sync.WaitGroup
 	firstGone := make(chan struct{}) // peer 0's output has ended

@@ -1,0 +1,384 @@
+package train
+
+import (
+	"fmt"
+	"hash"
+	"hash/fnv"
+
+	"github.com/chewxy/hm"
+	"gonum.org/v1/gonum/blas"
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+
+	"github.com/ringtrain/ringtrain/train/gemm"
+)
+
+// A conv2d layer (stride 1, square kernel, zero padding, bias) as gorgonia
+// ops of our own. gorgonia's Conv2d is im2col into a fresh tensor every
+// step, a matrix product, a transpose to NCHW and a broadcast add for the
+// bias, and on the cnn it spent more time allocating, faulting in and
+// shuffling those tensors than multiplying (shared/FACTS.md §2). These ops
+// keep their scratch from step to step, multiply with train/gemm, write
+// NCHW directly and add the bias in place. gorgonia still builds the graph
+// and chains the gradients: convOp's SymDiff returns the three gradient
+// ops below.
+//
+// Every sum has a fixed order whatever the thread count — products are
+// split by output tiles or samples, never along a sum — so replicas with
+// different core budgets compute the same bits.
+
+// convGeom is one layer's shapes: batch b, input c×h×w, o filters of k×k,
+// padding pad, output oh×ow.
+type convGeom struct {
+	b, c, h, w, o, k, pad, oh, ow int
+}
+
+func (g convGeom) p() int   { return g.oh * g.ow } // output positions per sample
+func (g convGeom) ckk() int { return g.c * g.k * g.k }
+
+// convState is what a layer's forward op and its gradient ops share: the
+// im2col matrix of the last forward run, which the weight gradient needs,
+// and scratch that lives as long as the model.
+type convState struct {
+	g     convGeom
+	needX bool // whether the layer's input needs a gradient (not for the first layer)
+	blas  *gemm.BLAS
+	col   []float32 // ckk × (b·p): row (ci, ky, kx), column s·p + position
+	colOf *float32  // the input col was made from
+	dyT   []float32 // o × (b·p), the output gradient sample-major → filter-major
+	dcol  [][]float32
+	out   [4]*tensor.Dense // each op's result, by convKind, reused
+}
+
+func newConvState(g convGeom, needX bool, b *gemm.BLAS) *convState {
+	return &convState{g: g, needX: needX, blas: b,
+		col: make([]float32, g.ckk()*g.b*g.p()), dyT: make([]float32, g.o*g.b*g.p())}
+}
+
+// forEach runs f(lo, hi) over [0, n) cut into the BLAS's thread budget.
+func (st *convState) forEach(n int, f func(lo, hi int)) {
+	threads := max(1, min(st.blas.Threads(), n))
+	done := make(chan struct{}, threads)
+	for t := range threads - 1 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			f(t*n/threads, (t+1)*n/threads)
+		}()
+	}
+	f((threads-1)*n/threads, n)
+	for range threads - 1 {
+		<-done
+	}
+}
+
+// im2col fills st.col from x (b × c × h × w).
+func (st *convState) im2col(x []float32) {
+	g := st.g
+	P, BP := g.p(), g.b*g.p()
+	st.forEach(g.ckk(), func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			kx, ky, ci := r%g.k, (r/g.k)%g.k, r/(g.k*g.k)
+			// Output columns whose input column ox+kx−pad lies inside.
+			x0, x1 := max(0, g.pad-kx), min(g.ow, g.w+g.pad-kx)
+			row := st.col[r*BP : (r+1)*BP]
+			for s := range g.b {
+				img := x[(s*g.c+ci)*g.h*g.w : (s*g.c+ci+1)*g.h*g.w]
+				out := row[s*P : (s+1)*P]
+				for oy := range g.oh {
+					dst := out[oy*g.ow : (oy+1)*g.ow]
+					iy := oy + ky - g.pad
+					if iy < 0 || iy >= g.h || x0 >= x1 {
+						clear(dst)
+						continue
+					}
+					clear(dst[:x0])
+					copy(dst[x0:x1], img[iy*g.w+x0+kx-g.pad:iy*g.w+x1+kx-g.pad])
+					clear(dst[x1:])
+				}
+			}
+		}
+	})
+	st.colOf = &x[0]
+}
+
+// forward: y[s] = W · col[:, s] + bias, sample by sample.
+func (st *convState) forward(x, w, bias, y []float32) {
+	g := st.g
+	P, BP, CKK := g.p(), g.b*g.p(), g.ckk()
+	st.im2col(x)
+	st.forEach(g.b, func(lo, hi int) {
+		for s := lo; s < hi; s++ {
+			ys := y[s*g.o*P : (s+1)*g.o*P]
+			st.blas.SgemmSerial(blas.NoTrans, blas.NoTrans, g.o, P, CKK, 1, w, CKK, st.col[s*P:], BP, 0, ys, P)
+			for o := range g.o {
+				bo := bias[o]
+				row := ys[o*P : (o+1)*P]
+				for i := range row {
+					row[i] += bo
+				}
+			}
+		}
+	})
+}
+
+// gradW: dW = dyᵀ-by-filter · colᵀ, one product over the whole batch.
+func (st *convState) gradW(x, dy, dw []float32) {
+	g := st.g
+	P, BP := g.p(), g.b*g.p()
+	if st.colOf != &x[0] {
+		st.im2col(x) // the forward run was of other data; not seen in training
+	}
+	st.forEach(g.o, func(lo, hi int) {
+		for o := lo; o < hi; o++ {
+			for s := range g.b {
+				copy(st.dyT[o*BP+s*P:o*BP+(s+1)*P], dy[(s*g.o+o)*P:(s*g.o+o+1)*P])
+			}
+		}
+	})
+	st.blas.Sgemm(blas.NoTrans, blas.Trans, g.o, g.ckk(), BP, 1, st.dyT, BP, st.col, BP, 0, dw, g.ckk())
+}
+
+// gradB: db[o] = Σ over samples, then positions, of dy.
+func (st *convState) gradB(dy, db []float32) {
+	g := st.g
+	P := g.p()
+	for o := range g.o {
+		sum := float32(0)
+		for s := range g.b {
+			for _, v := range dy[(s*g.o+o)*P : (s*g.o+o+1)*P] {
+				sum += v
+			}
+		}
+		db[o] = sum
+	}
+}
+
+// gradX: per sample, dcol = Wᵀ · dy[s], then col2im adds each tap back
+// where it was taken from, taps in (ci, ky, kx) order.
+func (st *convState) gradX(w, dy, dx []float32) {
+	g := st.g
+	P, CKK := g.p(), g.ckk()
+	threads := max(1, min(st.blas.Threads(), g.b))
+	for len(st.dcol) < threads {
+		st.dcol = append(st.dcol, make([]float32, CKK*P))
+	}
+	// Each range of samples takes a scratch matrix of its own.
+	parts := make(chan int, threads)
+	for i := range threads {
+		parts <- i
+	}
+	st.forEach(g.b, func(lo, hi int) {
+		dcol := st.dcol[<-parts]
+		for s := lo; s < hi; s++ {
+			st.blas.SgemmSerial(blas.Trans, blas.NoTrans, CKK, P, g.o, 1, w, CKK, dy[s*g.o*P:(s+1)*g.o*P], P, 0, dcol, P)
+			img := dx[s*g.c*g.h*g.w : (s+1)*g.c*g.h*g.w]
+			clear(img)
+			for r := range CKK {
+				kx, ky, ci := r%g.k, (r/g.k)%g.k, r/(g.k*g.k)
+				x0, x1 := max(0, g.pad-kx), min(g.ow, g.w+g.pad-kx)
+				if x0 >= x1 {
+					continue
+				}
+				for oy := range g.oh {
+					iy := oy + ky - g.pad
+					if iy < 0 || iy >= g.h {
+						continue
+					}
+					src := dcol[r*P+oy*g.ow+x0 : r*P+oy*g.ow+x1]
+					dst := img[(ci*g.h+iy)*g.w+x0+kx-g.pad:]
+					for i, v := range src {
+						dst[i] += v
+					}
+				}
+			}
+		}
+	})
+}
+
+// The gorgonia ops. Each writes into the tensor the tape machine
+// preallocated for its node (UsePreallocDo), which stays from run to run.
+
+type convKind int
+
+const (
+	convFwd convKind = iota // (x, w, bias) → y
+	convDW                  // (x, dy) → dw
+	convDB                  // (dy) → db
+	convDX                  // (w, dy) → dx
+)
+
+type convOp struct {
+	kind convKind
+	st   *convState
+}
+
+var tensor4 = G.TensorType{Dims: 4, Of: hm.TypeVariable('a')}
+
+func (op convOp) Arity() int {
+	switch op.kind {
+	case convFwd:
+		return 3
+	case convDB:
+		return 1
+	}
+	return 2
+}
+
+func (op convOp) Type() hm.Type {
+	ts := make([]hm.Type, op.Arity()+1)
+	for i := range ts {
+		ts[i] = tensor4
+	}
+	return hm.NewFnType(ts...)
+}
+
+func (op convOp) shape() tensor.Shape {
+	g := op.st.g
+	switch op.kind {
+	case convDW:
+		return tensor.Shape{g.o, g.c, g.k, g.k}
+	case convDB:
+		return tensor.Shape{1, g.o, 1, 1}
+	case convDX:
+		return tensor.Shape{g.b, g.c, g.h, g.w}
+	}
+	return tensor.Shape{g.b, g.o, g.oh, g.ow}
+}
+
+func (op convOp) InferShape(...G.DimSizer) (tensor.Shape, error) { return op.shape(), nil }
+
+// Do writes into a tensor the op keeps: the tape machine preallocates
+// only a node's first use of a register (and only for ops that "call an
+// extern", hence CallsExtern), and a fresh tensor per step, faulted in
+// anew, cost more than the arithmetic. The value is rewritten whole each
+// run and nothing holds it past its consumers (gradients are added into
+// the learnables' own tensors).
+func (op convOp) Do(inputs ...G.Value) (G.Value, error) {
+	return op.UsePreallocDo(kept(&op.st.out[op.kind], op.shape()), inputs...)
+}
+
+// kept returns *out, made with shape on first use.
+func kept(out **tensor.Dense, shape tensor.Shape) *tensor.Dense {
+	if *out == nil || !(*out).Shape().Eq(shape) {
+		*out = tensor.New(tensor.WithShape(shape.Clone()...), tensor.Of(tensor.Float32))
+	}
+	return *out
+}
+
+func (op convOp) UsePreallocDo(prealloc G.Value, inputs ...G.Value) (G.Value, error) {
+	data, err := floatsOf(op, op.sizes(), prealloc, inputs)
+	if err != nil {
+		return nil, err
+	}
+	st := op.st
+	switch op.kind {
+	case convFwd:
+		st.forward(data[0], data[1], data[2], data[3])
+	case convDW:
+		st.gradW(data[0], data[1], data[2])
+	case convDB:
+		st.gradB(data[0], data[1])
+	case convDX:
+		st.gradX(data[0], data[1], data[2])
+	}
+	return prealloc, nil
+}
+
+// sizes is how many values each input and the output hold.
+func (op convOp) sizes() []int {
+	g := op.st.g
+	x, w, y := g.b*g.c*g.h*g.w, g.o*g.ckk(), g.b*g.o*g.p()
+	switch op.kind {
+	case convDW:
+		return []int{x, y, w}
+	case convDB:
+		return []int{y, g.o}
+	case convDX:
+		return []int{w, y, x}
+	}
+	return []int{x, w, g.o, y}
+}
+
+// floatsOf returns the inputs' and the output's values, refusing any that
+// are not float32 or not of the sizes given (inputs, then the output)
+// before a loop indexes them: gorgonia has checked shapes; this guards
+// the arithmetic.
+func floatsOf(op fmt.Stringer, sizes []int, out G.Value, inputs []G.Value) ([][]float32, error) {
+	if len(inputs)+1 != len(sizes) {
+		return nil, fmt.Errorf("%v: %d inputs, want %d", op, len(inputs), len(sizes)-1)
+	}
+	data := make([][]float32, len(sizes))
+	for i, v := range append(inputs[:len(inputs):len(inputs)], out) {
+		d, ok := v.Data().([]float32)
+		if !ok {
+			return nil, fmt.Errorf("%v: tensor %d holds %T, want []float32", op, i, v.Data())
+		}
+		if len(d) != sizes[i] {
+			return nil, fmt.Errorf("%v: tensor %d has %d values, want %d", op, i, len(d), sizes[i])
+		}
+		data[i] = d
+	}
+	return data, nil
+}
+
+func (op convOp) ReturnsPtr() bool     { return false }
+func (op convOp) CallsExtern() bool    { return true } // so the tape machine preallocates our output
+func (op convOp) OverwritesInput() int { return -1 }
+
+func (op convOp) WriteHash(h hash.Hash) { fmt.Fprintf(h, "ringtrain.%v@%p", op, op.st) }
+
+func (op convOp) Hashcode() uint32 {
+	h := fnv.New32a()
+	op.WriteHash(h)
+	return h.Sum32()
+}
+
+func (op convOp) String() string {
+	g := op.st.g
+	name := [...]string{"conv2d", "conv2dGradW", "conv2dGradB", "conv2dGradX"}[op.kind]
+	return fmt.Sprintf("%s<%dx%d, pad %d, %d→%d>", name, g.k, g.k, g.pad, g.c, g.o)
+}
+
+// DiffWRT: the forward op is differentiable in its weights and bias, and
+// in its input unless that is the graph's input.
+func (op convOp) DiffWRT(n int) []bool {
+	if op.kind != convFwd {
+		return make([]bool, n)
+	}
+	return []bool{op.st.needX, true, true}
+}
+
+// SymDiff returns the gradient nodes of x (nil when not needed), w and bias.
+func (op convOp) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
+	if op.kind != convFwd {
+		return nil, fmt.Errorf("%v: no second derivative", op)
+	}
+	return layerGrads(inputs, grad, op.st.needX, convOp{convDX, op.st}, convOp{convDW, op.st}, convOp{convDB, op.st})
+}
+
+// layerGrads is SymDiff for a layer op of (x, w, b): the gradient nodes
+// dx = dxOp(w, grad) (nil when x needs none), dw = dwOp(x, grad) and
+// db = dbOp(grad).
+func layerGrads(inputs G.Nodes, grad *G.Node, needX bool, dxOp, dwOp, dbOp G.Op) (G.Nodes, error) {
+	x, w := inputs[0], inputs[1]
+	dw, err := G.ApplyOp(dwOp, x, grad)
+	if err != nil {
+		return nil, err
+	}
+	db, err := G.ApplyOp(dbOp, grad)
+	if err != nil {
+		return nil, err
+	}
+	var dx *G.Node
+	if needX {
+		if dx, err = G.ApplyOp(dxOp, w, grad); err != nil {
+			return nil, err
+		}
+	}
+	return G.Nodes{dx, dw, db}, nil
+}
+
+// conv2d adds a conv layer to a graph.
+func conv2d(x, w, bias *G.Node, g convGeom, needX bool, b *gemm.BLAS) (*G.Node, error) {
+	return G.ApplyOp(convOp{convFwd, newConvState(g, needX, b)}, x, w, bias)
+}

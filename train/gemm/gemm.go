@@ -1,0 +1,258 @@
+package gemm
+
+import (
+	"runtime"
+	"sync"
+
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/gonum"
+)
+
+// BLAS is gonum's pure-Go BLAS with Sgemm replaced by this package's. It
+// satisfies gorgonia's and tensor's BLAS interfaces; hand it to G.Use.
+// Use a *BLAS; the zero value is not ready, call New.
+type BLAS struct {
+	gonum.Implementation
+	ker     kernel
+	threads int
+	bufs    sync.Pool // *[]float32 packing buffers
+}
+
+// New returns a BLAS that splits a product over at most threads
+// goroutines (runtime.GOMAXPROCS(0) at each call when threads ≤ 0), with
+// the fastest kernel this CPU runs.
+func New(threads int) *BLAS {
+	return &BLAS{ker: kernels()[0], threads: threads}
+}
+
+// Kernel names the micro-kernel in use: avx512, avx2 or go.
+func (im *BLAS) Kernel() string { return im.ker.name }
+
+// Threads is the most goroutines one product is split over.
+func (im *BLAS) Threads() int {
+	if im.threads > 0 {
+		return im.threads
+	}
+	return runtime.GOMAXPROCS(0)
+}
+
+// minWorkPerThread is the product size (m·n·k) below which another thread
+// costs more than it saves: about 30 µs of one core's work.
+const minWorkPerThread = 1 << 21
+
+// Sgemm computes C = alpha·op(A)·op(B) + beta·C for row-major matrices,
+// with gonum's argument checks and panics.
+func (im *BLAS) Sgemm(tA, tB blas.Transpose, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	im.sgemm(im.Threads(), tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
+// SgemmSerial is Sgemm on the calling goroutine alone, for callers that
+// already run one product per thread (the same bits as Sgemm).
+func (im *BLAS) SgemmSerial(tA, tB blas.Transpose, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	im.sgemm(1, tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
+func (im *BLAS) sgemm(threads int, tA, tB blas.Transpose, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	checkSgemm(tA, tB, m, n, k, a, lda, b, ldb, c, ldc)
+	if m == 0 || n == 0 {
+		return
+	}
+	if alpha == 0 || k == 0 {
+		scale(m, n, beta, c, ldc)
+		return
+	}
+	im.gemm(threads, tA != blas.NoTrans, tB != blas.NoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
+func (im *BLAS) gemm(maxThreads int, tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	ker := im.ker
+	mr, nr := ker.mr, ker.nr
+	mt, nt := (m+mr-1)/mr, (n+nr-1)/nr
+	pa := im.get(mt * mr * k)
+	pb := im.get(nt * nr * k)
+	defer im.put(pa)
+	defer im.put(pb)
+	tiles := mt * nt
+	threads := min(maxThreads, tiles, max(1, m*n*k/minWorkPerThread))
+	// Packing is split like the tiles: by A strips and B panels.
+	parallel(threads, mt, func(lo, hi int) { packA(tA, a, lda, m, k, mr, lo, hi, *pa) })
+	parallel(threads, nt, func(lo, hi int) { packB(tB, b, ldb, n, k, nr, lo, hi, *pb) })
+	direct := alpha == 1 && beta == 0
+	parallel(threads, tiles, func(lo, hi int) {
+		tile := make([]float32, mr*nr)
+		// Tiles run panel by panel (j outer), so a B panel stays in cache
+		// while the A strips stream past it.
+		for t := lo; t < hi; t++ {
+			j, i := t/mt, t%mt
+			as := (*pa)[i*mr*k : (i+1)*mr*k]
+			bs := (*pb)[j*nr*k : (j+1)*nr*k]
+			rows, cols := min(mr, m-i*mr), min(nr, n-j*nr)
+			at := i*mr*ldc + j*nr
+			if direct && rows == mr && cols == nr {
+				ker.run(k, as, bs, c[at:], ldc)
+				continue
+			}
+			ker.run(k, as, bs, tile, nr)
+			for r := range rows {
+				dst := c[at+r*ldc : at+r*ldc+cols]
+				src := tile[r*nr : r*nr+cols]
+				switch {
+				case direct:
+					copy(dst, src)
+				case beta == 0:
+					for q, v := range src {
+						dst[q] = alpha * v
+					}
+				default:
+					for q, v := range src {
+						// The conversions round each product on its own,
+						// so no compiler fuses them into an FMA.
+						dst[q] = float32(alpha*v) + float32(beta*dst[q])
+					}
+				}
+			}
+		}
+	})
+}
+
+// packA copies A's strips lo…hi-1 (mr rows each) k-major, zero-padded.
+func packA(t bool, a []float32, lda, m, k, mr, lo, hi int, dst []float32) {
+	for i := lo; i < hi; i++ {
+		strip := dst[i*mr*k : (i+1)*mr*k]
+		if t && (i+1)*mr <= m {
+			// A is stored k × m: each k holds the strip's mr values side
+			// by side.
+			for p := range k {
+				copy(strip[p*mr:(p+1)*mr], a[p*lda+i*mr:p*lda+(i+1)*mr])
+			}
+			continue
+		}
+		for r := range mr {
+			row := i*mr + r
+			if row >= m {
+				for p := range k {
+					strip[p*mr+r] = 0
+				}
+				continue
+			}
+			if t { // A is stored k × m
+				for p := range k {
+					strip[p*mr+r] = a[p*lda+row]
+				}
+			} else {
+				src := a[row*lda : row*lda+k]
+				for p, v := range src {
+					strip[p*mr+r] = v
+				}
+			}
+		}
+	}
+}
+
+// packB copies B's panels lo…hi-1 (nr columns each) k-major, zero-padded.
+func packB(t bool, b []float32, ldb, n, k, nr, lo, hi int, dst []float32) {
+	for j := lo; j < hi; j++ {
+		panel := dst[j*nr*k : (j+1)*nr*k]
+		cols := min(nr, n-j*nr)
+		for p := range k {
+			out := panel[p*nr : (p+1)*nr]
+			if t { // B is stored n × k
+				for q := range cols {
+					out[q] = b[(j*nr+q)*ldb+p]
+				}
+			} else {
+				copy(out[:cols], b[p*ldb+j*nr:p*ldb+j*nr+cols])
+			}
+			clear(out[cols:])
+		}
+	}
+}
+
+// parallel runs f over [0, n) cut into threads contiguous ranges, the last
+// on the calling goroutine, and returns when all are done.
+func parallel(threads, n int, f func(lo, hi int)) {
+	threads = max(1, min(threads, n))
+	var wg sync.WaitGroup
+	for t := range threads - 1 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(t*n/threads, (t+1)*n/threads)
+		}()
+	}
+	f((threads-1)*n/threads, n)
+	wg.Wait()
+}
+
+// scale sets C = beta·C, without reading C when beta is 0 (BLAS's rule:
+// C may then hold NaNs that must not survive).
+func scale(m, n int, beta float32, c []float32, ldc int) {
+	for i := range m {
+		row := c[i*ldc : i*ldc+n]
+		if beta == 0 {
+			clear(row)
+			continue
+		}
+		for j := range row {
+			row[j] *= beta
+		}
+	}
+}
+
+func (im *BLAS) get(n int) *[]float32 {
+	if p, ok := im.bufs.Get().(*[]float32); ok && cap(*p) >= n {
+		*p = (*p)[:n]
+		return p
+	}
+	s := make([]float32, n)
+	return &s
+}
+
+func (im *BLAS) put(p *[]float32) { im.bufs.Put(p) }
+
+// checkSgemm panics as gonum's Sgemm does on arguments that do not
+// describe the matrices given.
+func checkSgemm(tA, tB blas.Transpose, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
+	valid := func(t blas.Transpose) bool {
+		return t == blas.NoTrans || t == blas.Trans || t == blas.ConjTrans
+	}
+	switch {
+	case !valid(tA):
+		panic("blas: illegal transpose")
+	case !valid(tB):
+		panic("blas: illegal transpose")
+	case m < 0:
+		panic("blas: m < 0")
+	case n < 0:
+		panic("blas: n < 0")
+	case k < 0:
+		panic("blas: k < 0")
+	}
+	rowA, colA := m, k
+	if tA != blas.NoTrans {
+		rowA, colA = k, m
+	}
+	rowB, colB := k, n
+	if tB != blas.NoTrans {
+		rowB, colB = n, k
+	}
+	switch {
+	case lda < max(1, colA):
+		panic("blas: bad leading dimension of A")
+	case ldb < max(1, colB):
+		panic("blas: bad leading dimension of B")
+	case ldc < max(1, n):
+		panic("blas: bad leading dimension of C")
+	}
+	if m == 0 || n == 0 {
+		return
+	}
+	switch {
+	case len(a) < lda*(rowA-1)+colA:
+		panic("blas: insufficient length of a")
+	case len(b) < ldb*(rowB-1)+colB:
+		panic("blas: insufficient length of b")
+	case len(c) < ldc*(m-1)+n:
+		panic("blas: insufficient length of c")
+	}
+}

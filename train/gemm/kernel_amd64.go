@@ -1,0 +1,31 @@
+package gemm
+
+import "golang.org/x/sys/cpu"
+
+// The assembly kernels (kernel_amd64.s): 12 × 32 in AVX-512 registers and
+// 6 × 16 in AVX2 ones; the sizes fill the register files with accumulators
+// (24 of 32 zmm, 12 of 16 ymm) and leave room for two B vectors and the
+// broadcast A value.
+
+//go:noescape
+func kernelAVX512(k int, a, b, c *float32, ldc int)
+
+//go:noescape
+func kernelAVX2(k int, a, b, c *float32, ldc int)
+
+// kernels lists the kernels this CPU can run, fastest first; the Go kernel
+// is always last.
+func kernels() []kernel {
+	var ks []kernel
+	if cpu.X86.HasAVX512F {
+		ks = append(ks, kernel{name: "avx512", mr: 12, nr: 32, run: func(k int, a, b, c []float32, ldc int) {
+			kernelAVX512(k, &a[0], &b[0], &c[0], ldc)
+		}})
+	}
+	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
+		ks = append(ks, kernel{name: "avx2", mr: 6, nr: 16, run: func(k int, a, b, c []float32, ldc int) {
+			kernelAVX2(k, &a[0], &b[0], &c[0], ldc)
+		}})
+	}
+	return append(ks, goKernel(4, 16))
+}

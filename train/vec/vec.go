@@ -1,0 +1,101 @@
+package vec
+
+// SGD updates p in place as torch.optim.SGD does with weight decay wd:
+// d = g + wd·p; with momentum mu, v ← mu·v + d and p ← p − lr·v, else
+// p ← p − lr·d. v is ignored when mu is 0. g and v must be at least as
+// long as p.
+func SGD(p, g, v []float32, lr, mu, wd float32) {
+	g = g[:len(p)]
+	if mu == 0 {
+		sgdGo(p, g, lr, wd)
+		return
+	}
+	v = v[:len(p)]
+	done := sgdMomentumAsm(p, g, v, lr, mu, wd)
+	sgdMomentumGo(p[done:], g[done:], v[done:], lr, mu, wd)
+}
+
+// Adam updates p in place as torch.optim.Adam does: d = g + wd·p;
+// m ← b1·m + (1−b1)·d; v ← b2·v + (1−b2)·d·d;
+// p ← p − step·m / (√v / sq + eps), where step = lr / (1 − b1ᵗ) and
+// sq = √(1 − b2ᵗ) are the caller's bias corrections.
+func Adam(p, g, m, v []float32, step, sq, b1, b2, wd, eps float32) {
+	g, m, v = g[:len(p)], m[:len(p)], v[:len(p)]
+	c := AdamConsts{Step: step, Sq: sq, B1: b1, C1: 1 - b1, B2: b2, C2: 1 - b2, WD: wd, Eps: eps}
+	done := adamAsm(p, g, m, v, &c)
+	adamGo(p[done:], g[done:], m[done:], v[done:], &c)
+}
+
+// AdamConsts are Adam's scalars as the kernels take them.
+type AdamConsts struct {
+	Step, Sq, B1, C1, B2, C2, WD, Eps float32
+}
+
+// The float32() conversions below keep every product rounded on its own:
+// without them a compiler may fuse a multiply and an add (Go allows it,
+// and does on arm64 and with GOAMD64=v3), and the bits would differ from
+// the vector code's.
+
+func sgdGo(p, g []float32, lr, wd float32) {
+	g = g[:len(p)]
+	for j, w := range p {
+		p[j] = w - float32(lr*(g[j]+float32(wd*w)))
+	}
+}
+
+func sgdMomentumGo(p, g, v []float32, lr, mu, wd float32) {
+	g, v = g[:len(p)], v[:len(p)]
+	for j, w := range p {
+		m := float32(mu*v[j]) + (g[j] + float32(wd*w))
+		v[j] = m
+		p[j] = w - float32(lr*m)
+	}
+}
+
+func adamGo(p, g, m, v []float32, c *AdamConsts) {
+	g, m, v = g[:len(p)], m[:len(p)], v[:len(p)]
+	for j, w := range p {
+		d := g[j] + float32(c.WD*w)
+		mj := float32(c.B1*m[j]) + float32(c.C1*d)
+		vj := float32(c.B2*v[j]) + float32(float32(c.C2*d)*d)
+		m[j], v[j] = mj, vj
+		p[j] = w - float32(c.Step*mj)/(sqrt32(vj)/c.Sq+c.Eps)
+	}
+}
+
+// Relu sets y = x where x > 0 or x is NaN (so a NaN stays visible to the
+// step's finite check), else 0. y must be as long as x.
+func Relu(x, y []float32) {
+	y = y[:len(x)]
+	done := reluAsm(x, y)
+	reluGo(x[done:], y[done:])
+}
+
+// ReluGrad sets dx = dy where y > 0, else 0: the gradient of Relu given
+// its output y. dy and dx must be as long as y.
+func ReluGrad(y, dy, dx []float32) {
+	dy, dx = dy[:len(y)], dx[:len(y)]
+	done := reluGradAsm(y, dy, dx)
+	reluGradGo(y[done:], dy[done:], dx[done:])
+}
+
+func reluGo(x, y []float32) {
+	y = y[:len(x)]
+	for i, v := range x {
+		if v <= 0 {
+			v = 0
+		}
+		y[i] = v
+	}
+}
+
+func reluGradGo(y, dy, dx []float32) {
+	dy, dx = dy[:len(y)], dx[:len(y)]
+	for i, v := range y {
+		g := dy[i]
+		if !(v > 0) {
+			g = 0
+		}
+		dx[i] = g
+	}
+}

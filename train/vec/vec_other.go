@@ -1,0 +1,11 @@
+//go:build !amd64
+
+package vec
+
+func sgdMomentumAsm(p, g, v []float32, lr, mu, wd float32) int { return 0 }
+
+func adamAsm(p, g, m, v []float32, c *AdamConsts) int { return 0 }
+
+func reluAsm(x, y []float32) int { return 0 }
+
+func reluGradAsm(y, dy, dx []float32) int { return 0 }

@@ -1,0 +1,140 @@
+package vec
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// values mixes normal, tiny (subnormal-producing) and zero values.
+func values(rng *rand.Rand, n int) []float32 {
+	s := make([]float32, n)
+	for i := range s {
+		switch rng.IntN(4) {
+		case 0:
+			s[i] = float32(rng.NormFloat64())
+		case 1:
+			s[i] = float32(rng.NormFloat64() * 1e-3)
+		case 2:
+			s[i] = float32(rng.NormFloat64() * 1e-39)
+		}
+	}
+	return s
+}
+
+func sameBits(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("%s[%d] = %g, the Go loop's %g", what, i, got[i], want[i])
+		}
+	}
+}
+
+// TestKernelsMatchTheGoLoops: the exported updates (assembly where the CPU
+// has it, then the Go tail) give the Go loops' bits, for lengths around
+// the vector width and values that go subnormal.
+func TestKernelsMatchTheGoLoops(t *testing.T) {
+	for _, n := range []int{0, 1, 15, 16, 17, 33, 1000, 4099} {
+		for seed := range uint64(3) {
+			rng := rand.New(rand.NewPCG(seed, uint64(n)))
+			p, g, m, v := values(rng, n), values(rng, n), values(rng, n), values(rng, n)
+			for i := range v {
+				v[i] = float32(math.Abs(float64(v[i]))) // Adam's second moment
+			}
+			lr, mu, wd := float32(0.01), float32(0.9), float32(seed)*1e-4
+
+			p1, v1 := slices.Clone(p), slices.Clone(v)
+			SGD(p1, g, v1, lr, mu, wd)
+			p2, v2 := slices.Clone(p), slices.Clone(v)
+			sgdMomentumGo(p2, g, v2, lr, mu, wd)
+			sameBits(t, "sgd p", p1, p2)
+			sameBits(t, "sgd v", v1, v2)
+
+			p1 = slices.Clone(p)
+			SGD(p1, g, nil, lr, 0, wd)
+			p2 = slices.Clone(p)
+			sgdGo(p2, g, lr, wd)
+			sameBits(t, "plain sgd p", p1, p2)
+
+			c := AdamConsts{Step: 0.001 / 0.1, Sq: float32(math.Sqrt(0.001)), B1: 0.9, C1: 1 - float32(0.9), B2: 0.999, C2: 1 - float32(0.999), WD: wd, Eps: 1e-8}
+			p1, m1, v1 := slices.Clone(p), slices.Clone(m), slices.Clone(v)
+			Adam(p1, g, m1, v1, c.Step, c.Sq, c.B1, c.B2, c.WD, c.Eps)
+			p2, m2, v2 := slices.Clone(p), slices.Clone(m), slices.Clone(v)
+			adamGo(p2, g, m2, v2, &c)
+			sameBits(t, "adam p", p1, p2)
+			sameBits(t, "adam m", m1, m2)
+			sameBits(t, "adam v", v1, v2)
+		}
+	}
+}
+
+// TestGoLoopsAreTorchsFormulas: the Go loops against the formulas written
+// out plainly, one rounding per operation.
+func TestGoLoopsAreTorchsFormulas(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	p, g, v := values(rng, 100), values(rng, 100), values(rng, 100)
+	lr, mu, wd := float32(0.05), float32(0.8), float32(0.01)
+	want, wantV := slices.Clone(p), slices.Clone(v)
+	for j := range want {
+		d := g[j] + float32(wd*want[j])
+		wantV[j] = float32(mu*wantV[j]) + d
+		want[j] -= float32(lr * wantV[j])
+	}
+	SGD(p, g, v, lr, mu, wd)
+	sameBits(t, "p", p, want)
+	sameBits(t, "v", v, wantV)
+}
+
+func BenchmarkSGD(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	const n = 235146
+	p, g, v := values(rng, n), values(rng, n), values(rng, n)
+	b.Run("vec", func(b *testing.B) {
+		for b.Loop() {
+			SGD(p, g, v, 0.01, 0.9, 0)
+		}
+	})
+	b.Run("go", func(b *testing.B) {
+		for b.Loop() {
+			sgdMomentumGo(p, g, v, 0.01, 0.9, 0)
+		}
+	})
+}
+
+// TestReluMatchesGo: the kernels against the Go loops, NaN, ±0 and
+// subnormals included.
+func TestReluMatchesGo(t *testing.T) {
+	for _, n := range []int{0, 1, 16, 17, 100, 1029} {
+		rng := rand.New(rand.NewPCG(5, uint64(n)))
+		x, dy := values(rng, n), values(rng, n)
+		for i := range x {
+			switch i % 7 {
+			case 3:
+				x[i] = float32(math.NaN())
+			case 4:
+				x[i] = float32(math.Copysign(0, -1))
+			case 5:
+				x[i] = -x[i]
+			}
+		}
+		y1, y2 := make([]float32, n), make([]float32, n)
+		Relu(x, y1)
+		reluGo(x, y2)
+		d1, d2 := make([]float32, n), make([]float32, n)
+		ReluGrad(x, dy, d1)
+		reluGradGo(x, dy, d2)
+		for i := range x {
+			if math.Float32bits(y1[i]) != math.Float32bits(y2[i]) && !(y1[i] != y1[i] && y2[i] != y2[i]) {
+				t.Fatalf("Relu(%g) = %g, Go %g", x[i], y1[i], y2[i])
+			}
+			if math.Float32bits(d1[i]) != math.Float32bits(d2[i]) {
+				t.Fatalf("ReluGrad at y=%g = %g, Go %g", x[i], d1[i], d2[i])
+			}
+			if x[i] != x[i] && y1[i] == y1[i] {
+				t.Fatalf("Relu hid a NaN at %d", i)
+			}
+		}
+	}
+}
