@@ -3,8 +3,9 @@
 package train
 
 // With the netlib tag, gorgonia and tensor multiply matrices with OpenBLAS
-// (through gonum's cgo binding) instead of gonum's pure-Go BLAS: the cnn
-// trains about 1.7–2.4× faster here (shared/FACTS.md). It needs cgo and
+// (through gonum's cgo binding) instead of train/gemm. The built-in layers
+// (linear, conv2d) are our own ops and use train/gemm in every build, so
+// this changes only the products gorgonia computes itself. It needs cgo and
 // Debian's libopenblas-dev; the linker flag below is why CGO_LDFLAGS need
 // not be set by hand. Set OPENBLAS_NUM_THREADS to the cores a process may use.
 

@@ -79,10 +79,7 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *metrics != "" {
 		common = append(common, "--metrics", *metrics)
 	}
-	if *threads <= 0 {
-		*threads = max(1, runtime.NumCPU() / *n)
-	}
-	common = append(common, "--threads", strconv.Itoa(*threads))
+	common = append(common, "--threads", strconv.Itoa(peerThreads(*threads, *n, runtime.NumCPU())))
 	errs := make([]error, *n)
 	var wg sync.WaitGroup
 	firstGone := make(chan struct{}) // peer 0's output has ended
@@ -209,4 +206,13 @@ func (p *peerOut) copy(r io.Reader, w io.Writer, addr chan<- string) {
 		p.println(w, line)
 	}
 	io.Copy(io.Discard, r)
+}
+
+// peerThreads is each of n local peers' thread budget: what was asked, or
+// the cpus shared out, at least one each.
+func peerThreads(asked, n, cpus int) int {
+	if asked > 0 {
+		return asked
+	}
+	return max(1, cpus/max(1, n))
 }

@@ -32,3 +32,18 @@ func TestRankPrefix(t *testing.T) {
 		}
 	}
 }
+
+func TestPeerThreads(t *testing.T) {
+	for _, c := range []struct{ asked, n, cpus, want int }{
+		{0, 1, 2, 2},
+		{0, 2, 2, 1},
+		{0, 3, 2, 1},
+		{0, 4, 16, 4},
+		{0, 3, 16, 5},
+		{3, 2, 2, 3},
+	} {
+		if got := peerThreads(c.asked, c.n, c.cpus); got != c.want {
+			t.Errorf("peerThreads(%d, %d, %d) = %d, want %d", c.asked, c.n, c.cpus, got, c.want)
+		}
+	}
+}

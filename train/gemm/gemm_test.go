@@ -190,10 +190,15 @@ func TestFMA32IsCorrectlyRounded(t *testing.T) {
 		{1 + 1.0/(1<<12), 1 + 1.0/(1<<12), -1}, // product needs 25 bits
 		{1 + 1.0/(1<<23), 1 - 1.0/(1<<23), -1}, // cancels to -2^-46
 		{3, 1.0 / 3, -1},                       // near cancellation
-		{1 << 12, 1 << 12, 1.0 / (1 << 30)},    // tie-like, tiny addend
+		{1 << 12, 1 << 12, 1.0 / (1 << 30)},    // tiny addend
+		// x·y = 1 + 2⁻¹¹ + 2⁻²⁴ is a float32 tie; the addend, lost when
+		// the sum is rounded to float64, decides it: rounding twice
+		// without round-to-odd gets these wrong.
+		{1 + 1.0/(1<<12), 1 + 1.0/(1<<12), float32(math.Ldexp(1, -60))},
+		{-1 - 1.0/(1<<12), 1 + 1.0/(1<<12), float32(math.Ldexp(1, -60))},
 		{1.5, 1 + 1.0/(1<<23), float32(math.Ldexp(1, -25))},
 		{float32(math.Ldexp(1, -70)), float32(math.Ldexp(1, -70)), 0}, // subnormal result
-		{math.MaxFloat32, 2, 0},                                       // overflow
+		{math.MaxFloat32, 2, 0}, // overflow
 	}
 	for range 200000 {
 		// Values that share exponents make the hard cases common.
