@@ -5,9 +5,11 @@ import (
 	"math"
 	"math/big"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 
 	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/gonum"
 )
 
 // withKernel is a BLAS forced onto one kernel and thread count.
@@ -285,14 +287,26 @@ func BenchmarkSgemm(b *testing.B) {
 		{"cnn-conv2-fwd", false, false, 12544, 64, 800},
 		{"square-512", false, false, 512, 512, 512},
 	}
+	// "gonum" is gonum's own Sgemm on one thread, the default build's
+	// BLAS before this package.
+	type impl struct {
+		name string
+		blas.Float32
+	}
+	impls := []impl{{"gonum", gonum.Implementation{}}}
 	for _, ker := range kernels() {
+		if ker.name != "go" { // far slower; checked for bits, not speed
+			impls = append(impls, impl{ker.name, withKernel(ker, 1)})
+		}
+	}
+	for _, im := range impls {
+		name := im.name
 		for _, s := range shapes {
-			b.Run(ker.name+"/"+s.name, func(b *testing.B) {
-				if ker.name == "go" {
-					b.Skip("slow")
+			b.Run(name+"/"+s.name, func(b *testing.B) {
+				if name == "gonum" {
+					defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 				}
 				c := gemmCase{tA: s.tA, tB: s.tB, m: s.m, n: s.n, k: s.k, alpha: 1}
-				im := withKernel(ker, 1)
 				rng := rand.New(rand.NewPCG(1, 1))
 				a := randMat(rng, s.m*s.k)
 				bb := randMat(rng, s.k*s.n)
