@@ -48,10 +48,10 @@ func (o *SGD) Step(params, grads [][]float32) {
 	if o.Momentum != 0 && o.velocity == nil {
 		o.velocity = zerosLike(params)
 	}
-	// train/vec runs the loop in AVX-512 where it can, with the same bits
-	// as the Go loop: a vector pays the CPU's slow path for subnormal
-	// momentum once per sixteen values where the scalar loop paid it per
-	// value (a third of the mlp's step).
+	// train/vec runs the loop in AVX-512 or AVX2 where it can, with the
+	// same bits as the Go loop: a vector pays the CPU's slow path for
+	// subnormal momentum once per 8–16 values where the scalar loop paid
+	// it per value (a third of the mlp's step).
 	for i, p := range params {
 		var v []float32
 		if o.Momentum != 0 {

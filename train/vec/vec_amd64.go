@@ -2,28 +2,95 @@ package vec
 
 import "golang.org/x/sys/cpu"
 
-// hasAVX512 is read once; the CPU does not change under a process.
-var hasAVX512 = cpu.X86.HasAVX512F
+// Vector levels: what the assembly may use on this CPU.
+const (
+	levelGo     = iota // no assembly
+	levelAVX2          // 8 lanes (AVX2)
+	levelAVX512        // 16 lanes (AVX-512F)
+)
 
-// sgdMomentumAsm updates the first multiple of 16 values of p with
-// AVX-512 and returns how many it did (0 without AVX-512).
-func sgdMomentumAsm(p, g, v []float32, lr, mu, wd float32) int {
-	n := len(p) &^ 15
-	if !hasAVX512 || n == 0 {
-		return 0
+// level is read once; the CPU does not change under a process.
+var level = func() int {
+	switch {
+	case cpu.X86.HasAVX512F:
+		return levelAVX512
+	case cpu.X86.HasAVX2:
+		return levelAVX2
 	}
-	sgdMomentum16(&p[0], &g[0], &v[0], n, lr, mu, wd)
+	return levelGo
+}()
+
+// lanes is how many values one vector of a level holds (0: none).
+func lanes(lv int) int { return [...]int{0, 8, 16}[lv] }
+
+// The …Asm functions update the longest prefix the level's vectors cover
+// and return its length; the Go loops do the rest.
+
+func sgdMomentumAsm(p, g, v []float32, lr, mu, wd float32) int {
+	return sgdMomentumAt(level, p, g, v, lr, mu, wd)
+}
+
+func sgdMomentumAt(lv int, p, g, v []float32, lr, mu, wd float32) int {
+	n := vectorPart(lv, len(p))
+	switch {
+	case n == 0:
+	case lv == levelAVX512:
+		sgdMomentum16(&p[0], &g[0], &v[0], n, lr, mu, wd)
+	default:
+		sgdMomentum8(&p[0], &g[0], &v[0], n, lr, mu, wd)
+	}
 	return n
 }
 
-// adamAsm is sgdMomentumAsm's counterpart for Adam.
-func adamAsm(p, g, m, v []float32, c *AdamConsts) int {
-	n := len(p) &^ 15
-	if !hasAVX512 || n == 0 {
-		return 0
+func adamAsm(p, g, m, v []float32, c *AdamConsts) int { return adamAt(level, p, g, m, v, c) }
+
+func adamAt(lv int, p, g, m, v []float32, c *AdamConsts) int {
+	n := vectorPart(lv, len(p))
+	switch {
+	case n == 0:
+	case lv == levelAVX512:
+		adam16(&p[0], &g[0], &m[0], &v[0], n, c)
+	default:
+		adam8(&p[0], &g[0], &m[0], &v[0], n, c)
 	}
-	adam16(&p[0], &g[0], &m[0], &v[0], n, c)
 	return n
+}
+
+func reluAsm(x, y []float32) int { return reluAt(level, x, y) }
+
+func reluAt(lv int, x, y []float32) int {
+	n := vectorPart(lv, len(x))
+	switch {
+	case n == 0:
+	case lv == levelAVX512:
+		relu16(&x[0], &y[0], n)
+	default:
+		relu8(&x[0], &y[0], n)
+	}
+	return n
+}
+
+func reluGradAsm(y, dy, dx []float32) int { return reluGradAt(level, y, dy, dx) }
+
+func reluGradAt(lv int, y, dy, dx []float32) int {
+	n := vectorPart(lv, len(y))
+	switch {
+	case n == 0:
+	case lv == levelAVX512:
+		reluGrad16(&y[0], &dy[0], &dx[0], n)
+	default:
+		reluGrad8(&y[0], &dy[0], &dx[0], n)
+	}
+	return n
+}
+
+// vectorPart is the longest prefix of n values whole vectors of level lv
+// cover.
+func vectorPart(lv, n int) int {
+	if l := lanes(lv); l > 0 {
+		return n / l * l
+	}
+	return 0
 }
 
 //go:noescape
@@ -32,26 +99,20 @@ func sgdMomentum16(p, grad, v *float32, n int, lr, mu, wd float32)
 //go:noescape
 func adam16(p, grad, m, v *float32, n int, c *AdamConsts)
 
-func reluAsm(x, y []float32) int {
-	n := len(x) &^ 15
-	if !hasAVX512 || n == 0 {
-		return 0
-	}
-	relu16(&x[0], &y[0], n)
-	return n
-}
-
-func reluGradAsm(y, dy, dx []float32) int {
-	n := len(y) &^ 15
-	if !hasAVX512 || n == 0 {
-		return 0
-	}
-	reluGrad16(&y[0], &dy[0], &dx[0], n)
-	return n
-}
-
 //go:noescape
 func relu16(x, y *float32, n int)
 
 //go:noescape
 func reluGrad16(y, dy, dx *float32, n int)
+
+//go:noescape
+func sgdMomentum8(p, grad, v *float32, n int, lr, mu, wd float32)
+
+//go:noescape
+func adam8(p, grad, m, v *float32, n int, c *AdamConsts)
+
+//go:noescape
+func relu8(x, y *float32, n int)
+
+//go:noescape
+func reluGrad8(y, dy, dx *float32, n int)
