@@ -74,7 +74,7 @@ type graphModel struct {
 	outVal  G.Value // logits, batch × classes
 	drops   []dropout
 	masks   *rand.PCG
-	blas    *gemm.BLAS // the conv layers' products
+	blas    *gemm.BLAS // the linear and conv layers' products
 }
 
 // dropout is a layer's mask: an input of the graph multiplied into its

@@ -40,6 +40,14 @@ func (im *BLAS) Threads() int {
 // costs more than it saves: about 30 µs of one core's work.
 const minWorkPerThread = 1 << 21
 
+// A B read in place (not packed) has rows at most maxInPlaceStride floats
+// apart and spans at most maxInPlaceSpan floats: a few hundred pages,
+// which the TLB holds while the A strips stream past.
+const (
+	maxInPlaceStride = 1024
+	maxInPlaceSpan   = 1 << 20
+)
+
 // Sgemm computes C = alpha·op(A)·op(B) + beta·C for row-major matrices,
 // with gonum's argument checks and panics.
 func (im *BLAS) Sgemm(tA, tB blas.Transpose, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
@@ -74,9 +82,17 @@ func (im *BLAS) gemm(maxThreads int, tA, tB bool, m, n, k int, alpha float32, a 
 	defer im.put(pb)
 	tiles := mt * nt
 	threads := min(maxThreads, tiles, max(1, m*n*k/minWorkPerThread))
+	// A B stored k × n whose rows are near each other is read in place:
+	// its full panels need no copy (only the last, ragged one is packed).
+	// Far-apart rows are packed, as each would cost a TLB miss per k.
+	inPlace := !tB && ldb <= maxInPlaceStride && ldb*k <= maxInPlaceSpan
+	packFrom := 0
+	if inPlace {
+		packFrom = n / nr
+	}
 	// Packing is split like the tiles: by A strips and B panels.
 	parallel(threads, mt, func(lo, hi int) { packA(tA, a, lda, m, k, mr, lo, hi, *pa) })
-	parallel(threads, nt, func(lo, hi int) { packB(tB, b, ldb, n, k, nr, lo, hi, *pb) })
+	parallel(threads, nt-packFrom, func(lo, hi int) { packB(tB, b, ldb, n, k, nr, packFrom+lo, packFrom+hi, *pb) })
 	direct := alpha == 1 && beta == 0
 	parallel(threads, tiles, func(lo, hi int) {
 		tile := make([]float32, mr*nr)
@@ -85,14 +101,17 @@ func (im *BLAS) gemm(maxThreads int, tA, tB bool, m, n, k int, alpha float32, a 
 		for t := lo; t < hi; t++ {
 			j, i := t/mt, t%mt
 			as := (*pa)[i*mr*k : (i+1)*mr*k]
-			bs := (*pb)[j*nr*k : (j+1)*nr*k]
+			bs, bstride := (*pb)[j*nr*k:(j+1)*nr*k], nr
+			if j < packFrom {
+				bs, bstride = b[j*nr:], ldb
+			}
 			rows, cols := min(mr, m-i*mr), min(nr, n-j*nr)
 			at := i*mr*ldc + j*nr
 			if direct && rows == mr && cols == nr {
-				ker.run(k, as, bs, c[at:], ldc)
+				ker.run(k, as, bs, c[at:], ldc, bstride)
 				continue
 			}
-			ker.run(k, as, bs, tile, nr)
+			ker.run(k, as, bs, tile, nr, bstride)
 			for r := range rows {
 				dst := c[at+r*ldc : at+r*ldc+cols]
 				src := tile[r*nr : r*nr+cols]

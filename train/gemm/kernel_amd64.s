@@ -1,15 +1,18 @@
 #include "textflag.h"
 
-// kernelAVX512(k int, a, b, c *float32, ldc int): a 12 × 32 tile.
+// kernelAVX512(k int, a, b, c *float32, ldc, ldb int): a 12 × 32 tile;
+// B's rows are ldb floats apart (nr when packed).
 // Accumulators Z0–Z23 (row r in Z(2r), Z(2r+1)); B vectors Z24, Z25;
 // the broadcast A value Z26. One FMA per element per k, in order of k.
-TEXT ·kernelAVX512(SB), NOSPLIT, $0-40
+TEXT ·kernelAVX512(SB), NOSPLIT, $0-48
 	MOVQ k+0(FP), CX
 	MOVQ a+8(FP), SI
 	MOVQ b+16(FP), BX
 	MOVQ c+24(FP), DI
 	MOVQ ldc+32(FP), DX
 	SHLQ $2, DX
+	MOVQ ldb+40(FP), R9
+	SHLQ $2, R9
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -76,7 +79,7 @@ avx512loop:
 	VFMADD231PS Z24, Z26, Z22
 	VFMADD231PS Z25, Z26, Z23
 	ADDQ $48, SI
-	ADDQ $128, BX
+	ADDQ R9, BX
 	DECQ CX
 	JNZ avx512loop
 avx512store:
@@ -118,15 +121,17 @@ avx512store:
 	VZEROUPPER
 	RET
 
-// kernelAVX2(k int, a, b, c *float32, ldc int): a 6 × 16 tile.
+// kernelAVX2(k int, a, b, c *float32, ldc, ldb int): a 6 × 16 tile.
 // Accumulators Y0–Y11; B vectors Y12, Y13; the broadcast A value Y14.
-TEXT ·kernelAVX2(SB), NOSPLIT, $0-40
+TEXT ·kernelAVX2(SB), NOSPLIT, $0-48
 	MOVQ k+0(FP), CX
 	MOVQ a+8(FP), SI
 	MOVQ b+16(FP), BX
 	MOVQ c+24(FP), DI
 	MOVQ ldc+32(FP), DX
 	SHLQ $2, DX
+	MOVQ ldb+40(FP), R9
+	SHLQ $2, R9
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -163,7 +168,7 @@ avx2loop:
 	VFMADD231PS Y12, Y14, Y10
 	VFMADD231PS Y13, Y14, Y11
 	ADDQ $24, SI
-	ADDQ $64, BX
+	ADDQ R9, BX
 	DECQ CX
 	JNZ avx2loop
 avx2store:
