@@ -1,20 +1,28 @@
-// Package train computes gradients with gorgonia and keeps replicas in step:
-// after every backward pass a Replica averages its gradients over a
-// Collective (a ring) and then applies its optimizer, so every replica
-// applies the same bits.
+// Package train computes gradients and keeps replicas in step: after every
+// backward pass a Replica averages its gradients over a Collective (a ring)
+// and then applies its optimizer, so every replica applies the same bits.
 //
-// Built so far (issue 7 is open): a fully connected ReLU network (NewMLP),
-// SGD with momentum and weight decay and Adam on plain slices (their state
-// is ours, for checkpoints), the distributed step with a non-finite
-// gradient check that skips the step on every rank, rank 0's parameters
-// broadcast at start, a parameter-hash comparison across ranks, and
-// Evaluate (loss, accuracy, per class). Still to come: the CNN and
-// layer-list specs, schedules, a forward-only evaluation path, checkpoints
-// and the epoch loop.
+// Models are built from a Spec (BuiltinSpec's mlp and cnn, or a layer list
+// with residual connections and dropout) by NewModel: a gorgonia graph,
+// run by a TapeMachine, that gorgonia differentiates. Its linear, conv2d
+// and ReLU layers are ops of this package (linear.go, conv.go, relu.go)
+// that multiply with train/gemm and keep their outputs from step to step;
+// gorgonia's own products use train/gemm too (G.Use). The CUDA and Host
+// engines of train/engine satisfy the same Model interface.
+//
+// Around the model: SGD and Adam on plain slices (their state is ours, for
+// checkpoints; the loops are train/vec's), schedules, the distributed step
+// with a non-finite check that skips the step on every rank and leave
+// requests riding in the same allreduce, rank 0's parameters broadcast at
+// start, a parameter-hash comparison across ranks (with the straggler
+// report), sharded
+// evaluation, checkpoints and resume, and Run, the epoch loop. The elastic
+// job around all of it is train/elastic's.
 //
 // # Usage
 //
-//	m, err := train.NewMLP(train.MLPConfig{Inputs: 784, Hidden: []int{256, 128}, Classes: 10, Batch: 64, Seed: seed})
+//	spec, err := train.BuiltinSpec("mlp", 1, 28, 28, 10)
+//	m, err := train.NewModel(train.ModelConfig{Spec: spec, Batch: 64, Seed: seed})
 //	rep := train.NewReplica(m, &train.SGD{LR: 0.05, Momentum: 0.9}, r) // r: a *ring.Ring
 //	err = rep.SyncParams(ctx)
 //	loss, err := rep.Step(ctx, batch.X, batch.Y, batch.N)
