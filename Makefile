@@ -14,7 +14,7 @@ FUZZ     := ./ring:FuzzRecv ./data:FuzzReadIDX ./data:FuzzReadCSV ./p2p:FuzzRead
 
 MODEL ?= mlp
 
-.PHONY: test-netns test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic fashion-mnist testdata demo clean
+.PHONY: test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic fashion-mnist testdata demo clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -47,7 +47,19 @@ test: vet
 	$(MAKE) --no-print-directory test-netns
 	$(MAKE) --no-print-directory test-openblas
 	$(MAKE) --no-print-directory cuda-check
+	$(MAKE) --no-print-directory test-arm64
 	$(MAKE) --no-print-directory fuzz
+
+# The CPU kernels on arm64, under qemu-user (Debian's qemu-user, installed
+# here): the fused Go kernel (gemm's on arm64) must give the bits of the
+# exact one, as amd64's assembly does, and the layers their definitions.
+test-arm64:
+	@command -v qemu-aarch64 >/dev/null || (apt-get install -y -qq qemu-user || (apt-get update -qq && apt-get install -y -qq qemu-user)) >/dev/null 2>&1 || true
+	@if ! command -v qemu-aarch64 >/dev/null; then echo "test-arm64: SKIPPED (no qemu-aarch64)"; exit 0; fi; \
+	set -e; dir=$$(mktemp -d); trap 'rm -rf $$dir' EXIT; \
+	for pkg in gemm vec; do GOARCH=arm64 $(GO) test -c -o $$dir/$$pkg.test ./train/$$pkg; (cd train/$$pkg && qemu-aarch64 $$dir/$$pkg.test -test.short); done; \
+	GOARCH=arm64 $(GO) test -c -o $$dir/train.test ./train; \
+	(cd train && qemu-aarch64 $$dir/train.test -test.run 'ConvMatches|SameBitsWhatever|EveryLayerGradient|BigBatch')
 
 # ONNX export checked by real tools: onnxruntime (npm's onnxruntime-node,
 # whose CPU build is in the npm tarball; ONNXRUNTIME_NODE_INSTALL=skip stops

@@ -1,16 +1,19 @@
 // Package gemm multiplies float32 matrices fast enough for the CPU engine:
 // a packed, register-blocked SGEMM whose inner kernel is AVX-512 or AVX2
-// assembly on amd64 and plain Go elsewhere, offered as a gonum blas.Float32
-// so gorgonia (through G.Use) and gonum's tensor code multiply with it.
+// assembly on amd64, a Go loop the compiler fuses into FMA instructions on
+// arm64, ppc64, s390x and riscv64, and an exact Go kernel elsewhere,
+// offered as a gonum blas.Float32 so gorgonia (through G.Use) and gonum's
+// tensor code multiply with it.
 //
 // Every kernel computes each element of the product the same way: one
 // fused multiply-add per k, in order of k, from zero, then alpha and beta
 // applied once. So the result is the same bits whichever kernel the CPU
 // gets, however many threads share the work and however the work is cut —
 // the property replicas of one job rely on when they compare parameter
-// hashes. The Go kernel gets a correctly rounded float32 FMA from float64
-// arithmetic with round-to-odd (Boldo and Melquiond), so a machine without
-// FMA units computes the same bits, only slower.
+// hashes. The exact Go kernel gets a correctly rounded float32 FMA from
+// float64 arithmetic with round-to-odd (Boldo and Melquiond), so a machine
+// without FMA units computes the same bits, only slower. `make test` runs
+// the arm64 build under qemu to hold its fused loop to those bits.
 //
 // Threads: a BLAS splits each large product over its thread budget
 // (runtime.GOMAXPROCS when zero), by output tiles, never along k.
