@@ -57,8 +57,10 @@ test-arm64:
 	@command -v qemu-aarch64 >/dev/null || (apt-get install -y -qq qemu-user || (apt-get update -qq && apt-get install -y -qq qemu-user)) >/dev/null 2>&1 || true
 	@if ! command -v qemu-aarch64 >/dev/null; then echo "test-arm64: SKIPPED (no qemu-aarch64)"; exit 0; fi; \
 	set -e; dir=$$(mktemp -d); trap 'rm -rf $$dir' EXIT; \
-	for pkg in gemm vec; do GOARCH=arm64 $(GO) test -c -o $$dir/$$pkg.test ./train/$$pkg; (cd train/$$pkg && qemu-aarch64 $$dir/$$pkg.test -test.short); done; \
+	for pkg in gemm vec; do GOARCH=arm64 $(GO) test -c -o $$dir/$$pkg.test ./train/$$pkg; \
+	  echo "test-arm64: train/$$pkg under qemu-aarch64"; (cd train/$$pkg && qemu-aarch64 $$dir/$$pkg.test -test.short); done; \
 	GOARCH=arm64 $(GO) test -c -o $$dir/train.test ./train; \
+	echo "test-arm64: train's layer and bit tests under qemu-aarch64"; \
 	(cd train && qemu-aarch64 $$dir/train.test -test.run 'ConvMatches|SameBitsWhatever|EveryLayerGradient|BigBatch')
 
 # ONNX export checked by real tools: onnxruntime (npm's onnxruntime-node,
