@@ -12,10 +12,10 @@ import (
 	"github.com/ringtrain/ringtrain/train/vec"
 )
 
-// reluOp is ReLU as a gorgonia op that writes into its preallocated
-// output. gorgonia's Rectify builds its gradient from a comparison and a
-// product that clone their inputs every step; on the cnn those clones
-// (fresh memory, faulted in each time) took a quarter of the step.
+// reluOp is ReLU as a gorgonia op that writes into an output it keeps.
+// gorgonia's Rectify builds its gradient from a comparison and a product
+// that clone their inputs every step; on the cnn those clones (fresh
+// memory, faulted in each time) took about an eighth of the step.
 // A NaN input stays NaN, so the step's finite check still sees it.
 // grad: (y, dy) → dy where y > 0, else 0 — torch's choice at 0.
 type reluOp struct {
