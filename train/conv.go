@@ -3,7 +3,6 @@ package train
 import (
 	"fmt"
 	"hash"
-	"hash/fnv"
 
 	"github.com/chewxy/hm"
 	"gonum.org/v1/gonum/blas"
@@ -47,7 +46,7 @@ type convState struct {
 	colOf *float32  // the input col was made from
 	dyT   []float32 // o × (b·p), the output gradient sample-major → filter-major
 	dcol  [][]float32
-	out   [4]*tensor.Dense // each op's result, by convKind, reused
+	out   [4]*tensor.Dense // each op's result, by layerKind, reused
 }
 
 func newConvState(g convGeom, needX bool, b *gemm.BLAS) *convState {
@@ -198,48 +197,25 @@ func (st *convState) gradX(w, dy, dx []float32) {
 // The gorgonia ops. Each writes into the tensor the tape machine
 // preallocated for its node (UsePreallocDo), which stays from run to run.
 
-type convKind int
-
-const (
-	convFwd convKind = iota // (x, w, bias) → y
-	convDW                  // (x, dy) → dw
-	convDB                  // (dy) → db
-	convDX                  // (w, dy) → dx
-)
-
 type convOp struct {
-	kind convKind
+	kind layerKind
 	st   *convState
 }
 
 var tensor4 = G.TensorType{Dims: 4, Of: hm.TypeVariable('a')}
 
-func (op convOp) Arity() int {
-	switch op.kind {
-	case convFwd:
-		return 3
-	case convDB:
-		return 1
-	}
-	return 2
-}
+func (op convOp) Arity() int { return op.kind.arity() }
 
-func (op convOp) Type() hm.Type {
-	ts := make([]hm.Type, op.Arity()+1)
-	for i := range ts {
-		ts[i] = tensor4
-	}
-	return hm.NewFnType(ts...)
-}
+func (op convOp) Type() hm.Type { return op.kind.fnType(tensor4) }
 
 func (op convOp) shape() tensor.Shape {
 	g := op.st.g
 	switch op.kind {
-	case convDW:
+	case layerDW:
 		return tensor.Shape{g.o, g.c, g.k, g.k}
-	case convDB:
+	case layerDB:
 		return tensor.Shape{1, g.o, 1, 1}
-	case convDX:
+	case layerDX:
 		return tensor.Shape{g.b, g.c, g.h, g.w}
 	}
 	return tensor.Shape{g.b, g.o, g.oh, g.ow}
@@ -272,13 +248,13 @@ func (op convOp) UsePreallocDo(prealloc G.Value, inputs ...G.Value) (G.Value, er
 	}
 	st := op.st
 	switch op.kind {
-	case convFwd:
+	case layerFwd:
 		st.forward(data[0], data[1], data[2], data[3])
-	case convDW:
+	case layerDW:
 		st.gradW(data[0], data[1], data[2])
-	case convDB:
+	case layerDB:
 		st.gradB(data[0], data[1])
-	case convDX:
+	case layerDX:
 		st.gradX(data[0], data[1], data[2])
 	}
 	return prealloc, nil
@@ -289,11 +265,11 @@ func (op convOp) sizes() []int {
 	g := op.st.g
 	x, w, y := g.b*g.c*g.h*g.w, g.o*g.ckk(), g.b*g.o*g.p()
 	switch op.kind {
-	case convDW:
+	case layerDW:
 		return []int{x, y, w}
-	case convDB:
+	case layerDB:
 		return []int{y, g.o}
-	case convDX:
+	case layerDX:
 		return []int{w, y, x}
 	}
 	return []int{x, w, g.o, y}
@@ -327,11 +303,7 @@ func (op convOp) OverwritesInput() int { return -1 }
 
 func (op convOp) WriteHash(h hash.Hash) { fmt.Fprintf(h, "ringtrain.%v@%p", op, op.st) }
 
-func (op convOp) Hashcode() uint32 {
-	h := fnv.New32a()
-	op.WriteHash(h)
-	return h.Sum32()
-}
+func (op convOp) Hashcode() uint32 { return hashOf(op) }
 
 func (op convOp) String() string {
 	g := op.st.g
@@ -339,46 +311,17 @@ func (op convOp) String() string {
 	return fmt.Sprintf("%s<%dx%d, pad %d, %d→%d>", name, g.k, g.k, g.pad, g.c, g.o)
 }
 
-// DiffWRT: the forward op is differentiable in its weights and bias, and
-// in its input unless that is the graph's input.
-func (op convOp) DiffWRT(n int) []bool {
-	if op.kind != convFwd {
-		return make([]bool, n)
-	}
-	return []bool{op.st.needX, true, true}
-}
+func (op convOp) DiffWRT(n int) []bool { return op.kind.diffWRT(op.st.needX, n) }
 
 // SymDiff returns the gradient nodes of x (nil when not needed), w and bias.
 func (op convOp) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
-	if op.kind != convFwd {
+	if op.kind != layerFwd {
 		return nil, fmt.Errorf("%v: no second derivative", op)
 	}
-	return layerGrads(inputs, grad, op.st.needX, convOp{convDX, op.st}, convOp{convDW, op.st}, convOp{convDB, op.st})
-}
-
-// layerGrads is SymDiff for a layer op of (x, w, b): the gradient nodes
-// dx = dxOp(w, grad) (nil when x needs none), dw = dwOp(x, grad) and
-// db = dbOp(grad).
-func layerGrads(inputs G.Nodes, grad *G.Node, needX bool, dxOp, dwOp, dbOp G.Op) (G.Nodes, error) {
-	x, w := inputs[0], inputs[1]
-	dw, err := G.ApplyOp(dwOp, x, grad)
-	if err != nil {
-		return nil, err
-	}
-	db, err := G.ApplyOp(dbOp, grad)
-	if err != nil {
-		return nil, err
-	}
-	var dx *G.Node
-	if needX {
-		if dx, err = G.ApplyOp(dxOp, w, grad); err != nil {
-			return nil, err
-		}
-	}
-	return G.Nodes{dx, dw, db}, nil
+	return layerGrads(inputs, grad, op.st.needX, convOp{layerDX, op.st}, convOp{layerDW, op.st}, convOp{layerDB, op.st})
 }
 
 // conv2d adds a conv layer to a graph.
 func conv2d(x, w, bias *G.Node, g convGeom, needX bool, b *gemm.BLAS) (*G.Node, error) {
-	return G.ApplyOp(convOp{convFwd, newConvState(g, needX, b)}, x, w, bias)
+	return G.ApplyOp(convOp{layerFwd, newConvState(g, needX, b)}, x, w, bias)
 }

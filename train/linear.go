@@ -3,7 +3,6 @@ package train
 import (
 	"fmt"
 	"hash"
-	"hash/fnv"
 
 	"github.com/chewxy/hm"
 	"gonum.org/v1/gonum/blas"
@@ -23,51 +22,28 @@ type linearState struct {
 	batch, in, out int
 	needX          bool
 	blas           *gemm.BLAS
-	res            [4]*tensor.Dense // each op's result, by linearKind, reused
+	res            [4]*tensor.Dense // each op's result, by layerKind, reused
 }
 
-type linearKind int
-
-const (
-	linFwd linearKind = iota // (x, w, b) → y
-	linDW                    // (x, dy) → dw = xᵀ·dy
-	linDB                    // (dy) → db, the column sums of dy
-	linDX                    // (w, dy) → dx = dy·Wᵀ
-)
-
 type linearOp struct {
-	kind linearKind
+	kind layerKind
 	st   *linearState
 }
 
 var matrix = G.TensorType{Dims: 2, Of: hm.TypeVariable('a')}
 
-func (op linearOp) Arity() int {
-	switch op.kind {
-	case linFwd:
-		return 3
-	case linDB:
-		return 1
-	}
-	return 2
-}
+func (op linearOp) Arity() int { return op.kind.arity() }
 
-func (op linearOp) Type() hm.Type {
-	ts := make([]hm.Type, op.Arity()+1)
-	for i := range ts {
-		ts[i] = matrix
-	}
-	return hm.NewFnType(ts...)
-}
+func (op linearOp) Type() hm.Type { return op.kind.fnType(matrix) }
 
 func (op linearOp) shape() tensor.Shape {
 	st := op.st
 	switch op.kind {
-	case linDW:
+	case layerDW:
 		return tensor.Shape{st.in, st.out}
-	case linDB:
+	case layerDB:
 		return tensor.Shape{1, st.out}
-	case linDX:
+	case layerDX:
 		return tensor.Shape{st.batch, st.in}
 	}
 	return tensor.Shape{st.batch, st.out}
@@ -83,18 +59,12 @@ func (op linearOp) Do(inputs ...G.Value) (G.Value, error) {
 func (op linearOp) UsePreallocDo(prealloc G.Value, inputs ...G.Value) (G.Value, error) {
 	st := op.st
 	B, I, O := st.batch, st.in, st.out
-	sizes := map[linearKind][]int{
-		linFwd: {B * I, I * O, O, B * O},
-		linDW:  {B * I, B * O, I * O},
-		linDB:  {B * O, O},
-		linDX:  {I * O, B * O, B * I},
-	}[op.kind]
-	data, err := floatsOf(op, sizes, prealloc, inputs)
+	data, err := floatsOf(op, op.sizes(), prealloc, inputs)
 	if err != nil {
 		return nil, err
 	}
 	switch op.kind {
-	case linFwd:
+	case layerFwd:
 		x, w, b, y := data[0], data[1], data[2], data[3]
 		st.blas.Sgemm(blas.NoTrans, blas.NoTrans, B, O, I, 1, x, I, w, O, 0, y, O)
 		for s := range B {
@@ -103,9 +73,9 @@ func (op linearOp) UsePreallocDo(prealloc G.Value, inputs ...G.Value) (G.Value, 
 				row[j] += v
 			}
 		}
-	case linDW:
+	case layerDW:
 		st.blas.Sgemm(blas.Trans, blas.NoTrans, I, O, B, 1, data[0], I, data[1], O, 0, data[2], O)
-	case linDB:
+	case layerDB:
 		dy, db := data[0], data[1]
 		clear(db)
 		for s := range B {
@@ -113,10 +83,24 @@ func (op linearOp) UsePreallocDo(prealloc G.Value, inputs ...G.Value) (G.Value, 
 				db[j] += v
 			}
 		}
-	case linDX:
+	case layerDX:
 		st.blas.Sgemm(blas.NoTrans, blas.Trans, B, I, O, 1, data[1], O, data[0], O, 0, data[2], I)
 	}
 	return prealloc, nil
+}
+
+// sizes is how many values each input and the output hold.
+func (op linearOp) sizes() []int {
+	B, I, O := op.st.batch, op.st.in, op.st.out
+	switch op.kind {
+	case layerDW:
+		return []int{B * I, B * O, I * O}
+	case layerDB:
+		return []int{B * O, O}
+	case layerDX:
+		return []int{I * O, B * O, B * I}
+	}
+	return []int{B * I, I * O, O, B * O}
 }
 
 func (op linearOp) ReturnsPtr() bool     { return false }
@@ -125,33 +109,24 @@ func (op linearOp) OverwritesInput() int { return -1 }
 
 func (op linearOp) WriteHash(h hash.Hash) { fmt.Fprintf(h, "ringtrain.%v@%p", op, op.st) }
 
-func (op linearOp) Hashcode() uint32 {
-	h := fnv.New32a()
-	op.WriteHash(h)
-	return h.Sum32()
-}
+func (op linearOp) Hashcode() uint32 { return hashOf(op) }
 
 func (op linearOp) String() string {
 	name := [...]string{"linear", "linearGradW", "linearGradB", "linearGradX"}[op.kind]
 	return fmt.Sprintf("%s<%d→%d>", name, op.st.in, op.st.out)
 }
 
-func (op linearOp) DiffWRT(n int) []bool {
-	if op.kind != linFwd {
-		return make([]bool, n)
-	}
-	return []bool{op.st.needX, true, true}
-}
+func (op linearOp) DiffWRT(n int) []bool { return op.kind.diffWRT(op.st.needX, n) }
 
 func (op linearOp) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
-	if op.kind != linFwd {
+	if op.kind != layerFwd {
 		return nil, fmt.Errorf("%v: no second derivative", op)
 	}
-	return layerGrads(inputs, grad, op.st.needX, linearOp{linDX, op.st}, linearOp{linDW, op.st}, linearOp{linDB, op.st})
+	return layerGrads(inputs, grad, op.st.needX, linearOp{layerDX, op.st}, linearOp{layerDW, op.st}, linearOp{layerDB, op.st})
 }
 
 // linear adds a linear layer to a graph: x is batch × in, w in × out, b 1 × out.
 func linear(x, w, b *G.Node, batch, in, out int, needX bool, bl *gemm.BLAS) (*G.Node, error) {
 	st := &linearState{batch: batch, in: in, out: out, needX: needX, blas: bl}
-	return G.ApplyOp(linearOp{linFwd, st}, x, w, b)
+	return G.ApplyOp(linearOp{layerFwd, st}, x, w, b)
 }

@@ -3,7 +3,6 @@ package train
 import (
 	"fmt"
 	"hash"
-	"hash/fnv"
 
 	"github.com/chewxy/hm"
 	G "gorgonia.org/gorgonia"
@@ -84,11 +83,7 @@ func (op reluOp) OverwritesInput() int { return -1 }
 
 func (op reluOp) WriteHash(h hash.Hash) { fmt.Fprintf(h, "ringtrain.%v@%p", op, op.out) }
 
-func (op reluOp) Hashcode() uint32 {
-	h := fnv.New32a()
-	op.WriteHash(h)
-	return h.Sum32()
-}
+func (op reluOp) Hashcode() uint32 { return hashOf(op) }
 
 func (op reluOp) String() string {
 	if op.grad {

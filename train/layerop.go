@@ -1,0 +1,81 @@
+package train
+
+import (
+	"hash"
+	"hash/fnv"
+
+	"github.com/chewxy/hm"
+	G "gorgonia.org/gorgonia"
+)
+
+// What conv.go's and linear.go's ops share: a layer of (x, w, b) is four
+// gorgonia ops — the forward pass and the three gradients — that differ
+// only in shapes and arithmetic.
+
+// layerKind is which of a layer's four ops an op is.
+type layerKind int
+
+const (
+	layerFwd layerKind = iota // (x, w, b) → y
+	layerDW                   // (x, dy) → dw
+	layerDB                   // (dy) → db
+	layerDX                   // (w, dy) → dx
+)
+
+func (k layerKind) arity() int {
+	switch k {
+	case layerFwd:
+		return 3
+	case layerDB:
+		return 1
+	}
+	return 2
+}
+
+// fnType is the op's type: every input and the output of tensor type t.
+func (k layerKind) fnType(t hm.Type) hm.Type {
+	ts := make([]hm.Type, k.arity()+1)
+	for i := range ts {
+		ts[i] = t
+	}
+	return hm.NewFnType(ts...)
+}
+
+// diffWRT: the forward op is differentiable in its weights and bias, and in
+// its input when that needs a gradient (not the graph's input); the
+// gradient ops are not differentiated again.
+func (k layerKind) diffWRT(needX bool, n int) []bool {
+	if k != layerFwd {
+		return make([]bool, n)
+	}
+	return []bool{needX, true, true}
+}
+
+// hashOf is a Hashcode from an op's WriteHash.
+func hashOf(op interface{ WriteHash(hash.Hash) }) uint32 {
+	h := fnv.New32a()
+	op.WriteHash(h)
+	return h.Sum32()
+}
+
+// layerGrads is SymDiff for a layer op of (x, w, b): the gradient nodes
+// dx = dxOp(w, grad) (nil when x needs none), dw = dwOp(x, grad) and
+// db = dbOp(grad).
+func layerGrads(inputs G.Nodes, grad *G.Node, needX bool, dxOp, dwOp, dbOp G.Op) (G.Nodes, error) {
+	x, w := inputs[0], inputs[1]
+	dw, err := G.ApplyOp(dwOp, x, grad)
+	if err != nil {
+		return nil, err
+	}
+	db, err := G.ApplyOp(dbOp, grad)
+	if err != nil {
+		return nil, err
+	}
+	var dx *G.Node
+	if needX {
+		if dx, err = G.ApplyOp(dxOp, w, grad); err != nil {
+			return nil, err
+		}
+	}
+	return G.Nodes{dx, dw, db}, nil
+}
