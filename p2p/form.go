@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/event"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -67,6 +68,11 @@ type NodeConfig struct {
 	// would tell it has changed. Default 1 s. Changes are pushed at once:
 	// greeting every peer every round made formation quadratic in hellos.
 	Refresh time.Duration
+	// Stall is how long a first formation may learn nothing new before
+	// this node greets the members it knows only from statements passed
+	// on (see Statement) directly — a relaying peer may have died or may
+	// be holding statements back. Default 2 s.
+	Stall time.Duration
 }
 
 func (c *NodeConfig) fill(worldSize int) {
@@ -88,13 +94,19 @@ func (c *NodeConfig) fill(worldSize int) {
 	if c.Refresh <= 0 {
 		c.Refresh = time.Second
 	}
+	if c.Stall <= 0 {
+		c.Stall = 2 * time.Second
+	}
 }
 
 // peerInfo is what a node remembers of one peer.
 type peerInfo struct {
 	verified bool // proved itself a peer of this job
-	refused  bool // refused us, or we it
-	seen     time.Time
+	// relayed: verified only through its statements, passed on by
+	// others; not greeted directly unless the formation stalls.
+	relayed bool
+	refused bool // refused us, or we it
+	seen    time.Time
 	// deadUntil: a peer whose hello failed (a stale DHT record of a peer
 	// that is gone, mostly) is skipped until then, so that it cannot stall
 	// every round for a dial timeout.
@@ -109,13 +121,17 @@ type peerInfo struct {
 	toldAt   time.Time
 	knows    map[peer.ID]bool
 	heard    uint64 // the highest Seq of its proposals this node took
+	// hasStmt: the Seq of each member's statement it has (we told it, or
+	// it told us).
+	hasStmt map[peer.ID]uint64
 }
 
-// told is what a hello told a verified peer: our proposal's version and
-// the members it did not know of.
+// told is what a hello told a verified peer: our proposal's version, the
+// members it did not know of, and the statements it lacked.
 type told struct {
 	prop    int
 	members []peer.ID
+	stmts   map[peer.ID]uint64
 }
 
 // Node finds the other peers of a job and agrees with them on a ring. It
@@ -130,7 +146,8 @@ type told struct {
 type Node struct {
 	h     *Host
 	job   Job
-	key   []byte // the job key hello proofs are made with
+	key   []byte // the job key hello proofs and statements are made with
+	priv  crypto.PrivKey
 	cfg   NodeConfig
 	ns    string // rendezvous key
 	names idNames
@@ -142,16 +159,20 @@ type Node struct {
 
 	mu       sync.Mutex
 	peers    map[peer.ID]*peerInfo
-	propVer  int              // our proposal's version: bumped when it changes
-	seq0     uint64           // Seq of version 0: when the node started, so a restarted peer's Seqs rise still
-	nearby   []peer.ID        // connected peers that speak the hello protocol, not yet greeted
-	busy     map[peer.ID]bool // a hello to it is under way
-	lastProp Proposal         // the proposal of version propVer
-	refusals []error          // why peers refused us, one per peer
-	pending  []peer.ID        // vouched for by a verified peer, not yet greeted
-	join     *Agreement       // the first formation
-	reform   *Agreement       // the latest re-formation, if any
-	current  *Formation       // the ring this node is in
+	propVer  int                 // our proposal's version: bumped when it changes
+	seq0     uint64              // Seq of version 0: when the node started, so a restarted peer's Seqs rise still
+	nearby   []peer.ID           // connected peers that speak the hello protocol, not yet greeted
+	busy     map[peer.ID]bool    // a hello to it is under way
+	lastProp Proposal            // the proposal of version propVer
+	stmts    map[peer.ID]*signed // the newest statement of each verified peer, ours included
+	learnt   time.Time           // when the first formation last learned something
+	dhtOn    chan struct{}       // closed once the DHT is used (see discoverLoop)
+	dhtOnce  sync.Once
+	refusals []error    // why peers refused us, one per peer
+	pending  []peer.ID  // vouched for by a verified peer, not yet greeted
+	join     *Agreement // the first formation
+	reform   *Agreement // the latest re-formation, if any
+	current  *Formation // the ring this node is in
 	admitted chan *Formation
 }
 
@@ -162,8 +183,12 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 		return nil, fmt.Errorf("p2p: job %q of world size %d with config hash %q: want a name, a size ≥ 1 and a hash", job.Name, job.WorldSize, job.ConfigHash)
 	}
 	cfg.fill(job.WorldSize)
+	priv := h.Peerstore().PrivKey(h.ID())
+	if priv == nil {
+		return nil, fmt.Errorf("p2p: the host's private key is not in its peerstore: statements cannot be signed")
+	}
 	n := &Node{
-		h: h, job: job, key: jobKey(job), cfg: cfg,
+		h: h, job: job, key: jobKey(job), cfg: cfg, priv: priv, stmts: map[peer.ID]*signed{}, learnt: time.Now(), dhtOn: make(chan struct{}),
 		ns:       "ringtrain/job/" + job.Name,
 		kick:     make(chan struct{}, 1),
 		peers:    map[peer.ID]*peerInfo{},
@@ -173,6 +198,9 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 		seq0:     uint64(time.Now().UnixNano()),
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.mu.Lock()
+	n.propVersionLocked() // signs our first statement
+	n.mu.Unlock()
 	h.SetStreamHandler(HelloProtocol, n.handleHello)
 	h.SetStreamHandler(ReformProtocol, n.handleReform)
 	h.SetStreamHandler(AdmitProtocol, n.handleAdmit)
@@ -183,6 +211,11 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 	n.wg.Go(func() { n.watch(sub) })
 	rd := drouting.NewRoutingDiscovery(h.DHT)
 	n.wg.Go(func() {
+		select {
+		case <-n.dhtOn:
+		case <-n.ctx.Done():
+			return
+		}
 		// Advertise retries on its own; a first Provide may fail while
 		// the routing table is still empty.
 		dutil.Advertise(n.ctx, rd, n.ns)
@@ -264,6 +297,13 @@ func (n *Node) Join(ctx context.Context) (*Formation, error) {
 			if f != nil {
 				n.cfg.Logger.Info().Int("rank", f.Rank).Int("world_size", len(f.Members)).Uint64("generation", f.Generation).
 					Stringers("members", peerStringers(f.Members)).Msg("ring formed")
+				n.mu.Lock()
+				if n.ctx.Err() == nil {
+					n.keepMembersLocked(f.Members)
+					n.wg.Go(n.passOn)
+					n.useDHT() // so that peers who come later find the job
+				}
+				n.mu.Unlock()
 			}
 			return f, err
 		}
@@ -281,6 +321,57 @@ func (n *Node) Join(ctx context.Context) (*Formation, error) {
 		}
 	}
 }
+
+// passOn goes on passing statements to the peers that lack them once this
+// node's ring has formed: the others may still wait for the statements
+// only this node holds (in a star, the hub forms first). It ends at Close,
+// or once nobody has lacked anything for Stall.
+func (n *Node) passOn() {
+	idle := time.Now()
+	for {
+		if n.exchangeNews() {
+			idle = time.Now()
+		} else if time.Since(idle) >= n.cfg.Stall {
+			return
+		}
+		if _, err := n.wait(n.ctx, n.cfg.Interval); err != nil {
+			return
+		}
+	}
+}
+
+// exchangeNews greets the verified peers we talk to that lack members or
+// statements we hold, and reports whether any did (a hello under way
+// counts). n.mu not held.
+func (n *Node) exchangeNews() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.ctx.Err() != nil {
+		return false
+	}
+	any := len(n.busy) > 0
+	for p, pi := range n.peers {
+		if pi.verified && !pi.relayed && (len(n.newsLocked(p, pi)) > 0 || len(n.stmtNewsLocked(p, pi)) > 0) {
+			any = true
+			n.greetLocked(p, true)
+		}
+	}
+	return any
+}
+
+// keepMembersLocked keeps the ring members' addresses as long as a job may
+// run: re-formation dials every member, and addresses learned from hellos
+// expire after minutes, connections over a star being few. n.mu held.
+func (n *Node) keepMembersLocked(members []peer.ID) {
+	for _, p := range members {
+		if p != n.h.ID() {
+			n.h.Peerstore().AddAddrs(p, n.h.Peerstore().Addrs(p), memberAddrTTL)
+		}
+	}
+}
+
+// memberAddrTTL is how long a ring member's address is kept.
+const memberAddrTTL = 7 * 24 * time.Hour
 
 // wait pauses until d has passed or something was learned, and says which.
 func (n *Node) wait(ctx context.Context, d time.Duration) (kicked bool, err error) {
@@ -349,11 +440,24 @@ func (n *Node) timeoutError() error {
 
 // discoverLoop asks the DHT who advertises the job, now and then, and
 // says hello to the peers it did not know.
+//
+// The DHT is used only while this node has no verified peer and no hello
+// under way (its bootstrap peers are not of the job), or once the formation has learned nothing for
+// Stall: a member of the job, once reached, passes on every member it
+// knows, and each rendezvous query and advertisement costs connections to
+// the peers nearest the key — with 32 peers, ten times the star's 31. So
+// peers that bootstrap from members of the job never touch the DHT before
+// their ring forms (then they advertise, for those who come later); peers
+// whose bootstrap peers are strangers to the job find it through the DHT
+// at once; and two groups that met different members find each other a
+// Stall later.
 func (n *Node) discoverLoop(ctx context.Context) {
 	rd := drouting.NewRoutingDiscovery(n.h.DHT)
 	pause := n.cfg.Interval
 	for {
-		if n.discover(ctx, rd) {
+		if !n.needDHT() {
+			pause = n.cfg.Interval
+		} else if n.discover(ctx, rd) {
 			pause = n.cfg.Interval
 			n.poke()
 		}
@@ -394,6 +498,28 @@ func (n *Node) discover(ctx context.Context, rd *drouting.RoutingDiscovery) bool
 	return len(fresh) > 0
 }
 
+// needDHT reports whether rendezvous through the DHT is needed (see
+// discoverLoop), and once it is, starts advertising; from then on it stays
+// needed.
+func (n *Node) needDHT() bool {
+	select {
+	case <-n.dhtOn:
+		return true
+	default:
+	}
+	n.mu.Lock()
+	alone := n.verifiedLocked() == 0 && len(n.busy) == 0 && len(n.nearby) == 0 && len(n.pending) == 0
+	need := alone || time.Since(n.learnt) >= n.cfg.Stall
+	n.mu.Unlock()
+	if need {
+		n.useDHT()
+	}
+	return need
+}
+
+// useDHT starts advertising the job in the DHT, once.
+func (n *Node) useDHT() { n.dhtOnce.Do(func() { close(n.dhtOn) }) }
+
 // isKnown: verified, refused, or recently unreachable — either way,
 // discovery has nothing to add.
 func (n *Node) isKnown(p peer.ID) bool {
@@ -431,8 +557,10 @@ func (n *Node) forgetLocked() {
 			continue
 		}
 		delete(n.peers, p)
+		delete(n.stmts, p)
 		for _, qi := range n.peers {
 			delete(qi.knows, p) // if it comes back, it is news again
+			delete(qi.hasStmt, p)
 		}
 		n.join.Forget(p)
 	}
@@ -467,12 +595,16 @@ func (n *Node) exchange() {
 	n.forgetLocked()
 	now := time.Now()
 	cur := n.propVersionLocked()
+	// Peers known only from their statements are left to the peers that
+	// pass them on, unless nothing has been learned for a while.
+	stalled := n.current == nil && now.Sub(n.learnt) >= n.cfg.Stall
 	for p, pi := range n.peers {
-		if !pi.verified {
+		if !pi.verified || pi.relayed && !stalled {
 			continue
 		}
 		since := now.Sub(pi.toldAt)
-		if pi.toldProp != cur || since >= n.cfg.Refresh || since >= n.cfg.Interval && len(n.newsLocked(p, pi)) > 0 {
+		if pi.toldProp != cur || since >= n.cfg.Refresh ||
+			since >= n.cfg.Interval && (len(n.newsLocked(p, pi)) > 0 || len(n.stmtNewsLocked(p, pi)) > 0) {
 			n.greetLocked(p, true)
 		}
 	}
@@ -521,15 +653,35 @@ func (n *Node) propVersionLocked() int {
 		!slices.Equal(m.Members, n.lastProp.Members) {
 		n.propVer++
 		n.lastProp = m
+		if st, err := sign(n.priv, n.key, n.h.ID(), n.seq0+uint64(n.propVer), m); err == nil {
+			n.stmts[n.h.ID()] = st
+		} else {
+			n.cfg.Logger.Warn().Err(err).Msg("our proposal goes to the peers we greet only")
+		}
 	}
 	return n.propVer
 }
 
-// newsLocked lists the verified peers p does not know of. n.mu held.
+// stmtNewsLocked lists the peers whose statements p lacks: newer than it
+// has, and not its own. n.mu held.
+func (n *Node) stmtNewsLocked(p peer.ID, pi *peerInfo) []peer.ID {
+	var out []peer.ID
+	for q, s := range n.stmts {
+		if q != p && s.seq > pi.hasStmt[q] {
+			out = append(out, q)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// newsLocked lists the verified peers p does not know of — those whose
+// statements this node holds, so that p learns of a member and gets its
+// statement in the same hello and need not greet it itself. n.mu held.
 func (n *Node) newsLocked(p peer.ID, pi *peerInfo) []peer.ID {
 	var out []peer.ID
 	for q, qi := range n.peers {
-		if qi.verified && q != p && !pi.knows[q] {
+		if qi.verified && q != p && !pi.knows[q] && n.stmts[q] != nil {
 			out = append(out, q)
 		}
 	}
@@ -547,12 +699,19 @@ func (n *Node) helloTo(p peer.ID) (*Hello, told) {
 	if pi == nil || !pi.verified {
 		return h, told{prop: -1}
 	}
-	v := told{prop: n.propVersionLocked(), members: n.newsLocked(p, pi)}
+	v := told{prop: n.propVersionLocked(), members: n.newsLocked(p, pi), stmts: map[peer.ID]uint64{}}
 	for _, q := range v.members {
 		h.Members = append(h.Members, n.memberLocked(q))
 	}
 	h.setProposal(n.lastProp, &n.names)
 	h.Seq = n.seq0 + uint64(v.prop)
+	from := n.stmtNewsLocked(p, pi)
+	ss := make([]*signed, len(from))
+	for i, q := range from {
+		ss[i] = n.stmts[q]
+		v.stmts[q] = ss[i].seq
+	}
+	h.putStatements(from, ss, &n.names)
 	return h, v
 }
 
@@ -580,6 +739,9 @@ func (n *Node) sent(p peer.ID, v told) {
 		for _, q := range v.members {
 			pi.knows[q] = true
 		}
+		for q, seq := range v.stmts {
+			pi.hasStmt[q] = max(pi.hasStmt[q], seq)
+		}
 	}
 }
 
@@ -596,15 +758,16 @@ func (n *Node) learn(from peer.ID, h *Hello) (changed bool) {
 	}
 	pi.seen = time.Now()
 	if !pi.verified {
-		pi.verified = true
-		pi.toldProp, pi.knows = -1, map[peer.ID]bool{}
+		n.verifyLocked(pi)
 		changed = true
 	}
-	before, had := n.join.views[from]
+	pi.relayed = false // it answers us itself
 	defer func() {
-		after, has := n.join.views[from]
-		changed = changed || has != had || after.Ready != before.Ready || after.Formed != before.Formed || !slices.Equal(after.Members, before.Members)
+		if changed {
+			n.learnt = time.Now()
+		}
 	}()
+	defer n.watchView(from, &changed)()
 	if m, err := h.proposal(&n.names); err != nil {
 		n.cfg.Logger.Warn().Stringer("peer", from).Err(err).Msg("ignored a proposal")
 	} else if h.Seq < pi.heard {
@@ -639,13 +802,78 @@ func (n *Node) learn(from peer.ID, h *Hello) (changed bool) {
 			}
 		}
 		n.h.Peerstore().AddAddrs(id, addrs, peerstore.TempAddrTTL)
-		// Vouched for by a verified peer: say hello next round.
+		// Vouched for by a verified peer: say hello next round, unless
+		// its statement (below) shows it a member already.
 		if !slices.Contains(n.pending, id) {
 			n.pending = append(n.pending, id)
 			changed = true
 		}
 	}
+	for i := range h.Statements {
+		news, err := n.takeStatementLocked(from, pi, h, i)
+		if err != nil {
+			n.cfg.Logger.Warn().Stringer("peer", from).Err(err).Msg("ignored a statement it passed on")
+		}
+		changed = changed || news
+	}
 	return changed
+}
+
+func (n *Node) verifyLocked(pi *peerInfo) {
+	pi.verified = true
+	pi.toldProp, pi.knows, pi.hasStmt = -1, map[peer.ID]bool{}, map[peer.ID]uint64{}
+}
+
+// watchView notes p's view before a change and, in the func it returns,
+// sets *changed if the view changed. n.mu held throughout.
+func (n *Node) watchView(p peer.ID, changed *bool) func() {
+	before, had := n.join.views[p]
+	return func() {
+		after, has := n.join.views[p]
+		*changed = *changed || has != had || after.Ready != before.Ready || after.Formed != before.Formed || !slices.Equal(after.Members, before.Members)
+	}
+}
+
+// takeStatementLocked checks statement i of a hello from a verified peer
+// and, if it is newer than what this node holds of its maker, keeps it to
+// pass on and steps the agreement with it as if its maker had said it
+// here. Its maker becomes verified (it holds the job key), known through
+// others. n.mu held.
+func (n *Node) takeStatementLocked(via peer.ID, vi *peerInfo, h *Hello, i int) (changed bool, err error) {
+	from, s, err := h.statement(i, &n.names)
+	if err != nil {
+		return false, err
+	}
+	vi.hasStmt[from] = max(vi.hasStmt[from], s.seq)
+	if from == n.h.ID() {
+		return false, nil
+	}
+	if old := n.stmts[from]; old != nil && s.seq <= old.seq {
+		return false, nil // had it, or a newer one
+	}
+	if err := s.verify(n.key, from, n.h.Peerstore().PubKey(from)); err != nil {
+		return false, fmt.Errorf("statement %d of the hello from %s: %w", i, via, err)
+	}
+	pi := n.trackLocked(from)
+	if pi == nil || !n.join.Verified(from) {
+		return false, nil // too many peers remembered
+	}
+	n.stmts[from] = s
+	if !pi.verified {
+		n.verifyLocked(pi)
+		pi.relayed = true
+		changed = true
+	}
+	pi.seen = time.Now()
+	if s.seq < pi.heard {
+		return changed, nil
+	}
+	defer n.watchView(from, &changed)()
+	if err := n.join.Step(from, s.prop); err != nil {
+		return changed, err
+	}
+	pi.heard = s.seq
+	return changed, nil
 }
 
 // sayHello exchanges hellos with p; a refusal from a casual peer is

@@ -15,11 +15,12 @@ import (
 )
 
 // HelloProtocol is the protocol of the agreement exchange.
-const HelloProtocol = "/ringtrain/hello/2.0.0"
+const HelloProtocol = "/ringtrain/hello/3.0.0"
 
 // ProtocolVersion is what peers must share to form a ring. Version 2
-// proves the job instead of naming it.
-const ProtocolVersion = 2
+// proves the job instead of naming it; version 3 passes signed statements
+// on, so that a ring forms without every pair of peers connected.
+const ProtocolVersion = 3
 
 // Bounds on a hello: a peer list of hundreds of members with a few
 // addresses each fits in maxHelloBytes with room to spare.
@@ -66,6 +67,11 @@ type Hello struct {
 	// proposal older than one it holds, as hellos cross — an answer written
 	// before its sender changed its mind can arrive after its next hello.
 	Seq uint64 `json:"seq,omitempty"`
+	// Statements are the sender's own signed proposal and the newest it
+	// holds of other members (see Statement) — sent only to verified peers;
+	// Rings are the member lists they refer to, each once.
+	Statements []Statement `json:"statements,omitempty"`
+	Rings      [][]string  `json:"rings,omitempty"`
 	// Refused, in a response, says that the responder will not form a ring
 	// with the sender — without saying anything of the responder's job.
 	Refused string `json:"refused,omitempty"`
@@ -111,9 +117,20 @@ func decodeHello(b []byte) (*Hello, error) {
 	if err := json.Unmarshal(b, &h); err != nil {
 		return nil, fmt.Errorf("hello: %v: %w", err, ErrBadHello)
 	}
-	if len(h.Proposal) > maxHelloPeers || len(h.Members) > maxHelloPeers || len(h.Proof) > 128 || len(h.Refused) > 1024 {
-		return nil, fmt.Errorf("hello with %d members, a proposal of %d, a %d-byte proof, a %d-byte refusal: %w",
-			len(h.Members), len(h.Proposal), len(h.Proof), len(h.Refused), ErrBadHello)
+	if len(h.Proposal) > maxHelloPeers || len(h.Members) > maxHelloPeers || len(h.Proof) > 128 || len(h.Refused) > 1024 ||
+		len(h.Statements) > maxHelloPeers || len(h.Rings) > maxHelloPeers {
+		return nil, fmt.Errorf("hello with %d members, a proposal of %d, a %d-byte proof, a %d-byte refusal, %d statements, %d rings: %w",
+			len(h.Members), len(h.Proposal), len(h.Proof), len(h.Refused), len(h.Statements), len(h.Rings), ErrBadHello)
+	}
+	for i, r := range h.Rings {
+		if len(r) > maxHelloPeers {
+			return nil, fmt.Errorf("hello ring %d of %d peers, at most %d: %w", i, len(r), maxHelloPeers, ErrBadHello)
+		}
+	}
+	for i, st := range h.Statements {
+		if len(st.Sig) > maxSigBytes {
+			return nil, fmt.Errorf("hello statement %d with a %d-byte signature, at most %d: %w", i, len(st.Sig), maxSigBytes, ErrBadHello)
+		}
 	}
 	for _, m := range h.Members {
 		if len(m.Addrs) > maxMemberAddrs {

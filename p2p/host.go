@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"time"
 
 	"github.com/libp2p/go-libp2p"
 	dht "github.com/libp2p/go-libp2p-kad-dht"
@@ -98,7 +99,14 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	// The DHT lives as long as the host: kad-dht derives its own lifetime
 	// from the context New is given, and ctx only bounds the start (a
 	// caller's join timeout, say). Close stops it.
-	d, err := dht.New(context.WithoutCancel(ctx), h, dht.Mode(dht.ModeServer), dht.ProtocolPrefix(ProtocolPrefix))
+	//
+	// No routing-table refresh, at start or later: each refresh looks up
+	// random keys and so connects to every peer it can find — with 32 peers
+	// in one process, 1.8 s and 3.6 CPU-seconds, several times all the rest of a
+	// formation. The table fills from the peers this host talks to, which
+	// is all a job's rendezvous needs (see Node's discoverLoop), and
+	// lookups still walk from whatever it holds.
+	d, err := dht.New(context.WithoutCancel(ctx), h, dht.Mode(dht.ModeServer), dht.ProtocolPrefix(ProtocolPrefix), dht.DisableAutoRefresh())
 	if err != nil {
 		return nil, fmt.Errorf("p2p: starting DHT: %w", err)
 	}
@@ -112,16 +120,33 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		d.Close()
 		return nil, fmt.Errorf("p2p: no bootstrap peer reachable: %w", errors.Join(errs...))
 	}
-	if err := d.Bootstrap(ctx); err != nil {
-		d.Close()
-		return nil, fmt.Errorf("p2p: DHT bootstrap: %w", err)
-	}
 	return &Host{Host: h, DHT: d}, nil
 }
 
-// Close stops the DHT and the host.
+// ErrCloseTimeout means the libp2p host did not stop within CloseTimeout.
+var ErrCloseTimeout = errors.New("p2p: host close timed out")
+
+// CloseTimeout bounds Close.
+const CloseTimeout = 10 * time.Second
+
+// Close stops the DHT and the host. It returns ErrCloseTimeout, leaving
+// libp2p's close to go on in the background, if the host does not stop in
+// CloseTimeout: go-libp2p v0.51's Host.Close can wait forever — autonat's
+// Close waits for its goroutine, whose unsubscribing waits on an event-bus
+// lock held by identify, blocked sending to a subscriber that no longer
+// reads (seen in one of two 32-peer formations in one process). A process
+// that exits loses nothing by it; a hung one loses the job's exit.
 func (h *Host) Close() error {
-	return errors.Join(h.DHT.Close(), h.Host.Close())
+	done := make(chan error, 1)
+	go func() { done <- errors.Join(h.DHT.Close(), h.Host.Close()) }()
+	t := time.NewTimer(CloseTimeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return fmt.Errorf("%w: %s still stopping after %v", ErrCloseTimeout, h.ID(), CloseTimeout)
+	}
 }
 
 // Addrs returns the host's dialable multiaddrs with its peer ID, the form
