@@ -348,3 +348,79 @@ func TestHiddenNaNIsSkipped(t *testing.T) {
 		}
 	}
 }
+
+// leaveForger is a rank that adds add to rank victim's leave slot in every
+// step's allreduce.
+type leaveForger struct {
+	Collective
+	victim  int
+	add     float32
+	nparams int
+}
+
+func (f leaveForger) AllreduceMean(ctx context.Context, buf []float32) error {
+	if len(buf) == f.nparams+stepTrailer(f.Size()) {
+		buf[f.nparams+stepFlags+f.victim] += f.add
+	}
+	return f.Collective.AllreduceMean(ctx, buf)
+}
+
+// TestForgedLeaveIsIgnored: a member that sets another rank's leave slot
+// cannot make it stop — the victim denies the request and every rank
+// carries on together, counting it — and a member that cancels a real
+// request cannot keep its maker in: the maker leaves anyway. Before the
+// denial round, every rank, the victim included, stopped at the forged
+// request, and the cancelled request kept its maker training.
+func TestForgedLeaveIsIgnored(t *testing.T) {
+	const n = 3
+	cfg := mlpCfg(12, []int{8}, 3, 2, 1)
+	x, y := randomBatch(rand.New(rand.NewPCG(1, 2)), 2, 12, 3)
+	for _, tc := range []struct {
+		name   string
+		add    float32 // what rank 2 adds to rank 0's slot
+		asks   bool    // rank 0 asks to leave
+		leaves [n][]int
+		forged int
+	}{
+		{"a request in another's name", 1, false, [n][]int{nil, nil, nil}, 1},
+		{"a real request", 0, true, [n][]int{{0}, {0}, {0}}, 0},
+		{"a real request cancelled on the way", -1, true, [n][]int{{0}, nil, nil}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rings := memRings(t, n)
+			reps := make([]*Replica, n)
+			errs := make([]error, n)
+			onAll(n, func(i int) error {
+				reps[i] = NewReplica(newMLP(t, cfg), &SGD{LR: 0.1}, rings[i])
+				if i == 2 {
+					reps[i].Coll = leaveForger{rings[i], 0, tc.add, reps[i].nparams}
+				}
+				if i == 0 && tc.asks {
+					leave := make(chan struct{})
+					close(leave)
+					reps[i].Leave = leave
+				}
+				_, errs[i] = reps[i].Step(context.Background(), x, y, 2)
+				return nil
+			})
+			for i, err := range errs {
+				var le *LeaveError
+				var got []int
+				if errors.As(err, &le) {
+					got = le.Ranks
+				} else if err != nil {
+					t.Errorf("rank %d: Step = %v", i, err)
+				}
+				if !slices.Equal(got, tc.leaves[i]) {
+					t.Errorf("rank %d: ranks leaving %v; want %v", i, got, tc.leaves[i])
+				}
+				if reps[i].Stats.ForgedLeaves != tc.forged {
+					t.Errorf("rank %d: %d forged requests counted; want %d", i, reps[i].Stats.ForgedLeaves, tc.forged)
+				}
+				if !slices.Equal(reps[i].Model.Params()[0], reps[0].Model.Params()[0]) {
+					t.Errorf("rank %d: parameters differ from rank 0's after the step", i)
+				}
+			}
+		})
+	}
+}

@@ -3,9 +3,12 @@ package train
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 	"unsafe"
@@ -79,6 +82,9 @@ type ReplicaStats struct {
 	// BytesSent is the gradient bytes this rank sent: a ring allreduce sends
 	// 2(n−1)/n of the buffer.
 	BytesSent int64
+	// ForgedLeaves counts leave requests made in another rank's name: that
+	// rank denied them, and every rank ignored them (see confirmLeaves).
+	ForgedLeaves int
 }
 
 // LeaveError is what Step returns once a rank has asked to leave; the step
@@ -253,6 +259,19 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		return 0, fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
 	}
 	badRanks, leaving := stepFlagsOf(tail, r.Coll.Size())
+	if leaving != nil {
+		if leaving, err = r.confirmLeaves(ctx, leaving, leave); err != nil {
+			r.Steps--
+			r.Stats.Steps--
+			return 0, fmt.Errorf("%w: confirming leave requests: %w", ErrCollective, err)
+		}
+	}
+	if leave && !slices.Contains(leaving, r.Coll.Rank()) {
+		// Our request came back cancelled — a member subtracted it on the
+		// way. Leave anyway: the others find this rank gone at the next
+		// step and re-form without it.
+		leaving = append(leaving, r.Coll.Rank())
+	}
 	// err is nil here: ForwardBackward's. A DeviceOptimizer checks the
 	// average itself, where it applies it; the host checks it otherwise.
 	applied := false
@@ -293,6 +312,40 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		return loss, errors.Join(err, &LeaveError{Ranks: leaving})
 	}
 	return loss, &LeaveError{Ranks: leaving}
+}
+
+// confirmLeaves is the second round of a step whose leave slots are set.
+// The slots are sums, so any member can set another rank's slot and make it
+// stop; only the rank itself knows whether it asked. So every rank sends,
+// in an AllreduceSum, a denial for its own slot when it was set but the rank
+// did not ask: a random value in [1, 2) from crypto/rand, which a forger —
+// who can add to any slot but does not know the value — cannot cancel.
+// Every rank holds the same sums, so all drop the same denied ranks from
+// the leavers, and count them in Stats.ForgedLeaves. The forger cannot be
+// named: a sum does not say who added to it. A member can still deny a
+// real request; its maker then leaves anyway, and the others re-form when
+// it is gone.
+func (r *Replica) confirmLeaves(ctx context.Context, leaving []int, asked bool) ([]int, error) {
+	deny := make([]float32, r.Coll.Size())
+	if me := r.Coll.Rank(); slices.Contains(leaving, me) && !asked {
+		var b [4]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return nil, err
+		}
+		deny[me] = math.Float32frombits(0x3f800000 | binary.LittleEndian.Uint32(b[:])&0x7fffff)
+	}
+	if err := r.Coll.AllreduceSum(ctx, deny); err != nil {
+		return nil, err
+	}
+	var confirmed []int
+	for _, k := range leaving {
+		if deny[k] != 0 {
+			r.Stats.ForgedLeaves++
+			continue
+		}
+		confirmed = append(confirmed, k)
+	}
+	return confirmed, nil
 }
 
 // leaving reports whether this rank has been asked to leave.

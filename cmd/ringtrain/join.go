@@ -318,7 +318,7 @@ func addShares(e *zerolog.Event, s train.ReplicaStats) *zerolog.Event {
 	}
 	return e.Float64("share_compute", share(s.Compute)).Float64("share_wait", share(s.Wait)).
 		Float64("share_ring", share(s.Ring)).Float64("share_optimizer", share(s.Optimizer)).
-		Int("skipped_steps", s.Skipped).Int("reformations", s.Reforms).Int64("sent_bytes", s.BytesSent)
+		Int("skipped_steps", s.Skipped).Int("reformations", s.Reforms).Int("forged_leave_requests", s.ForgedLeaves).Int64("sent_bytes", s.BytesSent)
 }
 
 // logFlags are --log-level, --log-format and --log-file.
