@@ -70,6 +70,7 @@ func (n *Node) WaitAdmission(ctx context.Context, idle time.Duration) (*Formatio
 		case <-tick.C:
 		}
 		n.mu.Lock()
+		n.greetMembersLocked()
 		for p, pi := range n.peers {
 			if pi.verified && n.h.Network().Connectedness(p) == network.Connected {
 				last = time.Now()
@@ -79,6 +80,22 @@ func (n *Node) WaitAdmission(ctx context.Context, idle time.Duration) (*Formatio
 		n.mu.Unlock()
 		if time.Since(last) > idle {
 			return nil, fmt.Errorf("p2p: waited to be admitted to job %q, but none of its peers has been reachable for %v: the job has ended or gone", n.job.Name, idle)
+		}
+	}
+}
+
+// greetMembersLocked says hello to the verified peers this standby is not
+// connected to — those it knows only from statements passed on — so that
+// every member, rank 0 who admits included, hears from it directly and
+// counts it among the Standbys. n.mu held.
+func (n *Node) greetMembersLocked() {
+	if n.ctx.Err() != nil {
+		return
+	}
+	now := time.Now()
+	for p, pi := range n.peers {
+		if pi.verified && !pi.refused && !now.Before(pi.deadUntil) && n.h.Network().Connectedness(p) != network.Connected {
+			n.greetLocked(p, true)
 		}
 	}
 }

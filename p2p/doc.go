@@ -2,9 +2,11 @@
 // a libp2p host with a persistent identity (TLS preferred over Noise, yamux,
 // optional private swarm and allowlist), a Kademlia DHT in server mode under
 // the /ringtrain protocol prefix, rendezvous on a key derived from the job
-// name, a hello protocol on which peers that prove the same job agree on one
-// rank-ordered ring (the decisions are Agreement's, a state machine with no
-// I/O), re-formation and admission on the same Agreement, and the ring's
+// name (used only where no member of the job is at hand), a hello protocol
+// on which peers that prove the same job agree on one rank-ordered ring,
+// passing on each other's signed Statements so that a star of connections
+// suffices (the decisions are Agreement's, a state machine with no I/O),
+// re-formation and admission on the same Agreement, and the ring's
 // Transport over libp2p streams or token-gated TCP, accepted only from the
 // members a Gate expects. Membership wraps a Node and its RingLinks as the
 // train/elastic.Membership the elastic runner drives.

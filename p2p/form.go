@@ -445,8 +445,8 @@ func (n *Node) timeoutError() error {
 // under way (its bootstrap peers are not of the job), or once the formation has learned nothing for
 // Stall: a member of the job, once reached, passes on every member it
 // knows, and each rendezvous query and advertisement costs connections to
-// the peers nearest the key — with 32 peers, ten times the star's 31. So
-// peers that bootstrap from members of the job never touch the DHT before
+// the peers nearest the key — with 32 peers, about 430 connections against
+// the star's 31. So peers that bootstrap from members of the job never touch the DHT before
 // their ring forms (then they advertise, for those who come later); peers
 // whose bootstrap peers are strangers to the job find it through the DHT
 // at once; and two groups that met different members find each other a

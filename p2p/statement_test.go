@@ -181,3 +181,44 @@ func TestForgedStatementIsIgnored(t *testing.T) {
 		}
 	}
 }
+
+// TestLateStandbyIsKnownToEveryMember: a peer that comes after the ring
+// formed, knowing only one member (not necessarily rank 0, who admits),
+// is counted a standby by every member while it waits. Before standbys
+// greeted the members they know only from statements, only its bootstrap
+// member heard from it, and rank 0 never admitted it (the netns test's
+// replacement waited until the job ended).
+func TestLateStandbyIsKnownToEveryMember(t *testing.T) {
+	j := job
+	j.WorldSize = 3
+	s := swarm(t, 3, j)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := s.Join(ctx); err != nil {
+		t.Fatal(err)
+	}
+	members := s.Formations[0].Members
+	// Bootstrap from the member with the highest ID: never rank 0.
+	last := slices.IndexFunc(s.Hosts, func(h *Host) bool { return h.ID() == members[len(members)-1] })
+	h, err := NewHost(ctx, HostConfig{Listen: loopback, Bootstrap: []peer.AddrInfo{info(s.Hosts[last])}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	late := startNodes(t, []*Host{h}, j)[0]
+	if _, err := late.Join(ctx); !errors.Is(err, ErrStandby) {
+		t.Fatalf("late peer's Join = %v; want ErrStandby", err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go late.WaitAdmission(wctx, time.Minute)
+	for i, n := range s.Nodes {
+		for !slices.Contains(n.Standbys(members), h.ID()) {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("member %d never counts the late peer a standby", i)
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+}
