@@ -70,14 +70,22 @@ func getHash(src []float32) hash128 {
 }
 
 // Step trailer: after the gradients in the step's AllreduceMean come the
-// non-finite flag, then one leave slot per rank. A mean of flags is the
-// share of ranks that set them.
+// non-finite flag, then one leave slot per rank, then — with the gradient
+// norm guard — one norm slot per rank. A mean of flags is the share of
+// ranks that set them; a norm slot's mean times the size is that rank's
+// norm.
 const stepFlags = 1
 
-func stepTrailer(size int) int { return stepFlags + size }
+func stepTrailer(size int, norms bool) int {
+	if norms {
+		return stepFlags + 2*size
+	}
+	return stepFlags + size
+}
 
-// putStepFlags writes this rank's flags into a trailer, clearing the rest.
-func putStepFlags(tail []float32, rank int, nonFinite, leave bool) {
+// putStepFlags writes this rank's flags (and, if the trailer has norm
+// slots, its gradient norm) into a trailer, clearing the rest.
+func putStepFlags(tail []float32, rank, size int, nonFinite, leave bool, norm float32) {
 	clear(tail)
 	if nonFinite {
 		tail[0] = 1
@@ -85,13 +93,26 @@ func putStepFlags(tail []float32, rank int, nonFinite, leave bool) {
 	if leave {
 		tail[stepFlags+rank] = 1
 	}
+	if len(tail) == stepTrailer(size, true) {
+		tail[stepFlags+size+rank] = norm
+	}
+}
+
+// normsOf reads the ranks' declared gradient norms from an averaged
+// trailer with norm slots.
+func normsOf(tail []float32, size int) []float64 {
+	out := make([]float64, size)
+	for k, v := range tail[stepFlags+size : stepFlags+2*size] {
+		out[k] = float64(v) * float64(size)
+	}
+	return out
 }
 
 // stepFlagsOf reads an averaged trailer: how many ranks had non-finite
 // gradients, and which asked to leave.
 func stepFlagsOf(tail []float32, size int) (nonFinite int, leaving []int) {
 	nonFinite = int(math.Round(float64(tail[0]) * float64(size)))
-	for k, v := range tail[stepFlags:] {
+	for k, v := range tail[stepFlags : stepFlags+size] {
 		if v != 0 {
 			leaving = append(leaving, k)
 		}

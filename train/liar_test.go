@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -359,7 +360,7 @@ type leaveForger struct {
 }
 
 func (f leaveForger) AllreduceMean(ctx context.Context, buf []float32) error {
-	if len(buf) == f.nparams+stepTrailer(f.Size()) {
+	if len(buf) == f.nparams+stepTrailer(f.Size(), false) {
 		buf[f.nparams+stepFlags+f.victim] += f.add
 	}
 	return f.Collective.AllreduceMean(ctx, buf)
@@ -419,6 +420,89 @@ func TestForgedLeaveIsIgnored(t *testing.T) {
 				}
 				if !slices.Equal(reps[i].Model.Params()[0], reps[0].Model.Params()[0]) {
 					t.Errorf("rank %d: parameters differ from rank 0's after the step", i)
+				}
+			}
+		})
+	}
+}
+
+// bigGradients is a rank that multiplies its gradients by by in the step's
+// allreduce — and, if honest, the norm it declared with them.
+type bigGradients struct {
+	Collective
+	by      float32
+	honest  bool
+	nparams int
+}
+
+func (b bigGradients) AllreduceMean(ctx context.Context, buf []float32) error {
+	if len(buf) == b.nparams+stepTrailer(b.Size(), true) {
+		for i := range b.nparams {
+			buf[i] *= b.by
+		}
+		if b.honest {
+			buf[b.nparams+stepFlags+b.Size()+b.Rank()] *= b.by
+		}
+	}
+	return b.Collective.AllreduceMean(ctx, buf)
+}
+
+// TestNormGuard: with the guard on, a rank whose gradients are 1000 times
+// the others' gets the step skipped on every rank and is named, whether
+// it declares its norm honestly (over the factor times the median) or
+// declares the small one it would have had (the average is then longer
+// than the declared norms allow). Without the guard the same gradients
+// are applied on every rank; with it and honest ranks, steps are applied.
+func TestNormGuard(t *testing.T) {
+	const n = 3
+	cfg := mlpCfg(12, []int{8}, 3, 2, 1)
+	x, y := randomBatch(rand.New(rand.NewPCG(1, 2)), 2, 12, 3)
+	for _, tc := range []struct {
+		name    string
+		guard   float64
+		by      float32
+		honest  bool
+		skipped bool
+		names   string // in the error
+	}{
+		{"honest ranks", 10, 1, true, false, ""},
+		{"a huge rank, declared", 10, 1000, true, true, "rank(s) [1]"},
+		{"a huge rank, declared small", 10, 1000, false, true, "a rank declared less than it sent"},
+		{"a huge rank, no guard", 0, 1000, true, false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rings := memRings(t, n)
+			errs := make([]error, n)
+			changed := make([]bool, n)
+			params := make([][]float32, n)
+			onAll(n, func(i int) error {
+				rep := NewReplica(newMLP(t, cfg), &SGD{LR: 0.1}, rings[i])
+				rep.NormGuard = tc.guard
+				if i == 1 {
+					rep.Coll = bigGradients{rings[i], tc.by, tc.honest, rep.nparams}
+				}
+				before := slices.Clone(rep.Model.Params()[0])
+				_, errs[i] = rep.Step(context.Background(), x, y, 2)
+				params[i] = slices.Clone(rep.Model.Params()[0])
+				changed[i] = !slices.Equal(before, params[i])
+				if tc.skipped && rep.Stats.Skipped != 1 {
+					t.Errorf("rank %d: %d steps counted skipped; want 1", i, rep.Stats.Skipped)
+				}
+				return nil
+			})
+			for i, err := range errs {
+				if tc.skipped {
+					if !errors.Is(err, ErrGradientNorm) || !Skipped(err) || !strings.Contains(err.Error(), tc.names) {
+						t.Errorf("rank %d: Step = %v; want ErrGradientNorm naming %q", i, err, tc.names)
+					}
+				} else if err != nil {
+					t.Errorf("rank %d: Step = %v", i, err)
+				}
+				if changed[i] == tc.skipped {
+					t.Errorf("rank %d: parameters changed %t; want %t", i, changed[i], !tc.skipped)
+				}
+				if !slices.Equal(params[i], params[0]) {
+					t.Errorf("rank %d: parameters differ from rank 0's", i)
 				}
 			}
 		})

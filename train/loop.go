@@ -68,6 +68,10 @@ type RunConfig struct {
 	// of every epoch.
 	Progress      func(Progress)
 	ProgressEvery int
+	// OnSkip, if set, is told why each step every rank skipped together
+	// was skipped (ErrNonFinite, ErrGradientNorm: which ranks, what
+	// values).
+	OnSkip func(error)
 }
 
 // Progress is a report from the middle of a run.
@@ -179,11 +183,14 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 				step++
 				var leave *LeaveError
 				switch {
-				case errors.As(err, &leave) && !errors.Is(err, ErrNonFinite):
+				case errors.As(err, &leave) && !Skipped(err):
 					return leave // the step was applied
 				case errors.As(err, &leave):
 					return err
-				case errors.Is(err, ErrNonFinite):
+				case Skipped(err):
+					if cfg.OnSkip != nil {
+						cfg.OnSkip(err)
+					}
 					if skips++; skips >= cfg.MaxSkips {
 						return fmt.Errorf("train: %d steps in a row skipped, the last at epoch %d step %d: %w", skips, epoch, step, err)
 					}

@@ -34,6 +34,18 @@ var ErrCollective = errors.New("train: the ring failed")
 // skips that step together.
 var ErrNonFinite = errors.New("train: non-finite gradient")
 
+// ErrGradientNorm means the gradient norm guard (Replica.NormGuard) skipped
+// a step on every rank: a rank's gradients were far larger than the
+// others', or the average was larger than the norms the ranks declared
+// allow.
+var ErrGradientNorm = errors.New("train: gradient norm guard")
+
+// Skipped reports whether err is a step that every rank skipped together
+// (ErrNonFinite or ErrGradientNorm): training goes on with the next one.
+func Skipped(err error) bool {
+	return errors.Is(err, ErrNonFinite) || errors.Is(err, ErrGradientNorm)
+}
+
 // Replica is one rank's copy of the model, kept in step with the others:
 // after every backward pass its gradients are averaged over the ring before
 // the optimizer applies them, so every replica applies the same bits.
@@ -51,6 +63,17 @@ type Replica struct {
 	// return a *LeaveError from it — the same step everywhere, where a rank
 	// that simply stopped would leave the others stuck in a collective.
 	Leave <-chan struct{}
+	// NormGuard, if above 0, is the gradient norm guard's factor: every rank
+	// declares its gradient norm in the step's allreduce, and a step where
+	// one rank's norm is over NormGuard times the median (the lower one
+	// for an even count) is skipped on every rank, naming that rank. It
+	// also skips a step whose averaged gradient is longer than the mean of
+	// the declared norms (the triangle inequality), which no honest set of
+	// ranks can send: so a member that declares a small norm and sends a
+	// huge gradient cannot get it applied either — what it can add unseen
+	// is bounded by the honest ranks' own norms. Every rank must hold the
+	// same value (the job config's grad_norm_guard, part of its hash).
+	NormGuard float64
 
 	// Stats is what this replica has done, summed since it was made.
 	Stats ReplicaStats
@@ -160,7 +183,7 @@ type DeviceOptimizer interface {
 // buffer returns the flat buffer for the collective's size; it is made
 // once per ring, not per step, in the model's memory if it is Resident.
 func (r *Replica) buffer() ([]float32, error) {
-	if want := r.nparams + stepTrailer(r.Coll.Size()); len(r.flat) != want {
+	if want := r.nparams + stepTrailer(r.Coll.Size(), r.NormGuard > 0); len(r.flat) != want {
 		if res, ok := r.Model.(Resident); ok {
 			flat, err := res.FlatBuffer(want)
 			if err != nil {
@@ -242,7 +265,11 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	}
 	leave := r.leaving()
 	tail := flat[r.nparams:]
-	putStepFlags(tail, r.Coll.Rank(), bad >= 0, leave)
+	var norm float32
+	if r.NormGuard > 0 && bad < 0 {
+		norm = float32(norm2(flat[:r.nparams]))
+	}
+	putStepFlags(tail, r.Coll.Rank(), r.Coll.Size(), bad >= 0, leave, norm)
 	t1 := time.Now()
 	r.Stats.Compute += t1.Sub(t0)
 	err = r.Coll.AllreduceMean(ctx, flat)
@@ -274,6 +301,10 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	}
 	// err is nil here: ForwardBackward's. A DeviceOptimizer checks the
 	// average itself, where it applies it; the host checks it otherwise.
+	var guard error
+	if r.NormGuard > 0 && r.Coll.Size() > 1 && badRanks == 0 {
+		guard = r.normGuard(flat[:r.nparams], tail)
+	}
 	applied := false
 	switch {
 	case badRanks > 0:
@@ -283,6 +314,8 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		}
 		err = fmt.Errorf("train: %d of %d ranks had NaN or Inf gradients (rank %d: %s); step skipped on all: %w",
 			badRanks, r.Coll.Size(), r.Coll.Rank(), where, ErrNonFinite)
+	case guard != nil:
+		err = guard
 	case onDevice:
 		if applied, err = dev.StepFlat(flat[:r.nparams]); err != nil {
 			return loss, err
@@ -302,7 +335,7 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		err = fmt.Errorf("train: the averaged gradients hold a NaN or Inf though all %d ranks flagged theirs finite (a rank hid its own, or the sum overflowed); step skipped on all: %w",
 			r.Coll.Size(), ErrNonFinite)
 	}
-	if errors.Is(err, ErrNonFinite) {
+	if Skipped(err) {
 		r.Stats.Skipped++
 	}
 	if leaving == nil {
@@ -346,6 +379,61 @@ func (r *Replica) confirmLeaves(ctx context.Context, leaving []int, asked bool) 
 		confirmed = append(confirmed, k)
 	}
 	return confirmed, nil
+}
+
+// normGuard decides, from the averaged gradients and the declared norms in
+// the averaged trailer — the same bits on every rank, so the same decision
+// everywhere — whether the step must be skipped (see NormGuard).
+func (r *Replica) normGuard(avg, tail []float32) error {
+	size := r.Coll.Size()
+	norms := normsOf(tail, size)
+	sum := 0.0
+	for k, v := range norms {
+		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+			return fmt.Errorf("train: rank %d declared a gradient norm of %g; step skipped on all: %w", k, v, ErrGradientNorm)
+		}
+		sum += v
+	}
+	sorted := slices.Clone(norms)
+	slices.Sort(sorted)
+	med := sorted[(size-1)/2]
+	var far []int
+	for k, v := range norms {
+		if med > 0 && v > r.NormGuard*med {
+			far = append(far, k)
+		}
+	}
+	if far != nil {
+		var got []string
+		for _, k := range far {
+			got = append(got, fmt.Sprintf("%.3g", norms[k]))
+		}
+		return fmt.Errorf("train: rank(s) %v sent gradients of norm %v, over %g × the median %.3g; step skipped on all: %w",
+			far, got, r.NormGuard, med, ErrGradientNorm)
+	}
+	// The rounding of a float32 sum is far below 0.1%.
+	if n := norm2(avg); n > sum/float64(size)*1.001+1e-30 {
+		return fmt.Errorf("train: the averaged gradient's norm %.3g is over the mean %.3g of the norms the ranks declared — a rank declared less than it sent; step skipped on all: %w",
+			n, sum/float64(size), ErrGradientNorm)
+	}
+	return nil
+}
+
+// norm2 is the Euclidean norm of v, summed in float64.
+func norm2(v []float32) float64 {
+	var s0, s1, s2, s3 float64
+	i := 0
+	for ; i+4 <= len(v); i += 4 {
+		a, b, c, d := float64(v[i]), float64(v[i+1]), float64(v[i+2]), float64(v[i+3])
+		s0 += a * a
+		s1 += b * b
+		s2 += c * c
+		s3 += d * d
+	}
+	for ; i < len(v); i++ {
+		s0 += float64(v[i]) * float64(v[i])
+	}
+	return math.Sqrt(s0 + s1 + s2 + s3)
 }
 
 // leaving reports whether this rank has been asked to leave.

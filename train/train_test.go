@@ -270,7 +270,7 @@ func TestReplicaStats(t *testing.T) {
 		if st.Steps != steps || st.Skipped != 1 || st.Compute <= 0 || st.Ring <= 0 {
 			t.Errorf("rank %d: %+v; want %d steps, 1 skipped, compute and ring time", i, st, steps)
 		}
-		if flat := params + stepTrailer(world); st.BytesSent != int64(steps*4*flat) { // 2(n−1)/n of 4·flat bytes, n = 2
+		if flat := params + stepTrailer(world, false); st.BytesSent != int64(steps*4*flat) { // 2(n−1)/n of 4·flat bytes, n = 2
 			t.Errorf("rank %d sent %d bytes; want %d", i, st.BytesSent, steps*4*flat)
 		}
 	}

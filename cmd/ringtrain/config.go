@@ -47,9 +47,13 @@ type jobConfig struct {
 	CheckpointEvery int `json:"checkpoint_every"`
 	// MinWorldSize is how few peers may carry on after others are lost;
 	// default world_size, so that losing a peer stops the job.
-	MinWorldSize int      `json:"min_world_size"`
-	JoinTimeout  duration `json:"join_timeout"` // default 60s
-	StepTimeout  duration `json:"step_timeout"` // default 60s
+	MinWorldSize int `json:"min_world_size"`
+	// GradNormGuard, if set, skips every step where a rank's gradient norm
+	// is over this many times the median's (train.Replica.NormGuard); 0,
+	// the default, turns the guard off. More than 1.
+	GradNormGuard float64  `json:"grad_norm_guard"`
+	JoinTimeout   duration `json:"join_timeout"` // default 60s
+	StepTimeout   duration `json:"step_timeout"` // default 60s
 
 	data      *data.Config // parsed Data
 	modelName string       // a built-in name, or "" for a spec
@@ -138,6 +142,9 @@ func (c *jobConfig) resolve(dir string) error {
 	if c.MinWorldSize == 0 {
 		c.MinWorldSize = c.WorldSize
 	}
+	if c.GradNormGuard != 0 && !(c.GradNormGuard > 1) {
+		return fmt.Errorf("grad_norm_guard %g; want 0 (off) or a factor over 1", c.GradNormGuard)
+	}
 	if c.MinWorldSize < 1 || c.MinWorldSize > c.WorldSize {
 		return fmt.Errorf("min_world_size %d; want between 1 and world_size %d", c.MinWorldSize, c.WorldSize)
 	}
@@ -172,7 +179,8 @@ func (c *jobConfig) resolve(dir string) error {
 // computeHash is the SHA-256 of the canonical form of what every peer must
 // share: not the rank, the paths or the timeouts, which are each machine's.
 // min_world_size is shared: peers that held different values would decide
-// differently whether a ring that lost a peer carries on.
+// differently whether a ring that lost a peer carries on; so is
+// grad_norm_guard, which sizes the step's allreduce.
 func (c *jobConfig) computeHash() error {
 	shared := struct {
 		Name         string
@@ -185,7 +193,10 @@ func (c *jobConfig) computeHash() error {
 		Optimizer    any
 		Transforms   []data.TransformSpec
 		Classes      []string
-	}{c.Name, c.WorldSize, c.MinWorldSize, c.Epochs, c.BatchSize, c.Seed, c.Model, c.Optimizer, c.data.Transforms, c.data.Classes}
+		// Left out when 0, so that a config without the guard keeps the
+		// hash it had before the guard existed.
+		GradNormGuard float64 `json:",omitempty"`
+	}{c.Name, c.WorldSize, c.MinWorldSize, c.Epochs, c.BatchSize, c.Seed, c.Model, c.Optimizer, c.data.Transforms, c.data.Classes, c.GradNormGuard}
 	b, err := json.Marshal(shared)
 	if err != nil {
 		return err

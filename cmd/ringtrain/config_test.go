@@ -30,6 +30,20 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		return c.hash
 	}
 	plain := hash("")
+	// A config without the newer fields keeps the hash it had before them,
+	// so peers of the version before still agree with it.
+	if want := "a8bd85d4878acf699c177e5bbbf6ea34fad2a342455b473e625b81865b2c142f"; plain != want {
+		t.Errorf("config hash %s; want %s, as before grad_norm_guard existed", plain, want)
+	}
+	for _, bad := range []string{`, "grad_norm_guard": 1`, `, "grad_norm_guard": -3`} {
+		p := filepath.Join(t.TempDir(), "job.json")
+		if err := os.WriteFile(p, []byte("{"+base+bad+"}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := loadJobConfig(p); err == nil {
+			t.Errorf("a config with %s loads; want an error", bad)
+		}
+	}
 	for _, tc := range []struct {
 		extra string
 		same  bool
@@ -37,6 +51,8 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		{`, "min_world_size": 3`, false},
 		{`, "min_world_size": 4`, true}, // the default, written out
 		{`, "seed": 2`, false},
+		{`, "grad_norm_guard": 10`, false},
+		{`, "grad_norm_guard": 0`, true}, // off, the default, written out
 		{`, "join_timeout": "5s", "step_timeout": "9s", "checkpoint_dir": "/tmp/x"`, true},
 	} {
 		if got := hash(tc.extra); (got == plain) != tc.same {

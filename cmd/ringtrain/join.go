@@ -262,7 +262,9 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 	sched := cfg.schedule()
 	job := &elastic.Job{Members: members, WorldSize: cfg.WorldSize, MinWorldSize: cfg.MinWorldSize,
 		StepTimeout: time.Duration(cfg.StepTimeout), Logger: log, Out: stdout}
-	job.Training = train.RunConfig{Replica: train.NewReplica(model, opt, nil), Train: loader(trainSplit, true),
+	rep := train.NewReplica(model, opt, nil)
+	rep.NormGuard = cfg.GradNormGuard
+	job.Training = train.RunConfig{Replica: rep, Train: loader(trainSplit, true),
 		Epochs: cfg.Epochs, Classes: len(trainSplit.Classes), Schedule: &sched, SaveEvery: cfg.CheckpointEvery}
 	if testSplit != nil {
 		// Each rank scores its own slice of the test set and the counts are

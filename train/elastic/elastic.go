@@ -120,6 +120,11 @@ func (j *Job) Run(ctx context.Context) (train.Summary, error) {
 	rc.MinSize = j.MinWorldSize
 	rc.Reform = j.reform
 	rc.Grow = j.grow
+	if rc.OnSkip == nil {
+		rc.OnSkip = func(err error) {
+			j.Log().Warn().Str("why", err.Error()).Msg("step skipped on every rank")
+		}
+	}
 	if j.Checkpoint != "" {
 		rc.Save = func(p train.Position) error {
 			if j.rg.Rank() != 0 { // all hold the same; one writes
