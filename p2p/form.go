@@ -356,14 +356,14 @@ func (n *Node) exchangeNews() bool {
 	if n.ctx.Err() != nil {
 		return false
 	}
-	any := len(n.busy) > 0
+	lacking := len(n.busy) > 0
 	for p, pi := range n.peers {
 		if pi.verified && !pi.relayed && (len(n.newsLocked(p, pi)) > 0 || len(n.stmtNewsLocked(p, pi)) > 0) {
-			any = true
+			lacking = true
 			n.greetLocked(p, true)
 		}
 	}
-	return any
+	return lacking
 }
 
 // keepMembersLocked keeps the ring members' addresses as long as a job may
