@@ -1,5 +1,6 @@
 // Package ring implements the collectives of one ring generation —
-// AllreduceSum, AllreduceMean, Broadcast and Barrier — over a Transport that
+// AllreduceSum, AllreduceMean (also with bf16 or fp16 on the wire:
+// AllreduceMeanAs), Broadcast and Barrier — over a Transport that
 // carries bytes to the successor and from the predecessor.
 //
 // It knows nothing of libp2p or of training: a Transport is two byte streams,
@@ -17,8 +18,8 @@
 //
 // # Wire
 //
-// Every frame is a 56-byte header (see Header) followed by its float32
-// payload, little-endian. A receiver knows exactly which frame must come
+// Every frame is a 56-byte header (see Header) followed by its payload of
+// float32, bfloat16 or half values (the header names which), little-endian. A receiver knows exactly which frame must come
 // next, checks every header field against it before reading the payload, and
 // reads the payload into memory it sized itself.
 //

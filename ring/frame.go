@@ -45,25 +45,31 @@ func (o Op) String() string {
 //
 // Wire layout, little-endian:
 //
-//	0 magic u32 | 4 op u32 | 8 generation u64 | 16 seq u64 | 24 count u64 |
-//	32 root u32 | 36 step u32 | 40 segment u32 | 44 length u32 | 48 offset u64
+//	0 magic u32 | 4 op u16 | 6 encoding u16 | 8 generation u64 | 16 seq u64 |
+//	24 count u64 | 32 root u32 | 36 step u32 | 40 segment u32 | 44 length u32 |
+//	48 offset u64
+//
+// The encoding took the op's upper half, always zero before: a float32
+// frame is the same bytes as it was.
 type Header struct {
 	Op         Op
-	Generation uint64 // ring formation the frame belongs to
-	Seq        uint64 // collective call number on this ring, from 1
-	Count      uint64 // elements in the caller's buffer
-	Root       uint32 // Broadcast root; 0 for other ops
-	Step       uint32 // step within the call
-	Segment    uint32 // segment of the buffer the payload belongs to
-	Length     uint32 // payload bytes that follow the header
-	Offset     uint64 // index of the payload's first element in the buffer
+	Encoding   Encoding // how the payload's values are written
+	Generation uint64   // ring formation the frame belongs to
+	Seq        uint64   // collective call number on this ring, from 1
+	Count      uint64   // elements in the caller's buffer
+	Root       uint32   // Broadcast root; 0 for other ops
+	Step       uint32   // step within the call
+	Segment    uint32   // segment of the buffer the payload belongs to
+	Length     uint32   // payload bytes that follow the header
+	Offset     uint64   // index of the payload's first element in the buffer
 }
 
 // putHeader encodes h into b, which must hold HeaderSize bytes.
 func putHeader(b []byte, h *Header) {
 	le := binary.LittleEndian
 	le.PutUint32(b[0:], magic)
-	le.PutUint32(b[4:], uint32(h.Op))
+	le.PutUint16(b[4:], uint16(h.Op))
+	le.PutUint16(b[6:], uint16(h.Encoding))
 	le.PutUint64(b[8:], h.Generation)
 	le.PutUint64(b[16:], h.Seq)
 	le.PutUint64(b[24:], h.Count)
@@ -85,7 +91,8 @@ func parseHeader(b []byte) (Header, error) {
 		return Header{}, fmt.Errorf("magic %#08x, want %#08x: %w", m, magic, ErrBadFrame)
 	}
 	return Header{
-		Op:         Op(le.Uint32(b[4:])),
+		Op:         Op(le.Uint16(b[4:])),
+		Encoding:   Encoding(le.Uint16(b[6:])),
 		Generation: le.Uint64(b[8:]),
 		Seq:        le.Uint64(b[16:]),
 		Count:      le.Uint64(b[24:]),
@@ -111,6 +118,7 @@ func (h *Header) check(want *Header) error {
 		{"generation", h.Generation, want.Generation, ErrBadFrame},
 		{"sequence", h.Seq, want.Seq, ErrBadFrame},
 		{"op", uint64(h.Op), uint64(want.Op), ErrMismatch},
+		{"encoding", uint64(h.Encoding), uint64(want.Encoding), ErrMismatch},
 		{"element count", h.Count, want.Count, ErrMismatch},
 		{"root", uint64(h.Root), uint64(want.Root), ErrMismatch},
 		{"step", uint64(h.Step), uint64(want.Step), ErrBadFrame},
@@ -123,6 +131,9 @@ func (h *Header) check(want *Header) error {
 		}
 		if f.name == "op" {
 			return fmt.Errorf("peer sent %v, this rank called %v: %w", h.Op, want.Op, f.sentinel)
+		}
+		if f.name == "encoding" {
+			return fmt.Errorf("peer sent %v values, this rank expects %v: %w", h.Encoding, want.Encoding, f.sentinel)
 		}
 		return fmt.Errorf("%s %d, want %d: %w", f.name, f.got, f.want, f.sentinel)
 	}

@@ -61,6 +61,27 @@ func FuzzRecv(f *testing.F) {
 	})
 }
 
+// FuzzRecvNarrow is FuzzRecv for a bf16 allreduce, whose payloads are
+// decoded from two bytes a value.
+func FuzzRecvNarrow(f *testing.F) {
+	f.Add(fuzzPeerStream(5, 8))
+	stream := fuzzPeerStream(5, 8)
+	stream[6] = byte(BF16) // the encoding, right after the op
+	f.Add(stream)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		tr := NewStreams(discard{io.Discard}, io.NopCloser(bytes.NewReader(data)))
+		r, err := New(tr, Config{Rank: 0, Size: 2, Generation: 3, ChunkBytes: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		err = r.AllreduceMeanAs(context.Background(), make([]float32, 5), BF16)
+		if err != nil && !errors.Is(err, ErrBadFrame) && !errors.Is(err, ErrMismatch) && !errors.Is(err, ErrPeerLost) {
+			t.Fatalf("AllreduceMeanAs on fuzzed stream = %v; want nil or a ring sentinel", err)
+		}
+	})
+}
+
 func TestFuzzSeedIsValid(t *testing.T) {
 	tr := NewStreams(discard{io.Discard}, io.NopCloser(bytes.NewReader(fuzzPeerStream(5, 8))))
 	r, err := New(tr, Config{Rank: 0, Size: 2, Generation: 3, ChunkBytes: 8})

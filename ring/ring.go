@@ -96,11 +96,14 @@ type Ring struct {
 	seq     uint64
 	err     error     // why the ring is closed, once it is
 	scratch []float32 // payload pieces that are added rather than copied
-	fr      frameReader
-	hdr     [HeaderSize]byte // sender's header buffer
-	bufArr  [2][]byte        // backing for bufs, so writes allocate nothing
-	bufs    net.Buffers
-	stats   Stats
+	// wireOut and wireIn hold one frame's payload in a narrow encoding, on
+	// its way out (send goroutine) and in (receive goroutine).
+	wireOut, wireIn []byte
+	fr              frameReader
+	hdr             [HeaderSize]byte // sender's header buffer
+	bufArr          [2][]byte        // backing for bufs, so writes allocate nothing
+	bufs            net.Buffers
+	stats           Stats
 }
 
 // New returns the Ring for one rank. It takes ownership of t (nil is allowed
@@ -155,6 +158,19 @@ func (r *Ring) AllreduceMean(ctx context.Context, buf []float32) error {
 	return r.allreduce(ctx, OpAllreduceMean, buf)
 }
 
+// AllreduceMeanAs is AllreduceMean with the values sent as enc (BF16,
+// FP16): each hop's partial sums are narrowed to enc on the wire and added
+// in float32, and each rank narrows the segment it completes before sending
+// it round, so every rank still ends with the same bits — the mean rounded
+// to enc. All ranks must pass the same enc; a rank that passes another is
+// caught with ErrMismatch. F32 is AllreduceMean.
+func (r *Ring) AllreduceMeanAs(ctx context.Context, buf []float32, enc Encoding) error {
+	if enc.width() == 0 {
+		return fmt.Errorf("ring: unknown encoding %v", enc)
+	}
+	return r.call(ctx, func(seq uint64) error { return r.ringAllreduceAs(seq, OpAllreduceMean, enc, buf) })
+}
+
 // Stats are what a ring has done, for metrics.
 type Stats struct {
 	// BytesSent counts every frame's bytes, headers included, since New.
@@ -188,7 +204,7 @@ func (r *Ring) Broadcast(ctx context.Context, buf []float32, root int) error {
 }
 
 func (r *Ring) allreduce(ctx context.Context, op Op, buf []float32) error {
-	return r.call(ctx, func(seq uint64) error { return r.ringAllreduce(seq, op, buf) })
+	return r.call(ctx, func(seq uint64) error { return r.ringAllreduceAs(seq, op, F32, buf) })
 }
 
 // call runs one collective: it serialises calls, ties the transport to ctx
@@ -342,14 +358,19 @@ type BuffersWriter interface {
 // writeFrame sends one frame: the header, then payload straight from the
 // caller's buffer.
 func (r *Ring) writeFrame(h *Header, payload []float32) error {
+	return r.writeBytes(h, asBytes(payload))
+}
+
+// writeBytes sends one frame whose payload is already in wire form.
+func (r *Ring) writeBytes(h *Header, payload []byte) error {
 	putHeader(r.hdr[:], h)
-	r.stats.BytesSent += int64(HeaderSize + 4*len(payload))
+	r.stats.BytesSent += int64(HeaderSize + len(payload))
 	var err error
 	if bw, ok := r.t.(BuffersWriter); ok && len(payload) > 0 {
-		r.bufs = append(r.bufArr[:0], r.hdr[:], asBytes(payload))
+		r.bufs = append(r.bufArr[:0], r.hdr[:], payload)
 		_, err = bw.WriteBuffers(&r.bufs)
 	} else if _, err = r.t.Write(r.hdr[:]); err == nil && len(payload) > 0 {
-		_, err = r.t.Write(asBytes(payload))
+		_, err = r.t.Write(payload)
 	}
 	if err != nil {
 		return r.sendErr(h, err)
@@ -375,13 +396,24 @@ func (r *Ring) recvErr(want *Header, err error) error {
 // segment; in the last n-1 steps it copies, so every rank ends with the same
 // bits. A frame received in step s is forwarded in step s+1 as soon as it has
 // been added, which is what pipelines the chunks.
-func (r *Ring) ringAllreduce(seq uint64, op Op, buf []float32) error {
+//
+// With a narrow encoding, frames carry enc's bytes (encoded from buf into
+// a buffer of the sender's, decoded into a buffer of the receiver's), and
+// the rank that completes a segment narrows its own copy the same way
+// before sending it, so all ranks hold the bits that went round.
+func (r *Ring) ringAllreduceAs(seq uint64, op Op, enc Encoding, buf []float32) error {
 	began := time.Now()
 	r.stats.LastWait = 0
 	n, rank := r.cfg.Size, r.cfg.Rank
 	count := uint64(len(buf))
 	steps := 2 * (n - 1)
-	base := Header{Op: op, Generation: r.cfg.Generation, Seq: seq, Count: count}
+	base := Header{Op: op, Encoding: enc, Generation: r.cfg.Generation, Seq: seq, Count: count}
+	w := uint64(enc.width())
+	if enc != F32 {
+		if need := r.chunk * int(w); len(r.wireOut) < need && count > 0 {
+			r.wireOut, r.wireIn = make([]byte, need), make([]byte, need)
+		}
+	}
 
 	nframes := 0 // per step, over all steps
 	for k := range n {
@@ -404,8 +436,19 @@ func (r *Ring) ringAllreduce(seq uint64, op Op, buf []float32) error {
 				}
 				lo := start + uint64(c*r.chunk)
 				hi := min(lo+uint64(r.chunk), start+length)
-				h.Offset, h.Length = lo, uint32(4*(hi-lo))
-				if err := r.writeFrame(&h, buf[lo:hi]); err != nil {
+				h.Offset, h.Length = lo, uint32(w*(hi-lo))
+				var err error
+				if enc == F32 {
+					err = r.writeFrame(&h, buf[lo:hi])
+				} else {
+					out := r.wireOut[:w*(hi-lo)]
+					enc.encode(out, buf[lo:hi])
+					if s == n-1 { // the segment this rank completed: keep what the others get
+						enc.decode(buf[lo:hi], out)
+					}
+					err = r.writeBytes(&h, out)
+				}
+				if err != nil {
 					return err
 				}
 				if s < n-1 { // all-gather step s+n-1 overwrites this frame's memory
@@ -427,9 +470,24 @@ func (r *Ring) ringAllreduce(seq uint64, op Op, buf []float32) error {
 			for c := range frames(length, r.chunk) {
 				lo := start + uint64(c*r.chunk)
 				hi := min(lo+uint64(r.chunk), start+length)
-				want.Offset, want.Length = lo, uint32(4*(hi-lo))
+				want.Offset, want.Length = lo, uint32(w*(hi-lo))
 				dst := buf[lo:hi]
-				if reduce {
+				if enc != F32 {
+					if !reduce && !f.awaitSent() {
+						return errSendStopped
+					}
+					if err := r.fr.read(&want, r.wireIn[:w*(hi-lo)]); err != nil {
+						return r.recvErr(&want, err)
+					}
+					if reduce {
+						enc.decodeAdd(dst, r.wireIn[:w*(hi-lo)])
+						if last && op == OpAllreduceMean {
+							scale(dst, n)
+						}
+					} else {
+						enc.decode(dst, r.wireIn[:w*(hi-lo)])
+					}
+				} else if reduce {
 					div := 0 // the mean divides the completed segment by n
 					if last && op == OpAllreduceMean {
 						div = n

@@ -338,6 +338,14 @@ func TestMismatchedCalls(t *testing.T) {
 			func(r *Ring) error { return r.AllreduceSum(context.Background(), make([]float32, 10)) },
 			func(r *Ring) error { return r.AllreduceMean(context.Background(), make([]float32, 10)) },
 		}, "peer sent"},
+		{"encoding", [2]func(r *Ring) error{
+			func(r *Ring) error { return r.AllreduceMeanAs(context.Background(), make([]float32, 10), BF16) },
+			func(r *Ring) error { return r.AllreduceMean(context.Background(), make([]float32, 10)) },
+		}, "values"},
+		{"bf16 vs fp16", [2]func(r *Ring) error{
+			func(r *Ring) error { return r.AllreduceMeanAs(context.Background(), make([]float32, 10), BF16) },
+			func(r *Ring) error { return r.AllreduceMeanAs(context.Background(), make([]float32, 10), FP16) },
+		}, "values"},
 		{"root", [2]func(r *Ring) error{
 			func(r *Ring) error { return r.Broadcast(context.Background(), make([]float32, 10), 0) },
 			func(r *Ring) error { return r.Broadcast(context.Background(), make([]float32, 10), 1) },

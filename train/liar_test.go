@@ -508,3 +508,54 @@ func TestNormGuard(t *testing.T) {
 		})
 	}
 }
+
+// TestNarrowWire: with bf16 gradients on the wire, every rank applies the
+// same bits, the parameters stay within bf16's error of the float32 run's,
+// half the gradient bytes are counted, and a collective that cannot send
+// bf16 is an error before anything is computed.
+func TestNarrowWire(t *testing.T) {
+	const n = 3
+	cfg := mlpCfg(12, []int{8}, 3, 2, 1)
+	x, y := randomBatch(rand.New(rand.NewPCG(1, 2)), 2, 12, 3)
+	params := map[ring.Encoding][][]float32{}
+	sent := map[ring.Encoding]int64{}
+	for _, wire := range []ring.Encoding{ring.F32, ring.BF16} {
+		rings := memRings(t, n)
+		params[wire] = make([][]float32, n)
+		errs := onAll(n, func(i int) error {
+			rep := NewReplica(newMLP(t, cfg), &SGD{LR: 0.1}, rings[i])
+			rep.Wire = wire
+			for range 3 {
+				if _, err := rep.Step(context.Background(), x, y, 2); err != nil {
+					return err
+				}
+			}
+			params[wire][i] = slices.Clone(rep.Model.Params()[0])
+			if i == 0 {
+				sent[wire] = rep.Stats.BytesSent
+			}
+			return nil
+		})
+		if errs != nil {
+			t.Fatalf("%v: %v", wire, errs)
+		}
+		for i := 1; i < n; i++ {
+			if !slices.Equal(params[wire][i], params[wire][0]) {
+				t.Errorf("%v: rank %d's parameters differ from rank 0's", wire, i)
+			}
+		}
+	}
+	for j, want := range params[ring.F32][0] {
+		if got := params[ring.BF16][0][j]; math.Abs(float64(got-want)) > 3*0.1*math.Abs(float64(want))/256+1e-3 {
+			t.Fatalf("parameter %d: %v with bf16, %v with float32", j, got, want)
+		}
+	}
+	if r := float64(sent[ring.BF16]) / float64(sent[ring.F32]); r > 0.6 {
+		t.Errorf("bf16 counted %d bytes, float32 %d (%.2f); want about half", sent[ring.BF16], sent[ring.F32], r)
+	}
+	rep := NewReplica(newMLP(t, cfg), &SGD{LR: 0.1}, hidingNaN{memRings(t, 1)[0]})
+	rep.Wire = ring.BF16
+	if _, err := rep.Step(context.Background(), x, y, 2); err == nil || !strings.Contains(err.Error(), "float32 only") {
+		t.Errorf("bf16 over a float32-only collective: %v; want an error saying so", err)
+	}
+}

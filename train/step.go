@@ -34,6 +34,12 @@ var ErrCollective = errors.New("train: the ring failed")
 // skips that step together.
 var ErrNonFinite = errors.New("train: non-finite gradient")
 
+// NarrowAllreducer is a Collective that can send an allreduce's values
+// narrowed (ring.Ring).
+type NarrowAllreducer interface {
+	AllreduceMeanAs(ctx context.Context, buf []float32, enc ring.Encoding) error
+}
+
 // ErrGradientNorm means the gradient norm guard (Replica.NormGuard) skipped
 // a step on every rank: a rank's gradients were far larger than the
 // others', or the average was larger than the norms the ranks declared
@@ -74,6 +80,14 @@ type Replica struct {
 	// is bounded by the honest ranks' own norms. Every rank must hold the
 	// same value (the job config's grad_norm_guard, part of its hash).
 	NormGuard float64
+	// Wire is how the gradients travel in the step's allreduce: ring.F32
+	// (the default), or narrowed to ring.BF16 or ring.FP16 — half the bytes;
+	// the sums are still float32 and every rank ends with the same bits.
+	// The step's trailer (flags, leave slots, norms) then goes in a second,
+	// small float32 allreduce, as it must stay exact. The Collective must
+	// be a NarrowAllreducer (ring.Ring is). Every rank must hold the same
+	// value (the job config's compression, part of its hash).
+	Wire ring.Encoding
 
 	// Stats is what this replica has done, summed since it was made.
 	Stats ReplicaStats
@@ -253,6 +267,10 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	if err != nil {
 		return 0, err
 	}
+	narrow, _ := r.Coll.(NarrowAllreducer)
+	if r.Wire != ring.F32 && narrow == nil {
+		return 0, fmt.Errorf("train: gradients to send as %v, but the collective (%T) sends float32 only", r.Wire, r.Coll)
+	}
 	var loss float32
 	bad := -1
 	if res, ok := r.Model.(Resident); ok {
@@ -272,7 +290,11 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	putStepFlags(tail, r.Coll.Rank(), r.Coll.Size(), bad >= 0, leave, norm)
 	t1 := time.Now()
 	r.Stats.Compute += t1.Sub(t0)
-	err = r.Coll.AllreduceMean(ctx, flat)
+	if r.Wire == ring.F32 {
+		err = r.Coll.AllreduceMean(ctx, flat)
+	} else if err = narrow.AllreduceMeanAs(ctx, flat[:r.nparams], r.Wire); err == nil {
+		err = r.Coll.AllreduceMean(ctx, tail)
+	}
 	t2 := time.Now()
 	comm, wait := t2.Sub(t1), time.Duration(0)
 	if st, ok := r.Coll.(interface{ Stats() ring.Stats }); ok {
@@ -325,7 +347,12 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		applied = true
 	}
 	if size := int64(r.Coll.Size()); size > 1 {
-		r.Stats.BytesSent += 8 * (size - 1) * int64(len(flat)) / size
+		// A ring allreduce sends 2(n−1)/n of the buffer's bytes.
+		payload := int64(4 * len(flat))
+		if r.Wire != ring.F32 {
+			payload = int64(2*r.nparams + 4*len(tail))
+		}
+		r.Stats.BytesSent += 2 * (size - 1) * payload / size
 	}
 	r.Stats.Optimizer += time.Since(t2)
 	if err == nil && !applied {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ringtrain/ringtrain/data"
+	"github.com/ringtrain/ringtrain/ring"
 	"github.com/ringtrain/ringtrain/train"
 )
 
@@ -51,14 +52,18 @@ type jobConfig struct {
 	// GradNormGuard, if set, skips every step where a rank's gradient norm
 	// is over this many times the median's (train.Replica.NormGuard); 0,
 	// the default, turns the guard off. More than 1.
-	GradNormGuard float64  `json:"grad_norm_guard"`
-	JoinTimeout   duration `json:"join_timeout"` // default 60s
-	StepTimeout   duration `json:"step_timeout"` // default 60s
+	GradNormGuard float64 `json:"grad_norm_guard"`
+	// Compression is how gradients travel in the ring: "none" (float32,
+	// the default), "bf16" or "fp16" (half the bytes; train.Replica.Wire).
+	Compression string   `json:"compression"`
+	JoinTimeout duration `json:"join_timeout"` // default 60s
+	StepTimeout duration `json:"step_timeout"` // default 60s
 
-	data      *data.Config // parsed Data
-	modelName string       // a built-in name, or "" for a spec
-	spec      *train.Spec  // a spec, or nil for a built-in
-	hash      string       // of the fields every peer must share
+	data      *data.Config  // parsed Data
+	modelName string        // a built-in name, or "" for a spec
+	spec      *train.Spec   // a spec, or nil for a built-in
+	hash      string        // of the fields every peer must share
+	wire      ring.Encoding // parsed Compression
 }
 
 // duration reads "30s", "2m" and the like.
@@ -142,6 +147,11 @@ func (c *jobConfig) resolve(dir string) error {
 	if c.MinWorldSize == 0 {
 		c.MinWorldSize = c.WorldSize
 	}
+	wire, err := ring.ParseEncoding(c.Compression)
+	if err != nil {
+		return fmt.Errorf("compression: %w", err)
+	}
+	c.wire = wire
 	if c.GradNormGuard != 0 && !(c.GradNormGuard > 1) {
 		return fmt.Errorf("grad_norm_guard %g; want 0 (off) or a factor over 1", c.GradNormGuard)
 	}
@@ -161,7 +171,6 @@ func (c *jobConfig) resolve(dir string) error {
 		return errors.New(`no data config; add "data": {"transforms": [...], "dataset_path": {...}} or "data": "<file>"`)
 	}
 	var dataPath string
-	var err error
 	if json.Unmarshal(c.Data, &dataPath) == nil {
 		if !filepath.IsAbs(dataPath) {
 			dataPath = filepath.Join(dir, dataPath)
@@ -195,8 +204,9 @@ func (c *jobConfig) computeHash() error {
 		Classes      []string
 		// Left out when 0, so that a config without the guard keeps the
 		// hash it had before the guard existed.
-		GradNormGuard float64 `json:",omitempty"`
-	}{c.Name, c.WorldSize, c.MinWorldSize, c.Epochs, c.BatchSize, c.Seed, c.Model, c.Optimizer, c.data.Transforms, c.data.Classes, c.GradNormGuard}
+		GradNormGuard float64       `json:",omitempty"`
+		Wire          ring.Encoding `json:",omitempty"`
+	}{c.Name, c.WorldSize, c.MinWorldSize, c.Epochs, c.BatchSize, c.Seed, c.Model, c.Optimizer, c.data.Transforms, c.data.Classes, c.GradNormGuard, c.wire}
 	b, err := json.Marshal(shared)
 	if err != nil {
 		return err

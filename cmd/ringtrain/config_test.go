@@ -35,7 +35,7 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 	if want := "a8bd85d4878acf699c177e5bbbf6ea34fad2a342455b473e625b81865b2c142f"; plain != want {
 		t.Errorf("config hash %s; want %s, as before grad_norm_guard existed", plain, want)
 	}
-	for _, bad := range []string{`, "grad_norm_guard": 1`, `, "grad_norm_guard": -3`} {
+	for _, bad := range []string{`, "grad_norm_guard": 1`, `, "grad_norm_guard": -3`, `, "compression": "zip"`} {
 		p := filepath.Join(t.TempDir(), "job.json")
 		if err := os.WriteFile(p, []byte("{"+base+bad+"}"), 0o644); err != nil {
 			t.Fatal(err)
@@ -53,6 +53,8 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		{`, "seed": 2`, false},
 		{`, "grad_norm_guard": 10`, false},
 		{`, "grad_norm_guard": 0`, true}, // off, the default, written out
+		{`, "compression": "bf16"`, false},
+		{`, "compression": "none"`, true},
 		{`, "join_timeout": "5s", "step_timeout": "9s", "checkpoint_dir": "/tmp/x"`, true},
 	} {
 		if got := hash(tc.extra); (got == plain) != tc.same {

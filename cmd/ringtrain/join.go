@@ -264,6 +264,7 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 		StepTimeout: time.Duration(cfg.StepTimeout), Logger: log, Out: stdout}
 	rep := train.NewReplica(model, opt, nil)
 	rep.NormGuard = cfg.GradNormGuard
+	rep.Wire = cfg.wire
 	job.Training = train.RunConfig{Replica: rep, Train: loader(trainSplit, true),
 		Epochs: cfg.Epochs, Classes: len(trainSplit.Classes), Schedule: &sched, SaveEvery: cfg.CheckpointEvery}
 	if testSplit != nil {

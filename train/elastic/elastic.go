@@ -385,6 +385,14 @@ func (s steppedRing) AllreduceMean(ctx context.Context, buf []float32) error {
 	return err
 }
 
+// AllreduceMeanAs is the narrowed gradients' part of a step; the step's
+// float32 trailer follows in an AllreduceMean, which marks it done.
+func (s steppedRing) AllreduceMeanAs(ctx context.Context, buf []float32, enc ring.Encoding) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	return s.Ring.AllreduceMeanAs(ctx, buf, enc)
+}
+
 func (s steppedRing) AllreduceSum(ctx context.Context, buf []float32) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
