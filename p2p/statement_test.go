@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 )
 
@@ -146,7 +147,7 @@ func TestRingFormsOverAStar(t *testing.T) {
 			t.Errorf("peer %d formed %+v; peer 0 %+v", i, f, fs[0])
 		}
 	}
-	if c := hs[1].Network().Connectedness(hs[2].ID()); c == 1 {
+	if hs[1].Network().Connectedness(hs[2].ID()) == network.Connected {
 		t.Errorf("the two peers that admit only the first are connected")
 	}
 }
