@@ -14,7 +14,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./data:FuzzReadIDX ./data:Fuzz
 
 MODEL ?= mlp
 
-.PHONY: test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic fashion-mnist testdata demo clean
+.PHONY: test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat fashion-mnist testdata demo clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -93,10 +93,15 @@ onnx-proto:
 	  --go_opt=Monnx.proto=github.com/ringtrain/ringtrain/train/onnx/onnxpb onnx.proto
 
 # Four peers in four network namespaces behind a bridge, 1 Gbit/s links;
-# one is SIGKILLed mid-epoch and the other three must finish in step.
-# Needs root and iproute2; says SKIPPED otherwise.
+# one is SIGKILLed mid-epoch and the other three must finish in step. Then
+# four peers behind two masquerading NAT routers (iptables, installed
+# here), a bootstrap peer that relays on the public side: the ring forms
+# through AutoNAT, relays and hole punching, survives a SIGKILL, and admits
+# a replacement. Needs root and iproute2; says SKIPPED otherwise.
 test-netns: build
+	@command -v iptables >/dev/null || (apt-get install -y -qq iptables || (apt-get update -qq && apt-get install -y -qq iptables)) >/dev/null 2>&1 || echo "could not install iptables"
 	bash testdata/netns-elastic.sh $(BIN)/ringtrain
+	bash testdata/netns-nat.sh $(BIN)/ringtrain
 
 fuzz:
 	@for f in $(FUZZ); do \
@@ -267,6 +272,21 @@ bench-cpu: build fashion-mnist
 # peer in a 3-epoch mlp run on the full Fashion-MNIST.
 bench-elastic: fashion-mnist
 	$(GO) test -tags bench -v -count=1 -run '^TestBenchElastic$$' -timeout 60m ./cmd/ringtrain | grep -E '^bench-elastic|FAIL|ok'
+
+# Issue 19's figures: formation time of the netns-nat.sh ring on a flat
+# network, behind the NATs with AutoNAT finding out, and behind them with
+# --reachability private, alternately, NAT_RUNS runs each (each run also
+# prints its links, direct or relayed); then allreduce busbw over relayed
+# links against direct ones, 16 MiB, 4 peers on loopback.
+NAT_RUNS ?= 3
+bench-nat: build
+	@command -v iptables >/dev/null || (apt-get install -y -qq iptables || (apt-get update -qq && apt-get install -y -qq iptables)) >/dev/null 2>&1 || echo "could not install iptables"
+	@for i in $$(seq $(NAT_RUNS)); do \
+	  bash testdata/netns-nat.sh --flat $(BIN)/ringtrain | grep -E 'formed in|every link|FAIL|SKIPPED'; \
+	  bash testdata/netns-nat.sh $(BIN)/ringtrain | grep -E 'formed in|hole punches:|every link|FAIL|SKIPPED'; \
+	  JOIN_FLAGS=--reachability=private bash testdata/netns-nat.sh $(BIN)/ringtrain | sed 's/^netns-nat:/netns-nat (--reachability private):/' | grep -E 'formed in|hole punches:|every link|FAIL|SKIPPED'; \
+	done
+	$(BIN)/ringtrain bench allreduce --transport libp2p,libp2p-relay --peers 4 --sizes 16MiB --iters $(ITERS) $(BENCHFLAGS)
 
 # testdata/ is made from the real Fashion-MNIST; the output is committed.
 testdata: fashion-mnist

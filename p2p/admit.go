@@ -36,6 +36,7 @@ func (n *Node) Standbys(members []peer.ID) []peer.ID {
 func (n *Node) Admit(ctx context.Context, p peer.ID, prev *Formation, members []peer.ID) error {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.HelloTimeout)
 	defer cancel()
+	prepareDial(n.h, p)
 	s, err := n.h.NewStream(ctx, p, AdmitProtocol)
 	if err != nil {
 		return fmt.Errorf("p2p: admitting %s: %w", p, err)

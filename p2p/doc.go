@@ -8,7 +8,11 @@
 // suffices (the decisions are Agreement's, a state machine with no I/O),
 // re-formation and admission on the same Agreement, and the ring's
 // Transport over libp2p streams or token-gated TCP, accepted only from the
-// members a Gate expects. Membership wraps a Node and its RingLinks as the
+// members a Gate expects. Peers behind NAT are reached through go-libp2p's
+// AutoNAT, circuit relay v2 (with limits for training traffic: see
+// RelayResources), AutoRelay and DCUtR hole punching; ring links log
+// whether they are direct or relayed, and the TCP plane refuses links that
+// cross a NAT (ErrPlaneBehindNAT). Membership wraps a Node and its RingLinks as the
 // train/elastic.Membership the elastic runner drives.
 //
 // # Usage

@@ -272,6 +272,16 @@ func (n *Node) near(p peer.ID) {
 	n.poke()
 }
 
+// Verified says whether p has proved, by a hello or a statement signed
+// under the job key, that it is a peer of this job: the peers a ringtrain
+// relay grants reservations (HostConfig.RelayFor).
+func (n *Node) Verified(p peer.ID) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	pi := n.peers[p]
+	return pi != nil && pi.verified
+}
+
 // Close stops answering hellos and advertising, and waits for both.
 func (n *Node) Close() error {
 	n.h.RemoveStreamHandler(HelloProtocol)
@@ -895,6 +905,7 @@ func (n *Node) takeStatementLocked(via peer.ID, vi *peerInfo, h *Hello, i int) (
 func (n *Node) sayHello(ctx context.Context, p peer.ID, strict bool) error {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.HelloTimeout)
 	defer cancel()
+	prepareDial(n.h, p)
 	s, err := n.h.NewStream(ctx, p, HelloProtocol)
 	if err != nil {
 		return err

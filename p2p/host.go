@@ -9,6 +9,8 @@ import (
 	"io"
 	"os"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p"
@@ -16,16 +18,19 @@ import (
 	"github.com/libp2p/go-libp2p/core/connmgr"
 	"github.com/libp2p/go-libp2p/core/control"
 	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/event"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/pnet"
+	"github.com/libp2p/go-libp2p/p2p/host/eventbus"
 	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
 	ma "github.com/multiformats/go-multiaddr"
+	"github.com/rs/zerolog"
 )
 
 // ProtocolPrefix keeps ringtrain's DHT apart from the public IPFS one.
@@ -47,12 +52,35 @@ type HostConfig struct {
 	Allow []peer.ID
 	// Bootstrap are peers to connect to and seed the DHT with.
 	Bootstrap []peer.AddrInfo
+	// Relay makes the host a circuit relay (v2) for other peers once it
+	// is publicly reachable (AutoNAT's verdict, or Reachability), with
+	// RelayResources' limits.
+	Relay bool
+	// RelayFor, if set, says which peers may reserve a slot on this relay
+	// (a job's peers: those verified as holding the job key). Nil admits
+	// every peer that can connect, which in a private swarm means the
+	// holders of its key.
+	RelayFor func(peer.ID) bool
+	// Reachability overrides AutoNAT: network.ReachabilityPublic for a
+	// host known to be reachable (a bootstrap peer on a public address),
+	// ReachabilityPrivate for one known not to be; Unknown, the zero
+	// value, lets AutoNAT find out.
+	Reachability network.Reachability
+	// Logger hears what AutoNAT concludes, the relay addresses the host
+	// gets, and how each hole punch ends.
+	Logger zerolog.Logger
+
+	// gater, for tests, stands in for a NAT.
+	gater connmgr.ConnectionGater
 }
 
 // Host is a libp2p host with ringtrain's Kademlia DHT.
 type Host struct {
 	host.Host
 	DHT *dht.IpfsDHT
+
+	natLog event.Subscription // ends watchNAT when closed
+	natWG  sync.WaitGroup
 }
 
 // NewHost starts a host: TCP; TLS preferred over Noise (TLS moves bulk data
@@ -86,11 +114,17 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	if len(cfg.Allow) > 0 {
 		opts = append(opts, libp2p.ConnectionGater(allowList(cfg.Allow)))
 	}
+	if cfg.gater != nil {
+		opts = append(opts, libp2p.ConnectionGater(cfg.gater))
+	}
+	var self atomic.Pointer[host.Host] // for the relay source, which may run before New returns
+	opts = append(opts, natOptions(cfg, &self)...)
 	h, err := libp2p.New(opts...)
 	if err != nil {
 		rm.Close()
 		return nil, fmt.Errorf("p2p: starting host: %w", err)
 	}
+	self.Store(&h)
 	defer func() {
 		if err != nil {
 			h.Close()
@@ -120,7 +154,14 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		d.Close()
 		return nil, fmt.Errorf("p2p: no bootstrap peer reachable: %w", errors.Join(errs...))
 	}
-	return &Host{Host: h, DHT: d}, nil
+	sub, err := h.EventBus().Subscribe([]any{new(event.EvtLocalReachabilityChanged), new(event.EvtAutoRelayAddrsUpdated)}, eventbus.Name("ringtrain nat log"))
+	if err != nil {
+		d.Close()
+		return nil, fmt.Errorf("p2p: watching reachability: %w", err)
+	}
+	out := &Host{Host: h, DHT: d, natLog: sub}
+	out.natWG.Go(func() { watchNAT(sub, cfg.Logger) })
+	return out, nil
 }
 
 // ErrCloseTimeout means the libp2p host did not stop within CloseTimeout.
@@ -137,6 +178,8 @@ const CloseTimeout = 10 * time.Second
 // reads (seen in one of two 32-peer formations in one process). A process
 // that exits loses nothing by it; a hung one loses the job's exit.
 func (h *Host) Close() error {
+	h.natLog.Close()
+	h.natWG.Wait()
 	done := make(chan error, 1)
 	go func() { done <- errors.Join(h.DHT.Close(), h.Host.Close()) }()
 	t := time.NewTimer(CloseTimeout)

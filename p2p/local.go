@@ -7,7 +7,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/control"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	ma "github.com/multiformats/go-multiaddr"
 	"github.com/rs/zerolog"
 
 	"github.com/ringtrain/ringtrain/ring"
@@ -16,6 +19,9 @@ import (
 // LocalSwarm is n peers of one job on 127.0.0.1 in this process, each given
 // only the first one's address, for tests and benchmarks.
 type LocalSwarm struct {
+	// Relay, in a swarm StartLocalSwarmBehindNAT made, is the public
+	// bootstrap peer that relays for the others; it is no member.
+	Relay      *Host
 	Hosts      []*Host
 	Nodes      []*Node
 	Formations []*Formation // by host, once Join has run
@@ -35,19 +41,69 @@ func StartLocalSwarm(ctx context.Context, n int, job Job) (_ *LocalSwarm, err er
 		if i > 0 {
 			cfg.Bootstrap = []peer.AddrInfo{{ID: s.Hosts[0].ID(), Addrs: s.Hosts[0].Addrs()}}
 		}
-		h, err := NewHost(ctx, cfg)
-		if err != nil {
+		if err := s.add(ctx, cfg, job); err != nil {
 			return nil, err
 		}
-		s.Hosts = append(s.Hosts, h)
-		node, err := NewNode(h, job, NodeConfig{})
-		if err != nil {
-			return nil, err
-		}
-		s.Nodes = append(s.Nodes, node)
 	}
 	return s, nil
 }
+
+// add starts a host and its node of job.
+func (s *LocalSwarm) add(ctx context.Context, cfg HostConfig, job Job) error {
+	h, err := NewHost(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	s.Hosts = append(s.Hosts, h)
+	node, err := NewNode(h, job, NodeConfig{})
+	if err != nil {
+		return err
+	}
+	s.Nodes = append(s.Nodes, node)
+	return nil
+}
+
+// StartLocalSwarmBehindNAT is StartLocalSwarm as if each of the n peers
+// sat behind its own NAT, with a public relay that is no member of the job
+// as the bootstrap peer: the peers refuse every connection among
+// themselves that does not come through a relay, and know they are
+// private, as AutoNAT would tell them; the relay knows it is public.
+func StartLocalSwarmBehindNAT(ctx context.Context, n int, job Job) (_ *LocalSwarm, err error) {
+	s := &LocalSwarm{}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	if s.Relay, err = NewHost(ctx, HostConfig{Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Relay: true, Reachability: network.ReachabilityPublic}); err != nil {
+		return nil, err
+	}
+	boot := []peer.AddrInfo{{ID: s.Relay.ID(), Addrs: s.Relay.Addrs()}}
+	for range n {
+		cfg := HostConfig{Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Bootstrap: boot,
+			Reachability: network.ReachabilityPrivate, gater: &natGater{relay: s.Relay.ID()}}
+		if err := s.add(ctx, cfg, job); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// natGater stands in for a NAT in front of a peer: only connections with
+// the relay, or through it, get through.
+type natGater struct{ relay peer.ID }
+
+func (g *natGater) InterceptPeerDial(peer.ID) bool { return true }
+func (g *natGater) InterceptAddrDial(p peer.ID, a ma.Multiaddr) bool {
+	_, err := a.ValueForProtocol(ma.P_CIRCUIT)
+	return p == g.relay || err == nil
+}
+func (g *natGater) InterceptAccept(network.ConnMultiaddrs) bool { return true }
+func (g *natGater) InterceptSecured(_ network.Direction, p peer.ID, c network.ConnMultiaddrs) bool {
+	_, err := c.RemoteMultiaddr().ValueForProtocol(ma.P_CIRCUIT)
+	return p == g.relay || err == nil
+}
+func (g *natGater) InterceptUpgraded(network.Conn) (bool, control.DisconnectReason) { return true, 0 }
 
 // Join runs every node's Join at once.
 func (s *LocalSwarm) Join(ctx context.Context) error {
@@ -70,7 +126,11 @@ func (s *LocalSwarm) Connect(ctx context.Context, plane DataPlane) ([]ring.Trans
 	links := make([]*RingLinks, n)
 	var wg sync.WaitGroup
 	for i, h := range s.Hosts {
-		links[i] = NewRingLinks(h, s.Nodes[i], LinksConfig{Plane: plane, TCPListen: "127.0.0.1:0", Logger: zerolog.Nop()})
+		cfg := LinksConfig{Plane: plane, TCPListen: "127.0.0.1:0", Logger: zerolog.Nop()}
+		if s.Relay != nil {
+			cfg.PunchWait = -1 // the stand-in NATs let no hole punch through
+		}
+		links[i] = NewRingLinks(h, s.Nodes[i], cfg)
 		wg.Go(func() { ts[s.Formations[i].Rank], errs[i] = links[i].Connect(ctx, s.Formations[i]) })
 	}
 	wg.Wait()
@@ -99,6 +159,9 @@ func (s *LocalSwarm) Close() {
 	for _, h := range s.Hosts {
 		h.Close()
 	}
+	if s.Relay != nil {
+		s.Relay.Close()
+	}
 }
 
 // LocalRing forms an n-peer ring on loopback and connects it over plane;
@@ -106,6 +169,18 @@ func (s *LocalSwarm) Close() {
 // closed.
 func LocalRing(ctx context.Context, n int, plane DataPlane) ([]ring.Transport, func(), error) {
 	s, err := StartLocalSwarm(ctx, n, Job{Name: "local", ConfigHash: "local", WorldSize: n})
+	return localRing(ctx, plane, s, err)
+}
+
+// LocalRingBehindNAT is LocalRing with every link through a relay, as
+// StartLocalSwarmBehindNAT sets up: what a ring of peers behind NATs
+// that hole punching cannot cross runs at.
+func LocalRingBehindNAT(ctx context.Context, n int) ([]ring.Transport, func(), error) {
+	s, err := StartLocalSwarmBehindNAT(ctx, n, Job{Name: "local", ConfigHash: "local", WorldSize: n})
+	return localRing(ctx, PlaneLibp2p, s, err)
+}
+
+func localRing(ctx context.Context, plane DataPlane, s *LocalSwarm, err error) ([]ring.Transport, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}

@@ -110,6 +110,7 @@ func (n *Node) stepLocked(a *Agreement, from peer.ID, h *Hello) {
 func (n *Node) reformHello(ctx context.Context, p peer.ID, a *Agreement) (*Hello, error) {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.ReformTimeout)
 	defer cancel()
+	prepareDial(n.h, p)
 	s, err := n.h.NewStream(ctx, p, ReformProtocol)
 	if err != nil {
 		return nil, err

@@ -66,8 +66,15 @@ type LinksConfig struct {
 	// TCPListen is the TCP data plane's listen address (host:port); ""
 	// means every interface, a port the OS picks.
 	TCPListen string
-	// Logger hears of peers cut off for garbage or strangeness.
+	// Logger hears of peers cut off for garbage or strangeness, and of
+	// each link to a successor: direct, or through which relay.
 	Logger zerolog.Logger
+	// PunchWait is how long a link that would go through a relay waits
+	// for a hole punch to give a direct connection; 0 means 3 s, about
+	// what DCUtR takes to punch or give up (one round trip through the
+	// relay, then dials that time out; measured in testdata/netns-nat.sh);
+	// below 0, no wait.
+	PunchWait time.Duration
 }
 
 // RingLinks accepts ring links on a host — only from the peers its Gate
@@ -94,6 +101,7 @@ type linkKey struct {
 type inbound struct {
 	r    io.ReadCloser
 	rank int
+	err  error // the link cannot be: the predecessor learns why from its own side
 }
 
 // NewRingLinks registers RingProtocol on h, accepting links that gate
@@ -101,6 +109,9 @@ type inbound struct {
 func NewRingLinks(h host.Host, gate Gate, cfg LinksConfig) *RingLinks {
 	if cfg.TCPListen == "" {
 		cfg.TCPListen = ":0"
+	}
+	if cfg.PunchWait == 0 {
+		cfg.PunchWait = 3 * time.Second
 	}
 	l := &RingLinks{h: h, gate: gate, cfg: cfg, log: cfg.Logger, inbox: map[linkKey]chan inbound{}, tokens: map[[tokenSize]byte]chan net.Conn{}}
 	h.SetStreamHandler(RingProtocol, l.handle)
@@ -165,10 +176,17 @@ func (l *RingLinks) handle(s network.Stream) {
 		s.Reset()
 		return
 	}
-	switch plane {
-	case PlaneLibp2p:
+	switch {
+	case plane == PlaneLibp2p:
 		s.SetDeadline(time.Time{})
-	case PlaneTCP:
+	case plane == PlaneTCP && (isRelayed(s.Conn()) || behindNAT(s.Conn())):
+		// A zero-length address tells the predecessor (dial) it cannot
+		// reach our TCP listener; the slot gets the reason, so that this
+		// side's Connect fails now too, not at its timeout.
+		s.Write([]byte{0})
+		s.Close()
+		in = inbound{rank: in.rank, err: fmt.Errorf("%w: the link from %s comes %s", ErrPlaneBehindNAT, k.from, natPath(s.Conn()))}
+	case plane == PlaneTCP:
 		c, err := l.admitTCP(s)
 		s.Close()
 		if err != nil {
@@ -188,7 +206,9 @@ func (l *RingLinks) handle(s network.Stream) {
 	select {
 	case ch <- in:
 	default: // a second link from the same predecessor: refuse it
-		in.r.Close()
+		if in.r != nil {
+			in.r.Close()
+		}
 	}
 }
 
@@ -293,6 +313,47 @@ func (l *RingLinks) acceptLoop(ln net.Listener) {
 	}
 }
 
+// open opens a stream of RingProtocol to succ. A successor that formed
+// the ring a moment after us may not have registered RingProtocol yet, so
+// "protocol not supported" is retried until ctx ends.
+func (l *RingLinks) open(ctx context.Context, succ peer.ID) (network.Stream, error) {
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
+		prepareDial(l.h, succ)
+		s, err := l.h.NewStream(ctx, succ, RingProtocol)
+		var unsupported msmux.ErrNotSupported[protocol.ID]
+		if err == nil || !errors.As(err, &unsupported) {
+			return s, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (last: %v)", ctx.Err(), err)
+		case <-time.After(wait):
+		}
+	}
+}
+
+// awaitDirect waits, at most PunchWait, for a direct connection to p
+// beside the relayed one: DCUtR starts a hole punch as soon as a relayed
+// connection opens, and a ring link lasts a whole generation.
+func (l *RingLinks) awaitDirect(ctx context.Context, p peer.ID) bool {
+	deadline := time.Now().Add(l.cfg.PunchWait)
+	for {
+		for _, c := range l.h.Network().ConnsToPeer(p) {
+			if !isRelayed(c) {
+				return true
+			}
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // Connect opens this rank's links of the formed ring — one to its
 // successor, and the one its predecessor opens — over the job's data
 // plane, and returns them as a ring.Transport (nil for a ring of one).
@@ -324,7 +385,9 @@ func (l *RingLinks) Connect(ctx context.Context, f *Formation) (ring.Transport, 
 		select {
 		case got := <-ch:
 			in = got.r
-			if got.rank != predRank {
+			if got.err != nil {
+				inErr = fmt.Errorf("p2p: the link from rank %d (%s): %w", predRank, pred, got.err)
+			} else if got.rank != predRank {
 				in.Close()
 				in, inErr = nil, fmt.Errorf("p2p: predecessor %s says it is rank %d, the ring has it at %d", pred, got.rank, predRank)
 			}
@@ -358,22 +421,17 @@ func (l *RingLinks) Connect(ctx context.Context, f *Formation) (ring.Transport, 
 // moment after us may not have registered RingProtocol yet, so "protocol
 // not supported" is retried until ctx ends.
 func (l *RingLinks) dial(ctx context.Context, succ peer.ID, f *Formation, plane DataPlane) (io.WriteCloser, error) {
-	var s network.Stream
-	var err error
-	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
-		s, err = l.h.NewStream(ctx, succ, RingProtocol)
-		var unsupported msmux.ErrNotSupported[protocol.ID]
-		if err == nil || !errors.As(err, &unsupported) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("%w (last: %v)", ctx.Err(), err)
-		case <-time.After(wait):
-		}
-	}
+	s, err := l.open(ctx, succ)
 	if err != nil {
 		return nil, err
+	}
+	if isRelayed(s.Conn()) && plane == PlaneLibp2p && l.cfg.PunchWait > 0 && l.awaitDirect(ctx, succ) {
+		// A hole punch got through: a link opened now takes the direct
+		// connection (libp2p picks direct over relayed).
+		s.Reset()
+		if s, err = l.open(ctx, succ); err != nil {
+			return nil, err
+		}
 	}
 	var b [linkHello]byte
 	binary.LittleEndian.PutUint32(b[0:], linkMagic)
@@ -384,6 +442,18 @@ func (l *RingLinks) dial(ctx context.Context, succ peer.ID, f *Formation, plane 
 		s.Reset()
 		return nil, err
 	}
+	if conn := s.Conn(); isRelayed(conn) {
+		if plane == PlaneTCP {
+			// The hello is sent, so the successor learns it too (handle).
+			s.Close()
+			return nil, fmt.Errorf("%w: the link to %s goes %s", ErrPlaneBehindNAT, succ, natPath(conn))
+		}
+		l.log.Info().Int("rank", f.Rank).Stringer("successor", succ).Str("link", "relayed").Stringer("relay", relayOf(conn)).
+			Uint64("generation", f.Generation).Msg("ring link to the successor")
+	} else {
+		l.log.Info().Int("rank", f.Rank).Stringer("successor", succ).Str("link", "direct").Stringer("addr", conn.RemoteMultiaddr()).
+			Uint64("generation", f.Generation).Msg("ring link to the successor")
+	}
 	if plane == PlaneLibp2p {
 		return s, nil
 	}
@@ -392,6 +462,9 @@ func (l *RingLinks) dial(ctx context.Context, succ peer.ID, f *Formation, plane 
 	var n [1]byte
 	if _, err := io.ReadFull(s, n[:]); err != nil {
 		return nil, fmt.Errorf("reading the TCP address: %w", err)
+	}
+	if n[0] == 0 {
+		return nil, fmt.Errorf("%w: %s is behind NAT from here (we reach it %s)", ErrPlaneBehindNAT, succ, natPath(s.Conn()))
 	}
 	buf := make([]byte, int(n[0])+tokenSize)
 	if _, err := io.ReadFull(s, buf); err != nil {

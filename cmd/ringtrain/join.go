@@ -10,8 +10,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/rs/zerolog"
 
 	"github.com/ringtrain/ringtrain/data"
@@ -35,6 +37,7 @@ type joinFlags struct {
 	plane                                     p2p.DataPlane
 	log                                       logFlags
 	engine                                    *deviceOptions
+	nat                                       *natFlags
 }
 
 // runJoin is `ringtrain join`: find the job's peers, form the ring, train,
@@ -120,12 +123,16 @@ func parseJoinFlags(args []string, stderr io.Writer) (*joinFlags, error) {
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads this peer computes with (GOMAXPROCS; 0: all cores, or what GOMAXPROCS says)")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100; port 0 picks one)")
 	f.engine = addDeviceFlags(fs)
+	f.nat = addNATFlags(fs, "auto")
 	f.log = addLogFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, fmt.Errorf("join: %w: %w", errUsage, err)
 	}
 	if f.config == "" {
 		return nil, fmt.Errorf("join: --config is required: %w", errUsage)
+	}
+	if err := f.nat.apply(&p2p.HostConfig{}); err != nil {
+		return nil, fmt.Errorf("join: %w", err)
 	}
 	if f.threads < 0 {
 		return nil, fmt.Errorf("join: --threads %d; want 0 (all) or more: %w", f.threads, errUsage)
@@ -191,7 +198,14 @@ func (p *peerNet) close() {
 // so that the next machine can be pointed at it — and the job's node and
 // ring links.
 func startPeer(ctx context.Context, f *joinFlags, cfg *jobConfig, stdout io.Writer, log zerolog.Logger) (*peerNet, error) {
-	hcfg := p2p.HostConfig{Listen: f.listen}
+	hcfg := p2p.HostConfig{Listen: f.listen, Logger: log}
+	if err := f.nat.apply(&hcfg); err != nil {
+		return nil, fmt.Errorf("join: %w", err)
+	}
+	// A relay serves only peers that proved they hold this job's key.
+	var node *p2p.Node
+	var nodeSet atomic.Bool
+	hcfg.RelayFor = func(p peer.ID) bool { return nodeSet.Load() && node.Verified(p) }
 	var err error
 	if f.identity != "" {
 		if hcfg.Identity, err = p2p.LoadOrCreateIdentity(f.identity); err != nil {
@@ -219,11 +233,12 @@ func startPeer(ctx context.Context, f *joinFlags, cfg *jobConfig, stdout io.Writ
 	for _, a := range h.FullAddrs() {
 		fmt.Fprintf(stdout, "listening on %s\n", a)
 	}
-	node, err := p2p.NewNode(h, p2p.Job{Name: cfg.Name, ConfigHash: cfg.hash, WorldSize: cfg.WorldSize}, p2p.NodeConfig{Logger: log})
+	node, err = p2p.NewNode(h, p2p.Job{Name: cfg.Name, ConfigHash: cfg.hash, WorldSize: cfg.WorldSize}, p2p.NodeConfig{Logger: log})
 	if err != nil {
 		h.Close()
 		return nil, err
 	}
+	nodeSet.Store(true)
 	log.Info().Str("job", cfg.Name).Int("world_size", cfg.WorldSize).Str("config_hash", cfg.hash[:16]).Msg("looking for peers")
 	// Ring links first: a peer that forms the ring before us dials at once.
 	links := p2p.NewRingLinks(h.Host, node, p2p.LinksConfig{Plane: f.plane, Logger: log})

@@ -3,9 +3,10 @@
 //
 // Usage:
 //
-//	ringtrain join --config job.json [--bootstrap MULTIADDR]... [--listen MULTIADDR]... [--identity FILE] [--swarm-key FILE]
+//	ringtrain join --config job.json [--bootstrap MULTIADDR]... [--listen MULTIADDR]... [--identity FILE] [--swarm-key FILE] [--relay=false] [--reachability auto|public|private]
+//	ringtrain bootstrap [--listen MULTIADDR]... [--identity FILE] [--swarm-key FILE] [--reachability public|auto]
 //	ringtrain local -n 3 --config job.json
-//	ringtrain bench allreduce [--transport mem|tcp] [--peers N] [--sizes 1MiB,16MiB] [--json]
+//	ringtrain bench allreduce [--transport mem|tcp|libp2p|libp2p-tcp|libp2p-relay] [--peers N] [--sizes 1MiB,16MiB] [--json]
 //	ringtrain data --config data.json
 //	ringtrain bench form [--peers 4,8] [--runs 5]
 //	ringtrain bench engines --device cuda|host [--model cnn] [--steps 20]
@@ -78,6 +79,7 @@ const usage = `usage: ringtrain <command> [flags]
 
 commands:
   join              find the job's peers, form the ring, train, evaluate
+  bootstrap         a peer that trains nothing: the DHT to meet in, AutoNAT, a relay for peers behind NAT
   local             run -n peers of a job as processes on this machine
   bench allreduce   measure ring-allreduce against the pattern ceiling
   bench form        time ring formation through the DHT on loopback
@@ -111,6 +113,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return runData(ctx, args[1:], stdout, stderr)
 	case "join":
 		return runJoin(ctx, args[1:], stdout, stderr)
+	case "bootstrap":
+		return runBootstrap(ctx, args[1:], stdout, stderr)
 	case "local":
 		return runLocal(ctx, args[1:], stdout, stderr)
 	case "predict":

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/libp2p/go-libp2p/core/network"
+
+	"github.com/ringtrain/ringtrain/p2p"
+)
+
+// natFlags are the NAT traversal flags join and bootstrap share.
+type natFlags struct {
+	relay        bool
+	reachability string
+}
+
+// addNATFlags adds them with reachability's default: auto for a training
+// peer, public for a bootstrap peer — whose address everyone is given to
+// dial, and whose AutoNAT could not tell anyway where every other peer is
+// behind NAT (libp2p's AutoNAT service answers only from public peers).
+func addNATFlags(fs *flag.FlagSet, reachability string) *natFlags {
+	var f natFlags
+	fs.BoolVar(&f.relay, "relay", true, "relay for peers behind NAT while this peer is publicly reachable (circuit relay v2, no per-circuit time or byte limit)")
+	fs.StringVar(&f.reachability, "reachability", reachability, "auto (AutoNAT finds out), public (this peer is reachable: relay at once), or private (behind NAT: reserve a relay at once)")
+	return &f
+}
+
+// apply sets cfg's NAT fields from the flags.
+func (f *natFlags) apply(cfg *p2p.HostConfig) error {
+	r, ok := map[string]network.Reachability{"auto": network.ReachabilityUnknown, "public": network.ReachabilityPublic,
+		"private": network.ReachabilityPrivate}[f.reachability]
+	if !ok {
+		return fmt.Errorf("--reachability %q; want auto, public or private: %w", f.reachability, errUsage)
+	}
+	cfg.Relay, cfg.Reachability = f.relay, r
+	return nil
+}
+
+// runBootstrap is `ringtrain bootstrap`: a peer that trains nothing. It
+// holds the DHT others meet in, answers AutoNAT's dial-back requests and,
+// when reachable, relays for peers behind NAT — what hivemind's DHT-only
+// peers and libp2p's public relays do — until it is stopped.
+func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bootstrap", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var listen, boot stringList
+	fs.Var(&listen, "listen", "multiaddr to listen on (repeatable; default /ip4/0.0.0.0/tcp/0)")
+	fs.Var(&boot, "bootstrap", "multiaddr of another bootstrap peer, /ip4/…/tcp/…/p2p/<id> (repeatable)")
+	identity := fs.String("identity", "", "identity key file, created on first use, so that the address stays the same across restarts")
+	swarmKey := fs.String("swarm-key", "", "private swarm key file: only its holders can connect, and so be relayed")
+	nat := addNATFlags(fs, "public")
+	lf := addLogFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("bootstrap: %w: %w", errUsage, err)
+	}
+	log, closeLog, err := lf.open(stderr)
+	if err != nil {
+		return err
+	}
+	defer closeLog()
+	cfg := p2p.HostConfig{Listen: listen, Logger: log}
+	if err := nat.apply(&cfg); err != nil {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
+	if *identity != "" {
+		if cfg.Identity, err = p2p.LoadOrCreateIdentity(*identity); err != nil {
+			return err
+		}
+	}
+	if *swarmKey != "" {
+		if cfg.SwarmKey, err = p2p.ReadSwarmKey(*swarmKey); err != nil {
+			return err
+		}
+	}
+	if cfg.Bootstrap, err = p2p.ParseBootstrap(boot); err != nil {
+		return fmt.Errorf("bootstrap: %w: %w", err, errUsage)
+	}
+	h, err := p2p.NewHost(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	for _, a := range h.FullAddrs() {
+		fmt.Fprintf(stdout, "listening on %s\n", a)
+	}
+	log.Info().Bool("relay", cfg.Relay).Str("reachability", nat.reachability).Msg("bootstrap peer up; stop it with Ctrl-C")
+	<-ctx.Done()
+	return nil
+}

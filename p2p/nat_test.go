@@ -1,0 +1,156 @@
+package p2p
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	lpswarm "github.com/libp2p/go-libp2p/p2p/net/swarm"
+	ma "github.com/multiformats/go-multiaddr"
+
+	"github.com/ringtrain/ringtrain/ring"
+)
+
+// TestRingFormsBehindNAT: three peers that each refuse every connection
+// not through the relay (a NAT each) find each other through the relay's
+// DHT, agree on a ring and run an allreduce over relayed links; every
+// connection between two of them goes through the relay. The TCP data
+// plane refuses such links on both sides with ErrPlaneBehindNAT rather than
+// waiting out its timeout.
+func TestRingFormsBehindNAT(t *testing.T) {
+	const n = 3
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	j := job
+	j.WorldSize = n
+	s, err := StartLocalSwarmBehindNAT(ctx, n, j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if err := s.Join(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ts, done, err := s.Connect(ctx, PlaneLibp2p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bufs := make([][]float32, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		bufs[r] = []float32{float32(r), float32(10 * r)}
+		wg.Go(func() {
+			rg, err := ring.New(ts[r], ring.Config{Rank: r, Size: n, Generation: s.Formations[0].Generation})
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			defer rg.Close()
+			errs[r] = rg.AllreduceSum(ctx, bufs[r])
+		})
+	}
+	wg.Wait()
+	done()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for r, b := range bufs {
+		if !slices.Equal(b, []float32{3, 30}) {
+			t.Errorf("rank %d: sum %v, want [3 30]", r, b)
+		}
+	}
+	members := make([]peer.ID, n)
+	for i, h := range s.Hosts {
+		members[i] = h.ID()
+	}
+	for i, h := range s.Hosts {
+		for _, c := range h.Network().Conns() {
+			if slices.Contains(members, c.RemotePeer()) && !isRelayed(c) {
+				t.Errorf("peer %d holds a direct connection to %s through the NAT: %s", i, c.RemotePeer(), c.RemoteMultiaddr())
+			}
+			if isRelayed(c) && relayOf(c) != s.Relay.ID() {
+				t.Errorf("peer %d: relayed connection %s names relay %q, want %s", i, c.RemoteMultiaddr(), relayOf(c), s.Relay.ID())
+			}
+		}
+	}
+
+	_, _, err = s.Connect(ctx, PlaneTCP)
+	if !errors.Is(err, ErrPlaneBehindNAT) {
+		t.Fatalf("TCP data plane over relayed links: %v, want ErrPlaneBehindNAT", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the TCP plane's refusal waited out the test's deadline")
+	}
+}
+
+// addrConn is a network.Conn with only its two addresses.
+type addrConn struct {
+	network.Conn
+	local, remote ma.Multiaddr
+}
+
+func (c addrConn) LocalMultiaddr() ma.Multiaddr  { return c.local }
+func (c addrConn) RemoteMultiaddr() ma.Multiaddr { return c.remote }
+
+// TestBehindNAT: the TCP data plane's test for a link that crossed a NAT
+// in front of this peer — a direct connection after a hole punch, which
+// opens the libp2p port only — and for relayed links.
+func TestBehindNAT(t *testing.T) {
+	relay := "/ip4/11.0.0.1/tcp/4001/p2p/12D3KooWHM9Lx3GX7zoANW6JCgjRPnX1aKegfHHehN7yQhbu1Hq5/p2p-circuit"
+	for _, c := range []struct {
+		local, remote string
+		nat, relayed  bool
+	}{
+		{"/ip4/10.1.0.2/tcp/4001", "/ip4/11.0.0.3/tcp/4001", true, false},    // punched through our NAT
+		{"/ip4/192.168.1.5/tcp/4001", "/ip4/8.8.4.4/tcp/9", true, false},     // any private range
+		{"/ip4/10.1.0.2/tcp/4001", "/ip4/10.1.0.3/tcp/4001", false, false},   // the same LAN
+		{"/ip4/11.0.0.1/tcp/4001", "/ip4/11.0.0.2/tcp/1621", false, false},   // we are public: the predecessor's NAT lets it out
+		{"/ip4/127.0.0.1/tcp/4001", "/ip4/127.0.0.1/tcp/4002", false, false}, // loopback
+		{"/ip4/10.1.0.2/tcp/4001", relay, false, true},
+	} {
+		conn := addrConn{local: ma.StringCast(c.local), remote: ma.StringCast(c.remote)}
+		if got := behindNAT(conn); got != c.nat {
+			t.Errorf("%s → %s: behindNAT %v, want %v", c.local, c.remote, got, c.nat)
+		}
+		if got := isRelayed(conn); got != c.relayed {
+			t.Errorf("%s → %s: isRelayed %v, want %v", c.local, c.remote, got, c.relayed)
+		}
+		if c.relayed && relayOf(conn).String() != "12D3KooWHM9Lx3GX7zoANW6JCgjRPnX1aKegfHHehN7yQhbu1Hq5" {
+			t.Errorf("relayOf(%s) = %s", c.remote, relayOf(conn))
+		}
+	}
+}
+
+// TestPrepareDialClearsBackoff: a dial that failed puts the peer's
+// addresses in libp2p's dial backoff; prepareDial lifts it, so that a
+// re-formation's one hello really dials.
+func TestPrepareDialClearsBackoff(t *testing.T) {
+	hs := startHosts(t, 2, nil)
+	a, b := hs[0], hs[1]
+	a.Network().ClosePeer(b.ID())
+	a.Peerstore().ClearAddrs(b.ID())
+	dead := ma.StringCast("/ip4/127.0.0.1/tcp/1") // nothing listens on port 1
+	a.Peerstore().AddAddr(b.ID(), dead, time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := a.Connect(ctx, peer.AddrInfo{ID: b.ID()}); err == nil {
+		t.Fatal("dialled a port nothing listens on")
+	}
+	sw, ok := a.Network().(interface{ Backoff() *lpswarm.DialBackoff })
+	if !ok {
+		t.Fatalf("the host's network is a %T, with no dial backoff to clear", a.Network())
+	}
+	if !sw.Backoff().Backoff(b.ID(), dead) {
+		t.Fatal("a failed dial left no backoff: the test shows nothing")
+	}
+	prepareDial(a.Host, b.ID())
+	if sw.Backoff().Backoff(b.ID(), dead) {
+		t.Error("prepareDial left the address in backoff")
+	}
+}
