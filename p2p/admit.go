@@ -85,17 +85,20 @@ func (n *Node) WaitAdmission(ctx context.Context, idle time.Duration) (*Formatio
 	}
 }
 
-// greetMembersLocked says hello to the verified peers this standby is not
-// connected to — those it knows only from statements passed on — so that
-// every member, rank 0 who admits included, hears from it directly and
-// counts it among the Standbys. n.mu held.
+// greetMembersLocked says hello to the verified peers this standby knows
+// only from statements passed on, and to those it is no longer connected
+// to, so that every member, rank 0 who admits included, hears from it
+// directly and counts it among the Standbys — and holds a connection to it,
+// which a standby behind NAT, not yet relayed, can be reached over only.
+// Being connected is not enough: a DHT lookup connects to members without
+// a hello. n.mu held.
 func (n *Node) greetMembersLocked() {
 	if n.ctx.Err() != nil {
 		return
 	}
 	now := time.Now()
 	for p, pi := range n.peers {
-		if pi.verified && !pi.refused && !now.Before(pi.deadUntil) && n.h.Network().Connectedness(p) != network.Connected {
+		if pi.verified && !pi.refused && !now.Before(pi.deadUntil) && (pi.relayed || n.h.Network().Connectedness(p) != network.Connected) {
 			n.greetLocked(p, true)
 		}
 	}

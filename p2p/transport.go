@@ -70,10 +70,11 @@ type LinksConfig struct {
 	// each link to a successor: direct, or through which relay.
 	Logger zerolog.Logger
 	// PunchWait is how long a link that would go through a relay waits
-	// for a hole punch to give a direct connection; 0 means 3 s, about
-	// what DCUtR takes to punch or give up (one round trip through the
-	// relay, then dials that time out; measured in testdata/netns-nat.sh);
-	// below 0, no wait.
+	// for a hole punch to give a direct connection; 0 means 3 s, below 0
+	// no wait. A punch that works took 5–20 ms here once under way
+	// (testdata/netns-nat.sh), but DCUtR starts only once the relayed
+	// connection is identified and tries up to three times; a link that
+	// stays relayed costs up to PunchWait more at each formation.
 	PunchWait time.Duration
 }
 
@@ -417,9 +418,8 @@ func (l *RingLinks) Connect(ctx context.Context, f *Formation) (ring.Transport, 
 	return ring.NewStreams(o.w, in), nil
 }
 
-// dial opens the link to the successor. A successor that formed the ring a
-// moment after us may not have registered RingProtocol yet, so "protocol
-// not supported" is retried until ctx ends.
+// dial opens the link to the successor: directly if it can, else through
+// a relay — but for the TCP plane, which a relay cannot carry.
 func (l *RingLinks) dial(ctx context.Context, succ peer.ID, f *Formation, plane DataPlane) (io.WriteCloser, error) {
 	s, err := l.open(ctx, succ)
 	if err != nil {

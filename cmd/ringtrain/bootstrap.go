@@ -86,6 +86,16 @@ func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	for _, a := range h.FullAddrs() {
 		fmt.Fprintf(stdout, "listening on %s\n", a)
 	}
+	// Who comes and goes, for --log-level debug: a relay's reservations
+	// last as long as the reserving peer's connection.
+	h.Network().Notify(&network.NotifyBundle{
+		ConnectedF: func(_ network.Network, c network.Conn) {
+			log.Debug().Stringer("peer", c.RemotePeer()).Stringer("addr", c.RemoteMultiaddr()).Msg("connected")
+		},
+		DisconnectedF: func(_ network.Network, c network.Conn) {
+			log.Debug().Stringer("peer", c.RemotePeer()).Stringer("addr", c.RemoteMultiaddr()).Msg("disconnected")
+		},
+	})
 	log.Info().Bool("relay", cfg.Relay).Str("reachability", nat.reachability).Msg("bootstrap peer up; stop it with Ctrl-C")
 	<-ctx.Done()
 	return nil
