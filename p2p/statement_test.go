@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -240,79 +239,6 @@ func TestPokeWakesEveryLoop(t *testing.T) {
 		case <-c.ch:
 		default:
 			t.Errorf("a poke left %s channel empty", c.name)
-		}
-	}
-}
-
-// TestStandbyGreetsConnectedMembers: a standby that is connected to the
-// members (a DHT lookup connects without a hello) but knows them only from
-// statements still says hello to each, once the members have stopped
-// passing statements on, so that rank 0 counts it and can admit it.
-func TestStandbyGreetsConnectedMembers(t *testing.T) {
-	const n = 3
-	j := job
-	j.WorldSize = n
-	cfg := NodeConfig{Stall: 100 * time.Millisecond}
-	hs := startHosts(t, n, nil)
-	nodes := make([]*Node, n)
-	for i, h := range hs {
-		node, err := NewNode(h, j, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { node.Close() })
-		nodes[i] = node
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	var members []peer.ID
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for i, node := range nodes {
-		wg.Go(func() {
-			f, err := node.Join(ctx)
-			errs[i] = err
-			if i == 0 && err == nil {
-				members = f.Members
-			}
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	last := slices.IndexFunc(hs, func(h *Host) bool { return h.ID() == members[n-1] })
-	h, err := NewHost(ctx, HostConfig{Listen: loopback, Bootstrap: []peer.AddrInfo{info(hs[last])}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
-	late, err := NewNode(h, j, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { late.Close() })
-	if _, err := late.Join(ctx); !errors.Is(err, ErrStandby) {
-		t.Fatalf("late peer's Join = %v; want ErrStandby", err)
-	}
-	// Connected to every member without a hello, as a DHT lookup leaves
-	// it, and past the members' passing on (Stall).
-	for _, m := range hs {
-		if err := h.Connect(ctx, info(m)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(5 * cfg.Stall)
-	wctx, stop := context.WithCancel(ctx)
-	defer stop()
-	go late.WaitAdmission(wctx, time.Minute)
-	for i, node := range nodes {
-		for !slices.Contains(node.Standbys(members), h.ID()) {
-			select {
-			case <-ctx.Done():
-				t.Fatalf("member %d (%s) never counts the late peer a standby", i, hs[i].ID())
-			case <-time.After(50 * time.Millisecond):
-			}
 		}
 	}
 }
