@@ -10,6 +10,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/control"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/pnet"
 	ma "github.com/multiformats/go-multiaddr"
 	"github.com/rs/zerolog"
 
@@ -68,19 +69,25 @@ func (s *LocalSwarm) add(ctx context.Context, cfg HostConfig, job Job) error {
 // as the bootstrap peer: the peers refuse every connection among
 // themselves that does not come through a relay, and know they are
 // private, as AutoNAT would tell them; the relay knows it is public.
-func StartLocalSwarmBehindNAT(ctx context.Context, n int, job Job) (_ *LocalSwarm, err error) {
+func StartLocalSwarmBehindNAT(ctx context.Context, n int, job Job) (*LocalSwarm, error) {
+	return startBehindNAT(ctx, n, job, nil)
+}
+
+// startBehindNAT is StartLocalSwarmBehindNAT, in a private swarm if key is
+// set.
+func startBehindNAT(ctx context.Context, n int, job Job, key pnet.PSK) (_ *LocalSwarm, err error) {
 	s := &LocalSwarm{}
 	defer func() {
 		if err != nil {
 			s.Close()
 		}
 	}()
-	if s.Relay, err = NewHost(ctx, HostConfig{Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Relay: true, Reachability: network.ReachabilityPublic}); err != nil {
+	if s.Relay, err = NewHost(ctx, HostConfig{Listen: []string{"/ip4/127.0.0.1/tcp/0"}, SwarmKey: key, Relay: true, Reachability: network.ReachabilityPublic}); err != nil {
 		return nil, err
 	}
 	boot := []peer.AddrInfo{{ID: s.Relay.ID(), Addrs: s.Relay.Addrs()}}
 	for range n {
-		cfg := HostConfig{Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Bootstrap: boot,
+		cfg := HostConfig{Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Bootstrap: boot, SwarmKey: key,
 			Reachability: network.ReachabilityPrivate, gater: &natGater{relay: s.Relay.ID()}}
 		if err := s.add(ctx, cfg, job); err != nil {
 			return nil, err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/pnet"
 	lpswarm "github.com/libp2p/go-libp2p/p2p/net/swarm"
 	ma "github.com/multiformats/go-multiaddr"
 
@@ -21,14 +22,28 @@ import (
 // DHT, agree on a ring and run an allreduce over relayed links; every
 // connection between two of them goes through the relay. The TCP data
 // plane refuses such links on both sides with ErrPlaneBehindNAT rather than
-// waiting out its timeout.
+// waiting out its timeout. The same in a private swarm, where relayed
+// connections must pass the swarm key too.
 func TestRingFormsBehindNAT(t *testing.T) {
+	key := make(pnet.PSK, 32)
+	for i := range key {
+		key[i] = byte(i)
+	}
+	for _, c := range []struct {
+		name string
+		key  pnet.PSK
+	}{{"open", nil}, {"private swarm", key}} {
+		t.Run(c.name, func(t *testing.T) { testRingBehindNAT(t, c.key) })
+	}
+}
+
+func testRingBehindNAT(t *testing.T, key pnet.PSK) {
 	const n = 3
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	j := job
 	j.WorldSize = n
-	s, err := StartLocalSwarmBehindNAT(ctx, n, j)
+	s, err := startBehindNAT(ctx, n, j, key)
 	if err != nil {
 		t.Fatal(err)
 	}
