@@ -85,8 +85,10 @@ type Host struct {
 
 // NewHost starts a host: TCP; TLS preferred over Noise (TLS moves bulk data
 // about 1.6× faster here); yamux; libp2p's default autoscaled resource
-// limits; a DHT in server mode with protocol prefix /ringtrain, connected to
-// any bootstrap peers it could reach. ctx bounds the start only. If NewHost fails, nothing it started
+// limits; AutoNAT, circuit relay v2 (the service with cfg.Relay), AutoRelay
+// and DCUtR hole punching for peers behind NAT (natOptions); a DHT in
+// server mode with protocol prefix /ringtrain, connected to any bootstrap
+// peers it could reach. ctx bounds the start only. If NewHost fails, nothing it started
 // is left running. Close the Host when done.
 func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	listen := cfg.Listen
@@ -178,10 +180,13 @@ const CloseTimeout = 10 * time.Second
 // reads (seen in one of two 32-peer formations in one process). A process
 // that exits loses nothing by it; a hung one loses the job's exit.
 func (h *Host) Close() error {
-	h.natLog.Close()
-	h.natWG.Wait()
 	done := make(chan error, 1)
-	go func() { done <- errors.Join(h.DHT.Close(), h.Host.Close()) }()
+	go func() {
+		// Unsubscribing takes the event bus's lock too: inside the bound.
+		h.natLog.Close()
+		h.natWG.Wait()
+		done <- errors.Join(h.DHT.Close(), h.Host.Close())
+	}()
 	t := time.NewTimer(CloseTimeout)
 	defer t.Stop()
 	select {

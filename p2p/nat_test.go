@@ -5,13 +5,17 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/pnet"
+	"github.com/libp2p/go-libp2p/core/protocol"
 	lpswarm "github.com/libp2p/go-libp2p/p2p/net/swarm"
+	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/client"
+	circuitproto "github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/proto"
 	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/ringtrain/ringtrain/ring"
@@ -167,5 +171,45 @@ func TestPrepareDialClearsBackoff(t *testing.T) {
 	prepareDial(a.Host, b.ID())
 	if sw.Backoff().Backoff(b.ID(), dead) {
 		t.Error("prepareDial left the address in backoff")
+	}
+}
+
+// TestRelayReservesOnlyForRelayFor: a relay grants slots to the peers
+// RelayFor names (a job's verified peers) and refuses the others, who could
+// otherwise use its unlimited circuits for anything.
+func TestRelayReservesOnlyForRelayFor(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var allowed atomic.Pointer[peer.ID] // set once the hosts exist
+	relay, err := NewHost(ctx, HostConfig{Listen: loopback, Relay: true, Reachability: network.ReachabilityPublic,
+		RelayFor: func(p peer.ID) bool { a := allowed.Load(); return a != nil && p == *a }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { relay.Close() })
+	hs := make([]*Host, 2)
+	for i := range hs {
+		if hs[i], err = NewHost(ctx, HostConfig{Listen: loopback, Bootstrap: []peer.AddrInfo{info(relay)}}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { hs[i].Close() })
+	}
+	id := hs[0].ID()
+	allowed.Store(&id)
+	// libp2p starts the relay service once it hears it is public, just
+	// after the host starts.
+	for ok := []protocol.ID(nil); len(ok) == 0; ok, _ = hs[0].Peerstore().SupportsProtocols(relay.ID(), circuitproto.ProtoIDv2Hop) {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the relay never spoke the hop protocol")
+		case <-time.After(20 * time.Millisecond):
+		}
+		hs[0].Connect(ctx, info(relay))
+	}
+	if _, err := client.Reserve(ctx, hs[0].Host, info(relay)); err != nil {
+		t.Errorf("the allowed peer got no reservation: %v", err)
+	}
+	if _, err := client.Reserve(ctx, hs[1].Host, info(relay)); err == nil {
+		t.Error("a peer RelayFor does not name got a reservation")
 	}
 }
