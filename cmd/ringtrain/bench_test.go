@@ -1,15 +1,18 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ringtrain/ringtrain/p2p"
 	"github.com/ringtrain/ringtrain/train"
 )
 
@@ -114,7 +117,9 @@ func TestHelpIsNotAnError(t *testing.T) {
 
 func TestUsageErrors(t *testing.T) {
 	for _, args := range [][]string{nil, {"frobnicate"}, {"bench"}, {"bench", "allreduce", "--sizes", "lots"},
-		{"local", "-n", "2", "--config", "../../testdata/job.json"}} { // world_size 3
+		{"local", "-n", "2", "--config", "../../testdata/job.json"}, // world_size 3
+		{"join", "--config", "../../testdata/job.json", "--reachability", "sometimes"},
+		{"bootstrap", "--reachability", "sometimes"}, {"bootstrap", "--bootstrap", "/ip4/127.0.0.1/tcp/1"}} {
 		var out bytes.Buffer
 		if err := run(context.Background(), args, &out, &out); !errors.Is(err, errUsage) {
 			t.Errorf("run(%q) = %v; want a usage error", args, err)
@@ -170,5 +175,51 @@ func TestProgressBar(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("progress bar %q lacks %q", got, want)
 		}
+	}
+}
+
+// TestBootstrapCommand: `ringtrain bootstrap` prints where it listens, so
+// that peers can be pointed at it, serves the relay hop protocol (it starts
+// public), and stops cleanly when its context ends.
+func TestBootstrapCommand(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r, w := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"bootstrap", "--listen", "/ip4/127.0.0.1/tcp/0", "--log-format", "json"}, w, io.Discard)
+		w.Close()
+	}()
+	line, err := bufio.NewReader(r).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "listening on /ip4/127.0.0.1/tcp/") {
+		t.Fatalf("first line %q (%v); want its address", line, err)
+	}
+	boot, err := p2p.ParseBootstrap([]string{strings.TrimSpace(strings.TrimPrefix(line, "listening on "))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := p2p.NewHost(ctx, p2p.HostConfig{Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Bootstrap: boot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	deadline := time.After(20 * time.Second)
+	for {
+		if ok, _ := h.Peerstore().SupportsProtocols(boot[0].ID, "/libp2p/circuit/relay/0.2.0/hop"); len(ok) > 0 {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("bootstrap stopped: %v", err)
+		case <-deadline:
+			t.Fatal("the bootstrap peer never served as a relay")
+		case <-time.After(20 * time.Millisecond):
+		}
+		h.Connect(ctx, boot[0])
+	}
+	go io.Copy(io.Discard, r)
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("bootstrap after its context ended: %v", err)
 	}
 }

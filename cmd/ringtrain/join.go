@@ -203,9 +203,8 @@ func startPeer(ctx context.Context, f *joinFlags, cfg *jobConfig, stdout io.Writ
 		return nil, fmt.Errorf("join: %w", err)
 	}
 	// A relay serves only peers that proved they hold this job's key.
-	var node *p2p.Node
-	var nodeSet atomic.Bool
-	hcfg.RelayFor = func(p peer.ID) bool { return nodeSet.Load() && node.Verified(p) }
+	var relayFor atomic.Pointer[p2p.Node] // the node, once it exists
+	hcfg.RelayFor = func(p peer.ID) bool { n := relayFor.Load(); return n != nil && n.Verified(p) }
 	var err error
 	if f.identity != "" {
 		if hcfg.Identity, err = p2p.LoadOrCreateIdentity(f.identity); err != nil {
@@ -233,12 +232,12 @@ func startPeer(ctx context.Context, f *joinFlags, cfg *jobConfig, stdout io.Writ
 	for _, a := range h.FullAddrs() {
 		fmt.Fprintf(stdout, "listening on %s\n", a)
 	}
-	node, err = p2p.NewNode(h, p2p.Job{Name: cfg.Name, ConfigHash: cfg.hash, WorldSize: cfg.WorldSize}, p2p.NodeConfig{Logger: log})
+	node, err := p2p.NewNode(h, p2p.Job{Name: cfg.Name, ConfigHash: cfg.hash, WorldSize: cfg.WorldSize}, p2p.NodeConfig{Logger: log})
 	if err != nil {
 		h.Close()
 		return nil, err
 	}
-	nodeSet.Store(true)
+	relayFor.Store(node)
 	log.Info().Str("job", cfg.Name).Int("world_size", cfg.WorldSize).Str("config_hash", cfg.hash[:16]).Msg("looking for peers")
 	// Ring links first: a peer that forms the ring before us dials at once.
 	links := p2p.NewRingLinks(h.Host, node, p2p.LinksConfig{Plane: f.plane, Logger: log})
