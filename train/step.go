@@ -26,6 +26,9 @@ type Collective interface {
 	Size() int
 }
 
+// byteCounter is a Collective that counts what it sends (ring.Ring).
+type byteCounter interface{ Stats() ring.Stats }
+
 // ErrCollective means a collective failed — a peer died, left or stalled.
 // In a step, the step was applied on no rank whose call failed.
 var ErrCollective = errors.New("train: the ring failed")
@@ -116,8 +119,11 @@ type ReplicaStats struct {
 	// until the neighbour's first frame came (the other ranks still
 	// computing); Ring the rest of the allreduce; Optimizer the update.
 	Compute, Wait, Ring, Optimizer time.Duration
-	// BytesSent is the gradient bytes this rank sent: a ring allreduce sends
-	// 2(n−1)/n of the buffer.
+	// BytesSent is what this rank sent in its steps' allreduces (gradients,
+	// the step's flags and slots, leave confirmations; failed attempts
+	// too): measured, frame headers included, where the Collective counts
+	// what it sends (ring.Ring's Stats); else estimated as 2(n−1)/n of the
+	// buffer, what a ring allreduce sends.
 	BytesSent int64
 	// ForgedLeaves counts leave requests made in another rank's name: that
 	// rank denied them, and every rank ignored them (see confirmLeaves).
@@ -290,6 +296,11 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	putStepFlags(tail, r.Coll.Rank(), r.Coll.Size(), bad >= 0, leave, norm)
 	t1 := time.Now()
 	r.Stats.Compute += t1.Sub(t0)
+	counter, measured := r.Coll.(byteCounter)
+	if measured {
+		sent0 := counter.Stats().BytesSent
+		defer func() { r.Stats.BytesSent += counter.Stats().BytesSent - sent0 }()
+	}
 	if r.Wire == ring.F32 {
 		err = r.Coll.AllreduceMean(ctx, flat)
 	} else if err = narrow.AllreduceMeanAs(ctx, flat[:r.nparams], r.Wire); err == nil {
@@ -297,8 +308,8 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	}
 	t2 := time.Now()
 	comm, wait := t2.Sub(t1), time.Duration(0)
-	if st, ok := r.Coll.(interface{ Stats() ring.Stats }); ok {
-		wait = min(st.Stats().LastWait, comm)
+	if measured {
+		wait = min(counter.Stats().LastWait, comm)
 	}
 	r.Stats.Wait += wait
 	r.Stats.Ring += comm - wait
@@ -346,7 +357,7 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		r.Opt.Step(r.Model.Params(), r.views)
 		applied = true
 	}
-	if size := int64(r.Coll.Size()); size > 1 {
+	if size := int64(r.Coll.Size()); size > 1 && !measured {
 		// A ring allreduce sends 2(n−1)/n of the buffer's bytes.
 		payload := int64(4 * len(flat))
 		if r.Wire != ring.F32 {
