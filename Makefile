@@ -14,7 +14,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./data:FuzzReadIDX ./data:Fuzz
 
 MODEL ?= mlp
 
-.PHONY: test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat fashion-mnist testdata demo clean
+.PHONY: test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs fashion-mnist testdata demo clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -287,6 +287,17 @@ bench-nat: build
 	  JOIN_FLAGS=--reachability=private bash testdata/netns-nat.sh $(BIN)/ringtrain | sed 's/^netns-nat:/netns-nat (--reachability private):/' | grep -E 'formed in|hole punches:|every link|FAIL|SKIPPED'; \
 	done
 	$(BIN)/ringtrain bench allreduce --transport libp2p,libp2p-relay --peers 4 --sizes 16MiB --iters $(ITERS) $(BENCHFLAGS)
+
+# Allreduce with every rank its own process, as gloo's and MPI's benchmarks
+# run: ringtrain's plain TCP ring (bench allreduce --procs) and PyTorch's
+# gloo (testdata/gloo-allreduce.py; Debian's python3-torch, installed here),
+# 4 ranks on loopback, alternately, RUNS runs each, ITERS rounds a row.
+bench-procs: build
+	@/usr/bin/python3 -c 'import torch' 2>/dev/null || (apt-get install -y -qq python3-torch || (apt-get update -qq && apt-get install -y -qq python3-torch)) >/dev/null 2>&1 || echo "could not install python3-torch"
+	@for i in $$(seq $(RUNS)); do \
+	  $(BIN)/ringtrain bench allreduce --procs --peers 4 --sizes 1MiB,16MiB --iters $(ITERS) --json; \
+	  /usr/bin/python3 testdata/gloo-allreduce.py 4 $(ITERS) 1048576 16777216; \
+	done
 
 # testdata/ is made from the real Fashion-MNIST; the output is committed.
 testdata: fashion-mnist

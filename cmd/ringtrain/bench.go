@@ -26,27 +26,28 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(args) > 0 && args[0] == "device" {
 		return runBenchDevice(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "allreduce-rank" {
+		return runAllreduceRank(ctx, args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "allreduce" {
 		return fmt.Errorf("bench: want 'bench allreduce', 'bench form', 'bench engines' or 'bench device': %w", errUsage)
 	}
 	fs := flag.NewFlagSet("bench allreduce", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	transport := fs.String("transport", "tcp", "ring links, comma-separated: mem, tcp (plain, loopback), libp2p (TLS streams), libp2p-tcp (token-gated TCP data plane), libp2p-relay (TLS streams, every link through a circuit relay, as between peers behind NATs that hole punching cannot cross)")
-	peers := fs.Int("peers", 4, "ranks in the ring, all in this process")
+	peers := fs.Int("peers", 4, "ranks in the ring, all in this process (each its own with --procs)")
 	sizes := fs.String("sizes", "1MiB,16MiB,64MiB", "comma-separated buffer sizes (B, KiB, MiB, GiB)")
 	iters := fs.Int("iters", 5, "timed calls per size; the median is reported")
 	chunk := fs.String("chunk", "", "pipelining chunk size (default: the ring's)")
 	asJSON := fs.Bool("json", false, "one JSON object per line instead of a table")
+	procs := fs.Bool("procs", false, "run every rank in its own process, over plain TCP on loopback (the row's transport is tcp-procs; no ceiling), as gloo's and MPI's benchmarks do")
 	if err := fs.Parse(args[1:]); err != nil {
 		return fmt.Errorf("bench allreduce: %w: %w", errUsage, err)
 	}
 	cfg := ringbench.Config{Transport: *transport, Peers: *peers, Iters: *iters}
-	for _, s := range strings.Split(*sizes, ",") {
-		n, err := parseBytes(s)
-		if err != nil {
-			return fmt.Errorf("bench allreduce: --sizes: %w: %w", err, errUsage)
-		}
-		cfg.Sizes = append(cfg.Sizes, n)
+	var err error
+	if cfg.Sizes, err = parseSizes(*sizes); err != nil {
+		return fmt.Errorf("bench allreduce: --sizes: %w: %w", err, errUsage)
 	}
 	if *chunk != "" {
 		n, err := parseBytes(*chunk)
@@ -82,6 +83,15 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			fmt.Sprintf("%.2f", r.Seconds*1e3), fmt.Sprintf("%.3f", r.Algbw), fmt.Sprintf("%.3f", r.Busbw),
 			fmt.Sprintf("%.3f", r.CeilingBusbw), fmt.Sprintf("%.2f", r.Ratio), fmt.Sprintf("%.2f", r.CPUPerGB))
 	}
+	if *procs {
+		if *transport != "tcp" {
+			return fmt.Errorf("bench allreduce: --procs runs plain TCP only, not --transport %s: %w", *transport, errUsage)
+		}
+		if err := allreduceProcs(ctx, cfg, *sizes, emit); err != nil {
+			return fmt.Errorf("bench allreduce --procs: %w", err)
+		}
+		return encErr
+	}
 	// Several transports run one after another in this process, so their
 	// figures come from the same run.
 	for _, tr := range strings.Split(*transport, ",") {
@@ -92,6 +102,19 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	return encErr
+}
+
+// parseSizes reads a comma-separated list of sizes (parseBytes).
+func parseSizes(list string) ([]int, error) {
+	var out []int
+	for _, s := range strings.Split(list, ",") {
+		n, err := parseBytes(s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 var byteUnits = []struct {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"image"
 	"image/png"
@@ -18,6 +19,8 @@ import (
 	"time"
 
 	xdraw "golang.org/x/image/draw"
+
+	"github.com/ringtrain/ringtrain/ring/ringbench"
 )
 
 // The test binary stands in for ringtrain when `local` starts it as a peer.
@@ -541,5 +544,35 @@ func TestPredictRecipe(t *testing.T) {
 	out, err := ringtrainIn(t, wd, time.Minute, "predict", "--checkpoint", "ckpt/fashion-mnist-predict.ckpt", "--image", img)
 	if err != nil || !strings.Contains(out, "9969.jpg: ") {
 		t.Errorf("predict from the recipe's checkpoint: %v\n%s", err, out)
+	}
+}
+
+// TestBenchAllreduceProcs: `bench allreduce --procs` runs each rank as its
+// own process (the row a median of rounds as long as their slowest rank),
+// and refuses transports other than plain TCP.
+func TestBenchAllreduceProcs(t *testing.T) {
+	out, err := ringtrain(t, time.Minute, "bench", "allreduce", "--procs", "--peers", "3", "--sizes", "64KiB,256KiB", "--iters", "2", "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var rows []ringbench.Result
+	dec := json.NewDecoder(strings.NewReader(out))
+	for dec.More() {
+		var r ringbench.Result
+		if err := dec.Decode(&r); err != nil {
+			t.Fatalf("%v in %q", err, out)
+		}
+		rows = append(rows, r)
+	}
+	if len(rows) != 2 || rows[0].Bytes != 64<<10 || rows[1].Bytes != 256<<10 {
+		t.Fatalf("rows %+v; want 64 KiB and 256 KiB", rows)
+	}
+	for _, r := range rows {
+		if r.Transport != "tcp-procs" || r.Peers != 3 || r.Seconds <= 0 || r.Busbw <= 0 || r.CPUPerGB <= 0 {
+			t.Errorf("row %+v", r)
+		}
+	}
+	if out, err := ringtrain(t, time.Minute, "bench", "allreduce", "--procs", "--transport", "libp2p"); err == nil || !strings.Contains(out, "plain TCP only") {
+		t.Errorf("--procs over libp2p: %v, %s; want a usage error", err, out)
 	}
 }

@@ -6,7 +6,7 @@
 //	ringtrain join --config job.json [--bootstrap MULTIADDR]... [--listen MULTIADDR]... [--identity FILE] [--swarm-key FILE] [--relay=false] [--reachability auto|public|private]
 //	ringtrain bootstrap [--listen MULTIADDR]... [--identity FILE] [--swarm-key FILE] [--reachability public|auto]
 //	ringtrain local -n 3 --config job.json
-//	ringtrain bench allreduce [--transport mem|tcp|libp2p|libp2p-tcp|libp2p-relay] [--peers N] [--sizes 1MiB,16MiB] [--json]
+//	ringtrain bench allreduce [--transport mem|tcp|libp2p|libp2p-tcp|libp2p-relay] [--procs] [--peers N] [--sizes 1MiB,16MiB] [--json]
 //	ringtrain data --config data.json
 //	ringtrain bench form [--peers 4,8] [--runs 5]
 //	ringtrain bench engines --device cuda|host [--model cnn] [--steps 20]

@@ -2,8 +2,10 @@
 // the same run the pattern ceiling: the same ring of links moving the same
 // bytes with no framing and no adding.
 //
-// All ranks run in this process, each on its own goroutines, so the figures
-// include the contention of n ranks on this machine's cores.
+// Run runs all ranks in this process, each on its own goroutines, so the
+// figures include the contention of n ranks on this machine's cores.
+// RunRank runs one rank, for a caller that starts each in its own process,
+// as gloo's and MPI's benchmarks do, and Combine makes their row.
 package ringbench
 
 import (
@@ -66,6 +68,26 @@ type Result struct {
 	CPUPerGB float64 `json:"cpu_s_per_GB"`
 }
 
+// check says what is wrong with c, whatever the transport.
+func (c Config) check() error {
+	if c.Peers < 2 {
+		return fmt.Errorf("%d peers; want at least 2", c.Peers)
+	}
+	for _, size := range c.Sizes {
+		if size <= 0 || size%4 != 0 {
+			return fmt.Errorf("size %d bytes; want a positive multiple of 4", size)
+		}
+	}
+	return nil
+}
+
+func (c Config) iters() int {
+	if c.Iters <= 0 {
+		return 5
+	}
+	return c.Iters
+}
+
 func busFactor(n int) float64 { return 2 * float64(n-1) / float64(n) }
 
 // Run measures every size in cfg.Sizes, calling emit with each row as soon
@@ -80,17 +102,10 @@ func Run(ctx context.Context, trs Transports, cfg Config, emit func(Result)) err
 		slices.Sort(names)
 		return fmt.Errorf("unknown transport %q; want one of %v", cfg.Transport, names)
 	}
-	if cfg.Peers < 2 {
-		return fmt.Errorf("%d peers; want at least 2", cfg.Peers)
+	if err := cfg.check(); err != nil {
+		return err
 	}
-	if cfg.Iters <= 0 {
-		cfg.Iters = 5
-	}
-	for _, size := range cfg.Sizes {
-		if size <= 0 || size%4 != 0 {
-			return fmt.Errorf("size %d bytes; want a positive multiple of 4", size)
-		}
-	}
+	cfg.Iters = cfg.iters()
 	n := cfg.Peers
 	ts, done, err := mk(ctx, n)
 	if err != nil {

@@ -3,8 +3,11 @@ package ringbench
 import (
 	"context"
 	"math"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/ringtrain/ringtrain/ring"
 )
 
 func TestRunEmitsARowPerSize(t *testing.T) {
@@ -39,6 +42,50 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		err := Run(context.Background(), Builtin(), tt.cfg, func(Result) {})
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("Run(%+v) = %v; want an error saying %q", tt.cfg, err, tt.want)
+		}
+	}
+}
+
+// TestRunRankAndCombine: ranks run apart (here goroutines over an
+// in-memory ring) and Combine makes their row — each round as long as its
+// slowest rank — and refuses results that do not belong together.
+func TestRunRankAndCombine(t *testing.T) {
+	const n = 3
+	cfg := Config{Peers: n, Sizes: []int{4096, 1 << 16}, Iters: 3}
+	ts := ring.MemRing(n)
+	got := make([][]RankResult, n)
+	err := onAll(n, func(i int) error {
+		return RunRank(context.Background(), ts[i], i, cfg, func(r RankResult) { got[i] = append(got[i], r) })
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s, size := range cfg.Sizes {
+		rs := []RankResult{got[0][s], got[1][s], got[2][s]}
+		row, err := Combine("mem", rs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slowest := 0.0
+		for _, r := range rs {
+			if r.Bytes != size || len(r.Seconds) != cfg.Iters {
+				t.Fatalf("rank %d: %d rounds of %d bytes; want %d of %d", r.Rank, len(r.Seconds), r.Bytes, cfg.Iters, size)
+			}
+			slowest = max(slowest, slices.Max(r.Seconds))
+		}
+		if row.Peers != n || row.Bytes != size || row.Seconds <= 0 || row.Seconds > slowest || math.Abs(row.Busbw-row.Algbw*4/3) > 1e-9*row.Busbw {
+			t.Errorf("row %+v", row)
+		}
+	}
+	bad := [][]RankResult{
+		{got[0][0]},                       // one rank
+		{got[0][0], got[0][0], got[2][0]}, // rank 0 twice
+		{got[0][0], got[1][1], got[2][0]}, // another size
+		{got[0][0], {Rank: 7}, got[2][0]}, // out of the ring
+	}
+	for i, rs := range bad {
+		if _, err := Combine("mem", rs); err == nil {
+			t.Errorf("case %d: combined results that do not belong together", i)
 		}
 	}
 }
