@@ -14,7 +14,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./data:FuzzReadIDX ./data:Fuzz
 
 MODEL ?= mlp
 
-.PHONY: test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs fashion-mnist testdata demo clean
+.PHONY: test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow fashion-mnist testdata demo clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -298,6 +298,12 @@ bench-procs: build
 	  $(BIN)/ringtrain bench allreduce --procs --peers 4 --sizes 1MiB,16MiB --iters $(ITERS) --json; \
 	  /usr/bin/python3 testdata/gloo-allreduce.py 4 $(ITERS) 1048576 16777216; \
 	done
+
+# Issue 15's slow-link figures: 4 peers in network namespaces, every link
+# capped at 100 Mbit/s with tbf, the mlp for 5 epochs on the full
+# Fashion-MNIST, float32 then bf16 gradients, alternately, RUNS runs.
+bench-slow: build fashion-mnist
+	bash testdata/netns-slow.sh $(BIN)/ringtrain none,bf16 $(RUNS) 100mbit 5
 
 # testdata/ is made from the real Fashion-MNIST; the output is committed.
 testdata: fashion-mnist
