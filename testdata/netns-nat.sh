@@ -8,7 +8,9 @@
 # reached through it (or directly, where DCUtR hole punching gets through).
 # The 4-peer ring must form and train; one NATed peer is SIGKILLed mid-epoch;
 # the 3 survivors must re-form, and a replacement started behind the same
-# NAT must be admitted; all 4 must end with one parameter hash.
+# NAT must be admitted; all 4 must end with one parameter hash. Then a
+# 2-peer job asking for the TCP data plane across the NATs must stop on
+# both sides with an error that says so.
 #
 # With --flat the same five peers sit on the bridge with no NAT: the
 # formation time to compare with (make bench-nat prints both).
