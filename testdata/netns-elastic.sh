@@ -16,33 +16,22 @@ here=$(cd "$(dirname "$0")" && pwd)
 if [ "$(id -u)" != 0 ]; then echo "netns-elastic: SKIPPED, creating network namespaces needs root"; exit 0; fi
 if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then echo "netns-elastic: SKIPPED, needs ip and tc (iproute2)"; exit 0; fi
 
+. "$here/netns-lib.sh"
 p=rtn$$ # a prefix of our own for every name made here
-br=${p}br
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
 	for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-	for i in 0 1 2 3; do ip netns del "$p$i" 2>/dev/null || true; done
-	ip link del "$br" 2>/dev/null || true
+	netns_bridge_remove "$p"
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
 
-ip link add "$br" type bridge
-ip link set "$br" up
+# 1 Gbit/s each way on every link.
+netns_bridge "$p" 10.231.0 1gbit 256kb
 for i in 0 1 2 3; do
-	ns=$p$i
-	ip netns add "$ns"
-	ip link add "${p}v$i" type veth peer name eth0 netns "$ns"
-	ip link set "${p}v$i" master "$br" up
-	ip -n "$ns" link set lo up
-	ip -n "$ns" addr add "10.231.0.$((i + 1))/24" dev eth0
-	ip -n "$ns" link set eth0 up
-	# 1 Gbit/s each way on every link.
-	tc qdisc add dev "${p}v$i" root tbf rate 1gbit burst 256kb latency 50ms
-	ip netns exec "$ns" tc qdisc add dev eth0 root handle 1: tbf rate 1gbit burst 256kb latency 50ms
 	# A little delay where netem exists (a child of tbf); skipped where not.
-	ip netns exec "$ns" tc qdisc add dev eth0 parent 1:1 handle 10: netem delay 1ms 2>/dev/null || true
+	ip netns exec "$p$i" tc qdisc add dev eth0 parent 1:1 handle 10: netem delay 1ms 2>/dev/null || true
 done
 
 cat >"$tmp/job.json" <<EOF
@@ -58,13 +47,7 @@ start() { # start <i> [bootstrap]: ringtrain join in namespace i, output in $tmp
 	ip netns exec "$p$i" "$bin" "${args[@]}" >"$tmp/$i.log" 2>&1 &
 	pids[$i]=$!
 }
-wait_for() { # wait_for <file> <regexp> <seconds>
-	local deadline=$((SECONDS + $3))
-	until grep -qE "$2" "$1" 2>/dev/null; do
-		if [ $SECONDS -ge $deadline ]; then echo "netns-elastic: FAIL, no '$2' in $1:"; cat "$1"; exit 1; fi
-		sleep 0.1
-	done
-}
+wait_for() { netns_wait_for netns-elastic "$@"; } # wait_for <file> <regexp> <seconds>
 
 start 0
 wait_for "$tmp/0.log" '^listening on /ip4/10.231.0.1/' 30

@@ -36,6 +36,7 @@ if [ "$(id -u)" != 0 ]; then echo "$name: SKIPPED, creating network namespaces n
 if ! command -v ip >/dev/null; then echo "$name: SKIPPED, needs ip (iproute2)"; exit 0; fi
 if [ -z "$flat" ] && ! command -v iptables >/dev/null; then echo "$name: SKIPPED, needs iptables (make test-netns installs it)"; exit 0; fi
 
+. "$here/netns-lib.sh"
 p=rtt$$ # a prefix of our own for every name made here
 wan=${p}w
 tmp=$(mktemp -d)
@@ -103,13 +104,8 @@ EOF
 ip netns exec "${p}boot" "$bin" bootstrap --listen /ip4/11.0.0.1/tcp/4001 --log-format json >"$tmp/boot.log" 2>&1 &
 pids[4]=$!
 disown "${pids[4]}" # killed at exit, with no "Killed" report from bash
-wait_for() { # wait_for <file> <regexp> <seconds>
-	local deadline=$((SECONDS + $3))
-	until grep -qE "$2" "$1" 2>/dev/null; do
-		if [ $SECONDS -ge $deadline ]; then echo "$name: FAIL, no '$2' in $1:"; cat "$1"; tail -n 20 "$tmp"/*.log; exit 1; fi
-		sleep 0.1
-	done
-}
+NETNS_LOGS="$tmp/*.log" # a failed wait shows every peer's last lines
+wait_for() { netns_wait_for "$name" "$@"; } # wait_for <file> <regexp> <seconds>
 wait_for "$tmp/boot.log" '^listening on /ip4/11.0.0.1/' 30
 boot=$(grep -m1 '^listening on /ip4/11.0.0.1/' "$tmp/boot.log" | cut -d' ' -f3)
 if [ -z "$flat" ]; then

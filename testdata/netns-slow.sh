@@ -21,38 +21,19 @@ data=/usr/share/datasets/fashion-mnist
 if [ "$(id -u)" != 0 ]; then echo "netns-slow: SKIPPED, creating network namespaces needs root"; exit 0; fi
 if [ ! -e "$data/train-images-idx3-ubyte.gz" ]; then echo "netns-slow: SKIPPED, no $data (make fashion-mnist)"; exit 0; fi
 
+. "$(dirname "$0")/netns-lib.sh"
 p=rts$$
-br=${p}br
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
 	for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-	for i in 0 1 2 3; do ip netns del "$p$i" 2>/dev/null || true; done
-	ip link del "$br" 2>/dev/null || true
+	netns_bridge_remove "$p"
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
-ip link add "$br" type bridge
-ip link set "$br" up
-for i in 0 1 2 3; do
-	ns=$p$i
-	ip netns add "$ns"
-	ip link add "${p}v$i" type veth peer name eth0 netns "$ns"
-	ip link set "${p}v$i" master "$br" up
-	ip -n "$ns" link set lo up
-	ip -n "$ns" addr add "10.232.0.$((i + 1))/24" dev eth0
-	ip -n "$ns" link set eth0 up
-	tc qdisc add dev "${p}v$i" root tbf rate "$rate" burst 64kb latency 50ms
-	ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$rate" burst 64kb latency 50ms
-done
+netns_bridge "$p" 10.232.0 "$rate" 64kb
 
-wait_for() { # wait_for <file> <regexp> <seconds>
-	local deadline=$((SECONDS + $3))
-	until grep -qE "$2" "$1" 2>/dev/null; do
-		if [ $SECONDS -ge $deadline ]; then echo "netns-slow: FAIL, no '$2' in $1:"; tail -20 "$1"; exit 1; fi
-		sleep 0.1
-	done
-}
+wait_for() { netns_wait_for netns-slow "$@"; } # wait_for <file> <regexp> <seconds>
 one() { # one <compression> <run>
 	local c=$1 name=slow-$1-$2-$$
 	cat >"$tmp/job.json" <<JSON

@@ -1,0 +1,45 @@
+# Shared by the testdata/netns-*.sh scripts (sourced, not run).
+
+# netns_bridge <prefix> <subnet> <rate> <burst>: four network namespaces
+# <prefix>0..3, each with an eth0 at <subnet>.1–4/24 on a bridge
+# <prefix>br, every link capped at <rate> each way with tbf (handle 1: on
+# the namespace side, for a netem child where the kernel has netem).
+netns_bridge() {
+	local p=$1 subnet=$2 rate=$3 burst=$4 i ns
+	ip link add "${p}br" type bridge
+	ip link set "${p}br" up
+	for i in 0 1 2 3; do
+		ns=$p$i
+		ip netns add "$ns"
+		ip link add "${p}v$i" type veth peer name eth0 netns "$ns"
+		ip link set "${p}v$i" master "${p}br" up
+		ip -n "$ns" link set lo up
+		ip -n "$ns" addr add "$subnet.$((i + 1))/24" dev eth0
+		ip -n "$ns" link set eth0 up
+		tc qdisc add dev "${p}v$i" root tbf rate "$rate" burst "$burst" latency 50ms
+		ip netns exec "$ns" tc qdisc add dev eth0 root handle 1: tbf rate "$rate" burst "$burst" latency 50ms
+	done
+}
+
+# netns_bridge_remove <prefix>: what netns_bridge made, whatever of it exists.
+netns_bridge_remove() {
+	local i
+	for i in 0 1 2 3; do ip netns del "$1$i" 2>/dev/null || true; done
+	ip link del "$1br" 2>/dev/null || true
+}
+
+# netns_wait_for <name> <file> <regexp> <seconds>: until the file holds a
+# line matching; past the deadline, "<name>: FAIL", the file's tail (and
+# those of the files NETNS_LOGS names, a glob), exit 1.
+netns_wait_for() {
+	local deadline=$((SECONDS + $4))
+	until grep -qE "$3" "$2" 2>/dev/null; do
+		if [ $SECONDS -ge $deadline ]; then
+			echo "$1: FAIL, no '$3' in $2:"
+			tail -n 40 "$2"
+			[ -z "${NETNS_LOGS:-}" ] || tail -n 20 $NETNS_LOGS
+			exit 1
+		fi
+		sleep 0.1
+	done
+}
