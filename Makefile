@@ -14,7 +14,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./data:FuzzReadIDX ./data:Fuzz
 
 MODEL ?= mlp
 
-.PHONY: test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow fashion-mnist testdata demo clean
+.PHONY: test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-overlap fashion-mnist testdata demo clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -301,9 +301,16 @@ bench-procs: build
 
 # Issue 15's slow-link figures: 4 peers in network namespaces, every link
 # capped at 100 Mbit/s with tbf, the mlp for 5 epochs on the full
-# Fashion-MNIST, float32 then bf16 gradients, alternately, RUNS runs.
+# Fashion-MNIST: float32, bf16 and int8 gradients and DiLoCo with rounds of
+# 50 steps, alternately, RUNS runs (about 5 minutes a run).
 bench-slow: build fashion-mnist
-	bash testdata/netns-slow.sh $(BIN)/ringtrain none,bf16 $(RUNS) 100mbit 5
+	bash testdata/netns-slow.sh $(BIN)/ringtrain none,bf16,int8,none+h50 $(RUNS) 100mbit 5
+
+# Gradient buckets overlapped with backward: the cnn on the own engine in
+# pure Go (--device host), the first 6,400 training samples (25 steps a
+# peer), the same 4 peers at 100 Mbit/s, buckets off and at 25 MB.
+bench-overlap: build fashion-mnist
+	SLOW_MODEL=cnn SLOW_DEVICE=host SLOW_TRAIN=6400 bash testdata/netns-slow.sh $(BIN)/ringtrain none+b0,none+b25 $(RUNS) 100mbit 1
 
 # testdata/ is made from the real Fashion-MNIST; the output is committed.
 testdata: fashion-mnist

@@ -1,6 +1,6 @@
 // Package ring implements the collectives of one ring generation —
-// AllreduceSum, AllreduceMean (also with bf16 or fp16 on the wire:
-// AllreduceMeanAs), Broadcast and Barrier — over a Transport that
+// AllreduceSum, AllreduceMean (also with bf16, fp16 or blockwise int8 on
+// the wire: AllreduceMeanAs), Broadcast and Barrier — over a Transport that
 // carries bytes to the successor and from the predecessor.
 //
 // It knows nothing of libp2p or of training: a Transport is two byte streams,
@@ -19,7 +19,9 @@
 // # Wire
 //
 // Every frame is a 56-byte header (see Header) followed by its payload of
-// float32, bfloat16 or half values (the header names which), little-endian. A receiver knows exactly which frame must come
+// float32, bfloat16 or half values, or int8 blocks (a float32 scale, then
+// a byte per value), as the header's encoding says, little-endian. A
+// receiver knows exactly which frame must come
 // next, checks every header field against it before reading the payload, and
 // reads the payload into memory it sized itself.
 //

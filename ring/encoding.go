@@ -20,10 +20,26 @@ const (
 	// FP16 sends IEEE half precision: 11 bits of precision, but values
 	// over 65504 become infinite — for gradients already scaled small.
 	FP16 Encoding = 2
+	// I8 sends blockwise int8: each block of I8Block values as a float32
+	// scale (the block's largest magnitude over 127) and one signed byte
+	// per value, rounded to nearest — a little over a quarter of float32's
+	// bytes, with an error of at most half a step of the block's scale. A
+	// block holding a NaN or an Inf goes as a NaN scale, so the whole block
+	// arrives NaN and the step is caught, not applied. Blocks start at
+	// multiples of I8Block in the caller's buffer (the ring aligns its
+	// segments and frames to them), so Round, applied to the whole buffer,
+	// rounds exactly as the ring's first hop does: what error feedback
+	// needs.
+	I8 Encoding = 3
 )
 
+// I8Block is the values per scale of the I8 encoding. 256 costs 1/64 of
+// a byte per value for the scale; smaller blocks round more finely but
+// cost more.
+const I8Block = 256
+
 // ParseEncoding reads an encoding's name: "", "none" or "f32", "bf16",
-// "fp16".
+// "fp16", "int8".
 func ParseEncoding(s string) (Encoding, error) {
 	switch s {
 	case "", "none", "f32":
@@ -32,8 +48,10 @@ func ParseEncoding(s string) (Encoding, error) {
 		return BF16, nil
 	case "fp16":
 		return FP16, nil
+	case "int8":
+		return I8, nil
 	}
-	return 0, fmt.Errorf("ring: encoding %q; want none, bf16 or fp16", s)
+	return 0, fmt.Errorf("ring: encoding %q; want none, bf16, fp16 or int8", s)
 }
 
 func (e Encoding) String() string {
@@ -44,25 +62,65 @@ func (e Encoding) String() string {
 		return "bf16"
 	case FP16:
 		return "fp16"
+	case I8:
+		return "int8"
 	}
 	return fmt.Sprintf("Encoding(%d)", uint16(e))
 }
 
-// width is the bytes one value takes on the wire, or 0 for an encoding
-// this version does not know.
-func (e Encoding) width() int {
+// known reports whether this version can send and read e.
+func (e Encoding) known() bool { return e <= I8 }
+
+// size is the bytes n values take on the wire, when they start a block.
+func (e Encoding) size(n int) int {
 	switch e {
-	case F32:
-		return 4
 	case BF16, FP16:
-		return 2
+		return 2 * n
+	case I8:
+		return n + 4*((n+I8Block-1)/I8Block)
 	}
-	return 0
+	return 4 * n
 }
 
-// encode writes src into dst (width bytes per value), little-endian.
+// block is the values that share a scale: frames and segments start at
+// its multiples.
+func (e Encoding) block() int {
+	if e == I8 {
+		return I8Block
+	}
+	return 1
+}
+
+// Round replaces every value of buf with what it becomes on the wire as e:
+// what a rank's own values become on the ring's first hop. Error feedback
+// keeps the difference and adds it to the next step's values.
+func (e Encoding) Round(buf []float32) {
+	switch e {
+	case BF16, FP16:
+		for i := range buf {
+			var b [2]byte
+			e.encode(b[:], buf[i:i+1])
+			e.decode(buf[i:i+1], b[:])
+		}
+	case I8:
+		var b [I8Block + 4]byte
+		for lo := 0; lo < len(buf); lo += I8Block {
+			blk := buf[lo:min(lo+I8Block, len(buf))]
+			e.encode(b[:], blk)
+			e.decode(blk, b[:])
+		}
+	}
+}
+
+// encode writes src into dst (size(len(src)) bytes), little-endian.
 func (e Encoding) encode(dst []byte, src []float32) {
 	switch e {
+	case I8:
+		for lo := 0; lo < len(src); lo += I8Block {
+			blk := src[lo:min(lo+I8Block, len(src))]
+			d := dst[lo+4*(lo/I8Block):]
+			encodeI8(d[:4+len(blk)], blk)
+		}
 	case BF16:
 		for i, v := range src {
 			binary.LittleEndian.PutUint16(dst[2*i:], bf16(v))
@@ -77,6 +135,8 @@ func (e Encoding) encode(dst []byte, src []float32) {
 // decode reads len(dst) values from src.
 func (e Encoding) decode(dst []float32, src []byte) {
 	switch e {
+	case I8:
+		decodeI8(dst, src, false)
 	case BF16:
 		for i := range dst {
 			dst[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
@@ -91,6 +151,8 @@ func (e Encoding) decode(dst []float32, src []byte) {
 // decodeAdd adds len(dst) values read from src into dst.
 func (e Encoding) decodeAdd(dst []float32, src []byte) {
 	switch e {
+	case I8:
+		decodeI8(dst, src, true)
 	case BF16:
 		for i := range dst {
 			dst[i] += math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
@@ -98,6 +160,50 @@ func (e Encoding) decodeAdd(dst []float32, src []byte) {
 	case FP16:
 		for i := range dst {
 			dst[i] += fromFP16(binary.LittleEndian.Uint16(src[2*i:]))
+		}
+	}
+}
+
+// encodeI8 writes one block: its scale, then a signed byte per value.
+func encodeI8(dst []byte, blk []float32) {
+	var amax float32
+	for _, v := range blk {
+		a := float32(math.Abs(float64(v)))
+		if !(a <= math.MaxFloat32) { // NaN or Inf: the block goes as NaN
+			binary.LittleEndian.PutUint32(dst, 0x7fc00000)
+			clear(dst[4:])
+			return
+		}
+		amax = max(amax, a)
+	}
+	scale := amax / 127
+	binary.LittleEndian.PutUint32(dst, math.Float32bits(scale))
+	if scale == 0 { // all zero, or too small for a normal scale
+		clear(dst[4:])
+		return
+	}
+	for i, v := range blk {
+		q := math.RoundToEven(float64(v / scale))
+		dst[4+i] = byte(int8(max(-127, min(127, q))))
+	}
+}
+
+// decodeI8 reads len(dst) values of int8 blocks from src into dst, or adds
+// them to it.
+func decodeI8(dst []float32, src []byte, add bool) {
+	for lo := 0; lo < len(dst); lo += I8Block {
+		blk := dst[lo:min(lo+I8Block, len(dst))]
+		s := src[lo+4*(lo/I8Block):]
+		scale := math.Float32frombits(binary.LittleEndian.Uint32(s))
+		q := s[4 : 4+len(blk)]
+		if add {
+			for i := range blk {
+				blk[i] += float32(int8(q[i])) * scale
+			}
+		} else {
+			for i := range blk {
+				blk[i] = float32(int8(q[i])) * scale
+			}
 		}
 	}
 }

@@ -78,6 +78,18 @@ func FuzzRecvNarrow(f *testing.F) {
 	})
 }
 
+// FuzzRecvI8 is FuzzRecv for an int8 allreduce, whose payloads are a
+// scale and a byte a value per block.
+func FuzzRecvI8(f *testing.F) {
+	f.Add(fuzzPeerStream(5, 8))
+	stream := fuzzPeerStream(5, 8)
+	stream[6] = byte(I8)
+	f.Add(stream)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		recvFuzzed(t, data, func(r *Ring) error { return r.AllreduceMeanAs(context.Background(), make([]float32, 5), I8) })
+	})
+}
+
 func TestFuzzSeedIsValid(t *testing.T) {
 	tr := NewStreams(discard{io.Discard}, io.NopCloser(bytes.NewReader(fuzzPeerStream(5, 8))))
 	r, err := New(tr, Config{Rank: 0, Size: 2, Generation: 3, ChunkBytes: 8})

@@ -159,13 +159,13 @@ func (r *Ring) AllreduceMean(ctx context.Context, buf []float32) error {
 }
 
 // AllreduceMeanAs is AllreduceMean with the values sent as enc (BF16,
-// FP16): each hop's partial sums are narrowed to enc on the wire and added
+// FP16, I8): each hop's partial sums are narrowed to enc on the wire and added
 // in float32, and each rank narrows the segment it completes before sending
 // it round, so every rank still ends with the same bits — the mean rounded
 // to enc. All ranks must pass the same enc; a rank that passes another is
 // caught with ErrMismatch. F32 is AllreduceMean.
 func (r *Ring) AllreduceMeanAs(ctx context.Context, buf []float32, enc Encoding) error {
-	if enc.width() == 0 {
+	if !enc.known() {
 		return fmt.Errorf("ring: unknown encoding %v", enc)
 	}
 	return r.call(ctx, func(seq uint64) error { return r.ringAllreduceAs(seq, OpAllreduceMean, enc, buf) })
@@ -234,6 +234,19 @@ func (r *Ring) call(ctx context.Context, run func(seq uint64) error) error {
 		r.err = fmt.Errorf("%w after: %w", ErrClosed, err)
 	}
 	return err
+}
+
+// segmentOf is segment for a blockwise encoding: whole blocks of blk
+// elements are cut into size segments, the last block short if count is
+// not a multiple.
+func segmentOf(count uint64, size, k int, blk uint64) (start, length uint64) {
+	if blk <= 1 {
+		return segment(count, size, k)
+	}
+	start, length = segment((count+blk-1)/blk, size, k)
+	start = min(start*blk, count) // a segment past the last block is empty
+	length = min(length*blk, count-start)
+	return start, length
 }
 
 // segment returns the first element and the length of segment k when count
@@ -408,9 +421,15 @@ func (r *Ring) ringAllreduceAs(seq uint64, op Op, enc Encoding, buf []float32) e
 	count := uint64(len(buf))
 	steps := 2 * (n - 1)
 	base := Header{Op: op, Encoding: enc, Generation: r.cfg.Generation, Seq: seq, Count: count}
-	w := uint64(enc.width())
+	// A blockwise encoding's frames and segments start on its blocks.
+	chunk, blk := r.chunk, uint64(enc.block())
+	if blk > 1 {
+		chunk = max(int(blk), chunk/int(blk)*int(blk))
+	}
+	segment := func(count uint64, n, k int) (uint64, uint64) { return segmentOf(count, n, k, blk) }
+	wire := func(lo, hi uint64) int { return enc.size(int(hi - lo)) }
 	if enc != F32 {
-		if need := r.chunk * int(w); len(r.wireOut) < need && count > 0 {
+		if need := enc.size(chunk); len(r.wireOut) < need && count > 0 {
 			r.wireOut, r.wireIn = make([]byte, need), make([]byte, need)
 		}
 	}
@@ -418,9 +437,9 @@ func (r *Ring) ringAllreduceAs(seq uint64, op Op, enc Encoding, buf []float32) e
 	nframes := 0 // per step, over all steps
 	for k := range n {
 		_, l := segment(count, n, k)
-		nframes += 2 * frames(l, r.chunk)
+		nframes += 2 * frames(l, chunk)
 	}
-	if need := int(min(uint64(min(r.chunk, addPiece)), count)); len(r.scratch) < need {
+	if need := int(min(uint64(min(chunk, addPiece)), count)); len(r.scratch) < need {
 		r.scratch = make([]float32, need)
 	}
 
@@ -430,18 +449,18 @@ func (r *Ring) ringAllreduceAs(seq uint64, op Op, enc Encoding, buf []float32) e
 			start, length := segment(count, n, seg)
 			h := base
 			h.Step, h.Segment = uint32(s), uint32(seg)
-			for c := range frames(length, r.chunk) {
+			for c := range frames(length, chunk) {
 				if s > 0 && !f.awaitReady() {
 					return nil
 				}
-				lo := start + uint64(c*r.chunk)
-				hi := min(lo+uint64(r.chunk), start+length)
-				h.Offset, h.Length = lo, uint32(w*(hi-lo))
+				lo := start + uint64(c*chunk)
+				hi := min(lo+uint64(chunk), start+length)
+				h.Offset, h.Length = lo, uint32(wire(lo, hi))
 				var err error
 				if enc == F32 {
 					err = r.writeFrame(&h, buf[lo:hi])
 				} else {
-					out := r.wireOut[:w*(hi-lo)]
+					out := r.wireOut[:wire(lo, hi)]
 					enc.encode(out, buf[lo:hi])
 					if s == n-1 { // the segment this rank completed: keep what the others get
 						enc.decode(buf[lo:hi], out)
@@ -467,25 +486,25 @@ func (r *Ring) ringAllreduceAs(seq uint64, op Op, enc Encoding, buf []float32) e
 			want.Step, want.Segment = uint32(s), uint32(seg)
 			reduce := s < n-1
 			last := s == n-2 // this segment is complete once this step has added
-			for c := range frames(length, r.chunk) {
-				lo := start + uint64(c*r.chunk)
-				hi := min(lo+uint64(r.chunk), start+length)
-				want.Offset, want.Length = lo, uint32(w*(hi-lo))
+			for c := range frames(length, chunk) {
+				lo := start + uint64(c*chunk)
+				hi := min(lo+uint64(chunk), start+length)
+				want.Offset, want.Length = lo, uint32(wire(lo, hi))
 				dst := buf[lo:hi]
 				if enc != F32 {
 					if !reduce && !f.awaitSent() {
 						return errSendStopped
 					}
-					if err := r.fr.read(&want, r.wireIn[:w*(hi-lo)]); err != nil {
+					if err := r.fr.read(&want, r.wireIn[:wire(lo, hi)]); err != nil {
 						return r.recvErr(&want, err)
 					}
 					if reduce {
-						enc.decodeAdd(dst, r.wireIn[:w*(hi-lo)])
+						enc.decodeAdd(dst, r.wireIn[:wire(lo, hi)])
 						if last && op == OpAllreduceMean {
 							scale(dst, n)
 						}
 					} else {
-						enc.decode(dst, r.wireIn[:w*(hi-lo)])
+						enc.decode(dst, r.wireIn[:wire(lo, hi)])
 					}
 				} else if reduce {
 					div := 0 // the mean divides the completed segment by n

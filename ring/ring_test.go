@@ -478,6 +478,28 @@ func TestSegmentsCoverBuffer(t *testing.T) {
 	}
 }
 
+// TestBlockSegmentsCoverBuffer: segments of a blockwise encoding cover the
+// buffer in order, each starting on a block and ending on one or at the end.
+func TestBlockSegmentsCoverBuffer(t *testing.T) {
+	const blk = 4
+	for _, tt := range []struct{ count, size int }{{0, 3}, {1, 4}, {5, 8}, {8, 2}, {9, 2}, {33, 3}, {1000, 7}} {
+		var next uint64
+		for k := range tt.size {
+			start, length := segmentOf(uint64(tt.count), tt.size, k, blk)
+			if start != next {
+				t.Errorf("segmentOf(%d, %d, %d) starts at %d; want %d", tt.count, tt.size, k, start, next)
+			}
+			if end := start + length; start%blk != 0 && length > 0 || end%blk != 0 && end != uint64(tt.count) {
+				t.Errorf("segmentOf(%d, %d, %d) = [%d, %d); want block boundaries", tt.count, tt.size, k, start, end)
+			}
+			next = start + length
+		}
+		if next != uint64(tt.count) {
+			t.Errorf("segments of (%d, %d) end at %d; want %d", tt.count, tt.size, next, tt.count)
+		}
+	}
+}
+
 func TestNewRejectsBadConfig(t *testing.T) {
 	tr := MemRing(1)[0]
 	tests := []struct {

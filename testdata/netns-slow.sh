@@ -1,15 +1,27 @@
 #!/usr/bin/env bash
 # Training over slow links (issue 15's figures): four network namespaces on
 # a bridge, every link capped with tbf (this kernel has no netem, so no
-# added latency), a `ringtrain join` in each; the mlp trains on the full
-# Fashion-MNIST with each compression in turn, RUNS times, alternating.
-# Prints a JSON line per run: compression, sent_bytes and samples/s of
-# rank 0, the epoch time they imply, the wall time, the final test accuracy
-# (the same on every rank) and how many parameter hashes the 4 ended with.
+# added latency), a `ringtrain join` in each (or in the first SLOW_PEERS); the mlp trains on the full
+# Fashion-MNIST with each variant in turn, RUNS times, alternating. A
+# variant is a compression (none, bf16, fp16, int8), optionally with
+# "+b<MB>", the gradient bucket size (bucket_mb; the default 25 else), and
+# "+h<H>", DiLoCo with H inner steps a round (outer Nesterov, lr 0.7,
+# momentum 0.9).
+# Prints a JSON line per run: variant, sent_bytes and samples/s of rank 0,
+# the epoch time they imply, the wall time, the final test accuracy (the
+# same on every rank), how many parameter hashes the 4 ended with, rank
+# 0's steps and seconds of compute, wait, ring and optimizer, and its test
+# accuracy and training seconds after each epoch.
+#
+# The environment picks the rest: SLOW_MODEL (mlp) and SLOW_DEVICE (cpu;
+# host is the own engine), SLOW_TRAIN (all; else the first that many
+# training samples, and a tenth as many test samples, written to a
+# temporary copy of the dataset), SLOW_BATCH (64), SLOW_PEERS (4; 2 to 4)
+# and SLOW_THREADS (1, each peer's --threads).
 # Addresses are 10.232.0.1–4, inside the namespaces only; everything made
 # here is removed on exit.
 #
-# usage: testdata/netns-slow.sh BIN [COMPRESSIONS=none,bf16] [RUNS=1] [RATE=100mbit] [EPOCHS=5]
+# usage: testdata/netns-slow.sh BIN [VARIANTS=none,bf16] [RUNS=1] [RATE=100mbit] [EPOCHS=5]
 set -euo pipefail
 
 bin=$(realpath "$1")
@@ -18,6 +30,11 @@ runs=${3:-1}
 rate=${4:-100mbit}
 epochs=${5:-5}
 data=/usr/share/datasets/fashion-mnist
+model=${SLOW_MODEL:-mlp}
+device=${SLOW_DEVICE:-cpu}
+batch=${SLOW_BATCH:-64}
+peers=${SLOW_PEERS:-4} # 2 to 4
+threads=${SLOW_THREADS:-1}
 if [ "$(id -u)" != 0 ]; then echo "netns-slow: SKIPPED, creating network namespaces needs root"; exit 0; fi
 if [ ! -e "$data/train-images-idx3-ubyte.gz" ]; then echo "netns-slow: SKIPPED, no $data (make fashion-mnist)"; exit 0; fi
 
@@ -32,40 +49,67 @@ cleanup() {
 }
 trap cleanup EXIT
 netns_bridge "$p" 10.232.0 "$rate" 64kb
+if [ -n "${SLOW_TRAIN:-}" ]; then # a subset: the first SLOW_TRAIN samples
+	python3 - "$data" "$tmp/data" "$SLOW_TRAIN" <<'PY'
+import gzip, os, struct, sys
+src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+os.makedirs(dst)
+for split, count in (("train", n), ("t10k", max(n // 10, 1))):
+    for kind, head in (("images-idx3", 16), ("labels-idx1", 8)):
+        name = f"{split}-{kind}-ubyte.gz"
+        b = gzip.open(os.path.join(src, name)).read()
+        per = 784 if kind.startswith("images") else 1
+        out = b[:4] + struct.pack(">I", count) + b[8:head] + b[head:head + count * per]
+        with gzip.open(os.path.join(dst, name), "wb") as f:
+            f.write(out)
+PY
+	data=$tmp/data
+fi
 
 wait_for() { netns_wait_for netns-slow "$@"; } # wait_for <file> <regexp> <seconds>
-one() { # one <compression> <run>
-	local c=$1 name=slow-$1-$2-$$
+one() { # one <variant> <run>
+	local c=${1%%+*} bucket=25 sync="" name=slow-${1//+/-}-$2-$$ part
+	for part in ${1//+/ }; do
+		case $part in
+		b*) bucket=${part#b} ;;
+		h*) sync=", \"sync\": {\"every\": ${part#h}, \"outer\": {\"name\": \"nesterov\", \"lr\": 0.7, \"momentum\": 0.9}}" ;;
+		esac
+	done
 	cat >"$tmp/job.json" <<JSON
-{"name": "$name", "world_size": 4, "epochs": $epochs, "batch_size": 64, "seed": 1, "model": "mlp", "compression": "$c",
+{"name": "$name", "world_size": $peers, "epochs": $epochs, "batch_size": $batch, "seed": 1, "model": "$model", "compression": "$c", "bucket_mb": $bucket$sync,
  "optimizer": {"name": "adam", "lr": 0.001, "schedule": "cosine"},
  "data": {"transforms": [{"name": "ToTensor", "args": []}, {"name": "Normalize", "args": [[0.5], [0.5]]}],
           "dataset_path": {"train": "$data", "test": "$data"}}}
 JSON
 	local began=$EPOCHREALTIME
-	ip netns exec "${p}0" "$bin" join --config "$tmp/job.json" --listen /ip4/10.232.0.1/tcp/4001 --threads 1 --log-format json >"$tmp/0.log" 2>&1 &
+	ip netns exec "${p}0" "$bin" join --config "$tmp/job.json" --listen /ip4/10.232.0.1/tcp/4001 --threads "$threads" --device "$device" --log-format json >"$tmp/0.log" 2>&1 &
 	pids[0]=$!
 	wait_for "$tmp/0.log" '^listening on /ip4/10.232.0.1/' 30
 	local boot
 	boot=$(grep -m1 '^listening on /ip4/10.232.0.1/' "$tmp/0.log" | cut -d' ' -f3)
-	for i in 1 2 3; do
+	for ((i = 1; i < peers; i++)); do
 		ip netns exec "$p$i" "$bin" join --config "$tmp/job.json" --listen "/ip4/10.232.0.$((i + 1))/tcp/4001" --bootstrap "$boot" \
-			--threads 1 --log-format json >"$tmp/$i.log" 2>&1 &
+			--threads "$threads" --device "$device" --log-format json >"$tmp/$i.log" 2>&1 &
 		pids[$i]=$!
 	done
-	for i in 0 1 2 3; do
+	for ((i = 0; i < peers; i++)); do
 		if ! wait "${pids[$i]}"; then echo "netns-slow: FAIL, peer $i exited non-zero:"; tail -20 "$tmp/$i.log"; exit 1; fi
 	done
 	local wall hashes sum
 	wall=$(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME - $began}")
-	hashes=$(grep -ho '"param_hash":"[0-9a-f]*"' "$tmp"/[0123].log | sort -u | wc -l)
+	hashes=$(grep -ho '"param_hash":"[0-9a-f]*"' "$tmp"/[0-9].log | sort -u | wc -l)
 	sum=$(grep '"message":"summary"' "$tmp/0.log")
-	local sent sps acc
+	local sent sps acc train=${SLOW_TRAIN:-60000}
 	sent=$(grep -o '"sent_bytes":[0-9]*' <<<"$sum" | cut -d: -f2)
 	sps=$(grep -o '"samples_per_sec":[0-9.]*' <<<"$sum" | cut -d: -f2)
 	acc=$(grep -o '"test_accuracy":[0-9.]*' <<<"$sum" | head -1 | cut -d: -f2)
-	awk -v c="$c" -v r="$2" -v s="$sent" -v sps="$sps" -v w="$wall" -v a="$acc" -v h="$hashes" -v e="$epochs" -v rate="$rate" \
-		'BEGIN{printf "{\"compression\":\"%s\",\"run\":%d,\"rate\":\"%s\",\"sent_bytes\":%d,\"sent_bytes_per_epoch\":%d,\"samples_per_sec\":%.1f,\"epoch_s\":%.2f,\"wall_s\":%s,\"test_accuracy\":%s,\"param_hashes\":%d}\n", c, r, rate, s, s/e, sps, 15000/sps, w, a, h}'
+	field() { grep -o "\"$1\":[0-9.e+-]*" <<<"$sum" | head -1 | cut -d: -f2; }
+	local eacc es
+	eacc=$(grep '"message":"epoch done"' "$tmp/0.log" | grep -o '"test_accuracy":[0-9.]*' | cut -d: -f2 | paste -sd,)
+	es=$(grep '"message":"epoch done"' "$tmp/0.log" | grep -o '"elapsed_s":[0-9.]*' | cut -d: -f2 | paste -sd,)
+	awk -v c="$1" -v r="$2" -v s="$sent" -v sps="$sps" -v w="$wall" -v a="$acc" -v h="$hashes" -v e="$epochs" -v rate="$rate" -v n="$train" -v p="$peers" \
+		-v st="$(field steps)" -v cs="$(field compute_s)" -v ws="$(field wait_s)" -v rs="$(field ring_s)" -v os="$(field optimizer_s)" -v ea="$eacc" -v es="$es" \
+		'BEGIN{printf "{\"variant\":\"%s\",\"run\":%d,\"rate\":\"%s\",\"sent_bytes\":%d,\"sent_bytes_per_epoch\":%d,\"samples_per_sec\":%.1f,\"epoch_s\":%.2f,\"wall_s\":%s,\"test_accuracy\":%s,\"param_hashes\":%d,\"steps\":%d,\"compute_s\":%.3f,\"wait_s\":%.3f,\"ring_s\":%.3f,\"optimizer_s\":%.3f,\"epoch_accuracy\":[%s],\"epoch_train_s\":[%s]}\n", c, r, rate, s, s/e, sps, n/p/sps, w, a, h, st, cs, ws, rs, os, ea, es}'
 }
 for r in $(seq "$runs"); do
 	for c in ${compressions//,/ }; do one "$c" "$r"; done

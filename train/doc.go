@@ -13,7 +13,11 @@
 // Around the model: SGD and Adam on plain slices (their state is ours, for
 // checkpoints; the loops are train/vec's), schedules, the distributed step
 // with a non-finite check that skips the step on every rank and leave
-// requests riding in the same allreduce, rank 0's parameters broadcast at
+// requests riding in the same allreduce (the gradients sent whole or in
+// buckets that go round while backward still computes — Layered models,
+// the engine's — and narrowed to bf16, fp16 or int8 with error feedback),
+// DiLoCo's local steps with an outer step every few (LocalSGD), rank 0's
+// parameters broadcast at
 // start, a parameter-hash comparison across ranks (with the straggler
 // report), sharded
 // evaluation, checkpoints and resume, and Run, the epoch loop. The elastic

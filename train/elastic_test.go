@@ -114,11 +114,21 @@ func TestSurvivorsFinish(t *testing.T) {
 		// from any lost peer.
 		{"its device lost", dying{}, 7, Position{Epochs: 0, Steps: 6, Skip: 6 * 4 * 8}},
 	} {
-		t.Run(tc.name, func(t *testing.T) { survivorsFinish(t, tc.kill, tc.fault, tc.at) })
+		t.Run(tc.name, func(t *testing.T) {
+			survivorsFinish(t, tc.kill, tc.fault, tc.at, func() Optimizer { return NewAdam(0.003) })
+		})
 	}
+	// With DiLoCo, rounds of 4 steps: rank 2 dies in the second outer
+	// step's allreduce (step 8). The survivors go back to the round's
+	// start, step 4, and redo the round among themselves.
+	t.Run("local SGD: in an outer step", func(t *testing.T) {
+		survivorsFinish(t, dying{n: 2}, 0, Position{Epochs: 0, Steps: 4, Skip: 4 * 4 * 8}, func() Optimizer {
+			return &LocalSGD{Inner: NewAdam(0.003), Every: 4, LR: 0.7, Momentum: 0.9, Nesterov: true}
+		})
+	})
 }
 
-func survivorsFinish(t *testing.T, kill dying, fault int, wantAt Position) {
+func survivorsFinish(t *testing.T, kill dying, fault int, wantAt Position, newOpt func() Optimizer) {
 	const world, batch = 4, 8
 	rings := memRings(t, world)
 	z := &rendezvous{t: t, want: world - 1, waiting: map[int]chan Collective{}}
@@ -136,7 +146,7 @@ func survivorsFinish(t *testing.T, kill dying, fault int, wantAt Position) {
 			d.Ring = rings[i]
 			coll = &d
 		}
-		rep := NewReplica(model, NewAdam(0.003), coll)
+		rep := NewReplica(model, newOpt(), coll)
 		tr := loader(t, "train", batch, true)
 		te := loader(t, "test", batch, false)
 		te.Sampler.Exact = true

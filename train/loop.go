@@ -179,6 +179,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 				return s, err
 			}
 			err = e.Each(func(b *data.Batch) error {
+				r.closeRound = step+1 == steps // a LocalSGD round ends with the epoch
 				loss, err := r.Step(ctx, b.X, b.Y, b.N)
 				step++
 				var leave *LeaveError
@@ -196,13 +197,22 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 					}
 					return nil
 				case errors.Is(err, ErrCollective):
-					step-- // not applied anywhere: it runs again
+					step -= r.undone // not applied here: it runs again (a LocalSGD round, all of it)
 					return err
 				case err != nil:
 					return fmt.Errorf("train: epoch %d step %d: %w", epoch, step, err)
 				}
 				skips, streak = 0, 0
-				if cfg.Save != nil && cfg.SaveEvery > 0 && (totalSteps+step)%cfg.SaveEvery == 0 && step < steps {
+				if r.InnerSkip != nil && cfg.OnSkip != nil {
+					cfg.OnSkip(r.InnerSkip)
+				}
+				if r.outerDone && step < steps {
+					// Every outer step is checked, as every epoch is.
+					if err := r.CheckInSync(ctx); err != nil {
+						return err
+					}
+				}
+				if cfg.Save != nil && cfg.SaveEvery > 0 && (totalSteps+step)%cfg.SaveEvery == 0 && step < steps && !r.roundOpen() {
 					if err := cfg.Save(at(step)); err != nil {
 						return err
 					}
@@ -222,7 +232,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 			var leave *LeaveError
 			leaving := errors.As(err, &leave) && cfg.Reform != nil && !slices.Contains(leave.Ranks, r.Coll.Rank()) &&
 				r.Coll.Size()-len(leave.Ranks) >= max(cfg.MinSize, 1)
-			if leaving || errors.Is(err, ErrCollective) && cfg.Reform != nil {
+			if leaving || (errors.Is(err, ErrCollective) || droppable(cfg, r, err)) && cfg.Reform != nil {
 				// Others left (this rank carries on without them, after the
 				// step that told it) or were lost (the step failed here).
 				pos, err := reform(ctx, cfg, r, err, at(step), &streak)
@@ -371,7 +381,7 @@ func reform(ctx context.Context, cfg RunConfig, r *Replica, cause error, at Posi
 		}
 		r.Coll = c
 		r.Stats.Reforms++
-		pos, _, err := r.adoptLatest(ctx, true, at, 1)
+		pos, _, err := r.adoptLatest(ctx, true, at, r.maxAhead())
 		if err == nil && pos.Epochs != at.Epochs {
 			return Position{}, fmt.Errorf("train: after re-forming the ring: a survivor is in epoch %d, this one in %d", pos.Epochs+1, at.Epochs+1)
 		}
@@ -387,6 +397,23 @@ func reform(ctx context.Context, cfg RunConfig, r *Replica, cause error, at Posi
 		}
 		return pos, nil
 	}
+}
+
+// roundOpen reports whether a LocalSGD round is under way: its state is
+// no checkpoint, and the ranks' parameters differ.
+func (r *Replica) roundOpen() bool {
+	o, ok := r.Opt.(*LocalSGD)
+	return ok && o.open
+}
+
+// maxAhead is how many steps a survivor of a failed step may be ahead of
+// the others: one, or with LocalSGD a round — the ranks that finished its
+// outer step are at its end, the others went back to its start.
+func (r *Replica) maxAhead() int {
+	if o, ok := r.Opt.(*LocalSGD); ok {
+		return max(o.Every, 1)
+	}
+	return 1
 }
 
 func evaluate(ctx context.Context, cfg RunConfig) (Result, error) {

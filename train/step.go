@@ -90,7 +90,32 @@ type Replica struct {
 	// small float32 allreduce, as it must stay exact. The Collective must
 	// be a NarrowAllreducer (ring.Ring is). Every rank must hold the same
 	// value (the job config's compression, part of its hash).
+	//
+	// ring.I8 (blockwise int8, a little over a quarter of the bytes) comes
+	// with error feedback: each rank adds to its gradients what rounding
+	// took from them at its last applied step, rounds the sum as the ring
+	// will, sends that and keeps the new remainder — so what int8 cannot
+	// carry is delayed, not lost. The remainder is this rank's own and
+	// lives in memory only: a restarted rank starts it from zero, which
+	// loses at most one step's rounding.
 	Wire ring.Encoding
+	// BucketBytes, if above 0, sends the gradients in buckets of about
+	// this many bytes (the first, the last tensors', of FirstBucketBytes),
+	// and for a Layered model (the own engine) overlaps them with
+	// backward: each goes round as soon as backward has finished its
+	// layers, while the layers before it still compute. Every rank must
+	// hold the same value (the job config's bucket_mb, part of its hash);
+	// the buckets depend on the tensors' sizes alone, so ranks whose
+	// gradients come from different engines send the same ones. Where the
+	// plan is one bucket (a model under FirstBucketBytes) the step takes
+	// the plain path.
+	BucketBytes int
+
+	// InnerSkip, after a Step with LocalSGD, says why this rank skipped
+	// its inner step (ErrNonFinite), or is nil. The skip is this rank's
+	// alone — its parameters did not move, the others' did — so Step does
+	// not return it.
+	InnerSkip error
 
 	// Stats is what this replica has done, summed since it was made.
 	Stats ReplicaStats
@@ -105,7 +130,20 @@ type Replica struct {
 	flat []float32
 	// views are the gradient tensors' places in flat: the optimizer reads
 	// the averaged gradients there, which saves copying them back.
-	views [][]float32
+	views           [][]float32
+	plan            [][2]int // bucketPlan's, for planFor and planOf
+	planFor, planOf int
+	backwardDone    time.Time // when an overlapped step's backward ended
+	// undone is how many steps the last failed Step took back (a LocalSGD
+	// round's, or 1); outerDone whether the last Step applied an outer
+	// step; closeRound makes the next Step close a LocalSGD round (Run
+	// sets it for an epoch's last step).
+	undone     int
+	outerDone  bool
+	closeRound bool
+	// residual is error feedback's remainder from the last applied step;
+	// pending the one this step leaves, kept only if it is applied.
+	residual, pending []float32
 }
 
 // ReplicaStats is where a replica's steps spent their time and what they
@@ -118,6 +156,9 @@ type ReplicaStats struct {
 	// whole step: there is no allreduce); Wait the time in the allreduce
 	// until the neighbour's first frame came (the other ranks still
 	// computing); Ring the rest of the allreduce; Optimizer the update.
+	// With gradient buckets (BucketBytes) the ring runs during backward:
+	// Compute is then forward and backward with the ring beside it, Ring
+	// only what is left of it after backward, and Wait is not told apart.
 	Compute, Wait, Ring, Optimizer time.Duration
 	// BytesSent is what this rank sent in its steps' allreduces (gradients,
 	// the step's flags and slots, leave confirmations; failed attempts
@@ -259,7 +300,27 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	}
 	r.Steps++
 	r.Stats.Steps++
+	r.undone, r.outerDone, r.InnerSkip = 1, false, nil
 	t0 := time.Now()
+	local, isLocal := r.Opt.(*LocalSGD)
+	var innerLoss float32
+	if isLocal {
+		loss, err := r.innerStep(local, x, y, n)
+		innerLoss = loss
+		r.Stats.Compute += time.Since(t0)
+		t0 = time.Now()
+		if err != nil && !Skipped(err) {
+			r.Steps--
+			r.Stats.Steps--
+			return 0, err
+		}
+		r.InnerSkip = err // this rank's alone: the others go on, and so does it
+		if local.done < local.Every && !r.closeRound {
+			return loss, nil // no word with the others until the round ends
+		}
+		// The outer step: its outcome, not the inner step's skip, is what
+		// this step reports.
+	}
 	dev, onDevice := r.Opt.(DeviceOptimizer)
 	if onDevice && r.Coll.Size() == 1 {
 		loss, err := r.stepAlone(dev, x, y, n)
@@ -279,50 +340,68 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	}
 	var loss float32
 	bad := -1
-	if res, ok := r.Model.(Resident); ok {
-		loss, bad, err = res.ForwardBackwardFlat(x, y, n, flat)
-	} else if loss, err = r.Model.ForwardBackward(x, y, n); err == nil {
-		bad = gatherFinite(flat, r.Model.Grads())
-	}
-	if err != nil {
-		return 0, err
-	}
 	leave := r.leaving()
 	tail := flat[r.nparams:]
-	var norm float32
-	if r.NormGuard > 0 && bad < 0 {
-		norm = float32(norm2(flat[:r.nparams]))
-	}
-	putStepFlags(tail, r.Coll.Rank(), r.Coll.Size(), bad >= 0, leave, norm)
-	t1 := time.Now()
-	r.Stats.Compute += t1.Sub(t0)
 	counter, measured := r.Coll.(byteCounter)
 	if measured {
 		sent0 := counter.Stats().BytesSent
 		defer func() { r.Stats.BytesSent += counter.Stats().BytesSent - sent0 }()
 	}
-	if r.Wire == ring.F32 {
-		err = r.Coll.AllreduceMean(ctx, flat)
-	} else if err = narrow.AllreduceMeanAs(ctx, flat[:r.nparams], r.Wire); err == nil {
-		err = r.Coll.AllreduceMean(ctx, tail)
+	if plan := r.bucketPlan(); plan != nil && !isLocal {
+		// Buckets go round while backward computes the layers before them.
+		loss, bad, err = r.bucketed(ctx, x, y, n, flat, plan, narrow, leave)
+		if err != nil && !errors.Is(err, ErrCollective) {
+			return 0, err
+		}
+		t1 := time.Now()
+		r.Stats.Ring += t1.Sub(r.backwardDone)
+		r.Stats.Compute += r.backwardDone.Sub(t0)
+	} else {
+		if isLocal {
+			loss, bad = innerLoss, local.delta(flat[:r.nparams], r.Model.Params())
+		} else if res, ok := r.Model.(Resident); ok {
+			loss, bad, err = res.ForwardBackwardFlat(x, y, n, flat)
+		} else if loss, err = r.Model.ForwardBackward(x, y, n); err == nil {
+			bad = gatherFinite(flat, r.Model.Grads())
+		}
+		if err != nil {
+			return 0, err
+		}
+		if r.Wire == ring.I8 && bad < 0 {
+			r.feedback(flat, 0, r.nparams)
+		}
+		var norm float32
+		if r.NormGuard > 0 && bad < 0 {
+			norm = float32(norm2(flat[:r.nparams]))
+		}
+		putStepFlags(tail, r.Coll.Rank(), r.Coll.Size(), bad >= 0, leave, norm)
+		t1 := time.Now()
+		r.Stats.Compute += t1.Sub(t0)
+		if r.Wire == ring.F32 {
+			err = r.Coll.AllreduceMean(ctx, flat)
+		} else if err = narrow.AllreduceMeanAs(ctx, flat[:r.nparams], r.Wire); err == nil {
+			err = r.Coll.AllreduceMean(ctx, tail)
+		}
+		t2 := time.Now()
+		comm, wait := t2.Sub(t1), time.Duration(0)
+		if measured {
+			wait = min(counter.Stats().LastWait, comm)
+		}
+		r.Stats.Wait += wait
+		r.Stats.Ring += comm - wait
 	}
 	t2 := time.Now()
-	comm, wait := t2.Sub(t1), time.Duration(0)
-	if measured {
-		wait = min(counter.Stats().LastWait, comm)
-	}
-	r.Stats.Wait += wait
-	r.Stats.Ring += comm - wait
 	if err != nil {
-		r.Steps-- // it runs again, with the same dropout masks
-		r.Stats.Steps--
+		r.undoStep(local)
+		if errors.Is(err, ErrCollective) {
+			return 0, err
+		}
 		return 0, fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
 	}
 	badRanks, leaving := stepFlagsOf(tail, r.Coll.Size())
 	if leaving != nil {
 		if leaving, err = r.confirmLeaves(ctx, leaving, leave); err != nil {
-			r.Steps--
-			r.Stats.Steps--
+			r.undoStep(local)
 			return 0, fmt.Errorf("%w: confirming leave requests: %w", ErrCollective, err)
 		}
 	}
@@ -349,6 +428,11 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 			badRanks, r.Coll.Size(), r.Coll.Rank(), where, ErrNonFinite)
 	case guard != nil:
 		err = guard
+	case isLocal:
+		if applied = finite(flat[:r.nparams]); applied {
+			local.apply(r.Model.Params(), flat[:r.nparams])
+			r.outerDone = true
+		}
 	case onDevice:
 		if applied, err = dev.StepFlat(flat[:r.nparams]); err != nil {
 			return loss, err
@@ -357,11 +441,20 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		r.Opt.Step(r.Model.Params(), r.views)
 		applied = true
 	}
+	if applied && r.Wire == ring.I8 {
+		r.residual, r.pending = r.pending, r.residual
+	}
+	if isLocal && !applied { // the round is skipped on every rank
+		local.back(r.Model.Params())
+	}
 	if size := int64(r.Coll.Size()); size > 1 && !measured {
 		// A ring allreduce sends 2(n−1)/n of the buffer's bytes.
 		payload := int64(4 * len(flat))
-		if r.Wire != ring.F32 {
+		switch r.Wire {
+		case ring.BF16, ring.FP16:
 			payload = int64(2*r.nparams + 4*len(tail))
+		case ring.I8:
+			payload = int64(r.nparams + 4*(r.nparams+ring.I8Block-1)/ring.I8Block + 4*len(tail))
 		}
 		r.Stats.BytesSent += 2 * (size - 1) * payload / size
 	}
@@ -383,6 +476,77 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		return loss, errors.Join(err, &LeaveError{Ranks: leaving})
 	}
 	return loss, &LeaveError{Ranks: leaving}
+}
+
+// innerStep is a LocalSGD step on this rank alone: forward, backward and
+// the inner optimizer, opening a round at the parameters if none is open.
+// A NaN or Inf gradient skips the inner step here only (ErrNonFinite).
+func (r *Replica) innerStep(o *LocalSGD, x []float32, y []int, n int) (float32, error) {
+	if !o.open {
+		if err := o.validate(); err != nil {
+			return 0, err
+		}
+		o.begin(r.Model.Params())
+	}
+	var loss float32
+	bad := -1
+	if dev, ok := o.Inner.(DeviceOptimizer); ok {
+		var err error
+		if loss, bad, err = dev.StepAlone(x, y, n); err != nil {
+			return 0, err
+		}
+	} else {
+		var err error
+		if loss, err = r.Model.ForwardBackward(x, y, n); err != nil {
+			return 0, err
+		}
+		for k, g := range r.Model.Grads() {
+			if !finite(g) {
+				bad = k
+				break
+			}
+		}
+		if bad < 0 {
+			o.Inner.Step(r.Model.Params(), r.Model.Grads())
+		}
+	}
+	o.done++
+	if bad >= 0 {
+		r.Stats.Skipped++
+		return loss, fmt.Errorf("train: rank %d skipped an inner step: its %s gradient holds a NaN or Inf: %w",
+			r.Coll.Rank(), r.Model.ParamNames()[bad], ErrNonFinite)
+	}
+	return loss, nil
+}
+
+// undoStep takes back a step that failed in a collective, so that it runs
+// again with the same dropout masks; with LocalSGD, the whole round: the
+// rank returns to the anchor. r.undone says how many steps were undone.
+func (r *Replica) undoStep(local *LocalSGD) {
+	if local != nil && local.open {
+		r.undone = local.back(r.Model.Params())
+	}
+	r.Steps -= r.undone
+	r.Stats.Steps -= r.undone
+}
+
+// feedback is error feedback's half of a step for the gradients
+// flat[lo:hi], sent as one allreduce: it adds the last applied step's
+// remainder to them, rounds them to the wire's values (as the ring's first
+// hop would) and keeps what rounding took in r.pending.
+func (r *Replica) feedback(flat []float32, lo, hi int) {
+	if len(r.residual) != r.nparams {
+		r.residual, r.pending = make([]float32, r.nparams), make([]float32, r.nparams)
+	}
+	grads, res, pend := flat[lo:hi], r.residual[lo:hi], r.pending[lo:hi]
+	for i, e := range res {
+		grads[i] += e
+	}
+	copy(pend, grads)
+	r.Wire.Round(grads)
+	for i, q := range grads {
+		pend[i] -= q
+	}
 }
 
 // confirmLeaves is the second round of a step whose leave slots are set.
@@ -449,12 +613,30 @@ func (r *Replica) normGuard(avg, tail []float32) error {
 		return fmt.Errorf("train: rank(s) %v sent gradients of norm %v, over %g × the median %.3g; step skipped on all: %w",
 			far, got, r.NormGuard, med, ErrGradientNorm)
 	}
-	// The rounding of a float32 sum is far below 0.1%.
-	if n := norm2(avg); n > sum/float64(size)*1.001+1e-30 {
+	if n := norm2(avg); n > sum/float64(size)*guardSlack(r.Wire, size)+1e-30 {
 		return fmt.Errorf("train: the averaged gradient's norm %.3g is over the mean %.3g of the norms the ranks declared — a rank declared less than it sent; step skipped on all: %w",
 			n, sum/float64(size), ErrGradientNorm)
 	}
 	return nil
+}
+
+// guardSlack is how far over the mean of the declared norms rounding
+// alone can take the averaged gradient's norm: each of the n−1 hops and
+// the last narrowing round once. A float32 sum's rounding is far below
+// 0.1%; bf16 and fp16 round each value by at most 2^-8 and 2^-11 of itself;
+// int8 each value by half a step of its block's scale, which over a block
+// of 256 is at most 1/16 of the block's norm.
+func guardSlack(wire ring.Encoding, n int) float64 {
+	per := 0.0
+	switch wire {
+	case ring.BF16:
+		per = 1.0 / 256
+	case ring.FP16:
+		per = 1.0 / 2048
+	case ring.I8:
+		per = math.Sqrt(ring.I8Block) / 254
+	}
+	return 1.001 + float64(n)*per
 }
 
 // norm2 is the Euclidean norm of v, summed in float64.

@@ -30,12 +30,15 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		return c.hash
 	}
 	plain := hash("")
-	// A config without the newer fields keeps the hash it had before them,
-	// so peers of the version before still agree with it.
-	if want := "a8bd85d4878acf699c177e5bbbf6ea34fad2a342455b473e625b81865b2c142f"; plain != want {
-		t.Errorf("config hash %s; want %s, as before grad_norm_guard existed", plain, want)
+	// The hash of a plain config is pinned, so a change to it is seen. It
+	// last changed with bucket_mb: gradient buckets change the collectives
+	// a step calls, so peers from before them must not agree with these.
+	if want := "2184f8561c3c2adfd4a991fcbc126f96e393f18ca0a08741730279d957ad2076"; plain != want {
+		t.Errorf("config hash %s; want %s", plain, want)
 	}
-	for _, bad := range []string{`, "grad_norm_guard": 1`, `, "grad_norm_guard": -3`, `, "compression": "zip"`} {
+	for _, bad := range []string{`, "grad_norm_guard": 1`, `, "grad_norm_guard": -3`, `, "compression": "zip"`, `, "bucket_mb": -1`, `, "bucket_mb": "25"`,
+		`, "sync": {"every": 0, "outer": {"lr": 0.7}}`, `, "sync": {"every": 5, "outer": {"name": "adam", "lr": 0.7}}`,
+		`, "sync": {"every": 5}`, `, "sync": {"every": 5, "outer": {"lr": 0.7, "momentum": 1}}`} {
 		p := filepath.Join(t.TempDir(), "job.json")
 		if err := os.WriteFile(p, []byte("{"+base+bad+"}"), 0o644); err != nil {
 			t.Fatal(err)
@@ -55,6 +58,11 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		{`, "grad_norm_guard": 0`, true}, // off, the default, written out
 		{`, "compression": "bf16"`, false},
 		{`, "compression": "none"`, true},
+		{`, "compression": "int8"`, false},
+		{`, "bucket_mb": 25`, true}, // the default, written out
+		{`, "bucket_mb": 0`, false},
+		{`, "bucket_mb": 4`, false},
+		{`, "sync": {"every": 50, "outer": {"name": "nesterov", "lr": 0.7, "momentum": 0.9}}`, false},
 		{`, "join_timeout": "5s", "step_timeout": "9s", "checkpoint_dir": "/tmp/x"`, true},
 	} {
 		if got := hash(tc.extra); (got == plain) != tc.same {

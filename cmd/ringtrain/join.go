@@ -268,6 +268,9 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 		model.Close()
 		return nil, nil, err
 	}
+	if s := cfg.Sync; s != nil {
+		opt = &train.LocalSGD{Inner: opt, Every: s.Every, LR: s.Outer.LR, Momentum: s.Outer.Momentum, Nesterov: s.Outer.Name == "nesterov"}
+	}
 	// World size and rank are the ring's, set by train.Run.
 	loader := func(s *data.Split, shuffle bool) *data.Loader {
 		return &data.Loader{Split: s, BatchSize: cfg.BatchSize, Seed: cfg.Seed,
@@ -279,6 +282,7 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 	rep := train.NewReplica(model, opt, nil)
 	rep.NormGuard = cfg.GradNormGuard
 	rep.Wire = cfg.wire
+	rep.BucketBytes = cfg.bucket
 	job.Training = train.RunConfig{Replica: rep, Train: loader(trainSplit, true),
 		Epochs: cfg.Epochs, Classes: len(trainSplit.Classes), Schedule: &sched, SaveEvery: cfg.CheckpointEvery}
 	if testSplit != nil {
@@ -307,7 +311,7 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 			}
 		}
 		ev := job.Log().Info().Int("epoch", p.Epoch+1).Int("step", p.Step).Int("steps", p.Steps).
-			Float64("loss", p.Loss).Float64("samples_per_sec", p.SamplesPerSec)
+			Float64("loss", p.Loss).Float64("samples_per_sec", p.SamplesPerSec).Float64("elapsed_s", p.Elapsed.Seconds())
 		if !p.EpochDone {
 			ev.Msg("training")
 			return
@@ -324,7 +328,10 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 
 // addShares logs where a replica's step time went, as shares of it all
 // (compute, waiting for the other ranks, the ring, the optimizer), and what
-// it skipped, re-formed and sent: the figures DDP users time by hand.
+// it skipped, re-formed and sent, and the seconds themselves: the figures
+// DDP users time by hand. With gradient buckets, compute is forward and
+// backward with the ring running beside it; ring is what is left of the
+// ring once backward is done.
 func addShares(e *zerolog.Event, s train.ReplicaStats) *zerolog.Event {
 	total := (s.Compute + s.Wait + s.Ring + s.Optimizer).Seconds()
 	share := func(d time.Duration) float64 {
@@ -335,7 +342,9 @@ func addShares(e *zerolog.Event, s train.ReplicaStats) *zerolog.Event {
 	}
 	return e.Float64("share_compute", share(s.Compute)).Float64("share_wait", share(s.Wait)).
 		Float64("share_ring", share(s.Ring)).Float64("share_optimizer", share(s.Optimizer)).
-		Int("skipped_steps", s.Skipped).Int("reformations", s.Reforms).Int("forged_leave_requests", s.ForgedLeaves).Int64("sent_bytes", s.BytesSent)
+		Int("skipped_steps", s.Skipped).Int("reformations", s.Reforms).Int("forged_leave_requests", s.ForgedLeaves).Int64("sent_bytes", s.BytesSent).
+		Int("steps", s.Steps).Float64("compute_s", s.Compute.Seconds()).Float64("wait_s", s.Wait.Seconds()).
+		Float64("ring_s", s.Ring.Seconds()).Float64("optimizer_s", s.Optimizer.Seconds())
 }
 
 // logFlags are --log-level, --log-format and --log-file.

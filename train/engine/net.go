@@ -110,6 +110,7 @@ func (n *Net) run(r *replayer, key *float32, replay bool, queue func() error) er
 var (
 	_ train.Model    = (*Net)(nil)
 	_ train.Resident = (*Net)(nil)
+	_ train.Layered  = (*Net)(nil)
 )
 
 // align keeps every buffer of the arena on a 256-byte boundary, which
@@ -427,6 +428,73 @@ func (n *Net) ForwardBackwardFlat(x []float32, y []int, rows int, flat []float32
 		bad = firstNonFinite(flat[:n.nparams], n.params)
 	}
 	return n.loss(rows), bad, nil
+}
+
+// LayerBounds returns where each layer with parameters starts in the flat
+// gradient buffer, in the order backward finishes them (last layer
+// first): ForwardBackwardLayers reports these offsets.
+func (n *Net) LayerBounds() []int {
+	off := make([]int, len(n.params)+1)
+	for k, p := range n.params {
+		off[k+1] = off[k] + len(p)
+	}
+	var bounds []int
+	for i := len(n.layers) - 1; i >= 0; i-- {
+		if ly := n.layers[i]; ly.w >= 0 {
+			bounds = append(bounds, off[min(ly.w, ly.b)])
+		}
+	}
+	return bounds
+}
+
+// ForwardBackwardLayers is the forward and backward pass handing the
+// gradients over as backward produces them: after each layer with
+// parameters, its gradients are copied into flat and ready(lo) is called —
+// flat[lo:] then holds final values, which the caller may send while the
+// earlier layers still compute. It runs call by call (a captured graph
+// would hand nothing over until the end) and leaves the check for NaN and
+// Inf to the caller, who sees each layer's values first. An error from
+// ready stops the pass and is returned.
+func (n *Net) ForwardBackwardLayers(x []float32, y []int, rows int, flat []float32, ready func(lo int) error) (float32, error) {
+	if len(flat) < n.nparams {
+		return 0, fmt.Errorf("engine: flat buffer of %d values for %d gradients", len(flat), n.nparams)
+	}
+	if err := n.begin(x, y, rows); err != nil {
+		return 0, err
+	}
+	fail := func(err error) (float32, error) {
+		return 0, fmt.Errorf("engine: forward and backward on %s: %w", n.ops.Name(), err)
+	}
+	if err := n.queueForward(rows); err != nil {
+		return fail(err)
+	}
+	bounds := n.LayerBounds()
+	hi, next := n.nparams, 0
+	for i := len(n.layers) - 1; i >= 0; i-- {
+		if err := n.backward(i); err != nil {
+			return fail(err)
+		}
+		if n.layers[i].w < 0 {
+			continue
+		}
+		lo := bounds[next]
+		next++
+		var e errs
+		e.do(n.ops.Sync())
+		e.do(n.ops.Download(flat[lo:hi], n.ops.Slice(n.dGrad, lo, hi-lo)))
+		if e.err != nil {
+			return fail(e.err)
+		}
+		if err := ready(lo); err != nil {
+			return 0, err
+		}
+		hi = lo
+	}
+	if err := n.ops.Sync(); err != nil {
+		return fail(err)
+	}
+	n.logitsOK = false
+	return n.loss(rows), nil
 }
 
 // queueCheck sets flags[0] to whether the gradients hold a NaN or Inf.

@@ -1,0 +1,176 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+
+	rg "github.com/ringtrain/ringtrain/ring"
+	"github.com/ringtrain/ringtrain/train"
+)
+
+// convSpec is a small net with every layer kind, three of them with
+// parameters.
+var convSpec = train.Spec{Input: []int{2, 6, 6}, Layers: []train.Layer{
+	{Type: "conv2d", Out: 3, Kernel: 3, Pad: 1}, {Type: "relu"}, {Type: "maxpool2d", Kernel: 2},
+	{Type: "conv2d", Out: 4, Kernel: 2}, {Type: "relu"},
+	{Type: "flatten"}, {Type: "linear", Out: 4},
+}}
+
+// TestForwardBackwardLayers: the gradients handed over layer by layer are
+// ForwardBackwardFlat's, bit for bit; each layer is handed over at its
+// LayerBounds offset, last layer first, and its values are final when it
+// is — backward does not write them again.
+func TestForwardBackwardLayers(t *testing.T) {
+	cfg := train.ModelConfig{Spec: convSpec, Batch: 3, Seed: 3}
+	x, y := batchOf(rand.New(rand.NewPCG(1, 2)), 3, 72, 4)
+	ref, err := New(Host{}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ref.Close()
+	want := make([]float32, ref.nparams)
+	wantLoss, bad, err := ref.ForwardBackwardFlat(x, y, 3, want)
+	if err != nil || bad >= 0 {
+		t.Fatalf("ForwardBackwardFlat: bad %d, %v", bad, err)
+	}
+	net, err := New(Host{}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer net.Close()
+	got := make([]float32, net.nparams)
+	var los []int
+	loss, err := net.ForwardBackwardLayers(x, y, 3, got, func(lo int) error {
+		los = append(los, lo)
+		if !slices.Equal(got[lo:], want[lo:]) {
+			t.Errorf("handed over from %d: values differ from the whole pass's", lo)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if loss != wantLoss || !slices.Equal(got, want) {
+		t.Errorf("loss %v and gradients differ from ForwardBackwardFlat's (loss %v)", loss, wantLoss)
+	}
+	if b := net.LayerBounds(); !slices.Equal(los, b) || len(b) != 3 || b[len(b)-1] != 0 {
+		t.Errorf("handed over at %v; LayerBounds %v; want three, the same, ending at 0", los, b)
+	}
+	stop := errors.New("stop")
+	if _, err := net.ForwardBackwardLayers(x, y, 3, got, func(int) error { return stop }); !errors.Is(err, stop) {
+		t.Errorf("ready's error: %v; want it returned", err)
+	}
+}
+
+// TestOverlappedEngineStep: replicas of the engine's net on the Host
+// device, with buckets of one layer, train as they do without buckets (to
+// float rounding: the ring adds each element in an order set by its
+// segment) and end with the same bits on every rank.
+func TestOverlappedEngineStep(t *testing.T) {
+	const n, steps = 3, 4
+	cfg := train.ModelConfig{Spec: convSpec, Batch: 3, Seed: 3}
+	params := map[int][][]float32{}
+	for _, bucket := range []int{0, 4} {
+		ts := rg.MemRing(n)
+		params[bucket] = make([][]float32, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				errs[i] = func() error {
+					rng0, err := rg.New(ts[i], rg.Config{Rank: i, Size: n, Generation: 1})
+					if err != nil {
+						return err
+					}
+					defer rng0.Close()
+					net, err := New(Host{}, cfg)
+					if err != nil {
+						return err
+					}
+					defer net.Close()
+					opt, err := net.Optimizer(&train.SGD{LR: 0.1, Momentum: 0.9})
+					if err != nil {
+						return err
+					}
+					rep := train.NewReplica(net, opt, rng0)
+					rep.BucketBytes = bucket
+					rng := rand.New(rand.NewPCG(7, uint64(i)))
+					for range steps {
+						x, y := batchOf(rng, 3, 72, 4)
+						if _, err := rep.Step(context.Background(), x, y, 3); err != nil {
+							return err
+						}
+					}
+					params[bucket][i] = slices.Concat(net.Params()...)
+					return nil
+				}()
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("buckets of %d bytes: %v", bucket, err)
+		}
+		for i := 1; i < n; i++ {
+			if !slices.Equal(params[bucket][i], params[bucket][0]) {
+				t.Errorf("buckets of %d bytes: rank %d's parameters differ from rank 0's", bucket, i)
+			}
+		}
+	}
+	for j, want := range params[0][0] {
+		if got := params[4][0][j]; math.Abs(float64(got-want)) > 1e-5*max(1, math.Abs(float64(want))) {
+			t.Fatalf("parameter %d = %v with buckets, %v without", j, got, want)
+		}
+	}
+}
+
+// TestBucketsMixEngines: the buckets depend on the tensors alone, so a
+// rank whose gradients come from gorgonia (which hands nothing over until
+// backward ends) sends the same buckets as the engine's ranks, and the
+// ring does not find a mismatch.
+func TestBucketsMixEngines(t *testing.T) {
+	const n = 3
+	cfg := train.ModelConfig{Spec: convSpec, Batch: 3, Seed: 3}
+	ts := rg.MemRing(n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			errs[i] = func() error {
+				r, err := rg.New(ts[i], rg.Config{Rank: i, Size: n, Generation: 1})
+				if err != nil {
+					return err
+				}
+				defer r.Close()
+				var m train.Model
+				if i == 0 {
+					m, err = train.NewModel(cfg)
+				} else {
+					m, err = New(Host{}, cfg)
+				}
+				if err != nil {
+					return err
+				}
+				defer m.Close()
+				rep := train.NewReplica(m, &train.SGD{LR: 0.1}, r)
+				rep.BucketBytes = 4
+				x, y := batchOf(rand.New(rand.NewPCG(7, uint64(i))), 3, 72, 4)
+				for range 2 {
+					if _, err := rep.Step(context.Background(), x, y, 3); err != nil {
+						return fmt.Errorf("rank %d (%T): %w", i, m, err)
+					}
+				}
+				return nil
+			}()
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+}
