@@ -17,7 +17,7 @@
 # host is the own engine), SLOW_TRAIN (all; else the first that many
 # training samples, and a tenth as many test samples, written to a
 # temporary copy of the dataset), SLOW_BATCH (64), SLOW_PEERS (4; 2 to 4)
-# and SLOW_THREADS (1, each peer's --threads).
+# SLOW_THREADS (1, each peer's --threads) and SLOW_ARGS (more join flags).
 # Addresses are 10.232.0.1–4, inside the namespaces only; everything made
 # here is removed on exit.
 #
@@ -35,6 +35,7 @@ device=${SLOW_DEVICE:-cpu}
 batch=${SLOW_BATCH:-64}
 peers=${SLOW_PEERS:-4} # 2 to 4
 threads=${SLOW_THREADS:-1}
+read -r -a extra <<<"${SLOW_ARGS:-}" # more join flags, as --data-plane tcp
 if [ "$(id -u)" != 0 ]; then echo "netns-slow: SKIPPED, creating network namespaces needs root"; exit 0; fi
 if [ ! -e "$data/train-images-idx3-ubyte.gz" ]; then echo "netns-slow: SKIPPED, no $data (make fashion-mnist)"; exit 0; fi
 
@@ -82,18 +83,22 @@ one() { # one <variant> <run>
           "dataset_path": {"train": "$data", "test": "$data"}}}
 JSON
 	local began=$EPOCHREALTIME
-	ip netns exec "${p}0" "$bin" join --config "$tmp/job.json" --listen /ip4/10.232.0.1/tcp/4001 --threads "$threads" --device "$device" --log-format json >"$tmp/0.log" 2>&1 &
+	ip netns exec "${p}0" "$bin" join --config "$tmp/job.json" --listen /ip4/10.232.0.1/tcp/4001 --threads "$threads" --device "$device" "${extra[@]}" --log-format json >"$tmp/0.log" 2>&1 &
 	pids[0]=$!
 	wait_for "$tmp/0.log" '^listening on /ip4/10.232.0.1/' 30
 	local boot
 	boot=$(grep -m1 '^listening on /ip4/10.232.0.1/' "$tmp/0.log" | cut -d' ' -f3)
 	for ((i = 1; i < peers; i++)); do
 		ip netns exec "$p$i" "$bin" join --config "$tmp/job.json" --listen "/ip4/10.232.0.$((i + 1))/tcp/4001" --bootstrap "$boot" \
-			--threads "$threads" --device "$device" --log-format json >"$tmp/$i.log" 2>&1 &
+			--threads "$threads" --device "$device" "${extra[@]}" --log-format json >"$tmp/$i.log" 2>&1 &
 		pids[$i]=$!
 	done
 	for ((i = 0; i < peers; i++)); do
-		if ! wait "${pids[$i]}"; then echo "netns-slow: FAIL, peer $i exited non-zero:"; tail -20 "$tmp/$i.log"; exit 1; fi
+		if ! wait "${pids[$i]}"; then
+			echo "netns-slow: FAIL, peer $i exited non-zero; the peers' last lines:"
+			for ((j = 0; j < peers; j++)); do echo "--- peer $j"; tail -8 "$tmp/$j.log"; done
+			exit 1
+		fi
 	done
 	local wall hashes sum
 	wall=$(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME - $began}")

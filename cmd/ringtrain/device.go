@@ -7,6 +7,7 @@ import (
 
 	"github.com/ringtrain/ringtrain/train"
 	"github.com/ringtrain/ringtrain/train/engine"
+	"github.com/ringtrain/ringtrain/train/gemm"
 )
 
 // Devices a model can compute on:
@@ -26,6 +27,9 @@ type deviceOptions struct {
 	TF32 bool
 	// NoGraph turns off replaying a captured step (CUDA graphs).
 	NoGraph bool
+	// hostThreads, if above 0, is the host engine's thread budget for its
+	// matrix products (join sets it to leave the ring a thread).
+	hostThreads int
 }
 
 // addDeviceFlags defines the engine's flags on fs.
@@ -54,7 +58,11 @@ func newModel(device string, cfg train.ModelConfig, opt deviceOptions) (train.Mo
 	case "", "cpu":
 		return train.NewModel(cfg)
 	case "host":
-		return engine.New(engine.Host{}, cfg)
+		var h engine.Host
+		if opt.hostThreads > 0 {
+			h.BLAS = gemm.New(opt.hostThreads)
+		}
+		return engine.New(h, cfg)
 	case "cuda":
 		ops, err := newCUDA(engine.CUDAOptions{TF32: opt.TF32})
 		if err != nil {

@@ -120,7 +120,7 @@ func parseJoinFlags(args []string, stderr io.Writer) (*joinFlags, error) {
 	plane := fs.String("data-plane", "libp2p", "what carries gradients: libp2p (encrypted) or tcp (token-gated, in the clear; trusted networks)")
 	fs.StringVar(&f.model, "model", "", "use this built-in model instead of the config's (mlp or cnn)")
 	fs.StringVar(&f.device, "device", "", deviceHelp+" (default: cuda if the config says gpus 1, else cpu)")
-	fs.IntVar(&f.threads, "threads", 0, "CPU threads this peer computes with (GOMAXPROCS; 0: all cores, or what GOMAXPROCS says)")
+	fs.IntVar(&f.threads, "threads", 0, "CPU threads this peer computes with (GOMAXPROCS; 0: all cores, or what GOMAXPROCS says); with --device host, Go gets one more, for the ring")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100; port 0 picks one)")
 	f.engine = addDeviceFlags(fs)
 	f.nat = addNATFlags(fs, "auto")
@@ -254,6 +254,13 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 		return nil, nil, err
 	}
 	spec := train.ModelConfig{Spec: layers, Batch: cfg.BatchSize, Seed: cfg.Seed}
+	if device == "host" {
+		// The engine computes on the threads it had (train/gemm's
+		// products, as gorgonia's); Go gets one more, for the ring to
+		// send gradient buckets on while backward computes.
+		devOpt.hostThreads = runtime.GOMAXPROCS(0)
+		runtime.GOMAXPROCS(devOpt.hostThreads + 1)
+	}
 	model, err := newModel(device, spec, devOpt)
 	if err != nil {
 		return nil, nil, err
@@ -322,7 +329,11 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 		addShares(ev, p.Stats).Int("world_size", p.WorldSize).Floats64("rank_compute_s", p.RankCompute).
 			Ints("stragglers", p.Stragglers).Msg("epoch done")
 	}
-	log.Info().Str("device", device).Str("blas", train.BLAS()).Int("threads", runtime.GOMAXPROCS(0)).Msg("compute")
+	threads := runtime.GOMAXPROCS(0)
+	if devOpt.hostThreads > 0 {
+		threads = devOpt.hostThreads
+	}
+	log.Info().Str("device", device).Str("blas", train.BLAS()).Int("threads", threads).Int("gomaxprocs", runtime.GOMAXPROCS(0)).Msg("compute")
 	return job, model, nil
 }
 

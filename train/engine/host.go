@@ -4,11 +4,20 @@ import (
 	"fmt"
 
 	"gonum.org/v1/gonum/blas/blas32"
+
+	"github.com/ringtrain/ringtrain/train/gemm"
 )
 
 // Host is Ops in main memory and pure Go: the reference the CUDA Ops are
 // held to, and an engine that runs anywhere.
-type Host struct{}
+type Host struct {
+	// BLAS, if set, multiplies the matrices, over its own thread budget;
+	// unset, gonum's SGEMM does, over GOMAXPROCS goroutines. A budget
+	// under GOMAXPROCS leaves Go a thread for the ring to run on while a
+	// step computes (gradient buckets): with every thread computing, the
+	// ring's goroutines wait for 10 ms preemption slices.
+	BLAS *gemm.BLAS
+}
 
 type hostBuf []float32
 
@@ -44,8 +53,12 @@ func copyChecked(dst, src []float32) error {
 	return nil
 }
 
-func (Host) Gemm(transA, transB bool, m, n, k int, a, b Buf, beta float32, c Buf) error {
+func (h Host) Gemm(transA, transB bool, m, n, k int, a, b Buf, beta float32, c Buf) error {
 	ta, tb, lda, ldb := gemmArgs(transA, transB, m, n, k)
+	if h.BLAS != nil {
+		h.BLAS.Sgemm(ta, tb, m, n, k, 1, f32(a), lda, f32(b), ldb, beta, f32(c), n)
+		return nil
+	}
 	blas32.Implementation().Sgemm(ta, tb, m, n, k, 1, f32(a), lda, f32(b), ldb, beta, f32(c), n)
 	return nil
 }

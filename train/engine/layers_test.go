@@ -12,6 +12,7 @@ import (
 
 	rg "github.com/ringtrain/ringtrain/ring"
 	"github.com/ringtrain/ringtrain/train"
+	"github.com/ringtrain/ringtrain/train/gemm"
 )
 
 // convSpec is a small net with every layer kind, three of them with
@@ -172,5 +173,29 @@ func TestBucketsMixEngines(t *testing.T) {
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestHostWithBLAS: a Host given its own BLAS (train/gemm, on a thread
+// budget) computes the gradients gonum's SGEMM does, to float rounding.
+func TestHostWithBLAS(t *testing.T) {
+	cfg := train.ModelConfig{Spec: convSpec, Batch: 3, Seed: 3}
+	x, y := batchOf(rand.New(rand.NewPCG(1, 2)), 3, 72, 4)
+	grads := make([][]float32, 2)
+	for i, h := range []Host{{}, {BLAS: gemm.New(1)}} {
+		net, err := New(h, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer net.Close()
+		grads[i] = make([]float32, net.nparams)
+		if _, _, err := net.ForwardBackwardFlat(x, y, 3, grads[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for j, want := range grads[0] {
+		if got := grads[1][j]; math.Abs(float64(got-want)) > 1e-5*max(1, math.Abs(float64(want))) {
+			t.Fatalf("gradient %d = %v with train/gemm, %v with gonum", j, got, want)
+		}
 	}
 }
