@@ -6,7 +6,7 @@
 # variant is a compression (none, bf16, fp16, int8), optionally with
 # "+b<MB>", the gradient bucket size (bucket_mb; the default 25 else), and
 # "+h<H>", DiLoCo with H inner steps a round (outer Nesterov, lr 0.7,
-# momentum 0.9).
+# momentum 0.9, or the JSON object SLOW_OUTER).
 # Prints a JSON line per run: variant, sent_bytes and samples/s of rank 0,
 # the epoch time they imply, the wall time, the final test accuracy (the
 # same on every rank), how many parameter hashes the 4 ended with, rank
@@ -73,7 +73,7 @@ one() { # one <variant> <run>
 	for part in ${1//+/ }; do
 		case $part in
 		b*) bucket=${part#b} ;;
-		h*) sync=", \"sync\": {\"every\": ${part#h}, \"outer\": {\"name\": \"nesterov\", \"lr\": 0.7, \"momentum\": 0.9}}" ;;
+		h*) sync=", \"sync\": {\"every\": ${part#h}, \"outer\": ${SLOW_OUTER:-{\"name\": \"nesterov\", \"lr\": 0.7, \"momentum\": 0.9\}}}" ;;
 		esac
 	done
 	cat >"$tmp/job.json" <<JSON
