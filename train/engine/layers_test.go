@@ -199,3 +199,56 @@ func TestHostWithBLAS(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalSGDOnTheEngine: DiLoCo over the engine's net and its device
+// optimizer — inner steps whole on the device (StepAlone), the parameters
+// brought to the host for the outer step and sent back — keeps the ranks
+// in step, and the inner Adam restarts each round.
+func TestLocalSGDOnTheEngine(t *testing.T) {
+	const n, steps = 2, 6
+	cfg := train.ModelConfig{Spec: convSpec, Batch: 3, Seed: 3}
+	ts := rg.MemRing(n)
+	params := make([][]float32, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			errs[i] = func() error {
+				r, err := rg.New(ts[i], rg.Config{Rank: i, Size: n, Generation: 1})
+				if err != nil {
+					return err
+				}
+				defer r.Close()
+				net, err := New(Host{}, cfg)
+				if err != nil {
+					return err
+				}
+				defer net.Close()
+				inner, err := net.Optimizer(train.NewAdam(0.01))
+				if err != nil {
+					return err
+				}
+				rep := train.NewReplica(net, &train.LocalSGD{Inner: inner, Every: 3, LR: 0.7, Momentum: 0.9, Nesterov: true}, r)
+				rng := rand.New(rand.NewPCG(7, uint64(i)))
+				for range steps {
+					x, y := batchOf(rng, 3, 72, 4)
+					if _, err := rep.Step(context.Background(), x, y, 3); err != nil {
+						return err
+					}
+				}
+				if _, step, state := inner.State(); step != 0 || len(state) != 0 {
+					return fmt.Errorf("rank %d: the inner Adam holds step %d and %d tensors after the round; want it restarted", i, step, len(state))
+				}
+				params[i] = slices.Concat(net.Params()...)
+				return nil
+			}()
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(params[0], params[1]) {
+		t.Error("the ranks' parameters differ after two rounds")
+	}
+}
