@@ -202,7 +202,12 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 				case err != nil:
 					return fmt.Errorf("train: epoch %d step %d: %w", epoch, step, err)
 				}
-				skips, streak = 0, 0
+				skips = 0
+				if !r.local() || r.outerDone {
+					// A LocalSGD inner step leaves the ring untried: only
+					// an outer step shows that a re-formed ring works.
+					streak = 0
+				}
 				if r.InnerSkip != nil && cfg.OnSkip != nil {
 					cfg.OnSkip(r.InnerSkip)
 				}
@@ -397,6 +402,12 @@ func reform(ctx context.Context, cfg RunConfig, r *Replica, cause error, at Posi
 		}
 		return pos, nil
 	}
+}
+
+// local reports whether the replica trains with LocalSGD (DiLoCo).
+func (r *Replica) local() bool {
+	_, ok := r.Opt.(*LocalSGD)
+	return ok
 }
 
 // roundOpen reports whether a LocalSGD round is under way: its state is
