@@ -71,8 +71,9 @@ func (e Encoding) String() string {
 // known reports whether this version can send and read e.
 func (e Encoding) known() bool { return e <= I8 }
 
-// size is the bytes n values take on the wire, when they start a block.
-func (e Encoding) size(n int) int {
+// Size is the bytes n values take on the wire as e, when they start a
+// block: an allreduce frame's payload, headers aside.
+func (e Encoding) Size(n int) int {
 	switch e {
 	case BF16, FP16:
 		return 2 * n
@@ -96,11 +97,13 @@ func (e Encoding) block() int {
 // keeps the difference and adds it to the next step's values.
 func (e Encoding) Round(buf []float32) {
 	switch e {
-	case BF16, FP16:
-		for i := range buf {
-			var b [2]byte
-			e.encode(b[:], buf[i:i+1])
-			e.decode(buf[i:i+1], b[:])
+	case BF16:
+		for i, v := range buf {
+			buf[i] = math.Float32frombits(uint32(bf16(v)) << 16)
+		}
+	case FP16:
+		for i, v := range buf {
+			buf[i] = fromFP16(fp16(v))
 		}
 	case I8:
 		var b [I8Block + 4]byte
@@ -112,7 +115,7 @@ func (e Encoding) Round(buf []float32) {
 	}
 }
 
-// encode writes src into dst (size(len(src)) bytes), little-endian.
+// encode writes src into dst (Size(len(src)) bytes), little-endian.
 func (e Encoding) encode(dst []byte, src []float32) {
 	switch e {
 	case I8:

@@ -274,3 +274,23 @@ func TestI8FramesQuarterTheBytes(t *testing.T) {
 		t.Errorf("int8 sent %d bytes, float32 %d: ratio %.4f; want %.4f", sent[I8], sent[F32], r, want)
 	}
 }
+
+// TestRoundIsTheWire: Round gives each value what encoding and decoding it
+// gives, for every narrow encoding.
+func TestRoundIsTheWire(t *testing.T) {
+	v := randomBuffers(rand.New(rand.NewSource(9)), 1, 3*I8Block+7)[0]
+	v[5] = float32(math.NaN())
+	for _, enc := range []Encoding{BF16, FP16, I8} {
+		want := slices.Clone(v)
+		wire := make([]byte, enc.Size(len(v)))
+		enc.encode(wire, want)
+		enc.decode(want, wire)
+		got := slices.Clone(v)
+		enc.Round(got)
+		for i := range got {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) && !(math.IsNaN(float64(got[i])) && math.IsNaN(float64(want[i]))) {
+				t.Fatalf("%v: Round gives value %d %v; the wire %v", enc, i, got[i], want[i])
+			}
+		}
+	}
+}

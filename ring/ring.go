@@ -427,9 +427,9 @@ func (r *Ring) ringAllreduceAs(seq uint64, op Op, enc Encoding, buf []float32) e
 		chunk = max(int(blk), chunk/int(blk)*int(blk))
 	}
 	segment := func(count uint64, n, k int) (uint64, uint64) { return segmentOf(count, n, k, blk) }
-	wire := func(lo, hi uint64) int { return enc.size(int(hi - lo)) }
+	wire := func(lo, hi uint64) int { return enc.Size(int(hi - lo)) }
 	if enc != F32 {
-		if need := enc.size(chunk); len(r.wireOut) < need && count > 0 {
+		if need := enc.Size(chunk); len(r.wireOut) < need && count > 0 {
 			r.wireOut, r.wireIn = make([]byte, need), make([]byte, need)
 		}
 	}

@@ -20,12 +20,7 @@ if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then echo "netns-el
 p=rtn$$ # a prefix of our own for every name made here
 tmp=$(mktemp -d)
 pids=()
-cleanup() {
-	for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-	netns_bridge_remove "$p"
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
+trap 'netns_cleanup "$p"' EXIT
 
 # 1 Gbit/s each way on every link.
 netns_bridge "$p" 10.231.0 1gbit 256kb

@@ -21,6 +21,16 @@ netns_bridge() {
 	done
 }
 
+# netns_cleanup <prefix>: the EXIT trap of a script that keeps its
+# processes' pids in the array pids and its files under $tmp: kills the
+# processes, removes what netns_bridge made, and the files.
+netns_cleanup() {
+	local pid
+	for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+	netns_bridge_remove "$1"
+	rm -rf "$tmp"
+}
+
 # netns_bridge_remove <prefix>: what netns_bridge made, whatever of it exists.
 netns_bridge_remove() {
 	local i

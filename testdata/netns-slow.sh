@@ -43,12 +43,7 @@ if [ ! -e "$data/train-images-idx3-ubyte.gz" ]; then echo "netns-slow: SKIPPED, 
 p=rts$$
 tmp=$(mktemp -d)
 pids=()
-cleanup() {
-	for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-	netns_bridge_remove "$p"
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
+trap 'netns_cleanup "$p"' EXIT
 netns_bridge "$p" 10.232.0 "$rate" 64kb
 if [ -n "${SLOW_TRAIN:-}" ]; then # a subset: the first SLOW_TRAIN samples
 	python3 - "$data" "$tmp/data" "$SLOW_TRAIN" <<'PY'

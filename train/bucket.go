@@ -92,17 +92,17 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 		done <- err
 	}()
 	bad = -1
+	checked := false // bad is known already: the buckets need no scan
 	var squares float64
 	next := 0
 	ready := func(lo int) error { // flat[lo:] is final: send the buckets it completes
 		for ; next < len(plan) && plan[next][0] >= lo; next++ {
 			b := plan[next]
 			g := flat[b[0]:b[1]]
-			if !finite(g) {
-				if bad < 0 {
-					bad = r.tensorAt(b[0], g)
-				}
-			} else if bad < 0 {
+			if !checked && bad < 0 && !finite(g) {
+				bad = r.tensorAt(b[0], g)
+			}
+			if bad < 0 {
 				if r.Wire == ring.I8 {
 					r.feedback(flat, b[0], b[1])
 				}
@@ -119,11 +119,12 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 		loss, err = lm.ForwardBackwardLayers(x, y, n, flat, ready)
 	} else {
 		if res, ok := r.Model.(Resident); ok {
-			loss, _, err = res.ForwardBackwardFlat(x, y, n, flat)
+			loss, bad, err = res.ForwardBackwardFlat(x, y, n, flat)
 		} else if loss, err = r.Model.ForwardBackward(x, y, n); err == nil {
-			gatherFinite(flat, r.Model.Grads())
+			bad = gatherFinite(flat, r.Model.Grads())
 		}
 		if err == nil {
+			checked = true
 			err = ready(0)
 		}
 	}

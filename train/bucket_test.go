@@ -202,32 +202,39 @@ func TestOverlappedStep(t *testing.T) {
 
 // TestOverlappedNaN: a NaN in one rank's earliest bucket — sent after the
 // others have gone round — still makes every rank skip the step, and that
-// rank names the tensor; nothing is applied anywhere.
+// rank names the tensor; nothing is applied anywhere. The same where the
+// model hands its gradients over whole (they are checked as gathered).
 func TestOverlappedNaN(t *testing.T) {
-	const n = 3
-	rings := memRings(t, n)
-	errs := make([]error, n)
-	params := make([][]float32, n)
-	onAll(n, func(i int) error {
-		m := newLayeredFake([]int{300, 200, 100}, func(int) float32 { return 1 })
-		if i == 1 {
-			m.grad[5] = float32(math.NaN())
+	for _, layered := range []bool{true, false} {
+		const n = 3
+		rings := memRings(t, n)
+		errs := make([]error, n)
+		params := make([][]float32, n)
+		onAll(n, func(i int) error {
+			m := newLayeredFake([]int{300, 200, 100}, func(int) float32 { return 1 })
+			if i == 1 {
+				m.grad[5] = float32(math.NaN())
+			}
+			var model Model = m
+			if !layered { // gradients whole after backward, as gorgonia's
+				model = struct{ Model }{m}
+			}
+			rep := NewReplica(model, &SGD{LR: 0.1}, rings[i])
+			rep.BucketBytes = 4
+			_, errs[i] = rep.Step(context.Background(), nil, nil, 1)
+			params[i] = slices.Concat(rep.Model.Params()...)
+			return nil
+		})
+		for i, err := range errs {
+			if !errors.Is(err, ErrNonFinite) {
+				t.Fatalf("layered %v: rank %d: %v; want ErrNonFinite", layered, i, err)
+			}
+			if slices.ContainsFunc(params[i], func(v float32) bool { return v != 0 }) {
+				t.Errorf("layered %v: rank %d applied the step", layered, i)
+			}
 		}
-		rep := NewReplica(m, &SGD{LR: 0.1}, rings[i])
-		rep.BucketBytes = 4
-		_, errs[i] = rep.Step(context.Background(), nil, nil, 1)
-		params[i] = slices.Concat(rep.Model.Params()...)
-		return nil
-	})
-	for i, err := range errs {
-		if !errors.Is(err, ErrNonFinite) {
-			t.Fatalf("rank %d: %v; want ErrNonFinite", i, err)
+		if !strings.Contains(errs[1].Error(), "w0 gradient") {
+			t.Errorf("layered %v: rank 1: %v; want it to name w0", layered, errs[1])
 		}
-		if slices.ContainsFunc(params[i], func(v float32) bool { return v != 0 }) {
-			t.Errorf("rank %d applied the step", i)
-		}
-	}
-	if !strings.Contains(errs[1].Error(), "w0 gradient") {
-		t.Errorf("rank 1: %v; want it to name w0", errs[1])
 	}
 }

@@ -449,13 +449,7 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	}
 	if size := int64(r.Coll.Size()); size > 1 && !measured {
 		// A ring allreduce sends 2(n−1)/n of the buffer's bytes.
-		payload := int64(4 * len(flat))
-		switch r.Wire {
-		case ring.BF16, ring.FP16:
-			payload = int64(2*r.nparams + 4*len(tail))
-		case ring.I8:
-			payload = int64(r.nparams + 4*(r.nparams+ring.I8Block-1)/ring.I8Block + 4*len(tail))
-		}
+		payload := int64(r.Wire.Size(r.nparams) + 4*len(tail))
 		r.Stats.BytesSent += 2 * (size - 1) * payload / size
 	}
 	r.Stats.Optimizer += time.Since(t2)

@@ -78,43 +78,30 @@ func TestOverlappedEngineStep(t *testing.T) {
 	cfg := train.ModelConfig{Spec: convSpec, Batch: 3, Seed: 3}
 	params := map[int][][]float32{}
 	for _, bucket := range []int{0, 4} {
-		ts := rg.MemRing(n)
 		params[bucket] = make([][]float32, n)
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Go(func() {
-				errs[i] = func() error {
-					rng0, err := rg.New(ts[i], rg.Config{Rank: i, Size: n, Generation: 1})
-					if err != nil {
-						return err
-					}
-					defer rng0.Close()
-					net, err := New(Host{}, cfg)
-					if err != nil {
-						return err
-					}
-					defer net.Close()
-					opt, err := net.Optimizer(&train.SGD{LR: 0.1, Momentum: 0.9})
-					if err != nil {
-						return err
-					}
-					rep := train.NewReplica(net, opt, rng0)
-					rep.BucketBytes = bucket
-					rng := rand.New(rand.NewPCG(7, uint64(i)))
-					for range steps {
-						x, y := batchOf(rng, 3, 72, 4)
-						if _, err := rep.Step(context.Background(), x, y, 3); err != nil {
-							return err
-						}
-					}
-					params[bucket][i] = slices.Concat(net.Params()...)
-					return nil
-				}()
-			})
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
+		err := onRing(n, func(i int, r *rg.Ring) error {
+			net, err := New(Host{}, cfg)
+			if err != nil {
+				return err
+			}
+			defer net.Close()
+			opt, err := net.Optimizer(&train.SGD{LR: 0.1, Momentum: 0.9})
+			if err != nil {
+				return err
+			}
+			rep := train.NewReplica(net, opt, r)
+			rep.BucketBytes = bucket
+			rng := rand.New(rand.NewPCG(7, uint64(i)))
+			for range steps {
+				x, y := batchOf(rng, 3, 72, 4)
+				if _, err := rep.Step(context.Background(), x, y, 3); err != nil {
+					return err
+				}
+			}
+			params[bucket][i] = slices.Concat(net.Params()...)
+			return nil
+		})
+		if err != nil {
 			t.Fatalf("buckets of %d bytes: %v", bucket, err)
 		}
 		for i := 1; i < n; i++ {
@@ -137,41 +124,29 @@ func TestOverlappedEngineStep(t *testing.T) {
 func TestBucketsMixEngines(t *testing.T) {
 	const n = 3
 	cfg := train.ModelConfig{Spec: convSpec, Batch: 3, Seed: 3}
-	ts := rg.MemRing(n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			errs[i] = func() error {
-				r, err := rg.New(ts[i], rg.Config{Rank: i, Size: n, Generation: 1})
-				if err != nil {
-					return err
-				}
-				defer r.Close()
-				var m train.Model
-				if i == 0 {
-					m, err = train.NewModel(cfg)
-				} else {
-					m, err = New(Host{}, cfg)
-				}
-				if err != nil {
-					return err
-				}
-				defer m.Close()
-				rep := train.NewReplica(m, &train.SGD{LR: 0.1}, r)
-				rep.BucketBytes = 4
-				x, y := batchOf(rand.New(rand.NewPCG(7, uint64(i))), 3, 72, 4)
-				for range 2 {
-					if _, err := rep.Step(context.Background(), x, y, 3); err != nil {
-						return fmt.Errorf("rank %d (%T): %w", i, m, err)
-					}
-				}
-				return nil
-			}()
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	err := onRing(n, func(i int, r *rg.Ring) error {
+		var m train.Model
+		var err error
+		if i == 0 {
+			m, err = train.NewModel(cfg)
+		} else {
+			m, err = New(Host{}, cfg)
+		}
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		rep := train.NewReplica(m, &train.SGD{LR: 0.1}, r)
+		rep.BucketBytes = 4
+		x, y := batchOf(rand.New(rand.NewPCG(7, uint64(i))), 3, 72, 4)
+		for range 2 {
+			if _, err := rep.Step(context.Background(), x, y, 3); err != nil {
+				return fmt.Errorf("rank %d (%T): %w", i, m, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 }
@@ -207,48 +182,56 @@ func TestHostWithBLAS(t *testing.T) {
 func TestLocalSGDOnTheEngine(t *testing.T) {
 	const n, steps = 2, 6
 	cfg := train.ModelConfig{Spec: convSpec, Batch: 3, Seed: 3}
-	ts := rg.MemRing(n)
 	params := make([][]float32, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			errs[i] = func() error {
-				r, err := rg.New(ts[i], rg.Config{Rank: i, Size: n, Generation: 1})
-				if err != nil {
-					return err
-				}
-				defer r.Close()
-				net, err := New(Host{}, cfg)
-				if err != nil {
-					return err
-				}
-				defer net.Close()
-				inner, err := net.Optimizer(train.NewAdam(0.01))
-				if err != nil {
-					return err
-				}
-				rep := train.NewReplica(net, &train.LocalSGD{Inner: inner, Every: 3, LR: 0.7, Momentum: 0.9, Nesterov: true}, r)
-				rng := rand.New(rand.NewPCG(7, uint64(i)))
-				for range steps {
-					x, y := batchOf(rng, 3, 72, 4)
-					if _, err := rep.Step(context.Background(), x, y, 3); err != nil {
-						return err
-					}
-				}
-				if _, step, state := inner.State(); step != 0 || len(state) != 0 {
-					return fmt.Errorf("rank %d: the inner Adam holds step %d and %d tensors after the round; want it restarted", i, step, len(state))
-				}
-				params[i] = slices.Concat(net.Params()...)
-				return nil
-			}()
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	err := onRing(n, func(i int, r *rg.Ring) error {
+		net, err := New(Host{}, cfg)
+		if err != nil {
+			return err
+		}
+		defer net.Close()
+		inner, err := net.Optimizer(train.NewAdam(0.01))
+		if err != nil {
+			return err
+		}
+		rep := train.NewReplica(net, &train.LocalSGD{Inner: inner, Every: 3, LR: 0.7, Momentum: 0.9, Nesterov: true}, r)
+		rng := rand.New(rand.NewPCG(7, uint64(i)))
+		for range steps {
+			x, y := batchOf(rng, 3, 72, 4)
+			if _, err := rep.Step(context.Background(), x, y, 3); err != nil {
+				return err
+			}
+		}
+		if _, step, state := inner.State(); step != 0 || len(state) != 0 {
+			return fmt.Errorf("rank %d: the inner Adam holds step %d and %d tensors after the round; want it restarted", i, step, len(state))
+		}
+		params[i] = slices.Concat(net.Params()...)
+		return nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(params[0], params[1]) {
 		t.Error("the ranks' parameters differ after two rounds")
 	}
+}
+
+// onRing runs f for every rank of an in-memory ring of n, each in its own
+// goroutine with its Ring, and joins their errors.
+func onRing(n int, f func(i int, r *rg.Ring) error) error {
+	ts := rg.MemRing(n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			r, err := rg.New(ts[i], rg.Config{Rank: i, Size: n, Generation: 1})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer r.Close()
+			errs[i] = f(i, r)
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
