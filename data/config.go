@@ -80,6 +80,8 @@ type Split struct {
 	Pipeline *Pipeline
 	// C, H, W is the shape of every sample after the transforms.
 	C, H, W int
+
+	remote *remote // a served split's fetching; nil for local files
 }
 
 // Load opens the config's train or test split ("train" or "test") and

@@ -87,6 +87,10 @@ func (e *Epoch) produce(ctx context.Context, idx []int, epoch int) {
 	s := e.l.Split
 	sz := s.C * s.H * s.W
 	var ws Workspace
+	var fetch *fetchRun
+	if s.remote != nil {
+		fetch = s.remote.start(ctx, idx, &e.wg)
+	}
 	for lo := 0; lo < len(idx); lo += e.l.BatchSize {
 		var b *Batch
 		select {
@@ -98,7 +102,13 @@ func (e *Epoch) produce(ctx context.Context, idx []int, epoch int) {
 		b.N, b.C, b.H, b.W = len(chunk), s.C, s.H, s.W
 		b.X, b.Y, b.Index = b.X[:len(chunk)*sz], b.Y[:0], append(b.Index[:0], chunk...)
 		var err error
+		if fetch != nil {
+			err = fetch.wait(ctx, lo+len(chunk))
+		}
 		for k, i := range chunk {
+			if err != nil {
+				break
+			}
 			if err = s.Pipeline.Apply(&ws, s.Image(i), b.X[k*sz:(k+1)*sz], e.l.Seed, epoch, i); err != nil {
 				err = fmt.Errorf("%s: %w", s.Name(i), err)
 				break

@@ -1,0 +1,298 @@
+package data
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// ErrCorrupt means bytes that came from elsewhere — a served sample, a
+// cached one, a manifest — do not match the hash that names them.
+var ErrCorrupt = errors.New("data: does not match its hash")
+
+// Manifest describes a dataset that peers serve: its transforms and class
+// names, and every sample's shape, label and SHA-256. Its ID, the SHA-256
+// of its encoding, names the dataset: two servers of the same images under
+// the same config have the same ID, and a client checks every sample it is
+// sent against the manifest whose hash it asked for. Paths are not in it:
+// they are each machine's own.
+type Manifest struct {
+	Transforms []TransformSpec
+	Classes    []string
+	// Splits are "train" and, if the config has one, "test".
+	Splits []SplitManifest
+
+	enc []byte // the encoding, once made or parsed
+	id  string
+}
+
+// SplitManifest is one split's samples, in dataset order.
+type SplitManifest struct {
+	Name    string
+	Samples []SampleInfo
+}
+
+// SampleInfo is one sample as the manifest holds it.
+type SampleInfo struct {
+	H, W, C uint32
+	Label   int32
+	Sum     [sha256.Size]byte // of the sample's pixels, H×W×C bytes
+}
+
+// Size is the sample's pixel bytes.
+func (s SampleInfo) Size() int { return int(s.H) * int(s.W) * int(s.C) }
+
+// Bounds on what a manifest may announce, so that a hostile one cannot make
+// a client allocate more than a real dataset needs.
+const (
+	// MaxManifestBytes bounds an encoded manifest: 22 million samples.
+	MaxManifestBytes = 1 << 30
+	// MaxSampleBytes bounds one sample's pixels (a 4096×4096 RGBA image).
+	MaxSampleBytes = 64 << 20
+	// MaxSplitBytes bounds one split's pixels, all of which a client
+	// holds in memory, as it does a local dataset's.
+	MaxSplitBytes = 64 << 30
+	maxHeaderBytes = 1 << 20
+	sampleRecord   = 4*4 + sha256.Size
+)
+
+const manifestMagic = "ringtrain dataset 1\n"
+
+// manifestHeader is the manifest's JSON part.
+type manifestHeader struct {
+	Transforms []TransformSpec `json:"transforms"`
+	Classes    []string        `json:"classes"`
+	Splits     []struct {
+		Name    string `json:"name"`
+		Samples int    `json:"samples"`
+	} `json:"splits"`
+}
+
+// NewManifest describes the config's splits for serving: train, then test
+// if there is one. It hashes every sample.
+func NewManifest(cfg *Config, train, test *Dataset) (*Manifest, error) {
+	m := &Manifest{Transforms: cfg.Transforms, Classes: train.Classes}
+	if m.Transforms == nil {
+		m.Transforms = []TransformSpec{}
+	}
+	add := func(name string, d *Dataset) {
+		sm := SplitManifest{Name: name, Samples: make([]SampleInfo, d.Len())}
+		for i := range d.Len() {
+			im := d.Image(i)
+			sm.Samples[i] = SampleInfo{H: uint32(im.H), W: uint32(im.W), C: uint32(im.C), Label: int32(d.Label(i)), Sum: sha256.Sum256(im.Pix)}
+		}
+		m.Splits = append(m.Splits, sm)
+	}
+	add("train", train)
+	if test != nil {
+		if !slices.Equal(test.Classes, train.Classes) {
+			return nil, fmt.Errorf("data: %s names classes %v but %s names %v; serve splits with one set of classes: %w", test.Source, test.Classes, train.Source, train.Classes, ErrConfig)
+		}
+		add("test", test)
+	}
+	enc, err := m.encode()
+	if err != nil {
+		return nil, err
+	}
+	// Parse what was made, so that a server never offers a manifest its
+	// clients would refuse (a sample over the bounds, say).
+	return ParseManifest(enc, "")
+}
+
+// encode lays the manifest out: the magic, the JSON header's length and
+// the header, then per sample H, W, C, label (uint32 little-endian) and the
+// SHA-256 of its pixels.
+func (m *Manifest) encode() ([]byte, error) {
+	var h manifestHeader
+	h.Transforms, h.Classes = m.Transforms, m.Classes
+	n := 0
+	for _, s := range m.Splits {
+		h.Splits = append(h.Splits, struct {
+			Name    string `json:"name"`
+			Samples int    `json:"samples"`
+		}{s.Name, len(s.Samples)})
+		n += len(s.Samples)
+	}
+	hj, err := json.Marshal(h)
+	if err != nil {
+		return nil, fmt.Errorf("data: manifest: %w", err)
+	}
+	b := make([]byte, 0, len(manifestMagic)+4+len(hj)+n*sampleRecord)
+	b = append(b, manifestMagic...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(hj)))
+	b = append(b, hj...)
+	for _, s := range m.Splits {
+		for _, x := range s.Samples {
+			b = binary.LittleEndian.AppendUint32(b, x.H)
+			b = binary.LittleEndian.AppendUint32(b, x.W)
+			b = binary.LittleEndian.AppendUint32(b, x.C)
+			b = binary.LittleEndian.AppendUint32(b, uint32(x.Label))
+			b = append(b, x.Sum[:]...)
+		}
+	}
+	return b, nil
+}
+
+// ManifestID is the ID of an encoded manifest: its SHA-256 in hex.
+func ManifestID(enc []byte) string {
+	s := sha256.Sum256(enc)
+	return hex.EncodeToString(s[:])
+}
+
+// ParseManifest reads an encoded manifest. If id is not empty the bytes
+// must hash to it (ErrCorrupt if not); everything else is checked as bytes
+// from a stranger: sizes against the bounds above, labels against the
+// classes, transforms against the samples' shapes.
+func ParseManifest(b []byte, id string) (*Manifest, error) {
+	if id != "" && ManifestID(b) != id {
+		return nil, fmt.Errorf("data: manifest of %d bytes hashes to %s, not %s: %w", len(b), ManifestID(b)[:16], short(id), ErrCorrupt)
+	}
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("data: manifest: "+format+": %w", append(a, ErrFormat)...)
+	}
+	if len(b) > MaxManifestBytes {
+		return nil, bad("%d bytes; at most %d", len(b), MaxManifestBytes)
+	}
+	if !bytes.HasPrefix(b, []byte(manifestMagic)) {
+		return nil, bad("does not start with %q", manifestMagic)
+	}
+	rest := b[len(manifestMagic):]
+	if len(rest) < 4 {
+		return nil, bad("ends before its header")
+	}
+	hl := binary.LittleEndian.Uint32(rest)
+	rest = rest[4:]
+	if hl > maxHeaderBytes || int(hl) > len(rest) {
+		return nil, bad("header of %d bytes in %d", hl, len(rest))
+	}
+	var h manifestHeader
+	dec := json.NewDecoder(bytes.NewReader(rest[:hl]))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&h); err != nil {
+		return nil, bad("header: %v", err)
+	}
+	if dec.More() {
+		return nil, bad("header holds more than one JSON value")
+	}
+	rest = rest[hl:]
+	p, err := NewPipeline(h.Transforms)
+	if err != nil {
+		return nil, fmt.Errorf("data: manifest: %w", err)
+	}
+	if len(h.Classes) == 0 {
+		return nil, bad("names no classes")
+	}
+	want := [][]string{{"train"}, {"train", "test"}}
+	names := make([]string, len(h.Splits))
+	for i, s := range h.Splits {
+		names[i] = s.Name
+	}
+	if !slices.Equal(names, want[0]) && !slices.Equal(names, want[1]) {
+		return nil, bad("splits %q; want train, or train and test", names)
+	}
+	total := 0
+	for _, s := range h.Splits {
+		if s.Samples < 1 || s.Samples > MaxManifestBytes/sampleRecord {
+			return nil, bad("split %s has %d samples", s.Name, s.Samples)
+		}
+		total += s.Samples
+	}
+	if total*sampleRecord != len(rest) {
+		return nil, bad("%d samples need %d bytes of records; %d follow the header", total, total*sampleRecord, len(rest))
+	}
+	m := &Manifest{Transforms: h.Transforms, Classes: h.Classes, enc: b, id: ManifestID(b)}
+	for _, s := range h.Splits {
+		sm := SplitManifest{Name: s.Name, Samples: make([]SampleInfo, s.Samples)}
+		bytesIn := 0
+		type dims struct{ h, w, c uint32 }
+		shapes := map[dims]bool{}
+		for i := range sm.Samples {
+			r := rest[:sampleRecord]
+			rest = rest[sampleRecord:]
+			x := SampleInfo{H: binary.LittleEndian.Uint32(r), W: binary.LittleEndian.Uint32(r[4:]), C: binary.LittleEndian.Uint32(r[8:]), Label: int32(binary.LittleEndian.Uint32(r[12:]))}
+			copy(x.Sum[:], r[16:])
+			if x.H < 1 || x.W < 1 || x.C < 1 || x.H > MaxSampleBytes || x.W > MaxSampleBytes || x.C > 4 || x.Size() > MaxSampleBytes {
+				return nil, bad("%s sample %d is %d×%d×%d; want 1–4 channels and at most %d bytes", s.Name, i, x.H, x.W, x.C, MaxSampleBytes)
+			}
+			if x.Label < 0 || int(x.Label) >= len(h.Classes) {
+				return nil, bad("%s sample %d has label %d; the manifest names %d classes", s.Name, i, x.Label, len(h.Classes))
+			}
+			if bytesIn += x.Size(); bytesIn > MaxSplitBytes {
+				return nil, bad("split %s holds over %d bytes", s.Name, MaxSplitBytes)
+			}
+			k := dims{x.H, x.W, x.C}
+			if !shapes[k] {
+				if _, _, _, err := p.OutShape(int(x.H), int(x.W), int(x.C)); err != nil {
+					return nil, fmt.Errorf("data: manifest: %s sample %d (%d×%d×%d): %w", s.Name, i, x.H, x.W, x.C, err)
+				}
+				shapes[k] = true
+			}
+			sm.Samples[i] = x
+		}
+		m.Splits = append(m.Splits, sm)
+	}
+	return m, nil
+}
+
+// ID names the dataset: the hex SHA-256 of its encoding.
+func (m *Manifest) ID() string { return m.id }
+
+// Encoded is the manifest as it travels; do not modify it.
+func (m *Manifest) Encoded() []byte { return m.enc }
+
+// Config is the data config the manifest carries, with no paths.
+func (m *Manifest) Config() *Config {
+	return &Config{Transforms: m.Transforms, Classes: m.Classes}
+}
+
+// Split returns the split of that name, or nil.
+func (m *Manifest) Split(name string) *SplitManifest {
+	for i := range m.Splits {
+		if m.Splits[i].Name == name {
+			return &m.Splits[i]
+		}
+	}
+	return nil
+}
+
+// Check says whether pix holds the pixels of samples idx of the split, in
+// order: ErrCorrupt names the first that does not hash to the manifest's
+// sum, ErrFormat a wrong length or an index out of range.
+func (s *SplitManifest) Check(idx []int, pix []byte) error {
+	n, err := s.Bytes(idx)
+	if err != nil {
+		return err
+	}
+	if n != len(pix) {
+		return fmt.Errorf("data: %d samples of %s are %d bytes, not %d: %w", len(idx), s.Name, n, len(pix), ErrFormat)
+	}
+	off := 0
+	for _, i := range idx {
+		x := s.Samples[i]
+		if sha256.Sum256(pix[off:off+x.Size()]) != x.Sum {
+			return fmt.Errorf("data: %s sample %d: %w", s.Name, i, ErrCorrupt)
+		}
+		off += x.Size()
+	}
+	return nil
+}
+
+// Bytes is the pixel bytes of samples idx, or ErrFormat for an index out
+// of range.
+func (s *SplitManifest) Bytes(idx []int) (int, error) {
+	n := 0
+	for _, i := range idx {
+		if i < 0 || i >= len(s.Samples) {
+			return 0, fmt.Errorf("data: sample %d of %s, which has %d: %w", i, s.Name, len(s.Samples), ErrFormat)
+		}
+		n += s.Samples[i].Size()
+	}
+	return n, nil
+}
+
+func short(id string) string { return id[:min(16, len(id))] }

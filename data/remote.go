@@ -1,0 +1,345 @@
+package data
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+)
+
+// Fetcher gets samples of a served dataset from the peers that serve it.
+type Fetcher interface {
+	// Fetch fills pix with the pixels of samples idx of the split, in
+	// order, each checked against the manifest; pix is exactly their size.
+	Fetch(ctx context.Context, split string, idx []int, pix []byte) error
+}
+
+// RemoteConfig says how a served split is fetched.
+type RemoteConfig struct {
+	// RequestSize is the samples asked for at once (Ember's
+	// request_size). Default 256.
+	RequestSize int
+	// Ahead is how many requests are in flight at once. Default 8.
+	Ahead int
+	// CacheDir, if set, keeps the fetched samples in a file there named by
+	// the dataset's ID, so that a restart reads them locally: what is found
+	// there is checked against the manifest and not fetched again.
+	CacheDir string
+	// OnCacheError hears why the cache stopped being written (a full
+	// disk, say); training goes on without it.
+	OnCacheError func(error)
+}
+
+// remote is a served split on a peer that trains on it: its Dataset's
+// pixels arrive as the epochs need them. Every epoch fetches the samples
+// of its share that are not here yet, in the order the loader reads them,
+// as fast as the servers give them, and the loader waits only for samples
+// that have not come.
+type remote struct {
+	split *SplitManifest
+	d     *Dataset
+	f     Fetcher
+	cfg   RemoteConfig
+
+	mu   sync.Mutex
+	have []bool
+	// cache is nil without a CacheDir, and once writing it failed.
+	cache    *os.File
+	fetched  atomic.Int64 // samples fetched
+	cacheHit int          // samples the cache held at start
+}
+
+// Remote makes a split of the served dataset whose samples f fetches. The
+// split's images are zero until fetched; the loader waits for them. Close
+// the split when done, to close its cache file.
+func (m *Manifest) Remote(split string, f Fetcher, cfg RemoteConfig) (*Split, error) {
+	sm := m.Split(split)
+	if sm == nil {
+		return nil, fmt.Errorf("data: served dataset %s has no %s split: %w", short(m.id), split, ErrConfig)
+	}
+	if cfg.RequestSize <= 0 {
+		cfg.RequestSize = 256
+	}
+	if cfg.Ahead <= 0 {
+		cfg.Ahead = 8
+	}
+	total := 0
+	for _, x := range sm.Samples {
+		total += x.Size()
+	}
+	d := &Dataset{Source: fmt.Sprintf("served dataset %s (%s)", short(m.id), split), Classes: m.Classes,
+		pix: make([]uint8, total), index: make([]imageRef, len(sm.Samples)), labels: make([]int32, len(sm.Samples))}
+	off := 0
+	for i, x := range sm.Samples {
+		d.index[i] = imageRef{off: off, h: int32(x.H), w: int32(x.W), c: int32(x.C)}
+		d.labels[i] = x.Label
+		off += x.Size()
+	}
+	r := &remote{split: sm, d: d, f: f, cfg: cfg, have: make([]bool, len(sm.Samples))}
+	if cfg.CacheDir != "" {
+		if err := r.openCache(filepath.Join(cfg.CacheDir, m.id+"."+split)); err != nil {
+			return nil, err
+		}
+	}
+	p, err := NewPipeline(m.Transforms)
+	if err != nil {
+		r.closeCache()
+		return nil, err
+	}
+	s, err := NewSplit(d, p)
+	if err != nil {
+		r.closeCache()
+		return nil, err
+	}
+	s.remote = r
+	return s, nil
+}
+
+// openCache reads what the cache file holds, keeps the samples that match
+// the manifest, and keeps the file open to write the rest into.
+func (r *remote) openCache(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("data: cache: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return fmt.Errorf("data: cache: %w", err)
+	}
+	st, err := f.Stat()
+	if err == nil && st.Size() == int64(len(r.d.pix)) {
+		_, err = f.ReadAt(r.d.pix, 0)
+	} else if err == nil {
+		// Another size is another layout (or a torn first write): start over.
+		err = f.Truncate(int64(len(r.d.pix)))
+	}
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("data: cache %s: %w", path, err)
+	}
+	for i := range r.have {
+		im := r.d.Image(i)
+		if r.split.Check([]int{i}, im.Pix) == nil {
+			r.have[i] = true
+			r.cacheHit++
+		} else {
+			clear(im.Pix)
+		}
+	}
+	r.cache = f
+	return nil
+}
+
+func (r *remote) closeCache() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cache == nil {
+		return nil
+	}
+	err := r.cache.Close()
+	r.cache = nil
+	return err
+}
+
+// put stores fetched samples, in memory and in the cache.
+func (r *remote) put(idx []int, pix []byte) {
+	off := 0
+	for _, i := range idx {
+		im := r.d.Image(i)
+		copy(im.Pix, pix[off:off+len(im.Pix)])
+		off += len(im.Pix)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cache != nil {
+		off = 0
+		for _, i := range idx {
+			ref := r.d.index[i]
+			n := int(ref.h) * int(ref.w) * int(ref.c)
+			if _, err := r.cache.WriteAt(pix[off:off+n], int64(ref.off)); err != nil {
+				r.cache.Close()
+				r.cache = nil
+				if r.cfg.OnCacheError != nil {
+					r.cfg.OnCacheError(fmt.Errorf("data: cache of %s: %w; going on without it", r.d.Source, err))
+				}
+				break
+			}
+			off += n
+		}
+	}
+	for _, i := range idx {
+		r.have[i] = true
+	}
+}
+
+// fetchRun is one epoch's fetching: requests in the order the loader
+// reads, each one's first position in the epoch's order, and how far the
+// loader may read.
+type fetchRun struct {
+	first []int // position in the epoch of each request's first sample
+	n     int   // positions in the epoch
+
+	mu      sync.Mutex
+	done    []bool
+	next    int           // requests done, counted from the first without a gap
+	err     error         // the first failure
+	changed chan struct{} // closed and replaced when next or err changes
+}
+
+// start begins fetching the samples of idx that are not here yet, in
+// order, with up to Ahead requests in flight; the goroutine is wg's.
+func (r *remote) start(ctx context.Context, idx []int, wg *sync.WaitGroup) *fetchRun {
+	var reqs [][]int
+	fr := &fetchRun{n: len(idx), changed: make(chan struct{})}
+	r.mu.Lock()
+	queued := make([]bool, len(r.have))
+	var cur []int
+	for p, i := range idx {
+		if r.have[i] || queued[i] {
+			continue
+		}
+		queued[i] = true
+		if len(cur) == 0 {
+			fr.first = append(fr.first, p)
+		}
+		cur = append(cur, i)
+		if len(cur) == r.cfg.RequestSize {
+			reqs, cur = append(reqs, cur), nil
+		}
+	}
+	r.mu.Unlock()
+	if len(cur) > 0 {
+		reqs = append(reqs, cur)
+	}
+	fr.done = make([]bool, len(reqs))
+	wg.Go(func() { fr.run(ctx, r, reqs) })
+	return fr
+}
+
+func (fr *fetchRun) run(ctx context.Context, r *remote, reqs [][]int) {
+	slots := make(chan struct{}, r.cfg.Ahead)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for k, req := range reqs {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			fr.finish(k, ctx.Err())
+			return
+		}
+		if fr.failed() {
+			// The requests before it finish, so that the loader gets
+			// every batch it can before the error.
+			return
+		}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			n, err := r.split.Bytes(req)
+			if err == nil {
+				pix := make([]byte, n)
+				if err = r.f.Fetch(ctx, r.split.Name, req, pix); err == nil {
+					r.put(req, pix)
+					r.fetched.Add(int64(len(req)))
+				}
+			}
+			fr.finish(k, err)
+		})
+	}
+}
+
+func (fr *fetchRun) failed() bool {
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	return fr.err != nil
+}
+
+// finish records request k's end.
+func (fr *fetchRun) finish(k int, err error) {
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	if err != nil {
+		if fr.err == nil {
+			fr.err = err
+			close(fr.changed)
+			fr.changed = make(chan struct{})
+		}
+		return
+	}
+	fr.done[k] = true
+	moved := false
+	for fr.next < len(fr.done) && fr.done[fr.next] {
+		fr.next++
+		moved = true
+	}
+	if moved {
+		close(fr.changed)
+		fr.changed = make(chan struct{})
+	}
+}
+
+// wait returns once the samples at positions [0, hi) of the epoch are
+// here, or with the fetch's error or the context's.
+func (fr *fetchRun) wait(ctx context.Context, hi int) error {
+	for {
+		fr.mu.Lock()
+		ready := fr.n
+		if fr.next < len(fr.first) {
+			ready = fr.first[fr.next]
+		}
+		err, changed := fr.err, fr.changed
+		fr.mu.Unlock()
+		if ready >= hi {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("data: fetching served samples: %w", err)
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+}
+
+// RemoteStats says what a served split fetched.
+type RemoteStats struct {
+	Fetched  int // samples fetched from servers
+	Cached   int // samples the cache held at start
+	Here     int // samples in memory now
+	Total    int
+	CacheErr bool // the cache stopped being written
+}
+
+// RemoteStats reports a served split's fetching; ok is false for a split
+// of local files.
+func (s *Split) RemoteStats() (st RemoteStats, ok bool) {
+	r := s.remote
+	if r == nil {
+		return st, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, h := range r.have {
+		if h {
+			st.Here++
+		}
+	}
+	st.Fetched, st.Cached, st.Total = int(r.fetched.Load()), r.cacheHit, len(r.have)
+	st.CacheErr = r.cfg.CacheDir != "" && r.cache == nil
+	return st, true
+}
+
+// Close closes a served split's cache file; for local files it does
+// nothing.
+func (s *Split) Close() error {
+	if s.remote == nil {
+		return nil
+	}
+	if err := s.remote.closeCache(); err != nil && !errors.Is(err, os.ErrClosed) {
+		return fmt.Errorf("data: cache: %w", err)
+	}
+	return nil
+}
