@@ -56,7 +56,7 @@ const (
 	MaxSampleBytes = 64 << 20
 	// MaxSplitBytes bounds one split's pixels, all of which a client
 	// holds in memory, as it does a local dataset's.
-	MaxSplitBytes = 64 << 30
+	MaxSplitBytes  = 64 << 30
 	maxHeaderBytes = 1 << 20
 	sampleRecord   = 4*4 + sha256.Size
 )

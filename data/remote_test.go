@@ -171,7 +171,7 @@ type fakeFetcher struct {
 	inFlight int
 	peak     int
 	fail     func(idx []int) error // nil: never
-	gate     chan struct{}        // if set, every request but the one of sample pass waits for it
+	gate     chan struct{}         // if set, every request but the one of sample pass waits for it
 	pass     int
 }
 
