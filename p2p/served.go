@@ -1,0 +1,803 @@
+package p2p
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	mh "github.com/multiformats/go-multihash"
+	"github.com/rs/zerolog"
+
+	"github.com/ringtrain/ringtrain/data"
+)
+
+// DataProtocol carries served datasets: a client asks for a dataset's
+// manifest by its ID, then for samples by index, on one stream, one request
+// at a time:
+//
+//	request:  op u8 (1 manifest, 2 samples) | dataset ID [32]byte
+//	          samples: split u8 (0 train, 1 test) | count u32 | count × index u32
+//	answer:   status u8 | manifest: length u64, its bytes
+//	                      | samples: their pixels, in order (the manifest says how many bytes each)
+//
+// Integers are little-endian. The client checks the manifest against the
+// ID and every sample against the manifest.
+const DataProtocol protocol.ID = "/ringtrain/data/1.0.0"
+
+const (
+	opManifest = 1
+	opSamples  = 2
+
+	statusOK      = 0
+	statusUnknown = 1 // the server does not serve that dataset
+	statusBusy    = 2 // the server's limits are reached: ask elsewhere or later
+	statusBad     = 3 // a request the server will not answer
+)
+
+// Errors callers branch on.
+var (
+	// ErrNoServer means no peer served the dataset within the time allowed.
+	ErrNoServer = errors.New("p2p: no server of the dataset")
+	// ErrNoJobConfig means no peer of the job handed out a config with
+	// the hash asked for within the time allowed.
+	ErrNoJobConfig = errors.New("p2p: no peer handed out the job config")
+)
+
+// dataKey is where a dataset's servers announce themselves in the DHT: a
+// hash of its ID, not the ID, so that the peers that store the records do
+// not learn the ID, which is what a client needs to fetch the data.
+func dataKey(id [32]byte) cid.Cid {
+	sum := sha256.Sum256(append([]byte("ringtrain data provider\x00"), id[:]...))
+	h, _ := mh.Encode(sum[:], mh.SHA2_256) // cannot fail for a SHA-256 of the right length
+	return cid.NewCidV1(cid.Raw, h)
+}
+
+func parseID(id string) ([32]byte, error) {
+	var out [32]byte
+	b, err := hex.DecodeString(id)
+	if err != nil || len(b) != len(out) {
+		return out, fmt.Errorf("p2p: dataset ID %q: want 64 hex digits (the SHA-256 ringtrain serve prints)", id)
+	}
+	copy(out[:], b)
+	return out, nil
+}
+
+// DataServerConfig bounds what a data server gives. Zero values mean the
+// defaults given.
+type DataServerConfig struct {
+	// MaxRequest is the most samples one request may ask for. Default 8192.
+	MaxRequest int
+	// MaxStreams is how many clients' streams are served at once. Default 64.
+	MaxStreams int
+	// MaxPerPeer is how many of those one peer may hold, so that one client
+	// cannot starve the others. Default 8.
+	MaxPerPeer int
+	// Idle closes a stream with no request for this long. Default 2 min.
+	Idle time.Duration
+	// Answer bounds reading one request and writing its answer: a client
+	// that stops reading is cut off. Default 1 min.
+	Answer time.Duration
+	// Announce is the first pause between announcements in the DHT; it
+	// doubles up to 10 minutes. Default 1 s.
+	Announce time.Duration
+	Logger   zerolog.Logger
+}
+
+func (c *DataServerConfig) fill() {
+	if c.MaxRequest <= 0 {
+		c.MaxRequest = 8192
+	}
+	if c.MaxStreams <= 0 {
+		c.MaxStreams = 64
+	}
+	if c.MaxPerPeer <= 0 {
+		c.MaxPerPeer = 8
+	}
+	if c.Idle <= 0 {
+		c.Idle = 2 * time.Minute
+	}
+	if c.Answer <= 0 {
+		c.Answer = time.Minute
+	}
+	if c.Announce <= 0 {
+		c.Announce = time.Second
+	}
+}
+
+// DataServer serves datasets over DataProtocol and announces them in the
+// DHT. It serves whoever asks with a dataset's ID: the ID is what a client
+// must know, as with any content address. It keeps serving until Close,
+// whether or not anyone trains.
+type DataServer struct {
+	h   *Host
+	cfg DataServerConfig
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	sets    map[[32]byte]*servedSet
+	open    map[network.Stream]peer.ID
+	perPeer map[peer.ID]int
+}
+
+type servedSet struct {
+	m      *data.Manifest
+	splits []*data.Dataset // in the manifest's order
+}
+
+// NewDataServer registers DataProtocol on h. Close it when done.
+func NewDataServer(h *Host, cfg DataServerConfig) *DataServer {
+	cfg.fill()
+	s := &DataServer{h: h, cfg: cfg, sets: map[[32]byte]*servedSet{}, open: map[network.Stream]peer.ID{}, perPeer: map[peer.ID]int{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	h.SetStreamHandler(DataProtocol, s.handle)
+	return s
+}
+
+// Serve offers a dataset: m describes splits, which hold the images (the
+// train split, then the test split if m has one). It announces the
+// dataset in the DHT until Close.
+func (s *DataServer) Serve(m *data.Manifest, splits ...*data.Dataset) error {
+	if len(splits) != len(m.Splits) {
+		return fmt.Errorf("p2p: serving %d splits for a manifest of %d", len(splits), len(m.Splits))
+	}
+	for i, d := range splits {
+		if d.Len() != len(m.Splits[i].Samples) {
+			return fmt.Errorf("p2p: the %s split holds %d samples, its manifest %d", m.Splits[i].Name, d.Len(), len(m.Splits[i].Samples))
+		}
+	}
+	id, err := parseID(m.ID())
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.sets[id] = &servedSet{m: m, splits: splits}
+	s.mu.Unlock()
+	s.wg.Go(func() { announce(s.ctx, s.h, dataKey(id), s.cfg.Announce) })
+	return nil
+}
+
+// Close stops serving: it cuts the open streams off and waits for their
+// handlers and the announcements to end.
+func (s *DataServer) Close() error {
+	s.h.RemoveStreamHandler(DataProtocol)
+	s.cancel()
+	s.mu.Lock()
+	for st := range s.open {
+		st.Reset()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
+}
+
+// announce provides key in the DHT now and again, so that peers that
+// came later find it too; a failed attempt (an empty routing table, say)
+// is retried sooner.
+func announce(ctx context.Context, h *Host, key cid.Cid, first time.Duration) {
+	pause := first
+	for {
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		if err := h.DHT.Provide(actx, key, true); err != nil {
+			pause = first
+		}
+		cancel()
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		pause = min(2*pause, 10*time.Minute)
+	}
+}
+
+// admit takes a stream slot for from, or says the limits are reached.
+func (s *DataServer) admit(st network.Stream, from peer.ID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx.Err() != nil || len(s.open) >= s.cfg.MaxStreams || s.perPeer[from] >= s.cfg.MaxPerPeer {
+		return false
+	}
+	s.open[st] = from
+	s.perPeer[from]++
+	s.wg.Add(1)
+	return true
+}
+
+func (s *DataServer) release(st network.Stream, from peer.ID) {
+	s.mu.Lock()
+	delete(s.open, st)
+	if s.perPeer[from]--; s.perPeer[from] <= 0 {
+		delete(s.perPeer, from)
+	}
+	s.mu.Unlock()
+	s.wg.Done()
+}
+
+func (s *DataServer) handle(st network.Stream) {
+	from := st.Conn().RemotePeer()
+	if !s.admit(st, from) {
+		st.SetDeadline(time.Now().Add(time.Second))
+		st.Write([]byte{statusBusy})
+		st.Close()
+		return
+	}
+	defer s.release(st, from)
+	defer st.Close()
+	br := bufio.NewReaderSize(st, 64<<10)
+	bw := bufio.NewWriterSize(st, 256<<10)
+	var idx []int
+	for {
+		st.SetDeadline(time.Now().Add(s.cfg.Idle))
+		op, err := br.ReadByte()
+		if err != nil {
+			return // the client is done (or gone)
+		}
+		st.SetDeadline(time.Now().Add(s.cfg.Answer))
+		var id [32]byte
+		if _, err := io.ReadFull(br, id[:]); err != nil {
+			return
+		}
+		s.mu.Lock()
+		set := s.sets[id]
+		s.mu.Unlock()
+		switch {
+		case op != opManifest && op != opSamples:
+			s.refuse(st, bw, from, fmt.Sprintf("unknown op %d", op))
+			return
+		case op == opSamples:
+			var split byte
+			if idx, err = s.readSamples(br, &split, idx); err != nil {
+				s.refuse(st, bw, from, err.Error())
+				return
+			}
+			if set == nil {
+				err = bw.WriteByte(statusUnknown)
+				break
+			}
+			if err = set.check(split, idx); err != nil {
+				s.refuse(st, bw, from, err.Error())
+				return
+			}
+			err = set.writeSamples(bw, split, idx)
+		case set == nil:
+			err = bw.WriteByte(statusUnknown)
+		default:
+			enc := set.m.Encoded()
+			bw.WriteByte(statusOK)
+			bw.Write(binary.LittleEndian.AppendUint64(nil, uint64(len(enc))))
+			_, err = bw.Write(enc)
+		}
+		if err == nil {
+			err = bw.Flush()
+		}
+		if err != nil {
+			st.Reset()
+			return
+		}
+	}
+}
+
+// readSamples reads a samples request's split and indices, the count
+// checked against MaxRequest before any index is read.
+func (s *DataServer) readSamples(br *bufio.Reader, split *byte, idx []int) ([]int, error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(br, hdr[:]); err != nil {
+		return nil, fmt.Errorf("a request cut short: %w", err)
+	}
+	*split = hdr[0]
+	n := binary.LittleEndian.Uint32(hdr[1:])
+	if n == 0 || n > uint32(s.cfg.MaxRequest) {
+		return nil, fmt.Errorf("a request for %d samples; at most %d", n, s.cfg.MaxRequest)
+	}
+	idx = idx[:0]
+	var b [4]byte
+	for range n {
+		if _, err := io.ReadFull(br, b[:]); err != nil {
+			return nil, fmt.Errorf("a request cut short: %w", err)
+		}
+		idx = append(idx, int(binary.LittleEndian.Uint32(b[:])))
+	}
+	return idx, nil
+}
+
+func (set *servedSet) check(split byte, idx []int) error {
+	if int(split) >= len(set.splits) {
+		return fmt.Errorf("split %d of a dataset of %d", split, len(set.splits))
+	}
+	n := set.splits[split].Len()
+	for _, i := range idx {
+		if i >= n {
+			return fmt.Errorf("sample %d of the %s split, which has %d", i, set.m.Splits[split].Name, n)
+		}
+	}
+	return nil
+}
+
+func (set *servedSet) writeSamples(w *bufio.Writer, split byte, idx []int) error {
+	d := set.splits[split]
+	w.WriteByte(statusOK)
+	for _, i := range idx {
+		if _, err := w.Write(d.Image(i).Pix); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// refuse answers a request the server will not serve, and says so once.
+func (s *DataServer) refuse(st network.Stream, w *bufio.Writer, from peer.ID, why string) {
+	s.cfg.Logger.Warn().Stringer("peer", from).Str("request", why).Msg("refused a data request")
+	w.WriteByte(statusBad)
+	w.Flush()
+}
+
+// DataClientConfig says how a client finds and uses servers. Zero values
+// mean the defaults given.
+type DataClientConfig struct {
+	// Timeout bounds one request's answer: a server that stalls past it
+	// is left for another. Default 20 s.
+	Timeout time.Duration
+	// Find bounds how long Fetch looks for a server when it has none left
+	// (and how long OpenServedData looks for the first). Default 30 s.
+	Find time.Duration
+	// Streams is how many requests one server gets at once. Default 4.
+	Streams int
+	// Servers, if set, are asked first: peers known to serve the dataset
+	// (a --data-from address), before the connected peers and the DHT.
+	Servers []peer.AddrInfo
+	Logger  zerolog.Logger
+}
+
+func (c *DataClientConfig) fill() {
+	if c.Timeout <= 0 {
+		c.Timeout = 20 * time.Second
+	}
+	if c.Find <= 0 {
+		c.Find = 30 * time.Second
+	}
+	if c.Streams <= 0 {
+		c.Streams = 4
+	}
+}
+
+// DataClient fetches a served dataset's samples (a data.Fetcher) from
+// every server of it it can find, checking each sample against the
+// manifest. A server that sends bytes that do not match is dropped for
+// good and named in the log; one that stalls, refuses or goes away is
+// left for a while and the request goes to another.
+type DataClient struct {
+	h   *Host
+	id  [32]byte
+	m   *data.Manifest
+	cfg DataClientConfig
+
+	mu      sync.Mutex
+	servers []*dataConn
+	bad     map[peer.ID]bool      // sent what does not match: never again
+	away    map[peer.ID]time.Time // stalled, refused or unreachable: not before then
+	closed  bool
+	changed chan struct{} // closed and replaced when a stream slot frees
+}
+
+// dataConn is one server and its streams.
+type dataConn struct {
+	p        peer.ID
+	idle     []network.Stream
+	inFlight int
+}
+
+// OpenServedData finds servers of the dataset id, fetches its manifest
+// from the first that has it, and checks it against id. Close the client
+// when done.
+func OpenServedData(ctx context.Context, h *Host, id string, cfg DataClientConfig) (*DataClient, error) {
+	cfg.fill()
+	raw, err := parseID(id)
+	if err != nil {
+		return nil, err
+	}
+	c := &DataClient{h: h, id: raw, cfg: cfg, bad: map[peer.ID]bool{}, away: map[peer.ID]time.Time{}, changed: make(chan struct{})}
+	for _, ai := range cfg.Servers {
+		h.Peerstore().AddAddrs(ai.ID, ai.Addrs, time.Hour)
+	}
+	fctx, cancel := context.WithTimeout(ctx, cfg.Find)
+	defer cancel()
+	var tried []string
+	for c.m == nil {
+		cands := c.candidates(fctx)
+		for _, p := range cands {
+			m, err := c.fetchManifest(fctx, p, id)
+			if err == nil {
+				c.m = m
+				c.addServer(p)
+				break
+			}
+			tried = append(tried, fmt.Sprintf("%s: %v", p, err))
+			c.leave(p, errors.Is(err, data.ErrCorrupt) || errors.Is(err, data.ErrFormat), err)
+		}
+		if c.m != nil {
+			break
+		}
+		if err := sleepCtx(fctx, 200*time.Millisecond); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("%w %s within %v: asked %d peers %v", ErrNoServer, id[:16], cfg.Find, len(tried), tried[:min(len(tried), 8)])
+		}
+	}
+	return c, nil
+}
+
+// Manifest is the dataset's manifest, checked against its ID.
+func (c *DataClient) Manifest() *data.Manifest { return c.m }
+
+// Close closes the client's streams.
+func (c *DataClient) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	for _, s := range c.servers {
+		for _, st := range s.idle {
+			st.Close()
+		}
+		s.idle = nil
+	}
+	return nil
+}
+
+// candidates are the peers to ask: the given servers and the connected
+// peers that speak DataProtocol or, if there are none, the DHT's providers;
+// none that was dropped, is resting, or is a server already.
+func (c *DataClient) candidates(ctx context.Context) []peer.ID {
+	var out []peer.ID
+	add := func(p peer.ID) {
+		if p == c.h.ID() || slices.Contains(out, p) {
+			return
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.bad[p] || time.Now().Before(c.away[p]) || slices.ContainsFunc(c.servers, func(s *dataConn) bool { return s.p == p }) {
+			return
+		}
+		out = append(out, p)
+	}
+	for _, ai := range c.cfg.Servers {
+		add(ai.ID)
+	}
+	for _, p := range c.h.Network().Peers() {
+		if ok, _ := c.h.Peerstore().SupportsProtocols(p, DataProtocol); len(ok) > 0 {
+			add(p)
+		}
+	}
+	if len(out) > 0 {
+		// The DHT only when nothing nearer serves: a lookup costs seconds
+		// and connections.
+		return out
+	}
+	fctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	for ai := range c.h.DHT.FindProvidersAsync(fctx, dataKey(c.id), 20) {
+		if len(ai.Addrs) > 0 {
+			c.h.Peerstore().AddAddrs(ai.ID, ai.Addrs, time.Hour)
+		}
+		add(ai.ID)
+	}
+	return out
+}
+
+// leave drops p: for good if it lied, else for a while — a minute if it
+// does not serve the dataset, a few seconds if it failed otherwise.
+func (c *DataClient) leave(p peer.ID, lied bool, why error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case lied:
+		c.bad[p] = true
+	case errors.Is(why, errNotServed):
+		c.away[p] = time.Now().Add(time.Minute)
+	default:
+		c.away[p] = time.Now().Add(5 * time.Second)
+	}
+	for i, s := range c.servers {
+		if s.p == p {
+			for _, st := range s.idle {
+				st.Reset()
+			}
+			s.idle = nil
+			c.servers = slices.Delete(c.servers, i, i+1)
+			break
+		}
+	}
+	c.signalLocked()
+}
+
+func (c *DataClient) addServer(p peer.ID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !slices.ContainsFunc(c.servers, func(s *dataConn) bool { return s.p == p }) {
+		c.servers = append(c.servers, &dataConn{p: p})
+	}
+	c.signalLocked()
+}
+
+func (c *DataClient) signalLocked() {
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
+// Servers are the peers the client fetches from now.
+func (c *DataClient) Servers() []peer.ID {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]peer.ID, len(c.servers))
+	for i, s := range c.servers {
+		out[i] = s.p
+	}
+	return out
+}
+
+func (c *DataClient) fetchManifest(ctx context.Context, p peer.ID, id string) (*data.Manifest, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	st, err := c.h.NewStream(network.WithAllowLimitedConn(ctx, "ringtrain data"), p, DataProtocol)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	setDeadline(ctx, st)
+	req := append([]byte{opManifest}, c.id[:]...)
+	if _, err := st.Write(req); err != nil {
+		st.Reset()
+		return nil, err
+	}
+	br := bufio.NewReader(st)
+	if err := readStatus(br); err != nil {
+		return nil, err
+	}
+	var n [8]byte
+	if _, err := io.ReadFull(br, n[:]); err != nil {
+		st.Reset()
+		return nil, err
+	}
+	size := binary.LittleEndian.Uint64(n[:])
+	if size > data.MaxManifestBytes {
+		st.Reset()
+		return nil, fmt.Errorf("a manifest of %d bytes; at most %d: %w", size, data.MaxManifestBytes, data.ErrFormat)
+	}
+	// Read as it comes: a lying length costs what was sent, not what was
+	// announced.
+	b, err := io.ReadAll(io.LimitReader(br, int64(size)))
+	if err != nil || uint64(len(b)) != size {
+		st.Reset()
+		return nil, fmt.Errorf("manifest cut short at %d of %d bytes: %v", len(b), size, err)
+	}
+	return data.ParseManifest(b, id)
+}
+
+func readStatus(br *bufio.Reader) error {
+	s, err := br.ReadByte()
+	if err != nil {
+		return err
+	}
+	return statusErr(s)
+}
+
+// errNotServed is a server's answer that it does not serve the dataset.
+var errNotServed = errors.New("does not serve the dataset")
+
+func statusErr(s byte) error {
+	switch s {
+	case statusOK:
+		return nil
+	case statusUnknown:
+		return errNotServed
+	case statusBusy:
+		return errors.New("busy")
+	case statusBad:
+		return errors.New("refused the request")
+	}
+	return fmt.Errorf("status %d: %w", s, data.ErrFormat)
+}
+
+func setDeadline(ctx context.Context, st network.Stream) {
+	if d, ok := ctx.Deadline(); ok {
+		st.SetDeadline(d)
+	}
+}
+
+// Fetch fills pix with the pixels of samples idx of the split, checked
+// against the manifest (data.Fetcher). It goes to the server with the
+// fewest requests in flight and, where one fails, to another; it fails
+// when no server was to be had for Find.
+func (c *DataClient) Fetch(ctx context.Context, split string, idx []int, pix []byte) error {
+	sm := c.m.Split(split)
+	if sm == nil {
+		return fmt.Errorf("p2p: dataset %x has no %s split", c.id[:8], split)
+	}
+	splitNo := byte(slices.IndexFunc(c.m.Splits, func(s data.SplitManifest) bool { return s.Name == split }))
+	if len(idx) == 0 {
+		return nil
+	}
+	req := make([]byte, 0, 1+32+5+4*len(idx))
+	req = append(append(append(req, opSamples), c.id[:]...), splitNo)
+	req = binary.LittleEndian.AppendUint32(req, uint32(len(idx)))
+	for _, i := range idx {
+		req = binary.LittleEndian.AppendUint32(req, uint32(i))
+	}
+	var since time.Time // when the client last had no server
+	for {
+		s, st, err := c.stream(ctx, &since)
+		if err != nil {
+			return err
+		}
+		err = c.ask(ctx, st, req, pix)
+		if err == nil {
+			if err = sm.Check(idx, pix); err != nil {
+				c.cfg.Logger.Error().Stringer("server", s.p).Err(err).Msg("dropped a data server that sent samples that do not match the dataset's hash")
+				st.Reset()
+				c.done(s, nil)
+				c.leave(s.p, true, err)
+				continue
+			}
+			c.done(s, st)
+			return nil
+		}
+		st.Reset()
+		c.done(s, nil)
+		if ctx.Err() != nil {
+			return fmt.Errorf("p2p: fetching samples: %w", context.Cause(ctx))
+		}
+		c.cfg.Logger.Warn().Stringer("server", s.p).Err(err).Msg("a data server failed a request; asking another")
+		c.leave(s.p, errors.Is(err, data.ErrFormat), err)
+	}
+}
+
+// ask sends one request on st and reads its answer into pix.
+func (c *DataClient) ask(ctx context.Context, st network.Stream, req, pix []byte) error {
+	deadline := time.Now().Add(c.cfg.Timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	st.SetDeadline(deadline)
+	// A cancelled context ends the read at once, not at the deadline.
+	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
+	defer stop()
+	if _, err := st.Write(req); err != nil {
+		return err
+	}
+	var status [1]byte
+	if _, err := io.ReadFull(st, status[:]); err != nil {
+		return err
+	}
+	if err := statusErr(status[0]); err != nil {
+		return err
+	}
+	_, err := io.ReadFull(st, pix)
+	return err
+}
+
+// stream returns a stream to the server with the fewest requests in
+// flight, opening one where it has fewer than Streams; with none free it
+// waits, and with none at all it looks for more, for Find at most.
+func (c *DataClient) stream(ctx context.Context, since *time.Time) (*dataConn, network.Stream, error) {
+	for {
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return nil, nil, fmt.Errorf("p2p: data client closed: %w", net.ErrClosed)
+		}
+		var best *dataConn
+		for _, s := range c.servers {
+			if s.inFlight < c.cfg.Streams && (best == nil || s.inFlight < best.inFlight) {
+				best = s
+			}
+		}
+		changed, none := c.changed, len(c.servers) == 0
+		if best != nil {
+			best.inFlight++
+			var st network.Stream
+			if n := len(best.idle); n > 0 {
+				st, best.idle = best.idle[n-1], best.idle[:n-1]
+			}
+			c.mu.Unlock()
+			if st != nil {
+				return best, st, nil
+			}
+			st, err := c.open(ctx, best.p)
+			if err == nil {
+				return best, st, nil
+			}
+			c.done(best, nil)
+			c.cfg.Logger.Warn().Stringer("server", best.p).Err(err).Msg("could not reach a data server; asking another")
+			c.leave(best.p, false, err)
+			continue
+		}
+		c.mu.Unlock()
+		if !none {
+			select {
+			case <-changed:
+				continue
+			case <-ctx.Done():
+				return nil, nil, fmt.Errorf("p2p: fetching samples: %w", context.Cause(ctx))
+			}
+		}
+		if since.IsZero() {
+			*since = time.Now()
+		}
+		if time.Since(*since) > c.cfg.Find {
+			return nil, nil, fmt.Errorf("%w %x: none left, and none found for %v", ErrNoServer, c.id[:8], c.cfg.Find)
+		}
+		for _, p := range c.candidates(ctx) {
+			c.addServer(p)
+		}
+		c.mu.Lock()
+		none = len(c.servers) == 0
+		c.mu.Unlock()
+		if none {
+			if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+				return nil, nil, fmt.Errorf("p2p: fetching samples: %w", context.Cause(ctx))
+			}
+		}
+	}
+}
+
+func (c *DataClient) open(ctx context.Context, p peer.ID) (network.Stream, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	st, err := c.h.NewStream(network.WithAllowLimitedConn(ctx, "ringtrain data"), p, DataProtocol)
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+func (c *DataClient) server(p peer.ID) *dataConn {
+	for _, s := range c.servers {
+		if s.p == p {
+			return s
+		}
+	}
+	return nil
+}
+
+// done ends a request on s; st, if not nil, goes back to its idle streams.
+func (c *DataClient) done(s *dataConn, st network.Stream) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s.inFlight--
+	if st != nil {
+		if c.closed || c.server(s.p) != s {
+			st.Close()
+		} else {
+			s.idle = append(s.idle, st)
+		}
+	}
+	c.signalLocked()
+}
+
+// sleepCtx pauses for d, or less if ctx ends first (its error).
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,389 @@
+package p2p
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/rs/zerolog"
+
+	"github.com/ringtrain/ringtrain/data"
+)
+
+// testData is the testdata subset: its manifest and local splits.
+func testData(t *testing.T) (*data.Manifest, *data.Split, *data.Split) {
+	t.Helper()
+	c, err := data.LoadConfig("../testdata/data-config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := c.Load("train")
+	if err != nil {
+		t.Fatal(err)
+	}
+	te, err := c.Load("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := data.NewManifest(c, tr.Dataset, te.Dataset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, tr, te
+}
+
+func serveOn(t *testing.T, h *Host, cfg DataServerConfig, m *data.Manifest, splits ...*data.Dataset) *DataServer {
+	t.Helper()
+	s := NewDataServer(h, cfg)
+	t.Cleanup(func() { s.Close() })
+	if err := s.Serve(m, splits...); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// lockedBuffer is a log sink the test reads while hosts write.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// fetchAll fetches every train sample in requests of 50 and checks them
+// against the local split.
+func fetchAll(t *testing.T, c *DataClient, tr *data.Split, between func(k int)) {
+	t.Helper()
+	for lo, k := 0, 0; lo < tr.Len(); lo, k = lo+50, k+1 {
+		if between != nil {
+			between(k)
+		}
+		idx := make([]int, 0, 50)
+		want := []byte{}
+		for i := lo; i < min(lo+50, tr.Len()); i++ {
+			idx = append(idx, i)
+			want = append(want, tr.Image(i).Pix...)
+		}
+		pix := make([]byte, len(want))
+		if err := c.Fetch(context.Background(), "train", idx, pix); err != nil {
+			t.Fatalf("request %d: %v", k, err)
+		}
+		if !bytes.Equal(pix, want) {
+			t.Fatalf("request %d: pixels differ from the local split's", k)
+		}
+	}
+}
+
+func TestServedDataFoundThroughTheDHT(t *testing.T) {
+	m, tr, te := testData(t)
+	// The server and the client each know only hs[0], which serves nothing:
+	// the client finds the server through the DHT's provider record.
+	hs := startHosts(t, 3, nil)
+	serveOn(t, hs[1], DataServerConfig{Announce: 50 * time.Millisecond}, m, tr.Dataset, te.Dataset)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := OpenServedData(ctx, hs[2], m.ID(), DataClientConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Manifest().ID() != m.ID() || !slices.Equal(c.Servers(), []peer.ID{hs[1].ID()}) {
+		t.Fatalf("manifest %s from %v; want %s from the server %s", c.Manifest().ID(), c.Servers(), m.ID(), hs[1].ID())
+	}
+	// Through the loader, as training reads it: the same batches as local
+	// files.
+	rs, err := c.Manifest().Remote("test", c, data.RemoteConfig{RequestSize: 33})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	for _, s := range []*data.Split{te, rs} {
+		l := &data.Loader{Split: s, BatchSize: 20, Seed: 3, Sampler: data.Sampler{N: s.Len(), World: 2, Rank: 1, Seed: 3, Shuffle: true}}
+		e, err := l.Epoch(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var xs []float32
+		err = e.Each(func(b *data.Batch) error { xs = append(xs, b.X...); return nil })
+		e.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s == te {
+			defer func(want []float32) {
+				if !slices.Equal(xs, want) {
+					t.Fatal("the served test split's batches differ from the local one's")
+				}
+			}(slices.Clone(xs))
+		}
+	}
+}
+
+func TestLosingAServerCostsNoRequest(t *testing.T) {
+	m, tr, te := testData(t)
+	hs := startHosts(t, 3, nil)
+	a := serveOn(t, hs[0], DataServerConfig{}, m, tr.Dataset, te.Dataset)
+	serveOn(t, hs[1], DataServerConfig{}, m, tr.Dataset, te.Dataset)
+	c, err := OpenServedData(context.Background(), hs[2], m.ID(), DataClientConfig{Servers: []peer.AddrInfo{info(hs[0]), info(hs[1])}, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fetchAll(t, c, tr, func(k int) {
+		if k == 3 {
+			a.Close()
+			hs[0].Close()
+		}
+	})
+	for _, p := range c.Servers() {
+		if p == hs[0].ID() {
+			t.Fatalf("servers %v still hold the closed one", c.Servers())
+		}
+	}
+}
+
+func TestLyingServerIsDroppedAndNamed(t *testing.T) {
+	m, tr, te := testData(t)
+	hs := startHosts(t, 3, nil)
+	// The liar holds a copy of the data with one pixel changed in every
+	// tenth image, and serves it under the true manifest.
+	c0, _ := data.LoadConfig("../testdata/data-config.json")
+	forged, err := c0.Load("train")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < forged.Len(); i += 10 {
+		forged.Image(i).Pix[0] ^= 0xff
+	}
+	serveOn(t, hs[0], DataServerConfig{}, m, forged.Dataset, te.Dataset)
+	serveOn(t, hs[1], DataServerConfig{}, m, tr.Dataset, te.Dataset)
+	var log lockedBuffer
+	c, err := OpenServedData(context.Background(), hs[2], m.ID(), DataClientConfig{
+		Servers: []peer.AddrInfo{info(hs[0]), info(hs[1])}, Logger: zerolog.New(&log)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fetchAll(t, c, tr, nil)
+	if !strings.Contains(log.String(), hs[0].ID().String()) || !strings.Contains(log.String(), "do not match") {
+		t.Fatalf("log %q; want the liar %s named", log.String(), hs[0].ID())
+	}
+	if slices.Contains(c.Servers(), hs[0].ID()) {
+		t.Fatalf("servers %v; want the liar dropped", c.Servers())
+	}
+}
+
+// stallServer answers manifest requests and never answers for samples.
+func stallServer(t *testing.T, h *Host, m *data.Manifest) {
+	h.SetStreamHandler(DataProtocol, func(st network.Stream) {
+		defer st.Close()
+		br := bufio.NewReader(st)
+		for {
+			var req [33]byte
+			if _, err := io.ReadFull(br, req[:]); err != nil {
+				return
+			}
+			if req[0] != opManifest {
+				io.Copy(io.Discard, br) // until the client gives up
+				return
+			}
+			b := binary.LittleEndian.AppendUint64([]byte{statusOK}, uint64(len(m.Encoded())))
+			st.Write(append(b, m.Encoded()...))
+		}
+	})
+}
+
+func TestStalledServerIsLeftForAnother(t *testing.T) {
+	m, tr, te := testData(t)
+	hs := startHosts(t, 3, nil)
+	stallServer(t, hs[0], m)
+	serveOn(t, hs[1], DataServerConfig{}, m, tr.Dataset, te.Dataset)
+	c, err := OpenServedData(context.Background(), hs[2], m.ID(), DataClientConfig{
+		Servers: []peer.AddrInfo{info(hs[0]), info(hs[1])}, Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if !slices.Equal(c.Servers(), []peer.ID{hs[0].ID()}) {
+		t.Fatalf("first server %v; want the staller, which answered the manifest first", c.Servers())
+	}
+	fetchAll(t, c, tr, nil)
+	if !slices.Equal(c.Servers(), []peer.ID{hs[1].ID()}) {
+		t.Fatalf("servers %v; want only the one that answers", c.Servers())
+	}
+}
+
+func TestNoServerIsAnErrorInBoundedTime(t *testing.T) {
+	m, _, _ := testData(t)
+	hs := startHosts(t, 3, nil)
+	stallServer(t, hs[0], m)
+	cases := []struct {
+		name string
+		id   string
+		run  func(c *DataClient) error
+	}{
+		{"a dataset nobody serves", strings.Repeat("0", 64), nil},
+		{"only a server that stalls", m.ID(), func(c *DataClient) error {
+			return c.Fetch(context.Background(), "train", []int{1, 2}, make([]byte, 2*784))
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			c, err := OpenServedData(context.Background(), hs[2], tc.id, DataClientConfig{
+				Servers: []peer.AddrInfo{info(hs[0])}, Timeout: 300 * time.Millisecond, Find: time.Second})
+			if err == nil {
+				defer c.Close()
+				err = tc.run(c)
+			}
+			if !errors.Is(err, ErrNoServer) || time.Since(start) > 15*time.Second {
+				t.Fatalf("after %v: %v; want ErrNoServer within the bounds", time.Since(start), err)
+			}
+		})
+	}
+	if _, err := OpenServedData(context.Background(), hs[2], "not-an-id", DataClientConfig{}); err == nil || !strings.Contains(err.Error(), "64 hex digits") {
+		t.Fatalf("a malformed ID: %v; want it named", err)
+	}
+}
+
+// rawRequest sends one request on a fresh stream and returns the status.
+func rawRequest(t *testing.T, h *Host, to peer.ID, req []byte) (network.Stream, byte) {
+	t.Helper()
+	st, err := h.NewStream(context.Background(), to, DataProtocol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := st.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	var s [1]byte
+	if _, err := io.ReadFull(st, s[:]); err != nil {
+		t.Fatal(err)
+	}
+	return st, s[0]
+}
+
+func samplesRequest(id string, split byte, idx ...uint32) []byte {
+	raw, _ := parseID(id)
+	b := append(append([]byte{opSamples}, raw[:]...), split)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(idx)))
+	for _, i := range idx {
+		b = binary.LittleEndian.AppendUint32(b, i)
+	}
+	return b
+}
+
+func TestDataServerLimits(t *testing.T) {
+	m, tr, te := testData(t)
+	hs := startHosts(t, 3, nil)
+	serveOn(t, hs[0], DataServerConfig{MaxRequest: 4, MaxPerPeer: 2, MaxStreams: 3}, m, tr.Dataset, te.Dataset)
+	for _, c := range []struct {
+		name string
+		req  []byte
+		want byte
+	}{
+		{"within the limits", samplesRequest(m.ID(), 0, 1, 2), statusOK},
+		{"too many samples", samplesRequest(m.ID(), 0, 1, 2, 3, 4, 5), statusBad},
+		{"no samples", samplesRequest(m.ID(), 0), statusBad},
+		{"a sample out of range", samplesRequest(m.ID(), 0, uint32(tr.Len())), statusBad},
+		{"a split out of range", samplesRequest(m.ID(), 2, 1), statusBad},
+		{"another dataset", samplesRequest(strings.Repeat("1", 64), 0, 1), statusUnknown},
+		{"an unknown op", append([]byte{9}, make([]byte, 32)...), statusBad},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			st, got := rawRequest(t, hs[1], hs[0].ID(), c.req)
+			st.Reset()
+			if got != c.want {
+				t.Fatalf("status %d; want %d", got, c.want)
+			}
+		})
+	}
+	// One peer holds its two streams; its third is refused, and another
+	// peer is still served.
+	var held []network.Stream
+	for range 2 {
+		st, s := rawRequest(t, hs[1], hs[0].ID(), samplesRequest(m.ID(), 0, 1))
+		if s != statusOK {
+			t.Fatalf("status %d; want OK", s)
+		}
+		held = append(held, st)
+	}
+	if st, s := rawRequest(t, hs[1], hs[0].ID(), samplesRequest(m.ID(), 0, 1)); s != statusBusy {
+		t.Fatalf("a third stream of one peer: status %d; want busy", s)
+	} else {
+		st.Reset()
+	}
+	st, s := rawRequest(t, hs[2], hs[0].ID(), samplesRequest(m.ID(), 0, 1))
+	if s != statusOK {
+		t.Fatalf("another peer: status %d; want OK", s)
+	}
+	// MaxStreams is 3: a fourth stream from anyone is refused.
+	if st2, s := rawRequest(t, hs[2], hs[0].ID(), samplesRequest(m.ID(), 0, 1)); s != statusBusy {
+		t.Fatalf("a stream over MaxStreams: status %d; want busy", s)
+	} else {
+		st2.Reset()
+	}
+	st.Reset()
+	for _, h := range held {
+		h.Reset()
+	}
+}
+
+func TestFetchJobConfig(t *testing.T) {
+	hs := startHosts(t, 4, nil)
+	good := []byte(`{"name":"j"}`)
+	check := func(b []byte) error {
+		if !bytes.Equal(b, good) {
+			return errors.New("hash mismatch")
+		}
+		return nil
+	}
+	// hs[1] lies: it knows name@hash and hands out other bytes.
+	stopLiar := ServeJobConfig(hs[1], "j", "h1", []byte(`{"name":"evil"}`), zerolog.Nop())
+	defer stopLiar()
+	ServeJobConfig(hs[2], "other", "h9", []byte(`{"name":"other"}`), zerolog.Nop())
+	for _, h := range hs[1:3] {
+		if err := hs[3].Connect(context.Background(), info(h)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err := FetchJobConfig(ctx, hs[3], "j", "h1", check, zerolog.Nop())
+	if !errors.Is(err, ErrNoJobConfig) || !strings.Contains(err.Error(), hs[1].ID().String()) {
+		t.Fatalf("with only a liar: %v; want ErrNoJobConfig naming %s", err, hs[1].ID())
+	}
+	ServeJobConfig(hs[0], "j", "h1", good, zerolog.Nop())
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := FetchJobConfig(ctx, hs[3], "j", "h1", check, zerolog.Nop())
+	if err != nil || !bytes.Equal(b, good) {
+		t.Fatalf("got %q, %v; want the honest config", b, err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, err := FetchJobConfig(ctx, hs[3], "j", "other-hash", check, zerolog.Nop()); !errors.Is(err, ErrNoJobConfig) {
+		t.Fatalf("a hash nobody has: %v; want ErrNoJobConfig", err)
+	}
+}
