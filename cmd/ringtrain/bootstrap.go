@@ -44,7 +44,13 @@ func (f *natFlags) apply(cfg *p2p.HostConfig) error {
 // when reachable, relays for peers behind NAT — what hivemind's DHT-only
 // peers and libp2p's public relays do — until it is stopped.
 func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bootstrap", flag.ContinueOnError)
+	return runHostOnly(ctx, "bootstrap", args, stdout, stderr)
+}
+
+// runHostOnly is a peer that trains nothing: bootstrap, or serve, which
+// also serves a dataset (--data).
+func runHostOnly(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var listen, boot stringList
 	fs.Var(&listen, "listen", "multiaddr to listen on (repeatable; default /ip4/0.0.0.0/tcp/0)")
@@ -53,8 +59,15 @@ func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	swarmKey := fs.String("swarm-key", "", "private swarm key file: only its holders can connect, and so be relayed")
 	nat := addNATFlags(fs, "public")
 	lf := addLogFlags(fs)
+	var dataConfig *string
+	if name == "serve" {
+		dataConfig = fs.String("data", "", "data config (JSON: transforms, dataset_path) of the dataset to serve")
+	}
 	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("bootstrap: %w: %w", errUsage, err)
+		return fmt.Errorf("%s: %w: %w", name, errUsage, err)
+	}
+	if dataConfig != nil && *dataConfig == "" {
+		return fmt.Errorf("serve: --data is required: %w", errUsage)
 	}
 	log, closeLog, err := lf.open(stderr)
 	if err != nil {
@@ -63,7 +76,7 @@ func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	defer closeLog()
 	cfg := p2p.HostConfig{Listen: listen, Logger: log}
 	if err := nat.apply(&cfg); err != nil {
-		return fmt.Errorf("bootstrap: %w", err)
+		return fmt.Errorf("%s: %w", name, err)
 	}
 	if *identity != "" {
 		if cfg.Identity, err = p2p.LoadOrCreateIdentity(*identity); err != nil {
@@ -76,7 +89,7 @@ func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 	}
 	if cfg.Bootstrap, err = p2p.ParseBootstrap(boot); err != nil {
-		return fmt.Errorf("bootstrap: %w: %w", err, errUsage)
+		return fmt.Errorf("%s: %w: %w", name, err, errUsage)
 	}
 	h, err := p2p.NewHost(ctx, cfg)
 	if err != nil {
@@ -85,6 +98,13 @@ func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	defer h.Close()
 	for _, a := range h.FullAddrs() {
 		fmt.Fprintf(stdout, "listening on %s\n", a)
+	}
+	if dataConfig != nil {
+		s, err := startServing(h, *dataConfig, stdout, log)
+		if err != nil {
+			return err
+		}
+		defer s.close()
 	}
 	// Who comes and goes, for --log-level debug: a relay's reservations
 	// last as long as the reserving peer's connection.
@@ -96,7 +116,7 @@ func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			log.Debug().Stringer("peer", c.RemotePeer()).Stringer("addr", c.RemoteMultiaddr()).Msg("disconnected")
 		},
 	})
-	log.Info().Bool("relay", cfg.Relay).Str("reachability", nat.reachability).Msg("bootstrap peer up; stop it with Ctrl-C")
+	log.Info().Bool("relay", cfg.Relay).Str("reachability", nat.reachability).Msg(name + " peer up; stop it with Ctrl-C")
 	<-ctx.Done()
 	return nil
 }

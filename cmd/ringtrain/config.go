@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/ringtrain/ringtrain/data"
@@ -40,9 +41,17 @@ type jobConfig struct {
 		StepSize    int     `json:"step_size"`
 		Gamma       float32 `json:"gamma"`
 	} `json:"optimizer"`
-	// Data is the data config, inline or as a path to its file.
-	Data          json.RawMessage `json:"data"`
-	CheckpointDir string          `json:"checkpoint_dir"`
+	// Data is the data config, inline or as a path to its file, or
+	// {"served": "<dataset ID>"}: a dataset peers serve (ringtrain serve
+	// prints its ID), whose transforms and classes come with it.
+	Data json.RawMessage `json:"data"`
+	// RequestSize is how many samples of a served dataset one request
+	// asks for (Ember's request_size); default 256. Each machine's own.
+	RequestSize int `json:"request_size"`
+	// CacheDir, if set, keeps a served dataset's samples on this
+	// machine's disk, so that a restart reads them locally.
+	CacheDir      string `json:"cache_dir"`
+	CheckpointDir string `json:"checkpoint_dir"`
 	// CheckpointEvery, if set, also writes the checkpoint every that many
 	// steps, not only after every epoch.
 	CheckpointEvery int `json:"checkpoint_every"`
@@ -75,7 +84,12 @@ type jobConfig struct {
 	hash      string        // of the fields every peer must share
 	wire      ring.Encoding // parsed Compression
 	bucket    int           // BucketMB in bytes
+	served    string        // the served dataset's ID, or ""
 }
+
+// maxRequestSize is the most samples a request may ask for: a data
+// server's default limit (p2p.DataServerConfig.MaxRequest).
+const maxRequestSize = 8192
 
 // syncConfig is "sync": {"every": H, "outer": {"name": "nesterov", "lr":
 // 0.7, "momentum": 0.9}} — DiLoCo's published settings are those, with H
@@ -134,16 +148,89 @@ func loadJobConfig(path string) (*jobConfig, error) {
 	if err != nil {
 		return nil, err
 	}
+	c, err := parseJobConfig(b, filepath.Dir(path), "")
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// parseJobConfig reads a job config; relative paths are taken from dir.
+// dataFile, if set, replaces its data section: a config handed out by
+// another peer names no paths, and this machine says where its files are.
+func parseJobConfig(b []byte, dir, dataFile string) (*jobConfig, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	var c jobConfig
 	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, err
 	}
-	if err := c.resolve(filepath.Dir(path)); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+	if dec.More() {
+		return nil, errors.New("more than one JSON value")
+	}
+	if dataFile != "" {
+		abs, err := filepath.Abs(dataFile)
+		if err != nil {
+			return nil, err
+		}
+		if c.Data, err = json.Marshal(abs); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.resolve(dir); err != nil {
+		return nil, err
 	}
 	return &c, nil
+}
+
+// handedOutPath stands for the paths of a handed-out config's dataset,
+// which are each machine's own.
+const handedOutPath = "(each machine's own: join --data)"
+
+// jobRef is how other peers name this job to fetch its config:
+// name@config-hash.
+func (c *jobConfig) jobRef() string { return c.Name + "@" + c.hash }
+
+// parseJobRef splits name@hash.
+func parseJobRef(s string) (name, hash string, err error) {
+	i := strings.LastIndexByte(s, '@')
+	if i <= 0 || !isDatasetID(s[i+1:]) {
+		return "", "", fmt.Errorf("--job %q; want <name>@<config hash> as ringtrain join --config prints it: %w", s, errUsage)
+	}
+	return s[:i], s[i+1:], nil
+}
+
+// handedOut is the config as peers hand it to those that join with
+// --job: what every peer shares and nothing that is a machine's own
+// (paths, timeouts, request size). Parsed, it has the same hash. A local
+// dataset travels as its transforms and classes, and the peer that
+// fetches it says with --data where its files are.
+func (c *jobConfig) handedOut() ([]byte, error) {
+	var dataSection any = map[string]string{"served": c.served}
+	if c.served == "" {
+		// The path only lets the config parse (paths are not in the
+		// hash); join refuses to train on it without --data.
+		dataSection = map[string]any{"transforms": c.data.Transforms, "classes": c.data.Classes,
+			"dataset_path": map[string]string{"train": handedOutPath}}
+	}
+	mb := float64(c.bucket) / (1 << 20)
+	return json.MarshalIndent(struct {
+		Name          string          `json:"name"`
+		WorldSize     int             `json:"world_size"`
+		MinWorldSize  int             `json:"min_world_size"`
+		GPUs          int             `json:"gpus,omitempty"`
+		Epochs        int             `json:"epochs"`
+		BatchSize     int             `json:"batch_size"`
+		Seed          uint64          `json:"seed"`
+		Model         json.RawMessage `json:"model"`
+		Optimizer     any             `json:"optimizer"`
+		Data          any             `json:"data"`
+		GradNormGuard float64         `json:"grad_norm_guard,omitempty"`
+		Compression   string          `json:"compression,omitempty"`
+		BucketMB      float64         `json:"bucket_mb"`
+		Sync          *syncConfig     `json:"sync,omitempty"`
+	}{c.Name, c.WorldSize, c.MinWorldSize, c.GPUs, c.Epochs, c.BatchSize, c.Seed, c.Model, c.Optimizer, dataSection,
+		c.GradNormGuard, c.Compression, mb, c.Sync}, "", "  ")
 }
 
 func (c *jobConfig) resolve(dir string) error {
@@ -225,7 +312,31 @@ func (c *jobConfig) resolve(dir string) error {
 		c.StepTimeout = duration(60 * time.Second)
 	}
 	if len(c.Data) == 0 {
-		return errors.New(`no data config; add "data": {"transforms": [...], "dataset_path": {...}} or "data": "<file>"`)
+		return errors.New(`no data config; add "data": {"transforms": [...], "dataset_path": {...}}, "data": "<file>" or "data": {"served": "<dataset ID>"}`)
+	}
+	if c.RequestSize < 0 || c.RequestSize > maxRequestSize {
+		return fmt.Errorf("request_size %d; want 1 to %d samples (0: 256)", c.RequestSize, maxRequestSize)
+	}
+	if c.RequestSize == 0 {
+		c.RequestSize = 256
+	}
+	if c.CacheDir != "" && !filepath.IsAbs(c.CacheDir) && dir != "" {
+		c.CacheDir = filepath.Join(dir, c.CacheDir)
+	}
+	var served struct {
+		Served string `json:"served"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(c.Data))
+	dec.DisallowUnknownFields()
+	if bytes.Contains(c.Data, []byte(`"served"`)) {
+		if err := dec.Decode(&served); err != nil {
+			return fmt.Errorf(`data: %w; a served dataset is named by its ID alone, {"served": "<ID>"}: its transforms and classes come with it`, err)
+		}
+		if !isDatasetID(served.Served) {
+			return fmt.Errorf("data: served %q; want the 64 hex digits of the dataset's ID (ringtrain serve prints it)", served.Served)
+		}
+		c.served = served.Served
+		return c.computeHash()
 	}
 	var dataPath string
 	if json.Unmarshal(c.Data, &dataPath) == nil {
@@ -240,6 +351,29 @@ func (c *jobConfig) resolve(dir string) error {
 		return err
 	}
 	return c.computeHash()
+}
+
+// isDatasetID reports whether s looks like a dataset ID: a hex SHA-256.
+func isDatasetID(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, r := range s {
+		if !strings.ContainsRune("0123456789abcdef", r) {
+			return false
+		}
+	}
+	return true
+}
+
+// useServed takes a served dataset's transforms and classes, from its
+// manifest, checked against the ID the config names.
+func (c *jobConfig) useServed(m *data.Manifest) error {
+	if m.ID() != c.served {
+		return fmt.Errorf("served dataset %s is not the %s the job config names", m.ID()[:16], c.served[:16])
+	}
+	c.data = m.Config()
+	return nil
 }
 
 // computeHash is the SHA-256 of the canonical form of what every peer must
@@ -267,7 +401,14 @@ func (c *jobConfig) computeHash() error {
 		// peers from before them (one allreduce a step) must not agree.
 		BucketBytes int
 		Sync        *syncConfig `json:",omitempty"`
-	}{c.Name, c.WorldSize, c.MinWorldSize, c.Epochs, c.BatchSize, c.Seed, c.Model, c.Optimizer, c.data.Transforms, c.data.Classes, c.GradNormGuard, c.wire, c.bucket, c.Sync}
+		// A served dataset's ID stands for its transforms and classes,
+		// and its bytes.
+		Served string `json:",omitempty"`
+	}{Name: c.Name, WorldSize: c.WorldSize, MinWorldSize: c.MinWorldSize, Epochs: c.Epochs, BatchSize: c.BatchSize, Seed: c.Seed,
+		Model: c.Model, Optimizer: c.Optimizer, GradNormGuard: c.GradNormGuard, Wire: c.wire, BucketBytes: c.bucket, Sync: c.Sync, Served: c.served}
+	if c.served == "" {
+		shared.Transforms, shared.Classes = c.data.Transforms, c.data.Classes
+	}
 	b, err := json.Marshal(shared)
 	if err != nil {
 		return err

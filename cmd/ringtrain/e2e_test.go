@@ -576,3 +576,85 @@ func TestBenchAllreduceProcs(t *testing.T) {
 		t.Errorf("--procs over libp2p: %v, %s; want a usage error", err, out)
 	}
 }
+
+// paramHashes are the param_hash fields of the summaries in out.
+func paramHashes(out string) []string {
+	var hs []string
+	for _, m := range regexp.MustCompile(`"param_hash":"([0-9a-f]{64})"`).FindAllStringSubmatch(out, -1) {
+		hs = append(hs, m[1])
+	}
+	return hs
+}
+
+// TestServedDataTrainsAsLocalFiles is the Ember workflow: one data node
+// (ringtrain serve), a first peer with a job config that names the served
+// dataset, and a peer with nothing but --job name@hash and the data node's
+// address. They end with the parameters that training on local files
+// gives; a dataset or a job nobody serves is an error within the timeout.
+func TestServedDataTrainsAsLocalFiles(t *testing.T) {
+	dir := t.TempDir()
+	fields := `"world_size": 2, "epochs": 1, "batch_size": 16, "seed": 3, "model": "mlp", "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}`
+	local := filepath.Join(dir, "local.json")
+	os.WriteFile(local, []byte(`{"name": "local", `+fields+`, "data": "`+mustAbs(t, "../../testdata/data-config.json")+`"}`), 0o644)
+	out, err := ringtrain(t, 2*time.Minute, "local", "-n", "2", "--config", local)
+	want := paramHashes(out)
+	if err != nil || len(want) != 2 || want[0] != want[1] {
+		t.Fatalf("local files: %v, hashes %v\n%s", err, want, out)
+	}
+
+	srv := startRingtrain(t, "serve", "--data", "../../testdata/data-config.json", "--listen", "/ip4/127.0.0.1/tcp/0", "--log-format", "json")
+	idRe := regexp.MustCompile(`serving dataset ([0-9a-f]{64})`)
+	srv.until(t, "the dataset's ID", func(out string) bool { return idRe.MatchString(out) })
+	id := idRe.FindStringSubmatch(string(srv.buf))[1]
+	addr := regexp.MustCompile(`listening on (\S+)`).FindStringSubmatch(string(srv.buf))[1]
+	if !strings.Contains(string(srv.buf), "transforms: ToTensor() → Normalize") || !strings.Contains(string(srv.buf), "Ankle boot=200") {
+		t.Fatalf("serve should say what it serves, as Ember's server did:\n%s", srv.buf)
+	}
+
+	served := filepath.Join(dir, "served.json")
+	os.WriteFile(served, []byte(`{"name": "served", `+fields+`, "data": {"served": "`+id+`"}, "request_size": 50}`), 0o644)
+	first := startRingtrain(t, "join", "--config", served, "--bootstrap", addr, "--listen", "/ip4/127.0.0.1/tcp/0", "--log-format", "json")
+	refRe := regexp.MustCompile(`join --job (\S+)`)
+	first.until(t, "the job's name@hash", func(out string) bool { return refRe.MatchString(out) })
+	ref := refRe.FindStringSubmatch(string(first.buf))[1]
+	second, err := ringtrain(t, 2*time.Minute, "join", "--job", ref, "--bootstrap", addr, "--listen", "/ip4/127.0.0.1/tcp/0",
+		"--log-format", "json", "--cache-dir", filepath.Join(dir, "cache"))
+	rest, _ := io.ReadAll(first.out)
+	firstOut := string(append(first.buf, rest...))
+	if werr := first.cmd.Wait(); err != nil || werr != nil {
+		t.Fatalf("served: %v / %v\n%s\n%s", werr, err, firstOut, second)
+	}
+	got := append(paramHashes(firstOut), paramHashes(second)...)
+	if len(got) != 2 || got[0] != want[0] || got[1] != want[0] {
+		t.Fatalf("served data: hashes %v; want local files' %s\n%s\n%s", got, want[0], firstOut, second)
+	}
+	if !strings.Contains(second, `"fetched the job config"`) || !strings.Contains(second, `"message":"served data"`) {
+		t.Fatalf("the --job peer should say it fetched the config and the data:\n%s", second)
+	}
+	// The cache holds what the peer fetched.
+	if fi, err := os.Stat(filepath.Join(dir, "cache", id+".train")); err != nil || fi.Size() != 2000*784 {
+		t.Fatalf("cache file: %v, %v; want 2000 samples of 784 bytes", fi, err)
+	}
+
+	for _, c := range []struct{ name, want string }{
+		{"a dataset nobody serves", "no server of the dataset"},
+		{"a job nobody runs", "no peer handed out the job config"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			args := []string{"join", "--bootstrap", addr, "--listen", "/ip4/127.0.0.1/tcp/0", "--join-timeout", "2s"}
+			if strings.Contains(c.name, "dataset") {
+				nobody := filepath.Join(dir, "nobody.json")
+				os.WriteFile(nobody, []byte(`{"name": "nobody", `+fields+`, "data": {"served": "`+strings.Repeat("5", 64)+`"}}`), 0o644)
+				args = append(args, "--config", nobody)
+			} else {
+				args = append(args, "--job", "served@"+strings.Repeat("7", 64))
+			}
+			start := time.Now()
+			out, err := ringtrain(t, time.Minute, args...)
+			if err == nil || !strings.Contains(out, c.want) || time.Since(start) > 30*time.Second {
+				t.Fatalf("after %v: %v; want an error saying %q\n%s", time.Since(start), err, c.want, out)
+			}
+		})
+	}
+	srv.interrupt()
+}

@@ -31,6 +31,9 @@ func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 // joinFlags are `ringtrain join`'s flags.
 type joinFlags struct {
 	config, identity, swarmKey, model, device string
+	job, serve, data, cacheDir                string
+	requestSize                               int
+	joinTimeout                               time.Duration
 	metrics                                   string
 	threads                                   int
 	bootstrap, listen                         stringList
@@ -58,16 +61,51 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		// work over GOMAXPROCS goroutines.
 		runtime.GOMAXPROCS(f.threads)
 	}
-	cfg, device, err := f.jobConfig()
+	var cfg *jobConfig
+	device := ""
+	if f.config != "" {
+		if cfg, device, err = f.jobConfig(); err != nil {
+			return err
+		}
+	}
+	joinTimeout := 60 * time.Second // a fetched config's own is not known yet
+	switch {
+	case cfg != nil:
+		joinTimeout = time.Duration(cfg.JoinTimeout)
+	case f.joinTimeout > 0:
+		joinTimeout = f.joinTimeout
+	}
+	h, relayFor, err := startHost(ctx, f, joinTimeout, stdout, log)
 	if err != nil {
 		return err
 	}
-	// Data first: a broken dataset should fail before anyone waits for us.
-	trainSplit, testSplit, err := loadSplits(cfg, log)
+	defer h.Close()
+	if cfg == nil {
+		if cfg, device, err = f.fetchJobConfig(ctx, h, joinTimeout, log); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(stdout, "job %s: others join it with ringtrain join --job %s --bootstrap <an address above>\n", cfg.Name, cfg.jobRef())
+	handed, err := cfg.handedOut()
 	if err != nil {
 		return err
 	}
-	peer, err := startPeer(ctx, f, cfg, stdout, log)
+	defer p2p.ServeJobConfig(h, cfg.Name, cfg.hash, handed, log)()
+	var served *servedData
+	if f.serve != "" {
+		if served, err = startServing(h, f.serve, stdout, log); err != nil {
+			return err
+		}
+		defer served.close()
+	}
+	// Data before the node: a broken dataset should fail before anyone
+	// waits for us.
+	trainSplit, testSplit, closeData, err := loadSplits(ctx, cfg, h, served, joinTimeout, log)
+	if err != nil {
+		return err
+	}
+	defer closeData()
+	peer, err := startNode(h, relayFor, f, cfg, log)
 	if err != nil {
 		return err
 	}
@@ -113,6 +151,12 @@ func parseJoinFlags(args []string, stderr io.Writer) (*joinFlags, error) {
 	fs := flag.NewFlagSet("join", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&f.config, "config", "", "job config (JSON)")
+	fs.StringVar(&f.job, "job", "", "instead of --config: fetch the job config from the job's peers, as name@hash (join --config prints it)")
+	fs.StringVar(&f.data, "data", "", "with --job, for a job on local files: this machine's data config (where its files are)")
+	fs.StringVar(&f.serve, "serve", "", "also serve this data config's dataset to other peers (as ringtrain serve does)")
+	fs.StringVar(&f.cacheDir, "cache-dir", "", "keep a served dataset's samples in this folder (default: the config's cache_dir; none)")
+	fs.DurationVar(&f.joinTimeout, "join-timeout", 0, "how long to wait for the job's config, data and peers (default: the config's join_timeout, 60s)")
+	fs.IntVar(&f.requestSize, "request-size", 0, "samples per request to a data server (default: the config's request_size, 256)")
 	fs.Var(&f.bootstrap, "bootstrap", "multiaddr of a peer already in the swarm, /ip4/…/tcp/…/p2p/<id> (repeatable)")
 	fs.Var(&f.listen, "listen", "multiaddr to listen on (repeatable; default /ip4/0.0.0.0/tcp/0)")
 	fs.StringVar(&f.identity, "identity", "", "identity key file, created on first use (default: a fresh identity each run; see: ringtrain id)")
@@ -128,8 +172,22 @@ func parseJoinFlags(args []string, stderr io.Writer) (*joinFlags, error) {
 	if err := fs.Parse(args); err != nil {
 		return nil, fmt.Errorf("join: %w: %w", errUsage, err)
 	}
-	if f.config == "" {
-		return nil, fmt.Errorf("join: --config is required: %w", errUsage)
+	switch {
+	case (f.config == "") == (f.job == ""):
+		return nil, fmt.Errorf("join: give --config or --job (not both): %w", errUsage)
+	case f.job != "" && f.model != "":
+		return nil, fmt.Errorf("join: --model makes another job than --job names: %w", errUsage)
+	case f.data != "" && f.job == "":
+		return nil, fmt.Errorf("join: --data goes with --job; a --config names its own data: %w", errUsage)
+	case f.joinTimeout < 0:
+		return nil, fmt.Errorf("join: --join-timeout %v; want a positive duration: %w", f.joinTimeout, errUsage)
+	case f.requestSize < 0 || f.requestSize > maxRequestSize:
+		return nil, fmt.Errorf("join: --request-size %d; want 1 to %d: %w", f.requestSize, maxRequestSize, errUsage)
+	}
+	if f.job != "" {
+		if _, _, err := parseJobRef(f.job); err != nil {
+			return nil, fmt.Errorf("join: %w", err)
+		}
 	}
 	if err := f.nat.apply(&p2p.HostConfig{}); err != nil {
 		return nil, fmt.Errorf("join: %w", err)
@@ -155,6 +213,20 @@ func (f *joinFlags) jobConfig() (*jobConfig, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("job config: %w", err)
 	}
+	return f.finish(cfg)
+}
+
+// finish applies this machine's flags to a config and picks the device.
+func (f *joinFlags) finish(cfg *jobConfig) (*jobConfig, string, error) {
+	if f.cacheDir != "" {
+		cfg.CacheDir = f.cacheDir
+	}
+	if f.requestSize > 0 {
+		cfg.RequestSize = f.requestSize
+	}
+	if f.joinTimeout > 0 {
+		cfg.JoinTimeout = duration(f.joinTimeout)
+	}
 	device, err := deviceOf(f.device, cfg.GPUs)
 	if err != nil {
 		return nil, "", fmt.Errorf("job config: %w", err)
@@ -167,22 +239,106 @@ func (f *joinFlags) jobConfig() (*jobConfig, string, error) {
 	return cfg, device, nil
 }
 
-func loadSplits(cfg *jobConfig, log zerolog.Logger) (trainSplit, testSplit *data.Split, err error) {
-	if trainSplit, err = cfg.data.Load("train"); err != nil {
-		return nil, nil, err
-	}
-	log.Info().Str("dataset", trainSplit.Describe()).Msg("train data")
-	if cfg.data.DatasetPath.Test != "" {
-		if testSplit, err = cfg.data.Load("test"); err != nil {
-			return nil, nil, err
+// fetchJobConfig gets --job's config from the job's peers: the first
+// whose bytes hash to the name@hash asked for.
+func (f *joinFlags) fetchJobConfig(ctx context.Context, h *p2p.Host, timeout time.Duration, log zerolog.Logger) (*jobConfig, string, error) {
+	name, hash, _ := parseJobRef(f.job)
+	var cfg *jobConfig
+	check := func(b []byte) error {
+		c, err := parseJobConfig(b, "", f.data)
+		if err != nil {
+			return err
 		}
+		if c.Name != name || c.hash != hash {
+			return fmt.Errorf("config of job %q with hash %s", c.Name, c.hash[:16])
+		}
+		cfg = c
+		return nil
 	}
-	return trainSplit, testSplit, nil
+	fctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if _, err := p2p.FetchJobConfig(fctx, h, name, hash, check, log); err != nil {
+		return nil, "", fmt.Errorf("join --job: %w (within %v)", err, timeout)
+	}
+	if cfg.served == "" && f.data == "" {
+		return nil, "", fmt.Errorf("join --job: job %q trains on files each machine holds; give --data <data config> saying where they are on this one: %w", name, errUsage)
+	}
+	log.Info().Str("job", f.job).Msg("fetched the job config")
+	return f.finish(cfg)
 }
 
-// peerNet is this peer's place in the swarm: host, agreement, ring links.
+// loadSplits opens the job's data: local files, the dataset this peer
+// serves, or one that other peers serve, fetched as training reads it.
+// The func closes what it opened.
+func loadSplits(ctx context.Context, cfg *jobConfig, h *p2p.Host, served *servedData, timeout time.Duration, log zerolog.Logger) (trainSplit, testSplit *data.Split, closeAll func(), err error) {
+	closeAll = func() {}
+	switch {
+	case cfg.served == "":
+		if trainSplit, err = cfg.data.Load("train"); err != nil {
+			return nil, nil, nil, err
+		}
+		if cfg.data.DatasetPath.Test != "" {
+			if testSplit, err = cfg.data.Load("test"); err != nil {
+				return nil, nil, nil, err
+			}
+		}
+	case served != nil && served.m.ID() == cfg.served:
+		if err := cfg.useServed(served.m); err != nil {
+			return nil, nil, nil, err
+		}
+		trainSplit, testSplit = served.train, served.test
+	default:
+		octx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		c, err := p2p.OpenServedData(octx, h, cfg.served, p2p.DataClientConfig{Logger: log, Find: timeout})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		m := c.Manifest()
+		if err := cfg.useServed(m); err != nil {
+			c.Close()
+			return nil, nil, nil, err
+		}
+		rc := data.RemoteConfig{RequestSize: cfg.RequestSize, CacheDir: cfg.CacheDir,
+			OnCacheError: func(err error) { log.Warn().Err(err).Msg("served data cache") }}
+		if trainSplit, err = m.Remote("train", c, rc); err == nil && m.Split("test") != nil {
+			if testSplit, err = m.Remote("test", c, rc); err != nil {
+				trainSplit.Close()
+			}
+		}
+		if err != nil {
+			c.Close()
+			return nil, nil, nil, err
+		}
+		closeAll = func() {
+			for _, s := range []*data.Split{trainSplit, testSplit} {
+				if s == nil {
+					continue
+				}
+				if st, ok := s.RemoteStats(); ok {
+					log.Info().Str("dataset", cfg.served[:16]).Str("split", s.Source).Int("fetched", st.Fetched).Int("from_cache", st.Cached).
+						Int("here", st.Here).Int("samples", st.Total).Msg("served data")
+				}
+				s.Close()
+			}
+			c.Close()
+		}
+		log.Info().Str("dataset", cfg.served).Stringers("servers", peerIDs(c.Servers())).Int("request_size", cfg.RequestSize).Str("cache_dir", cfg.CacheDir).Msg("training on served data")
+	}
+	log.Info().Str("dataset", trainSplit.Describe()).Msg("train data")
+	return trainSplit, testSplit, closeAll, nil
+}
+
+func peerIDs(ps []peer.ID) []fmt.Stringer {
+	out := make([]fmt.Stringer, len(ps))
+	for i, p := range ps {
+		out[i] = p
+	}
+	return out
+}
+
+// peerNet is this peer's place in the job: agreement and ring links.
 type peerNet struct {
-	host    *p2p.Host
 	node    *p2p.Node
 	links   *p2p.RingLinks
 	members *p2p.Membership
@@ -191,57 +347,59 @@ type peerNet struct {
 func (p *peerNet) close() {
 	p.links.Close()
 	p.node.Close()
-	p.host.Close()
 }
 
-// startPeer starts the host — its first lines say where it can be reached,
-// so that the next machine can be pointed at it — and the job's node and
-// ring links.
-func startPeer(ctx context.Context, f *joinFlags, cfg *jobConfig, stdout io.Writer, log zerolog.Logger) (*peerNet, error) {
+// startHost starts the host; its first lines say where it can be reached,
+// so that the next machine can be pointed at it. The pointer is for the
+// node, once there is one: a relay serves only peers that proved they hold
+// this job's key.
+func startHost(ctx context.Context, f *joinFlags, timeout time.Duration, stdout io.Writer, log zerolog.Logger) (*p2p.Host, *atomic.Pointer[p2p.Node], error) {
 	hcfg := p2p.HostConfig{Listen: f.listen, Logger: log}
 	if err := f.nat.apply(&hcfg); err != nil {
-		return nil, fmt.Errorf("join: %w", err)
+		return nil, nil, fmt.Errorf("join: %w", err)
 	}
-	// A relay serves only peers that proved they hold this job's key.
-	var relayFor atomic.Pointer[p2p.Node] // the node, once it exists
+	relayFor := new(atomic.Pointer[p2p.Node])
 	hcfg.RelayFor = func(p peer.ID) bool { n := relayFor.Load(); return n != nil && n.Verified(p) }
 	var err error
 	if f.identity != "" {
 		if hcfg.Identity, err = p2p.LoadOrCreateIdentity(f.identity); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if f.swarmKey != "" {
 		if hcfg.SwarmKey, err = p2p.ReadSwarmKey(f.swarmKey); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if hcfg.Bootstrap, err = p2p.ParseBootstrap(f.bootstrap); err != nil {
-		return nil, fmt.Errorf("join: %w: %w", err, errUsage)
+		return nil, nil, fmt.Errorf("join: %w: %w", err, errUsage)
 	}
-	timeout := time.Duration(cfg.JoinTimeout)
 	hctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	h, err := p2p.NewHost(hctx, hcfg)
 	if err != nil {
 		if hctx.Err() != nil {
-			return nil, fmt.Errorf("join: no bootstrap peer answered within the join timeout (%v): %w", timeout, err)
+			return nil, nil, fmt.Errorf("join: no bootstrap peer answered within the join timeout (%v): %w", timeout, err)
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	for _, a := range h.FullAddrs() {
 		fmt.Fprintf(stdout, "listening on %s\n", a)
 	}
+	return h, relayFor, nil
+}
+
+// startNode starts the job's node and ring links on h.
+func startNode(h *p2p.Host, relayFor *atomic.Pointer[p2p.Node], f *joinFlags, cfg *jobConfig, log zerolog.Logger) (*peerNet, error) {
 	node, err := p2p.NewNode(h, p2p.Job{Name: cfg.Name, ConfigHash: cfg.hash, WorldSize: cfg.WorldSize}, p2p.NodeConfig{Logger: log})
 	if err != nil {
-		h.Close()
 		return nil, err
 	}
 	relayFor.Store(node)
 	log.Info().Str("job", cfg.Name).Int("world_size", cfg.WorldSize).Str("config_hash", cfg.hash[:16]).Msg("looking for peers")
 	// Ring links first: a peer that forms the ring before us dials at once.
 	links := p2p.NewRingLinks(h.Host, node, p2p.LinksConfig{Plane: f.plane, Logger: log})
-	return &peerNet{host: h, node: node, links: links, members: p2p.NewMembership(node, links, timeout)}, nil
+	return &peerNet{node: node, links: links, members: p2p.NewMembership(node, links, time.Duration(cfg.JoinTimeout))}, nil
 }
 
 // newJob builds the model, optimizer, data loaders and checkpointing of

@@ -3,7 +3,9 @@
 //
 // Usage:
 //
-//	ringtrain join --config job.json [--bootstrap MULTIADDR]... [--listen MULTIADDR]... [--identity FILE] [--swarm-key FILE] [--relay=false] [--reachability auto|public|private]
+//	ringtrain join --config job.json [--bootstrap MULTIADDR]... [--listen MULTIADDR]... [--identity FILE] [--swarm-key FILE] [--relay=false] [--reachability auto|public|private] [--serve data.json] [--cache-dir DIR]
+//	ringtrain join --job NAME@HASH --bootstrap MULTIADDR [--data data.json] [--cache-dir DIR]
+//	ringtrain serve --data data.json [--listen MULTIADDR]... [--identity FILE] [--bootstrap MULTIADDR]...
 //	ringtrain bootstrap [--listen MULTIADDR]... [--identity FILE] [--swarm-key FILE] [--reachability public|auto]
 //	ringtrain local -n 3 --config job.json
 //	ringtrain bench allreduce [--transport mem|tcp|libp2p|libp2p-tcp|libp2p-relay] [--procs] [--peers N] [--sizes 1MiB,16MiB] [--json]
@@ -80,6 +82,7 @@ const usage = `usage: ringtrain <command> [flags]
 commands:
   join              find the job's peers, form the ring, train, evaluate
   bootstrap         a peer that trains nothing: the DHT to meet in, AutoNAT, a relay for peers behind NAT
+  serve             a bootstrap peer that also serves a dataset (--data) to the peers that train on it
   local             run -n peers of a job as processes on this machine
   bench allreduce   measure ring-allreduce against the pattern ceiling
   bench form        time ring formation through the DHT on loopback
@@ -115,6 +118,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return runJoin(ctx, args[1:], stdout, stderr)
 	case "bootstrap":
 		return runBootstrap(ctx, args[1:], stdout, stderr)
+	case "serve":
+		return runServe(ctx, args[1:], stdout, stderr)
 	case "local":
 		return runLocal(ctx, args[1:], stdout, stderr)
 	case "predict":
