@@ -10,11 +10,11 @@ BIN      ?= bin
 # (golang/go#75804, fixed in 1.27). 200000 inputs take 5–15 s here.
 FUZZTIME ?= 200000x
 # Every fuzz target, as package:Target; `make test` runs each for FUZZTIME.
-FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzReadIDX ./data:FuzzReadCSV ./p2p:FuzzReadHello
+FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzReadIDX ./data:FuzzReadCSV ./p2p:FuzzReadHello ./data:FuzzParseManifest
 
 MODEL ?= mlp
 
-.PHONY: test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-overlap fashion-mnist testdata demo clean
+.PHONY: test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-overlap bench-served fashion-mnist testdata demo clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -102,6 +102,7 @@ test-netns: build
 	@command -v iptables >/dev/null || (apt-get install -y -qq iptables || (apt-get update -qq && apt-get install -y -qq iptables)) >/dev/null 2>&1 || echo "could not install iptables"
 	bash testdata/netns-elastic.sh $(BIN)/ringtrain
 	bash testdata/netns-nat.sh $(BIN)/ringtrain
+	bash testdata/netns-served.sh $(BIN)/ringtrain
 
 fuzz:
 	@for f in $(FUZZ); do \
@@ -313,6 +314,13 @@ bench-overlap: build fashion-mnist
 	SLOW_MODEL=cnn SLOW_DEVICE=host SLOW_TRAIN=6400 bash testdata/netns-slow.sh $(BIN)/ringtrain none+b0,none+b25 $(RUNS) 100mbit 1
 
 # testdata/ is made from the real Fashion-MNIST; the output is committed.
+# Issue 17's figures: the served path's samples/s on loopback against a
+# loader on local files, then two peers' epochs on served data against
+# local files (a data node on the same machine), RUNS times alternating.
+bench-served: build fashion-mnist
+	$(BIN)/ringtrain bench served --runs $(RUNS)
+	bash testdata/bench-served.sh $(BIN)/ringtrain $(RUNS) 2
+
 testdata: fashion-mnist
 	$(GO) run ./cmd/mktestdata -src $(FASHION) -out testdata
 

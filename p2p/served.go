@@ -221,6 +221,13 @@ func (s *DataServer) admit(st network.Stream, from peer.ID) bool {
 	return true
 }
 
+// streams is how many clients' streams are being served.
+func (s *DataServer) streams() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.open)
+}
+
 func (s *DataServer) release(st network.Stream, from peer.ID) {
 	s.mu.Lock()
 	delete(s.open, st)

@@ -297,7 +297,14 @@ func samplesRequest(id string, split byte, idx ...uint32) []byte {
 func TestDataServerLimits(t *testing.T) {
 	m, tr, te := testData(t)
 	hs := startHosts(t, 3, nil)
-	serveOn(t, hs[0], DataServerConfig{MaxRequest: 4, MaxPerPeer: 2, MaxStreams: 3}, m, tr.Dataset, te.Dataset)
+	srv := serveOn(t, hs[0], DataServerConfig{MaxRequest: 4, MaxPerPeer: 2, MaxStreams: 3}, m, tr.Dataset, te.Dataset)
+	// A stream reset by the client frees its slot once the server's
+	// handler sees it: wait for that, not a while.
+	drained := func() {
+		for srv.streams() > 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
 	for _, c := range []struct {
 		name string
 		req  []byte
@@ -317,6 +324,7 @@ func TestDataServerLimits(t *testing.T) {
 			if got != c.want {
 				t.Fatalf("status %d; want %d", got, c.want)
 			}
+			drained()
 		})
 	}
 	// One peer holds its two streams; its third is refused, and another

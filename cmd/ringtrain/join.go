@@ -75,6 +75,15 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	case f.joinTimeout > 0:
 		joinTimeout = f.joinTimeout
 	}
+	// Local files before the network: a broken dataset should fail before
+	// anyone is told where this peer listens, or waits for it.
+	var trainSplit, testSplit *data.Split
+	closeData := func() {}
+	if cfg != nil && cfg.served == "" {
+		if trainSplit, testSplit, closeData, err = loadSplits(ctx, cfg, nil, nil, 0, log); err != nil {
+			return err
+		}
+	}
 	h, relayFor, err := startHost(ctx, f, joinTimeout, stdout, log)
 	if err != nil {
 		return err
@@ -98,11 +107,10 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		defer served.close()
 	}
-	// Data before the node: a broken dataset should fail before anyone
-	// waits for us.
-	trainSplit, testSplit, closeData, err := loadSplits(ctx, cfg, h, served, joinTimeout, log)
-	if err != nil {
-		return err
+	if trainSplit == nil {
+		if trainSplit, testSplit, closeData, err = loadSplits(ctx, cfg, h, served, joinTimeout, log); err != nil {
+			return err
+		}
 	}
 	defer closeData()
 	peer, err := startNode(h, relayFor, f, cfg, log)
