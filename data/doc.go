@@ -20,4 +20,19 @@
 //
 // Random transforms draw from (seed, epoch, dataset index), so a run repeats
 // exactly and a sample's augmentation does not depend on the world size.
+//
+// # Served datasets
+//
+// A dataset other peers serve is named by its Manifest's ID: the SHA-256
+// of a manifest that holds the transforms, the class names and every
+// sample's shape, label and SHA-256. NewManifest makes one for serving;
+// ParseManifest checks one received against the ID asked for. On the
+// training peer, Manifest.Remote makes a Split whose samples a Fetcher
+// (p2p.DataClient) brings as each epoch needs them, request_size at a
+// time and ahead of the loader, optionally kept in a cache file checked
+// against the manifest when it is read back:
+//
+//	s, err := m.Remote("train", client, data.RemoteConfig{RequestSize: 256, CacheDir: dir})
+//	defer s.Close()
+//	l := &data.Loader{Split: s, ...} // as with local files; batches are the same
 package data

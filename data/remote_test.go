@@ -413,3 +413,31 @@ func TestRemoteCache(t *testing.T) {
 		t.Fatal("the refetched sample is not the true one")
 	}
 }
+
+func TestPrefetch(t *testing.T) {
+	m, tr, _ := testManifest(t)
+	f := &fakeFetcher{d: tr.Dataset, sm: m.Split("train")}
+	rs, err := m.Remote("train", f, RemoteConfig{RequestSize: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	idx := []int{5, 9, 5, 1999, 0}
+	if err := rs.Prefetch(context.Background(), idx); err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range idx {
+		if !bytes.Equal(rs.Image(i).Pix, tr.Image(i).Pix) {
+			t.Fatalf("sample %d not here after Prefetch", i)
+		}
+	}
+	if f.samples() != 4 {
+		t.Fatalf("fetched %d samples for 4 distinct ones", f.samples())
+	}
+	if err := rs.Prefetch(context.Background(), []int{2000}); !errors.Is(err, ErrFormat) {
+		t.Fatalf("Prefetch out of range: %v; want ErrFormat", err)
+	}
+	if err := tr.Prefetch(context.Background(), []int{1, 2}); err != nil {
+		t.Fatalf("Prefetch on local files: %v; want nothing to do", err)
+	}
+}

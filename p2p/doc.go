@@ -8,7 +8,10 @@
 // suffices (the decisions are Agreement's, a state machine with no I/O),
 // re-formation and admission on the same Agreement, and the ring's
 // Transport over libp2p streams or token-gated TCP, accepted only from the
-// members a Gate expects. Peers behind NAT are reached through go-libp2p's
+// members a Gate expects. DataServer and DataClient serve and fetch
+// datasets (data.Manifest) over DataProtocol, announced in the DHT; a
+// joined peer hands its job config to peers that name the job
+// (ServeJobConfig, FetchJobConfig). Peers behind NAT are reached through go-libp2p's
 // AutoNAT, circuit relay v2 (with limits for training traffic: see
 // RelayResources), AutoRelay and DCUtR hole punching; ring links log
 // whether they are direct or relayed, and the TCP plane refuses links that
@@ -26,4 +29,8 @@
 //	defer links.Close()
 //	t, err := links.Connect(ctx, f)
 //	r, err := ring.New(t, ring.Config{Rank: f.Rank, Size: len(f.Members), Generation: f.Generation})
+//
+//	srv := p2p.NewDataServer(h, p2p.DataServerConfig{Logger: log}) // serving
+//	err = srv.Serve(manifest, train, test)
+//	c, err := p2p.OpenServedData(ctx, h, id, p2p.DataClientConfig{}) // fetching: c is a data.Fetcher
 package p2p

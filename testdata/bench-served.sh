@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 17's epoch figure: two peers (--threads 1 each) train the mlp on
 # the full Fashion-MNIST, from local files and from data served by a third
-# process on this machine (ringtrain serve), alternating, RUNS times each.
+# process on this machine (ringtrain serve), alternating (and which goes first), RUNS times each.
 # The served peers start with nothing: the first with a config that names
 # the served dataset, the second with only --job name@hash. Prints each
 # run's epoch times (rank 0's "epoch done" elapsed_s) and the medians.
@@ -27,19 +27,20 @@ echo '{"name": "bench-local", '"$common"', "data": "'"$here"'/fashion-mnist-full
 echo '{"name": "bench-served", '"$common"', "data": {"served": "'"$id"'"}}' >"$work/served.json"
 
 # run KIND: two peers; prints rank 0's epoch times, space-separated.
+# The local-files peers bootstrap from the data node too, so that both
+# kinds meet the same peers; only the served ones fetch from it.
 run() {
   local kind=$1 out=$work/$1
   "$bin" join --config "$work/$kind.json" --listen /ip4/127.0.0.1/tcp/0 --threads 1 --log-format json \
-    $([ "$kind" = served ] && echo --bootstrap "$addr") >"$out.0" 2>"$out.0.err" &
+    --bootstrap "$addr" >"$out.0" 2>"$out.0.err" &
   local p0=$!
   for _ in $(seq 300); do grep -q "join --job" "$out.0" 2>/dev/null && break; sleep 0.1; done
-  local first ref
-  first=$(awk '/listening on/ {print $3; exit}' "$out.0")
+  local ref
   ref=$(grep -o 'join --job [^ ]*' "$out.0" | awk '{print $3}')
   if [ "$kind" = served ]; then
     "$bin" join --job "$ref" --bootstrap "$addr" --listen /ip4/127.0.0.1/tcp/0 --threads 1 --log-format json >"$out.1" 2>"$out.1.err"
   else
-    "$bin" join --config "$work/local.json" --bootstrap "$first" --listen /ip4/127.0.0.1/tcp/0 --threads 1 --log-format json >"$out.1" 2>"$out.1.err"
+    "$bin" join --config "$work/local.json" --bootstrap "$addr" --listen /ip4/127.0.0.1/tcp/0 --threads 1 --log-format json >"$out.1" 2>"$out.1.err"
   fi
   wait $p0
   local f=$out.0.err
@@ -50,7 +51,9 @@ run() {
 
 declare -A times
 for r in $(seq "$runs"); do
-  for kind in local served; do
+  order="local served"
+  [ $((r % 2)) = 0 ] && order="served local" # so that drift over the runs falls on both
+  for kind in $order; do
     t=$(run $kind)
     echo "run $r $kind: epoch times ${t}s, param hashes $(cat "$work/$kind.hash")"
     times[$kind]+="$t;"
@@ -58,11 +61,15 @@ for r in $(seq "$runs"); do
 done
 python3 - "${times[local]}" "${times[served]}" <<'PY'
 import statistics, sys
-def epochs(s):
-    runs = [list(map(float, r.split())) for r in s.strip(';').split(';')]
-    return [statistics.median(r[e] for r in runs) for e in range(len(runs[0]))], [sum(r) for r in runs]
-(le, lt), (se, st) = epochs(sys.argv[1]), epochs(sys.argv[2])
-for e, (a, b) in enumerate(zip(le, se)):
-    print(f"epoch {e+1}: local files {a:.2f} s, served {b:.2f} s (median), served/local {b/a:.3f}")
-print(f"all epochs: local files {statistics.median(lt):.2f} s, served {statistics.median(st):.2f} s (median), served/local {statistics.median(st)/statistics.median(lt):.3f}")
+runs = lambda s: [list(map(float, r.split())) for r in s.strip(';').split(';')]
+L, S = runs(sys.argv[1]), runs(sys.argv[2])
+med = statistics.median
+# Runs alternate back to back, so each pair's ratio cancels the machine's
+# drift; its median is the figure.
+for e in range(len(L[0])):
+    pairs = [s[e] / l[e] for l, s in zip(L, S)]
+    print(f"epoch {e+1}: local files {med(r[e] for r in L):.2f} s, served {med(r[e] for r in S):.2f} s (medians); "
+          f"served/local per run {' '.join(f'{x:.3f}' for x in pairs)}, median {med(pairs):.3f}")
+pairs = [sum(s) / sum(l) for l, s in zip(L, S)]
+print(f"all epochs: served/local per run {' '.join(f'{x:.3f}' for x in pairs)}, median {med(pairs):.3f}")
 PY

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -38,7 +39,7 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 	}
 	for _, bad := range []string{`, "grad_norm_guard": 1`, `, "grad_norm_guard": -3`, `, "compression": "zip"`, `, "bucket_mb": -1`, `, "bucket_mb": "25"`,
 		`, "sync": {"every": 0, "outer": {"lr": 0.7}}`, `, "sync": {"every": 5, "outer": {"name": "adam", "lr": 0.7}}`,
-		`, "sync": {"every": 5}`, `, "sync": {"every": 5, "outer": {"lr": 0.7, "momentum": 1}}`} {
+		`, "sync": {"every": 5}`, `, "sync": {"every": 5, "outer": {"lr": 0.7, "momentum": 1}}`, `, "request_size": 9000`, `, "request_size": -1`} {
 		p := filepath.Join(t.TempDir(), "job.json")
 		if err := os.WriteFile(p, []byte("{"+base+bad+"}"), 0o644); err != nil {
 			t.Fatal(err)
@@ -64,9 +65,89 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		{`, "bucket_mb": 4`, false},
 		{`, "sync": {"every": 50, "outer": {"name": "nesterov", "lr": 0.7, "momentum": 0.9}}`, false},
 		{`, "join_timeout": "5s", "step_timeout": "9s", "checkpoint_dir": "/tmp/x"`, true},
+		{`, "request_size": 64, "cache_dir": "/tmp/c"`, true},
 	} {
 		if got := hash(tc.extra); (got == plain) != tc.same {
 			t.Errorf("config hash with %s: same as without = %v; want %v", tc.extra, got == plain, tc.same)
 		}
 	}
+}
+
+// TestHandedOutConfigHasTheHash: the config a peer hands to those that
+// join with --job parses, on a machine with none of its paths, into the
+// same hash — for a served dataset, and for local files once --data says
+// where they are — and a served dataset's ID stands in the hash for its
+// transforms and classes.
+func TestHandedOutConfigHasTheHash(t *testing.T) {
+	dataCfg := mustAbs(t, "../../testdata/data-config.json")
+	id := strings.Repeat("ab", 32)
+	for _, c := range []struct{ name, data, dataFlag string }{
+		{"served", `{"served": "` + id + `"}`, ""},
+		{"local files", `"` + dataCfg + `"`, dataCfg},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			body := `{"name": "h", "world_size": 3, "epochs": 2, "batch_size": 8, "seed": 4, "model": "cnn", "gpus": 1,
+				"optimizer": {"name": "adam", "lr": 0.001, "schedule": "cosine"}, "compression": "bf16", "bucket_mb": 3.3,
+				"sync": {"every": 4, "outer": {"lr": 0.7, "momentum": 0.9}}, "grad_norm_guard": 5, "min_world_size": 2,
+				"checkpoint_dir": "/somewhere", "join_timeout": "9s", "request_size": 17, "data": ` + c.data + `}`
+			orig, err := parseJobConfig([]byte(body), "", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := orig.handedOut()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := parseJobConfig(b, "", c.dataFlag)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, b)
+			}
+			if got.hash != orig.hash || got.jobRef() != orig.jobRef() {
+				t.Fatalf("handed-out config hashes to %s; want %s\n%s", got.hash, orig.hash, b)
+			}
+			if strings.Contains(string(b), "somewhere") || strings.Contains(string(b), "9s") || strings.Contains(string(b), dataCfg) {
+				t.Fatalf("handed-out config carries a machine's own paths or timeouts:\n%s", b)
+			}
+		})
+	}
+	served := func(id string) string {
+		c, err := parseJobConfig([]byte(`{"name": "h", "world_size": 3, "epochs": 2, "batch_size": 8, "model": "mlp", "data": {"served": "`+id+`"}}`), "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.hash
+	}
+	if served(id) == served(strings.Repeat("cd", 32)) {
+		t.Fatal("two served datasets give one config hash")
+	}
+	for _, bad := range []string{`{"served": "abc"}`, `{"served": "` + id + `", "transforms": []}`, `{"served": "` + strings.ToUpper(id) + `"}`} {
+		if _, err := parseJobConfig([]byte(`{"name": "h", "world_size": 3, "epochs": 2, "batch_size": 8, "model": "mlp", "data": `+bad+`}`), "", ""); err == nil {
+			t.Errorf("data %s parses; want an error", bad)
+		}
+	}
+}
+
+// FuzzParseJobConfig: a job config comes from other peers with --job, so
+// its parser meets a stranger's bytes. Whatever parses hands out a config
+// with the same hash.
+func FuzzParseJobConfig(f *testing.F) {
+	f.Add([]byte(`{"name": "h", "world_size": 3, "epochs": 2, "batch_size": 8, "model": "mlp", "data": {"served": "` + strings.Repeat("ab", 32) + `"}}`))
+	f.Add([]byte(`{"name": "h", "world_size": 2, "epochs": 1, "batch_size": 8, "model": {"layers": [{"type": "linear", "out": 10}]}, "data": {"transforms": [{"name": "ToTensor", "args": []}], "dataset_path": {"train": "x"}}, "sync": {"every": 2, "outer": {"lr": 1}}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := parseJobConfig(b, "", "")
+		if err != nil {
+			return
+		}
+		out, err := c.handedOut()
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := parseJobConfig(out, "", "")
+		if err != nil {
+			t.Fatalf("handed-out config of %q does not parse: %v\n%s", b, err, out)
+		}
+		if again.hash != c.hash {
+			t.Fatalf("handed-out config of %q hashes to %s, not %s\n%s", b, again.hash, c.hash, out)
+		}
+	})
 }

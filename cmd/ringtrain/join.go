@@ -31,7 +31,7 @@ func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 // joinFlags are `ringtrain join`'s flags.
 type joinFlags struct {
 	config, identity, swarmKey, model, device string
-	job, serve, data, cacheDir                string
+	job, serve, data, cacheDir, checkpointDir string
 	requestSize                               int
 	joinTimeout                               time.Duration
 	metrics                                   string
@@ -163,6 +163,7 @@ func parseJoinFlags(args []string, stderr io.Writer) (*joinFlags, error) {
 	fs.StringVar(&f.data, "data", "", "with --job, for a job on local files: this machine's data config (where its files are)")
 	fs.StringVar(&f.serve, "serve", "", "also serve this data config's dataset to other peers (as ringtrain serve does)")
 	fs.StringVar(&f.cacheDir, "cache-dir", "", "keep a served dataset's samples in this folder (default: the config's cache_dir; none)")
+	fs.StringVar(&f.checkpointDir, "checkpoint-dir", "", "write checkpoints here (default: the config's checkpoint_dir; with --job, none)")
 	fs.DurationVar(&f.joinTimeout, "join-timeout", 0, "how long to wait for the job's config, data and peers (default: the config's join_timeout, 60s)")
 	fs.IntVar(&f.requestSize, "request-size", 0, "samples per request to a data server (default: the config's request_size, 256)")
 	fs.Var(&f.bootstrap, "bootstrap", "multiaddr of a peer already in the swarm, /ip4/…/tcp/…/p2p/<id> (repeatable)")
@@ -228,6 +229,9 @@ func (f *joinFlags) jobConfig() (*jobConfig, string, error) {
 func (f *joinFlags) finish(cfg *jobConfig) (*jobConfig, string, error) {
 	if f.cacheDir != "" {
 		cfg.CacheDir = f.cacheDir
+	}
+	if f.checkpointDir != "" {
+		cfg.CheckpointDir = f.checkpointDir
 	}
 	if f.requestSize > 0 {
 		cfg.RequestSize = f.requestSize
