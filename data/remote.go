@@ -78,6 +78,12 @@ func (m *Manifest) Remote(split string, f Fetcher, cfg RemoteConfig) (*Split, er
 		d.labels[i] = x.Label
 		off += x.Size()
 	}
+	// Touch every page now, as reading local files does at load: a first
+	// write faults a page in, which costs a VM dearly, and would otherwise
+	// fall inside the first epoch's steps.
+	for i := 0; i < len(d.pix); i += 4096 {
+		d.pix[i] = 0
+	}
 	r := &remote{split: sm, d: d, f: f, cfg: cfg, have: make([]bool, len(sm.Samples))}
 	if cfg.CacheDir != "" {
 		if err := r.openCache(filepath.Join(cfg.CacheDir, m.id+"."+split)); err != nil {
@@ -219,12 +225,18 @@ func (r *remote) start(ctx context.Context, idx []int, wg *sync.WaitGroup) *fetc
 }
 
 func (fr *fetchRun) run(ctx context.Context, r *remote, reqs [][]int) {
-	slots := make(chan struct{}, r.cfg.Ahead)
+	// One buffer per request in flight, reused: fresh ones would be
+	// garbage, and memory faulted in anew for every request.
+	free := make(chan []byte, r.cfg.Ahead)
+	for range r.cfg.Ahead {
+		free <- nil
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for k, req := range reqs {
+		var buf []byte
 		select {
-		case slots <- struct{}{}:
+		case buf = <-free:
 		case <-ctx.Done():
 			fr.finish(k, ctx.Err())
 			return
@@ -235,10 +247,13 @@ func (fr *fetchRun) run(ctx context.Context, r *remote, reqs [][]int) {
 			return
 		}
 		wg.Go(func() {
-			defer func() { <-slots }()
 			n, err := r.split.Bytes(req)
+			if cap(buf) < n {
+				buf = make([]byte, n)
+			}
+			defer func() { free <- buf }()
 			if err == nil {
-				pix := make([]byte, n)
+				pix := buf[:n]
 				if err = r.f.Fetch(ctx, r.split.Name, req, pix); err == nil {
 					r.put(req, pix)
 					r.fetched.Add(int64(len(req)))

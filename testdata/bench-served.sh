@@ -7,6 +7,9 @@
 # run's epoch times (rank 0's "epoch done" elapsed_s) and the medians.
 #
 #   bash testdata/bench-served.sh bin/ringtrain [RUNS] [EPOCHS]
+#
+# SERVED_PEERS=1 trains one peer instead (no ring; the data node then has
+# the other core to itself).
 set -euo pipefail
 bin=$(realpath "$1"); runs=${2:-3}; epochs=${3:-2}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -22,7 +25,8 @@ id=$(awk '/serving dataset/ {print $3}' "$work/serve.out")
 addr=$(awk '/listening on/ {print $3; exit}' "$work/serve.out")
 [ -n "$id" ] || { echo "bench-served: the server did not start"; cat "$work/serve.err"; exit 1; }
 
-common='"world_size": 2, "epochs": '$epochs', "batch_size": 32, "seed": 1, "model": "mlp", "optimizer": {"name": "adam", "lr": 0.001, "schedule": "cosine"}'
+peers=${SERVED_PEERS:-2}
+common='"world_size": '$peers', "epochs": '$epochs', "batch_size": 32, "seed": 1, "model": "mlp", "optimizer": {"name": "adam", "lr": 0.001, "schedule": "cosine"}'
 echo '{"name": "bench-local", '"$common"', "data": "'"$here"'/fashion-mnist-full.json"}' >"$work/local.json"
 echo '{"name": "bench-served", '"$common"', "data": {"served": "'"$id"'"}}' >"$work/served.json"
 
@@ -37,7 +41,9 @@ run() {
   for _ in $(seq 300); do grep -q "join --job" "$out.0" 2>/dev/null && break; sleep 0.1; done
   local ref
   ref=$(grep -o 'join --job [^ ]*' "$out.0" | awk '{print $3}')
-  if [ "$kind" = served ]; then
+  if [ "$peers" = 1 ]; then
+    :
+  elif [ "$kind" = served ]; then
     "$bin" join --job "$ref" --bootstrap "$addr" --listen /ip4/127.0.0.1/tcp/0 --threads 1 --log-format json >"$out.1" 2>"$out.1.err"
   else
     "$bin" join --config "$work/local.json" --bootstrap "$addr" --listen /ip4/127.0.0.1/tcp/0 --threads 1 --log-format json >"$out.1" 2>"$out.1.err"
@@ -46,7 +52,7 @@ run() {
   local f=$out.0.err
   grep -q '"rank":0\|rank 0 of' "$out.0" || f=$out.1.err
   grep '"epoch done"' "$f" | grep -o '"elapsed_s":[0-9.]*' | cut -d: -f2 | tr '\n' ' '
-  grep -h '"summary"' "$out.0.err" "$out.1.err" | grep -o '"param_hash":"[0-9a-f]\{16\}' | cut -d'"' -f4 | tr '\n' ' ' >"$out.hash"
+  cat "$out".[01].err 2>/dev/null | grep '"summary"' | grep -o '"param_hash":"[0-9a-f]\{16\}' | cut -d'"' -f4 | tr '\n' ' ' >"$out.hash"
 }
 
 declare -A times
