@@ -255,6 +255,13 @@ func (f *joinFlags) finish(cfg *jobConfig) (*jobConfig, string, error) {
 // whose bytes hash to the name@hash asked for.
 func (f *joinFlags) fetchJobConfig(ctx context.Context, h *p2p.Host, timeout time.Duration, log zerolog.Logger) (*jobConfig, string, error) {
 	name, hash, _ := parseJobRef(f.job)
+	if f.data != "" {
+		// A --data that does not load would fail every peer's config, and
+		// be blamed on them.
+		if _, err := data.LoadConfig(f.data); err != nil {
+			return nil, "", fmt.Errorf("join --data: %w", err)
+		}
+	}
 	var cfg *jobConfig
 	check := func(b []byte) error {
 		c, err := parseJobConfig(b, "", f.data)
