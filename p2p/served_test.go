@@ -160,6 +160,15 @@ func TestLosingAServerCostsNoRequest(t *testing.T) {
 			t.Fatalf("servers %v still hold the closed one", c.Servers())
 		}
 	}
+	// Its clients gone, the other server keeps serving: a new client is
+	// served.
+	c.Close()
+	c2, err := OpenServedData(context.Background(), hs[2], m.ID(), DataClientConfig{Servers: []peer.AddrInfo{info(hs[1])}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	fetchAll(t, c2, tr, nil)
 }
 
 func TestLyingServerIsDroppedAndNamed(t *testing.T) {
