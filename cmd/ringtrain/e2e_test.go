@@ -636,6 +636,12 @@ func TestServedDataTrainsAsLocalFiles(t *testing.T) {
 		t.Fatalf("cache file: %v, %v; want 2000 samples of 784 bytes", fi, err)
 	}
 
+	// local, pointed at the data node, does the same with N processes.
+	out, err = ringtrain(t, 2*time.Minute, "local", "-n", "2", "--config", served, "--bootstrap", addr)
+	if got := paramHashes(out); err != nil || len(got) != 2 || got[0] != want[0] || got[1] != want[0] {
+		t.Fatalf("local on served data: %v, hashes %v; want local files' %s\n%s", err, got, want[0], out)
+	}
+
 	for _, c := range []struct{ name, want string }{
 		{"a dataset nobody serves", "no server of the dataset"},
 		{"a job nobody runs", "no peer handed out the job config"},

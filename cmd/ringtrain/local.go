@@ -37,6 +37,8 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	devOpt := addDeviceFlags(fs)
 	metrics := fs.String("metrics", "", "the peers' --metrics; with port 0 each peer picks its own and prints it")
 	threads := fs.Int("threads", 0, "each peer's --threads (default: the cores divided by -n, at least 1, so the peers do not fight over cores)")
+	var boots stringList
+	fs.Var(&boots, "bootstrap", "a peer every one of them also starts from (repeatable): a data node (ringtrain serve) for a job on served data, or a bootstrap peer")
 	logDir := fs.String("log-dir", "", "write peer i's log as JSON lines to DIR/peer-i.jsonl too (for ringtrain plot)")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("local: %w: %w", errUsage, err)
@@ -80,6 +82,9 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		common = append(common, "--metrics", *metrics)
 	}
 	common = append(common, "--threads", strconv.Itoa(peerThreads(*threads, *n, runtime.NumCPU())))
+	for _, b := range boots {
+		common = append(common, "--bootstrap", b)
+	}
 	errs := make([]error, *n)
 	var wg sync.WaitGroup
 	firstGone := make(chan struct{}) // peer 0's output has ended
