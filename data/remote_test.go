@@ -166,11 +166,11 @@ type fakeFetcher struct {
 	d  *Dataset
 	sm *SplitManifest
 
-	mu       sync.Mutex
-	asked    [][]int
-	fail     func(idx []int) error // nil: never
-	gate     chan struct{}         // if set, every request but the one of sample pass waits for it
-	pass     int
+	mu    sync.Mutex
+	asked [][]int
+	fail  func(idx []int) error // nil: never
+	gate  chan struct{}         // if set, every request but the one of sample pass waits for it
+	pass  int
 }
 
 func (f *fakeFetcher) Fetch(ctx context.Context, split string, idx []int, pix []byte) error {
