@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // ErrCorrupt means bytes that came from elsewhere — a served sample, a
@@ -237,6 +238,19 @@ func ParseManifest(b []byte, id string) (*Manifest, error) {
 		m.Splits = append(m.Splits, sm)
 	}
 	return m, nil
+}
+
+// ParseID reads a dataset ID as ManifestID writes it: 64 lowercase hex
+// digits.
+func ParseID(id string) ([sha256.Size]byte, error) {
+	var out [sha256.Size]byte
+	if len(id) != 2*len(out) || strings.ToLower(id) != id {
+		return out, fmt.Errorf("data: dataset ID %q: want 64 lowercase hex digits (the SHA-256 ringtrain serve prints): %w", id, ErrConfig)
+	}
+	if _, err := hex.Decode(out[:], []byte(id)); err != nil {
+		return out, fmt.Errorf("data: dataset ID %q: want 64 lowercase hex digits (the SHA-256 ringtrain serve prints): %w", id, ErrConfig)
+	}
+	return out, nil
 }
 
 // ID names the dataset: the hex SHA-256 of its encoding.

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 )
 
 // testManifest is the testdata subset's manifest, with its local splits.
@@ -294,14 +295,20 @@ func TestRemoteFetchesAheadOfTheLoader(t *testing.T) {
 	if b.N != 8 {
 		t.Fatalf("first batch of %d; want 8", b.N)
 	}
-	for {
+	// The first request is done and three more wait at the gate; a
+	// loader that did not fetch ahead would ask for no more.
+	for deadline := time.Now().Add(10 * time.Second); ; runtime.Gosched() {
 		f.mu.Lock()
 		asked := len(f.asked)
 		f.mu.Unlock()
-		if asked >= 4 { // the first, done, and three more waiting at the gate
+		if asked >= 4 {
 			break
 		}
-		runtime.Gosched()
+		if time.Now().After(deadline) {
+			close(f.gate)
+			e.Close()
+			t.Fatalf("%d requests asked for while the loader holds the first batch; want 4, fetched ahead", asked)
+		}
 	}
 	close(f.gate)
 	n := 1

@@ -408,6 +408,18 @@ func (n *Node) waitOn(ctx context.Context, kick <-chan struct{}, d time.Duration
 	}
 }
 
+// sleepCtx pauses for d, or less if ctx ends first (its error).
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
 // poke wakes the loops that wait for news.
 func (n *Node) poke() {
 	for _, c := range []chan struct{}{n.kick, n.relay} {
@@ -485,12 +497,8 @@ func (n *Node) discoverLoop(ctx context.Context) {
 			pause = n.cfg.Interval
 			n.poke()
 		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if sleepCtx(ctx, pause) != nil {
 			return
-		case <-t.C:
 		}
 		pause = min(2*pause, time.Second)
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -63,16 +62,6 @@ func dataKey(id [32]byte) cid.Cid {
 	sum := sha256.Sum256(append([]byte("ringtrain data provider\x00"), id[:]...))
 	h, _ := mh.Encode(sum[:], mh.SHA2_256) // cannot fail for a SHA-256 of the right length
 	return cid.NewCidV1(cid.Raw, h)
-}
-
-func parseID(id string) ([32]byte, error) {
-	var out [32]byte
-	b, err := hex.DecodeString(id)
-	if err != nil || len(b) != len(out) {
-		return out, fmt.Errorf("p2p: dataset ID %q: want 64 hex digits (the SHA-256 ringtrain serve prints)", id)
-	}
-	copy(out[:], b)
-	return out, nil
 }
 
 // DataServerConfig bounds what a data server gives. Zero values mean the
@@ -161,7 +150,7 @@ func (s *DataServer) Serve(m *data.Manifest, splits ...*data.Dataset) error {
 			return fmt.Errorf("p2p: the %s split holds %d samples, its manifest %d", m.Splits[i].Name, d.Len(), len(m.Splits[i].Samples))
 		}
 	}
-	id, err := parseID(m.ID())
+	id, err := data.ParseID(m.ID())
 	if err != nil {
 		return err
 	}
@@ -197,12 +186,8 @@ func announce(ctx context.Context, h *Host, key cid.Cid, first time.Duration) {
 			pause = first
 		}
 		cancel()
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if sleepCtx(ctx, pause) != nil {
 			return
-		case <-t.C:
 		}
 		pause = min(2*pause, 10*time.Minute)
 	}
@@ -416,7 +401,7 @@ type dataConn struct {
 // when done.
 func OpenServedData(ctx context.Context, h *Host, id string, cfg DataClientConfig) (*DataClient, error) {
 	cfg.fill()
-	raw, err := parseID(id)
+	raw, err := data.ParseID(id)
 	if err != nil {
 		return nil, err
 	}
@@ -795,16 +780,4 @@ func (c *DataClient) done(s *dataConn, st network.Stream) {
 		}
 	}
 	c.signalLocked()
-}
-
-// sleepCtx pauses for d, or less if ctx ends first (its error).
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

@@ -270,7 +270,7 @@ func TestNoServerIsAnErrorInBoundedTime(t *testing.T) {
 			}
 		})
 	}
-	if _, err := OpenServedData(context.Background(), hs[2], "not-an-id", DataClientConfig{}); err == nil || !strings.Contains(err.Error(), "64 hex digits") {
+	if _, err := OpenServedData(context.Background(), hs[2], "not-an-id", DataClientConfig{}); err == nil || !strings.Contains(err.Error(), "hex digits") {
 		t.Fatalf("a malformed ID: %v; want it named", err)
 	}
 }
@@ -294,7 +294,7 @@ func rawRequest(t *testing.T, h *Host, to peer.ID, req []byte) (network.Stream, 
 }
 
 func samplesRequest(id string, split byte, idx ...uint32) []byte {
-	raw, _ := parseID(id)
+	raw, _ := data.ParseID(id)
 	b := append(append([]byte{opSamples}, raw[:]...), split)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(idx)))
 	for _, i := range idx {

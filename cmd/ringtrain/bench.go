@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -174,9 +175,7 @@ func runBenchForm(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			}
 			ds = append(ds, d)
 		}
-		sorted := slices.Clone(ds)
-		slices.Sort(sorted)
-		fmt.Fprintf(stdout, "%d peers: formed in %v (median of %d: %v)\n", n, sorted[len(sorted)/2].Round(time.Millisecond), *runs, roundAll(ds))
+		fmt.Fprintf(stdout, "%d peers: formed in %v (median of %d: %v)\n", n, median(ds).Round(time.Millisecond), *runs, roundAll(ds))
 	}
 	return nil
 }
@@ -187,4 +186,12 @@ func roundAll(ds []time.Duration) []time.Duration {
 		out[i] = d.Round(time.Millisecond)
 	}
 	return out
+}
+
+// median is the middle of v (the upper one of an even count); v is not
+// reordered.
+func median[T cmp.Ordered](v []T) T {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"slices"
 	"time"
 
 	"github.com/ringtrain/ringtrain/ring"
@@ -118,9 +117,8 @@ func runBenchDevice(ctx context.Context, args []string, stdout, stderr io.Writer
 			return err
 		}
 	}
-	slices.Sort(rates)
 	res.Run, res.Median = 0, true
-	res.SamplesPerS = rates[len(rates)/2]
+	res.SamplesPerS = median(rates)
 	res.StepMS = float64(*batch) / res.SamplesPerS * 1e3
 	return enc.Encode(res)
 }

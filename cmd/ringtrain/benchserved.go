@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -93,8 +92,7 @@ func runBenchServed(ctx context.Context, args []string, stdout, stderr io.Writer
 		for i, r := range all {
 			v[i] = f(r)
 		}
-		slices.Sort(v)
-		return v[len(v)/2]
+		return median(v)
 	}
 	return enc.Encode(map[string]any{"summary": "medians", "runs": len(all), "request_size": *requestSize, "ahead": *ahead,
 		"samples": served.train.Len(), "sample_bytes": served.m.Splits[0].Samples[0].Size(),

@@ -194,7 +194,7 @@ func (c *jobConfig) jobRef() string { return c.Name + "@" + c.hash }
 // parseJobRef splits name@hash.
 func parseJobRef(s string) (name, hash string, err error) {
 	i := strings.LastIndexByte(s, '@')
-	if i <= 0 || !isDatasetID(s[i+1:]) {
+	if i <= 0 || !isHexSHA256(s[i+1:]) {
 		return "", "", fmt.Errorf("--job %q; want <name>@<config hash> as ringtrain join --config prints it: %w", s, errUsage)
 	}
 	return s[:i], s[i+1:], nil
@@ -332,8 +332,8 @@ func (c *jobConfig) resolve(dir string) error {
 		if err := dec.Decode(&served); err != nil {
 			return fmt.Errorf(`data: %w; a served dataset is named by its ID alone, {"served": "<ID>"}: its transforms and classes come with it`, err)
 		}
-		if !isDatasetID(served.Served) {
-			return fmt.Errorf("data: served %q; want the 64 hex digits of the dataset's ID (ringtrain serve prints it)", served.Served)
+		if _, err := data.ParseID(served.Served); err != nil {
+			return fmt.Errorf("data: served: %w", err)
 		}
 		c.served = served.Served
 		return c.computeHash()
@@ -353,8 +353,8 @@ func (c *jobConfig) resolve(dir string) error {
 	return c.computeHash()
 }
 
-// isDatasetID reports whether s looks like a dataset ID: a hex SHA-256.
-func isDatasetID(s string) bool {
+// isHexSHA256 reports whether s looks like a config hash: a hex SHA-256.
+func isHexSHA256(s string) bool {
 	if len(s) != 64 {
 		return false
 	}

@@ -342,18 +342,10 @@ func loadSplits(ctx context.Context, cfg *jobConfig, h *p2p.Host, served *served
 			}
 			c.Close()
 		}
-		log.Info().Str("dataset", cfg.served).Stringers("servers", peerIDs(c.Servers())).Int("request_size", cfg.RequestSize).Str("cache_dir", cfg.CacheDir).Msg("training on served data")
+		log.Info().Str("dataset", cfg.served).Str("servers", fmt.Sprint(c.Servers())).Int("request_size", cfg.RequestSize).Str("cache_dir", cfg.CacheDir).Msg("training on served data")
 	}
 	log.Info().Str("dataset", trainSplit.Describe()).Msg("train data")
 	return trainSplit, testSplit, closeAll, nil
-}
-
-func peerIDs(ps []peer.ID) []fmt.Stringer {
-	out := make([]fmt.Stringer, len(ps))
-	for i, p := range ps {
-		out[i] = p
-	}
-	return out
 }
 
 // peerNet is this peer's place in the job: agreement and ring links.
