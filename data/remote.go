@@ -190,7 +190,8 @@ type fetchRun struct {
 	mu      sync.Mutex
 	done    []bool
 	next    int           // requests done, counted from the first without a gap
-	err     error         // the first failure
+	err     error         // the failure of the earliest request that failed
+	errAt   int           // that request
 	changed chan struct{} // closed and replaced when next or err changes
 }
 
@@ -275,8 +276,8 @@ func (fr *fetchRun) finish(k int, err error) {
 	fr.mu.Lock()
 	defer fr.mu.Unlock()
 	if err != nil {
-		if fr.err == nil {
-			fr.err = err
+		if fr.err == nil || k < fr.errAt {
+			fr.err, fr.errAt = err, k
 			close(fr.changed)
 			fr.changed = make(chan struct{})
 		}
@@ -295,7 +296,8 @@ func (fr *fetchRun) finish(k int, err error) {
 }
 
 // wait returns once the samples at positions [0, hi) of the epoch are
-// here, or with the fetch's error or the context's.
+// here, or with the error of a failed request they need, or the context's.
+// Requests before a failed one go on, so the batches they fill still come.
 func (fr *fetchRun) wait(ctx context.Context, hi int) error {
 	for {
 		fr.mu.Lock()
@@ -304,11 +306,12 @@ func (fr *fetchRun) wait(ctx context.Context, hi int) error {
 			ready = fr.first[fr.next]
 		}
 		err, changed := fr.err, fr.changed
+		needsFailed := err != nil && hi > fr.first[fr.errAt]
 		fr.mu.Unlock()
 		if ready >= hi {
 			return nil
 		}
-		if err != nil {
+		if needsFailed {
 			return fmt.Errorf("data: fetching served samples: %w", err)
 		}
 		select {
@@ -321,11 +324,10 @@ func (fr *fetchRun) wait(ctx context.Context, hi int) error {
 
 // RemoteStats says what a served split fetched.
 type RemoteStats struct {
-	Fetched  int // samples fetched from servers
-	Cached   int // samples the cache held at start
-	Here     int // samples in memory now
-	Total    int
-	CacheErr bool // the cache stopped being written
+	Fetched int // samples fetched from servers
+	Cached  int // samples the cache held at start
+	Here    int // samples in memory now
+	Total   int
 }
 
 // RemoteStats reports a served split's fetching; ok is false for a split
@@ -343,7 +345,6 @@ func (s *Split) RemoteStats() (st RemoteStats, ok bool) {
 		}
 	}
 	st.Fetched, st.Cached, st.Total = int(r.fetched.Load()), r.cacheHit, len(r.have)
-	st.CacheErr = r.cfg.CacheDir != "" && r.cache == nil
 	return st, true
 }
 
