@@ -69,6 +69,41 @@ func TestForwardBackwardLayers(t *testing.T) {
 	}
 }
 
+// gemmCounter is the Host device counting its GEMMs.
+type gemmCounter struct {
+	Host
+	n *int
+}
+
+func (g gemmCounter) Gemm(transA, transB bool, m, n, k int, a, b Buf, beta float32, c Buf) error {
+	*g.n++
+	return g.Host.Gemm(transA, transB, m, n, k, a, b, beta, c)
+}
+
+// TestLayersHandedOverBeforeTheirInputsGradient: a layer's gradients go to
+// the ring before the GEMM for its input's gradient, which the ring does
+// not need (for the cnn's first linear layer, as large as the weights'
+// own). convSpec forwards with 3 GEMMs; backward is a dW GEMM per layer
+// with parameters and a dX GEMM for each but the first.
+func TestLayersHandedOverBeforeTheirInputsGradient(t *testing.T) {
+	var gemms int
+	net, err := New(gemmCounter{n: &gemms}, train.ModelConfig{Spec: convSpec, Batch: 3, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer net.Close()
+	x, y := batchOf(rand.New(rand.NewPCG(1, 2)), 3, 72, 4)
+	flat := make([]float32, net.nparams)
+	gemms = 0
+	var at []int
+	if _, err := net.ForwardBackwardLayers(x, y, 3, flat, func(int) error { at = append(at, gemms); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if want := []int{4, 6, 8}; !slices.Equal(at, want) || gemms != 8 {
+		t.Errorf("handed over after GEMMs %v of %d; want %v of 8", at, gemms, want)
+	}
+}
+
 // TestOverlappedEngineStep: replicas of the engine's net on the Host
 // device, with buckets of one layer, train as they do without buckets (to
 // float rounding: the ring adds each element in an order set by its

@@ -449,9 +449,10 @@ func (n *Net) LayerBounds() []int {
 
 // ForwardBackwardLayers is the forward and backward pass handing the
 // gradients over as backward produces them: after each layer with
-// parameters, its gradients are copied into flat and ready(lo) is called —
-// flat[lo:] then holds final values, which the caller may send while the
-// earlier layers still compute. It runs call by call (a captured graph
+// parameters, its gradients are copied into flat and ready(lo) is called,
+// before the gradient of that layer's input is computed — flat[lo:] then
+// holds final values, which the caller may send while the earlier layers
+// still compute. It runs call by call (a captured graph
 // would hand nothing over until the end) and leaves the check for NaN and
 // Inf to the caller, who sees each layer's values first. An error from
 // ready stops the pass and is returned.
@@ -471,11 +472,14 @@ func (n *Net) ForwardBackwardLayers(x []float32, y []int, rows int, flat []float
 	bounds := n.LayerBounds()
 	hi, next := n.nparams, 0
 	for i := len(n.layers) - 1; i >= 0; i-- {
-		if err := n.backward(i); err != nil {
-			return fail(err)
-		}
 		if n.layers[i].w < 0 {
+			if err := n.backward(i); err != nil {
+				return fail(err)
+			}
 			continue
+		}
+		if err := n.backwardParams(i); err != nil {
+			return fail(err)
 		}
 		lo := bounds[next]
 		next++
@@ -487,6 +491,9 @@ func (n *Net) ForwardBackwardLayers(x []float32, y []int, rows int, flat []float
 		}
 		if err := ready(lo); err != nil {
 			return 0, err
+		}
+		if err := n.backwardInput(i); err != nil {
+			return fail(err)
 		}
 		hi = lo
 	}
@@ -578,19 +585,24 @@ func (n *Net) forwardLayer(i int) error {
 // backward turns dActs[i+1] into the layer's parameter gradients and, but
 // for the first layer, dActs[i].
 func (n *Net) backward(i int) error {
-	ly, x, dy, dx, ops := n.layers[i], n.acts[i], n.dActs[i+1], n.dActs[i], n.ops
-	needDx := i > 0
+	if err := n.backwardParams(i); err != nil {
+		return err
+	}
+	return n.backwardInput(i)
+}
+
+// backwardParams queues layer i's parameter gradients, apart from its
+// input's gradient so that ForwardBackwardLayers can hand them over before
+// that: for the cnn's first linear layer the input's gradient is a GEMM as
+// large as the weights' own, which the ring need not wait for.
+func (n *Net) backwardParams(i int) error {
+	ly, x, dy, ops := n.layers[i], n.acts[i], n.dActs[i+1], n.ops
 	switch ly.kind {
 	case "linear":
 		if err := ops.Gemm(true, false, ly.in, ly.out, n.batch, x, dy, 0, n.dGrads[ly.w]); err != nil {
 			return err
 		}
-		if err := ops.BiasGrad(dy, n.dGrads[ly.b], n.batch, ly.out, 1); err != nil {
-			return err
-		}
-		if needDx {
-			return ops.Gemm(false, true, n.batch, ly.in, ly.out, dy, n.dParams[ly.w], 0, dx)
-		}
+		return ops.BiasGrad(dy, n.dGrads[ly.b], n.batch, ly.out, 1)
 	case "conv2d":
 		g, P := ly.conv, ly.conv.ColCols()
 		col := n.cols[i] // forward's im2col of x
@@ -603,26 +615,35 @@ func (n *Net) backward(i int) error {
 		if err := ops.BiasGrad(t, n.dGrads[ly.b], 1, ly.outC, n.batch*P); err != nil {
 			return err
 		}
-		if err := ops.Gemm(false, true, ly.outC, g.ColRows(), n.batch*P, t, col, 0, n.dGrads[ly.w]); err != nil {
+		return ops.Gemm(false, true, ly.outC, g.ColRows(), n.batch*P, t, col, 0, n.dGrads[ly.w])
+	}
+	return nil
+}
+
+// backwardInput queues the gradient of layer i's input, after
+// backwardParams(i): a conv2d's reads the rebatched dy that left in tmp.
+func (n *Net) backwardInput(i int) error {
+	if i == 0 { // the input is the data
+		return nil
+	}
+	ly, x, dy, dx, ops := n.layers[i], n.acts[i], n.dActs[i+1], n.dActs[i], n.ops
+	switch ly.kind {
+	case "linear":
+		return ops.Gemm(false, true, n.batch, ly.in, ly.out, dy, n.dParams[ly.w], 0, dx)
+	case "conv2d":
+		g, P := ly.conv, ly.conv.ColCols()
+		t := ops.Slice(n.tmp, 0, ly.outC*n.batch*P)
+		dCol := ops.Slice(n.dCol, 0, g.ColRows()*n.batch*P)
+		if err := ops.Gemm(true, false, g.ColRows(), n.batch*P, ly.outC, n.dParams[ly.w], t, 0, dCol); err != nil {
 			return err
 		}
-		if needDx {
-			dCol := ops.Slice(n.dCol, 0, g.ColRows()*n.batch*P)
-			if err := ops.Gemm(true, false, g.ColRows(), n.batch*P, ly.outC, n.dParams[ly.w], t, 0, dCol); err != nil {
-				return err
-			}
-			return ops.Col2imBatch(dCol, dx, g, n.batch)
-		}
+		return ops.Col2imBatch(dCol, dx, g, n.batch)
 	case "maxpool2d":
-		if needDx {
-			g := ly.pool
-			g.Planes *= n.batch
-			return ops.MaxPoolBackward(x, dy, dx, g)
-		}
+		g := ly.pool
+		g.Planes *= n.batch
+		return ops.MaxPoolBackward(x, dy, dx, g)
 	case "relu":
-		if needDx {
-			return ops.ReluBackward(n.acts[i+1], dy, dx)
-		}
+		return ops.ReluBackward(n.acts[i+1], dy, dx)
 	}
 	return nil
 }
