@@ -397,8 +397,8 @@ type dataConn struct {
 }
 
 // OpenServedData finds servers of the dataset id, fetches its manifest
-// from the first that has it, and checks it against id. Close the client
-// when done.
+// from the first that has it, and checks it against id; the client then
+// fetches from every server found with it. Close the client when done.
 func OpenServedData(ctx context.Context, h *Host, id string, cfg DataClientConfig) (*DataClient, error) {
 	cfg.fill()
 	raw, err := data.ParseID(id)
@@ -414,11 +414,18 @@ func OpenServedData(ctx context.Context, h *Host, id string, cfg DataClientConfi
 	var tried []string
 	for c.m == nil {
 		cands := c.candidates(fctx)
-		for _, p := range cands {
+		for k, p := range cands {
 			m, err := c.fetchManifest(fctx, p, id)
 			if err == nil {
 				c.m = m
-				c.addServer(p)
+				// The other candidates serve too, as far as we know:
+				// requests spread over all of them, and a lost server's
+				// go to one already in hand. One that does not serve the
+				// dataset says so at its first request and is left; what
+				// any of them sends is checked against this manifest.
+				for _, q := range append([]peer.ID{p}, cands[k+1:]...) {
+					c.addServer(q)
+				}
 				break
 			}
 			tried = append(tried, fmt.Sprintf("%s: %v", p, err))
@@ -654,7 +661,11 @@ func (c *DataClient) Fetch(ctx context.Context, split string, idx []int, pix []b
 		if ctx.Err() != nil {
 			return fmt.Errorf("p2p: fetching samples: %w", context.Cause(ctx))
 		}
-		c.cfg.Logger.Warn().Stringer("server", s.p).Err(err).Msg("a data server failed a request; asking another")
+		ev := c.cfg.Logger.Warn()
+		if errors.Is(err, errNotServed) {
+			ev = c.cfg.Logger.Info() // a peer found beside the servers, serving other data
+		}
+		ev.Stringer("server", s.p).Err(err).Msg("a data server failed a request; asking another")
 		c.leave(s.p, errors.Is(err, data.ErrFormat), err)
 	}
 }

@@ -233,12 +233,59 @@ func TestStalledServerIsLeftForAnother(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if !slices.Equal(c.Servers(), []peer.ID{hs[0].ID()}) {
-		t.Fatalf("first server %v; want the staller, which answered the manifest first", c.Servers())
+	if !slices.Equal(c.Servers(), []peer.ID{hs[0].ID(), hs[1].ID()}) {
+		t.Fatalf("servers %v; want the staller, which answered the manifest first, then the other", c.Servers())
 	}
 	fetchAll(t, c, tr, nil)
 	if !slices.Equal(c.Servers(), []peer.ID{hs[1].ID()}) {
 		t.Fatalf("servers %v; want only the one that answers", c.Servers())
+	}
+}
+
+// TestRequestsSpreadOverServers: the client fetches from every server it
+// found, not only the one that gave it the manifest. With one stream per
+// server, a request goes to a second server while the first holds another
+// (here for ever: it stalls), and a peer that serves other data is left
+// for the one that serves this.
+func TestRequestsSpreadOverServers(t *testing.T) {
+	m, tr, te := testData(t)
+	hs := startHosts(t, 4, nil)
+	stallServer(t, hs[0], m)
+	serveOn(t, hs[1], DataServerConfig{}, m, tr.Dataset, te.Dataset)
+	other := NewDataServer(hs[2], DataServerConfig{}) // serves no dataset
+	defer other.Close()
+	c, err := OpenServedData(context.Background(), hs[3], m.ID(), DataClientConfig{
+		Servers: []peer.AddrInfo{info(hs[0]), info(hs[2]), info(hs[1])}, Streams: 1, Timeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if want := []peer.ID{hs[0].ID(), hs[2].ID(), hs[1].ID()}; !slices.Equal(c.Servers(), want) {
+		t.Fatalf("servers %v; want %v", c.Servers(), want)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	want := append(slices.Clone(tr.Image(1).Pix), tr.Image(2).Pix...)
+	type result struct {
+		pix []byte
+		err error
+	}
+	done := make(chan result, 2)
+	for range 2 {
+		go func() {
+			pix := make([]byte, len(want))
+			done <- result{pix, c.Fetch(ctx, "train", []int{1, 2}, pix)}
+		}()
+	}
+	// Whichever request took the staller waits; the other must not.
+	first := <-done
+	cancel()
+	<-done
+	if first.err != nil || !bytes.Equal(first.pix, want) {
+		t.Fatalf("the first request to end: %v; want the samples while the other waits on the staller", first.err)
+	}
+	if slices.Contains(c.Servers(), hs[2].ID()) {
+		t.Fatalf("servers %v still hold the peer that serves other data", c.Servers())
 	}
 }
 
