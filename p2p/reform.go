@@ -37,8 +37,11 @@ func (n *Node) Reform(ctx context.Context, prev *Formation, minSize int, gone ..
 	n.mu.Lock()
 	n.reform = a
 	n.mu.Unlock()
+	rd := n.newRedialer(ctx, a)
+	defer rd.stop()
 	for {
 		n.reformRound(ctx, a)
+		rd.redial()
 		n.mu.Lock()
 		d := a.Decide()
 		if d.Formed != nil {
@@ -95,6 +98,68 @@ func (n *Node) reformRound(ctx context.Context, a *Agreement) {
 	wg.Wait()
 }
 
+// redialer greets again, in the background, the members a re-formation
+// found unreachable. One failed hello is no proof of death: a peer behind
+// NAT is unreachable until its relay reservation or a hole punch exists
+// (a standby admitted just after it started, say). And a member that only
+// some peers reach splits the proposals — with it, without it — until the
+// join timeout ends the job, unless someone greets it again: nothing else
+// does once both sides have marked each other unreachable. An answer makes
+// it a candidate again (Agreement.Step). The rounds never wait for these
+// hellos, so a member that is really gone costs the re-formation nothing.
+type redialer struct {
+	n      *Node
+	a      *Agreement
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	began  map[peer.ID]time.Time // when its last redial began; the loop's own
+	busy   map[peer.ID]bool      // a redial is in flight; n.mu guards it
+}
+
+func (n *Node) newRedialer(ctx context.Context, a *Agreement) *redialer {
+	rd := &redialer{n: n, a: a, began: map[peer.ID]time.Time{}, busy: map[peer.ID]bool{}}
+	rd.ctx, rd.cancel = context.WithCancel(ctx)
+	return rd
+}
+
+// redial greets each unreachable member with no hello in flight, at most
+// once per ReformTimeout/4, while this peer is not ready on a ring. Only
+// the re-formation loop calls it.
+func (rd *redialer) redial() {
+	n := rd.n
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if rd.a.Ready() != nil {
+		return // its ring is chosen: an answer would change nothing
+	}
+	for _, p := range rd.a.Unreached() {
+		if rd.busy[p] || time.Since(rd.began[p]) < n.cfg.ReformTimeout/4 {
+			continue
+		}
+		rd.busy[p], rd.began[p] = true, time.Now()
+		rd.wg.Go(func() {
+			resp, err := n.reformHello(rd.ctx, p, rd.a)
+			n.mu.Lock()
+			rd.busy[p] = false
+			if err == nil && resp.Generation == rd.a.Generation() {
+				n.cfg.Logger.Debug().Stringer("peer", p).Msg("a member unreachable before answered")
+				n.stepLocked(rd.a, p, resp)
+			}
+			n.mu.Unlock()
+			if err == nil {
+				n.poke()
+			}
+		})
+	}
+}
+
+// stop ends the redials and waits for them.
+func (rd *redialer) stop() {
+	rd.cancel()
+	rd.wg.Wait()
+}
+
 // stepLocked feeds a re-formation hello to a, logging a lie. n.mu held.
 func (n *Node) stepLocked(a *Agreement, from peer.ID, h *Hello) {
 	m, err := h.proposal(&n.names)
@@ -117,6 +182,9 @@ func (n *Node) reformHello(ctx context.Context, p peer.ID, a *Agreement) (*Hello
 	}
 	defer s.Close()
 	s.SetDeadline(time.Now().Add(n.cfg.ReformTimeout))
+	// An ended ctx (the ring formed, say) cuts a hello to a stalled peer
+	// off at once, not at the deadline.
+	defer context.AfterFunc(ctx, func() { s.Reset() })()
 	if err := writeHello(s, n.reformHelloTo(p, a)); err != nil {
 		s.Reset()
 		return nil, err
