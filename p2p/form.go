@@ -14,7 +14,6 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/peerstore"
 	drouting "github.com/libp2p/go-libp2p/p2p/discovery/routing"
-	dutil "github.com/libp2p/go-libp2p/p2p/discovery/util"
 	ma "github.com/multiformats/go-multiaddr"
 	"github.com/rs/zerolog"
 )
@@ -109,8 +108,13 @@ type peerInfo struct {
 	strange bool // its hello did not prove the job (logged once)
 	seen    time.Time
 	// deadUntil: a peer whose hello failed (a stale DHT record of a peer
-	// that is gone, mostly) is skipped until then, so that it cannot stall
-	// every round for a dial timeout.
+	// that is gone, mostly; a member that died) is skipped until then, so
+	// that it cannot stall every round for a dial timeout — nor, where the
+	// dial fails at once, be greeted in a busy loop: each failed hello
+	// wakes the next round, which would greet it again (a member killed
+	// while its ring passed a standby's statement on was greeted 10,000
+	// times a second by two peers, whose own dials then failed with "rate
+	// limit exceeded": testdata/netns-nat.sh ended in a timed-out admission).
 	deadUntil time.Time
 	deadFor   time.Duration
 	// toldProp is the version of our proposal it last had, and toldAt
@@ -216,18 +220,38 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 		return nil, fmt.Errorf("p2p: watching for peers: %w", err)
 	}
 	n.wg.Go(func() { n.watch(sub) })
-	rd := drouting.NewRoutingDiscovery(h.DHT)
 	n.wg.Go(func() {
 		select {
 		case <-n.dhtOn:
 		case <-n.ctx.Done():
 			return
 		}
-		// Advertise retries on its own; a first Provide may fail while
-		// the routing table is still empty.
-		dutil.Advertise(n.ctx, rd, n.ns)
+		advertise(n.ctx, drouting.NewRoutingDiscovery(h.DHT), n.ns, n.cfg.Interval)
 	})
 	return n, nil
+}
+
+// advertise keeps ns advertised in the DHT until ctx ends: again at 7/8 of
+// each advertisement's lifetime, and after a failure, first soon and then
+// less often. libp2p's discovery/util.Advertise waits 2 minutes after a
+// failure, and the first one fails whenever it comes before the routing
+// table holds a peer — always, straight after NewHost, since the DHT adds
+// the bootstrap peer only once identify has run: two peers of a new job
+// behind NAT then found nobody to meet for 2 minutes, past their join
+// timeout (testdata/netns-nat.sh's TCP-plane part, 2 runs of 23).
+func advertise(ctx context.Context, rd *drouting.RoutingDiscovery, ns string, first time.Duration) {
+	pause := first
+	for {
+		wait := pause
+		if ttl, err := rd.Advertise(ctx, ns); err == nil {
+			wait, pause = 7*ttl/8, first
+		} else {
+			pause = min(2*pause, 10*time.Second)
+		}
+		if sleepCtx(ctx, wait) != nil {
+			return
+		}
+	}
 }
 
 // watch notes the connected peers that speak the hello protocol — the DHT
@@ -367,8 +391,9 @@ func (n *Node) exchangeNews() bool {
 		return false
 	}
 	lacking := len(n.busy) > 0
+	now := time.Now()
 	for p, pi := range n.peers {
-		if pi.verified && !pi.relayed && (len(n.newsLocked(p, pi)) > 0 || len(n.stmtNewsLocked(p, pi)) > 0) {
+		if pi.verified && !pi.relayed && !now.Before(pi.deadUntil) && (len(n.newsLocked(p, pi)) > 0 || len(n.stmtNewsLocked(p, pi)) > 0) {
 			lacking = true
 			n.greetLocked(p, true)
 		}
@@ -631,7 +656,7 @@ func (n *Node) exchange() {
 	// pass them on, unless nothing has been learned for a while.
 	stalled := n.current == nil && now.Sub(n.learnt) >= n.cfg.Stall
 	for p, pi := range n.peers {
-		if !pi.verified || pi.relayed && !stalled {
+		if !pi.verified || pi.relayed && !stalled || now.Before(pi.deadUntil) {
 			continue
 		}
 		since := now.Sub(pi.toldAt)
@@ -789,6 +814,7 @@ func (n *Node) learn(from peer.ID, h *Hello) (changed bool) {
 		return false
 	}
 	pi.seen = time.Now()
+	pi.deadUntil, pi.deadFor = time.Time{}, 0 // it answers: greet it again at once
 	if !pi.verified {
 		n.verifyLocked(pi)
 		changed = true

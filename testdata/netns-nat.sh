@@ -141,7 +141,11 @@ mv "$tmp/3.log" "$tmp/3-killed.log"
 # done closing) — its dials were refused by live peers for up to a minute.
 start 3 4002
 for i in 0 1 2 3; do
-	if ! wait "${pids[$i]}"; then echo "$name: FAIL, peer $i exited non-zero:"; cat "$tmp/$i.log"; exit 1; fi
+	if ! wait "${pids[$i]}"; then
+		echo "$name: FAIL, peer $i exited non-zero:"; cat "$tmp/$i.log"
+		echo "$name: the other peers' last lines:"; tail -n 15 "$tmp"/*.log # where the cause mostly lies
+		exit 1
+	fi
 done
 hashes=$(for i in 0 1 2 3; do grep -o '"world_size":4,"epochs":16,[^}]*"param_hash":"[0-9a-f]*"' "$tmp/$i.log" | grep -o '[0-9a-f]\{64\}'; done | sort -u)
 summaries=$(cat "$tmp"/[0123].log | grep -c '"message":"summary"' || true)
