@@ -393,9 +393,14 @@ func (n *Node) exchangeNews() bool {
 	lacking := len(n.busy) > 0
 	now := time.Now()
 	for p, pi := range n.peers {
-		if pi.verified && !pi.relayed && !now.Before(pi.deadUntil) && (len(n.newsLocked(p, pi)) > 0 || len(n.stmtNewsLocked(p, pi)) > 0) {
+		if pi.verified && !pi.relayed && (len(n.newsLocked(p, pi)) > 0 || len(n.stmtNewsLocked(p, pi)) > 0) {
+			// One whose hello failed lately still lacks it, so that this
+			// goes on until it can be told; it is greeted once its pause
+			// is over.
 			lacking = true
-			n.greetLocked(p, true)
+			if !now.Before(pi.deadUntil) {
+				n.greetLocked(p, true)
+			}
 		}
 	}
 	return lacking
