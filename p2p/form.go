@@ -238,7 +238,7 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 // table holds a peer — always, straight after NewHost, since the DHT adds
 // the bootstrap peer only once identify has run: two peers of a new job
 // behind NAT then found nobody to meet for 2 minutes, past their join
-// timeout (testdata/netns-nat.sh's TCP-plane part, 2 runs of 23).
+// timeout (testdata/netns-nat.sh's TCP-plane part, in 2 of 29 runs).
 func advertise(ctx context.Context, rd *drouting.RoutingDiscovery, ns string, first time.Duration) {
 	pause := first
 	for {

@@ -472,30 +472,26 @@ func (n *Net) ForwardBackwardLayers(x []float32, y []int, rows int, flat []float
 	bounds := n.LayerBounds()
 	hi, next := n.nparams, 0
 	for i := len(n.layers) - 1; i >= 0; i-- {
-		if n.layers[i].w < 0 {
-			if err := n.backward(i); err != nil {
-				return fail(err)
-			}
-			continue
-		}
 		if err := n.backwardParams(i); err != nil {
 			return fail(err)
 		}
-		lo := bounds[next]
-		next++
-		var e errs
-		e.do(n.ops.Sync())
-		e.do(n.ops.Download(flat[lo:hi], n.ops.Slice(n.dGrad, lo, hi-lo)))
-		if e.err != nil {
-			return fail(e.err)
-		}
-		if err := ready(lo); err != nil {
-			return 0, err
+		if n.layers[i].w >= 0 {
+			lo := bounds[next]
+			next++
+			var e errs
+			e.do(n.ops.Sync())
+			e.do(n.ops.Download(flat[lo:hi], n.ops.Slice(n.dGrad, lo, hi-lo)))
+			if e.err != nil {
+				return fail(e.err)
+			}
+			if err := ready(lo); err != nil {
+				return 0, err
+			}
+			hi = lo
 		}
 		if err := n.backwardInput(i); err != nil {
 			return fail(err)
 		}
-		hi = lo
 	}
 	if err := n.ops.Sync(); err != nil {
 		return fail(err)
