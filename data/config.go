@@ -59,12 +59,41 @@ func ParseConfig(r io.Reader, dir string) (*Config, error) {
 	return &c, nil
 }
 
+// MaxConfigBytes bounds a data config file.
+const MaxConfigBytes = 1 << 20
+
+// ReadConfigFile reads a config file of at most limit bytes. A path that
+// names no regular file (a device such as /dev/zero, a pipe) or a file
+// over the limit is an error, not a hang or all of this machine's memory.
+func ReadConfigFile(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("data: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("data: %w", err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("data: %s is not a regular file (%v): %w", path, st.Mode().Type(), ErrConfig)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("data: %w", err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("data: %s is over %d bytes; not a config: %w", path, limit, ErrConfig)
+	}
+	return b, nil
+}
+
 // LoadConfig reads a data config file; relative paths in it are taken from
 // the file's folder.
 func LoadConfig(path string) (*Config, error) {
-	b, err := os.ReadFile(path)
+	b, err := ReadConfigFile(path, MaxConfigBytes)
 	if err != nil {
-		return nil, fmt.Errorf("data: %w", err)
+		return nil, err
 	}
 	c, err := ParseConfig(bytes.NewReader(b), filepath.Dir(path))
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -17,74 +16,125 @@ import (
 	"github.com/ringtrain/ringtrain/train"
 )
 
-// jobConfig is the job file. The names nodes (world_size), nr (rank) and
-// gpus are those of the older tools it replaces, accepted as they are.
+// jobConfig is a job as this peer runs it: the job's definition, which
+// every peer shares and which alone travels to peers that join with --job,
+// and this machine's own settings, which never travel. They are two types
+// so that no code path can take a path, a timeout or a request size from
+// another peer by forgetting which is which.
 type jobConfig struct {
-	Name      string `json:"name"`
-	WorldSize int    `json:"world_size"`
-	Nodes     int    `json:"nodes"` // = world_size
-	Rank      *int   `json:"rank"`  // informational: ranks follow peer IDs
-	Nr        *int   `json:"nr"`    // = rank
-	GPUs      int    `json:"gpus"`  // 0: CPU; 1: the CUDA engine (see --device)
-	Epochs    int    `json:"epochs"`
-	BatchSize int    `json:"batch_size"` // per peer
-	Seed      uint64 `json:"seed"`
+	jobSpec
+	localSettings
+
+	data      *data.Config  // transforms and classes, and for local files this machine's paths
+	modelName string        // a built-in name, or "" for a spec
+	spec      *train.Spec   // a spec, or nil for a built-in
+	hash      string        // hex SHA-256 of the spec's canonical JSON
+	wire      ring.Encoding // parsed Compression
+}
+
+// jobSpec is what defines a job: what every peer must share. Its canonical
+// JSON (encode) is what a peer hands to those that join with --job, and
+// the SHA-256 of exactly those bytes is the job's config hash, which hellos
+// prove and name@hash names — so a fetched config is checked before a byte
+// of it is parsed. Defaults are written out in it, so that a config that
+// leaves a field at its default and one that spells it out are one job.
+type jobSpec struct {
+	Name         string `json:"name"`
+	WorldSize    int    `json:"world_size"`
+	MinWorldSize int    `json:"min_world_size"`
+	Epochs       int    `json:"epochs"`
+	BatchSize    int    `json:"batch_size"` // per peer
+	Seed         uint64 `json:"seed"`
 	// Model is a built-in name ("mlp", "cnn") or a layer spec object
 	// (train.Spec); its input may be left out, to be the data's shape.
 	Model     json.RawMessage `json:"model"`
-	Optimizer struct {
-		Name        string  `json:"name"` // sgd or adam
-		LR          float32 `json:"lr"`
-		Momentum    float32 `json:"momentum"`
-		WeightDecay float32 `json:"weight_decay"`
-		Schedule    string  `json:"schedule"` // constant (default), step or cosine
-		StepSize    int     `json:"step_size"`
-		Gamma       float32 `json:"gamma"`
-	} `json:"optimizer"`
-	// Data is the data config, inline or as a path to its file, or
-	// {"served": "<dataset ID>"}: a dataset peers serve (ringtrain serve
-	// prints its ID), whose transforms and classes come with it.
-	Data json.RawMessage `json:"data"`
-	// RequestSize is how many samples of a served dataset one request
-	// asks for (Ember's request_size); default 256. Each machine's own.
-	RequestSize int `json:"request_size"`
-	// CacheDir, if set, keeps a served dataset's samples on this
-	// machine's disk, so that a restart reads them locally.
-	CacheDir      string `json:"cache_dir"`
-	CheckpointDir string `json:"checkpoint_dir"`
-	// CheckpointEvery, if set, also writes the checkpoint every that many
-	// steps, not only after every epoch.
-	CheckpointEvery int `json:"checkpoint_every"`
-	// MinWorldSize is how few peers may carry on after others are lost;
-	// default world_size, so that losing a peer stops the job.
-	MinWorldSize int `json:"min_world_size"`
+	Optimizer optimizerConfig `json:"optimizer"`
+	Data      dataSpec        `json:"data"`
 	// GradNormGuard, if set, skips every step where a rank's gradient norm
 	// is over this many times the median's (train.Replica.NormGuard); 0,
 	// the default, turns the guard off. More than 1.
-	GradNormGuard float64 `json:"grad_norm_guard"`
-	// Compression is how gradients travel in the ring: "none" (float32,
-	// the default), "bf16" or "fp16" (half the bytes), "int8" (blockwise,
-	// with error feedback: a little over a quarter; train.Replica.Wire).
-	Compression string `json:"compression"`
-	// BucketMB is the gradient bucket size in MB (train.Replica.BucketBytes):
-	// the own engine sends each bucket while backward still computes the
-	// layers before it. Default 25, as in PyTorch DDP; 0 sends all the
-	// gradients in one allreduce after backward.
-	BucketMB *float64 `json:"bucket_mb"`
+	GradNormGuard float64 `json:"grad_norm_guard,omitempty"`
+	// Compression is how gradients travel in the ring: "" (float32),
+	// "bf16" or "fp16" (half the bytes), "int8" (blockwise, with error
+	// feedback: a little over a quarter; train.Replica.Wire).
+	Compression string `json:"compression,omitempty"`
+	// BucketBytes is the gradient bucket size (train.Replica.BucketBytes),
+	// bucket_mb in the file: buckets change the collectives a step calls.
+	BucketBytes int `json:"bucket_bytes"`
 	// Sync, if set, is DiLoCo (train.LocalSGD): every Every steps on its
 	// own with the optimizer above, then the ranks average their
 	// parameter changes and take an outer step.
-	Sync        *syncConfig `json:"sync"`
-	JoinTimeout duration    `json:"join_timeout"` // default 60s
-	StepTimeout duration    `json:"step_timeout"` // default 60s
+	Sync *syncConfig `json:"sync,omitempty"`
+}
 
-	data      *data.Config  // parsed Data
-	modelName string        // a built-in name, or "" for a spec
-	spec      *train.Spec   // a spec, or nil for a built-in
-	hash      string        // of the fields every peer must share
-	wire      ring.Encoding // parsed Compression
-	bucket    int           // BucketMB in bytes
-	served    string        // the served dataset's ID, or ""
+// optimizerConfig is the job's optimizer and its learning-rate schedule.
+type optimizerConfig struct {
+	Name        string  `json:"name"` // sgd or adam
+	LR          float32 `json:"lr"`
+	Momentum    float32 `json:"momentum"`
+	WeightDecay float32 `json:"weight_decay"`
+	Schedule    string  `json:"schedule"` // constant (default), step or cosine
+	StepSize    int     `json:"step_size"`
+	Gamma       float32 `json:"gamma"`
+}
+
+// dataSpec is the data as a job's definition names it: a served dataset
+// by its ID (which stands for its transforms, classes and bytes), or, for
+// files each machine holds, their transforms and classes — never a path.
+type dataSpec struct {
+	Served     string               `json:"served,omitempty"`
+	Transforms []data.TransformSpec `json:"transforms,omitempty"`
+	Classes    []string             `json:"classes,omitempty"`
+}
+
+// localSettings are this machine's own: where its files go, how long it
+// waits, how it asks for data, what it computes on. They are read from the
+// job file and the flags of the peer that runs it, never from another
+// peer, and are not part of the job's hash.
+type localSettings struct {
+	GPUs int `json:"gpus"` // 0: CPU; 1: the CUDA engine (see --device)
+	// RequestSize is how many samples of a served dataset one request
+	// asks for (Ember's request_size); default 256.
+	RequestSize int `json:"request_size"`
+	// CacheDir, if set, keeps a served dataset's samples on this
+	// machine's disk, so that a restart reads them locally.
+	CacheDir string `json:"cache_dir"`
+	// CheckpointDir, if set, is where this peer writes its checkpoint and
+	// looks for one to resume from.
+	CheckpointDir string `json:"checkpoint_dir"`
+	// CheckpointEvery, if set, also writes the checkpoint every that many
+	// steps, not only after every epoch.
+	CheckpointEvery int      `json:"checkpoint_every"`
+	JoinTimeout     duration `json:"join_timeout"` // default 60s
+	StepTimeout     duration `json:"step_timeout"` // default 60s
+}
+
+// jobFile is the job file as users write it. The names nodes
+// (world_size), nr (rank) and gpus are those of the older tools it
+// replaces, accepted as they are. Its data is a data config, inline or as
+// a path to its file, or {"served": "<dataset ID>"}.
+type jobFile struct {
+	Name          string          `json:"name"`
+	WorldSize     int             `json:"world_size"`
+	Nodes         int             `json:"nodes"` // = world_size
+	Rank          *int            `json:"rank"`  // informational: ranks follow peer IDs
+	Nr            *int            `json:"nr"`    // = rank
+	Epochs        int             `json:"epochs"`
+	BatchSize     int             `json:"batch_size"`
+	Seed          uint64          `json:"seed"`
+	Model         json.RawMessage `json:"model"`
+	Optimizer     optimizerConfig `json:"optimizer"`
+	Data          json.RawMessage `json:"data"`
+	MinWorldSize  int             `json:"min_world_size"`
+	GradNormGuard float64         `json:"grad_norm_guard"`
+	Compression   string          `json:"compression"`
+	// BucketMB is the gradient bucket size in MB: the own engine sends
+	// each bucket while backward still computes the layers before it.
+	// Default 25, as in PyTorch DDP; 0 sends all the gradients in one
+	// allreduce after backward.
+	BucketMB *float64   `json:"bucket_mb"`
+	Sync     *syncConfig `json:"sync"`
+	localSettings
 }
 
 // maxRequestSize is the most samples a request may ask for: a data
@@ -141,51 +191,103 @@ func (d *duration) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// maxJobFileBytes bounds a job or data config file: a path that names a
+// device or a huge file is an error, not all of this machine's memory.
+const maxJobFileBytes = 1 << 20
+
 // loadJobConfig reads and checks a job file. Unknown fields are errors
 // naming them; a missing required field says what to add.
 func loadJobConfig(path string) (*jobConfig, error) {
-	b, err := os.ReadFile(path)
+	b, err := data.ReadConfigFile(path, maxJobFileBytes)
 	if err != nil {
 		return nil, err
 	}
-	c, err := parseJobConfig(b, filepath.Dir(path), "")
+	c, err := parseJobFile(b, filepath.Dir(path))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return c, nil
 }
 
-// parseJobConfig reads a job config; relative paths are taken from dir.
-// dataFile, if set, replaces its data section: a config handed out by
-// another peer names no paths, and this machine says where its files are.
-func parseJobConfig(b []byte, dir, dataFile string) (*jobConfig, error) {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	var c jobConfig
-	if err := dec.Decode(&c); err != nil {
+// parseJobFile reads a job file; relative paths are taken from dir.
+func parseJobFile(b []byte, dir string) (*jobConfig, error) {
+	var f jobFile
+	if err := decodeStrict(b, &f); err != nil {
 		return nil, err
 	}
-	if dec.More() {
-		return nil, errors.New("more than one JSON value")
-	}
-	if dataFile != "" {
-		abs, err := filepath.Abs(dataFile)
-		if err != nil {
-			return nil, err
-		}
-		if c.Data, err = json.Marshal(abs); err != nil {
-			return nil, err
-		}
-	}
-	if err := c.resolve(dir); err != nil {
-		return nil, err
-	}
-	return &c, nil
+	return f.resolve(dir)
 }
 
-// handedOutPath stands for the paths of a handed-out config's dataset,
-// which are each machine's own.
-const handedOutPath = "(each machine's own: join --data)"
+// decodeStrict decodes one JSON value into v, refusing unknown fields and
+// anything after the value.
+func decodeStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errors.New("more than one JSON value")
+	}
+	return nil
+}
+
+// ErrConfigHash means a peer handed out a config that is not the one the
+// job's name@hash names.
+var ErrConfigHash = errors.New("job config does not hash to the job's hash")
+
+// parseHandedOut reads the config a peer handed out for name@hash. The
+// bytes must hash to hash before anything is read from them, and be a job
+// spec in its canonical form: what a peer hands out can define a job and
+// nothing else — no path, no timeout, nothing about this machine. local
+// are this machine's settings; dataFile, for a job on local files, this
+// machine's data config, whose transforms and classes must be the job's.
+func parseHandedOut(b []byte, name, hash string, local localSettings, dataFile string) (*jobConfig, error) {
+	if sum := sha256.Sum256(b); hex.EncodeToString(sum[:]) != hash {
+		return nil, fmt.Errorf("%d bytes hashing to %s, not %s: %w", len(b), hex.EncodeToString(sum[:8]), hash[:min(16, len(hash))], ErrConfigHash)
+	}
+	c := &jobConfig{localSettings: local}
+	if err := decodeStrict(b, &c.jobSpec); err != nil {
+		return nil, fmt.Errorf("handed-out job config: %w", err)
+	}
+	if err := c.resolveSpec(); err != nil {
+		return nil, fmt.Errorf("handed-out job config: %w", err)
+	}
+	if again, err := c.encode(); err != nil || !bytes.Equal(again, b) {
+		return nil, fmt.Errorf("handed-out job config is not in its canonical form: %w", ErrConfigHash)
+	}
+	if c.Name != name {
+		return nil, fmt.Errorf("handed-out job config is of job %q, not %q: %w", c.Name, name, ErrConfigHash)
+	}
+	if err := c.localSettings.check(""); err != nil {
+		return nil, err
+	}
+	if c.Data.Served != "" {
+		if dataFile != "" {
+			return nil, fmt.Errorf("job %q trains on the served dataset %s, not on files: leave out --data: %w", name, c.Data.Served[:16], errUsage)
+		}
+		return c, nil
+	}
+	if dataFile == "" {
+		return nil, fmt.Errorf("job %q trains on files each machine holds; give --data <data config> saying where they are on this one: %w", name, errUsage)
+	}
+	d, err := data.LoadConfig(dataFile)
+	if err != nil {
+		return nil, fmt.Errorf("--data: %w", err)
+	}
+	if !sameData(dataSpec{Transforms: d.Transforms, Classes: d.Classes}, c.Data) {
+		return nil, fmt.Errorf("--data %s has other transforms or classes than job %q: this machine's data config must differ from the first peer's in its paths alone: %w", dataFile, name, errUsage)
+	}
+	c.data = d
+	return c, nil
+}
+
+// sameData reports whether two data specs are one.
+func sameData(a, b dataSpec) bool {
+	ja, erra := json.Marshal(a)
+	jb, errb := json.Marshal(b)
+	return erra == nil && errb == nil && bytes.Equal(ja, jb)
+}
 
 // jobRef is how other peers name this job to fetch its config:
 // name@config-hash.
@@ -200,59 +302,114 @@ func parseJobRef(s string) (name, hash string, err error) {
 	return s[:i], s[i+1:], nil
 }
 
-// handedOut is the config as peers hand it to those that join with
-// --job: what every peer shares and nothing that is a machine's own
-// (paths, timeouts, request size). Parsed, it has the same hash. A local
-// dataset travels as its transforms and classes, and the peer that
-// fetches it says with --data where its files are.
-func (c *jobConfig) handedOut() ([]byte, error) {
-	var dataSection any = map[string]string{"served": c.served}
-	if c.served == "" {
-		// The path only lets the config parse (paths are not in the
-		// hash); join refuses to train on it without --data.
-		dataSection = map[string]any{"transforms": c.data.Transforms, "classes": c.data.Classes,
-			"dataset_path": map[string]string{"train": handedOutPath}}
+// handedOut is the config as peers hand it to those that join with --job:
+// the job's spec in its canonical form, whose SHA-256 is the job's hash.
+func (c *jobConfig) handedOut() ([]byte, error) { return c.encode() }
+
+// encode is the spec's canonical JSON.
+func (s *jobSpec) encode() ([]byte, error) { return json.Marshal(s) }
+
+// resolve checks a job file and splits it into the job's spec and this
+// machine's settings.
+func (f *jobFile) resolve(dir string) (*jobConfig, error) {
+	switch {
+	case f.WorldSize == 0 && f.Nodes == 0:
+		return nil, errors.New(`no world size; add "world_size": <number of peers> (or "nodes")`)
+	case f.WorldSize != 0 && f.Nodes != 0 && f.WorldSize != f.Nodes:
+		return nil, fmt.Errorf("world_size %d and nodes %d disagree; give one", f.WorldSize, f.Nodes)
+	case f.WorldSize == 0:
+		f.WorldSize = f.Nodes
 	}
-	mb := float64(c.bucket) / (1 << 20)
-	return json.MarshalIndent(struct {
-		Name          string          `json:"name"`
-		WorldSize     int             `json:"world_size"`
-		MinWorldSize  int             `json:"min_world_size"`
-		GPUs          int             `json:"gpus,omitempty"`
-		Epochs        int             `json:"epochs"`
-		BatchSize     int             `json:"batch_size"`
-		Seed          uint64          `json:"seed"`
-		Model         json.RawMessage `json:"model"`
-		Optimizer     any             `json:"optimizer"`
-		Data          any             `json:"data"`
-		GradNormGuard float64         `json:"grad_norm_guard,omitempty"`
-		Compression   string          `json:"compression,omitempty"`
-		BucketMB      float64         `json:"bucket_mb"`
-		Sync          *syncConfig     `json:"sync,omitempty"`
-	}{c.Name, c.WorldSize, c.MinWorldSize, c.GPUs, c.Epochs, c.BatchSize, c.Seed, c.Model, c.Optimizer, dataSection,
-		c.GradNormGuard, c.Compression, mb, c.Sync}, "", "  ")
+	if f.Rank != nil && f.Nr != nil && *f.Rank != *f.Nr {
+		return nil, fmt.Errorf("rank %d and nr %d disagree; give one", *f.Rank, *f.Nr)
+	}
+	c := &jobConfig{localSettings: f.localSettings, jobSpec: jobSpec{Name: f.Name, WorldSize: f.WorldSize, MinWorldSize: f.MinWorldSize,
+		Epochs: f.Epochs, BatchSize: f.BatchSize, Seed: f.Seed, Model: f.Model, Optimizer: f.Optimizer,
+		GradNormGuard: f.GradNormGuard, Compression: f.Compression, Sync: f.Sync, BucketBytes: defaultBucketMB << 20}}
+	if f.BucketMB != nil {
+		if mb := *f.BucketMB; !(mb >= 0 && mb <= maxBucketMB) {
+			return nil, fmt.Errorf("bucket_mb %g; want 0 (one allreduce after backward) up to %d", mb, maxBucketMB)
+		}
+		c.BucketBytes = int(*f.BucketMB * (1 << 20))
+	}
+	if err := c.localSettings.check(dir); err != nil {
+		return nil, err
+	}
+	if len(f.Data) == 0 {
+		return nil, errors.New(`no data config; add "data": {"transforms": [...], "dataset_path": {...}}, "data": "<file>" or "data": {"served": "<dataset ID>"}`)
+	}
+	if bytes.Contains(f.Data, []byte(`"served"`)) {
+		var served struct {
+			Served string `json:"served"`
+		}
+		if err := decodeStrict(f.Data, &served); err != nil {
+			return nil, fmt.Errorf(`data: %w; a served dataset is named by its ID alone, {"served": "<ID>"}: its transforms and classes come with it`, err)
+		}
+		c.Data.Served = served.Served
+	} else {
+		var err error
+		var dataPath string
+		if json.Unmarshal(f.Data, &dataPath) == nil {
+			if !filepath.IsAbs(dataPath) {
+				dataPath = filepath.Join(dir, dataPath)
+			}
+			c.data, err = data.LoadConfig(dataPath)
+		} else {
+			c.data, err = data.ParseConfig(bytes.NewReader(f.Data), dir)
+		}
+		if err != nil {
+			return nil, err
+		}
+		c.Data.Transforms, c.Data.Classes = c.data.Transforms, c.data.Classes
+	}
+	if err := c.resolveSpec(); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
-func (c *jobConfig) resolve(dir string) error {
+// maxBucketMB bounds bucket_mb.
+const maxBucketMB = 1024
+
+// check fills this machine's settings' defaults and says what is wrong
+// with them; a relative cache_dir is taken from dir.
+func (l *localSettings) check(dir string) error {
+	if l.GPUs < 0 {
+		return fmt.Errorf("gpus %d; want 0 (CPU) or 1 (one GPU per peer)", l.GPUs)
+	}
+	if l.CheckpointEvery < 0 {
+		return fmt.Errorf("checkpoint_every %d; want 0 (after every epoch only) or a number of steps", l.CheckpointEvery)
+	}
+	if l.JoinTimeout < 0 || l.StepTimeout < 0 {
+		return fmt.Errorf("join_timeout %v, step_timeout %v; want positive durations", time.Duration(l.JoinTimeout), time.Duration(l.StepTimeout))
+	}
+	if l.JoinTimeout == 0 {
+		l.JoinTimeout = duration(60 * time.Second)
+	}
+	if l.StepTimeout == 0 {
+		l.StepTimeout = duration(60 * time.Second)
+	}
+	if l.RequestSize < 0 || l.RequestSize > maxRequestSize {
+		return fmt.Errorf("request_size %d; want 1 to %d samples (0: 256)", l.RequestSize, maxRequestSize)
+	}
+	if l.RequestSize == 0 {
+		l.RequestSize = 256
+	}
+	if l.CacheDir != "" && !filepath.IsAbs(l.CacheDir) && dir != "" {
+		l.CacheDir = filepath.Join(dir, l.CacheDir)
+	}
+	return nil
+}
+
+// resolveSpec checks the job's spec, writes its defaults out, and hashes
+// it. It is the same check for a job file and for a config a peer handed
+// out, and a spec that passed it passes again unchanged.
+func (c *jobConfig) resolveSpec() error {
 	if c.Name == "" {
 		return errors.New(`no job name; add "name": "<job>" (peers with the same name find each other)`)
 	}
-	switch {
-	case c.WorldSize == 0 && c.Nodes == 0:
-		return errors.New(`no world size; add "world_size": <number of peers> (or "nodes")`)
-	case c.WorldSize != 0 && c.Nodes != 0 && c.WorldSize != c.Nodes:
-		return fmt.Errorf("world_size %d and nodes %d disagree; give one", c.WorldSize, c.Nodes)
-	case c.WorldSize == 0:
-		c.WorldSize = c.Nodes
-	}
 	if c.WorldSize < 1 {
 		return fmt.Errorf("world_size %d; want at least 1", c.WorldSize)
-	}
-	if c.Rank != nil && c.Nr != nil && *c.Rank != *c.Nr {
-		return fmt.Errorf("rank %d and nr %d disagree; give one", *c.Rank, *c.Nr)
-	}
-	if c.GPUs < 0 {
-		return fmt.Errorf("gpus %d; want 0 (CPU) or 1 (one GPU per peer)", c.GPUs)
 	}
 	if c.Epochs < 1 {
 		return fmt.Errorf(`epochs %d; add "epochs": <at least 1>`, c.Epochs)
@@ -267,7 +424,7 @@ func (c *jobConfig) resolve(dir string) error {
 	case "":
 		c.Optimizer.Name, c.Optimizer.LR, c.Optimizer.Momentum = "sgd", 0.05, 0.9
 	case "sgd", "adam":
-		if c.Optimizer.LR <= 0 {
+		if !(c.Optimizer.LR > 0) {
 			return fmt.Errorf("optimizer %s has lr %v; want a positive learning rate", c.Optimizer.Name, c.Optimizer.LR)
 		}
 	default:
@@ -279,78 +436,45 @@ func (c *jobConfig) resolve(dir string) error {
 	if c.MinWorldSize == 0 {
 		c.MinWorldSize = c.WorldSize
 	}
+	if c.MinWorldSize < 1 || c.MinWorldSize > c.WorldSize {
+		return fmt.Errorf("min_world_size %d; want between 1 and world_size %d", c.MinWorldSize, c.WorldSize)
+	}
 	wire, err := ring.ParseEncoding(c.Compression)
 	if err != nil {
 		return fmt.Errorf("compression: %w", err)
 	}
-	c.wire = wire
+	c.wire, c.Compression = wire, ""
+	if wire != ring.F32 {
+		c.Compression = wire.String()
+	}
 	if c.Sync != nil {
 		if err := c.Sync.check(); err != nil {
 			return err
 		}
 	}
-	c.bucket = defaultBucketMB << 20
-	if c.BucketMB != nil {
-		if mb := *c.BucketMB; !(mb >= 0 && mb <= 1024) {
-			return fmt.Errorf("bucket_mb %g; want 0 (one allreduce after backward) up to 1024", mb)
-		}
-		c.bucket = int(*c.BucketMB * (1 << 20))
+	if c.BucketBytes < 0 || c.BucketBytes > maxBucketMB<<20 {
+		return fmt.Errorf("bucket of %d bytes; want 0 (one allreduce after backward) up to %d MB", c.BucketBytes, maxBucketMB)
 	}
 	if c.GradNormGuard != 0 && !(c.GradNormGuard > 1) {
 		return fmt.Errorf("grad_norm_guard %g; want 0 (off) or a factor over 1", c.GradNormGuard)
 	}
-	if c.MinWorldSize < 1 || c.MinWorldSize > c.WorldSize {
-		return fmt.Errorf("min_world_size %d; want between 1 and world_size %d", c.MinWorldSize, c.WorldSize)
-	}
-	if c.CheckpointEvery < 0 {
-		return fmt.Errorf("checkpoint_every %d; want 0 (after every epoch only) or a number of steps", c.CheckpointEvery)
-	}
-	if c.JoinTimeout == 0 {
-		c.JoinTimeout = duration(60 * time.Second)
-	}
-	if c.StepTimeout == 0 {
-		c.StepTimeout = duration(60 * time.Second)
-	}
-	if len(c.Data) == 0 {
-		return errors.New(`no data config; add "data": {"transforms": [...], "dataset_path": {...}}, "data": "<file>" or "data": {"served": "<dataset ID>"}`)
-	}
-	if c.RequestSize < 0 || c.RequestSize > maxRequestSize {
-		return fmt.Errorf("request_size %d; want 1 to %d samples (0: 256)", c.RequestSize, maxRequestSize)
-	}
-	if c.RequestSize == 0 {
-		c.RequestSize = 256
-	}
-	if c.CacheDir != "" && !filepath.IsAbs(c.CacheDir) && dir != "" {
-		c.CacheDir = filepath.Join(dir, c.CacheDir)
-	}
-	var served struct {
-		Served string `json:"served"`
-	}
-	dec := json.NewDecoder(bytes.NewReader(c.Data))
-	dec.DisallowUnknownFields()
-	if bytes.Contains(c.Data, []byte(`"served"`)) {
-		if err := dec.Decode(&served); err != nil {
-			return fmt.Errorf(`data: %w; a served dataset is named by its ID alone, {"served": "<ID>"}: its transforms and classes come with it`, err)
+	if c.Data.Served != "" {
+		if c.Data.Transforms != nil || c.Data.Classes != nil {
+			return errors.New(`data: a served dataset is named by its ID alone, {"served": "<ID>"}: its transforms and classes come with it`)
 		}
-		if _, err := data.ParseID(served.Served); err != nil {
+		if _, err := data.ParseID(c.Data.Served); err != nil {
 			return fmt.Errorf("data: served: %w", err)
 		}
-		c.served = served.Served
-		return c.computeHash()
+	} else if _, err := data.NewPipeline(c.Data.Transforms); err != nil {
+		return fmt.Errorf("data: %w", err)
 	}
-	var dataPath string
-	if json.Unmarshal(c.Data, &dataPath) == nil {
-		if !filepath.IsAbs(dataPath) {
-			dataPath = filepath.Join(dir, dataPath)
-		}
-		c.data, err = data.LoadConfig(dataPath)
-	} else {
-		c.data, err = data.ParseConfig(bytes.NewReader(c.Data), dir)
-	}
+	b, err := c.encode()
 	if err != nil {
 		return err
 	}
-	return c.computeHash()
+	sum := sha256.Sum256(b)
+	c.hash = hex.EncodeToString(sum[:])
+	return nil
 }
 
 // isHexSHA256 reports whether s looks like a config hash: a hex SHA-256.
@@ -369,52 +493,10 @@ func isHexSHA256(s string) bool {
 // useServed takes a served dataset's transforms and classes, from its
 // manifest, checked against the ID the config names.
 func (c *jobConfig) useServed(m *data.Manifest) error {
-	if m.ID() != c.served {
-		return fmt.Errorf("served dataset %s is not the %s the job config names", m.ID()[:16], c.served[:16])
+	if m.ID() != c.Data.Served {
+		return fmt.Errorf("served dataset %s is not the %s the job config names", m.ID()[:16], c.Data.Served[:16])
 	}
 	c.data = m.Config()
-	return nil
-}
-
-// computeHash is the SHA-256 of the canonical form of what every peer must
-// share: not the rank, the paths or the timeouts, which are each machine's.
-// min_world_size is shared: peers that held different values would decide
-// differently whether a ring that lost a peer carries on; so is
-// grad_norm_guard, which sizes the step's allreduce.
-func (c *jobConfig) computeHash() error {
-	shared := struct {
-		Name         string
-		WorldSize    int
-		MinWorldSize int
-		Epochs       int
-		BatchSize    int
-		Seed         uint64
-		Model        json.RawMessage
-		Optimizer    any
-		Transforms   []data.TransformSpec
-		Classes      []string
-		// Left out when 0, so that a config without the guard keeps the
-		// hash it had before the guard existed.
-		GradNormGuard float64       `json:",omitempty"`
-		Wire          ring.Encoding `json:",omitempty"`
-		// Always there: buckets change the collectives a step calls, so
-		// peers from before them (one allreduce a step) must not agree.
-		BucketBytes int
-		Sync        *syncConfig `json:",omitempty"`
-		// A served dataset's ID stands for its transforms and classes,
-		// and its bytes.
-		Served string `json:",omitempty"`
-	}{Name: c.Name, WorldSize: c.WorldSize, MinWorldSize: c.MinWorldSize, Epochs: c.Epochs, BatchSize: c.BatchSize, Seed: c.Seed,
-		Model: c.Model, Optimizer: c.Optimizer, GradNormGuard: c.GradNormGuard, Wire: c.wire, BucketBytes: c.bucket, Sync: c.Sync, Served: c.served}
-	if c.served == "" {
-		shared.Transforms, shared.Classes = c.data.Transforms, c.data.Classes
-	}
-	b, err := json.Marshal(shared)
-	if err != nil {
-		return err
-	}
-	sum := sha256.Sum256(b)
-	c.hash = hex.EncodeToString(sum[:])
 	return nil
 }
 
@@ -467,10 +549,7 @@ func (c *jobConfig) overrideModel(name string) error {
 		return err
 	}
 	c.Model, c.spec = b, nil
-	if err := c.parseModel(); err != nil {
-		return err
-	}
-	return c.computeHash()
+	return c.resolveSpec()
 }
 
 // schedule is the optimizer's learning-rate schedule over the job's epochs.

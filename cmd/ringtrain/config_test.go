@@ -1,10 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestConfigHashCoversSharedFields: the fields every peer must share change
@@ -31,10 +36,10 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		return c.hash
 	}
 	plain := hash("")
-	// The hash of a plain config is pinned, so a change to it is seen. It
-	// last changed with bucket_mb: gradient buckets change the collectives
-	// a step calls, so peers from before them must not agree with these.
-	if want := "2184f8561c3c2adfd4a991fcbc126f96e393f18ca0a08741730279d957ad2076"; plain != want {
+	// The hash of a plain config is pinned, so a change to it is seen: it
+	// is the SHA-256 of the job spec's canonical JSON, so any change to
+	// that form makes peers of two versions refuse each other.
+	if want := "f333d3c7cf646c79b3264e935091dda3611e7b34e14f09f15552a43617779c4a"; plain != want {
 		t.Errorf("config hash %s; want %s", plain, want)
 	}
 	for _, bad := range []string{`, "grad_norm_guard": 1`, `, "grad_norm_guard": -3`, `, "compression": "zip"`, `, "bucket_mb": -1`, `, "bucket_mb": "25"`,
@@ -65,7 +70,9 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		{`, "bucket_mb": 4`, false},
 		{`, "sync": {"every": 50, "outer": {"name": "nesterov", "lr": 0.7, "momentum": 0.9}}`, false},
 		{`, "join_timeout": "5s", "step_timeout": "9s", "checkpoint_dir": "/tmp/x"`, true},
-		{`, "request_size": 64, "cache_dir": "/tmp/c"`, true},
+		{`, "request_size": 64, "cache_dir": "/tmp/c", "checkpoint_every": 5, "gpus": 1`, true},
+		{`, "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}`, true}, // the default, written out
+		{`, "nodes": 4, "rank": 2`, true},
 	} {
 		if got := hash(tc.extra); (got == plain) != tc.same {
 			t.Errorf("config hash with %s: same as without = %v; want %v", tc.extra, got == plain, tc.same)
@@ -74,10 +81,11 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 }
 
 // TestHandedOutConfigHasTheHash: the config a peer hands to those that
-// join with --job parses, on a machine with none of its paths, into the
-// same hash — for a served dataset, and for local files once --data says
-// where they are — and a served dataset's ID stands in the hash for its
-// transforms and classes.
+// join with --job is the job's spec, whose SHA-256 is the job's hash; on a
+// machine with none of its paths it parses into the same job — for a
+// served dataset, and for local files once --data says where they are —
+// and a served dataset's ID stands in the hash for its transforms and
+// classes.
 func TestHandedOutConfigHasTheHash(t *testing.T) {
 	dataCfg := mustAbs(t, "../../testdata/data-config.json")
 	id := strings.Repeat("ab", 32)
@@ -90,7 +98,7 @@ func TestHandedOutConfigHasTheHash(t *testing.T) {
 				"optimizer": {"name": "adam", "lr": 0.001, "schedule": "cosine"}, "compression": "bf16", "bucket_mb": 3.3,
 				"sync": {"every": 4, "outer": {"lr": 0.7, "momentum": 0.9}}, "grad_norm_guard": 5, "min_world_size": 2,
 				"checkpoint_dir": "/somewhere", "join_timeout": "9s", "request_size": 17, "data": ` + c.data + `}`
-			orig, err := parseJobConfig([]byte(body), "", "")
+			orig, err := parseJobFile([]byte(body), "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -98,20 +106,28 @@ func TestHandedOutConfigHasTheHash(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := parseJobConfig(b, "", c.dataFlag)
+			if sum := sha256.Sum256(b); hex.EncodeToString(sum[:]) != orig.hash {
+				t.Fatalf("the handed-out bytes hash to %x; the job's hash is %s", sum, orig.hash)
+			}
+			got, err := parseHandedOut(b, "h", orig.hash, localSettings{}, c.dataFlag)
 			if err != nil {
 				t.Fatalf("%v\n%s", err, b)
 			}
 			if got.hash != orig.hash || got.jobRef() != orig.jobRef() {
 				t.Fatalf("handed-out config hashes to %s; want %s\n%s", got.hash, orig.hash, b)
 			}
-			if strings.Contains(string(b), "somewhere") || strings.Contains(string(b), "9s") || strings.Contains(string(b), dataCfg) {
-				t.Fatalf("handed-out config carries a machine's own paths or timeouts:\n%s", b)
+			for _, local := range []string{"somewhere", "9s", "17", dataCfg, "gpus"} {
+				if strings.Contains(string(b), local) {
+					t.Fatalf("handed-out config carries this machine's %q:\n%s", local, b)
+				}
+			}
+			if got.GPUs != 0 || got.CheckpointDir != "" || got.RequestSize != 256 || time.Duration(got.JoinTimeout) != time.Minute {
+				t.Fatalf("a fetched config's local settings are %+v; want the defaults", got.localSettings)
 			}
 		})
 	}
 	served := func(id string) string {
-		c, err := parseJobConfig([]byte(`{"name": "h", "world_size": 3, "epochs": 2, "batch_size": 8, "model": "mlp", "data": {"served": "`+id+`"}}`), "", "")
+		c, err := parseJobFile([]byte(`{"name": "h", "world_size": 3, "epochs": 2, "batch_size": 8, "model": "mlp", "data": {"served": "`+id+`"}}`), "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -121,20 +137,90 @@ func TestHandedOutConfigHasTheHash(t *testing.T) {
 		t.Fatal("two served datasets give one config hash")
 	}
 	for _, bad := range []string{`{"served": "abc"}`, `{"served": "` + id + `", "transforms": []}`, `{"served": "` + strings.ToUpper(id) + `"}`} {
-		if _, err := parseJobConfig([]byte(`{"name": "h", "world_size": 3, "epochs": 2, "batch_size": 8, "model": "mlp", "data": `+bad+`}`), "", ""); err == nil {
+		if _, err := parseJobFile([]byte(`{"name": "h", "world_size": 3, "epochs": 2, "batch_size": 8, "model": "mlp", "data": `+bad+`}`), ""); err == nil {
 			t.Errorf("data %s parses; want an error", bad)
 		}
 	}
 }
 
-// FuzzParseJobConfig: a job config comes from other peers with --job, so
-// its parser meets a stranger's bytes. Whatever parses hands out a config
-// with the same hash.
+// TestFetchedConfigIsData: what a peer hands out for name@hash is checked
+// against the hash before a byte of it is read, and can define a job and
+// nothing else. Each row is a config a hostile peer hands out; none is
+// taken, none makes this machine open a file or take a setting.
+func TestFetchedConfigIsData(t *testing.T) {
+	dir := t.TempDir()
+	honest, err := parseJobFile([]byte(`{"name": "j", "world_size": 2, "epochs": 1, "batch_size": 8, "model": "mlp", "data": {"served": "`+strings.Repeat("ab", 32)+`"}}`), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	good, err := honest.handedOut()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashOf := func(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }
+	// A file that must never be read: its bytes would show in an error.
+	secret := filepath.Join(dir, "secret")
+	os.WriteFile(secret, []byte("SECRET-BYTES"), 0o600)
+	withLocal := `{"checkpoint_dir":"` + dir + `/planted","checkpoint_every":1,"cache_dir":"` + dir + `/cache","request_size":1,"step_timeout":"1ms","join_timeout":"1ms",` + string(good[1:])
+	for _, tc := range []struct {
+		name, body string
+		hash       string // "" for the honest job's
+	}{
+		{"a local path for data", `{"name":"j","world_size":2,"epochs":1,"batch_size":8,"model":"mlp","data":"` + secret + `"}`, ""},
+		{"a device for data", `{"name":"j","world_size":2,"epochs":1,"batch_size":8,"model":"mlp","data":"/dev/zero"}`, ""},
+		{"the honest job plus local settings", withLocal, ""},
+		{"the honest job, indented", strings.ReplaceAll(string(good), ",", ", "), ""},
+		// A job of the attacker's own, that a victim was pointed at: the
+		// bytes hash to what was asked, and are still no instructions.
+		{"its own job, naming a local path", `{"name":"j","world_size":2,"epochs":1,"batch_size":8,"model":"mlp","data":"/dev/zero"}`, "self"},
+		{"its own job, naming a dataset path", `{"name":"j","world_size":2,"epochs":1,"batch_size":8,"model":"mlp","data":{"dataset_path":{"train":"` + secret + `"}}}`, "self"},
+		{"its own job, with a checkpoint_dir", `{"name":"j","world_size":2,"epochs":1,"batch_size":8,"model":"mlp","checkpoint_dir":"` + dir + `/planted","data":{"served":"` + strings.Repeat("ab", 32) + `"}}`, "self"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hash := honest.hash
+			if tc.hash == "self" {
+				hash = hashOf([]byte(tc.body))
+			}
+			c, err := parseHandedOut([]byte(tc.body), "j", hash, localSettings{}, "")
+			if err == nil {
+				t.Fatalf("taken: %+v", c)
+			}
+			if tc.hash == "" && !errors.Is(err, ErrConfigHash) {
+				t.Errorf("%v; want ErrConfigHash", err)
+			}
+			if strings.Contains(err.Error(), "SECRET") {
+				t.Errorf("the error shows a local file's bytes: %v", err)
+			}
+		})
+	}
+	for _, p := range []string{"planted", "cache"} {
+		if _, err := os.Stat(filepath.Join(dir, p)); err == nil {
+			t.Errorf("%s was made at a path a peer chose", p)
+		}
+	}
+	c, err := parseHandedOut(good, "j", honest.hash, localSettings{CheckpointDir: "mine"}, "")
+	if err != nil || c.CheckpointDir != "mine" || c.RequestSize != 256 {
+		t.Fatalf("the honest config: %v, %+v; want this machine's settings", err, c)
+	}
+}
+
+// FuzzParseJobConfig: a job config comes from other peers with --job.
+// A job file that parses hands out bytes that hash to its hash and parse
+// back into the same job; bytes a peer hands out that hash to what was
+// asked (an attacker's own job) parse only into a job spec in its
+// canonical form, without touching this machine's files.
 func FuzzParseJobConfig(f *testing.F) {
 	f.Add([]byte(`{"name": "h", "world_size": 3, "epochs": 2, "batch_size": 8, "model": "mlp", "data": {"served": "` + strings.Repeat("ab", 32) + `"}}`))
 	f.Add([]byte(`{"name": "h", "world_size": 2, "epochs": 1, "batch_size": 8, "model": {"layers": [{"type": "linear", "out": 10}]}, "data": {"transforms": [{"name": "ToTensor", "args": []}], "dataset_path": {"train": "x"}}, "sync": {"every": 2, "outer": {"lr": 1}}}`))
+	f.Add([]byte(`{"name":"h","world_size":2,"min_world_size":2,"epochs":1,"batch_size":8,"seed":0,"model":"mlp","optimizer":{"name":"sgd","lr":0.05,"momentum":0.9,"weight_decay":0,"schedule":"","step_size":0,"gamma":0},"data":{"served":"` + strings.Repeat("ab", 32) + `"},"bucket_bytes":26214400}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		c, err := parseJobConfig(b, "", "")
+		sum := sha256.Sum256(b)
+		if c, err := parseHandedOut(b, "h", hex.EncodeToString(sum[:]), localSettings{}, ""); err == nil {
+			if out, err := c.handedOut(); err != nil || !bytes.Equal(out, b) {
+				t.Fatalf("handed-out config %q is taken but hands out %q (%v)", b, out, err)
+			}
+		}
+		c, err := parseJobFile(b, "")
 		if err != nil {
 			return
 		}
@@ -142,11 +228,11 @@ func FuzzParseJobConfig(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		again, err := parseJobConfig(out, "", "")
-		if err != nil {
+		again, err := parseHandedOut(out, c.Name, c.hash, localSettings{}, "")
+		if err != nil && c.Data.Served != "" {
 			t.Fatalf("handed-out config of %q does not parse: %v\n%s", b, err, out)
 		}
-		if again.hash != c.hash {
+		if err == nil && again.hash != c.hash {
 			t.Fatalf("handed-out config of %q hashes to %s, not %s\n%s", b, again.hash, c.hash, out)
 		}
 	})

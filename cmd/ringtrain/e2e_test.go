@@ -192,7 +192,7 @@ func TestJoinRefusesBadConfigs(t *testing.T) {
 // peer joins anything; --device host trains the mlp on ringtrain's own
 // engine (the CUDA engine's logic, on the CPU) with two peers in step.
 func TestDeviceFlag(t *testing.T) {
-	cfg := jobFile(t, t.TempDir(), `"name": "device", "world_size": 2, "epochs": 1`)
+	cfg := writeJobFile(t, t.TempDir(), `"name": "device", "world_size": 2, "epochs": 1`)
 	out, err := ringtrain(t, time.Minute, "join", "--config", cfg, "--device", "cuda", "--log-format", "json")
 	if err == nil || !strings.Contains(out, "bin/ringtrain-cuda") || strings.Contains(out, "looking for peers") {
 		t.Errorf("join --device cuda exited %v with %q; want an error naming bin/ringtrain-cuda before any peer search", err, out)
@@ -218,7 +218,7 @@ func TestDeviceFlag(t *testing.T) {
 // TestJoinUnreachableBootstrap: nobody listens at the bootstrap address; the
 // join fails within its timeout and says so.
 func TestJoinUnreachableBootstrap(t *testing.T) {
-	cfg := jobFile(t, t.TempDir(), `"name": "j", "world_size": 2, "epochs": 1, "join_timeout": "3s"`)
+	cfg := writeJobFile(t, t.TempDir(), `"name": "j", "world_size": 2, "epochs": 1, "join_timeout": "3s"`)
 	start := time.Now()
 	out, err := ringtrain(t, time.Minute, "join", "--config", cfg, "--listen", "/ip4/127.0.0.1/tcp/0",
 		"--bootstrap", "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN")
@@ -294,7 +294,7 @@ func (s *started) interrupt() (string, error) {
 
 // jobFile writes a job config training on the testdata subset, with extra
 // fields spliced in.
-func jobFile(t *testing.T, dir, fields string) string {
+func writeJobFile(t *testing.T, dir, fields string) string {
 	t.Helper()
 	p := filepath.Join(dir, "job.json")
 	body := `{` + fields + `, "batch_size": 8, "model": "mlp",
@@ -310,7 +310,7 @@ func jobFile(t *testing.T, dir, fields string) string {
 func TestLocalInterruptLeavesNoOrphans(t *testing.T) {
 	// Interrupted while they find each other or train (100 epochs: they
 	// cannot have finished).
-	cfg := jobFile(t, t.TempDir(), `"name": "orphans", "world_size": 3, "epochs": 100, "join_timeout": "5m"`)
+	cfg := writeJobFile(t, t.TempDir(), `"name": "orphans", "world_size": 3, "epochs": 100, "join_timeout": "5m"`)
 	local := startRingtrain(t, "local", "-n", "3", "--config", cfg)
 	local.until(t, "all peers look for each other", func(out string) bool { return strings.Count(out, "looking for peers") == 3 })
 	var pids []int
@@ -337,7 +337,7 @@ func TestLocalInterruptLeavesNoOrphans(t *testing.T) {
 // every peer between steps, and rank 0 leaves a checkpoint that loads.
 func TestInterruptWritesCheckpoint(t *testing.T) {
 	dir := t.TempDir()
-	cfg := jobFile(t, dir, `"name": "sigint", "world_size": 2, "epochs": 100, "checkpoint_dir": "`+dir+`"`)
+	cfg := writeJobFile(t, dir, `"name": "sigint", "world_size": 2, "epochs": 100, "checkpoint_dir": "`+dir+`"`)
 	local := startRingtrain(t, "local", "-n", "2", "--config", cfg)
 	local.until(t, "training", func(out string) bool { return strings.Count(out, `"steps":`) >= 2 }) // progress lines
 	out, _ := local.interrupt()
@@ -377,14 +377,14 @@ func TestKillAllAndRestartResumes(t *testing.T) {
 	}
 	straightDir := t.TempDir()
 	out, err := ringtrain(t, 3*time.Minute, "local", "-n", "2", "--config",
-		jobFile(t, straightDir, fields+`, "checkpoint_dir": "`+straightDir+`"`))
+		writeJobFile(t, straightDir, fields+`, "checkpoint_dir": "`+straightDir+`"`))
 	if err != nil {
 		t.Fatalf("uninterrupted run: %v\n%s", err, out)
 	}
 	want := hashOf(out)
 
 	dir := t.TempDir()
-	cfg := jobFile(t, dir, fields+`, "checkpoint_dir": "`+dir+`"`)
+	cfg := writeJobFile(t, dir, fields+`, "checkpoint_dir": "`+dir+`"`)
 	first := startRingtrain(t, "local", "-n", "2", "--config", cfg)
 	first.until(t, "a mid-epoch checkpoint", func(out string) bool {
 		return strings.Contains(out, `"steps_done":80,`) && strings.Contains(out, "checkpoint written")
@@ -423,7 +423,7 @@ func TestKillAllAndRestartResumes(t *testing.T) {
 // (generation 2), say so, finish every epoch and end with the same
 // parameters.
 func TestLosingAPeerMidTraining(t *testing.T) {
-	cfg := jobFile(t, t.TempDir(), `"name": "elastic", "world_size": 3, "min_world_size": 2, "epochs": 4, "step_timeout": "10s"`)
+	cfg := writeJobFile(t, t.TempDir(), `"name": "elastic", "world_size": 3, "min_world_size": 2, "epochs": 4, "step_timeout": "10s"`)
 	local := startRingtrain(t, "local", "-n", "3", "--config", cfg)
 	local.until(t, "training", func(out string) bool { return strings.Count(out, `"steps":`) >= 3 })
 	m := regexp.MustCompile(`\[peer 2\] started, pid (\d+)`).FindStringSubmatch(string(local.buf))
@@ -451,7 +451,7 @@ func TestLosingAPeerMidTraining(t *testing.T) {
 // one peer makes it leave after its next step, and the other two re-form
 // at once (no timeout: they are told) and finish in step.
 func TestCtrlCOnOnePeerLetsOthersGoOn(t *testing.T) {
-	cfg := jobFile(t, t.TempDir(), `"name": "leave", "world_size": 3, "min_world_size": 2, "epochs": 4`)
+	cfg := writeJobFile(t, t.TempDir(), `"name": "leave", "world_size": 3, "min_world_size": 2, "epochs": 4`)
 	local := startRingtrain(t, "local", "-n", "3", "--config", cfg)
 	local.until(t, "training", func(out string) bool { return strings.Count(out, `"steps":`) >= 3 })
 	m := regexp.MustCompile(`\[peer 1\] started, pid (\d+)`).FindStringSubmatch(string(local.buf))
@@ -479,7 +479,7 @@ func TestCtrlCOnOnePeerLetsOthersGoOn(t *testing.T) {
 // peer started then waits as a standby, is admitted after an epoch, catches
 // up, and the three end the job with the same parameters.
 func TestReplacementIsAdmitted(t *testing.T) {
-	cfg := jobFile(t, t.TempDir(), `"name": "replace", "world_size": 3, "min_world_size": 2, "epochs": 6`)
+	cfg := writeJobFile(t, t.TempDir(), `"name": "replace", "world_size": 3, "min_world_size": 2, "epochs": 6`)
 	local := startRingtrain(t, "local", "-n", "3", "--config", cfg)
 	local.until(t, "training", func(out string) bool { return strings.Count(out, `"steps":`) >= 3 })
 	buf := string(local.buf)

@@ -36,7 +36,7 @@ func TestBenchElastic(t *testing.T) {
 	}
 	var outages []time.Duration
 	for run := range 5 {
-		cfg := jobFile(t, dir, fmt.Sprintf(`"name": "bench-elastic-%d", "world_size": 4, "min_world_size": 3, "epochs": 50`, run))
+		cfg := writeJobFile(t, dir, fmt.Sprintf(`"name": "bench-elastic-%d", "world_size": 4, "min_world_size": 3, "epochs": 50`, run))
 		local := startRingtrain(t, "local", "-n", "4", "--config", cfg)
 		local.until(t, "training", func(out string) bool { return strings.Count(out, `"steps":`) >= 8 })
 		pid := pidOf(string(local.buf), 3)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -79,7 +80,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	// anyone is told where this peer listens, or waits for it.
 	var trainSplit, testSplit *data.Split
 	closeData := func() {}
-	if cfg != nil && cfg.served == "" {
+	if cfg != nil && cfg.Data.Served == "" {
 		if trainSplit, testSplit, closeData, err = loadSplits(ctx, cfg, nil, nil, 0, log); err != nil {
 			return err
 		}
@@ -252,7 +253,9 @@ func (f *joinFlags) finish(cfg *jobConfig) (*jobConfig, string, error) {
 }
 
 // fetchJobConfig gets --job's config from the job's peers: the first
-// whose bytes hash to the name@hash asked for.
+// whose bytes hash to the name@hash asked for. Only the job's definition
+// comes from them; this machine's settings are its own flags' and the
+// defaults.
 func (f *joinFlags) fetchJobConfig(ctx context.Context, h *p2p.Host, timeout time.Duration, log zerolog.Logger) (*jobConfig, string, error) {
 	name, hash, _ := parseJobRef(f.job)
 	if f.data != "" {
@@ -263,24 +266,25 @@ func (f *joinFlags) fetchJobConfig(ctx context.Context, h *p2p.Host, timeout tim
 		}
 	}
 	var cfg *jobConfig
-	check := func(b []byte) error {
-		c, err := parseJobConfig(b, "", f.data)
-		if err != nil {
-			return err
-		}
-		if c.Name != name || c.hash != hash {
-			return fmt.Errorf("config of job %q with hash %s", c.Name, c.hash[:16])
-		}
-		cfg = c
-		return nil
-	}
+	var mine error // a refusal that is this machine's doing, not the peer's
 	fctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if _, err := p2p.FetchJobConfig(fctx, h, name, hash, check, log); err != nil {
-		return nil, "", fmt.Errorf("join --job: %w (within %v)", err, timeout)
+	check := func(b []byte) error {
+		c, err := parseHandedOut(b, name, hash, localSettings{}, f.data)
+		if err != nil && !errors.Is(err, ErrConfigHash) && mine == nil {
+			// The bytes are the job's, and this machine cannot run it as
+			// it is (no --data, say): no other peer's copy would do.
+			mine = err
+			cancel()
+		}
+		cfg = c
+		return err
 	}
-	if cfg.served == "" && f.data == "" {
-		return nil, "", fmt.Errorf("join --job: job %q trains on files each machine holds; give --data <data config> saying where they are on this one: %w", name, errUsage)
+	if _, err := p2p.FetchJobConfig(fctx, h, name, hash, check, log); err != nil {
+		if mine != nil {
+			return nil, "", fmt.Errorf("join --job: %w", mine)
+		}
+		return nil, "", fmt.Errorf("join --job: %w (within %v)", err, timeout)
 	}
 	log.Info().Str("job", f.job).Msg("fetched the job config")
 	return f.finish(cfg)
@@ -292,7 +296,7 @@ func (f *joinFlags) fetchJobConfig(ctx context.Context, h *p2p.Host, timeout tim
 func loadSplits(ctx context.Context, cfg *jobConfig, h *p2p.Host, served *servedData, timeout time.Duration, log zerolog.Logger) (trainSplit, testSplit *data.Split, closeAll func(), err error) {
 	closeAll = func() {}
 	switch {
-	case cfg.served == "":
+	case cfg.Data.Served == "":
 		if trainSplit, err = cfg.data.Load("train"); err != nil {
 			return nil, nil, nil, err
 		}
@@ -301,7 +305,7 @@ func loadSplits(ctx context.Context, cfg *jobConfig, h *p2p.Host, served *served
 				return nil, nil, nil, err
 			}
 		}
-	case served != nil && served.m.ID() == cfg.served:
+	case served != nil && served.m.ID() == cfg.Data.Served:
 		if err := cfg.useServed(served.m); err != nil {
 			return nil, nil, nil, err
 		}
@@ -309,7 +313,7 @@ func loadSplits(ctx context.Context, cfg *jobConfig, h *p2p.Host, served *served
 	default:
 		octx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		c, err := p2p.OpenServedData(octx, h, cfg.served, p2p.DataClientConfig{Logger: log, Find: timeout})
+		c, err := p2p.OpenServedData(octx, h, cfg.Data.Served, p2p.DataClientConfig{Logger: log, Find: timeout})
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -335,14 +339,14 @@ func loadSplits(ctx context.Context, cfg *jobConfig, h *p2p.Host, served *served
 					continue
 				}
 				if st, ok := s.RemoteStats(); ok {
-					log.Info().Str("dataset", cfg.served[:16]).Str("split", s.Source).Int("fetched", st.Fetched).Int("from_cache", st.Cached).
+					log.Info().Str("dataset", cfg.Data.Served[:16]).Str("split", s.Source).Int("fetched", st.Fetched).Int("from_cache", st.Cached).
 						Int("here", st.Here).Int("samples", st.Total).Msg("served data")
 				}
 				s.Close()
 			}
 			c.Close()
 		}
-		log.Info().Str("dataset", cfg.served).Str("servers", fmt.Sprint(c.Servers())).Int("request_size", cfg.RequestSize).Str("cache_dir", cfg.CacheDir).Msg("training on served data")
+		log.Info().Str("dataset", cfg.Data.Served).Str("servers", fmt.Sprint(c.Servers())).Int("request_size", cfg.RequestSize).Str("cache_dir", cfg.CacheDir).Msg("training on served data")
 	}
 	log.Info().Str("dataset", trainSplit.Describe()).Msg("train data")
 	return trainSplit, testSplit, closeAll, nil
@@ -458,7 +462,7 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 	rep := train.NewReplica(model, opt, nil)
 	rep.NormGuard = cfg.GradNormGuard
 	rep.Wire = cfg.wire
-	rep.BucketBytes = cfg.bucket
+	rep.BucketBytes = cfg.BucketBytes
 	job.Training = train.RunConfig{Replica: rep, Train: loader(trainSplit, true),
 		Epochs: cfg.Epochs, Classes: len(trainSplit.Classes), Schedule: &sched, SaveEvery: cfg.CheckpointEvery}
 	if testSplit != nil {
