@@ -132,7 +132,7 @@ type jobFile struct {
 	// each bucket while backward still computes the layers before it.
 	// Default 25, as in PyTorch DDP; 0 sends all the gradients in one
 	// allreduce after backward.
-	BucketMB *float64   `json:"bucket_mb"`
+	BucketMB *float64    `json:"bucket_mb"`
 	Sync     *syncConfig `json:"sync"`
 	localSettings
 }
