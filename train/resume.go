@@ -6,26 +6,40 @@ import (
 	"slices"
 )
 
-// Resume brings every rank to the most advanced checkpoint any of them
-// holds, so a job whose peers all died carries on where it was, even where
-// the machine that wrote the checkpoint is no longer rank 0. Each rank
-// passes the checkpoint it found and has already Restored into r, or nil.
-// The rank with the most steps (the lowest such rank on a tie) sends its
-// parameters, optimizer state and position; the others load them. Ranks
-// whose checkpoints are at the same step must hold the same parameters:
-// the odd ones are named (*LiarError). It returns the position to start
-// from and the rank it came from (-1, with the zero Position, when no rank
-// had a checkpoint). Every rank must call it.
-func (r *Replica) Resume(ctx context.Context, c *Checkpoint) (Position, int, error) {
+// Resume brings every rank to the most advanced checkpoint that the
+// ranks agree on, so a job whose peers all died carries on where it was,
+// even where the machine that wrote the checkpoint is no longer rank 0.
+// Each rank passes the checkpoint it found and has already Restored into
+// r, or nil (a peer without a checkpoint_dir takes part all the same: the
+// ranks agree whether and where to resume, none decides alone). A claim is
+// not taken on its word: one more than one step ahead of the median of
+// the claims offered (the lower one for an even count) is refused and its
+// ranks named in Resumed.Refused — a stale checkpoint, behind the others,
+// is no lie and is simply not taken. The rank with the most steps among
+// the rest (the lowest such rank on a tie) sends its parameters,
+// optimizer state and position; the others load them. Ranks whose
+// checkpoints are at the same step must hold the same parameters: the odd
+// ones are named (*LiarError). Every rank must call it.
+func (r *Replica) Resume(ctx context.Context, c *Checkpoint) (Resumed, error) {
 	if c == nil {
-		return r.adoptLatest(ctx, false, Position{}, anyAhead)
+		return r.adopt(ctx, false, Position{}, resumeAhead, true)
 	}
-	return r.adoptLatest(ctx, true, Position{Epochs: c.Epoch, Steps: c.Step, Skip: c.Skip}, anyAhead)
+	return r.adopt(ctx, true, Position{Epochs: c.Epoch, Steps: c.Step, Skip: c.Skip}, resumeAhead, true)
 }
 
-// anyAhead lets adoptLatest take a claim however far it is ahead of the
-// others: checkpoints on different machines may be far apart.
-const anyAhead = -1
+// Resumed is what Resume agreed on, the same on every rank.
+type Resumed struct {
+	Position       // where to start: the zero Position when nothing was taken
+	From     int   // the rank whose state every rank took, or -1
+	Offered  []int // the ranks that offered a checkpoint
+	Refused  []int // the ranks whose claims were too far ahead of the others'
+	Median   int   // the median step claimed
+}
+
+// resumeAhead is how far a checkpoint may claim to be ahead of the median
+// claim: peers that trained together write their checkpoints at the same
+// steps, so honest claims of the latest ones agree.
+const resumeAhead = 1
 
 // A rank's row in adoptLatest's table: whether it offers state, its
 // position, and the hash of its parameters.
@@ -44,13 +58,22 @@ const (
 // rank, or the zero Position and -1 when none offers.
 //
 // It trusts no claim on its own. A claim more than maxAhead steps from the
-// median claim (anyAhead: no bound) — a survivor of a failed step is at
-// most one step on from the others, and at an epoch's end all are level —
-// is a lie; so is, among the ranks at the chosen step, a parameter hash
-// unlike most of theirs; so is state that does not match the hash its
-// sender declared. Liars are named in a *LiarError, the same on every rank,
-// and nothing is adopted.
+// median claim — a survivor of a failed step is at most one step on from
+// the others, and at an epoch's end all are level — is a lie; so is, among
+// the ranks at the chosen step, a parameter hash unlike most of theirs; so
+// is state that does not match the hash its sender declared. Liars are
+// named in a *LiarError, the same on every rank, and nothing is adopted.
 func (r *Replica) adoptLatest(ctx context.Context, has bool, mine Position, maxAhead int) (Position, int, error) {
+	a, err := r.adopt(ctx, has, mine, maxAhead, false)
+	return a.Position, a.From, err
+}
+
+// adopt is adoptLatest; with refuse, a claim more than maxAhead steps
+// ahead of the median is left out rather than named a lie, and one behind
+// is allowed: checkpoints found on disk may be stale, and an honest peer
+// can hold one ahead of stale ones.
+func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead int, refuse bool) (Resumed, error) {
+	out := Resumed{From: -1}
 	size, rank := r.Coll.Size(), r.Coll.Rank()
 	t := newTable(size, offerWidth)
 	if has {
@@ -62,7 +85,7 @@ func (r *Replica) adoptLatest(ctx context.Context, has bool, mine Position, maxA
 		putHash(row[offerHash:], r.ParamHash())
 	}
 	if err := t.share(ctx, r.Coll); err != nil {
-		return Position{}, -1, fmt.Errorf("%w: comparing states: %w", ErrCollective, err)
+		return out, fmt.Errorf("%w: comparing states: %w", ErrCollective, err)
 	}
 	var offers, bad []int
 	pos := make([]Position, size)
@@ -79,27 +102,31 @@ func (r *Replica) adoptLatest(ctx context.Context, has bool, mine Position, maxA
 		offers = append(offers, k)
 	}
 	if len(bad) > 0 {
-		return Position{}, -1, &LiarError{Ranks: bad, Why: "they offer state with a malformed position"}
+		return out, &LiarError{Ranks: bad, Why: "they offer state with a malformed position"}
 	}
+	out.Offered = slices.Clone(offers)
 	if len(offers) == 0 {
-		return Position{}, -1, nil
+		return out, nil
 	}
-	if maxAhead != anyAhead {
-		steps := make([]int, len(offers))
-		for i, k := range offers {
-			steps[i] = pos[k].Steps
+	steps := make([]int, len(offers))
+	for i, k := range offers {
+		steps[i] = pos[k].Steps
+	}
+	slices.Sort(steps)
+	median := steps[(len(steps)-1)/2]
+	out.Median = median
+	var far []int
+	for _, k := range offers {
+		if d := pos[k].Steps - median; d > maxAhead || !refuse && -d > maxAhead {
+			far = append(far, k)
 		}
-		slices.Sort(steps)
-		median := steps[(len(steps)-1)/2]
-		var far []int
-		for _, k := range offers {
-			if d := pos[k].Steps - median; d > maxAhead || -d > maxAhead {
-				far = append(far, k)
-			}
-		}
-		if len(far) > 0 {
-			return Position{}, -1, &LiarError{Ranks: far, Why: fmt.Sprintf("they claim to be more than %d step(s) from the others (median step %d)", maxAhead, median)}
-		}
+	}
+	switch {
+	case len(far) > 0 && refuse:
+		out.Refused = far
+		offers = slices.DeleteFunc(offers, func(k int) bool { return slices.Contains(far, k) })
+	case len(far) > 0:
+		return out, &LiarError{Ranks: far, Why: fmt.Sprintf("they claim to be more than %d step(s) from the others (median step %d)", maxAhead, median)}
 	}
 	best := -1
 	for _, k := range offers {
@@ -114,11 +141,12 @@ func (r *Replica) adoptLatest(ctx context.Context, has bool, mine Position, maxA
 	hashOf := func(k int) hash128 { return getHash(t.row(k)[offerHash:]) }
 	if odd, majority := oddOnes(top, hashOf); len(odd) > 0 {
 		if !majority {
-			return Position{}, -1, fmt.Errorf("train: ranks %v are all at step %d with other parameters, and no majority tells which are right", top, best)
+			return out, fmt.Errorf("train: ranks %v are all at step %d with other parameters, and no majority tells which are right", top, best)
 		}
-		return Position{}, -1, &LiarError{Ranks: odd, Why: fmt.Sprintf("at step %d they hold other parameters than most ranks at that step", best)}
+		return out, &LiarError{Ranks: odd, Why: fmt.Sprintf("at step %d they hold other parameters than most ranks at that step", best)}
 	}
 	root := top[0]
+	out.From = root
 	got := pos[root]
 	// The optimizer's step count and shape.
 	head := make([]float32, 2*intSlots)
@@ -128,14 +156,14 @@ func (r *Replica) adoptLatest(ctx context.Context, has bool, mine Position, maxA
 		putInt(head[intSlots:], len(state))
 	}
 	if err := r.Coll.Broadcast(ctx, head, root); err != nil {
-		return Position{}, root, fmt.Errorf("%w: sending the optimizer's shape: %w", ErrCollective, err)
+		return out, fmt.Errorf("%w: sending the optimizer's shape: %w", ErrCollective, err)
 	}
 	optStep, nState := getInt(head), getInt(head[intSlots:])
 	params := r.Model.Params()
 	// What another rank sends is checked before anything is made from it:
 	// an optimizer keeps at most two tensors per parameter (Adam).
 	if optStep < 0 || nState < 0 || nState > 2*len(params) || nState%max(len(params), 1) != 0 {
-		return Position{}, root, &LiarError{Ranks: []int{root}, Why: fmt.Sprintf("it sends %d optimizer state tensors (step %d) for %d parameter tensors", nState, optStep, len(params))}
+		return out, &LiarError{Ranks: []int{root}, Why: fmt.Sprintf("it sends %d optimizer state tensors (step %d) for %d parameter tensors", nState, optStep, len(params))}
 	}
 	// Parameters, then every state tensor (each shaped like a parameter).
 	var keep [][]float32
@@ -145,7 +173,7 @@ func (r *Replica) adoptLatest(ctx context.Context, has bool, mine Position, maxA
 		}
 	}
 	if err := r.broadcastTensors(ctx, params, root); err != nil {
-		return Position{}, root, fmt.Errorf("%w: sending the parameters: %w", ErrCollective, err)
+		return out, fmt.Errorf("%w: sending the parameters: %w", ErrCollective, err)
 	}
 	if h := r.ParamHash(); getHash(t.row(root)[offerHash:]) != tableHash(h) {
 		// Put this rank's own parameters back: they are not to be lost on
@@ -153,7 +181,7 @@ func (r *Replica) adoptLatest(ctx context.Context, has bool, mine Position, maxA
 		for i, p := range params {
 			copy(p, keep[i])
 		}
-		return Position{}, root, &LiarError{Ranks: []int{root}, Why: "the parameters it sent do not match the hash it declared"}
+		return out, &LiarError{Ranks: []int{root}, Why: "the parameters it sent do not match the hash it declared"}
 	}
 	var state [][]float32
 	if rank == root {
@@ -164,14 +192,15 @@ func (r *Replica) adoptLatest(ctx context.Context, has bool, mine Position, maxA
 		}
 	}
 	if err := r.broadcastTensors(ctx, state, root); err != nil {
-		return Position{}, root, fmt.Errorf("%w: sending the optimizer state: %w", ErrCollective, err)
+		return out, fmt.Errorf("%w: sending the optimizer state: %w", ErrCollective, err)
 	}
 	if rank != root {
 		if err := r.Opt.SetState(optStep, state, params); err != nil {
-			return Position{}, root, err
+			return out, err
 		}
 	}
-	return got, root, nil
+	out.Position = got
+	return out, nil
 }
 
 func tableHash(h [32]byte) hash128 {

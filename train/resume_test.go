@@ -27,21 +27,27 @@ func TestResumeFromAnyRank(t *testing.T) {
 	}
 	five, nine := ckpt(5), ckpt(9)
 	for _, tc := range []struct {
-		name string
-		held [world]*Checkpoint
-		root int
-		want *Checkpoint
+		name    string
+		held    [world]*Checkpoint
+		root    int
+		want    *Checkpoint
+		refused []int
 	}{
-		{"the latest on rank 2", [world]*Checkpoint{nil, five, nine}, 2, nine},
-		{"the latest on rank 0", [world]*Checkpoint{nine, nil, five}, 0, nine},
-		{"a tie goes to the lowest rank", [world]*Checkpoint{nil, five, five}, 1, five},
-		{"none", [world]*Checkpoint{}, -1, nil},
+		{"the latest on ranks 1 and 2, a stale one on 0", [world]*Checkpoint{five, nine, nine}, 1, nine, nil},
+		{"the latest on rank 0, none on 1", [world]*Checkpoint{nine, nil, nine}, 0, nine, nil},
+		{"a tie goes to the lowest rank", [world]*Checkpoint{nil, five, five}, 1, five, nil},
+		{"one alone is taken", [world]*Checkpoint{nil, nil, nine}, 2, nine, nil},
+		// A claim four steps ahead of the others' is not taken on its word.
+		{"one far ahead of the others", [world]*Checkpoint{five, five, nine}, 0, five, []int{2}},
+		{"one far ahead of one other: the lower is the median", [world]*Checkpoint{nine, nil, five}, 2, five, []int{0}},
+		{"none", [world]*Checkpoint{}, -1, nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rings := memRings(t, world)
 			reps := make([]*Replica, world)
 			pos := make([]Position, world)
 			roots := make([]int, world)
+			refused := make([][]int, world)
 			err := onAll(world, func(i int) error {
 				other := cfg
 				other.Seed = uint64(10 + i) // a fresh start differs on every rank
@@ -51,14 +57,17 @@ func TestResumeFromAnyRank(t *testing.T) {
 						return err
 					}
 				}
-				var err error
-				pos[i], roots[i], err = reps[i].Resume(context.Background(), tc.held[i])
+				res, err := reps[i].Resume(context.Background(), tc.held[i])
+				pos[i], roots[i], refused[i] = res.Position, res.From, res.Refused
 				return err
 			})
 			if err != nil {
 				t.Fatal(err)
 			}
 			for i, rep := range reps {
+				if !slices.Equal(refused[i], tc.refused) {
+					t.Errorf("rank %d: refused the claims of ranks %v; want %v", i, refused[i], tc.refused)
+				}
 				if roots[i] != tc.root {
 					t.Errorf("rank %d: resumed from rank %d; want %d", i, roots[i], tc.root)
 				}

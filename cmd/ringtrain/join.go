@@ -142,7 +142,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	if job.Checkpoint != "" && job.Rank() == 0 { // rank 0 writes it; the others hold the same
+	if job.Checkpoint != "" {
 		fmt.Fprintf(stdout, "checkpoint: %s\n", job.Checkpoint)
 	}
 	fmt.Fprintf(stdout, "rank %d of %d: test accuracy %.4f, param hash %s\n", job.Rank(), len(peer.members.Members()), sum.TestAccuracy, sum.ParamHash[:16])

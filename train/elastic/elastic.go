@@ -64,9 +64,11 @@ type Job struct {
 	// StepTimeout bounds every collective, so that a peer that stalls
 	// fails the step instead of hanging it. Zero means a minute.
 	StepTimeout time.Duration
-	// Checkpoint, if set, is where rank 0 writes the checkpoint (filled
+	// Checkpoint, if set, is where this peer writes its checkpoint (filled
 	// from CheckpointBase) after every epoch, every Run.SaveEvery steps and
-	// when stopped; a checkpoint found there at the start is resumed from.
+	// when stopped; a checkpoint found there at the start is offered to
+	// the others when they agree where to resume (train.Replica.Resume).
+	// Peers may differ in having one.
 	Checkpoint     string
 	CheckpointBase train.Checkpoint
 	// Logger hears of formation, re-formation, admission, checkpoints and
@@ -97,7 +99,7 @@ func (j *Job) say(format string, args ...any) {
 
 // Run forms the ring, brings the replica to its starting state (rank 0's
 // parameters, the ring's state on admission, or the most advanced
-// checkpoint any peer holds), trains, and leaves the ring together with the
+// checkpoint the peers agree on), trains, and leaves the ring together with the
 // others. When ctx ends, every peer stops after the same step, rank 0
 // writes the checkpoint, and Run returns an error wrapping train.ErrStopped.
 func (j *Job) Run(ctx context.Context) (train.Summary, error) {
@@ -108,6 +110,13 @@ func (j *Job) Run(ctx context.Context) (train.Summary, error) {
 		j.StepTimeout = time.Minute
 	}
 	j.lost = map[string]int{}
+	// This peer's own checkpoint is read before it joins anyone: one that
+	// does not fit the job, or of a finished run, is this machine's to
+	// mend, and should not take the ring down after it formed.
+	found, err := j.ownCheckpoint()
+	if err != nil {
+		return train.Summary{}, err
+	}
 	rg, admitted, err := j.Members.Form(ctx)
 	if err != nil {
 		return train.Summary{}, fmt.Errorf("join: %w", err)
@@ -126,12 +135,10 @@ func (j *Job) Run(ctx context.Context) (train.Summary, error) {
 		}
 	}
 	if j.Checkpoint != "" {
-		rc.Save = func(p train.Position) error {
-			if j.rg.Rank() != 0 { // all hold the same; one writes
-				return nil
-			}
-			return j.save(rc.Replica, p)
-		}
+		// Every peer with a checkpoint_dir writes its own, at the same
+		// steps: so the latest checkpoints the peers hold agree, and a
+		// claim far ahead of them can be told for what it is (Resume).
+		rc.Save = func(p train.Position) error { return j.save(rc.Replica, p) }
 	}
 	if admitted {
 		start, err := rc.Replica.Admitted(ctx, rc.Replica.Coll)
@@ -141,7 +148,7 @@ func (j *Job) Run(ctx context.Context) (train.Summary, error) {
 		rc.Start, rc.Joined = start, true
 		j.Log().Info().Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).Int("epochs_done", start.Epochs).
 			Int("steps_done", start.Steps).Msg("admitted to the ring; caught up with its parameters and optimizer state")
-	} else if rc.Start, err = j.resume(ctx, rc.Replica); err != nil {
+	} else if rc.Start, err = j.resume(ctx, rc.Replica, found); err != nil {
 		return train.Summary{}, err
 	}
 	// The collectives keep their own context, bounded by the step
@@ -279,30 +286,61 @@ func (j *Job) budgetError(err error) error {
 	return fmt.Errorf("%w; the peer lost most often: %s (%d times)", err, worst, n)
 }
 
-// resume carries on from the most advanced checkpoint that any peer finds
-// at its Checkpoint path (every peer looks in its own), or starts afresh.
-func (j *Job) resume(ctx context.Context, rep *train.Replica) (train.Position, error) {
+// ownCheckpoint loads and restores this peer's checkpoint, if it has a
+// Checkpoint path and one is there.
+func (j *Job) ownCheckpoint() (*train.Checkpoint, error) {
 	if j.Checkpoint == "" {
-		return train.Position{}, nil
+		return nil, nil
 	}
 	found, err := findCheckpoint(j.Checkpoint, j.Training.Epochs)
 	if err == nil && found != nil {
-		if err = rep.Restore(found); err != nil {
+		if err = j.Training.Replica.Restore(found); err != nil {
 			err = fmt.Errorf("checkpoint %s does not fit this job: %w (move it away to start afresh)", j.Checkpoint, err)
 		}
 	}
+	return found, err
+}
+
+// resume agrees with the others whether and where to carry on: from the
+// most advanced checkpoint the peers offer that is not far ahead of the
+// others' (train.Replica.Resume), or afresh. Every peer takes part,
+// whether or not it has a checkpoint of its own, so peers whose settings
+// differ still agree; where they differ, the log says so.
+func (j *Job) resume(ctx context.Context, rep *train.Replica, found *train.Checkpoint) (train.Position, error) {
+	res, err := rep.Resume(ctx, found)
 	if err != nil {
 		return train.Position{}, err
 	}
-	start, from, err := rep.Resume(ctx, found)
-	if err != nil {
-		return train.Position{}, err
+	members := j.Members.Members()
+	names := func(ranks []int) []string {
+		var out []string
+		for _, k := range ranks {
+			if k >= 0 && k < len(members) {
+				out = append(out, members[k])
+			}
+		}
+		return out
 	}
-	if from >= 0 {
-		j.Log().Info().Int("from_rank", from).Int("epochs_done", start.Epochs).Int("steps_done", start.Steps).
-			Int("samples_into_epoch", start.Skip).Msg("resuming from a checkpoint")
+	if len(res.Refused) > 0 {
+		j.Log().Warn().Ints("ranks", res.Refused).Strs("peers", names(res.Refused)).Int("median_step", res.Median).
+			Msg("checkpoints claimed more than one step ahead of the median of those offered: not taken (move the stale ones away to resume from these)")
 	}
-	return start, nil
+	if res.From < 0 {
+		return train.Position{}, nil
+	}
+	if len(res.Offered) < rep.Coll.Size() {
+		var without []int
+		for k := range rep.Coll.Size() {
+			if !slices.Contains(res.Offered, k) {
+				without = append(without, k)
+			}
+		}
+		j.Log().Info().Ints("ranks_without", without).Strs("peers_without", names(without)).
+			Msg("some peers have no checkpoint (checkpoint_dir is each machine's own); they take the one resumed from")
+	}
+	j.Log().Info().Int("from_rank", res.From).Int("epochs_done", res.Epochs).Int("steps_done", res.Steps).
+		Int("samples_into_epoch", res.Skip).Msg("resuming from a checkpoint")
+	return res.Position, nil
 }
 
 func (j *Job) save(rep *train.Replica, p train.Position) error {
