@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 )
@@ -51,8 +52,10 @@ func (s SampleInfo) Size() int { return int(s.H) * int(s.W) * int(s.C) }
 // Bounds on what a manifest may announce, so that a hostile one cannot make
 // a client allocate more than a real dataset needs.
 const (
-	// MaxManifestBytes bounds an encoded manifest: 22 million samples.
-	MaxManifestBytes = 1 << 30
+	// MaxManifestBytes bounds an encoded manifest: 2.8 million samples,
+	// twice ImageNet's. A client holds the manifest it reads before its
+	// hash can be checked, so this is what one lying server can cost it.
+	MaxManifestBytes = 128 << 20
 	// MaxSampleBytes bounds one sample's pixels (a 4096×4096 RGBA image).
 	MaxSampleBytes = 64 << 20
 	// MaxSplitBytes bounds one split's pixels, all of which a client
@@ -143,6 +146,63 @@ func (m *Manifest) encode() ([]byte, error) {
 func ManifestID(enc []byte) string {
 	s := sha256.Sum256(enc)
 	return hex.EncodeToString(s[:])
+}
+
+// ReadManifest reads an encoded manifest of size bytes (as its sender
+// announced them) from r, checking as it goes: the size against
+// MaxManifestBytes before anything is read, then against the length the
+// header implies before the samples' records are read, and the SHA-256 of
+// what arrived against id (ErrCorrupt) before anything of it is used. What
+// it holds grows with what was sent, never with what was announced.
+func ReadManifest(r io.Reader, size uint64, id string) (*Manifest, error) {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("data: manifest: "+format+": %w", append(a, ErrFormat)...)
+	}
+	if size > MaxManifestBytes {
+		return nil, bad("announced as %d bytes; at most %d", size, MaxManifestBytes)
+	}
+	sum := sha256.New()
+	var buf bytes.Buffer
+	tee := io.TeeReader(r, io.MultiWriter(sum, &buf))
+	head := make([]byte, len(manifestMagic)+4)
+	if uint64(len(head)) > size {
+		return nil, bad("announced as %d bytes, less than its header", size)
+	}
+	if _, err := io.ReadFull(tee, head); err != nil {
+		return nil, fmt.Errorf("data: manifest: %w", err)
+	}
+	if string(head[:len(manifestMagic)]) != manifestMagic {
+		return nil, bad("does not start with %q", manifestMagic)
+	}
+	hl := uint64(binary.LittleEndian.Uint32(head[len(manifestMagic):]))
+	if hl > maxHeaderBytes || uint64(len(head))+hl > size {
+		return nil, bad("header of %d bytes in %d", hl, size)
+	}
+	hj := make([]byte, hl)
+	if _, err := io.ReadFull(tee, hj); err != nil {
+		return nil, fmt.Errorf("data: manifest: %w", err)
+	}
+	var h manifestHeader
+	if err := json.Unmarshal(hj, &h); err != nil {
+		return nil, bad("header: %v", err)
+	}
+	total := uint64(0)
+	for _, s := range h.Splits {
+		if s.Samples < 1 || s.Samples > MaxManifestBytes/sampleRecord {
+			return nil, bad("split %s has %d samples", s.Name, s.Samples)
+		}
+		total += uint64(s.Samples)
+	}
+	if want := uint64(len(head)) + hl + total*sampleRecord; want != size {
+		return nil, bad("announced as %d bytes, but its header's %d samples make %d", size, total, want)
+	}
+	if _, err := io.CopyN(io.Discard, tee, int64(size)-int64(len(head))-int64(hl)); err != nil {
+		return nil, fmt.Errorf("data: manifest cut short at %d of %d bytes: %w", buf.Len(), size, err)
+	}
+	if got := hex.EncodeToString(sum.Sum(nil)); id != "" && got != id {
+		return nil, fmt.Errorf("data: manifest of %d bytes hashes to %s, not %s: %w", size, got[:16], short(id), ErrCorrupt)
+	}
+	return ParseManifest(buf.Bytes(), "")
 }
 
 // ParseManifest reads an encoded manifest. If id is not empty the bytes
@@ -262,6 +322,47 @@ func (m *Manifest) Encoded() []byte { return m.enc }
 // Config is the data config the manifest carries, with no paths.
 func (m *Manifest) Config() *Config {
 	return &Config{Transforms: m.Transforms, Classes: m.Classes}
+}
+
+// Shape is the shape the split's samples become after the manifest's
+// transforms (channels, height, width), read from the manifest alone: a
+// dataset that does not fit the model can be refused before a byte of it
+// is fetched or a byte of memory is taken for it.
+func (m *Manifest) Shape(split string) (c, h, w int, err error) {
+	sm := m.Split(split)
+	if sm == nil {
+		return 0, 0, 0, fmt.Errorf("data: served dataset %s has no %s split: %w", short(m.id), split, ErrConfig)
+	}
+	p, err := NewPipeline(m.Transforms)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	type dims struct{ h, w, c uint32 }
+	seen := map[dims]bool{}
+	for i, x := range sm.Samples {
+		if seen[dims{x.H, x.W, x.C}] {
+			continue
+		}
+		c1, h1, w1, err := p.OutShape(int(x.H), int(x.W), int(x.C))
+		if err != nil {
+			return 0, 0, 0, fmt.Errorf("data: %s sample %d (%d×%d×%d): %w", split, i, x.H, x.W, x.C, err)
+		}
+		if len(seen) > 0 && (c1 != c || h1 != h || w1 != w) {
+			return 0, 0, 0, fmt.Errorf("data: %s sample %d becomes %d×%d×%d, sample 0 %d×%d×%d: %w", split, i, c1, h1, w1, c, h, w, ErrFormat)
+		}
+		c, h, w = c1, h1, w1
+		seen[dims{x.H, x.W, x.C}] = true
+	}
+	return c, h, w, nil
+}
+
+// TotalBytes is the pixel bytes of the whole split.
+func (s *SplitManifest) TotalBytes() int64 {
+	n := int64(0)
+	for _, x := range s.Samples {
+		n += int64(x.Size())
+	}
+	return n
 }
 
 // Split returns the split of that name, or nil.

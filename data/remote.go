@@ -31,7 +31,20 @@ type RemoteConfig struct {
 	// OnCacheError hears why the cache stopped being written (a full
 	// disk, say); training goes on without it.
 	OnCacheError func(error)
+	// MaxBytes bounds the split's pixels, all of which a client holds in
+	// memory, as it does a local dataset's: a manifest that announces more
+	// is refused before any memory is taken for it. Default
+	// DefaultMaxBytes.
+	MaxBytes int64
 }
+
+// DefaultMaxBytes is RemoteConfig.MaxBytes's default: 8 GiB, 170 times
+// Fashion-MNIST's training set.
+const DefaultMaxBytes = 8 << 30
+
+// ErrTooLarge means a served dataset is larger than this machine allows
+// it (RemoteConfig.MaxBytes).
+var ErrTooLarge = errors.New("data: dataset over the memory budget")
 
 // remote is a served split on a peer that trains on it: its Dataset's
 // pixels arrive as the epochs need them. Every epoch fetches the samples
@@ -66,9 +79,13 @@ func (m *Manifest) Remote(split string, f Fetcher, cfg RemoteConfig) (*Split, er
 	if cfg.Ahead <= 0 {
 		cfg.Ahead = 8
 	}
-	total := 0
-	for _, x := range sm.Samples {
-		total += x.Size()
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = DefaultMaxBytes
+	}
+	total := sm.TotalBytes()
+	if total > cfg.MaxBytes {
+		return nil, fmt.Errorf("data: served dataset %s: its %s split is %d bytes (%d samples), over this machine's budget of %d bytes: %w",
+			short(m.id), split, total, len(sm.Samples), cfg.MaxBytes, ErrTooLarge)
 	}
 	d := &Dataset{Source: fmt.Sprintf("served dataset %s (%s)", short(m.id), split), Classes: m.Classes,
 		pix: make([]uint8, total), index: make([]imageRef, len(sm.Samples)), labels: make([]int32, len(sm.Samples))}

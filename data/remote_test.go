@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -134,7 +135,97 @@ func TestParseManifestBadInput(t *testing.T) {
 			if !errors.Is(err, c.want) {
 				t.Fatalf("ParseManifest: %v; want %v", err, c.want)
 			}
+			// As it comes off the wire, with its length announced.
+			want := c.want
+			if c.name == "unknown transform" {
+				// Its header's sample count is not the records': that
+				// is seen first off the wire.
+				want = ErrFormat
+			}
+			if _, err := ReadManifest(bytes.NewReader(c.b), uint64(len(c.b)), c.id); !errors.Is(err, want) {
+				t.Fatalf("ReadManifest: %v; want %v", err, c.want)
+			}
 		})
+	}
+}
+
+// TestReadManifestBoundsWhatItReads: a length announced over the bound,
+// or other than the header's samples make, is refused before the records
+// are read; a manifest that comes whole is the one ParseManifest reads.
+func TestReadManifestBoundsWhatItReads(t *testing.T) {
+	m, _, _ := testManifest(t)
+	enc := m.Encoded()
+	for _, c := range []struct {
+		name      string
+		announced uint64
+		want      error
+	}{
+		{"1 GiB announced", 1 << 30, ErrFormat},
+		{"one record more than the header says", uint64(len(enc)) + sampleRecord, ErrFormat},
+		{"one byte short of the header's", uint64(len(enc)) - 1, ErrFormat},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := &countingReader{r: bytes.NewReader(append(slices.Clone(enc), make([]byte, 1<<20)...))}
+			if _, err := ReadManifest(r, c.announced, m.ID()); !errors.Is(err, c.want) {
+				t.Fatalf("%v; want %v", err, c.want)
+			}
+			if r.n > 64<<10 {
+				t.Fatalf("read %d bytes before refusing; want no more than the header", r.n)
+			}
+		})
+	}
+	got, err := ReadManifest(bytes.NewReader(enc), uint64(len(enc)), m.ID())
+	if err != nil || got.ID() != m.ID() || len(got.Split("train").Samples) != 2000 {
+		t.Fatalf("the whole manifest: %v", err)
+	}
+}
+
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
+}
+
+// TestRemoteRefusesADatasetOverItsBudget: a manifest may announce samples
+// whose pixels add up to more memory than this machine has (1,024 of
+// 4096×4096×4, 64 GiB); the split is refused before any of it is taken,
+// saying how large it is and what the budget is. Its samples' shape after
+// the transforms is known from the manifest alone.
+func TestRemoteRefusesADatasetOverItsBudget(t *testing.T) {
+	small, _, _ := testManifest(t)
+	big := &Manifest{Transforms: small.Transforms[:1], Classes: []string{"a"}} // ToTensor
+	sm := SplitManifest{Name: "train", Samples: make([]SampleInfo, 1024)}
+	for i := range sm.Samples {
+		sm.Samples[i] = SampleInfo{H: 4096, W: 4096, C: 4}
+	}
+	big.Splits = []SplitManifest{sm}
+	enc, err := big.encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := ParseManifest(enc, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, h, w, err := m.Shape("train"); err != nil || c != 4 || h != 4096 || w != 4096 {
+		t.Fatalf("Shape: %d×%d×%d, %v; want 4×4096×4096", c, h, w, err)
+	}
+	for _, max := range []int64{0, 1 << 30} { // the default, and a smaller budget
+		s, err := m.Remote("train", nil, RemoteConfig{MaxBytes: max})
+		if !errors.Is(err, ErrTooLarge) {
+			t.Fatalf("budget %d: %v; want ErrTooLarge", max, err)
+		}
+		if s != nil {
+			t.Fatal("a split came back with the error")
+		}
+	}
+	if _, err := small.Remote("train", nil, RemoteConfig{MaxBytes: 1000 * 784}); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("2,000 samples of 784 bytes in a budget of 1,000: %v; want ErrTooLarge", err)
 	}
 }
 
@@ -157,6 +248,10 @@ func FuzzParseManifest(f *testing.F) {
 		}
 		if _, err := ParseManifest(enc, ""); err != nil {
 			t.Fatalf("re-encoded manifest refused: %v", err)
+		}
+		// Read off a stream, the same bytes are the same manifest.
+		if again, err := ReadManifest(bytes.NewReader(b), uint64(len(b)), got.ID()); err != nil || again.ID() != got.ID() {
+			t.Fatalf("ReadManifest of what ParseManifest takes: %v", err)
 		}
 	})
 }

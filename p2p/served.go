@@ -347,6 +347,8 @@ type DataClientConfig struct {
 	// Timeout bounds one request's answer: a server that stalls past it
 	// is left for another. Default 20 s.
 	Timeout time.Duration
+	// ManifestTimeout bounds a manifest's answer. Default 10 s.
+	ManifestTimeout time.Duration
 	// Find bounds how long Fetch looks for a server when it has none left
 	// (and how long OpenServedData looks for the first). Default 30 s.
 	Find time.Duration
@@ -364,6 +366,9 @@ func (c *DataClientConfig) fill() {
 	}
 	if c.Find <= 0 {
 		c.Find = 30 * time.Second
+	}
+	if c.ManifestTimeout <= 0 {
+		c.ManifestTimeout = 10 * time.Second
 	}
 	if c.Streams <= 0 {
 		c.Streams = 4
@@ -414,22 +419,26 @@ func OpenServedData(ctx context.Context, h *Host, id string, cfg DataClientConfi
 	var tried []string
 	for c.m == nil {
 		cands := c.candidates(fctx)
-		for k, p := range cands {
-			m, err := c.fetchManifest(fctx, p, id)
-			if err == nil {
-				c.m = m
-				// The other candidates serve too, as far as we know:
-				// requests spread over all of them, and a lost server's
-				// go to one already in hand. One that does not serve the
-				// dataset says so at its first request and is left; what
-				// any of them sends is checked against this manifest.
-				for _, q := range append([]peer.ID{p}, cands[k+1:]...) {
+		for len(cands) > 0 && c.m == nil {
+			batch := cands[:min(len(cands), manifestAsks)]
+			cands = cands[len(batch):]
+			m, from, failed := c.firstManifest(fctx, batch, id)
+			tried = append(tried, failed...)
+			if m == nil {
+				continue
+			}
+			c.m = m
+			// The other candidates serve too, as far as we know:
+			// requests spread over all of them, and a lost server's go
+			// to one already in hand. One that does not serve the
+			// dataset says so at its first request and is left; what any
+			// of them sends is checked against this manifest.
+			c.addServer(from)
+			for _, q := range append(batch, cands...) {
+				if q != from && !c.isAway(q) {
 					c.addServer(q)
 				}
-				break
 			}
-			tried = append(tried, fmt.Sprintf("%s: %v", p, err))
-			c.leave(p, errors.Is(err, data.ErrCorrupt) || errors.Is(err, data.ErrFormat), err)
 		}
 		if c.m != nil {
 			break
@@ -440,6 +449,50 @@ func OpenServedData(ctx context.Context, h *Host, id string, cfg DataClientConfi
 		}
 	}
 	return c, nil
+}
+
+// manifestAsks is how many peers are asked for a manifest at once: a few
+// that stall cost the wait of one, not of each in turn, and what lying
+// peers can make a client hold at once stays bounded.
+const manifestAsks = 4
+
+// firstManifest asks the peers for the manifest at once and returns the
+// first that checks out, and from whom; the others are stopped. A peer
+// that failed is left (for good if it lied) and described in failed.
+func (c *DataClient) firstManifest(ctx context.Context, peers []peer.ID, id string) (*data.Manifest, peer.ID, []string) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type answer struct {
+		p   peer.ID
+		m   *data.Manifest
+		err error
+	}
+	answers := make(chan answer, len(peers))
+	var wg sync.WaitGroup
+	for _, p := range peers {
+		wg.Go(func() {
+			m, err := c.fetchManifest(ctx, p, id)
+			answers <- answer{p, m, err}
+		})
+	}
+	defer wg.Wait()
+	var failed []string
+	for range peers {
+		a := <-answers
+		if a.err == nil {
+			return a.m, a.p, failed
+		}
+		failed = append(failed, fmt.Sprintf("%s: %v", a.p, a.err))
+		c.leave(a.p, errors.Is(a.err, data.ErrCorrupt) || errors.Is(a.err, data.ErrFormat), a.err)
+	}
+	return nil, "", failed
+}
+
+// isAway reports whether p was left, for good or for a while.
+func (c *DataClient) isAway(p peer.ID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.bad[p] || time.Now().Before(c.away[p])
 }
 
 // Manifest is the dataset's manifest, checked against its ID.
@@ -551,7 +604,7 @@ func (c *DataClient) Servers() []peer.ID {
 }
 
 func (c *DataClient) fetchManifest(ctx context.Context, p peer.ID, id string) (*data.Manifest, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.ManifestTimeout)
 	defer cancel()
 	st, err := c.h.NewStream(network.WithAllowLimitedConn(ctx, "ringtrain data"), p, DataProtocol)
 	if err != nil {
@@ -559,6 +612,8 @@ func (c *DataClient) fetchManifest(ctx context.Context, p peer.ID, id string) (*
 	}
 	defer st.Close()
 	setDeadline(ctx, st)
+	// Another peer's answer may make this one moot before its deadline.
+	defer context.AfterFunc(ctx, func() { st.Reset() })()
 	req := append([]byte{opManifest}, c.id[:]...)
 	if _, err := st.Write(req); err != nil {
 		st.Reset()
@@ -573,19 +628,12 @@ func (c *DataClient) fetchManifest(ctx context.Context, p peer.ID, id string) (*
 		st.Reset()
 		return nil, err
 	}
-	size := binary.LittleEndian.Uint64(n[:])
-	if size > data.MaxManifestBytes {
+	m, err := data.ReadManifest(br, binary.LittleEndian.Uint64(n[:]), id)
+	if err != nil {
 		st.Reset()
-		return nil, fmt.Errorf("a manifest of %d bytes; at most %d: %w", size, data.MaxManifestBytes, data.ErrFormat)
+		return nil, err
 	}
-	// Read as it comes: a lying length costs what was sent, not what was
-	// announced.
-	b, err := io.ReadAll(io.LimitReader(br, int64(size)))
-	if err != nil || uint64(len(b)) != size {
-		st.Reset()
-		return nil, fmt.Errorf("manifest cut short at %d of %d bytes: %v", len(b), size, err)
-	}
-	return data.ParseManifest(b, id)
+	return m, nil
 }
 
 func readStatus(br *bufio.Reader) error {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -233,8 +234,8 @@ func TestStalledServerIsLeftForAnother(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if !slices.Equal(c.Servers(), []peer.ID{hs[0].ID(), hs[1].ID()}) {
-		t.Fatalf("servers %v; want the staller, which answered the manifest first, then the other", c.Servers())
+	if got := c.Servers(); len(got) != 2 || !slices.Contains(got, hs[0].ID()) || !slices.Contains(got, hs[1].ID()) {
+		t.Fatalf("servers %v; want the staller, which answers manifests, and the other", got)
 	}
 	fetchAll(t, c, tr, nil)
 	if !slices.Equal(c.Servers(), []peer.ID{hs[1].ID()}) {
@@ -260,8 +261,10 @@ func TestRequestsSpreadOverServers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if want := []peer.ID{hs[0].ID(), hs[2].ID(), hs[1].ID()}; !slices.Equal(c.Servers(), want) {
-		t.Fatalf("servers %v; want %v", c.Servers(), want)
+	// The peer serving other data is among them unless its refusal of
+	// the manifest came before another's answer.
+	if got := c.Servers(); !slices.Contains(got, hs[0].ID()) || !slices.Contains(got, hs[1].ID()) {
+		t.Fatalf("servers %v; want both servers of the dataset", got)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -449,5 +452,93 @@ func TestFetchJobConfig(t *testing.T) {
 	defer cancel()
 	if _, err := FetchJobConfig(ctx, hs[3], "j", "other-hash", check, zerolog.Nop()); !errors.Is(err, ErrNoJobConfig) {
 		t.Fatalf("a hash nobody has: %v; want ErrNoJobConfig", err)
+	}
+}
+
+// hostileManifest answers manifest requests with a status of OK, the
+// announced length, and then up to send bytes — a manifest's magic and a
+// header announcing 10 samples, then zeros — counting what the client
+// took before it reset the stream.
+func hostileManifest(h *Host, announced uint64, send int, wrote *atomic.Int64) {
+	h.SetStreamHandler(DataProtocol, func(st network.Stream) {
+		defer st.Close()
+		var req [33]byte
+		if _, err := io.ReadFull(st, req[:]); err != nil {
+			return
+		}
+		hj := []byte(`{"transforms":[],"classes":["a"],"splits":[{"name":"train","samples":10}]}`)
+		b := binary.LittleEndian.AppendUint64([]byte{statusOK}, announced)
+		b = append(b, "ringtrain dataset 1\n"...)
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(hj)))
+		b = append(b, hj...)
+		if _, err := st.Write(b); err != nil {
+			return
+		}
+		zeros := make([]byte, 1<<20)
+		for range send >> 20 {
+			if _, err := st.Write(zeros); err != nil {
+				return
+			}
+			wrote.Add(int64(len(zeros)))
+		}
+	})
+}
+
+// TestManifestLengthIsCheckedBeforeItIsRead: a data peer that announces a
+// manifest far larger than any real one, or one longer than its own header
+// says, is refused before the client reads it: what it makes the client
+// take in is at most a stream's window, not what it announced.
+func TestManifestLengthIsCheckedBeforeItIsRead(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		announced uint64
+	}{
+		{"1 GiB", 1 << 30},
+		{"more than its header says", 96 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hs := startHosts(t, 2, nil)
+			var wrote atomic.Int64
+			const send = 96 << 20
+			hostileManifest(hs[0], tc.announced, send, &wrote)
+			_, err := OpenServedData(context.Background(), hs[1], strings.Repeat("ab", 32), DataClientConfig{
+				Servers: []peer.AddrInfo{info(hs[0])}, Find: 3 * time.Second})
+			if !errors.Is(err, ErrNoServer) || !strings.Contains(err.Error(), "announced as") {
+				t.Fatalf("%v; want ErrNoServer saying what was announced", err)
+			}
+			// yamux lets a writer run up to 16 MiB ahead of its reader.
+			if w := wrote.Load(); w > 32<<20 {
+				t.Fatalf("the client took %d MiB of the hostile manifest; want it refused at its header", w>>20)
+			}
+		})
+	}
+}
+
+// TestStallingDataPeersCostOneWait: peers that accept a manifest request
+// and never answer it cost the wait of one of them, not of each in turn:
+// peers are asked at once, and the first good answer wins.
+func TestStallingDataPeersCostOneWait(t *testing.T) {
+	m, tr, te := testData(t)
+	hs := startHosts(t, 6, nil)
+	var servers []peer.AddrInfo
+	for _, h := range hs[:4] {
+		h.SetStreamHandler(DataProtocol, func(st network.Stream) {
+			io.Copy(io.Discard, st) // never answers
+			st.Close()
+		})
+		servers = append(servers, info(h))
+	}
+	serveOn(t, hs[4], DataServerConfig{}, m, tr.Dataset, te.Dataset)
+	servers = append(servers, info(hs[4]))
+	start := time.Now()
+	c, err := OpenServedData(context.Background(), hs[5], m.ID(), DataClientConfig{Servers: servers, ManifestTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Asked one after another, the four stallers would cost 8 s; asked
+	// four at a time, the honest peer is in the second four: one wait.
+	if el := time.Since(start); el > 6*time.Second {
+		t.Fatalf("the manifest took %v with 4 stalling peers asked first; want one wait of 2 s", el)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"strings"
 	"time"
@@ -107,6 +108,9 @@ type localSettings struct {
 	CheckpointEvery int      `json:"checkpoint_every"`
 	JoinTimeout     duration `json:"join_timeout"` // default 60s
 	StepTimeout     duration `json:"step_timeout"` // default 60s
+	// DataMemory bounds the bytes a served dataset may take in this
+	// peer's memory (join --data-memory); 0 means data.DefaultMaxBytes.
+	DataMemory int64 `json:"-"`
 }
 
 // jobFile is the job file as users write it. The names nodes
@@ -500,6 +504,20 @@ func (c *jobConfig) useServed(m *data.Manifest) error {
 	return nil
 }
 
+// fitsModel checks, from a served dataset's manifest alone, that its
+// samples fit the job's model: a dataset that does not is refused before
+// a byte of it is fetched or memory is taken for it.
+func (c *jobConfig) fitsModel(m *data.Manifest) error {
+	ch, h, w, err := m.Shape("train")
+	if err != nil {
+		return err
+	}
+	if _, err := c.modelSpec(ch, h, w, len(m.Classes)); err != nil {
+		return fmt.Errorf("served dataset %s: its samples become %d×%d×%d: %w", m.ID()[:16], ch, h, w, err)
+	}
+	return nil
+}
+
 // parseModel reads "model": a built-in name or a layer spec.
 func (c *jobConfig) parseModel() error {
 	if len(c.Model) == 0 {
@@ -534,11 +552,25 @@ func (c *jobConfig) modelSpec(ch, h, w, classes int) (train.Spec, error) {
 		if len(s.Layers) > 0 && s.Layers[0].Type == "linear" {
 			s.Input = []int{ch * h * w}
 		}
+	} else if n := product(s.Input); n != ch*h*w {
+		return s, fmt.Errorf("model spec: input %v is %d values a sample, but the data's samples become %d×%d×%d", s.Input, n, ch, h, w)
 	}
 	if _, err := s.Shapes(); err != nil {
 		return s, fmt.Errorf("model spec: %w", err)
 	}
 	return s, nil
+}
+
+// product multiplies dims, saturating rather than overflowing.
+func product(dims []int) int {
+	n := 1
+	for _, d := range dims {
+		if d <= 0 || n > math.MaxInt32/d {
+			return -1
+		}
+		n *= d
+	}
+	return n
 }
 
 // overrideModel replaces the config's model with a built-in one, as

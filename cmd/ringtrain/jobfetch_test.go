@@ -2,15 +2,20 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/rs/zerolog"
 
+	"github.com/ringtrain/ringtrain/data"
 	"github.com/ringtrain/ringtrain/p2p"
 )
 
@@ -77,6 +82,70 @@ func TestJoinJobTakesOnlyTheJob(t *testing.T) {
 			if c.hash != job.hash || c.CheckpointDir != "" || c.CacheDir != "" || c.CheckpointEvery != 0 || c.RequestSize != 256 ||
 				time.Duration(c.StepTimeout) != time.Minute || time.Duration(c.JoinTimeout) != time.Minute {
 				t.Fatalf("fetched %s with settings %+v; want the job's hash and this machine's defaults", c.hash[:16], c.localSettings)
+			}
+		})
+	}
+}
+
+// bigManifest is a manifest that announces n samples of h×w×c, encoded
+// by hand as a publisher would: the magic, the header, a record a sample.
+func bigManifest(n int, h, w, c uint32) []byte {
+	hj := fmt.Sprintf(`{"transforms":[{"name":"ToTensor","args":[]}],"classes":["a"],"splits":[{"name":"train","samples":%d}]}`, n)
+	b := append([]byte("ringtrain dataset 1\n"), binary.LittleEndian.AppendUint32(nil, uint32(len(hj)))...)
+	b = append(b, hj...)
+	for range n {
+		for _, v := range []uint32{h, w, c, 0} {
+			b = binary.LittleEndian.AppendUint32(b, v)
+		}
+		b = append(b, make([]byte, 32)...)
+	}
+	return b
+}
+
+// TestServedDatasetOverBudgetIsRefused: a dataset publisher's manifest may
+// announce samples that add up to more than this machine's memory (1,024
+// of 4096×4096×4: 64 GiB), or samples the job's model cannot take. A peer
+// whose job names it refuses it, saying why, before it fetches a sample
+// or takes memory for them.
+func TestServedDatasetOverBudgetIsRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, tc := range []struct {
+		name, model, want string
+		manifest         []byte
+	}{
+		{"64 GiB of samples", `"mlp"`, "over this machine's budget", bigManifest(1024, 4096, 4096, 4)},
+		{"samples the model cannot take", `{"input": [784], "layers": [{"type": "linear", "out": 10}]}`, "the data's samples become 1×32×32", bigManifest(10, 32, 32, 1)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			enc := tc.manifest
+			id := data.ManifestID(enc)
+			publisher, err := p2p.NewHost(ctx, p2p.HostConfig{Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Logger: zerolog.Nop()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer publisher.Close()
+			publisher.SetStreamHandler(p2p.DataProtocol, func(st network.Stream) {
+				defer st.Close()
+				var req [33]byte
+				if _, err := io.ReadFull(st, req[:]); err != nil {
+					return
+				}
+				st.Write(append(binary.LittleEndian.AppendUint64([]byte{0}, uint64(len(enc))), enc...))
+			})
+			h, err := p2p.NewHost(ctx, p2p.HostConfig{Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Logger: zerolog.Nop(),
+				Bootstrap: []peer.AddrInfo{{ID: publisher.ID(), Addrs: publisher.Addrs()}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer h.Close()
+			cfg, err := parseJobFile([]byte(`{"name": "j", "world_size": 1, "epochs": 1, "batch_size": 8, "model": `+tc.model+`, "data": {"served": "`+id+`"}}`), "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _, _, err = loadSplits(ctx, cfg, h, nil, 10*time.Second, zerolog.Nop())
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("%v; want an error saying %q", err, tc.want)
 			}
 		})
 	}

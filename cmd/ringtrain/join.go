@@ -34,6 +34,7 @@ type joinFlags struct {
 	config, identity, swarmKey, model, device string
 	job, serve, data, cacheDir, checkpointDir string
 	requestSize                               int
+	dataMemory                                string
 	joinTimeout                               time.Duration
 	metrics                                   string
 	threads                                   int
@@ -167,6 +168,7 @@ func parseJoinFlags(args []string, stderr io.Writer) (*joinFlags, error) {
 	fs.StringVar(&f.checkpointDir, "checkpoint-dir", "", "write checkpoints here (default: the config's checkpoint_dir; with --job, none)")
 	fs.DurationVar(&f.joinTimeout, "join-timeout", 0, "how long to wait for the job's config, data and peers (default: the config's join_timeout, 60s)")
 	fs.IntVar(&f.requestSize, "request-size", 0, "samples per request to a data server (default: the config's request_size, 256)")
+	fs.StringVar(&f.dataMemory, "data-memory", "", "the most memory a served dataset may take on this machine, e.g. 16GiB (default 8GiB); a larger one is refused before it is fetched")
 	fs.Var(&f.bootstrap, "bootstrap", "multiaddr of a peer already in the swarm, /ip4/…/tcp/…/p2p/<id> (repeatable)")
 	fs.Var(&f.listen, "listen", "multiaddr to listen on (repeatable; default /ip4/0.0.0.0/tcp/0)")
 	fs.StringVar(&f.identity, "identity", "", "identity key file, created on first use (default: a fresh identity each run; see: ringtrain id)")
@@ -239,6 +241,13 @@ func (f *joinFlags) finish(cfg *jobConfig) (*jobConfig, string, error) {
 	}
 	if f.joinTimeout > 0 {
 		cfg.JoinTimeout = duration(f.joinTimeout)
+	}
+	if f.dataMemory != "" {
+		n, err := parseBytes(f.dataMemory)
+		if err != nil {
+			return nil, "", fmt.Errorf("--data-memory: %w: %w", err, errUsage)
+		}
+		cfg.DataMemory = int64(n)
 	}
 	device, err := deviceOf(f.device, cfg.GPUs)
 	if err != nil {
@@ -318,16 +327,28 @@ func loadSplits(ctx context.Context, cfg *jobConfig, h *p2p.Host, served *served
 			return nil, nil, nil, err
 		}
 		m := c.Manifest()
-		if err := cfg.useServed(m); err != nil {
+		err = cfg.useServed(m)
+		if err == nil {
+			err = cfg.fitsModel(m)
+		}
+		if err != nil {
 			c.Close()
 			return nil, nil, nil, err
 		}
-		rc := data.RemoteConfig{RequestSize: cfg.RequestSize, CacheDir: cfg.CacheDir,
+		rc := data.RemoteConfig{RequestSize: cfg.RequestSize, CacheDir: cfg.CacheDir, MaxBytes: cfg.DataMemory,
 			OnCacheError: func(err error) { log.Warn().Err(err).Msg("served data cache") }}
+		if rc.MaxBytes <= 0 {
+			rc.MaxBytes = data.DefaultMaxBytes
+		}
 		if trainSplit, err = m.Remote("train", c, rc); err == nil && m.Split("test") != nil {
+			// One budget for both splits.
+			rc.MaxBytes = max(rc.MaxBytes-m.Split("train").TotalBytes(), 1)
 			if testSplit, err = m.Remote("test", c, rc); err != nil {
 				trainSplit.Close()
 			}
+		}
+		if errors.Is(err, data.ErrTooLarge) {
+			err = fmt.Errorf("%w (join --data-memory raises the budget)", err)
 		}
 		if err != nil {
 			c.Close()
