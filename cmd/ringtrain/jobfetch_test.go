@@ -112,7 +112,7 @@ func TestServedDatasetOverBudgetIsRefused(t *testing.T) {
 	defer cancel()
 	for _, tc := range []struct {
 		name, model, want string
-		manifest         []byte
+		manifest          []byte
 	}{
 		{"64 GiB of samples", `"mlp"`, "over this machine's budget", bigManifest(1024, 4096, 4096, 4)},
 		{"samples the model cannot take", `{"input": [784], "layers": [{"type": "linear", "out": 10}]}`, "the data's samples become 1×32×32", bigManifest(10, 32, 32, 1)},
