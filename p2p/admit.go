@@ -126,7 +126,8 @@ func (n *Node) handleAdmit(s network.Stream) {
 		}
 	}
 	if !known || err != nil || !slices.Contains(m.Members, n.h.ID()) || !slices.Contains(m.Members, from) {
-		n.cfg.Logger.Warn().Stringer("peer", from).AnErr("proposal", err).Msg("ignored an admission that does not come from a verified peer of the ring, or does not include this peer")
+		const msg = "ignored an admission that does not come from a verified peer of the ring, or does not include this peer"
+		n.warns.Warn(from.String(), msg).AnErr("proposal", err).Msg(msg)
 		return
 	}
 	select {

@@ -154,7 +154,8 @@ type Node struct {
 	key   []byte // the job key hello proofs and statements are made with
 	priv  crypto.PrivKey
 	cfg   NodeConfig
-	ns    string // rendezvous key
+	warns *warnLimiter // warnings about what other peers did
+	ns    string       // rendezvous key
 	names idNames
 
 	ctx    context.Context // ends at Close
@@ -199,6 +200,7 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 	}
 	n := &Node{
 		h: h, job: job, key: jobKey(job), cfg: cfg, priv: priv, stmts: map[peer.ID]*signed{}, learnt: time.Now(), dhtOn: make(chan struct{}),
+		warns:    newWarnLimiter(cfg.Logger),
 		ns:       "ringtrain/job/" + job.Name,
 		kick:     make(chan struct{}, 1),
 		relay:    make(chan struct{}, 1),
@@ -832,7 +834,7 @@ func (n *Node) learn(from peer.ID, h *Hello) (changed bool) {
 	}()
 	defer n.watchView(from, &changed)()
 	if m, err := h.proposal(&n.names); err != nil {
-		n.cfg.Logger.Warn().Stringer("peer", from).Err(err).Msg("ignored a proposal")
+		n.warns.Warn(from.String(), "ignored a proposal").Err(err).Msg("ignored a proposal")
 	} else if h.Seq < pi.heard {
 		// Overtaken by a newer one from the same peer.
 	} else if err := n.join.Step(from, m); err != nil {
@@ -875,7 +877,7 @@ func (n *Node) learn(from peer.ID, h *Hello) (changed bool) {
 	for i := range h.Statements {
 		news, err := n.takeStatementLocked(from, pi, h, i)
 		if err != nil {
-			n.cfg.Logger.Warn().Stringer("peer", from).Err(err).Msg("ignored a statement it passed on")
+			n.warns.Warn(from.String(), "ignored a statement it passed on").Err(err).Msg("ignored a statement it passed on")
 		}
 		changed = changed || news
 	}
@@ -959,7 +961,7 @@ func (n *Node) sayHello(ctx context.Context, p peer.ID, strict bool) error {
 	resp, err := readHello(s)
 	if err != nil {
 		s.Reset()
-		n.cfg.Logger.Warn().Stringer("peer", p).Err(err).Msg("cut off a peer that sent a bad hello")
+		n.warns.Warn(p.String(), msgBadHello).Err(err).Msg(msgBadHello)
 		return err
 	}
 	n.sent(p, v)
@@ -1007,7 +1009,7 @@ func (n *Node) handleHello(s network.Stream) {
 	from := s.Conn().RemotePeer()
 	h, err := readHello(s)
 	if err != nil {
-		n.cfg.Logger.Warn().Stringer("peer", from).Err(err).Msg("cut off a peer that sent a bad hello")
+		n.warns.Warn(from.String(), msgBadHello).Err(err).Msg(msgBadHello)
 		s.Reset()
 		return
 	}
@@ -1016,7 +1018,7 @@ func (n *Node) handleHello(s network.Stream) {
 	switch {
 	case h.Version != ProtocolVersion:
 		resp = &Hello{Version: ProtocolVersion, Refused: fmt.Sprintf("protocol version %d; yours is %d", ProtocolVersion, h.Version)}
-		n.cfg.Logger.Warn().Stringer("peer", from).Int("its_version", h.Version).Msg("refused a peer of another protocol version")
+		n.warns.Warn(from.String(), "refused a peer of another protocol version").Int("its_version", h.Version).Msg("refused a peer of another protocol version")
 	case !proves(n.key, h.Proof, from, n.h.ID()):
 		resp = &Hello{Version: ProtocolVersion, Refused: refusal}
 		n.mu.Lock()

@@ -167,7 +167,7 @@ func (n *Node) stepLocked(a *Agreement, from peer.ID, h *Hello) {
 		err = a.Step(from, m)
 	}
 	if err != nil {
-		n.cfg.Logger.Warn().Stringer("peer", from).Err(err).Msg("ignored a re-formation proposal")
+		n.warns.Warn(from.String(), "ignored a re-formation proposal").Err(err).Msg("ignored a re-formation proposal")
 	}
 }
 

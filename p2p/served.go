@@ -111,8 +111,9 @@ func (c *DataServerConfig) fill() {
 // must know, as with any content address. It keeps serving until Close,
 // whether or not anyone trains.
 type DataServer struct {
-	h   *Host
-	cfg DataServerConfig
+	h     *Host
+	cfg   DataServerConfig
+	warns *warnLimiter // warnings about what clients did
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -132,7 +133,7 @@ type servedSet struct {
 // NewDataServer registers DataProtocol on h. Close it when done.
 func NewDataServer(h *Host, cfg DataServerConfig) *DataServer {
 	cfg.fill()
-	s := &DataServer{h: h, cfg: cfg, sets: map[[32]byte]*servedSet{}, open: map[network.Stream]peer.ID{}, perPeer: map[peer.ID]int{}}
+	s := &DataServer{h: h, cfg: cfg, warns: newWarnLimiter(cfg.Logger), sets: map[[32]byte]*servedSet{}, open: map[network.Stream]peer.ID{}, perPeer: map[peer.ID]int{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	h.SetStreamHandler(DataProtocol, s.handle)
 	return s
@@ -334,9 +335,10 @@ func (set *servedSet) writeSamples(w *bufio.Writer, split byte, idx []int) error
 	return nil
 }
 
-// refuse answers a request the server will not serve, and says so once.
+// refuse answers a request the server will not serve, and says so (a few
+// times a peer, then counted: warnLimiter).
 func (s *DataServer) refuse(st network.Stream, w *bufio.Writer, from peer.ID, why string) {
-	s.cfg.Logger.Warn().Stringer("peer", from).Str("request", why).Msg("refused a data request")
+	s.warns.Warn(from.String(), "refused a data request").Str("request", why).Msg("refused a data request")
 	w.WriteByte(statusBad)
 	w.Flush()
 }

@@ -542,3 +542,24 @@ func TestStallingDataPeersCostOneWait(t *testing.T) {
 		t.Fatalf("the manifest took %v with 4 stalling peers asked first; want one wait of 2 s", el)
 	}
 }
+
+// TestBadRequestsDoNotFloodTheLog: a stranger that sends a data server bad
+// requests in a loop gets each refused, and the server's log a few lines
+// about it, not one a request.
+func TestBadRequestsDoNotFloodTheLog(t *testing.T) {
+	m, tr, te := testData(t)
+	hs := startHosts(t, 2, nil)
+	var log lockedBuffer
+	serveOn(t, hs[0], DataServerConfig{Logger: zerolog.New(&log)}, m, tr.Dataset, te.Dataset)
+	const n = 200
+	for range n {
+		st, status := rawRequest(t, hs[1], hs[0].ID(), append([]byte{9}, make([]byte, 32)...))
+		st.Close()
+		if status != statusBad {
+			t.Fatalf("status %d for an unknown op; want %d", status, statusBad)
+		}
+	}
+	if lines := strings.Count(log.String(), "refused a data request"); lines > warnBurst {
+		t.Fatalf("%d bad requests wrote %d warnings; want at most %d", n, lines, warnBurst)
+	}
+}

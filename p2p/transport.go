@@ -81,10 +81,11 @@ type LinksConfig struct {
 // RingLinks accepts ring links on a host — only from the peers its Gate
 // expects — and hands each to the formation that waits for it.
 type RingLinks struct {
-	h    host.Host
-	gate Gate
-	cfg  LinksConfig
-	log  zerolog.Logger
+	h     host.Host
+	gate  Gate
+	cfg   LinksConfig
+	log   zerolog.Logger
+	warns *warnLimiter // warnings about what other peers did
 
 	mu     sync.Mutex
 	inbox  map[linkKey]chan inbound
@@ -114,7 +115,7 @@ func NewRingLinks(h host.Host, gate Gate, cfg LinksConfig) *RingLinks {
 	if cfg.PunchWait == 0 {
 		cfg.PunchWait = 3 * time.Second
 	}
-	l := &RingLinks{h: h, gate: gate, cfg: cfg, log: cfg.Logger, inbox: map[linkKey]chan inbound{}, tokens: map[[tokenSize]byte]chan net.Conn{}}
+	l := &RingLinks{h: h, gate: gate, cfg: cfg, log: cfg.Logger, warns: newWarnLimiter(cfg.Logger), inbox: map[linkKey]chan inbound{}, tokens: map[[tokenSize]byte]chan net.Conn{}}
 	h.SetStreamHandler(RingProtocol, l.handle)
 	return l
 }
@@ -160,20 +161,22 @@ func (l *RingLinks) handle(s network.Stream) {
 	s.SetDeadline(time.Now().Add(10 * time.Second))
 	var b [linkHello]byte
 	if _, err := io.ReadFull(s, b[:]); err != nil || binary.LittleEndian.Uint32(b[0:]) != linkMagic {
-		l.log.Warn().Stringer("peer", s.Conn().RemotePeer()).Msg("cut off a peer that opened a ring link with garbage")
+		l.warns.Warn(s.Conn().RemotePeer().String(), "cut off a peer that opened a ring link with garbage").Msg("cut off a peer that opened a ring link with garbage")
 		s.Reset()
 		return
 	}
 	k := linkKey{gen: binary.LittleEndian.Uint64(b[8:]), from: s.Conn().RemotePeer()}
 	in := inbound{r: s, rank: int(binary.LittleEndian.Uint32(b[4:]))}
 	if !l.gate.Expects(k.gen, k.from) {
-		l.log.Warn().Stringer("peer", k.from).Uint64("generation", k.gen).Msg("refused a ring link from a peer that is not a member of the ring")
+		const msg = "refused a ring link from a peer that is not a member of the ring"
+		l.warns.Warn(k.from.String(), msg).Uint64("generation", k.gen).Msg(msg)
 		s.Reset()
 		return
 	}
 	plane := DataPlane(binary.LittleEndian.Uint32(b[16:]))
 	if plane != l.cfg.Plane {
-		l.log.Warn().Stringer("peer", k.from).Msg("refused a ring link that asks for another data plane than the job's")
+		const msg = "refused a ring link that asks for another data plane than the job's"
+		l.warns.Warn(k.from.String(), msg).Msg(msg)
 		s.Reset()
 		return
 	}
@@ -195,7 +198,8 @@ func (l *RingLinks) handle(s network.Stream) {
 		}
 		in.r = c
 	default:
-		l.log.Warn().Stringer("peer", s.Conn().RemotePeer()).Msg("cut off a peer that asked for an unknown data plane")
+		const msg = "cut off a peer that asked for an unknown data plane"
+		l.warns.Warn(s.Conn().RemotePeer().String(), msg).Msg(msg)
 		s.Reset()
 		return
 	}
@@ -305,7 +309,8 @@ func (l *RingLinks) acceptLoop(ln net.Listener) {
 			}
 			l.mu.Unlock()
 			if ch == nil {
-				l.log.Warn().Stringer("from", c.RemoteAddr()).Msg("closed a TCP data-plane connection without a valid token")
+				const msg = "closed a TCP data-plane connection without a valid token"
+				l.warns.Warn(hostOf(c.RemoteAddr()), msg).Msg(msg)
 				c.Close()
 				return
 			}
