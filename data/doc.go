@@ -26,7 +26,9 @@
 // A dataset other peers serve is named by its Manifest's ID: the SHA-256
 // of a manifest that holds the transforms, the class names and every
 // sample's shape, label and SHA-256. NewManifest makes one for serving;
-// ParseManifest checks one received against the ID asked for. On the
+// ReadManifest reads one off a stream, bounded and checked against the ID
+// asked for before anything of it is used (ParseManifest, the same for
+// bytes in hand). On the
 // training peer, Manifest.Remote makes a Split whose samples a Fetcher
 // (p2p.DataClient) brings as each epoch needs them, request_size at a
 // time and ahead of the loader, optionally kept in a cache file checked
