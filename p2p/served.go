@@ -435,10 +435,9 @@ func OpenServedData(ctx context.Context, h *Host, id string, cfg DataClientConfi
 			// to one already in hand. One that does not serve the
 			// dataset says so at its first request and is left; what any
 			// of them sends is checked against this manifest.
-			c.addServer(from)
 			for _, q := range append(batch, cands...) {
-				if q != from && !c.isAway(q) {
-					c.addServer(q)
+				if q == from || !c.isAway(q) {
+					c.addServer(q) // in the order they were found
 				}
 			}
 		}
@@ -459,8 +458,9 @@ func OpenServedData(ctx context.Context, h *Host, id string, cfg DataClientConfi
 const manifestAsks = 4
 
 // firstManifest asks the peers for the manifest at once and returns the
-// first that checks out, and from whom; the others are stopped. A peer
-// that failed is left (for good if it lied) and described in failed.
+// first that checks out, and from whom; the others are then cut off, and
+// their answers awaited. A peer that failed, but for being cut off, is
+// left (for good if it lied) and described in failed.
 func (c *DataClient) firstManifest(ctx context.Context, peers []peer.ID, id string) (*data.Manifest, peer.ID, []string) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -477,17 +477,27 @@ func (c *DataClient) firstManifest(ctx context.Context, peers []peer.ID, id stri
 			answers <- answer{p, m, err}
 		})
 	}
-	defer wg.Wait()
 	var failed []string
+	var won *answer
 	for range peers {
 		a := <-answers
-		if a.err == nil {
-			return a.m, a.p, failed
+		switch {
+		case a.err == nil && won == nil:
+			won = &a
+			cancel() // the others' answers are moot
+		case a.err == nil:
+		case won != nil && ctx.Err() != nil && !errors.Is(a.err, errNotServed) && !errors.Is(a.err, data.ErrCorrupt) && !errors.Is(a.err, data.ErrFormat):
+			// Cut off by the winner's answer, not failed.
+		default:
+			failed = append(failed, fmt.Sprintf("%s: %v", a.p, a.err))
+			c.leave(a.p, errors.Is(a.err, data.ErrCorrupt) || errors.Is(a.err, data.ErrFormat), a.err)
 		}
-		failed = append(failed, fmt.Sprintf("%s: %v", a.p, a.err))
-		c.leave(a.p, errors.Is(a.err, data.ErrCorrupt) || errors.Is(a.err, data.ErrFormat), a.err)
 	}
-	return nil, "", failed
+	wg.Wait()
+	if won == nil {
+		return nil, "", failed
+	}
+	return won.m, won.p, failed
 }
 
 // isAway reports whether p was left, for good or for a while.
