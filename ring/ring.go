@@ -146,6 +146,37 @@ func (r *Ring) Close() error {
 	return err
 }
 
+// Drainer is a Transport that can be left cleanly (Streams is one).
+type Drainer interface {
+	// Drain half-closes the link to the successor, so that what was
+	// written is delivered and then the end of it, waits until both
+	// neighbours have closed their ends of the links — they have read
+	// all they will — or ctx ends, and closes the transport.
+	Drain(ctx context.Context) error
+}
+
+// Leave closes the ring as a rank that leaves while the others carry on:
+// what it sent last is read before it goes. A rank that closed at once
+// could have its kernel answer the frames still arriving with a reset,
+// which throws away what the neighbour had received but not yet read — the
+// last frames of the step that told the others it was leaving. Leave
+// returns once the neighbours have closed their links (they re-form
+// without this rank), or when ctx ends; either way the ring is closed.
+func (r *Ring) Leave(ctx context.Context) error {
+	r.mu.Lock()
+	if r.err == nil {
+		r.err = ErrClosed
+	}
+	r.mu.Unlock()
+	if d, ok := r.t.(Drainer); ok {
+		return d.Drain(ctx)
+	}
+	if r.t != nil {
+		return r.t.Close()
+	}
+	return nil
+}
+
 // AllreduceSum replaces buf on every rank with the element-wise sum of all
 // ranks' buffers. Every rank ends with the same bits.
 func (r *Ring) AllreduceSum(ctx context.Context, buf []float32) error {

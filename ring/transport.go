@@ -45,6 +45,31 @@ func (s *Streams) Close() error {
 	return s.err
 }
 
+var _ Drainer = (*Streams)(nil)
+
+// Drain half-closes the stream to the successor (where it can be: TCP
+// connections and libp2p streams can, a pipe closes whole), then reads
+// both streams to their ends — the predecessor's closing, and the
+// successor's closing of its side — discarding what comes, until ctx
+// ends; then it closes both.
+func (s *Streams) Drain(ctx context.Context) error {
+	if cw, ok := s.next.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	} else {
+		s.next.Close()
+	}
+	stop := context.AfterFunc(ctx, func() { s.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Go(func() { io.Copy(io.Discard, s.prev) })
+	if r, ok := s.next.(io.Reader); ok {
+		wg.Go(func() { io.Copy(io.Discard, r) })
+	}
+	wg.Wait()
+	s.Close()
+	return ctx.Err()
+}
+
 // MemRing returns the Transports of an in-memory ring of n ranks, indexed by
 // rank, for tests and benchmarks. Each link is an io.Pipe, so bytes are
 // copied once, straight from the sender's buffer into the receiver's.

@@ -1,8 +1,10 @@
 package ring
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -88,5 +90,66 @@ func TestConnectTCPTimesOut(t *testing.T) {
 	_, err = ConnectTCP(ctx, ln, addr, Config{Rank: 0, Size: 2})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("ConnectTCP to nobody = %v; want context.DeadlineExceeded", err)
+	}
+}
+
+// TestLeaveDeliversTheLastFrames: a rank that leaves after writing its
+// last bytes returns from Leave only once its neighbours have closed their
+// links — after they read everything it sent — and not before, over TCP
+// and over in-memory pipes; a neighbour that never closes costs it ctx's
+// bound, no more.
+func TestLeaveDeliversTheLastFrames(t *testing.T) {
+	for _, kind := range []string{"tcp", "mem"} {
+		t.Run(kind, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			ts := MemRing(2)
+			if kind == "tcp" {
+				var err error
+				if ts, err = LoopbackTCP(ctx, 2, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			leaver, err := New(ts[0], Config{Rank: 0, Size: 2, Generation: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			last := bytes.Repeat([]byte{7}, 4<<20)
+			wrote := make(chan error, 1)
+			go func() { _, err := ts[0].Write(last); wrote <- err }()
+			got := make(chan []byte, 1)
+			closed := make(chan time.Time, 1)
+			go func() {
+				b := make([]byte, len(last))
+				io.ReadFull(ts[1], b)
+				got <- b
+				closed <- time.Now()
+				ts[1].Close()
+			}()
+			if err := <-wrote; err != nil {
+				t.Fatal(err)
+			}
+			if err := leaver.Leave(ctx); err != nil {
+				t.Fatalf("Leave: %v", err)
+			}
+			left := time.Now()
+			if !bytes.Equal(<-got, last) {
+				t.Fatal("the neighbour did not read the leaver's last bytes whole")
+			}
+			if c := <-closed; left.Before(c) {
+				t.Fatalf("Leave returned %v before the neighbour closed", c.Sub(left))
+			}
+			if err := leaver.Barrier(ctx); !errors.Is(err, ErrClosed) {
+				t.Fatalf("a call after Leave: %v; want ErrClosed", err)
+			}
+		})
+	}
+	// A neighbour that never closes: Leave ends with ctx.
+	ts := MemRing(2)
+	r, _ := New(ts[0], Config{Rank: 0, Size: 2, Generation: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := r.Leave(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Leave beside a neighbour that never closes: %v; want the deadline", err)
 	}
 }

@@ -450,7 +450,9 @@ func TestLosingAPeerMidTraining(t *testing.T) {
 
 // TestCtrlCOnOnePeerLetsOthersGoOn: with min_world_size 2 of 3, Ctrl-C on
 // one peer makes it leave after its next step, and the other two re-form
-// at once (no timeout: they are told) and finish in step.
+// at once (no timeout: they are told) and finish in step. The leave is a
+// leave: the leaver's last frames reach the others (its links are drained,
+// not dropped), it exits 0, and nobody calls it lost or runs a step again.
 func TestCtrlCOnOnePeerLetsOthersGoOn(t *testing.T) {
 	cfg := writeJobFile(t, t.TempDir(), `"name": "leave", "world_size": 3, "min_world_size": 2, "epochs": 4`)
 	local := startRingtrain(t, "local", "-n", "3", "--config", cfg)
@@ -463,9 +465,19 @@ func TestCtrlCOnOnePeerLetsOthersGoOn(t *testing.T) {
 	syscall.Kill(pid, syscall.SIGINT)
 	rest, _ := io.ReadAll(local.out)
 	out := string(append(local.buf, rest...))
-	local.cmd.Wait()
-	if strings.Count(out, "peers are leaving; re-forming the ring without them") != 2 || strings.Count(out, "ring re-formed: rank ") != 2 {
-		t.Errorf("want both others to re-form without the leaver:\n%s", out)
+	if err := local.cmd.Wait(); err != nil {
+		t.Errorf("local: %v; want every peer to end well, the leaver too\n%s", err, out)
+	}
+	if strings.Count(out, "peers are leaving; re-forming the ring without them") != 2 ||
+		strings.Count(out, "ring re-formed without the peers that left; carrying on") != 2 || strings.Count(out, ", 1 peer(s) left") != 2 {
+		t.Errorf("want both others to re-form without the leaver, and say it left:\n%s", out)
+	}
+	// A leave is not a loss: nobody says so, and no step runs again.
+	if strings.Contains(out, "lost") || strings.Contains(out, "running the step again") || strings.Contains(out, "exit status") {
+		t.Errorf("the leave was taken for a loss:\n%s", out)
+	}
+	if !strings.Contains(out, "left the job after ") {
+		t.Errorf("the leaver does not say it left:\n%s", out)
 	}
 	var hashes []string
 	for _, m := range regexp.MustCompile(`"world_size":2,"epochs":4,.*"param_hash":"([0-9a-f]{64})"`).FindAllStringSubmatch(out, -1) {

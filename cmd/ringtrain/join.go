@@ -140,6 +140,12 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 	}
 	sum, err := job.Run(ctx)
+	if errors.Is(err, elastic.ErrLeft) {
+		// Asked to stop, it left after a step the others applied too, and
+		// they carry on: what was asked for, not a failure.
+		fmt.Fprintf(stdout, "left the job after %d steps; the others carry on\n", sum.Steps)
+		return nil
+	}
 	if err != nil {
 		return err
 	}

@@ -157,6 +157,10 @@ func (j *Job) Run(ctx context.Context) (train.Summary, error) {
 	rc.Stop = ctx.Done()
 	j.Log().Info().Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).Msg("training")
 	sum, err := train.Run(context.WithoutCancel(ctx), rc)
+	var leave *train.LeaveError
+	if errors.As(err, &leave) && j.othersStay(leave) {
+		return sum, j.leaveAlone(ctx, sum, rc.Save)
+	}
 	if err == nil || errors.Is(err, train.ErrStopped) {
 		j.leaveTogether()
 	}
@@ -166,9 +170,8 @@ func (j *Job) Run(ctx context.Context) (train.Summary, error) {
 	if !errors.Is(err, train.ErrStopped) {
 		return sum, err
 	}
-	var leave *train.LeaveError
 	var askedBy []int
-	if errors.As(err, &leave) {
+	if leave != nil {
 		askedBy = leave.Ranks
 	}
 	j.Log().Warn().Ints("asked_by_ranks", askedBy).Int("epochs_done", sum.Epochs).Int("steps_done", sum.Steps).
@@ -182,6 +185,38 @@ func (j *Job) Run(ctx context.Context) (train.Summary, error) {
 		return sum, fmt.Errorf("stopped after %d steps because rank(s) %v were interrupted: %w", sum.Steps, askedBy, err)
 	}
 	return sum, fmt.Errorf("interrupted after %d steps: %w", sum.Steps, ctx.Err())
+}
+
+// ErrLeft is what Run returns to a peer that left the job while the others
+// carry on without it (Ctrl-C with enough peers left): a leave, not a
+// failure.
+var ErrLeft = errors.New("elastic: this peer left the job; the others carry on")
+
+// othersStay reports whether this peer is among the ranks that asked to
+// leave and enough others stay to carry on without them — what they do
+// (train.RunConfig.Reform), by the same rule, on their side.
+func (j *Job) othersStay(leave *train.LeaveError) bool {
+	return slices.Contains(leave.Ranks, j.rg.Rank()) && j.rg.Size()-len(leave.Ranks) >= max(j.MinWorldSize, 1)
+}
+
+// leaveAlone ends this peer's part when it left and the others go on: its
+// ring links are drained, not dropped — the step that told the others was
+// its last, and its last frames must reach them whole (ring.Ring.Leave) —
+// then its checkpoint is written, and Run says it left (ErrLeft).
+func (j *Job) leaveAlone(ctx context.Context, sum train.Summary, save func(train.Position) error) error {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), j.StepTimeout)
+	defer cancel()
+	if err := j.rg.Leave(dctx); err != nil {
+		j.Log().Debug().Err(err).Msg("a neighbour did not close its link before the step timeout; this peer's part was done")
+	}
+	j.Log().Info().Int("epochs_done", sum.Epochs).Int("steps_done", sum.Steps).Int("world_size", j.rg.Size()).
+		Msg("left the job: the others carry on without this peer")
+	if save != nil {
+		if err := save(sum.Position); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("left after %d steps: %w", sum.Steps, ErrLeft)
 }
 
 // reform is train's RunConfig.Reform: the survivors of a failed step, or
@@ -198,7 +233,7 @@ func (j *Job) reform(ctx context.Context, cause error, at train.Position) (train
 	switch {
 	case errors.As(cause, &leave):
 		gone = leave.Ranks
-		log.Warn().Ints("leaving_ranks", gone).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).Int("world_size", len(old)).
+		log.Info().Ints("leaving_ranks", gone).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).Int("world_size", len(old)).
 			Msg("peers are leaving; re-forming the ring without them")
 	case errors.As(cause, &liar):
 		gone = liar.Ranks
@@ -218,16 +253,29 @@ func (j *Job) reform(ctx context.Context, cause error, at train.Position) (train
 	}
 	j.rg = rg
 	now := j.Members.Members()
-	var lost []string
-	for _, p := range old {
-		if !slices.Contains(now, p) {
+	var lost, left []string
+	for k, p := range old {
+		switch {
+		case slices.Contains(now, p):
+		case leave != nil && slices.Contains(leave.Ranks, k):
+			left = append(left, p)
+		default:
 			lost = append(lost, p)
 			j.lost[p]++
 		}
 	}
-	j.Log().Warn().Strs("lost", lost).Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).
-		Str("took", time.Since(began).Round(time.Millisecond).String()).Msg("ring re-formed without the lost peers; running the step again")
-	j.say("ring re-formed: rank %d of %d, generation %d, %d peer(s) lost", rg.Rank(), rg.Size(), rg.Generation(), len(lost))
+	took := time.Since(began).Round(time.Millisecond).String()
+	if len(lost) == 0 && leave != nil {
+		// The step that told the others was applied by all: nothing runs
+		// again.
+		j.Log().Info().Strs("left", left).Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).
+			Str("took", took).Msg("ring re-formed without the peers that left; carrying on")
+		j.say("ring re-formed: rank %d of %d, generation %d, %d peer(s) left", rg.Rank(), rg.Size(), rg.Generation(), len(left))
+	} else {
+		j.Log().Warn().Strs("lost", lost).Strs("left", left).Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).
+			Str("took", took).Msg("ring re-formed without the lost peers; running the step again")
+		j.say("ring re-formed: rank %d of %d, generation %d, %d peer(s) lost", rg.Rank(), rg.Size(), rg.Generation(), len(lost))
+	}
 	// The moment the new ring has averaged its first gradients is the end
 	// of the outage; its wall-clock time is for bench-elastic.
 	return j.stepped(&onceHook{f: func() {
