@@ -167,10 +167,24 @@ func (a *Agreement) Forget(p peer.ID) {
 // naming what is wrong, and not used; one of another generation, or from a
 // peer that is not a candidate, is ignored.
 func (a *Agreement) Step(from peer.ID, m Proposal) error {
-	if m.Gen != a.gen || from == a.self {
+	if from == a.self {
 		return nil
 	}
 	if l, ok := a.peers[from]; !ok || l == out {
+		return nil
+	}
+	if !a.fixed && m.Gen > a.gen && m.Formed {
+		// A ring of a later generation trains: the job's first ring has
+		// formed and re-formed since. It is never one to form — its
+		// generation has moved on — but says whether this peer is in it.
+		if err := checkRing(m.Members, 1, a.max); err != nil {
+			return fmt.Errorf("%w from %s for generation %d: %w", ErrBadProposal, from, m.Gen, err)
+		}
+		a.peers[from] = alive
+		a.views[from] = Proposal{Gen: m.Gen, Members: slices.Clone(m.Members), Ready: true, Formed: true}
+		return nil
+	}
+	if m.Gen != a.gen {
 		return nil
 	}
 	if err := a.valid(m); err != nil {
@@ -191,22 +205,31 @@ func (a *Agreement) valid(m Proposal) error {
 		}
 		return nil
 	}
-	if len(m.Members) < a.min || len(m.Members) > a.max {
-		return fmt.Errorf("a ring of %d peers; want %d to %d", len(m.Members), a.min, a.max)
-	}
-	for i := 1; i < len(m.Members); i++ {
-		if m.Members[i] == m.Members[i-1] {
-			return fmt.Errorf("peer %s twice", m.Members[i])
-		}
-		if m.Members[i] < m.Members[i-1] {
-			return fmt.Errorf("members not in rank order (sorted by peer ID) at rank %d", i)
-		}
+	if err := checkRing(m.Members, a.min, a.max); err != nil {
+		return err
 	}
 	if a.fixed {
 		for _, p := range m.Members {
 			if !a.Candidate(p) {
 				return fmt.Errorf("peer %s is not one of this generation's members", p)
 			}
+		}
+	}
+	return nil
+}
+
+// checkRing checks a ring's shape: between lo and hi members, sorted,
+// without a peer twice.
+func checkRing(members []peer.ID, lo, hi int) error {
+	if len(members) < lo || len(members) > hi {
+		return fmt.Errorf("a ring of %d peers; want %d to %d", len(members), lo, hi)
+	}
+	for i := 1; i < len(members); i++ {
+		if members[i] == members[i-1] {
+			return fmt.Errorf("peer %s twice", members[i])
+		}
+		if members[i] < members[i-1] {
+			return fmt.Errorf("members not in rank order (sorted by peer ID) at rank %d", i)
 		}
 	}
 	return nil
@@ -257,8 +280,8 @@ func (a *Agreement) Decide() Decision {
 		// from yet.
 		cands := [][]peer.ID{a.proposal()}
 		for _, p := range a.viewers() {
-			if !a.fixed {
-				cands = append(cands, a.views[p].Members)
+			if v := a.views[p]; !a.fixed && v.Gen == a.gen {
+				cands = append(cands, v.Members)
 			}
 		}
 		for i, prop := range cands {
@@ -317,7 +340,7 @@ func (a *Agreement) othersOn(prop []peer.ID, ready bool) bool {
 			continue
 		}
 		v, ok := a.views[p]
-		if !ok || !slices.Equal(v.Members, prop) || ready && !v.Ready {
+		if !ok || v.Gen != a.gen || !slices.Equal(v.Members, prop) || ready && !v.Ready {
 			return false
 		}
 	}

@@ -21,9 +21,10 @@ const (
 type msg struct {
 	from  peer.ID
 	prop  []peer.ID
-	ready bool
-	dead  bool // Unreachable(from) instead of a proposal
-	gen   uint64
+	ready  bool
+	formed bool
+	dead   bool // Unreachable(from) instead of a proposal
+	gen    uint64
 }
 
 func feed(t *testing.T, a *Agreement, ms []msg) []error {
@@ -38,7 +39,7 @@ func feed(t *testing.T, a *Agreement, ms []msg) []error {
 		if gen == 0 {
 			gen = a.Generation()
 		}
-		if err := a.Step(m.from, Proposal{Gen: gen, Members: m.prop, Ready: m.ready}); err != nil {
+		if err := a.Step(m.from, Proposal{Gen: gen, Members: m.prop, Ready: m.ready, Formed: m.formed}); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -81,6 +82,16 @@ func TestAgreementJoin(t *testing.T) {
 			msgs: []msg{{from: pb, prop: abc, ready: true, gen: 2}, {from: pc, prop: abc, ready: true, gen: 2}}, proposal: abc},
 		{name: "an unverified sender is ignored", self: pa, verified: []peer.ID{pa, pb},
 			msgs: []msg{{from: pc, prop: abc, ready: true}}},
+		// c was lost; a and b re-formed as generation 2. c, started again
+		// with the same identity, hears the first ring's statements, passed
+		// on, and then b's of generation 2: it waits to be admitted, and
+		// never forms the first ring again.
+		{name: "a later generation trains without this peer: standby, not the ended ring", self: pc, verified: abc,
+			msgs: []msg{{from: pa, prop: abc, ready: true, formed: true}, {from: pb, prop: abc, ready: true, formed: true},
+				{from: pb, prop: []peer.ID{pa, pb}, ready: true, formed: true, gen: 2}},
+			standby: true, proposal: abc},
+		{name: "a later generation's ring of the wrong shape is refused", self: pc, verified: abc,
+			msgs: []msg{{from: pb, prop: []peer.ID{pb, pa}, ready: true, formed: true, gen: 3}}, bad: 1, proposal: abc},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := NewJoinAgreement(tc.self, 3, 0)

@@ -713,7 +713,7 @@ func (n *Node) greetLocked(p peer.ID, strict bool) {
 // propVersionLocked returns the version of this node's proposal, bumping
 // it if the proposal changed. n.mu held.
 func (n *Node) propVersionLocked() int {
-	if m := n.join.Proposal(); m.Gen != n.lastProp.Gen || m.Ready != n.lastProp.Ready || m.Formed != n.lastProp.Formed ||
+	if m := n.statedLocked(); m.Gen != n.lastProp.Gen || m.Ready != n.lastProp.Ready || m.Formed != n.lastProp.Formed ||
 		!slices.Equal(m.Members, n.lastProp.Members) {
 		n.propVer++
 		n.lastProp = m
@@ -724,6 +724,18 @@ func (n *Node) propVersionLocked() int {
 		}
 	}
 	return n.propVer
+}
+
+// statedLocked is what this node says of the job's ring: once its ring
+// has re-formed, the generation it is in now — so that a peer that comes
+// back, or comes late, learns that the ring trains without it, and never
+// takes the ring of a generation that has ended for one to form — else its
+// first-formation proposal. n.mu held.
+func (n *Node) statedLocked() Proposal {
+	if c := n.current; c != nil && c.Generation > 1 {
+		return Proposal{Gen: c.Generation, Members: slices.Clone(c.Members), Ready: true, Formed: true}
+	}
+	return n.join.Proposal()
 }
 
 // stmtNewsLocked lists the peers whose statements p lacks: newer than it

@@ -46,6 +46,7 @@ func (n *Node) Reform(ctx context.Context, prev *Formation, minSize int, gone ..
 		d := a.Decide()
 		if d.Formed != nil {
 			n.current = d.Formed
+			n.propVersionLocked() // what it says of the ring is this generation now
 		}
 		n.mu.Unlock()
 		if d.Formed != nil {

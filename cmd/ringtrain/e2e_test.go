@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -676,4 +677,61 @@ func TestServedDataTrainsAsLocalFiles(t *testing.T) {
 		})
 	}
 	srv.interrupt()
+}
+
+// TestRestartedPeerIsWelcome: of three peers (min_world_size 2), each with
+// its own identity, one is SIGKILLed; the other two re-form. Started again
+// with the same identity on the same address, it does not take the first
+// ring's statements, which others may still pass on, for a ring to form
+// (before, it formed that ring again and died waiting for a link from a
+// peer that had moved on): it hears that generation 2 trains without it
+// and waits as a standby, and the others finish. (That it is then always
+// admitted is not asserted: under load it can miss its admission; see
+// the README's elastic section.)
+func TestRestartedPeerIsWelcome(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeJobFile(t, dir, `"name": "return", "world_size": 3, "min_world_size": 2, "epochs": 6`)
+	join := func(i int, listen string, boot ...string) *started {
+		args := []string{"join", "--config", cfg, "--identity", filepath.Join(dir, fmt.Sprintf("id-%d", i)), "--listen", listen, "--log-format", "json"}
+		for _, b := range boot {
+			args = append(args, "--bootstrap", b)
+		}
+		return startRingtrain(t, args...)
+	}
+	addrRe := regexp.MustCompile(`listening on (/ip4/127\.0\.0\.1/tcp/(\d+)/p2p/\S+)`)
+	first := join(0, "/ip4/127.0.0.1/tcp/0")
+	first.until(t, "its address", func(out string) bool { return addrRe.MatchString(out) })
+	boot := addrRe.FindStringSubmatch(string(first.buf))[1]
+	second := join(1, "/ip4/127.0.0.1/tcp/0", boot)
+	third := join(2, "/ip4/127.0.0.1/tcp/0", boot)
+	third.until(t, "training", func(out string) bool { return strings.Count(out, `"steps":`) >= 1 })
+	port := addrRe.FindStringSubmatch(string(third.buf))[2]
+	third.cmd.Process.Kill()
+	third.cmd.Wait()
+	first.until(t, "re-formation", func(out string) bool { return strings.Contains(out, "ring re-formed: rank ") })
+	again := join(2, "/ip4/127.0.0.1/tcp/"+port, boot)
+	again.until(t, "a standby, or a ring", func(out string) bool {
+		return strings.Contains(out, "waiting as a standby") || strings.Contains(out, `"message":"ring formed"`) || strings.Contains(out, "ringtrain:")
+	})
+	outs := make([]string, 2)
+	var wg sync.WaitGroup
+	for i, p := range []*started{first, second} {
+		wg.Go(func() {
+			rest, _ := io.ReadAll(p.out)
+			p.cmd.Wait()
+			outs[i] = string(append(p.buf, rest...))
+		})
+	}
+	wg.Wait()
+	back, _ := again.interrupt() // admitted and done, or still waiting
+	if strings.Contains(back, `"message":"ring formed"`) || !strings.Contains(back, "waiting as a standby") {
+		t.Errorf("the restarted peer should wait as a standby, not form a ring:\n%s", back)
+	}
+	var hashes []string
+	for _, m := range regexp.MustCompile(`"epochs":6,.*"param_hash":"([0-9a-f]{64})"`).FindAllStringSubmatch(strings.Join(outs, "\n"), -1) {
+		hashes = append(hashes, m[1])
+	}
+	if len(hashes) != 2 || hashes[0] != hashes[1] {
+		t.Errorf("the two that stayed: hashes %v; want two equal ones\n%s", hashes, strings.Join(outs, "\n"))
+	}
 }
