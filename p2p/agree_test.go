@@ -19,8 +19,8 @@ const (
 
 // msg is one input to an Agreement in a scripted test.
 type msg struct {
-	from  peer.ID
-	prop  []peer.ID
+	from   peer.ID
+	prop   []peer.ID
 	ready  bool
 	formed bool
 	dead   bool // Unreachable(from) instead of a proposal
