@@ -161,7 +161,7 @@ func TestFetchedConfigIsData(t *testing.T) {
 	// A file that must never be read: its bytes would show in an error.
 	secret := filepath.Join(dir, "secret")
 	os.WriteFile(secret, []byte("SECRET-BYTES"), 0o600)
-	withLocal := `{"checkpoint_dir":"` + dir + `/planted","checkpoint_every":1,"cache_dir":"` + dir + `/cache","request_size":1,"step_timeout":"1ms","join_timeout":"1ms",` + string(good[1:])
+	withLocal := withLocalSettings(good, dir)
 	for _, tc := range []struct {
 		name, body string
 		hash       string // "" for the honest job's

@@ -19,6 +19,13 @@ import (
 	"github.com/ringtrain/ringtrain/p2p"
 )
 
+// withLocalSettings is a handed-out config with settings of the joiner's
+// machine added, as a hostile peer would hand it out: where to write a
+// checkpoint and a cache, how few samples to fetch, how long to wait.
+func withLocalSettings(handedOut []byte, dir string) string {
+	return `{"checkpoint_dir":"` + dir + `/planted","checkpoint_every":1,"cache_dir":"` + dir + `/cache","request_size":1,"step_timeout":"1ms","join_timeout":"1ms",` + string(handedOut[1:])
+}
+
 // TestJoinJobTakesOnlyTheJob: a peer that knows a job's name@hash hands
 // out, to a peer that joins with --job, a config of its own making — one
 // that names a local file as data, or the honest job plus settings of the
@@ -40,7 +47,7 @@ func TestJoinJobTakesOnlyTheJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	withLocal := `{"checkpoint_dir":"` + dir + `/planted","checkpoint_every":1,"cache_dir":"` + dir + `/cache","request_size":1,"step_timeout":"1ms","join_timeout":"1ms",` + string(good[1:])
+	withLocal := withLocalSettings(good, dir)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	host := func() *p2p.Host {
