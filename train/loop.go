@@ -236,7 +236,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 			e.Close()
 			var leave *LeaveError
 			leaving := errors.As(err, &leave) && cfg.Reform != nil && !slices.Contains(leave.Ranks, r.Coll.Rank()) &&
-				r.Coll.Size()-len(leave.Ranks) >= max(cfg.MinSize, 1)
+				leave.OthersCarryOn(r.Coll.Size(), cfg.MinSize)
 			if leaving || (errors.Is(err, ErrCollective) || droppable(cfg, r, err)) && cfg.Reform != nil {
 				// Others left (this rank carries on without them, after the
 				// step that told it) or were lost (the step failed here).

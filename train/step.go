@@ -181,6 +181,14 @@ func (e *LeaveError) Error() string {
 	return fmt.Sprintf("train: ranks %v asked to stop; every rank stops after this step", e.Ranks)
 }
 
+// OthersCarryOn reports whether, in a ring of size, enough ranks stay
+// when these leave for the others to go on without them (at least
+// minSize, and one): the rule every rank applies alike, the leavers to go
+// and the others to re-form.
+func (e *LeaveError) OthersCarryOn(size, minSize int) bool {
+	return size-len(e.Ranks) >= max(minSize, 1)
+}
+
 // Unwrap makes a LeaveError an ErrStopped.
 func (e *LeaveError) Unwrap() error { return ErrStopped }
 

@@ -196,7 +196,7 @@ var ErrLeft = errors.New("elastic: this peer left the job; the others carry on")
 // leave and enough others stay to carry on without them — what they do
 // (train.RunConfig.Reform), by the same rule, on their side.
 func (j *Job) othersStay(leave *train.LeaveError) bool {
-	return slices.Contains(leave.Ranks, j.rg.Rank()) && j.rg.Size()-len(leave.Ranks) >= max(j.MinWorldSize, 1)
+	return slices.Contains(leave.Ranks, j.rg.Rank()) && leave.OthersCarryOn(j.rg.Size(), j.MinWorldSize)
 }
 
 // leaveAlone ends this peer's part when it left and the others go on: its
