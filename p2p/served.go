@@ -504,6 +504,11 @@ func (c *DataClient) firstManifest(ctx context.Context, peers []peer.ID, id stri
 func (c *DataClient) isAway(p peer.ID) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.awayLocked(p)
+}
+
+// awayLocked is isAway with c.mu held.
+func (c *DataClient) awayLocked(p peer.ID) bool {
 	return c.bad[p] || time.Now().Before(c.away[p])
 }
 
@@ -535,7 +540,7 @@ func (c *DataClient) candidates(ctx context.Context) []peer.ID {
 		}
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		if c.bad[p] || time.Now().Before(c.away[p]) || slices.ContainsFunc(c.servers, func(s *dataConn) bool { return s.p == p }) {
+		if c.awayLocked(p) || slices.ContainsFunc(c.servers, func(s *dataConn) bool { return s.p == p }) {
 			return
 		}
 		out = append(out, p)

@@ -100,8 +100,11 @@ func (j *Job) say(format string, args ...any) {
 // Run forms the ring, brings the replica to its starting state (rank 0's
 // parameters, the ring's state on admission, or the most advanced
 // checkpoint the peers agree on), trains, and leaves the ring together with the
-// others. When ctx ends, every peer stops after the same step, rank 0
-// writes the checkpoint, and Run returns an error wrapping train.ErrStopped.
+// others. When ctx ends and enough others stay (MinWorldSize), this peer
+// leaves after its next step, the others carry on, and Run returns an
+// error wrapping ErrLeft; otherwise every peer stops after the same step,
+// each with a Checkpoint path writes its checkpoint, and Run returns an
+// error wrapping train.ErrStopped.
 func (j *Job) Run(ctx context.Context) (train.Summary, error) {
 	if j.MinWorldSize <= 0 {
 		j.MinWorldSize = j.WorldSize
