@@ -121,8 +121,8 @@ func (n *Node) handleAdmit(s network.Stream) {
 		// The same shape rules as any proposal: sorted, no peer twice, at
 		// most world_size.
 		err = NewReformAgreement(n.h.ID(), m.Gen, m.Members, 1, nil).valid(m)
-		if len(m.Members) > n.job.WorldSize {
-			err = fmt.Errorf("a ring of %d, the job's world size is %d", len(m.Members), n.job.WorldSize)
+		if len(m.Members) > n.job.maxSize() {
+			err = fmt.Errorf("a ring of %d, the job's largest is %d", len(m.Members), n.job.maxSize())
 		}
 	}
 	if !known || err != nil || !slices.Contains(m.Members, n.h.ID()) || !slices.Contains(m.Members, from) {

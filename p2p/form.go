@@ -34,7 +34,13 @@ type Job struct {
 	Name       string
 	ConfigHash string // hex SHA-256 of the canonical job config
 	WorldSize  int
+	// MaxWorldSize is how large a ring admissions may grow it to; zero
+	// means WorldSize.
+	MaxWorldSize int
 }
+
+// maxSize is how many members a ring of the job may have.
+func (j Job) maxSize() int { return max(j.MaxWorldSize, j.WorldSize) }
 
 // Formation is an agreed ring: its members in rank order.
 type Formation struct {
@@ -193,7 +199,7 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 	if job.Name == "" || job.WorldSize < 1 || job.ConfigHash == "" {
 		return nil, fmt.Errorf("p2p: job %q of world size %d with config hash %q: want a name, a size ≥ 1 and a hash", job.Name, job.WorldSize, job.ConfigHash)
 	}
-	cfg.fill(job.WorldSize)
+	cfg.fill(job.maxSize())
 	priv := h.Peerstore().PrivKey(h.ID())
 	if priv == nil {
 		return nil, fmt.Errorf("p2p: the host's private key is not in its peerstore: statements cannot be signed")

@@ -39,7 +39,7 @@ func (m *Membership) Form(ctx context.Context) (r *ring.Ring, admitted bool, err
 	f, err := m.node.Join(jctx)
 	cancel()
 	if errors.Is(err, ErrStandby) {
-		m.node.cfg.Logger.Info().Msg("the ring has formed without this peer; waiting as a standby to be admitted after an epoch")
+		m.node.cfg.Logger.Info().Msg("the ring has formed without this peer; waiting as a standby to be admitted at its next step")
 		var prev *Formation
 		if prev, err = m.node.WaitAdmission(ctx, m.timeout); err == nil {
 			rctx, cancel := context.WithTimeout(ctx, m.timeout)

@@ -70,11 +70,15 @@ func getHash(src []float32) hash128 {
 }
 
 // Step trailer: after the gradients in the step's AllreduceMean come the
-// non-finite flag, then one leave slot per rank, then — with the gradient
-// norm guard — one norm slot per rank. A mean of flags is the share of
-// ranks that set them; a norm slot's mean times the size is that rank's
-// norm.
-const stepFlags = 1
+// non-finite flag, the newcomer flag, then one leave slot per rank, then —
+// with the gradient norm guard — one norm slot per rank. A mean of flags
+// is the share of ranks that set them; a norm slot's mean times the size
+// is that rank's norm.
+const (
+	flagNonFinite = iota
+	flagNewcomer
+	stepFlags
+)
 
 func stepTrailer(size int, norms bool) int {
 	if norms {
@@ -83,18 +87,28 @@ func stepTrailer(size int, norms bool) int {
 	return stepFlags + size
 }
 
-// putStepFlags writes this rank's flags (and, if the trailer has norm
-// slots, its gradient norm) into a trailer, clearing the rest.
-func putStepFlags(tail []float32, rank, size int, nonFinite, leave bool, norm float32) {
+// stepSays is what one rank's trailer says.
+type stepSays struct {
+	nonFinite bool    // its gradients hold a NaN or an Inf
+	leave     bool    // it asks to leave after this step
+	newcomer  bool    // a newcomer waits to be admitted after this step
+	norm      float32 // its gradient norm, if the trailer has norm slots
+}
+
+// put writes this rank's trailer, clearing the other ranks' slots.
+func (s stepSays) put(tail []float32, rank, size int) {
 	clear(tail)
-	if nonFinite {
-		tail[0] = 1
+	if s.nonFinite {
+		tail[flagNonFinite] = 1
 	}
-	if leave {
+	if s.newcomer {
+		tail[flagNewcomer] = 1
+	}
+	if s.leave {
 		tail[stepFlags+rank] = 1
 	}
 	if len(tail) == stepTrailer(size, true) {
-		tail[stepFlags+size+rank] = norm
+		tail[stepFlags+size+rank] = s.norm
 	}
 }
 
@@ -109,15 +123,16 @@ func normsOf(tail []float32, size int) []float64 {
 }
 
 // stepFlagsOf reads an averaged trailer: how many ranks had non-finite
-// gradients, and which asked to leave.
-func stepFlagsOf(tail []float32, size int) (nonFinite int, leaving []int) {
-	nonFinite = int(math.Round(float64(tail[0]) * float64(size)))
+// gradients, whether any rank saw a newcomer waiting, and which asked to
+// leave.
+func stepFlagsOf(tail []float32, size int) (nonFinite int, newcomer bool, leaving []int) {
+	nonFinite = int(math.Round(float64(tail[flagNonFinite]) * float64(size)))
 	for k, v := range tail[stepFlags : stepFlags+size] {
 		if v != 0 {
 			leaving = append(leaving, k)
 		}
 	}
-	return nonFinite, leaving
+	return nonFinite, tail[flagNewcomer] != 0, leaving
 }
 
 // BroadcastStrings sends root's list of strings — at most maxN, each at

@@ -3,6 +3,7 @@ package train
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -95,6 +96,41 @@ func (z *rendezvous) reform(oldRank int, at Position) (Collective, error) {
 	}
 }
 
+// carryOn runs cfg as an elastic job's owner does (train/elastic), with
+// change making the next ring after each interruption: the replicas are
+// brought level and the run goes on from where they agree, until it ends
+// or this rank leaves, dies or is caught lying.
+func carryOn(ctx context.Context, cfg RunConfig, minSize int, change func(cause error, at Position) (Collective, error)) (Summary, error) {
+	var total Summary
+	r := cfg.Replica
+	for {
+		s, err := Run(ctx, cfg)
+		total = total.Then(s)
+		var in *Interrupted
+		var leave *LeaveError
+		if !errors.As(err, &in) || errors.As(err, &leave) && (slices.Contains(leave.Ranks, r.Coll.Rank()) || !leave.OthersCarryOn(r.Coll.Size(), minSize)) {
+			return total, err
+		}
+		for cause := in.Cause; ; {
+			c, err := change(cause, in.At)
+			if err != nil {
+				return total, err
+			}
+			r.Coll = c
+			pos, err := r.Level(ctx, in.At, !errors.Is(cause, ErrNewcomer))
+			var liar *LiarError
+			if errors.As(err, &liar) && slices.Contains(liar.Ranks, r.Coll.Rank()) {
+				return total, err
+			}
+			if err == nil {
+				cfg.Start, cfg.InSync = pos, true
+				break
+			}
+			cause = err
+		}
+	}
+}
+
 // TestSurvivorsFinish: rank 2 of 4 dies in the middle of an allreduce in
 // the first epoch; the other three re-form, share out the rest of the epoch,
 // run the interrupted step again and finish both epochs with the same
@@ -150,8 +186,8 @@ func survivorsFinish(t *testing.T, kill dying, fault int, wantAt Position, newOp
 		tr := loader(t, "train", batch, true)
 		te := loader(t, "test", batch, false)
 		te.Sampler.Exact = true
-		sums[i], errs[i] = Run(context.Background(), RunConfig{Replica: rep, Train: tr, Test: te, Epochs: 2, Classes: 10,
-			Reform: func(ctx context.Context, cause error, at Position) (Collective, error) {
+		sums[i], errs[i] = carryOn(context.Background(), RunConfig{Replica: rep, Train: tr, Test: te, Epochs: 2, Classes: 10}, world-1,
+			func(cause error, at Position) (Collective, error) {
 				if i == 2 { // dead: a killed process re-forms nothing
 					return nil, errKilled
 				}
@@ -159,7 +195,7 @@ func survivorsFinish(t *testing.T, kill dying, fault int, wantAt Position, newOp
 					t.Errorf("rank %d re-forms for %v; want ErrCollective", i, cause)
 				}
 				return z.reform(i, at)
-			}})
+			})
 		hashes[i] = rep.ParamHash()
 		return nil
 	})
@@ -202,14 +238,14 @@ func TestLeaverGoesOthersStay(t *testing.T) {
 	errs := make([]error, world)
 	onAll(world, func(i int) error {
 		rep := NewReplica(newMLP(t, mlpCfg(784, []int{16}, 10, batch, 1)), &SGD{LR: 0.05}, rings[i])
-		cfg := RunConfig{Replica: rep, Train: loader(t, "train", batch, true), Epochs: 2, Classes: 10, MinSize: 3,
-			Reform: func(ctx context.Context, cause error, at Position) (Collective, error) {
-				var leave *LeaveError
-				if !errors.As(cause, &leave) || !slices.Equal(leave.Ranks, []int{1}) || i == 1 {
-					t.Errorf("rank %d re-forms for %v", i, cause)
-				}
-				return z.reform(i, at)
-			}}
+		cfg := RunConfig{Replica: rep, Train: loader(t, "train", batch, true), Epochs: 2, Classes: 10}
+		change := func(cause error, at Position) (Collective, error) {
+			var leave *LeaveError
+			if !errors.As(cause, &leave) || !slices.Equal(leave.Ranks, []int{1}) || i == 1 {
+				t.Errorf("rank %d re-forms for %v", i, cause)
+			}
+			return z.reform(i, at)
+		}
 		if i == 1 {
 			cfg.Stop, cfg.ProgressEvery = stop, 5
 			cfg.Progress = func(p Progress) {
@@ -218,7 +254,7 @@ func TestLeaverGoesOthersStay(t *testing.T) {
 				}
 			}
 		}
-		sums[i], errs[i] = Run(context.Background(), cfg)
+		sums[i], errs[i] = carryOn(context.Background(), cfg, 3, change)
 		return nil
 	})
 	if !errors.Is(errs[1], ErrStopped) || sums[1].Steps != 6 {
@@ -236,58 +272,90 @@ func TestLeaverGoesOthersStay(t *testing.T) {
 	}
 }
 
-// TestNewcomerIsAdmitted: three ranks train; after their first epoch a
-// fourth is admitted. It catches up (parameters, optimizer state,
-// position) from the others through the new ring, and all four finish the
-// remaining epochs with the same parameters.
+// TestNewcomerIsAdmitted: three ranks train; in the middle of the first
+// epoch rank 0 hears that a newcomer waits. After that step every rank
+// stops, the ring grows to four, the newcomer catches up (parameters,
+// optimizer state, position) from the others through it, and the rest of
+// the epoch is shared out among four: every sample of every epoch is
+// trained exactly once, and all four finish with the same parameters.
 func TestNewcomerIsAdmitted(t *testing.T) {
-	const batch = 8
+	const batch, epochs, knockAt = 8, 2, 20
 	rings := memRings(t, 3)
 	grown := ring.MemRing(4)
 	newRing := func(rank int) Collective {
 		r, err := ring.New(grown[rank], ring.Config{Rank: rank, Size: 4, Generation: 2})
 		if err != nil {
-			t.Fatal(err)
+			t.Error(err)
 		}
 		t.Cleanup(func() { r.Close() })
 		return r
 	}
 	sums := make([]Summary, 4)
 	errs := make([]error, 4)
-	grows := make([]int, 3)
+	var mu sync.Mutex
+	seen := make([]map[int]int, epochs) // per epoch: times each index was trained
+	for e := range seen {
+		seen[e] = map[int]int{}
+	}
+	count := func(epoch int, index []int) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, k := range index {
+			seen[epoch][k]++
+		}
+	}
+	var grewAt []Position
 	onAll(4, func(i int) error {
 		m := newMLP(t, mlpCfg(784, []int{16}, 10, batch, uint64(1+i)))
-		opt := NewAdam(0.01)
-		tr := loader(t, "train", batch, true)
+		cfg := RunConfig{Train: loader(t, "train", batch, true), Epochs: epochs, Classes: 10, Trained: count}
 		if i == 3 { // the newcomer
-			rep := NewReplica(m, opt, nil)
-			pos, err := rep.Admitted(context.Background(), newRing(3))
+			cfg.Replica = NewReplica(m, NewAdam(0.01), newRing(3))
+			pos, err := cfg.Replica.Admitted(context.Background())
 			if err != nil {
 				errs[i] = err
 				return nil
 			}
-			sums[i], errs[i] = Run(context.Background(), RunConfig{Replica: rep, Train: tr, Epochs: 3, Classes: 10, Start: pos, Joined: true})
+			cfg.Start, cfg.InSync = pos, true
+			sums[i], errs[i] = Run(context.Background(), cfg)
 			return nil
 		}
-		rep := NewReplica(m, opt, rings[i])
-		sums[i], errs[i] = Run(context.Background(), RunConfig{Replica: rep, Train: tr, Epochs: 3, Classes: 10,
-			Grow: func(ctx context.Context, at Position) (Collective, error) {
-				if grows[i]++; grows[i] > 1 {
-					return nil, nil
-				}
-				if at != (Position{Epochs: 1, Steps: 84}) { // 2000 samples / (3 × 8)
-					t.Errorf("rank %d grows at %+v", i, at)
-				}
-				return newRing(i), nil
-			}})
+		cfg.Replica = NewReplica(m, NewAdam(0.01), rings[i])
+		if i == 0 {
+			cfg.Replica.Waiting = func() bool { return cfg.Replica.Steps == knockAt }
+		}
+		sums[i], errs[i] = carryOn(context.Background(), cfg, 3, func(cause error, at Position) (Collective, error) {
+			if !errors.Is(cause, ErrNewcomer) {
+				return nil, fmt.Errorf("rank %d: the ring changes for %w; want ErrNewcomer", i, cause)
+			}
+			mu.Lock()
+			grewAt = append(grewAt, at)
+			mu.Unlock()
+			return newRing(i), nil
+		})
 		return nil
 	})
 	for i := range 4 {
-		if errs[i] != nil || sums[i].Epochs != 3 || sums[i].ParamHash != sums[0].ParamHash {
-			t.Errorf("rank %d: %v, %d epochs, hash %.16s; want 3 epochs and rank 0's %.16s", i, errs[i], sums[i].Epochs, sums[i].ParamHash, sums[0].ParamHash)
+		if errs[i] != nil || sums[i].Epochs != epochs || sums[i].ParamHash != sums[0].ParamHash {
+			t.Errorf("rank %d: %v, %d epochs, hash %.16s; want %d epochs and rank 0's %.16s", i, errs[i], sums[i].Epochs, sums[i].ParamHash, epochs, sums[0].ParamHash)
 		}
 	}
 	if sums[3].Steps != sums[0].Steps {
 		t.Errorf("the newcomer counts %d steps, the others %d", sums[3].Steps, sums[0].Steps)
+	}
+	want := Position{Epochs: 0, Steps: knockAt, Skip: knockAt * 3 * batch}
+	if len(grewAt) != 3 || slices.ContainsFunc(grewAt, func(p Position) bool { return p != want }) {
+		t.Errorf("the ring grew at %+v; want at %+v on each of the three", grewAt, want)
+	}
+	n := loader(t, "train", batch, true).Sampler.N
+	for e, got := range seen {
+		if len(got) != n {
+			t.Errorf("epoch %d: %d of %d samples trained", e+1, len(got), n)
+		}
+		for k, c := range got {
+			if c != 1 {
+				t.Errorf("epoch %d: sample %d trained %d times", e+1, k, c)
+				break
+			}
+		}
 	}
 }

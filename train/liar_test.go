@@ -200,26 +200,26 @@ func TestLiarIsDroppedAndTheOthersFinish(t *testing.T) {
 		}
 		rep := NewReplica(newMLP(t, mlpCfg(784, []int{16}, 10, batch, 1)), &SGD{LR: 0.05}, c)
 		round, size := 0, world
-		cfg := RunConfig{Replica: rep, Train: loader(t, "train", batch, true), Epochs: 2, Classes: 10, MinSize: 2,
-			Reform: func(ctx context.Context, cause error, at Position) (Collective, error) {
-				var leave *LeaveError
-				var lie *LiarError
-				switch {
-				case errors.As(cause, &leave):
-					size -= len(leave.Ranks)
-				case errors.As(cause, &lie):
-					size -= len(lie.Ranks)
-				default:
-					t.Errorf("rank %d re-forms for %v", i, cause)
-				}
-				round++
-				next, err := g.join(round, size, i)
-				if liar != nil && err == nil {
-					liar.Collective, liar.ahead = next, 1000
-					return liar, nil
-				}
-				return next, err
-			}}
+		cfg := RunConfig{Replica: rep, Train: loader(t, "train", batch, true), Epochs: 2, Classes: 10}
+		change := func(cause error, at Position) (Collective, error) {
+			var leave *LeaveError
+			var lie *LiarError
+			switch {
+			case errors.As(cause, &leave):
+				size -= len(leave.Ranks)
+			case errors.As(cause, &lie):
+				size -= len(lie.Ranks)
+			default:
+				t.Errorf("rank %d re-forms for %v", i, cause)
+			}
+			round++
+			next, err := g.join(round, size, i)
+			if liar != nil && err == nil {
+				liar.Collective, liar.ahead = next, 1000
+				return liar, nil
+			}
+			return next, err
+		}
 		if i == 1 {
 			cfg.Stop, cfg.ProgressEvery = stop, 5
 			cfg.Progress = func(p Progress) {
@@ -228,7 +228,7 @@ func TestLiarIsDroppedAndTheOthersFinish(t *testing.T) {
 				}
 			}
 		}
-		sums[i], errs[i] = Run(context.Background(), cfg)
+		sums[i], errs[i] = carryOn(context.Background(), cfg, 2, change)
 		return nil
 	})
 	if !errors.Is(errs[1], ErrStopped) {
@@ -255,22 +255,6 @@ func (f failing) AllreduceSum(context.Context, []float32) error            { ret
 func (f failing) Broadcast(_ context.Context, _ []float32, root int) error { return nil }
 func (f failing) Rank() int                                                { return 0 }
 func (f failing) Size() int                                                { return f.size }
-
-// TestReformBudget: a ring that fails again every time it re-forms stops
-// the run after MaxReforms re-formations with ErrReformBudget, instead of
-// re-forming for ever (as it did before the budget).
-func TestReformBudget(t *testing.T) {
-	calls := 0
-	rep := NewReplica(newMLP(t, mlpCfg(784, []int{16}, 10, 8, 1)), &SGD{LR: 0.05}, failing{2})
-	_, err := Run(context.Background(), RunConfig{Replica: rep, Train: loader(t, "train", 8, true), Epochs: 1, Classes: 10, MaxReforms: 3,
-		Reform: func(context.Context, error, Position) (Collective, error) {
-			calls++
-			return failing{2}, nil
-		}})
-	if !errors.Is(err, ErrReformBudget) || calls != 3 {
-		t.Errorf("Run over a ring that keeps failing = %v after %d re-formations; want ErrReformBudget after 3", err, calls)
-	}
-}
 
 // TestBroadcastStrings: a list goes out as sent; a root that sends more,
 // or longer, than the bounds, or garbage, is an error on every rank.

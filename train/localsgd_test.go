@@ -243,28 +243,6 @@ func TestLocalSGDResumeIsExact(t *testing.T) {
 	}
 }
 
-// TestLocalSGDReformBudget: inner steps do not use the ring, so they do
-// not count as steps completed for the re-formation budget: a ring whose
-// every outer step fails ends the run with ErrReformBudget after
-// MaxReforms re-formations, rather than redoing the round for ever.
-func TestLocalSGDReformBudget(t *testing.T) {
-	rep := NewReplica(newMLP(t, mlpCfg(784, []int{8}, 10, 8, 1)), &LocalSGD{Inner: &SGD{LR: 0.1}, Every: 4, LR: 1}, nil)
-	failing := func() Collective { return twin{sized{&failsAt{Ring: solo(t), n: 1}, 2}} }
-	rep.Coll = failing()
-	reforms := 0
-	_, err := Run(context.Background(), RunConfig{Replica: rep, Train: loader(t, "train", 8, true), Epochs: 1, Classes: 10,
-		MaxReforms: 3, Joined: true,
-		Reform: func(ctx context.Context, cause error, at Position) (Collective, error) {
-			if reforms++; reforms > 20 {
-				return nil, errors.New("re-formed 20 times: the budget never ran out")
-			}
-			return failing(), nil
-		}})
-	if !errors.Is(err, ErrReformBudget) || reforms != 3 {
-		t.Errorf("after %d re-formations: %v; want ErrReformBudget after 3", reforms, err)
-	}
-}
-
 // twin is rank 0 of a ring of two whose other rank is its double: an
 // AllreduceSum of a table of rows gives row 1 what row 0 holds.
 type twin struct{ Collective }

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/ringtrain/ringtrain/data"
@@ -24,45 +23,27 @@ type RunConfig struct {
 	// Schedule, if set, gives the learning rate of every epoch.
 	Schedule *Schedule
 	// Start is where to begin: a checkpoint's position when resuming, the
-	// zero Position otherwise.
+	// position the replicas agreed on after an interruption, the zero
+	// Position otherwise. The positions of Start's epoch not yet trained
+	// are shared out among the ranks of the current ring.
 	Start Position
+	// InSync says the replicas already hold the same state (admitted,
+	// resumed, or brought level after an interruption): Run does not
+	// broadcast rank 0's parameters first.
+	InSync bool
 	// Save, if set, is called after every epoch once the replicas are
 	// known to agree, and every SaveEvery steps (if not 0) in between —
 	// the place to write a checkpoint.
 	Save      func(Position) error
 	SaveEvery int
-	// Reform, if set, is called when a collective fails in a step — a
-	// peer died, left or stalled past the step timeout — with the cause
-	// and where the run is; it returns the collective of the survivors (a
-	// new generation of the ring). The interrupted step was applied on no
-	// rank, so all still agree; Run checks that they do, shares the rest
-	// of the epoch out among the new ring, and runs the step again. Unset,
-	// a failed collective ends the run.
-	// It is also called when ranks ask to leave (Replica.Leave) while at
-	// least MinSize others stay: those carry on without them.
-	Reform  func(ctx context.Context, cause error, at Position) (Collective, error)
-	MinSize int
-	// Grow, if set, is called after every epoch but the last; it returns
-	// the collective of a larger ring when peers are to be admitted, or
-	// nil. The newcomers call Admitted; every rank of the new ring then
-	// holds the state of the most advanced one.
-	Grow func(ctx context.Context, at Position) (Collective, error)
-	// Joined says this replica was admitted mid-run (Admitted has given it
-	// its state and Start): Run does not broadcast rank 0's parameters.
-	Joined bool
 	// MaxSkips is how many steps in a row may be skipped for non-finite
 	// gradients before the run stops. Zero means 5.
 	MaxSkips int
-	// MaxReforms is how many times in a row the ring may re-form without a
-	// step completing in between before the run stops with
-	// ErrReformBudget — a peer that keeps failing every ring it is in
-	// would otherwise keep the job re-forming for ever. Zero means 5.
-	MaxReforms int
 	// Stop, if set and closed, ends the run on every rank after one more
 	// step, which carries the request to the others (Replica.Leave): Run
-	// returns ErrStopped (a *LeaveError naming the ranks that asked), and
-	// Summary.Epochs and Summary.Steps say where it stopped — the same on
-	// every rank.
+	// returns an *Interrupted whose Cause is a *LeaveError naming the ranks
+	// that asked (an ErrStopped), and Summary.Position says where to
+	// resume — the same on every rank.
 	Stop <-chan struct{}
 	// Progress, if set, is called every ProgressEvery steps and at the end
 	// of every epoch.
@@ -72,6 +53,13 @@ type RunConfig struct {
 	// was skipped (ErrNonFinite, ErrGradientNorm: which ranks, what
 	// values).
 	OnSkip func(error)
+	// Trained, if set, is told the dataset indices of each batch this
+	// rank trained on, once its step is done for good: applied or skipped
+	// on every rank, and with LocalSGD once the round's outer step is.
+	// Across interruptions every sample of an epoch is reported once by
+	// exactly one rank: what accounting needs. index is reused after the
+	// call.
+	Trained func(epoch int, index []int)
 }
 
 // Progress is a report from the middle of a run.
@@ -100,9 +88,29 @@ type Position struct {
 // ErrStopped is what Run returns when RunConfig.Stop ends it.
 var ErrStopped = errors.New("train: stopped")
 
-// ErrReformBudget means the ring re-formed RunConfig.MaxReforms times in a
-// row without completing a step.
-var ErrReformBudget = errors.New("train: the ring keeps failing")
+// ErrNewcomer means a newcomer waits to be admitted (Replica.Waiting): the
+// step that said so was applied on every rank.
+var ErrNewcomer = errors.New("train: a newcomer waits to be admitted")
+
+// Interrupted is what Run returns when the ring must change before the run
+// can go on. Cause wraps ErrCollective (a peer was lost or stalled: the
+// step that failed was applied on no rank whose call failed, though it may
+// have been on others), or is a *LeaveError (ranks asked to leave after a
+// step every rank applied), a *LiarError (ranks caught lying) or
+// ErrNewcomer. At is where this rank is: nothing after it was applied
+// here. Run never changes its collective: the caller changes the ring,
+// brings the replicas level (Replica.Level) and runs again from the
+// position they agree on.
+type Interrupted struct {
+	At    Position
+	Cause error
+}
+
+func (e *Interrupted) Error() string {
+	return fmt.Sprintf("train: interrupted in epoch %d after %d steps: %v", e.At.Epochs+1, e.At.Steps, e.Cause)
+}
+
+func (e *Interrupted) Unwrap() error { return e.Cause }
 
 // Summary is what a finished run reports.
 type Summary struct {
@@ -114,239 +122,290 @@ type Summary struct {
 	EpochAccuracy []float64 // test accuracy after each epoch run
 	ParamHash     string    // hex SHA-256 of the final parameters
 	SamplesPerSec float64   // this rank's training samples per second
+	// Trained and Busy are this rank's training samples and the time
+	// its epochs took, for SamplesPerSec over several runs (Then).
+	Trained int
+	Busy    time.Duration
 }
 
-// Run starts every replica from rank 0's parameters (unless Joined: an
-// admitted replica has its state already; a resumed one has had it from
-// Replica.Resume), trains from Start to Epochs, checks at the end of each
-// epoch that the replicas hold the same parameters, and evaluates.
+// Then is s followed by next, a run that carried on from where s was
+// interrupted: next's position, hash and evaluation, both runs' epochs
+// and throughput.
+func (s Summary) Then(next Summary) Summary {
+	out := next
+	out.EpochAccuracy = append(append([]float64(nil), s.EpochAccuracy...), next.EpochAccuracy...)
+	if next.TestSamples == 0 {
+		out.TestLoss, out.TestAccuracy, out.PerClass, out.TestSamples = s.TestLoss, s.TestAccuracy, s.PerClass, s.TestSamples
+	}
+	out.Trained, out.Busy = s.Trained+next.Trained, s.Busy+next.Busy
+	out.SamplesPerSec = 0
+	if out.Busy > 0 {
+		out.SamplesPerSec = float64(out.Trained) / out.Busy.Seconds()
+	}
+	return out
+}
+
+// Run starts every replica from rank 0's parameters (unless InSync),
+// trains from Start to Epochs, checks at the end of each epoch that the
+// replicas hold the same parameters, and evaluates. When the ring fails
+// or must change it returns an *Interrupted with the Summary so far.
 func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
-	r := cfg.Replica
 	if cfg.MaxSkips <= 0 {
 		cfg.MaxSkips = 5
 	}
 	if cfg.ProgressEvery <= 0 {
 		cfg.ProgressEvery = 50
 	}
-	if cfg.MaxReforms <= 0 {
-		cfg.MaxReforms = 5
-	}
-	streak := 0 // re-formations since the last step that completed
-	var s Summary
+	r := cfg.Replica
 	r.Steps = cfg.Start.Steps
 	if cfg.Stop != nil {
 		r.Leave = cfg.Stop
 	}
-	if !cfg.Joined {
+	var s Summary
+	if !cfg.InSync {
 		if err := r.SyncParams(ctx); err != nil {
 			return s, err
 		}
 	}
-	var samples int
-	var busy time.Duration
-	skips := 0
-	totalSteps := cfg.Start.Steps
-	for epoch := cfg.Start.Epochs; epoch < cfg.Epochs; epoch++ {
+	at, skips := cfg.Start, 0
+	for ; at.Epochs < cfg.Epochs; at = (Position{Epochs: at.Epochs + 1, Steps: at.Steps}) {
 		if cfg.Schedule != nil {
-			r.Opt.SetLR(cfg.Schedule.LR(epoch))
+			r.Opt.SetLR(cfg.Schedule.LR(at.Epochs))
 		}
-		skip := 0
-		if epoch == cfg.Start.Epochs {
-			skip = cfg.Start.Skip
+		e := epochRun{cfg: cfg, r: r, at: at, start: time.Now(), skips: &skips}
+		var err error
+		if at, err = e.train(ctx); err != nil {
+			s.Position = at
+			return e.count(s), err
 		}
-		start := time.Now()
-		step, steps, epochSamples := 0, 0, 0
-		var lossSum float64
-		var lossN int
-		// at is the position after step steps of the epoch; positions
-		// before segStep were taken by an earlier ring of another size.
-		segSkip, segStep, segTake := skip, 0, 0
-		at := func(step int) Position {
-			return Position{Epochs: epoch, Steps: totalSteps + step,
-				Skip: min(segSkip+(step-segStep)*segTake, cfg.Train.Sampler.N)}
-		}
-		// An epoch runs in segments, one per ring: when a peer is lost,
-		// the survivors re-form (cfg.Reform), the rest of the epoch is
-		// shared out among them, and the interrupted step runs again.
-		for {
-			train := *cfg.Train
-			train.Sampler.World, train.Sampler.Rank = r.Coll.Size(), r.Coll.Rank()
-			train.Sampler.Skip = segSkip
-			segTake = train.Sampler.World * train.BatchSize
-			steps = segStep + train.Batches()
-			e, err := train.Epoch(ctx, epoch)
-			if err != nil {
-				return s, err
-			}
-			err = e.Each(func(b *data.Batch) error {
-				r.closeRound = step+1 == steps // a LocalSGD round ends with the epoch
-				loss, err := r.Step(ctx, b.X, b.Y, b.N)
-				step++
-				var leave *LeaveError
-				switch {
-				case errors.As(err, &leave) && !Skipped(err):
-					return leave // the step was applied
-				case errors.As(err, &leave):
-					return err
-				case Skipped(err):
-					if cfg.OnSkip != nil {
-						cfg.OnSkip(err)
-					}
-					if skips++; skips >= cfg.MaxSkips {
-						return fmt.Errorf("train: %d steps in a row skipped, the last at epoch %d step %d: %w", skips, epoch, step, err)
-					}
-					return nil
-				case errors.Is(err, ErrCollective):
-					step -= r.undone // not applied here: it runs again (a LocalSGD round, all of it)
-					return err
-				case err != nil:
-					return fmt.Errorf("train: epoch %d step %d: %w", epoch, step, err)
-				}
-				skips = 0
-				if !r.local() || r.outerDone {
-					// A LocalSGD inner step leaves the ring untried: only
-					// an outer step shows that a re-formed ring works.
-					streak = 0
-				}
-				if r.InnerSkip != nil && cfg.OnSkip != nil {
-					cfg.OnSkip(r.InnerSkip)
-				}
-				if r.outerDone && step < steps {
-					// Every outer step is checked, as every epoch is.
-					if err := r.CheckInSync(ctx); err != nil {
-						return err
-					}
-				}
-				if cfg.Save != nil && cfg.SaveEvery > 0 && (totalSteps+step)%cfg.SaveEvery == 0 && step < steps && !r.roundOpen() {
-					if err := cfg.Save(at(step)); err != nil {
-						return err
-					}
-				}
-				epochSamples += b.N
-				lossSum += float64(loss)
-				lossN++
-				if cfg.Progress != nil && step%cfg.ProgressEvery == 0 {
-					el := time.Since(start)
-					cfg.Progress(Progress{Epoch: epoch, Step: step, Steps: steps, Loss: lossSum / float64(lossN),
-						SamplesPerSec: float64(epochSamples) / el.Seconds(), Elapsed: el, WorldSize: r.Coll.Size(), Stats: r.Stats})
-					lossSum, lossN = 0, 0
-				}
-				return nil
-			})
-			e.Close()
-			var leave *LeaveError
-			leaving := errors.As(err, &leave) && cfg.Reform != nil && !slices.Contains(leave.Ranks, r.Coll.Rank()) &&
-				leave.OthersCarryOn(r.Coll.Size(), cfg.MinSize)
-			if leaving || (errors.Is(err, ErrCollective) || droppable(cfg, r, err)) && cfg.Reform != nil {
-				// Others left (this rank carries on without them, after the
-				// step that told it) or were lost (the step failed here).
-				pos, err := reform(ctx, cfg, r, err, at(step), &streak)
-				if err != nil {
-					return s, err
-				}
-				step = pos.Steps - totalSteps
-				r.Steps = pos.Steps
-				segSkip, segStep = pos.Skip, step
-				continue
-			}
-			if errors.Is(err, ErrCollective) {
-				err = fmt.Errorf("train: epoch %d step %d: %w", epoch, step+1, err)
-			}
-			if errors.Is(err, ErrStopped) {
-				s.Position = at(step)
-				if step == steps { // the stop came with the epoch's last step
-					s.Position = Position{Epochs: epoch + 1, Steps: totalSteps + step}
-				}
-				return s, err
-			}
-			if err != nil {
-				return s, err
-			}
-			break
-		}
-		elapsed := time.Since(start)
-		samples += epochSamples
-		busy += elapsed
-		// The epoch's end: the replicas compare hashes and score the test
-		// set. A peer lost here (or one that finished the epoch's last
-		// step alone and came here first) makes the ring re-form and the
-		// end run again.
-		for {
-			err := r.CheckInSync(ctx)
-			var res Result
-			if err == nil && cfg.Test != nil {
-				res, err = evaluate(ctx, cfg)
-			}
-			if (errors.Is(err, ErrCollective) || droppable(cfg, r, err)) && cfg.Reform != nil {
-				if _, err := reform(ctx, cfg, r, err, at(step), &streak); err != nil {
-					return s, err
-				}
-				continue
-			}
-			if err != nil {
-				return s, fmt.Errorf("train: after epoch %d: %w", epoch+1, err)
-			}
-			if cfg.Test != nil {
-				s.TestLoss, s.TestAccuracy, s.PerClass, s.TestSamples = res.Loss, res.Accuracy, res.PerClass, res.Samples
-				s.EpochAccuracy = append(s.EpochAccuracy, res.Accuracy)
-			}
-			break
-		}
-		totalSteps += step
-		if cfg.Save != nil {
-			if err := cfg.Save(Position{Epochs: epoch + 1, Steps: totalSteps}); err != nil {
-				return s, err
-			}
-		}
-		if cfg.Grow != nil && epoch+1 < cfg.Epochs {
-			at := Position{Epochs: epoch + 1, Steps: totalSteps}
-			c, err := cfg.Grow(ctx, at)
-			if err != nil {
-				return s, fmt.Errorf("train: admitting peers after epoch %d: %w", epoch+1, err)
-			}
-			if c != nil {
-				r.Coll = c
-				_, _, err := r.adoptLatest(ctx, true, at, 0)
-				if err == nil {
-					err = r.CheckInSync(ctx)
-				}
-				if (errors.Is(err, ErrCollective) || droppable(cfg, r, err)) && cfg.Reform != nil {
-					_, err = reform(ctx, cfg, r, err, at, &streak)
-				}
-				if err != nil {
-					return s, fmt.Errorf("train: bringing admitted peers up to date: %w", err)
-				}
-			}
-		}
-		if cfg.Progress != nil {
-			p := Progress{Epoch: epoch, Step: step, Steps: steps, SamplesPerSec: float64(epochSamples) / elapsed.Seconds(), Elapsed: elapsed, EpochDone: true,
-				WorldSize: r.Coll.Size(), Stats: r.Stats, RankCompute: r.RankCompute(), Stragglers: r.Stragglers()}
-			if lossN > 0 {
-				p.Loss = lossSum / float64(lossN)
-			}
-			if cfg.Test != nil {
-				p.TestAccuracy = s.TestAccuracy
-			}
-			cfg.Progress(p)
+		s = e.count(s)
+		if err := e.end(ctx, &s); err != nil {
+			return s, err
 		}
 	}
-	s.Position = Position{Epochs: cfg.Epochs, Steps: totalSteps}
-	if busy > 0 {
-		s.SamplesPerSec = float64(samples) / busy.Seconds()
+	s.Position = at
+	if s.Busy > 0 {
+		s.SamplesPerSec = float64(s.Trained) / s.Busy.Seconds()
 	}
 	h := r.ParamHash()
 	s.ParamHash = hex.EncodeToString(h[:])
 	return s, nil
 }
 
+// epochRun is one epoch of a Run, or what is left of it from at.
+type epochRun struct {
+	cfg     RunConfig
+	r       *Replica
+	at      Position // where the epoch part began
+	start   time.Time
+	step    int // steps run in this part
+	steps   int // steps this part has in all
+	samples int
+	lossSum float64
+	lossN   int
+	skips   *int    // steps skipped in a row, across epochs
+	open    [][]int // indices of a LocalSGD round's steps, until it closes
+}
+
+// pos is the position after this part's first step steps.
+func (e *epochRun) pos(step int) Position {
+	take := e.r.Coll.Size() * e.cfg.Train.BatchSize
+	return Position{Epochs: e.at.Epochs, Steps: e.at.Steps + step, Skip: min(e.at.Skip+step*take, e.cfg.Train.Sampler.N)}
+}
+
+// count adds the part's samples and time to s.
+func (e *epochRun) count(s Summary) Summary {
+	s.Trained += e.samples
+	s.Busy += time.Since(e.start)
+	return s
+}
+
+// train runs the epoch's steps from e.at, sharing the positions left among
+// the ring's ranks. It returns the position it reached: the epoch's end,
+// or, with an *Interrupted, where the ring must change.
+func (e *epochRun) train(ctx context.Context) (Position, error) {
+	tr := *e.cfg.Train
+	tr.Sampler.World, tr.Sampler.Rank, tr.Sampler.Skip = e.r.Coll.Size(), e.r.Coll.Rank(), e.at.Skip
+	e.steps = tr.Batches()
+	ep, err := tr.Epoch(ctx, e.at.Epochs)
+	if err != nil {
+		return e.at, err
+	}
+	err = ep.Each(func(b *data.Batch) error { return e.stepOn(ctx, b) })
+	ep.Close()
+	var leave *LeaveError
+	switch {
+	case errors.As(err, &leave):
+		// The stop came with the step that carried it: every rank applied
+		// it. Summary.Position is where to resume after a stop; At is
+		// where the others carry on from after a leave.
+		at := e.pos(e.step)
+		if e.step == e.steps {
+			return Position{Epochs: at.Epochs + 1, Steps: at.Steps}, &Interrupted{At: at, Cause: err}
+		}
+		return at, &Interrupted{At: at, Cause: err}
+	case errors.Is(err, ErrCollective), errors.Is(err, ErrLiar), errors.Is(err, ErrNewcomer):
+		return e.pos(e.step), &Interrupted{At: e.pos(e.step), Cause: err}
+	case err != nil:
+		return e.pos(e.step), err
+	}
+	return e.pos(e.step), nil
+}
+
+// stepOn runs one step of the epoch and what follows it: the in-sync
+// check of a LocalSGD outer step, a checkpoint, a progress report, and the
+// newcomer the step announced.
+func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
+	r, cfg := e.r, e.cfg
+	r.closeRound = e.step+1 == e.steps // a LocalSGD round ends with the epoch
+	loss, err := r.Step(ctx, b.X, b.Y, b.N)
+	e.step++
+	var leave *LeaveError
+	if err == nil || Skipped(err) || errors.As(err, &leave) {
+		e.trained(b.Index)
+	}
+	switch {
+	case errors.As(err, &leave):
+		return err // applied (or skipped) on every rank
+	case Skipped(err):
+		if cfg.OnSkip != nil {
+			cfg.OnSkip(err)
+		}
+		if *e.skips++; *e.skips >= cfg.MaxSkips {
+			return fmt.Errorf("train: %d steps in a row skipped, the last at epoch %d step %d: %w", *e.skips, e.at.Epochs+1, e.step, err)
+		}
+		return e.newcomer()
+	case errors.Is(err, ErrCollective):
+		e.step -= r.undone // not applied here: it runs again (a LocalSGD round, all of it)
+		return err
+	case err != nil:
+		return fmt.Errorf("train: epoch %d step %d: %w", e.at.Epochs+1, e.step, err)
+	}
+	*e.skips = 0
+	if r.InnerSkip != nil && cfg.OnSkip != nil {
+		cfg.OnSkip(r.InnerSkip)
+	}
+	if r.outerDone && e.step < e.steps {
+		// Every outer step is checked, as every epoch is.
+		if err := r.CheckInSync(ctx); err != nil {
+			return err
+		}
+	}
+	if at := e.pos(e.step); cfg.Save != nil && cfg.SaveEvery > 0 && at.Steps%cfg.SaveEvery == 0 && e.step < e.steps && !r.roundOpen() {
+		if err := cfg.Save(at); err != nil {
+			return err
+		}
+	}
+	e.samples += b.N
+	e.lossSum += float64(loss)
+	e.lossN++
+	if cfg.Progress != nil && e.step%cfg.ProgressEvery == 0 {
+		el := time.Since(e.start)
+		cfg.Progress(Progress{Epoch: e.at.Epochs, Step: e.step, Steps: e.steps, Loss: e.lossSum / float64(e.lossN),
+			SamplesPerSec: float64(e.samples) / el.Seconds(), Elapsed: el, WorldSize: r.Coll.Size(), Stats: r.Stats})
+		e.lossSum, e.lossN = 0, 0
+	}
+	return e.newcomer()
+}
+
+// trained reports a step's indices once the step cannot be taken back.
+func (e *epochRun) trained(index []int) {
+	if e.cfg.Trained == nil {
+		return
+	}
+	e.open = append(e.open, index)
+	if e.r.roundOpen() {
+		return
+	}
+	for _, ix := range e.open {
+		e.cfg.Trained(e.at.Epochs, ix)
+	}
+	e.open = e.open[:0]
+}
+
+// newcomer is ErrNewcomer after a step whose trailer said one waits.
+func (e *epochRun) newcomer() error {
+	if e.r.newcomer {
+		return ErrNewcomer
+	}
+	return nil
+}
+
+// end is the epoch's end: the replicas compare hashes and score the test
+// set, the checkpoint is written and progress reported. A peer lost here
+// interrupts the run at the epoch's last position, so that the end runs
+// again in the changed ring.
+func (e *epochRun) end(ctx context.Context, s *Summary) error {
+	r, cfg := e.r, e.cfg
+	at := e.pos(e.step)
+	err := r.CheckInSync(ctx)
+	var res Result
+	if err == nil && cfg.Test != nil {
+		res, err = evaluate(ctx, cfg)
+	}
+	if errors.Is(err, ErrCollective) || errors.Is(err, ErrLiar) {
+		s.Position = at
+		return &Interrupted{At: at, Cause: err}
+	}
+	if err != nil {
+		return fmt.Errorf("train: after epoch %d: %w", at.Epochs+1, err)
+	}
+	if cfg.Test != nil {
+		s.TestLoss, s.TestAccuracy, s.PerClass, s.TestSamples = res.Loss, res.Accuracy, res.PerClass, res.Samples
+		s.EpochAccuracy = append(s.EpochAccuracy, res.Accuracy)
+	}
+	if cfg.Save != nil {
+		if err := cfg.Save(Position{Epochs: at.Epochs + 1, Steps: at.Steps}); err != nil {
+			return err
+		}
+	}
+	if cfg.Progress != nil {
+		elapsed := time.Since(e.start)
+		p := Progress{Epoch: at.Epochs, Step: e.step, Steps: e.steps, SamplesPerSec: float64(e.samples) / elapsed.Seconds(), Elapsed: elapsed,
+			EpochDone: true, WorldSize: r.Coll.Size(), Stats: r.Stats, RankCompute: r.RankCompute(), Stragglers: r.Stragglers()}
+		if e.lossN > 0 {
+			p.Loss = e.lossSum / float64(e.lossN)
+		}
+		p.TestAccuracy = s.TestAccuracy
+		cfg.Progress(p)
+	}
+	return nil
+}
+
+// Level brings the replicas of a changed ring to one state after an
+// interruption at: every rank takes the parameters, optimizer state and
+// position of the one furthest on, then they check that they agree. A
+// peer lost in the middle of an allreduce can leave it done on some ranks
+// — those that had every frame they needed before it went — and failed on
+// others; the ones that finished have applied the step. So after a loss
+// (lost) a survivor may be one step ahead (with LocalSGD a round: those
+// that finished its outer step are at its end, the others went back to
+// its start); a claim further is a lie. After a growth every old member
+// is at the same step. Liars are named in a *LiarError; a failed
+// collective is an ErrCollective: the ring must change again.
+func (r *Replica) Level(ctx context.Context, at Position, lost bool) (Position, error) {
+	ahead := 0
+	if lost {
+		ahead = r.maxAhead()
+	}
+	pos, _, err := r.adoptLatest(ctx, true, at, ahead)
+	if err == nil && pos.Epochs != at.Epochs {
+		return at, fmt.Errorf("train: after the ring changed: a replica is in epoch %d, this one in %d", pos.Epochs+1, at.Epochs+1)
+	}
+	if err == nil {
+		err = r.CheckInSync(ctx)
+	}
+	if err != nil {
+		return at, err
+	}
+	return pos, nil
+}
+
 // Admitted brings a replica admitted mid-run up to date through its new
-// ring, c: the state and position of the most advanced rank. Run it while
-// the ring's other ranks return from RunConfig.Grow, then Run with Start
-// set to the position and Joined.
-func (r *Replica) Admitted(ctx context.Context, c Collective) (Position, error) {
-	r.Coll = c
-	// All the old members are level at an epoch's end: none may claim to
-	// be ahead (the same rule as theirs in Run, so all decide alike).
+// ring, which the old members Level at the same time: it takes the state
+// and position of the most advanced rank. Run it, then Run from the
+// position with InSync.
+func (r *Replica) Admitted(ctx context.Context) (Position, error) {
 	pos, _, err := r.adoptLatest(ctx, false, Position{}, 0)
 	if err != nil {
 		return Position{}, fmt.Errorf("train: catching up on admission: %w", err)
@@ -355,53 +414,6 @@ func (r *Replica) Admitted(ctx context.Context, c Collective) (Position, error) 
 		return Position{}, fmt.Errorf("train: after admission: %w", err)
 	}
 	return pos, nil
-}
-
-// droppable reports whether err names liars that the others can re-form
-// without: not this rank, and enough left.
-func droppable(cfg RunConfig, r *Replica, err error) bool {
-	var liar *LiarError
-	return errors.As(err, &liar) && !slices.Contains(liar.Ranks, r.Coll.Rank()) && r.Coll.Size()-len(liar.Ranks) >= max(cfg.MinSize, 1)
-}
-
-// reform replaces the replica's collective with the survivors' and brings
-// them level. A peer lost in the middle of an allreduce can leave it done on
-// some ranks — those that had every frame they needed before it went — and
-// failed on others; the ones that finished have applied the step. So the
-// survivors all take the parameters, optimizer state and position of the
-// one furthest on (one step at most: a claim further is a lie), then check
-// that they agree. Ranks caught lying are dropped: the ring re-forms again
-// without them. A peer lost while the survivors level up makes it re-form
-// again too. After MaxReforms in a row without a completed step (streak
-// counts them), it gives up with ErrReformBudget.
-func reform(ctx context.Context, cfg RunConfig, r *Replica, cause error, at Position, streak *int) (Position, error) {
-	for {
-		if *streak >= cfg.MaxReforms {
-			return Position{}, fmt.Errorf("%w: re-formed %d times in a row without completing a step; the last cause: %w", ErrReformBudget, *streak, cause)
-		}
-		*streak++
-		c, err := cfg.Reform(ctx, cause, at)
-		if err != nil {
-			return Position{}, fmt.Errorf("train: re-forming the ring after a failed step (%v): %w", cause, err)
-		}
-		r.Coll = c
-		r.Stats.Reforms++
-		pos, _, err := r.adoptLatest(ctx, true, at, r.maxAhead())
-		if err == nil && pos.Epochs != at.Epochs {
-			return Position{}, fmt.Errorf("train: after re-forming the ring: a survivor is in epoch %d, this one in %d", pos.Epochs+1, at.Epochs+1)
-		}
-		if err == nil {
-			err = r.CheckInSync(ctx)
-		}
-		if errors.Is(err, ErrCollective) || droppable(cfg, r, err) {
-			cause = err
-			continue
-		}
-		if err != nil {
-			return Position{}, fmt.Errorf("train: after re-forming the ring: %w", err)
-		}
-		return pos, nil
-	}
 }
 
 // local reports whether the replica trains with LocalSGD (DiLoCo).

@@ -72,6 +72,11 @@ type Replica struct {
 	// return a *LeaveError from it — the same step everywhere, where a rank
 	// that simply stopped would leave the others stuck in a collective.
 	Leave <-chan struct{}
+	// Waiting, if set, is asked before each step that talks to the ring
+	// whether a newcomer waits to be admitted. The answer rides in the
+	// step's trailer, so every rank hears it after the same step, and Run
+	// stops there with an *Interrupted (ErrNewcomer) for the ring to grow.
+	Waiting func() bool
 	// NormGuard, if above 0, is the gradient norm guard's factor: every rank
 	// declares its gradient norm in the step's allreduce, and a step where
 	// one rank's norm is over NormGuard times the median (the lower one
@@ -141,6 +146,8 @@ type Replica struct {
 	undone     int
 	outerDone  bool
 	closeRound bool
+	// newcomer is whether the last Step's trailer said a newcomer waits.
+	newcomer bool
 	// residual is error feedback's remainder from the last applied step;
 	// pending the one this step leaves, kept only if it is applied.
 	residual, pending []float32
@@ -308,7 +315,7 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	}
 	r.Steps++
 	r.Stats.Steps++
-	r.undone, r.outerDone, r.InnerSkip = 1, false, nil
+	r.undone, r.outerDone, r.InnerSkip, r.newcomer = 1, false, nil, false
 	t0 := time.Now()
 	local, isLocal := r.Opt.(*LocalSGD)
 	var innerLoss float32
@@ -349,6 +356,7 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	var loss float32
 	bad := -1
 	leave := r.leaving()
+	says := stepSays{leave: leave, newcomer: r.Waiting != nil && r.Waiting()}
 	tail := flat[r.nparams:]
 	counter, measured := r.Coll.(byteCounter)
 	if measured {
@@ -357,7 +365,7 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	}
 	if plan := r.bucketPlan(); plan != nil && !isLocal {
 		// Buckets go round while backward computes the layers before them.
-		loss, bad, err = r.bucketed(ctx, x, y, n, flat, plan, narrow, leave)
+		loss, bad, err = r.bucketed(ctx, x, y, n, flat, plan, narrow, says)
 		if err != nil && !errors.Is(err, ErrCollective) {
 			return 0, err
 		}
@@ -378,11 +386,11 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		if r.Wire == ring.I8 && bad < 0 {
 			r.feedback(flat, 0, r.nparams)
 		}
-		var norm float32
 		if r.NormGuard > 0 && bad < 0 {
-			norm = float32(norm2(flat[:r.nparams]))
+			says.norm = float32(norm2(flat[:r.nparams]))
 		}
-		putStepFlags(tail, r.Coll.Rank(), r.Coll.Size(), bad >= 0, leave, norm)
+		says.nonFinite = bad >= 0
+		says.put(tail, r.Coll.Rank(), r.Coll.Size())
 		t1 := time.Now()
 		r.Stats.Compute += t1.Sub(t0)
 		if r.Wire == ring.F32 {
@@ -406,7 +414,8 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		}
 		return 0, fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
 	}
-	badRanks, leaving := stepFlagsOf(tail, r.Coll.Size())
+	badRanks, newcomer, leaving := stepFlagsOf(tail, r.Coll.Size())
+	r.newcomer = newcomer
 	if leaving != nil {
 		if leaving, err = r.confirmLeaves(ctx, leaving, leave); err != nil {
 			r.undoStep(local)
@@ -673,6 +682,7 @@ func (r *Replica) leaving() bool {
 // of one would only average with itself.
 func (r *Replica) stepAlone(dev DeviceOptimizer, x []float32, y []int, n int) (float32, error) {
 	leave := r.leaving()
+	r.newcomer = r.Waiting != nil && r.Waiting()
 	loss, bad, err := dev.StepAlone(x, y, n)
 	if err != nil {
 		return 0, err

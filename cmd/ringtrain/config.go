@@ -43,6 +43,9 @@ type jobSpec struct {
 	Name         string `json:"name"`
 	WorldSize    int    `json:"world_size"`
 	MinWorldSize int    `json:"min_world_size"`
+	// MaxWorldSize is how many peers the ring may grow to as newcomers
+	// are admitted (Elastic Horovod's max_np); default world_size.
+	MaxWorldSize int    `json:"max_world_size"`
 	Epochs       int    `json:"epochs"`
 	BatchSize    int    `json:"batch_size"` // per peer
 	Seed         uint64 `json:"seed"`
@@ -117,6 +120,10 @@ type localSettings struct {
 // (world_size), nr (rank) and gpus are those of the older tools it
 // replaces, accepted as they are. Its data is a data config, inline or as
 // a path to its file, or {"served": "<dataset ID>"}.
+// maxWorldSize bounds a ring: what a member's peer lists and per-peer
+// state are sized for.
+const maxWorldSize = 1024
+
 type jobFile struct {
 	Name          string          `json:"name"`
 	WorldSize     int             `json:"world_size"`
@@ -130,6 +137,7 @@ type jobFile struct {
 	Optimizer     optimizerConfig `json:"optimizer"`
 	Data          json.RawMessage `json:"data"`
 	MinWorldSize  int             `json:"min_world_size"`
+	MaxWorldSize  int             `json:"max_world_size"`
 	GradNormGuard float64         `json:"grad_norm_guard"`
 	Compression   string          `json:"compression"`
 	// BucketMB is the gradient bucket size in MB: the own engine sends
@@ -327,7 +335,7 @@ func (f *jobFile) resolve(dir string) (*jobConfig, error) {
 	if f.Rank != nil && f.Nr != nil && *f.Rank != *f.Nr {
 		return nil, fmt.Errorf("rank %d and nr %d disagree; give one", *f.Rank, *f.Nr)
 	}
-	c := &jobConfig{localSettings: f.localSettings, jobSpec: jobSpec{Name: f.Name, WorldSize: f.WorldSize, MinWorldSize: f.MinWorldSize,
+	c := &jobConfig{localSettings: f.localSettings, jobSpec: jobSpec{Name: f.Name, WorldSize: f.WorldSize, MinWorldSize: f.MinWorldSize, MaxWorldSize: f.MaxWorldSize,
 		Epochs: f.Epochs, BatchSize: f.BatchSize, Seed: f.Seed, Model: f.Model, Optimizer: f.Optimizer,
 		GradNormGuard: f.GradNormGuard, Compression: f.Compression, Sync: f.Sync, BucketBytes: defaultBucketMB << 20}}
 	if f.BucketMB != nil {
@@ -412,8 +420,8 @@ func (c *jobConfig) resolveSpec() error {
 	if c.Name == "" {
 		return errors.New(`no job name; add "name": "<job>" (peers with the same name find each other)`)
 	}
-	if c.WorldSize < 1 {
-		return fmt.Errorf("world_size %d; want at least 1", c.WorldSize)
+	if c.WorldSize < 1 || c.WorldSize > maxWorldSize {
+		return fmt.Errorf("world_size %d; want 1 to %d", c.WorldSize, maxWorldSize)
 	}
 	if c.Epochs < 1 {
 		return fmt.Errorf(`epochs %d; add "epochs": <at least 1>`, c.Epochs)
@@ -442,6 +450,12 @@ func (c *jobConfig) resolveSpec() error {
 	}
 	if c.MinWorldSize < 1 || c.MinWorldSize > c.WorldSize {
 		return fmt.Errorf("min_world_size %d; want between 1 and world_size %d", c.MinWorldSize, c.WorldSize)
+	}
+	if c.MaxWorldSize == 0 {
+		c.MaxWorldSize = c.WorldSize
+	}
+	if c.MaxWorldSize < c.WorldSize || c.MaxWorldSize > maxWorldSize {
+		return fmt.Errorf("max_world_size %d; want between world_size %d and %d", c.MaxWorldSize, c.WorldSize, maxWorldSize)
 	}
 	wire, err := ring.ParseEncoding(c.Compression)
 	if err != nil {

@@ -102,7 +102,7 @@ func TestSurvivorsFinishOverLibp2p(t *testing.T) {
 			t.Errorf("survivor %d: %d epochs, hash %.16s; want 2 and survivor 0's %.16s", i, sums[i].Epochs, sums[i].ParamHash, sums[0].ParamHash)
 		}
 	}
-	if errors.Is(errs[0], train.ErrReformBudget) {
+	if errors.Is(errs[0], elastic.ErrReformBudget) {
 		t.Error("the survivors ran out of re-formations")
 	}
 }

@@ -433,7 +433,7 @@ func startHost(ctx context.Context, f *joinFlags, timeout time.Duration, stdout 
 
 // startNode starts the job's node and ring links on h.
 func startNode(h *p2p.Host, relayFor *atomic.Pointer[p2p.Node], f *joinFlags, cfg *jobConfig, log zerolog.Logger) (*peerNet, error) {
-	node, err := p2p.NewNode(h, p2p.Job{Name: cfg.Name, ConfigHash: cfg.hash, WorldSize: cfg.WorldSize}, p2p.NodeConfig{Logger: log})
+	node, err := p2p.NewNode(h, p2p.Job{Name: cfg.Name, ConfigHash: cfg.hash, WorldSize: cfg.WorldSize, MaxWorldSize: cfg.MaxWorldSize}, p2p.NodeConfig{Logger: log})
 	if err != nil {
 		return nil, err
 	}
@@ -484,7 +484,7 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 			Sampler: data.Sampler{N: s.Len(), World: 1, Seed: cfg.Seed, Shuffle: shuffle}}
 	}
 	sched := cfg.schedule()
-	job := &elastic.Job{Members: members, WorldSize: cfg.WorldSize, MinWorldSize: cfg.MinWorldSize,
+	job := &elastic.Job{Members: members, WorldSize: cfg.WorldSize, MinWorldSize: cfg.MinWorldSize, MaxWorldSize: cfg.MaxWorldSize,
 		StepTimeout: time.Duration(cfg.StepTimeout), Logger: log, Out: stdout}
 	rep := train.NewReplica(model, opt, nil)
 	rep.NormGuard = cfg.GradNormGuard

@@ -1,7 +1,10 @@
-// Package elastic runs one peer's part of an elastic training job: it forms
-// the ring through a Membership, trains with train.Run, re-forms the ring
-// when peers are lost, leave or are caught lying, admits standbys between
-// epochs, writes and resumes checkpoints, and leaves the ring together with
+// Package elastic owns one peer's part of an elastic training job. It
+// forms the ring through a Membership and trains with train.Run; training
+// returns how it was interrupted and where, and the owner acts on that
+// event — a peer lost, peers leaving, liars caught, a newcomer waiting —
+// by re-forming or growing the ring, bringing the replicas level and
+// training on: form → train → interrupted → (re-form | grow) → train. It
+// also writes and resumes checkpoints and leaves the ring together with
 // the others at the end — what Horovod's elastic mode and torchrun's
 // rendezvous do, with no coordinator.
 //
@@ -54,16 +57,23 @@ type Membership interface {
 type Job struct {
 	// Members forms and re-forms the ring.
 	Members Membership
-	// Training is the training run; Job sets its Replica's collective and its
-	// Reform, Grow, Save, Stop, Start, Joined and MinSize.
+	// Training is the training run; Job sets its Replica's collective and
+	// Waiting, and its Save, Stop, Start and InSync.
 	Training train.RunConfig
-	// WorldSize is how many peers the ring should hold; standbys are
-	// admitted while it holds fewer. MinWorldSize is how few may carry on
-	// after peers are lost or leave; zero means WorldSize.
-	WorldSize, MinWorldSize int
+	// WorldSize is how many peers the first ring holds. MinWorldSize is
+	// how few may carry on after peers are lost or leave; zero means
+	// WorldSize. MaxWorldSize is how many the ring may grow to as
+	// newcomers are admitted (Elastic Horovod's max_np); zero means
+	// WorldSize.
+	WorldSize, MinWorldSize, MaxWorldSize int
 	// StepTimeout bounds every collective, so that a peer that stalls
 	// fails the step instead of hanging it. Zero means a minute.
 	StepTimeout time.Duration
+	// MaxReforms is how many times in a row the ring may re-form without
+	// a step completing in between before Run stops with
+	// ErrReformBudget: a peer that fails every ring it is in would
+	// otherwise keep the job re-forming for ever. Zero means 5.
+	MaxReforms int
 	// Checkpoint, if set, is where this peer writes its checkpoint (filled
 	// from CheckpointBase) after every epoch, every Run.SaveEvery steps and
 	// when stopped; a checkpoint found there at the start is offered to
@@ -78,9 +88,14 @@ type Job struct {
 	// 3, generation 1", "ring re-formed: …", "ring grew: …").
 	Out io.Writer
 
-	rg   *ring.Ring
-	lost map[string]int // peers lost in re-formations since a step last completed
+	rg     *ring.Ring
+	lost   map[string]int // peers lost in re-formations since a step last completed
+	streak int            // re-formations since a step last completed
 }
+
+// ErrReformBudget means the ring re-formed Job.MaxReforms times in a row
+// without completing a step.
+var ErrReformBudget = errors.New("elastic: the ring keeps failing")
 
 // Rank is this peer's rank in the current ring.
 func (j *Job) Rank() int { return j.rg.Rank() }
@@ -99,20 +114,18 @@ func (j *Job) say(format string, args ...any) {
 
 // Run forms the ring, brings the replica to its starting state (rank 0's
 // parameters, the ring's state on admission, or the most advanced
-// checkpoint the peers agree on), trains, and leaves the ring together with the
-// others. When ctx ends and enough others stay (MinWorldSize), this peer
-// leaves after its next step, the others carry on, and Run returns an
-// error wrapping ErrLeft; otherwise every peer stops after the same step,
-// each with a Checkpoint path writes its checkpoint, and Run returns an
-// error wrapping train.ErrStopped.
+// checkpoint the peers agree on), and trains until the job ends. Training
+// stops whenever the ring must change (train.Interrupted); Run then acts
+// on the event (classify) — re-forms the ring without the peers lost,
+// leaving or lying, or grows it with a newcomer — brings the replicas
+// level, and trains on from there. When ctx ends and enough others stay
+// (MinWorldSize), this peer leaves after its next step, the others carry
+// on, and Run returns an error wrapping ErrLeft; otherwise every peer stops
+// after the same step, each with a Checkpoint path writes its checkpoint,
+// and Run returns an error wrapping train.ErrStopped. At the end every
+// peer leaves the ring together with the others.
 func (j *Job) Run(ctx context.Context) (train.Summary, error) {
-	if j.MinWorldSize <= 0 {
-		j.MinWorldSize = j.WorldSize
-	}
-	if j.StepTimeout <= 0 {
-		j.StepTimeout = time.Minute
-	}
-	j.lost = map[string]int{}
+	j.defaults()
 	// This peer's own checkpoint is read before it joins anyone: one that
 	// does not fit the job, or of a finished run, is this machine's to
 	// mend, and should not take the ring down after it formed.
@@ -125,13 +138,70 @@ func (j *Job) Run(ctx context.Context) (train.Summary, error) {
 		return train.Summary{}, fmt.Errorf("join: %w", err)
 	}
 	j.rg = rg
-	defer func() { j.rg.Close() }() // j.rg changes when the ring re-forms
+	defer func() { j.rg.Close() }() // j.rg changes when the ring does
 	j.say("ring formed: rank %d of %d, generation %d", rg.Rank(), rg.Size(), rg.Generation())
+	rc := j.runConfig(ctx)
+	if rc.Start, err = j.begin(ctx, rc.Replica, admitted, found); err != nil {
+		return train.Summary{}, err
+	}
+	rc.InSync = admitted
+	// The collectives keep their own context, bounded by the step
+	// timeout, so that the last step is not torn in half; ctx's end
+	// reaches the others through the step (train.Replica.Leave).
+	wctx := context.WithoutCancel(ctx)
+	var total train.Summary
+	for {
+		j.Log().Info().Int("world_size", j.rg.Size()).Uint64("generation", j.rg.Generation()).Int("epochs_done", rc.Start.Epochs).
+			Int("steps_done", rc.Start.Steps).Msg("training")
+		sum, err := train.Run(wctx, rc)
+		total = total.Then(sum)
+		ev, ranks := classify(err, j.rg.Rank(), j.rg.Size(), j.MinWorldSize)
+		switch ev {
+		case finished:
+			j.leaveTogether()
+			return total, nil
+		case leaving:
+			return total, j.leaveAlone(ctx, total, rc.Save)
+		case stopped:
+			return total, j.stop(ctx, total, ranks, rc.Save)
+		case failed:
+			return total, err
+		}
+		var in *train.Interrupted
+		errors.As(err, &in)
+		if in.At.Steps > rc.Start.Steps { // a step completed since the ring last changed
+			j.streak = 0
+			clear(j.lost)
+		}
+		if rc.Start, err = j.change(wctx, ev, ranks, in.At, err); err != nil {
+			return total, err
+		}
+		rc.InSync = true
+	}
+}
+
+func (j *Job) defaults() {
+	if j.MinWorldSize <= 0 {
+		j.MinWorldSize = j.WorldSize
+	}
+	if j.MaxWorldSize <= 0 {
+		j.MaxWorldSize = j.WorldSize
+	}
+	if j.StepTimeout <= 0 {
+		j.StepTimeout = time.Minute
+	}
+	if j.MaxReforms <= 0 {
+		j.MaxReforms = 5
+	}
+	j.lost = map[string]int{}
+}
+
+// runConfig is Training with this job's ring, newcomer check, checkpoint
+// writer and stop.
+func (j *Job) runConfig(ctx context.Context) train.RunConfig {
 	rc := j.Training
 	rc.Replica.Coll = j.stepped(nil)
-	rc.MinSize = j.MinWorldSize
-	rc.Reform = j.reform
-	rc.Grow = j.grow
+	rc.Replica.Waiting = j.waiting
 	if rc.OnSkip == nil {
 		rc.OnSkip = func(err error) {
 			j.Log().Warn().Str("why", err.Error()).Msg("step skipped on every rank")
@@ -143,64 +213,149 @@ func (j *Job) Run(ctx context.Context) (train.Summary, error) {
 		// claim far ahead of them can be told for what it is (Resume).
 		rc.Save = func(p train.Position) error { return j.save(rc.Replica, p) }
 	}
-	if admitted {
-		start, err := rc.Replica.Admitted(ctx, rc.Replica.Coll)
-		if err != nil {
-			return train.Summary{}, err
-		}
-		rc.Start, rc.Joined = start, true
-		j.Log().Info().Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).Int("epochs_done", start.Epochs).
-			Int("steps_done", start.Steps).Msg("admitted to the ring; caught up with its parameters and optimizer state")
-	} else if rc.Start, err = j.resume(ctx, rc.Replica, found); err != nil {
-		return train.Summary{}, err
-	}
-	// The collectives keep their own context, bounded by the step
-	// timeout, so that the last step is not torn in half; ctx's end
-	// reaches the others through the step (train.Replica.Leave).
 	rc.Stop = ctx.Done()
-	j.Log().Info().Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).Msg("training")
-	sum, err := train.Run(context.WithoutCancel(ctx), rc)
+	return rc
+}
+
+// begin is where this peer starts: the ring's state if it was admitted to
+// a ring under way, else the checkpoint the peers agree on, or afresh.
+func (j *Job) begin(ctx context.Context, rep *train.Replica, admitted bool, found *train.Checkpoint) (train.Position, error) {
+	if !admitted {
+		return j.resume(ctx, rep, found)
+	}
+	start, err := rep.Admitted(ctx)
+	if err != nil {
+		return start, err
+	}
+	j.Log().Info().Int("world_size", j.rg.Size()).Uint64("generation", j.rg.Generation()).Int("epochs_done", start.Epochs).
+		Int("steps_done", start.Steps).Int("samples_into_epoch", start.Skip).
+		Msg("admitted to the ring; caught up with its parameters, optimizer state and position")
+	return start, nil
+}
+
+// event is what ended a stretch of training, as the owner acts on it.
+type event int
+
+const (
+	finished event = iota // the run reached its last epoch
+	lost                  // a peer was lost or stalled: re-form with the survivors; the step runs again
+	left                  // others left after a step all applied: re-form without them
+	leaving               // this peer leaves; the others carry on without it
+	stopped               // every peer stops after the same step
+	liars                 // ranks were caught lying: re-form without them
+	newcomer              // a newcomer waits: grow the ring
+	failed                // anything else: the job ends here for this peer
+)
+
+var eventNames = [...]string{"finished", "lost", "left", "leaving", "stopped", "liars", "newcomer", "failed"}
+
+func (e event) String() string { return eventNames[e] }
+
+// classify is the owner's decision: what an error of training, or of
+// changing the ring, means for the peer at rank in a ring of size, and
+// the ranks it concerns. Every rank that sees the same error decides
+// alike: the errors carry what the collectives told every rank.
+func classify(err error, rank, size, minSize int) (event, []int) {
 	var leave *train.LeaveError
-	if errors.As(err, &leave) && j.othersStay(leave) {
-		return sum, j.leaveAlone(ctx, sum, rc.Save)
+	var liar *train.LiarError
+	switch {
+	case err == nil:
+		return finished, nil
+	case errors.As(err, &leave):
+		if !leave.OthersCarryOn(size, minSize) {
+			return stopped, leave.Ranks
+		}
+		if slices.Contains(leave.Ranks, rank) {
+			return leaving, leave.Ranks
+		}
+		return left, leave.Ranks
+	case errors.As(err, &liar):
+		if slices.Contains(liar.Ranks, rank) || size-len(liar.Ranks) < max(minSize, 1) {
+			return failed, liar.Ranks
+		}
+		return liars, liar.Ranks
+	case errors.Is(err, train.ErrNewcomer):
+		return newcomer, nil
+	case errors.Is(err, train.ErrCollective):
+		return lost, nil
 	}
-	if err == nil || errors.Is(err, train.ErrStopped) {
-		j.leaveTogether()
+	return failed, nil
+}
+
+// change makes the ring the event calls for — re-formed without the peers
+// lost, leaving or lying, or grown with newcomers — and brings the
+// replicas level at `at`, returning the position they agree on. A failure
+// on the way is an event too: a peer lost while the ring re-forms or
+// levels makes it re-form again, up to MaxReforms in a row; a newcomer
+// that cannot be reached is dropped the same way.
+func (j *Job) change(ctx context.Context, ev event, ranks []int, at train.Position, cause error) (train.Position, error) {
+	for {
+		var err error
+		if ev == newcomer {
+			var grown bool
+			if grown, err = j.grow(ctx, at); err == nil && !grown {
+				return at, nil
+			}
+		} else {
+			if j.streak >= j.MaxReforms {
+				return at, j.budgetError(fmt.Errorf("%w: re-formed %d times in a row without completing a step; the last cause: %w",
+					ErrReformBudget, j.streak, cause))
+			}
+			j.streak++
+			err = j.reform(ctx, ev, ranks, at, cause)
+		}
+		pos := at
+		if err == nil {
+			pos, err = j.Training.Replica.Level(ctx, at, ev != newcomer)
+		}
+		if err == nil {
+			return pos, nil
+		}
+		if ev, ranks = classify(err, j.rg.Rank(), j.rg.Size(), j.MinWorldSize); ev != lost && ev != liars {
+			return at, fmt.Errorf("train: after the ring changed: %w", err)
+		}
+		cause = err
 	}
-	if errors.Is(err, train.ErrReformBudget) {
-		return sum, j.budgetError(err)
+}
+
+// waiting is the replica's Waiting: rank 0 alone says whether a newcomer
+// waits that the ring has room for, so that one peer's view decides.
+func (j *Job) waiting() bool {
+	return j.rg.Rank() == 0 && len(j.admittable()) > 0
+}
+
+// admittable are the standbys this peer would admit now, up to
+// MaxWorldSize.
+func (j *Job) admittable() []string {
+	room := j.MaxWorldSize - j.rg.Size()
+	if room <= 0 {
+		return nil
 	}
-	if !errors.Is(err, train.ErrStopped) {
-		return sum, err
-	}
-	var askedBy []int
-	if leave != nil {
-		askedBy = leave.Ranks
-	}
+	s := j.Members.Standbys()
+	return s[:min(room, len(s))]
+}
+
+// stop ends a run every peer stopped after the same step: the checkpoint
+// is written, and the error says who asked.
+func (j *Job) stop(ctx context.Context, sum train.Summary, askedBy []int, save func(train.Position) error) error {
+	j.leaveTogether()
 	j.Log().Warn().Ints("asked_by_ranks", askedBy).Int("epochs_done", sum.Epochs).Int("steps_done", sum.Steps).
 		Msg("interrupted: every peer stopped after the same step and left the ring")
-	if rc.Save != nil {
-		if serr := rc.Save(sum.Position); serr != nil {
-			return sum, serr
+	if save != nil {
+		if err := save(sum.Position); err != nil {
+			return err
 		}
 	}
 	if ctx.Err() == nil {
-		return sum, fmt.Errorf("stopped after %d steps because rank(s) %v were interrupted: %w", sum.Steps, askedBy, err)
+		return fmt.Errorf("stopped after %d steps because rank(s) %v were interrupted: %w", sum.Steps, askedBy, train.ErrStopped)
 	}
-	return sum, fmt.Errorf("interrupted after %d steps: %w", sum.Steps, ctx.Err())
+	return fmt.Errorf("interrupted after %d steps: %w", sum.Steps, ctx.Err())
 }
 
 // ErrLeft is what Run returns to a peer that left the job while the others
 // carry on without it (Ctrl-C with enough peers left): a leave, not a
 // failure.
 var ErrLeft = errors.New("elastic: this peer left the job; the others carry on")
-
-// othersStay reports whether this peer is among the ranks that asked to
-// leave and enough others stay to carry on without them — what they do
-// (train.RunConfig.Reform), by the same rule, on their side.
-func (j *Job) othersStay(leave *train.LeaveError) bool {
-	return slices.Contains(leave.Ranks, j.rg.Rank()) && leave.OthersCarryOn(j.rg.Size(), j.MinWorldSize)
-}
 
 // leaveAlone ends this peer's part when it left and the others go on: its
 // ring links are drained, not dropped — the step that told the others was
@@ -222,101 +377,123 @@ func (j *Job) leaveAlone(ctx context.Context, sum train.Summary, save func(train
 	return fmt.Errorf("left after %d steps: %w", sum.Steps, ErrLeft)
 }
 
-// reform is train's RunConfig.Reform: the survivors of a failed step, or
-// the peers staying when others leave or are caught lying, agree on the
-// next generation and carry on from the interrupted step.
-func (j *Job) reform(ctx context.Context, cause error, at train.Position) (train.Collective, error) {
+// reform closes the current ring and agrees with the survivors of a
+// failed step, or the peers staying when others leave or are caught
+// lying, on the next generation.
+func (j *Job) reform(ctx context.Context, ev event, ranks []int, at train.Position, cause error) error {
 	began := time.Now()
 	old := j.Members.Members()
 	log := j.Log()
 	j.rg.Close()
 	var gone []int
-	var leave *train.LeaveError
-	var liar *train.LiarError
-	switch {
-	case errors.As(cause, &leave):
-		gone = leave.Ranks
+	switch ev {
+	case left:
+		gone = ranks
 		log.Info().Ints("leaving_ranks", gone).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).Int("world_size", len(old)).
 			Msg("peers are leaving; re-forming the ring without them")
-	case errors.As(cause, &liar):
-		gone = liar.Ranks
-		var names []string
-		for _, r := range gone {
-			names = append(names, old[r])
+	case liars:
+		gone = ranks
+		var why string
+		var liar *train.LiarError
+		if errors.As(cause, &liar) {
+			why = liar.Why
 		}
-		log.Error().Strs("dropped", names).Str("why", liar.Why).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).
+		log.Error().Strs("dropped", pick(old, gone)).Str("why", why).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).
 			Msg("peers told the others what no honest replica could; re-forming the ring without them")
 	default:
 		log.Warn().Str("cause", cause.Error()).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).Int("world_size", len(old)).
-			Msg("a peer was lost during this step; re-forming the ring with the survivors")
+			Msg("a peer was lost; re-forming the ring with the survivors")
 	}
 	rg, err := j.Members.Reform(ctx, j.MinWorldSize, gone)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	j.rg = rg
 	now := j.Members.Members()
-	var lost, left []string
+	var lostNow, leftNow []string
 	for k, p := range old {
 		switch {
 		case slices.Contains(now, p):
-		case leave != nil && slices.Contains(leave.Ranks, k):
-			left = append(left, p)
+		case ev == left && slices.Contains(ranks, k):
+			leftNow = append(leftNow, p)
 		default:
-			lost = append(lost, p)
+			lostNow = append(lostNow, p)
 			j.lost[p]++
 		}
 	}
 	took := time.Since(began).Round(time.Millisecond).String()
-	if len(lost) == 0 && leave != nil {
+	if len(lostNow) == 0 && ev == left {
 		// The step that told the others was applied by all: nothing runs
 		// again.
-		j.Log().Info().Strs("left", left).Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).
+		j.Log().Info().Strs("left", leftNow).Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).
 			Str("took", took).Msg("ring re-formed without the peers that left; carrying on")
-		j.say("ring re-formed: rank %d of %d, generation %d, %d peer(s) left", rg.Rank(), rg.Size(), rg.Generation(), len(left))
+		j.say("ring re-formed: rank %d of %d, generation %d, %d peer(s) left", rg.Rank(), rg.Size(), rg.Generation(), len(leftNow))
 	} else {
-		j.Log().Warn().Strs("lost", lost).Strs("left", left).Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).
+		j.Log().Warn().Strs("lost", lostNow).Strs("left", leftNow).Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).
 			Str("took", took).Msg("ring re-formed without the lost peers; running the step again")
-		j.say("ring re-formed: rank %d of %d, generation %d, %d peer(s) lost", rg.Rank(), rg.Size(), rg.Generation(), len(lost))
+		j.say("ring re-formed: rank %d of %d, generation %d, %d peer(s) lost", rg.Rank(), rg.Size(), rg.Generation(), len(lostNow))
 	}
-	// The moment the new ring has averaged its first gradients is the end
-	// of the outage; its wall-clock time is for bench-elastic.
-	return j.stepped(&onceHook{f: func() {
-		j.Log().Info().Uint64("generation", rg.Generation()).Str("since_the_step_failed", time.Since(began).Round(time.Millisecond).String()).
-			Int64("unix_ms", time.Now().UnixMilli()).Msg("first step of the new generation done")
-	}}), nil
+	j.Training.Replica.Coll = j.stepped(j.firstStep(began))
+	return nil
 }
 
-// grow is train's RunConfig.Grow: after an epoch, rank 0 lets standbys in
-// (peers that arrived late, or replacements for lost ones) while the ring
-// is below the world size; it names them to the others through the ring,
-// tells them, and all re-form with them; they catch up from the ring.
-func (j *Job) grow(ctx context.Context, at train.Position) (train.Collective, error) {
-	members := j.Members.Members()
-	var pick []string
+// firstStep logs the moment the new ring has averaged its first gradients:
+// the end of the outage, in wall-clock time for bench-elastic.
+func (j *Job) firstStep(began time.Time) *onceHook {
+	return &onceHook{f: func() {
+		j.Log().Info().Uint64("generation", j.rg.Generation()).Str("since_the_ring_changed", time.Since(began).Round(time.Millisecond).String()).
+			Int64("unix_ms", time.Now().UnixMilli()).Msg("first step of the new generation done")
+	}}
+}
+
+// grow admits newcomers at a step boundary: rank 0 names the standbys it
+// admits (up to MaxWorldSize) to the others through the ring, tells them,
+// and all re-form with them; they catch up from the ring (Level and
+// train.Replica.Admitted) and the rest of the epoch is shared out among
+// the grown ring. It reports whether the ring grew. A newcomer that cannot
+// be reached fails the growth as a lost peer would (train.ErrCollective):
+// the members re-form without it.
+func (j *Job) grow(ctx context.Context, at train.Position) (bool, error) {
+	var add []string
 	if j.rg.Rank() == 0 {
-		for _, p := range j.Members.Standbys() {
-			if len(members)+len(pick) < j.WorldSize {
-				pick = append(pick, p)
-			}
-		}
+		add = j.admittable()
 	}
-	pick, err := train.BroadcastStrings(ctx, j.stepped(nil), 0, pick, max(j.WorldSize-len(members), 0), maxPeerID)
-	if err != nil || len(pick) == 0 {
-		return nil, err
+	add, err := train.BroadcastStrings(ctx, j.stepped(nil), 0, add, max(j.MaxWorldSize-j.rg.Size(), 0), maxPeerID)
+	if err != nil || len(add) == 0 {
+		return false, err
 	}
 	began := time.Now()
 	admit := j.rg.Rank() == 0
 	j.rg.Close()
-	rg, err := j.Members.Grow(ctx, pick, admit, j.MinWorldSize)
+	rg, err := j.Members.Grow(ctx, add, admit, j.MinWorldSize)
 	if err != nil {
-		return nil, err
+		return false, fmt.Errorf("%w: admitting %v: %w", train.ErrCollective, add, err)
 	}
+	grew := rg.Size() > j.rg.Size()
 	j.rg = rg
-	j.Log().Info().Int("admitted", len(pick)).Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).Int("epochs_done", at.Epochs).
-		Str("took", time.Since(began).Round(time.Millisecond).String()).Msg("ring grew: admitted standbys")
+	j.Training.Replica.Coll = j.stepped(j.firstStep(began))
+	if !grew {
+		// The newcomers vanished before the ring could take them: it
+		// re-formed without them, and trains on as it was.
+		j.Log().Warn().Strs("newcomers", add).Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).
+			Msg("newcomers were gone before they could be admitted; carrying on without them")
+		return true, nil
+	}
+	j.Log().Info().Strs("admitted", add).Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).Int("epoch", at.Epochs+1).
+		Int("steps_done", at.Steps).Str("took", time.Since(began).Round(time.Millisecond).String()).Msg("ring grew: admitted newcomers")
 	j.say("ring grew: rank %d of %d, generation %d", rg.Rank(), rg.Size(), rg.Generation())
-	return j.stepped(nil), nil
+	return true, nil
+}
+
+// pick is the names at ranks.
+func pick(names []string, ranks []int) []string {
+	var out []string
+	for _, k := range ranks {
+		if k >= 0 && k < len(names) {
+			out = append(out, names[k])
+		}
+	}
+	return out
 }
 
 // maxPeerID bounds a peer ID's text on the wire (an Ed25519 one is 52
@@ -363,15 +540,7 @@ func (j *Job) resume(ctx context.Context, rep *train.Replica, found *train.Check
 		return train.Position{}, err
 	}
 	members := j.Members.Members()
-	names := func(ranks []int) []string {
-		var out []string
-		for _, k := range ranks {
-			if k >= 0 && k < len(members) {
-				out = append(out, members[k])
-			}
-		}
-		return out
-	}
+	names := func(ranks []int) []string { return pick(members, ranks) }
 	if len(res.Refused) > 0 {
 		j.Log().Warn().Ints("ranks", res.Refused).Strs("peers", names(res.Refused)).Int("median_step", res.Median).
 			Msg("checkpoints claimed more than one step ahead of the median of those offered: not taken (move the stale ones away to resume from these)")
@@ -443,7 +612,7 @@ func (j *Job) leaveTogether() {
 // stepped is the current ring with the step timeout on every collective;
 // first, if set, runs after the first AllreduceMean that succeeds.
 func (j *Job) stepped(first *onceHook) train.Collective {
-	return steppedRing{Ring: j.rg, timeout: j.StepTimeout, first: first, done: func() { clear(j.lost) }}
+	return steppedRing{Ring: j.rg, timeout: j.StepTimeout, first: first}
 }
 
 // steppedRing gives every collective the step timeout, so a neighbour that
@@ -452,7 +621,6 @@ type steppedRing struct {
 	*ring.Ring
 	timeout time.Duration
 	first   *onceHook // if set, runs after the first AllreduceMean that succeeds
-	done    func()    // after every AllreduceMean that succeeds: a step completed
 }
 
 // onceHook runs f once.
@@ -465,17 +633,14 @@ func (s steppedRing) AllreduceMean(ctx context.Context, buf []float32) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	err := s.Ring.AllreduceMean(ctx, buf)
-	if err == nil {
-		s.done()
-		if s.first != nil {
-			s.first.once.Do(s.first.f)
-		}
+	if err == nil && s.first != nil {
+		s.first.once.Do(s.first.f)
 	}
 	return err
 }
 
 // AllreduceMeanAs is the narrowed gradients' part of a step; the step's
-// float32 trailer follows in an AllreduceMean, which marks it done.
+// float32 trailer follows in an AllreduceMean.
 func (s steppedRing) AllreduceMeanAs(ctx context.Context, buf []float32, enc ring.Encoding) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()

@@ -1,0 +1,535 @@
+package elastic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/ringtrain/ringtrain/data"
+	"github.com/ringtrain/ringtrain/ring"
+	"github.com/ringtrain/ringtrain/train"
+)
+
+// errKilled is how a killed peer's part ends.
+var errKilled = errors.New("killed")
+
+// world is a fake of the p2p layer for the owner's tests: it hands out
+// in-memory rings, one generation after another, to the peers that ask
+// for the same change, and kills peers on cue — in a step, while the ring
+// re-forms, while it admits them.
+type world struct {
+	t       *testing.T
+	mu      sync.Mutex
+	cond    *sync.Cond
+	gen     uint64
+	members []string // the current ring, in rank order
+	rings   map[string]*ring.Ring
+	dead    map[string]bool
+	standby []string
+	pending *change
+	// killOnReform kills a peer when it asks to re-form; killOnAdmit a
+	// newcomer when the ring grows to take it; leaveOnReform cancels a
+	// peer's context (Ctrl-C) when it asks to re-form.
+	killOnReform, killOnAdmit map[string]bool
+	leaveOnReform             map[string]context.CancelFunc
+}
+
+// change is a ring being made: the peers it wants, and those that came.
+type change struct {
+	want []string
+	came map[string]chan *ring.Ring
+}
+
+func newWorld(t *testing.T, names []string) *world {
+	w := &world{t: t, gen: 1, members: slices.Clone(names), rings: map[string]*ring.Ring{}, dead: map[string]bool{},
+		killOnReform: map[string]bool{}, killOnAdmit: map[string]bool{}, leaveOnReform: map[string]context.CancelFunc{}}
+	w.cond = sync.NewCond(&w.mu)
+	ts := ring.MemRing(len(names))
+	for i, n := range names {
+		r, err := ring.New(ts[i], ring.Config{Rank: i, Size: len(names), Generation: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.rings[n] = r
+	}
+	return w
+}
+
+// kill ends a peer as SIGKILL would: its links close under its
+// neighbours, and it is in no ring made after.
+func (w *world) kill(name string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.killLocked(name)
+}
+
+// breakRing closes a peer's current ring, and only that.
+func (w *world) breakRing(name string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.rings[name].Close()
+}
+
+func (w *world) killLocked(name string) {
+	w.dead[name] = true
+	if r := w.rings[name]; r != nil {
+		r.Close()
+	}
+	w.standby = slices.DeleteFunc(w.standby, func(s string) bool { return s == name })
+	if c := w.pending; c != nil {
+		c.want = slices.DeleteFunc(c.want, func(s string) bool { return s == name })
+		w.completeLocked()
+	}
+	w.cond.Broadcast()
+}
+
+// join asks for the ring want (when no change is under way yet) and waits
+// until every live peer it wants has come.
+func (w *world) join(ctx context.Context, name string, want func() []string) (*ring.Ring, error) {
+	w.mu.Lock()
+	if w.dead[name] {
+		w.mu.Unlock()
+		return nil, errKilled
+	}
+	if w.pending == nil {
+		w.pending = &change{want: want(), came: map[string]chan *ring.Ring{}}
+		w.cond.Broadcast() // standbys look for a change that wants them
+	}
+	ch := make(chan *ring.Ring, 1)
+	w.pending.came[name] = ch
+	w.completeLocked()
+	w.mu.Unlock()
+	select {
+	case r := <-ch:
+		if r == nil {
+			return nil, errors.New("world: too few peers for the next ring")
+		}
+		return r, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(20 * time.Second):
+		return nil, errors.New("world: the other peers never came")
+	}
+}
+
+// completeLocked makes the pending ring once every peer it wants came.
+func (w *world) completeLocked() {
+	c := w.pending
+	for _, n := range c.want {
+		if c.came[n] == nil {
+			return
+		}
+	}
+	w.pending = nil
+	w.gen++
+	slices.Sort(c.want)
+	ts := ring.MemRing(len(c.want))
+	for i, n := range c.want {
+		r, err := ring.New(ts[i], ring.Config{Rank: i, Size: len(c.want), Generation: w.gen})
+		if err != nil {
+			w.t.Error(err)
+		}
+		w.rings[n] = r
+		c.came[n] <- r
+	}
+	for n, ch := range c.came {
+		if !slices.Contains(c.want, n) {
+			ch <- nil
+		}
+	}
+	w.members = c.want
+	w.standby = slices.DeleteFunc(w.standby, func(s string) bool { return slices.Contains(c.want, s) })
+	w.cond.Broadcast()
+}
+
+func (w *world) alive(names []string) []string {
+	return slices.DeleteFunc(slices.Clone(names), func(n string) bool { return w.dead[n] })
+}
+
+// member is one peer's Membership in the world.
+type member struct {
+	w    *world
+	name string
+	cur  []string
+}
+
+func (m *member) Form(ctx context.Context) (*ring.Ring, bool, error) {
+	w := m.w
+	w.mu.Lock()
+	if r := w.rings[m.name]; r != nil {
+		m.cur = slices.Clone(w.members)
+		w.mu.Unlock()
+		return r, false, nil
+	}
+	// A newcomer: a standby until a growth wants it.
+	w.standby = append(w.standby, m.name)
+	late := false
+	timer := time.AfterFunc(20*time.Second, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		late = true
+		w.cond.Broadcast()
+	})
+	defer timer.Stop()
+	for w.pending == nil || !slices.Contains(w.pending.want, m.name) {
+		if late {
+			w.mu.Unlock()
+			return nil, false, errors.New("world: never admitted")
+		}
+		w.cond.Wait()
+	}
+	if w.killOnAdmit[m.name] {
+		w.killLocked(m.name)
+		w.mu.Unlock()
+		return nil, false, errKilled
+	}
+	w.mu.Unlock()
+	r, err := w.join(ctx, m.name, nil)
+	m.cur = w.current()
+	return r, true, err
+}
+
+func (w *world) current() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.members)
+}
+
+func (m *member) Reform(ctx context.Context, minSize int, gone []int) (*ring.Ring, error) {
+	w := m.w
+	w.mu.Lock()
+	if w.killOnReform[m.name] {
+		w.killLocked(m.name)
+	}
+	if cancel := w.leaveOnReform[m.name]; cancel != nil {
+		cancel()
+	}
+	w.mu.Unlock()
+	out := pick(m.cur, gone)
+	r, err := w.join(ctx, m.name, func() []string {
+		return slices.DeleteFunc(w.alive(m.cur), func(n string) bool { return slices.Contains(out, n) })
+	})
+	if err == nil && r.Size() < minSize {
+		r.Close()
+		return nil, fmt.Errorf("world: %d peers left, fewer than %d", r.Size(), minSize)
+	}
+	m.cur = w.current()
+	return r, err
+}
+
+func (m *member) Grow(ctx context.Context, add []string, admit bool, minSize int) (*ring.Ring, error) {
+	r, err := m.w.join(ctx, m.name, func() []string { return m.w.alive(append(slices.Clone(m.cur), add...)) })
+	m.cur = m.w.current()
+	return r, err
+}
+
+func (m *member) Standbys() []string {
+	m.w.mu.Lock()
+	defer m.w.mu.Unlock()
+	return slices.Sorted(slices.Values(m.w.standby))
+}
+
+func (m *member) Members() []string { return m.cur }
+
+// killer is a model whose peer is killed in its n-th forward pass — or,
+// with brk, whose ring breaks in that pass and every one after.
+type killer struct {
+	train.Model
+	n         int
+	kill, brk func()
+}
+
+func (k *killer) ForwardBackward(x []float32, y []int, n int) (float32, error) {
+	switch k.n--; {
+	case k.n == 0 && k.kill != nil:
+		k.kill()
+		return 0, errKilled
+	case k.n <= 0 && k.brk != nil:
+		k.brk()
+	}
+	return k.Model.ForwardBackward(x, y, n)
+}
+
+// peerPlan is what happens to one peer in an owner test.
+type peerPlan struct {
+	killAtStep  int // killed in this forward pass (counted from 1)
+	breakFrom   int // breaks its ring in this forward pass and every one after
+	leaveAtStep int // Ctrl-C'd after this step
+	arriveAt    int // a newcomer, started once peer 0 has run this many steps
+}
+
+// accounting counts, per epoch, how often each sample was trained.
+type accounting struct {
+	mu   sync.Mutex
+	seen []map[int]int
+}
+
+func (a *accounting) trained(epoch int, index []int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for len(a.seen) <= epoch {
+		a.seen = append(a.seen, map[int]int{})
+	}
+	for _, k := range index {
+		a.seen[epoch][k]++
+	}
+}
+
+// check says what is wrong with the counts: a sample of an epoch never
+// trained, or more repeats than padding explains. As with PyTorch's
+// DistributedSampler, a share of the epoch that does not divide among the
+// ranks is padded from the permutation's start, so that every rank runs
+// the same steps: each ring (segments of them per epoch, at most maxWorld
+// ranks) repeats at most maxWorld−1 samples.
+func (a *accounting) check(epochs, n, segments, maxWorld int) error {
+	if len(a.seen) != epochs {
+		return fmt.Errorf("%d epochs trained; want %d", len(a.seen), epochs)
+	}
+	for e, got := range a.seen {
+		repeats := 0
+		for k := range n {
+			switch c := got[k]; {
+			case c == 0:
+				return fmt.Errorf("epoch %d: sample %d never trained", e+1, k)
+			case c > 2:
+				return fmt.Errorf("epoch %d: sample %d trained %d times", e+1, k, c)
+			case c == 2:
+				repeats++
+			}
+		}
+		if repeats > segments*(maxWorld-1) {
+			return fmt.Errorf("epoch %d: %d samples trained twice; padding explains at most %d", e+1, repeats, segments*(maxWorld-1))
+		}
+		if len(got) != n {
+			return fmt.Errorf("epoch %d: indices outside the dataset trained", e+1)
+		}
+	}
+	return nil
+}
+
+// ownerRun runs the peers of plans (the first world of them forming the
+// first ring) as Jobs over one world, two epochs of the test subset, and
+// returns their summaries, errors, the log and the sample accounting.
+func ownerRun(t *testing.T, world0, minWorld, maxWorld int, plans []peerPlan, setup func(*world, []string, []context.CancelFunc)) ([]train.Summary, []error, string, *accounting) {
+	t.Helper()
+	names := make([]string, len(plans))
+	for i := range names {
+		names[i] = fmt.Sprintf("peer-%d", i)
+	}
+	w := newWorld(t, names[:world0])
+	cfg, err := data.LoadConfig("../../testdata/data-config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	split, err := cfg.Load("train")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log lockedBuffer
+	acct := &accounting{}
+	sums := make([]train.Summary, len(plans))
+	errs := make([]error, len(plans))
+	ctxs := make([]context.Context, len(plans))
+	cancels := make([]context.CancelFunc, len(plans))
+	for i := range plans {
+		ctxs[i], cancels[i] = context.WithCancel(context.Background())
+		t.Cleanup(cancels[i])
+	}
+	if setup != nil {
+		setup(w, names, cancels)
+	}
+	progress := make(chan int, 1024) // peer 0's steps, for newcomers to start by
+	var wg sync.WaitGroup
+	for i, p := range plans {
+		spec := train.ModelConfig{Spec: train.MLPSpec(784, []int{16}, 10), Batch: 16, Seed: uint64(i + 1)}
+		m, err := train.NewModel(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		var model train.Model = m
+		switch {
+		case p.killAtStep > 0:
+			model = &killer{Model: m, n: p.killAtStep, kill: func() { w.kill(names[i]) }}
+		case p.breakFrom > 0:
+			model = &killer{Model: m, n: p.breakFrom, brk: func() { w.breakRing(names[i]) }}
+		}
+		job := &Job{Members: &member{w: w, name: names[i]}, WorldSize: world0, MinWorldSize: minWorld, MaxWorldSize: maxWorld,
+			StepTimeout: 10 * time.Second, Logger: zerolog.New(&log).With().Str("peer", names[i]).Logger()}
+		rep := train.NewReplica(model, &train.SGD{LR: 0.05, Momentum: 0.9}, nil)
+		job.Training = train.RunConfig{Replica: rep, Epochs: 2, Classes: 10, Trained: acct.trained, ProgressEvery: 1,
+			Train: &data.Loader{Split: split, BatchSize: 16, Seed: 1, Sampler: data.Sampler{N: split.Len(), World: 1, Seed: 1, Shuffle: true}}}
+		job.Training.Progress = func(pr train.Progress) {
+			if i == 0 && !pr.EpochDone {
+				select {
+				case progress <- pr.Stats.Steps:
+				default:
+				}
+			}
+			if p.leaveAtStep > 0 && pr.Stats.Steps >= p.leaveAtStep {
+				cancels[i]()
+			}
+		}
+		wg.Go(func() {
+			if p.arriveAt > 0 {
+				for s := range progress {
+					if s >= p.arriveAt {
+						break
+					}
+				}
+			}
+			sums[i], errs[i] = job.Run(ctxs[i])
+		})
+	}
+	wg.Wait()
+	return sums, errs, log.String(), acct
+}
+
+// TestOwnerTransitions drives every transition of the owner from a table:
+// a peer lost during a step, during a re-formation and during an
+// admission; a leave during a step and during a re-formation; a newcomer
+// during a step and during a re-formation. In each, the peers that stay
+// finish with the same parameters, the others end as they should, and
+// every sample of both epochs is trained exactly once across the world.
+func TestOwnerTransitions(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		world0, min  int
+		max          int
+		plans        []peerPlan
+		setup        func(*world, []string, []context.CancelFunc)
+		ended        map[int]error // peers whose part ends early, and how
+		wantLog      []string
+		wantFinalLen int // the ring's size at the end
+	}{
+		{name: "lost during a step", world0: 3, min: 2, plans: []peerPlan{{}, {}, {killAtStep: 7}},
+			ended: map[int]error{2: errKilled}, wantLog: []string{"ring re-formed without the lost peers"}, wantFinalLen: 2},
+		{name: "lost during a re-formation", world0: 4, min: 2, plans: []peerPlan{{}, {}, {killAtStep: 7}, {}},
+			setup: func(w *world, n []string, _ []context.CancelFunc) { w.killOnReform[n[3]] = true },
+			ended: map[int]error{2: errKilled, 3: errKilled}, wantFinalLen: 2},
+		{name: "leave during a step", world0: 3, min: 2, plans: []peerPlan{{}, {leaveAtStep: 5}, {}},
+			ended: map[int]error{1: ErrLeft}, wantLog: []string{"ring re-formed without the peers that left; carrying on"}, wantFinalLen: 2},
+		{name: "leave during a re-formation", world0: 4, min: 2, plans: []peerPlan{{}, {}, {killAtStep: 7}, {}},
+			setup: func(w *world, n []string, c []context.CancelFunc) { w.leaveOnReform[n[1]] = c[1] },
+			ended: map[int]error{1: ErrLeft, 2: errKilled}, wantFinalLen: 2},
+		{name: "newcomer during a step", world0: 2, min: 2, max: 3, plans: []peerPlan{{}, {}, {arriveAt: 10}},
+			wantLog: []string{"ring grew: admitted newcomers", "admitted to the ring"}, wantFinalLen: 3},
+		{name: "newcomer during a re-formation", world0: 3, min: 2, max: 3, plans: []peerPlan{{}, {}, {killAtStep: 7}, {arriveAt: 6}},
+			ended: map[int]error{2: errKilled}, wantLog: []string{"ring grew: admitted newcomers"}, wantFinalLen: 3},
+		{name: "lost during an admission", world0: 2, min: 2, max: 3, plans: []peerPlan{{}, {}, {arriveAt: 10}},
+			setup: func(w *world, n []string, _ []context.CancelFunc) { w.killOnAdmit[n[2]] = true },
+			ended: map[int]error{2: errKilled}, wantFinalLen: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sums, errs, log, acct := ownerRun(t, tc.world0, tc.min, tc.max, tc.plans, tc.setup)
+			var hash string
+			stayed := 0
+			for i, err := range errs {
+				if want, ok := tc.ended[i]; ok {
+					if !errors.Is(err, want) {
+						t.Errorf("peer %d: %v; want %v", i, err, want)
+					}
+					continue
+				}
+				if err != nil {
+					t.Fatalf("peer %d: %v\n%s", i, err, log)
+				}
+				if hash == "" {
+					hash = sums[i].ParamHash
+				}
+				if sums[i].ParamHash != hash || sums[i].Epochs != 2 {
+					t.Errorf("peer %d ends at epoch %d with %.16s; want 2 and %.16s", i, sums[i].Epochs, sums[i].ParamHash, hash)
+				}
+				stayed++
+			}
+			if stayed != tc.wantFinalLen {
+				t.Errorf("%d peers finished; want %d", stayed, tc.wantFinalLen)
+			}
+			for _, s := range tc.wantLog {
+				if !strings.Contains(log, s) {
+					t.Errorf("the log lacks %q:\n%s", s, log)
+				}
+			}
+			if strings.Contains(log, "lost") && tc.name == "leave during a step" {
+				t.Errorf("a leave was logged as a loss:\n%s", log)
+			}
+			if err := acct.check(2, 2000, 2, max(tc.world0, tc.max)); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+// TestOwnerAccountingThroughThreeEvents: a newcomer, a leave and a loss in
+// one run of two epochs; every sample of each epoch is trained exactly
+// once across the world, and the three peers left end alike.
+func TestOwnerAccountingThroughThreeEvents(t *testing.T) {
+	plans := []peerPlan{{}, {leaveAtStep: 20}, {}, {killAtStep: 40}, {arriveAt: 10}}
+	sums, errs, log, acct := ownerRun(t, 4, 2, 5, plans, nil)
+	if !errors.Is(errs[1], ErrLeft) || !errors.Is(errs[3], errKilled) {
+		t.Errorf("the leaver: %v; the killed: %v", errs[1], errs[3])
+	}
+	for _, i := range []int{0, 2, 4} {
+		if errs[i] != nil || sums[i].ParamHash != sums[0].ParamHash {
+			t.Fatalf("peer %d: %v, %.16s; want rank 0's %.16s\n%s", i, errs[i], sums[i].ParamHash, sums[0].ParamHash, log)
+		}
+	}
+	for _, s := range []string{"ring grew: admitted newcomers", "ring re-formed without the peers that left", "ring re-formed without the lost peers"} {
+		if !strings.Contains(log, s) {
+			t.Errorf("the log lacks %q", s)
+		}
+	}
+	if err := acct.check(2, 2000, 4, 5); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestOwnerReformBudget: a peer that breaks every ring it is in (it
+// stays alive, so it is in every ring) stops the job after MaxReforms
+// re-formations in a row with ErrReformBudget, rather than re-forming for
+// ever.
+func TestOwnerReformBudget(t *testing.T) {
+	_, errs, log, _ := ownerRun(t, 3, 2, 0, []peerPlan{{}, {}, {breakFrom: 5}}, nil)
+	for i, err := range errs {
+		if !errors.Is(err, ErrReformBudget) {
+			t.Errorf("peer %d: %v; want ErrReformBudget\n%s", i, err, log)
+		}
+	}
+}
+
+// TestClassify: what the owner makes of each way training ends, for the
+// peer at rank 1 of a ring of 4 with a minimum of 3.
+func TestClassify(t *testing.T) {
+	lostStep := &train.Interrupted{Cause: fmt.Errorf("%w: averaging gradients: %w", train.ErrCollective, errKilled)}
+	for _, tc := range []struct {
+		name  string
+		err   error
+		want  event
+		ranks []int
+	}{
+		{"the run ended", nil, finished, nil},
+		{"a peer lost in a step", lostStep, lost, nil},
+		{"a peer lost while levelling", fmt.Errorf("%w: comparing states: %w", train.ErrCollective, errKilled), lost, nil},
+		{"another leaves, enough stay", &train.Interrupted{Cause: &train.LeaveError{Ranks: []int{2}}}, left, []int{2}},
+		{"this one leaves, enough stay", &train.Interrupted{Cause: &train.LeaveError{Ranks: []int{1}}}, leaving, []int{1}},
+		{"two leave, too few stay", &train.Interrupted{Cause: &train.LeaveError{Ranks: []int{1, 2}}}, stopped, []int{1, 2}},
+		{"a leave with a skipped step", &train.Interrupted{Cause: errors.Join(train.ErrNonFinite, &train.LeaveError{Ranks: []int{3}})}, left, []int{3}},
+		{"another lies", &train.LiarError{Ranks: []int{0}}, liars, []int{0}},
+		{"this one is named a liar", &train.LiarError{Ranks: []int{1}}, failed, []int{1}},
+		{"too many liars to carry on", &train.LiarError{Ranks: []int{0, 2}}, failed, []int{0, 2}},
+		{"a newcomer waits", &train.Interrupted{Cause: train.ErrNewcomer}, newcomer, nil},
+		{"a model error", errors.New("engine: out of memory"), failed, nil},
+	} {
+		ev, ranks := classify(tc.err, 1, 4, 3)
+		if ev != tc.want || !slices.Equal(ranks, tc.ranks) {
+			t.Errorf("%s: %v %v; want %v %v", tc.name, ev, ranks, tc.want, tc.ranks)
+		}
+	}
+}
