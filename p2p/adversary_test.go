@@ -305,3 +305,50 @@ func TestFailedPeerIsTriedAgainWhenVouchedFor(t *testing.T) {
 		t.Errorf("pending %v after a verified peer vouched for %s, whose hello failed a while ago; want it greeted again", n.pending, failed)
 	}
 }
+
+// TestRestartedPeerIsNewsAgain: a peer started again with the same identity
+// knows nothing of what its last process was told, and the others knew it
+// as one of theirs. A hello of a new incarnation makes it news both ways:
+// the node tells it of every member again (with addresses), and tells the
+// other members of it. Before, neither happened: the restarted peer could
+// not reach rank 0 ("no addresses") and rank 0 never heard of it, so it
+// waited as a standby until the job ended.
+func TestRestartedPeerIsNewsAgain(t *testing.T) {
+	hs, n, m := nodeAndMember(t, 3)
+	other := hs[2].ID()
+	first := m.hello(hs[0].ID(), nil, false)
+	first.Incarnation = 100
+	n.learn(m.ID(), first)
+	n.mu.Lock()
+	pi := n.peers[m.ID()]
+	if pi == nil || !pi.verified {
+		n.mu.Unlock()
+		t.Fatal("the member's hello did not verify it")
+	}
+	n.peers[other] = &peerInfo{verified: true, seen: time.Now(), knows: map[peer.ID]bool{m.ID(): true}, hasStmt: map[peer.ID]uint64{m.ID(): 3}}
+	n.stmts[other] = &signed{}
+	pi.knows[other] = true
+	n.mu.Unlock()
+	for _, tc := range []struct {
+		incarnation uint64
+		reborn      bool
+	}{
+		{100, false}, // the same process again
+		{0, false},   // a hello that says nothing of it
+		{200, true},  // started again
+	} {
+		h := m.hello(hs[0].ID(), nil, false)
+		h.Incarnation = tc.incarnation
+		n.learn(m.ID(), h)
+		n.mu.Lock()
+		news := n.newsLocked(m.ID(), pi)
+		otherKnows := n.peers[other].knows[m.ID()]
+		n.mu.Unlock()
+		if got := slices.Contains(news, other); got != tc.reborn {
+			t.Errorf("incarnation %d: the other member is news to it = %v; want %v", tc.incarnation, got, tc.reborn)
+		}
+		if otherKnows == tc.reborn {
+			t.Errorf("incarnation %d: the other member knows of it = %v; want %v", tc.incarnation, otherKnows, !tc.reborn)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -132,6 +133,9 @@ type peerInfo struct {
 	toldAt   time.Time
 	knows    map[peer.ID]bool
 	heard    uint64 // the highest Seq of its proposals this node took
+	// incarnation is the Incarnation of its hellos: a new one is a new
+	// process of the same peer.
+	incarnation uint64
 	// hasStmt: the Seq of each member's statement it has (we told it, or
 	// it told us).
 	hasStmt map[peer.ID]uint64
@@ -174,23 +178,25 @@ type Node struct {
 	// 181 ms in bench-elastic).
 	relay chan struct{}
 
-	mu       sync.Mutex
-	peers    map[peer.ID]*peerInfo
-	propVer  int                 // our proposal's version: bumped when it changes
-	seq0     uint64              // Seq of version 0: when the node started, so a restarted peer's Seqs rise still
-	nearby   []peer.ID           // connected peers that speak the hello protocol, not yet greeted
-	busy     map[peer.ID]bool    // a hello to it is under way
-	lastProp Proposal            // the proposal of version propVer
-	stmts    map[peer.ID]*signed // the newest statement of each verified peer, ours included
-	learnt   time.Time           // when the first formation last learned something
-	dhtOn    chan struct{}       // closed once the DHT is used (see discoverLoop)
-	dhtOnce  sync.Once
-	refusals []error    // why peers refused us, one per peer
-	pending  []peer.ID  // vouched for by a verified peer, not yet greeted
-	join     *Agreement // the first formation
-	reform   *Agreement // the latest re-formation, if any
-	current  *Formation // the ring this node is in
-	admitted chan *Formation
+	mu          sync.Mutex
+	passing     bool   // passOn runs
+	incarnation uint64 // this process's Hello.Incarnation: random, so it tells nothing
+	peers       map[peer.ID]*peerInfo
+	propVer     int                 // our proposal's version: bumped when it changes
+	seq0        uint64              // Seq of version 0: when the node started, so a restarted peer's Seqs rise still
+	nearby      []peer.ID           // connected peers that speak the hello protocol, not yet greeted
+	busy        map[peer.ID]bool    // a hello to it is under way
+	lastProp    Proposal            // the proposal of version propVer
+	stmts       map[peer.ID]*signed // the newest statement of each verified peer, ours included
+	learnt      time.Time           // when the first formation last learned something
+	dhtOn       chan struct{}       // closed once the DHT is used (see discoverLoop)
+	dhtOnce     sync.Once
+	refusals    []error    // why peers refused us, one per peer
+	pending     []peer.ID  // vouched for by a verified peer, not yet greeted
+	join        *Agreement // the first formation
+	reform      *Agreement // the latest re-formation, if any
+	current     *Formation // the ring this node is in
+	admitted    chan *Formation
 }
 
 // NewNode registers the hello protocol on h and starts advertising the job
@@ -206,15 +212,16 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 	}
 	n := &Node{
 		h: h, job: job, key: jobKey(job), cfg: cfg, priv: priv, stmts: map[peer.ID]*signed{}, learnt: time.Now(), dhtOn: make(chan struct{}),
-		warns:    newWarnLimiter(cfg.Logger),
-		ns:       "ringtrain/job/" + job.Name,
-		kick:     make(chan struct{}, 1),
-		relay:    make(chan struct{}, 1),
-		peers:    map[peer.ID]*peerInfo{},
-		busy:     map[peer.ID]bool{},
-		join:     NewJoinAgreement(h.ID(), job.WorldSize, cfg.MaxPeers),
-		admitted: make(chan *Formation, 1),
-		seq0:     uint64(time.Now().UnixNano()),
+		warns:       newWarnLimiter(cfg.Logger),
+		ns:          "ringtrain/job/" + job.Name,
+		kick:        make(chan struct{}, 1),
+		relay:       make(chan struct{}, 1),
+		peers:       map[peer.ID]*peerInfo{},
+		busy:        map[peer.ID]bool{},
+		join:        NewJoinAgreement(h.ID(), job.WorldSize, cfg.MaxPeers),
+		admitted:    make(chan *Formation, 1),
+		seq0:        uint64(time.Now().UnixNano()),
+		incarnation: rand.Uint64() | 1, // never 0, which says nothing
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.mu.Lock()
@@ -349,7 +356,7 @@ func (n *Node) Join(ctx context.Context) (*Formation, error) {
 				n.mu.Lock()
 				if n.ctx.Err() == nil {
 					n.keepMembersLocked(f.Members)
-					n.wg.Go(n.passOn)
+					n.passOnLocked()
 					n.useDHT() // so that peers who come later find the job
 				}
 				n.mu.Unlock()
@@ -381,12 +388,32 @@ func (n *Node) passOn() {
 		if n.exchangeNews() {
 			idle = time.Now()
 		} else if time.Since(idle) >= n.cfg.Stall {
-			return
+			// Ends under the lock, so that news that comes meanwhile
+			// either is seen here or starts passOn again (passOnLocked).
+			n.mu.Lock()
+			lacking := n.exchangeNewsLocked()
+			if !lacking {
+				n.passing = false
+			}
+			n.mu.Unlock()
+			if !lacking {
+				return
+			}
+			idle = time.Now()
 		}
 		if _, err := n.waitOn(n.ctx, n.relay, n.cfg.Interval); err != nil {
 			return
 		}
 	}
+}
+
+// passOnLocked starts passOn unless it runs. n.mu held.
+func (n *Node) passOnLocked() {
+	if n.passing || n.ctx.Err() != nil {
+		return
+	}
+	n.passing = true
+	n.wg.Go(n.passOn)
 }
 
 // exchangeNews greets the verified peers we talk to that lack members or
@@ -395,6 +422,10 @@ func (n *Node) passOn() {
 func (n *Node) exchangeNews() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return n.exchangeNewsLocked()
+}
+
+func (n *Node) exchangeNewsLocked() bool {
 	if n.ctx.Err() != nil {
 		return false
 	}
@@ -636,6 +667,29 @@ func (n *Node) forgetLocked() {
 	}
 }
 
+// rebornLocked forgets what a peer's last process was told and what the
+// others were told of it: the same identity, started again, knows no
+// member's address, and the members that knew it as one of theirs must
+// hear of it again — as a newcomer, to admit it. n.mu held.
+func (n *Node) rebornLocked(p peer.ID, pi *peerInfo) {
+	clear(pi.knows)
+	clear(pi.hasStmt)
+	pi.toldProp, pi.toldAt, pi.heard = 0, time.Time{}, 0
+	for _, qi := range n.peers {
+		delete(qi.knows, p)
+		delete(qi.hasStmt, p)
+	}
+	n.cfg.Logger.Info().Stringer("peer", p).Msg("a peer started again with the same identity: it is news to the others")
+	if n.current != nil {
+		// Formed: passOn may have ended, and only it tells the others.
+		n.passOnLocked()
+		select {
+		case n.relay <- struct{}{}:
+		default:
+		}
+	}
+}
+
 // unreachable backs off from a peer whose hello failed: 2 s, then doubling
 // up to a minute.
 func (n *Node) unreachable(p peer.ID) {
@@ -776,7 +830,7 @@ func (n *Node) newsLocked(p peer.ID, pi *peerInfo) []peer.ID {
 func (n *Node) helloTo(p peer.ID) (*Hello, told) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	h := &Hello{Version: ProtocolVersion, Proof: proof(n.key, n.h.ID(), p)}
+	h := &Hello{Version: ProtocolVersion, Proof: proof(n.key, n.h.ID(), p), Incarnation: n.incarnation}
 	pi := n.peers[p]
 	if pi == nil || !pi.verified {
 		return h, told{prop: -1}
@@ -840,6 +894,13 @@ func (n *Node) learn(from peer.ID, h *Hello) (changed bool) {
 	}
 	pi.seen = time.Now()
 	pi.deadUntil, pi.deadFor = time.Time{}, 0 // it answers: greet it again at once
+	if h.Incarnation != 0 && h.Incarnation != pi.incarnation {
+		if pi.incarnation != 0 {
+			n.rebornLocked(from, pi)
+			changed = true
+		}
+		pi.incarnation = h.Incarnation
+	}
 	if !pi.verified {
 		n.verifyLocked(pi)
 		changed = true

@@ -67,6 +67,11 @@ type Hello struct {
 	// proposal older than one it holds, as hellos cross — an answer written
 	// before its sender changed its mind can arrive after its next hello.
 	Seq uint64 `json:"seq,omitempty"`
+	// Incarnation tells the sender's processes apart: it is new each time
+	// the peer starts. A peer restarted with the same identity knows
+	// nothing of what its last process was told, and the others know
+	// nothing of it as a newcomer: a new incarnation makes both news again.
+	Incarnation uint64 `json:"inc,omitempty"`
 	// Statements are the sender's own signed proposal and the newest it
 	// holds of other members (see Statement) — sent only to verified peers;
 	// Rings are the member lists they refer to, each once.

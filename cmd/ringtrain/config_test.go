@@ -39,12 +39,13 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 	// The hash of a plain config is pinned, so a change to it is seen: it
 	// is the SHA-256 of the job spec's canonical JSON, so any change to
 	// that form makes peers of two versions refuse each other.
-	if want := "f333d3c7cf646c79b3264e935091dda3611e7b34e14f09f15552a43617779c4a"; plain != want {
+	if want := "afcbfc1dea9a7b6874d93e06e61cafac6410ed4b5eaa4ba1851af91afe3a9f94"; plain != want {
 		t.Errorf("config hash %s; want %s", plain, want)
 	}
 	for _, bad := range []string{`, "grad_norm_guard": 1`, `, "grad_norm_guard": -3`, `, "compression": "zip"`, `, "bucket_mb": -1`, `, "bucket_mb": "25"`,
 		`, "sync": {"every": 0, "outer": {"lr": 0.7}}`, `, "sync": {"every": 5, "outer": {"name": "adam", "lr": 0.7}}`,
-		`, "sync": {"every": 5}`, `, "sync": {"every": 5, "outer": {"lr": 0.7, "momentum": 1}}`, `, "request_size": 9000`, `, "request_size": -1`} {
+		`, "sync": {"every": 5}`, `, "sync": {"every": 5, "outer": {"lr": 0.7, "momentum": 1}}`, `, "request_size": 9000`, `, "request_size": -1`,
+		`, "max_world_size": 3`, `, "max_world_size": 5000`, `, "world_size": 5000`} {
 		p := filepath.Join(t.TempDir(), "job.json")
 		if err := os.WriteFile(p, []byte("{"+base+bad+"}"), 0o644); err != nil {
 			t.Fatal(err)
@@ -59,6 +60,8 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 	}{
 		{`, "min_world_size": 3`, false},
 		{`, "min_world_size": 4`, true}, // the default, written out
+		{`, "max_world_size": 6`, false},
+		{`, "max_world_size": 4`, true}, // the default, written out
 		{`, "seed": 2`, false},
 		{`, "grad_norm_guard": 10`, false},
 		{`, "grad_norm_guard": 0`, true}, // off, the default, written out
