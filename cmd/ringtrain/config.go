@@ -111,6 +111,9 @@ type localSettings struct {
 	CheckpointEvery int      `json:"checkpoint_every"`
 	JoinTimeout     duration `json:"join_timeout"` // default 60s
 	StepTimeout     duration `json:"step_timeout"` // default 60s
+	// AdmissionTimeout bounds each collective that brings a newcomer up
+	// to date: one that stalls mid-admission is dropped within it.
+	AdmissionTimeout duration `json:"admission_timeout"` // default 10s
 	// DataMemory bounds the bytes a served dataset may take in this
 	// peer's memory (join --data-memory); 0 means data.DefaultMaxBytes.
 	DataMemory int64 `json:"-"`
@@ -392,8 +395,12 @@ func (l *localSettings) check(dir string) error {
 	if l.CheckpointEvery < 0 {
 		return fmt.Errorf("checkpoint_every %d; want 0 (after every epoch only) or a number of steps", l.CheckpointEvery)
 	}
-	if l.JoinTimeout < 0 || l.StepTimeout < 0 {
-		return fmt.Errorf("join_timeout %v, step_timeout %v; want positive durations", time.Duration(l.JoinTimeout), time.Duration(l.StepTimeout))
+	if l.JoinTimeout < 0 || l.StepTimeout < 0 || l.AdmissionTimeout < 0 {
+		return fmt.Errorf("join_timeout %v, step_timeout %v, admission_timeout %v; want positive durations",
+			time.Duration(l.JoinTimeout), time.Duration(l.StepTimeout), time.Duration(l.AdmissionTimeout))
+	}
+	if l.AdmissionTimeout == 0 {
+		l.AdmissionTimeout = duration(10 * time.Second)
 	}
 	if l.JoinTimeout == 0 {
 		l.JoinTimeout = duration(60 * time.Second)

@@ -72,7 +72,7 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		{`, "bucket_mb": 0`, false},
 		{`, "bucket_mb": 4`, false},
 		{`, "sync": {"every": 50, "outer": {"name": "nesterov", "lr": 0.7, "momentum": 0.9}}`, false},
-		{`, "join_timeout": "5s", "step_timeout": "9s", "checkpoint_dir": "/tmp/x"`, true},
+		{`, "join_timeout": "5s", "step_timeout": "9s", "admission_timeout": "3s", "checkpoint_dir": "/tmp/x"`, true},
 		{`, "request_size": 64, "cache_dir": "/tmp/c", "checkpoint_every": 5, "gpus": 1`, true},
 		{`, "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}`, true}, // the default, written out
 		{`, "nodes": 4, "rank": 2`, true},

@@ -485,7 +485,7 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 	}
 	sched := cfg.schedule()
 	job := &elastic.Job{Members: members, WorldSize: cfg.WorldSize, MinWorldSize: cfg.MinWorldSize, MaxWorldSize: cfg.MaxWorldSize,
-		StepTimeout: time.Duration(cfg.StepTimeout), Logger: log, Out: stdout}
+		StepTimeout: time.Duration(cfg.StepTimeout), AdmitTimeout: time.Duration(cfg.AdmissionTimeout), Logger: log, Out: stdout}
 	rep := train.NewReplica(model, opt, nil)
 	rep.NormGuard = cfg.GradNormGuard
 	rep.Wire = cfg.wire

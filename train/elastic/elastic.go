@@ -69,6 +69,10 @@ type Job struct {
 	// StepTimeout bounds every collective, so that a peer that stalls
 	// fails the step instead of hanging it. Zero means a minute.
 	StepTimeout time.Duration
+	// AdmitTimeout bounds each collective that brings newcomers up to
+	// date, so that one that stalls mid-admission is dropped within it and
+	// the ring trains on. Zero means 10 s.
+	AdmitTimeout time.Duration
 	// MaxReforms is how many times in a row the ring may re-form without
 	// a step completing in between before Run stops with
 	// ErrReformBudget: a peer that fails every ring it is in would
@@ -193,6 +197,9 @@ func (j *Job) defaults() {
 	if j.MaxReforms <= 0 {
 		j.MaxReforms = 5
 	}
+	if j.AdmitTimeout <= 0 {
+		j.AdmitTimeout = 10 * time.Second
+	}
 	j.lost = map[string]int{}
 }
 
@@ -307,6 +314,10 @@ func (j *Job) change(ctx context.Context, ev event, ranks []int, at train.Positi
 		pos := at
 		if err == nil {
 			pos, err = j.Training.Replica.Level(ctx, at, ev != newcomer)
+		}
+		if s, ok := j.Training.Replica.Coll.(steppedRing); ok && ev == newcomer {
+			s.timeout = j.StepTimeout // the admission's own bound is over
+			j.Training.Replica.Coll = s
 		}
 		if err == nil {
 			return pos, nil
@@ -471,7 +482,9 @@ func (j *Job) grow(ctx context.Context, at train.Position) (bool, error) {
 	}
 	grew := rg.Size() > j.rg.Size()
 	j.rg = rg
-	j.Training.Replica.Coll = j.stepped(j.firstStep(began))
+	coll := j.stepped(j.firstStep(began))
+	coll.timeout = j.AdmitTimeout // until the newcomers are level (change)
+	j.Training.Replica.Coll = coll
 	if !grew {
 		// The newcomers vanished before the ring could take them: it
 		// re-formed without them, and trains on as it was.
@@ -611,7 +624,7 @@ func (j *Job) leaveTogether() {
 
 // stepped is the current ring with the step timeout on every collective;
 // first, if set, runs after the first AllreduceMean that succeeds.
-func (j *Job) stepped(first *onceHook) train.Collective {
+func (j *Job) stepped(first *onceHook) steppedRing {
 	return steppedRing{Ring: j.rg, timeout: j.StepTimeout, first: first}
 }
 

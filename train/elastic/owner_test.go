@@ -39,6 +39,10 @@ type world struct {
 	// peer's context (Ctrl-C) when it asks to re-form.
 	killOnReform, killOnAdmit map[string]bool
 	leaveOnReform             map[string]context.CancelFunc
+	// stallOnAdmit: a newcomer that stops answering once its ring is
+	// made (SIGSTOP), until done; stalled ones are unreachable.
+	stallOnAdmit, stalled map[string]bool
+	done                  chan struct{}
 }
 
 // change is a ring being made: the peers it wants, and those that came.
@@ -49,7 +53,8 @@ type change struct {
 
 func newWorld(t *testing.T, names []string) *world {
 	w := &world{t: t, gen: 1, members: slices.Clone(names), rings: map[string]*ring.Ring{}, dead: map[string]bool{},
-		killOnReform: map[string]bool{}, killOnAdmit: map[string]bool{}, leaveOnReform: map[string]context.CancelFunc{}}
+		killOnReform: map[string]bool{}, killOnAdmit: map[string]bool{}, leaveOnReform: map[string]context.CancelFunc{},
+		stallOnAdmit: map[string]bool{}, stalled: map[string]bool{}, done: make(chan struct{})}
 	w.cond = sync.NewCond(&w.mu)
 	ts := ring.MemRing(len(names))
 	for i, n := range names {
@@ -150,7 +155,7 @@ func (w *world) completeLocked() {
 }
 
 func (w *world) alive(names []string) []string {
-	return slices.DeleteFunc(slices.Clone(names), func(n string) bool { return w.dead[n] })
+	return slices.DeleteFunc(slices.Clone(names), func(n string) bool { return w.dead[n] || w.stalled[n] })
 }
 
 // member is one peer's Membership in the world.
@@ -193,6 +198,14 @@ func (m *member) Form(ctx context.Context) (*ring.Ring, bool, error) {
 	w.mu.Unlock()
 	r, err := w.join(ctx, m.name, nil)
 	m.cur = w.current()
+	w.mu.Lock()
+	stall := w.stallOnAdmit[m.name]
+	w.stalled[m.name] = stall
+	w.mu.Unlock()
+	if stall {
+		<-w.done
+		return nil, false, errKilled
+	}
 	return r, true, err
 }
 
@@ -259,10 +272,11 @@ func (k *killer) ForwardBackward(x []float32, y []int, n int) (float32, error) {
 
 // peerPlan is what happens to one peer in an owner test.
 type peerPlan struct {
-	killAtStep  int // killed in this forward pass (counted from 1)
-	breakFrom   int // breaks its ring in this forward pass and every one after
-	leaveAtStep int // Ctrl-C'd after this step
-	arriveAt    int // a newcomer, started once peer 0 has run this many steps
+	killAtStep  int  // killed in this forward pass (counted from 1)
+	breakFrom   int  // breaks its ring in this forward pass and every one after
+	leaveAtStep int  // Ctrl-C'd after this step
+	arriveAt    int  // a newcomer, started once peer 0 has run this many steps
+	stall       bool // a newcomer that stalls once admitted
 }
 
 // accounting counts, per epoch, how often each sample was trained.
@@ -345,8 +359,14 @@ func ownerRun(t *testing.T, world0, minWorld, maxWorld int, plans []peerPlan, se
 	if setup != nil {
 		setup(w, names, cancels)
 	}
+	// With a newcomer that stalls, the step timeout is far longer than the
+	// test's patience: only the admission's own bound can drop it.
+	stepTimeout := 10 * time.Second
+	if slices.ContainsFunc(plans, func(p peerPlan) bool { return p.stall }) {
+		stepTimeout = 10 * time.Minute
+	}
 	progress := make(chan int, 1024) // peer 0's steps, for newcomers to start by
-	var wg sync.WaitGroup
+	var wg, stallers sync.WaitGroup
 	for i, p := range plans {
 		spec := train.ModelConfig{Spec: train.MLPSpec(784, []int{16}, 10), Batch: 16, Seed: uint64(i + 1)}
 		m, err := train.NewModel(spec)
@@ -361,8 +381,11 @@ func ownerRun(t *testing.T, world0, minWorld, maxWorld int, plans []peerPlan, se
 		case p.breakFrom > 0:
 			model = &killer{Model: m, n: p.breakFrom, brk: func() { w.breakRing(names[i]) }}
 		}
+		if p.stall {
+			w.stallOnAdmit[names[i]] = true
+		}
 		job := &Job{Members: &member{w: w, name: names[i]}, WorldSize: world0, MinWorldSize: minWorld, MaxWorldSize: maxWorld,
-			StepTimeout: 10 * time.Second, Logger: zerolog.New(&log).With().Str("peer", names[i]).Logger()}
+			StepTimeout: stepTimeout, AdmitTimeout: time.Second, Logger: zerolog.New(&log).With().Str("peer", names[i]).Logger()}
 		rep := train.NewReplica(model, &train.SGD{LR: 0.05, Momentum: 0.9}, nil)
 		job.Training = train.RunConfig{Replica: rep, Epochs: 2, Classes: 10, Trained: acct.trained, ProgressEvery: 1,
 			Train: &data.Loader{Split: split, BatchSize: 16, Seed: 1, Sampler: data.Sampler{N: split.Len(), World: 1, Seed: 1, Shuffle: true}}}
@@ -377,7 +400,11 @@ func ownerRun(t *testing.T, world0, minWorld, maxWorld int, plans []peerPlan, se
 				cancels[i]()
 			}
 		}
-		wg.Go(func() {
+		g := &wg
+		if p.stall {
+			g = &stallers
+		}
+		g.Go(func() {
 			if p.arriveAt > 0 {
 				for s := range progress {
 					if s >= p.arriveAt {
@@ -389,6 +416,8 @@ func ownerRun(t *testing.T, world0, minWorld, maxWorld int, plans []peerPlan, se
 		})
 	}
 	wg.Wait()
+	close(w.done) // the stalled peers are killed
+	stallers.Wait()
 	return sums, errs, log.String(), acct
 }
 
@@ -426,9 +455,15 @@ func TestOwnerTransitions(t *testing.T) {
 		{name: "lost during an admission", world0: 2, min: 2, max: 3, plans: []peerPlan{{}, {}, {arriveAt: 10}},
 			setup: func(w *world, n []string, _ []context.CancelFunc) { w.killOnAdmit[n[2]] = true },
 			ended: map[int]error{2: errKilled}, wantFinalLen: 2},
+		{name: "stalled during an admission", world0: 2, min: 2, max: 3, plans: []peerPlan{{}, {}, {arriveAt: 10, stall: true}},
+			ended: map[int]error{2: errKilled}, wantLog: []string{"ring re-formed without the lost peers"}, wantFinalLen: 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			began := time.Now()
 			sums, errs, log, acct := ownerRun(t, tc.world0, tc.min, tc.max, tc.plans, tc.setup)
+			if took := time.Since(began); took > 2*time.Minute {
+				t.Errorf("took %v: the ring waited for a peer it should have dropped", took)
+			}
 			var hash string
 			stayed := 0
 			for i, err := range errs {
