@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -43,6 +44,13 @@ type world struct {
 	// made (SIGSTOP), until done; stalled ones are unreachable.
 	stallOnAdmit, stalled map[string]bool
 	done                  chan struct{}
+	// leaveOnGrow cancels a peer's context when the ring grows; growing
+	// is closed when it first does. checkpoints gives every peer a
+	// checkpoint written every 5 steps.
+	leaveOnGrow map[string]context.CancelFunc
+	growing     chan struct{}
+	grew        sync.Once
+	checkpoints bool
 }
 
 // change is a ring being made: the peers it wants, and those that came.
@@ -54,7 +62,8 @@ type change struct {
 func newWorld(t *testing.T, names []string) *world {
 	w := &world{t: t, gen: 1, members: slices.Clone(names), rings: map[string]*ring.Ring{}, dead: map[string]bool{},
 		killOnReform: map[string]bool{}, killOnAdmit: map[string]bool{}, leaveOnReform: map[string]context.CancelFunc{},
-		stallOnAdmit: map[string]bool{}, stalled: map[string]bool{}, done: make(chan struct{})}
+		stallOnAdmit: map[string]bool{}, stalled: map[string]bool{}, done: make(chan struct{}),
+		leaveOnGrow: map[string]context.CancelFunc{}, growing: make(chan struct{})}
 	w.cond = sync.NewCond(&w.mu)
 	ts := ring.MemRing(len(names))
 	for i, n := range names {
@@ -238,6 +247,12 @@ func (m *member) Reform(ctx context.Context, minSize int, gone []int) (*ring.Rin
 }
 
 func (m *member) Grow(ctx context.Context, add []string, admit bool, minSize int) (*ring.Ring, error) {
+	m.w.grew.Do(func() { close(m.w.growing) })
+	m.w.mu.Lock()
+	if cancel := m.w.leaveOnGrow[m.name]; cancel != nil {
+		cancel()
+	}
+	m.w.mu.Unlock()
 	r, err := m.w.join(ctx, m.name, func() []string { return m.w.alive(append(slices.Clone(m.cur), add...)) })
 	m.cur = m.w.current()
 	return r, err
@@ -272,11 +287,13 @@ func (k *killer) ForwardBackward(x []float32, y []int, n int) (float32, error) {
 
 // peerPlan is what happens to one peer in an owner test.
 type peerPlan struct {
-	killAtStep  int  // killed in this forward pass (counted from 1)
-	breakFrom   int  // breaks its ring in this forward pass and every one after
-	leaveAtStep int  // Ctrl-C'd after this step
-	arriveAt    int  // a newcomer, started once peer 0 has run this many steps
-	stall       bool // a newcomer that stalls once admitted
+	killAtStep    int  // killed in this forward pass (counted from 1)
+	breakFrom     int  // breaks its ring in this forward pass and every one after
+	leaveAtStep   int  // Ctrl-C'd after this step
+	arriveAt      int  // a newcomer, started once peer 0 has run this many steps
+	stall         bool // a newcomer that stalls once admitted
+	arriveOnGrow  bool // a newcomer, started as the ring first grows
+	killAfterStep int  // killed once this step is done (and its checkpoint written)
 }
 
 // accounting counts, per epoch, how often each sample was trained.
@@ -386,8 +403,14 @@ func ownerRun(t *testing.T, world0, minWorld, maxWorld int, plans []peerPlan, se
 		}
 		job := &Job{Members: &member{w: w, name: names[i]}, WorldSize: world0, MinWorldSize: minWorld, MaxWorldSize: maxWorld,
 			StepTimeout: stepTimeout, AdmitTimeout: time.Second, Logger: zerolog.New(&log).With().Str("peer", names[i]).Logger()}
+		saveEvery := 0
+		if w.checkpoints {
+			job.Checkpoint = filepath.Join(t.TempDir(), "job.ckpt")
+			job.CheckpointBase = train.Checkpoint{Model: spec, Seed: 1, Classes: split.Classes}
+			saveEvery = 5
+		}
 		rep := train.NewReplica(model, &train.SGD{LR: 0.05, Momentum: 0.9}, nil)
-		job.Training = train.RunConfig{Replica: rep, Epochs: 2, Classes: 10, Trained: acct.trained, ProgressEvery: 1,
+		job.Training = train.RunConfig{Replica: rep, Epochs: 2, Classes: 10, Trained: acct.trained, ProgressEvery: 1, SaveEvery: saveEvery,
 			Train: &data.Loader{Split: split, BatchSize: 16, Seed: 1, Sampler: data.Sampler{N: split.Len(), World: 1, Seed: 1, Shuffle: true}}}
 		job.Training.Progress = func(pr train.Progress) {
 			if i == 0 && !pr.EpochDone {
@@ -399,12 +422,18 @@ func ownerRun(t *testing.T, world0, minWorld, maxWorld int, plans []peerPlan, se
 			if p.leaveAtStep > 0 && pr.Stats.Steps >= p.leaveAtStep {
 				cancels[i]()
 			}
+			if p.killAfterStep > 0 && pr.Stats.Steps == p.killAfterStep {
+				w.kill(names[i])
+			}
 		}
 		g := &wg
 		if p.stall {
 			g = &stallers
 		}
 		g.Go(func() {
+			if p.arriveOnGrow {
+				<-w.growing
+			}
 			if p.arriveAt > 0 {
 				for s := range progress {
 					if s >= p.arriveAt {
@@ -455,6 +484,20 @@ func TestOwnerTransitions(t *testing.T) {
 		{name: "lost during an admission", world0: 2, min: 2, max: 3, plans: []peerPlan{{}, {}, {arriveAt: 10}},
 			setup: func(w *world, n []string, _ []context.CancelFunc) { w.killOnAdmit[n[2]] = true },
 			ended: map[int]error{2: errKilled}, wantFinalLen: 2},
+		{name: "lost during a checkpoint write", world0: 3, min: 2, plans: []peerPlan{{}, {}, {killAfterStep: 10}},
+			setup: func(w *world, _ []string, _ []context.CancelFunc) { w.checkpoints = true },
+			ended: map[int]error{2: errKilled}, wantLog: []string{"checkpoint written", "ring re-formed without the lost peers"}, wantFinalLen: 2},
+		{name: "leave during a checkpoint write", world0: 3, min: 2, plans: []peerPlan{{}, {leaveAtStep: 10}, {}},
+			setup: func(w *world, _ []string, _ []context.CancelFunc) { w.checkpoints = true },
+			ended: map[int]error{1: ErrLeft}, wantLog: []string{"ring re-formed without the peers that left"}, wantFinalLen: 2},
+		{name: "newcomer during a checkpoint write", world0: 2, min: 2, max: 3, plans: []peerPlan{{}, {}, {arriveAt: 10}},
+			setup:   func(w *world, _ []string, _ []context.CancelFunc) { w.checkpoints = true },
+			wantLog: []string{"checkpoint written", "ring grew: admitted newcomers"}, wantFinalLen: 3},
+		{name: "leave during an admission", world0: 3, min: 2, max: 4, plans: []peerPlan{{}, {}, {}, {arriveAt: 10}},
+			setup: func(w *world, n []string, c []context.CancelFunc) { w.leaveOnGrow[n[1]] = c[1] },
+			ended: map[int]error{1: ErrLeft}, wantLog: []string{"ring grew: admitted newcomers", "ring re-formed without the peers that left"}, wantFinalLen: 3},
+		{name: "newcomer during an admission", world0: 2, min: 2, max: 4, plans: []peerPlan{{}, {}, {arriveAt: 10}, {arriveOnGrow: true}},
+			wantLog: []string{"ring grew: admitted newcomers"}, wantFinalLen: 4},
 		{name: "stalled during an admission", world0: 2, min: 2, max: 3, plans: []peerPlan{{}, {}, {arriveAt: 10, stall: true}},
 			ended: map[int]error{2: errKilled}, wantLog: []string{"ring re-formed without the lost peers"}, wantFinalLen: 2},
 	} {
