@@ -310,34 +310,12 @@ func (r *Replica) SyncParams(ctx context.Context) error {
 // straight into the flat buffer; a DeviceOptimizer applies the average
 // there. With both on a ring of one, the whole step stays on the device.
 func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float32, error) {
-	if s, ok := r.Model.(MaskSeeder); ok {
-		s.SeedMasks(uint64(r.Steps)<<20 ^ uint64(r.Coll.Rank()))
+	loss, talk, err := r.stepBegin(x, y, n)
+	if !talk {
+		return loss, err
 	}
-	r.Steps++
-	r.Stats.Steps++
-	r.undone, r.outerDone, r.InnerSkip, r.newcomer = 1, false, nil, false
 	t0 := time.Now()
-	local, isLocal := r.Opt.(*LocalSGD)
-	var innerLoss float32
-	if isLocal {
-		loss, err := r.innerStep(local, x, y, n)
-		innerLoss = loss
-		r.Stats.Compute += time.Since(t0)
-		t0 = time.Now()
-		if err != nil && !Skipped(err) {
-			r.Steps--
-			r.Stats.Steps--
-			return 0, err
-		}
-		r.InnerSkip = err // this rank's alone: the others go on, and so does it
-		if local.done < local.Every && !r.closeRound {
-			return loss, nil // no word with the others until the round ends
-		}
-		// The outer step: its outcome, not the inner step's skip, is what
-		// this step reports.
-	}
-	dev, onDevice := r.Opt.(DeviceOptimizer)
-	if onDevice && r.Coll.Size() == 1 {
+	if dev, ok := r.Opt.(DeviceOptimizer); ok && r.Coll.Size() == 1 {
 		loss, err := r.stepAlone(dev, x, y, n)
 		r.Stats.Compute += time.Since(t0)
 		if errors.Is(err, ErrNonFinite) {
@@ -349,136 +327,37 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	if err != nil {
 		return 0, err
 	}
-	narrow, _ := r.Coll.(NarrowAllreducer)
-	if r.Wire != ring.F32 && narrow == nil {
-		return 0, fmt.Errorf("train: gradients to send as %v, but the collective (%T) sends float32 only", r.Wire, r.Coll)
-	}
-	var loss float32
-	bad := -1
-	leave := r.leaving()
-	says := stepSays{leave: leave, newcomer: r.Waiting != nil && r.Waiting()}
-	tail := flat[r.nparams:]
-	counter, measured := r.Coll.(byteCounter)
-	if measured {
+	if counter, ok := r.Coll.(byteCounter); ok {
 		sent0 := counter.Stats().BytesSent
 		defer func() { r.Stats.BytesSent += counter.Stats().BytesSent - sent0 }()
+	} else if size := int64(r.Coll.Size()); size > 1 {
+		// A ring allreduce sends 2(n−1)/n of the buffer's bytes.
+		payload := int64(r.Wire.Size(r.nparams) + 4*(len(flat)-r.nparams))
+		defer func() { r.Stats.BytesSent += 2 * (size - 1) * payload / size }()
 	}
-	if plan := r.bucketPlan(); plan != nil && !isLocal {
-		// Buckets go round while backward computes the layers before them.
-		loss, bad, err = r.bucketed(ctx, x, y, n, flat, plan, narrow, says)
-		if err != nil && !errors.Is(err, ErrCollective) {
-			return 0, err
+	local, _ := r.Opt.(*LocalSGD)
+	says := stepSays{leave: r.leaving(), newcomer: r.Waiting != nil && r.Waiting()}
+	loss, bad, err := r.average(ctx, x, y, n, flat, loss, says, t0)
+	if err != nil {
+		if errors.Is(err, ErrCollective) {
+			r.undoStep(local)
 		}
-		t1 := time.Now()
-		r.Stats.Ring += t1.Sub(r.backwardDone)
-		r.Stats.Compute += r.backwardDone.Sub(t0)
-	} else {
-		if isLocal {
-			loss, bad = innerLoss, local.delta(flat[:r.nparams], r.Model.Params())
-		} else if res, ok := r.Model.(Resident); ok {
-			loss, bad, err = res.ForwardBackwardFlat(x, y, n, flat)
-		} else if loss, err = r.Model.ForwardBackward(x, y, n); err == nil {
-			bad = gatherFinite(flat, r.Model.Grads())
-		}
-		if err != nil {
-			return 0, err
-		}
-		if r.Wire == ring.I8 && bad < 0 {
-			r.feedback(flat, 0, r.nparams)
-		}
-		if r.NormGuard > 0 && bad < 0 {
-			says.norm = float32(norm2(flat[:r.nparams]))
-		}
-		says.nonFinite = bad >= 0
-		says.put(tail, r.Coll.Rank(), r.Coll.Size())
-		t1 := time.Now()
-		r.Stats.Compute += t1.Sub(t0)
-		if r.Wire == ring.F32 {
-			err = r.Coll.AllreduceMean(ctx, flat)
-		} else if err = narrow.AllreduceMeanAs(ctx, flat[:r.nparams], r.Wire); err == nil {
-			err = r.Coll.AllreduceMean(ctx, tail)
-		}
-		t2 := time.Now()
-		comm, wait := t2.Sub(t1), time.Duration(0)
-		if measured {
-			wait = min(counter.Stats().LastWait, comm)
-		}
-		r.Stats.Wait += wait
-		r.Stats.Ring += comm - wait
+		return 0, err
 	}
 	t2 := time.Now()
-	if err != nil {
-		r.undoStep(local)
-		if errors.Is(err, ErrCollective) {
-			return 0, err
-		}
-		return 0, fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
-	}
+	defer func() { r.Stats.Optimizer += time.Since(t2) }()
+	tail := flat[r.nparams:]
 	badRanks, newcomer, leaving := stepFlagsOf(tail, r.Coll.Size())
 	r.newcomer = newcomer
-	if leaving != nil {
-		if leaving, err = r.confirmLeaves(ctx, leaving, leave); err != nil {
-			r.undoStep(local)
-			return 0, fmt.Errorf("%w: confirming leave requests: %w", ErrCollective, err)
-		}
+	if leaving, err = r.leavers(ctx, leaving, says.leave); err != nil {
+		r.undoStep(local)
+		return 0, err
 	}
-	if leave && !slices.Contains(leaving, r.Coll.Rank()) {
-		// Our request came back cancelled — a member subtracted it on the
-		// way. Leave anyway: the others find this rank gone at the next
-		// step and re-form without it.
-		leaving = append(leaving, r.Coll.Rank())
-	}
-	// err is nil here: ForwardBackward's. A DeviceOptimizer checks the
-	// average itself, where it applies it; the host checks it otherwise.
-	var guard error
-	if r.NormGuard > 0 && r.Coll.Size() > 1 && badRanks == 0 {
-		guard = r.normGuard(flat[:r.nparams], tail)
-	}
-	applied := false
-	switch {
-	case badRanks > 0:
-		where := "its own are finite"
-		if bad >= 0 {
-			where = "its " + r.Model.ParamNames()[bad] + " gradient is not"
-		}
-		err = fmt.Errorf("train: %d of %d ranks had NaN or Inf gradients (rank %d: %s); step skipped on all: %w",
-			badRanks, r.Coll.Size(), r.Coll.Rank(), where, ErrNonFinite)
-	case guard != nil:
-		err = guard
-	case isLocal:
-		if applied = finite(flat[:r.nparams]); applied {
-			local.apply(r.Model.Params(), flat[:r.nparams])
-			r.outerDone = true
-		}
-	case onDevice:
-		if applied, err = dev.StepFlat(flat[:r.nparams]); err != nil {
-			return loss, err
-		}
-	case finite(flat[:r.nparams]):
-		r.Opt.Step(r.Model.Params(), r.views)
-		applied = true
-	}
-	if applied && r.Wire == ring.I8 {
-		r.residual, r.pending = r.pending, r.residual
-	}
-	if isLocal && !applied { // the round is skipped on every rank
-		local.back(r.Model.Params())
-	}
-	if size := int64(r.Coll.Size()); size > 1 && !measured {
-		// A ring allreduce sends 2(n−1)/n of the buffer's bytes.
-		payload := int64(r.Wire.Size(r.nparams) + 4*len(tail))
-		r.Stats.BytesSent += 2 * (size - 1) * payload / size
-	}
-	r.Stats.Optimizer += time.Since(t2)
-	if err == nil && !applied {
-		// Every rank flagged its own gradients finite, yet their average is
-		// not: a rank sent NaN or Inf and hid it (or the sum overflowed).
-		// Every rank holds the same average, so every rank skips.
-		err = fmt.Errorf("train: the averaged gradients hold a NaN or Inf though all %d ranks flagged theirs finite (a rank hid its own, or the sum overflowed); step skipped on all: %w",
-			r.Coll.Size(), ErrNonFinite)
-	}
-	if Skipped(err) {
+	if err = r.apply(flat, bad, badRanks); Skipped(err) {
 		r.Stats.Skipped++
+	}
+	if errors.Is(err, errDevice) {
+		return loss, err
 	}
 	if leaving == nil {
 		return loss, err
@@ -487,6 +366,176 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		return loss, errors.Join(err, &LeaveError{Ranks: leaving})
 	}
 	return loss, &LeaveError{Ranks: leaving}
+}
+
+// stepBegin opens a step: dropout masks, counters, and with LocalSGD the
+// inner step, which may be all there is to it. talk says whether the step
+// goes on to the ring; if not, loss and err are the step's.
+func (r *Replica) stepBegin(x []float32, y []int, n int) (loss float32, talk bool, err error) {
+	if s, ok := r.Model.(MaskSeeder); ok {
+		s.SeedMasks(uint64(r.Steps)<<20 ^ uint64(r.Coll.Rank()))
+	}
+	r.Steps++
+	r.Stats.Steps++
+	r.undone, r.outerDone, r.InnerSkip, r.newcomer = 1, false, nil, false
+	local, ok := r.Opt.(*LocalSGD)
+	if !ok {
+		return 0, true, nil
+	}
+	t0 := time.Now()
+	loss, err = r.innerStep(local, x, y, n)
+	r.Stats.Compute += time.Since(t0)
+	if err != nil && !Skipped(err) {
+		r.Steps--
+		r.Stats.Steps--
+		return 0, false, err
+	}
+	r.InnerSkip = err // this rank's alone: the others go on, and so does it
+	// Until the round ends there is no word with the others; then the
+	// outer step's outcome, not the inner step's skip, is what this step
+	// reports.
+	return loss, local.done >= local.Every || r.closeRound, nil
+}
+
+// average computes this rank's gradients (with LocalSGD, the round's
+// delta; innerLoss is its loss) into flat with the step's trailer, and
+// averages both over the ring, in buckets beside backward where there is
+// a plan. bad is this rank's first non-finite tensor, or -1. A failed
+// collective is an ErrCollective.
+func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat []float32, innerLoss float32, says stepSays, t0 time.Time) (loss float32, bad int, err error) {
+	narrow, _ := r.Coll.(NarrowAllreducer)
+	if r.Wire != ring.F32 && narrow == nil {
+		return 0, -1, fmt.Errorf("train: gradients to send as %v, but the collective (%T) sends float32 only", r.Wire, r.Coll)
+	}
+	local, isLocal := r.Opt.(*LocalSGD)
+	if plan := r.bucketPlan(); plan != nil && !isLocal {
+		// Buckets go round while backward computes the layers before them.
+		loss, bad, err = r.bucketed(ctx, x, y, n, flat, plan, narrow, says)
+		r.Stats.Ring += time.Since(r.backwardDone)
+		r.Stats.Compute += r.backwardDone.Sub(t0)
+		return loss, bad, err
+	}
+	bad = -1
+	switch res, ok := r.Model.(Resident); {
+	case isLocal:
+		loss, bad = innerLoss, local.delta(flat[:r.nparams], r.Model.Params())
+	case ok:
+		loss, bad, err = res.ForwardBackwardFlat(x, y, n, flat)
+	default:
+		if loss, err = r.Model.ForwardBackward(x, y, n); err == nil {
+			bad = gatherFinite(flat, r.Model.Grads())
+		}
+	}
+	if err != nil {
+		return 0, bad, err
+	}
+	if r.Wire == ring.I8 && bad < 0 {
+		r.feedback(flat, 0, r.nparams)
+	}
+	if r.NormGuard > 0 && bad < 0 {
+		says.norm = float32(norm2(flat[:r.nparams]))
+	}
+	says.nonFinite = bad >= 0
+	tail := flat[r.nparams:]
+	says.put(tail, r.Coll.Rank(), r.Coll.Size())
+	t1 := time.Now()
+	r.Stats.Compute += t1.Sub(t0)
+	if r.Wire == ring.F32 {
+		err = r.Coll.AllreduceMean(ctx, flat)
+	} else if err = narrow.AllreduceMeanAs(ctx, flat[:r.nparams], r.Wire); err == nil {
+		err = r.Coll.AllreduceMean(ctx, tail)
+	}
+	comm, wait := time.Since(t1), time.Duration(0)
+	if counter, ok := r.Coll.(byteCounter); ok {
+		wait = min(counter.Stats().LastWait, comm)
+	}
+	r.Stats.Wait += wait
+	r.Stats.Ring += comm - wait
+	if err != nil {
+		return loss, bad, fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
+	}
+	return loss, bad, nil
+}
+
+// leavers confirms the leave requests the trailer holds (confirmLeaves)
+// and adds this rank's own if a member cancelled it on the way: it leaves
+// anyway, and the others find it gone at the next step and re-form
+// without it.
+func (r *Replica) leavers(ctx context.Context, leaving []int, asked bool) ([]int, error) {
+	if leaving != nil {
+		var err error
+		if leaving, err = r.confirmLeaves(ctx, leaving, asked); err != nil {
+			return nil, fmt.Errorf("%w: confirming leave requests: %w", ErrCollective, err)
+		}
+	}
+	if asked && !slices.Contains(leaving, r.Coll.Rank()) {
+		leaving = append(leaving, r.Coll.Rank())
+	}
+	return leaving, nil
+}
+
+// skipped says why every rank skips the step before looking at the
+// average: a rank flagged NaN or Inf, or the norm guard.
+func (r *Replica) skipped(avg, tail []float32, bad, badRanks int) error {
+	if badRanks > 0 {
+		where := "its own are finite"
+		if bad >= 0 {
+			where = "its " + r.Model.ParamNames()[bad] + " gradient is not"
+		}
+		return fmt.Errorf("train: %d of %d ranks had NaN or Inf gradients (rank %d: %s); step skipped on all: %w",
+			badRanks, r.Coll.Size(), r.Coll.Rank(), where, ErrNonFinite)
+	}
+	if r.NormGuard > 0 && r.Coll.Size() > 1 {
+		return r.normGuard(avg, tail)
+	}
+	return nil
+}
+
+// errDevice marks a device optimizer's failure to apply a step: not a
+// skip, the run's end.
+var errDevice = errors.New("train: the device failed to apply the step")
+
+// apply applies the averaged gradients in flat, or says why every rank
+// skips them: a rank flagged NaN or Inf (badRanks; bad is this rank's own
+// tensor, or -1), the norm guard, or an average that is not finite. Every
+// rank holds the same average and trailer, so every rank decides alike. A
+// DeviceOptimizer checks the average itself, where it applies it; the host
+// checks it otherwise.
+func (r *Replica) apply(flat []float32, bad, badRanks int) error {
+	avg, tail := flat[:r.nparams], flat[r.nparams:]
+	local, isLocal := r.Opt.(*LocalSGD)
+	applied, err := false, r.skipped(avg, tail, bad, badRanks)
+	switch dev, onDevice := r.Opt.(DeviceOptimizer); {
+	case err != nil:
+	case isLocal:
+		if applied = finite(avg); applied {
+			local.apply(r.Model.Params(), avg)
+			r.outerDone = true
+		}
+	case onDevice:
+		if applied, err = dev.StepFlat(avg); err != nil {
+			return fmt.Errorf("%w: %w", errDevice, err)
+		}
+	case finite(avg):
+		r.Opt.Step(r.Model.Params(), r.views)
+		applied = true
+	}
+	if isLocal && !applied { // the round is skipped on every rank
+		local.back(r.Model.Params())
+	}
+	if err != nil {
+		return err
+	}
+	if !applied {
+		// Every rank flagged its own gradients finite, yet their average is
+		// not: a rank sent NaN or Inf and hid it (or the sum overflowed).
+		return fmt.Errorf("train: the averaged gradients hold a NaN or Inf though all %d ranks flagged theirs finite (a rank hid its own, or the sum overflowed); step skipped on all: %w",
+			r.Coll.Size(), ErrNonFinite)
+	}
+	if r.Wire == ring.I8 {
+		r.residual, r.pending = r.pending, r.residual
+	}
+	return nil
 }
 
 // innerStep is a LocalSGD step on this rank alone: forward, backward and
