@@ -1,72 +1,162 @@
 package train
 
 import (
+	"bytes"
 	"context"
-	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 )
 
-// Control data rides in the collectives as float32s: the step's flags,
-// positions, parameter hashes, peer lists. It is all encoded here, so that
-// every reader checks it the same way.
+// Control messages — adoption claims, parameter hashes, the optimizer's
+// shape, peer lists — are typed values with one codec: JSON, carried in a
+// collective as float32s that each hold two bytes (a whole number below
+// 2^16, which float32 holds exactly), after the length. Every reader
+// checks what arrives the same way — the length against a bound, every
+// piece a whole 16-bit value, the JSON strict, then the message's own
+// check — before it is used.
 //
-// Most of it travels in a table with one row per rank, shared with an
-// AllreduceSum: each rank fills only its own row and the others hold
-// zeros, so every column sums one value and every rank ends with every
-// row, exactly — each value is a 16-bit piece or a 0/1 flag, which float32
-// holds exactly.
+// A message from every rank travels in a table with one row per rank,
+// shared with an AllreduceSum: each rank fills only its own row and the
+// others hold zeros, so every rank ends with every row, exactly. A row of
+// zeros is a rank with nothing to say.
+//
+// Only the step's trailer (flags and norms, averaged with the gradients)
+// and the leave confirmation (sums by design) are not messages.
 
-// table is a per-rank table of width values per row.
-type table struct {
-	width int
-	vals  []float32
-}
+// msgWidth is how many float32s a message of at most maxBytes takes.
+func msgWidth(maxBytes int) int { return 1 + (maxBytes+1)/2 }
 
-func newTable(size, width int) table { return table{width: width, vals: make([]float32, size*width)} }
-
-func (t table) row(rank int) []float32 { return t.vals[rank*t.width : (rank+1)*t.width] }
-
-func (t table) rows() int { return len(t.vals) / t.width }
-
-// share gives every rank every row.
-func (t table) share(ctx context.Context, c Collective) error { return c.AllreduceSum(ctx, t.vals) }
-
-// Field widths in a row.
-const (
-	intSlots  = 2 // a non-negative int below 2^32, as two 16-bit halves
-	hashSlots = 8 // 128 bits of a hash, as eight 16-bit pieces
-)
-
-// putInt writes a non-negative int below 2^32 as two 16-bit halves.
-func putInt(dst []float32, v int) {
-	dst[0], dst[1] = float32(v>>16&0xffff), float32(v&0xffff)
-}
-
-// getInt reads what putInt wrote; a value that is not two whole 16-bit
-// halves (another rank's garbage) reads as -1.
-func getInt(src []float32) int {
-	hi, lo := src[0], src[1]
-	if hi < 0 || lo < 0 || hi > 0xffff || lo > 0xffff || hi != float32(math.Trunc(float64(hi))) || lo != float32(math.Trunc(float64(lo))) {
-		return -1
+// putMsg writes v's encoding into row (msgWidth(maxBytes) long).
+func putMsg(row []float32, v any, maxBytes int) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
 	}
-	return int(hi)<<16 | int(lo)
-}
-
-// putHash writes the first 128 bits of h.
-func putHash(dst []float32, h [32]byte) {
-	for i := range hashSlots {
-		dst[i] = float32(binary.LittleEndian.Uint16(h[2*i:]))
+	if len(b) > maxBytes {
+		return fmt.Errorf("train: a %d-byte control message (%T), at most %d", len(b), v, maxBytes)
 	}
+	clear(row)
+	row[0] = float32(len(b))
+	for i := 0; i < len(b); i += 2 {
+		p := int(b[i])
+		if i+1 < len(b) {
+			p |= int(b[i+1]) << 8
+		}
+		row[1+i/2] = float32(p)
+	}
+	return nil
 }
 
-// hash128 is the part of a hash a table carries.
-type hash128 [hashSlots]float32
+// errMalformed is what getMsg says of a row that no honest rank writes.
+var errMalformed = errors.New("malformed")
 
-func getHash(src []float32) hash128 {
-	var h hash128
-	copy(h[:], src[:hashSlots])
-	return h
+// getMsg reads what putMsg wrote into v, which the message's check then
+// vets; a row of zeros is no message (ok false). Anything else that is
+// not exactly what putMsg writes is an error wrapping errMalformed.
+func getMsg(row []float32, v any, maxBytes int) (ok bool, err error) {
+	n := row[0]
+	l := int(n)
+	switch {
+	case n == 0:
+		for _, p := range row[1:] {
+			if p != 0 {
+				return false, fmt.Errorf("%w: an empty message with a payload", errMalformed)
+			}
+		}
+		return false, nil
+	case float32(l) != n || l < 0 || l > maxBytes || len(row) < msgWidth(l):
+		return false, fmt.Errorf("%w: a message of %v bytes, at most %d", errMalformed, n, maxBytes)
+	}
+	b := make([]byte, l)
+	for i := range (l + 1) / 2 {
+		p := row[1+i]
+		if p < 0 || p > 0xffff || p != float32(math.Trunc(float64(p))) || 2*i+1 == l && p > 0xff {
+			return false, fmt.Errorf("%w: %v in a message's bytes", errMalformed, p)
+		}
+		b[2*i] = byte(int(p))
+		if 2*i+1 < l {
+			b[2*i+1] = byte(int(p) >> 8)
+		}
+	}
+	for _, p := range row[1+(l+1)/2:] {
+		if p != 0 {
+			return false, fmt.Errorf("%w: %v after a message's bytes", errMalformed, p)
+		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return false, fmt.Errorf("%w: %w", errMalformed, err)
+	}
+	if dec.More() {
+		return false, fmt.Errorf("%w: data after the message", errMalformed)
+	}
+	return true, nil
+}
+
+// gatherMsgs gives every rank every rank's message (mine, or nil for none):
+// out[k] is rank k's, nil where it sent none; bad names the ranks whose
+// rows are malformed — the same on every rank, which all read the same
+// rows.
+func gatherMsgs[T any](ctx context.Context, c Collective, mine *T, maxBytes int) (out []*T, bad []int, err error) {
+	w := msgWidth(maxBytes)
+	buf := make([]float32, c.Size()*w)
+	if mine != nil {
+		if err := putMsg(buf[c.Rank()*w:(c.Rank()+1)*w], mine, maxBytes); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := c.AllreduceSum(ctx, buf); err != nil {
+		return nil, nil, err
+	}
+	out = make([]*T, c.Size())
+	for k := range out {
+		v := new(T)
+		ok, err := getMsg(buf[k*w:(k+1)*w], v, maxBytes)
+		switch {
+		case err != nil:
+			bad = append(bad, k)
+		case ok:
+			out[k] = v
+		}
+	}
+	return out, bad, nil
+}
+
+// broadcastMsg sends root's message to every rank; what arrives is
+// checked as every message is.
+func broadcastMsg[T any](ctx context.Context, c Collective, root int, msg *T, maxBytes int) (*T, error) {
+	buf := make([]float32, msgWidth(maxBytes))
+	if c.Rank() == root {
+		if err := putMsg(buf, msg, maxBytes); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.Broadcast(ctx, buf, root); err != nil {
+		return nil, fmt.Errorf("%w: broadcasting from rank %d: %w", ErrCollective, root, err)
+	}
+	v := new(T)
+	ok, err := getMsg(buf, v, maxBytes)
+	if err == nil && !ok {
+		err = fmt.Errorf("%w: an empty message", errMalformed)
+	}
+	if err != nil {
+		return nil, &LiarError{Ranks: []int{root}, Why: fmt.Sprintf("it broadcast a control message that does not decode: %v", err)}
+	}
+	return v, nil
+}
+
+// paramHash is a parameter hash as messages carry it: the first 128 bits,
+// in hex.
+func paramHash(h [32]byte) string { return hex.EncodeToString(h[:16]) }
+
+// validHash reports whether s is a hash as paramHash writes it.
+func validHash(s string) bool {
+	b, err := hex.DecodeString(s)
+	return err == nil && len(b) == 16
 }
 
 // Step trailer: after the gradients in the step's AllreduceMean come the
@@ -135,52 +225,40 @@ func stepFlagsOf(tail []float32, size int) (nonFinite int, newcomer bool, leavin
 	return nonFinite, tail[flagNewcomer] != 0, leaving
 }
 
+// peerList is a list of peer IDs sent from one rank (rank 0's choice of
+// newcomers to admit).
+type peerList struct {
+	Peers []string `json:"peers"`
+}
+
 // BroadcastStrings sends root's list of strings — at most maxN, each at
 // most maxLen bytes — to every rank, so that all act on the same list (rank
 // 0's choice of standbys to admit, say). What arrives is checked against
 // the same bounds before it is used.
 func BroadcastStrings(ctx context.Context, c Collective, root int, ss []string, maxN, maxLen int) ([]string, error) {
-	width := 1 + maxLen // the length, then one byte per value
-	buf := make([]float32, 1+maxN*width)
 	if c.Rank() == root {
 		if len(ss) > maxN {
 			return nil, fmt.Errorf("train: %d strings to send, at most %d", len(ss), maxN)
 		}
-		buf[0] = float32(len(ss))
-		for i, s := range ss {
+		for _, s := range ss {
 			if len(s) > maxLen {
 				return nil, fmt.Errorf("train: a %d-byte string to send, at most %d", len(s), maxLen)
 			}
-			row := buf[1+i*width:]
-			row[0] = float32(len(s))
-			for j := range len(s) {
-				row[1+j] = float32(s[j])
-			}
 		}
 	}
-	if err := c.Broadcast(ctx, buf, root); err != nil {
-		return nil, fmt.Errorf("%w: broadcasting from rank %d: %w", ErrCollective, root, err)
+	// JSON writes a peer ID's characters as they are; quotes, commas and
+	// brackets are the rest (an ID that needs escapes is refused below).
+	got, err := broadcastMsg(ctx, c, root, &peerList{Peers: ss}, 16+maxN*(maxLen+3))
+	if err != nil {
+		return nil, err
 	}
-	k := int(buf[0])
-	if float32(k) != buf[0] || k < 0 || k > maxN {
-		return nil, fmt.Errorf("train: rank %d sends %v strings, at most %d expected", root, buf[0], maxN)
+	if len(got.Peers) > maxN {
+		return nil, fmt.Errorf("train: rank %d sends %d strings, at most %d expected", root, len(got.Peers), maxN)
 	}
-	out := make([]string, 0, k)
-	for i := range k {
-		row := buf[1+i*width:]
-		l := int(row[0])
-		if float32(l) != row[0] || l < 0 || l > maxLen {
-			return nil, fmt.Errorf("train: rank %d sends a string of %v bytes, at most %d", root, row[0], maxLen)
+	for _, s := range got.Peers {
+		if len(s) > maxLen {
+			return nil, fmt.Errorf("train: rank %d sends a string of %d bytes, at most %d", root, len(s), maxLen)
 		}
-		b := make([]byte, l)
-		for j := range b {
-			v := row[1+j]
-			if v < 0 || v > 255 || v != float32(int(v)) {
-				return nil, fmt.Errorf("train: rank %d sends %v as a byte", root, v)
-			}
-			b[j] = byte(v)
-		}
-		out = append(out, string(b))
 	}
-	return out, nil
+	return got.Peers, nil
 }

@@ -25,10 +25,14 @@ type lying struct {
 }
 
 func (l *lying) AllreduceSum(ctx context.Context, buf []float32) error {
-	if len(buf) == l.Size()*offerWidth {
-		row := buf[l.Rank()*offerWidth:]
-		if row[offerHas] == 1 && l.ahead > 0 {
-			putInt(row[offerSteps:], getInt(row[offerSteps:])+l.ahead)
+	if w := msgWidth(maxClaimBytes); len(buf) == l.Size()*w {
+		row := buf[l.Rank()*w : (l.Rank()+1)*w]
+		var c claim
+		if ok, err := getMsg(row, &c, maxClaimBytes); ok && err == nil && l.ahead > 0 {
+			c.Steps += l.ahead
+			if err := putMsg(row, &c, maxClaimBytes); err != nil {
+				return err
+			}
 		}
 		l.declared = true
 	}
@@ -36,7 +40,7 @@ func (l *lying) AllreduceSum(ctx context.Context, buf []float32) error {
 }
 
 func (l *lying) Broadcast(ctx context.Context, buf []float32, root int) error {
-	if l.tamper && l.declared && root == l.Rank() && len(buf) > 1 {
+	if l.tamper && l.declared && root == l.Rank() && len(buf) > 1 && len(buf) != msgWidth(maxShapeBytes) { // parameters, not the optimizer's shape
 		buf = slices.Clone(buf)
 		buf[0] += 1
 	}

@@ -41,16 +41,32 @@ type Resumed struct {
 // steps, so honest claims of the latest ones agree.
 const resumeAhead = 1
 
-// A rank's row in adoptLatest's table: whether it offers state, its
-// position, and the hash of its parameters.
-const (
-	offerHas    = 0
-	offerEpochs = 1
-	offerSteps  = offerEpochs + intSlots
-	offerSkip   = offerSteps + intSlots
-	offerHash   = offerSkip + intSlots
-	offerWidth  = offerHash + hashSlots
-)
+// claim is what a rank offers when the ranks adopt the most advanced
+// state: its position and its parameters' hash.
+type claim struct {
+	Epochs int    `json:"epochs"`
+	Steps  int    `json:"steps"`
+	Skip   int    `json:"skip"`
+	Hash   string `json:"hash"`
+}
+
+// maxClaimBytes bounds a claim's encoding.
+const maxClaimBytes = 128
+
+// valid reports whether a claim could come from an honest rank.
+func (c *claim) valid() bool {
+	return c.Epochs >= 0 && c.Steps >= 0 && c.Skip >= 0 && validHash(c.Hash)
+}
+
+// maxShapeBytes bounds an optShape's encoding.
+const maxShapeBytes = 64
+
+// optShape is the shape of the optimizer state the chosen rank sends: its
+// step count and how many tensors.
+type optShape struct {
+	Step    int `json:"step"`
+	Tensors int `json:"tensors"`
+}
 
 // adoptLatest makes every rank take the parameters, optimizer state and
 // position of the rank that offers the most steps (the lowest such rank on
@@ -75,32 +91,27 @@ func (r *Replica) adoptLatest(ctx context.Context, has bool, mine Position, maxA
 func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead int, refuse bool) (Resumed, error) {
 	out := Resumed{From: -1}
 	size, rank := r.Coll.Size(), r.Coll.Rank()
-	t := newTable(size, offerWidth)
+	var mineClaim *claim
 	if has {
-		row := t.row(rank)
-		row[offerHas] = 1
-		putInt(row[offerEpochs:], mine.Epochs)
-		putInt(row[offerSteps:], mine.Steps)
-		putInt(row[offerSkip:], mine.Skip)
-		putHash(row[offerHash:], r.ParamHash())
+		mineClaim = &claim{Epochs: mine.Epochs, Steps: mine.Steps, Skip: mine.Skip, Hash: paramHash(r.ParamHash())}
 	}
-	if err := t.share(ctx, r.Coll); err != nil {
+	claims, bad, err := gatherMsgs(ctx, r.Coll, mineClaim, maxClaimBytes)
+	if err != nil {
 		return out, fmt.Errorf("%w: comparing states: %w", ErrCollective, err)
 	}
-	var offers, bad []int
+	var offers []int
 	pos := make([]Position, size)
-	for k := range size {
-		row := t.row(k)
-		if row[offerHas] == 0 {
-			continue
-		}
-		pos[k] = Position{Epochs: getInt(row[offerEpochs:]), Steps: getInt(row[offerSteps:]), Skip: getInt(row[offerSkip:])}
-		if row[offerHas] != 1 || pos[k].Epochs < 0 || pos[k].Steps < 0 || pos[k].Skip < 0 {
+	for k, c := range claims {
+		switch {
+		case c == nil:
+		case !c.valid():
 			bad = append(bad, k)
-			continue
+		default:
+			pos[k] = Position{Epochs: c.Epochs, Steps: c.Steps, Skip: c.Skip}
+			offers = append(offers, k)
 		}
-		offers = append(offers, k)
 	}
+	slices.Sort(bad)
 	if len(bad) > 0 {
 		return out, &LiarError{Ranks: bad, Why: "they offer state with a malformed position"}
 	}
@@ -138,7 +149,7 @@ func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead i
 			top = append(top, k)
 		}
 	}
-	hashOf := func(k int) hash128 { return getHash(t.row(k)[offerHash:]) }
+	hashOf := func(k int) string { return claims[k].Hash }
 	if odd, majority := oddOnes(top, hashOf); len(odd) > 0 {
 		if !majority {
 			return out, fmt.Errorf("train: ranks %v are all at step %d with other parameters, and no majority tells which are right", top, best)
@@ -149,16 +160,16 @@ func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead i
 	out.From = root
 	got := pos[root]
 	// The optimizer's step count and shape.
-	head := make([]float32, 2*intSlots)
+	var shape *optShape
 	if rank == root {
 		_, optStep, state := r.Opt.State()
-		putInt(head, optStep)
-		putInt(head[intSlots:], len(state))
+		shape = &optShape{Step: optStep, Tensors: len(state)}
 	}
-	if err := r.Coll.Broadcast(ctx, head, root); err != nil {
-		return out, fmt.Errorf("%w: sending the optimizer's shape: %w", ErrCollective, err)
+	shape, err = broadcastMsg(ctx, r.Coll, root, shape, maxShapeBytes)
+	if err != nil {
+		return out, fmt.Errorf("sending the optimizer's shape: %w", err)
 	}
-	optStep, nState := getInt(head), getInt(head[intSlots:])
+	optStep, nState := shape.Step, shape.Tensors
 	params := r.Model.Params()
 	// What another rank sends is checked before anything is made from it:
 	// an optimizer keeps at most two tensors per parameter (Adam).
@@ -175,7 +186,7 @@ func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead i
 	if err := r.broadcastTensors(ctx, params, root); err != nil {
 		return out, fmt.Errorf("%w: sending the parameters: %w", ErrCollective, err)
 	}
-	if h := r.ParamHash(); getHash(t.row(root)[offerHash:]) != tableHash(h) {
+	if paramHash(r.ParamHash()) != claims[root].Hash {
 		// Put this rank's own parameters back: they are not to be lost on
 		// a lie.
 		for i, p := range params {
@@ -201,12 +212,6 @@ func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead i
 	}
 	out.Position = got
 	return out, nil
-}
-
-func tableHash(h [32]byte) hash128 {
-	var row [hashSlots]float32
-	putHash(row[:], h)
-	return row
 }
 
 // broadcastTensors sends ts from root, one tensor at a time, into the

@@ -791,6 +791,16 @@ func (r *Replica) ParamHash() [32]byte {
 	return out
 }
 
+// inSync is what each rank says at CheckInSync: its parameters' hash and
+// its compute seconds since the last check.
+type inSync struct {
+	Hash    string  `json:"hash"`
+	Compute float64 `json:"compute"`
+}
+
+// maxInSyncBytes bounds an inSync's encoding.
+const maxInSyncBytes = 128
+
 // CheckInSync compares every rank's parameter hash through the collective.
 // Ranks that differ from the most (the lowest rank's hash on a tie) are
 // named; the error is a *LiarError, though a bug could cause it as well as
@@ -800,27 +810,34 @@ func (r *Replica) ParamHash() [32]byte {
 // every rank learns, in the same allreduce, which ranks are slow
 // (RankCompute, Stragglers).
 func (r *Replica) CheckInSync(ctx context.Context) error {
-	t := newTable(r.Coll.Size(), hashSlots+1)
-	own := t.row(r.Coll.Rank())
-	putHash(own, r.ParamHash())
-	own[hashSlots] = float32((r.Stats.Compute - r.checkedCompute).Seconds())
-	if err := t.share(ctx, r.Coll); err != nil {
+	mine := &inSync{Hash: paramHash(r.ParamHash()), Compute: (r.Stats.Compute - r.checkedCompute).Seconds()}
+	states, bad, err := gatherMsgs(ctx, r.Coll, mine, maxInSyncBytes)
+	if err != nil {
 		return fmt.Errorf("%w: comparing parameter hashes: %w", ErrCollective, err)
+	}
+	for k, s := range states {
+		if s == nil || !validHash(s.Hash) {
+			bad = append(bad, k)
+		}
+	}
+	if len(bad) > 0 {
+		slices.Sort(bad)
+		return &LiarError{Ranks: slices.Compact(bad), Why: "their parameter hashes are missing or malformed"}
 	}
 	r.checkedCompute = r.Stats.Compute
 	r.rankCompute = r.rankCompute[:0]
-	for k := range t.rows() {
-		v := float64(t.row(k)[hashSlots])
+	for _, s := range states {
+		v := s.Compute
 		if !(v >= 0 && v < 1e12) { // another rank's garbage: no figure
 			v = 0
 		}
 		r.rankCompute = append(r.rankCompute, v)
 	}
-	all := make([]int, t.rows())
+	all := make([]int, len(states))
 	for k := range all {
 		all[k] = k
 	}
-	odd, majority := oddOnes(all, func(k int) hash128 { return getHash(t.row(k)) })
+	odd, majority := oddOnes(all, func(k int) string { return states[k].Hash })
 	switch {
 	case len(odd) > 0 && majority:
 		return &LiarError{Ranks: odd, Why: "replicas out of step: they hold other parameters than most ranks"}
