@@ -20,8 +20,14 @@
 // parameters broadcast at
 // start, a parameter-hash comparison across ranks (with the straggler
 // report), sharded
-// evaluation, checkpoints and resume, and Run, the epoch loop. The elastic
-// job around all of it is train/elastic's.
+// evaluation, checkpoints and resume, and Run, the epoch loop. Run never
+// changes its ring: when the ring fails or must change (a peer lost or
+// leaving, liars caught, a newcomer waiting) it returns an *Interrupted
+// with the position it reached, and the elastic job around all of it —
+// train/elastic's — changes the ring, brings the replicas level
+// (Replica.Level, Replica.Admitted) and runs again from there. Control
+// data between the ranks (claims, hashes, peer lists) are typed messages
+// with one codec (control.go).
 //
 // # Usage
 //

@@ -8,6 +8,34 @@
 // the others at the end — what Horovod's elastic mode and torchrun's
 // rendezvous do, with no coordinator.
 //
+// # Events and what they cost
+//
+// Every event ends training at a step boundary, the same on every peer,
+// and classify names it from what the collectives told every rank:
+//
+//   - lost (a collective failed: a peer died or stalled past the step
+//     timeout): the survivors re-form and level — the one furthest on, at
+//     most one step (a LocalSGD round), sends the others its state — and
+//     the interrupted step runs again. Cost: the step, the re-formation
+//     and the levelling.
+//   - left (ranks asked to leave in the step's trailer, and enough stay):
+//     the step was applied by all; the leavers drain their links and exit,
+//     the others re-form without them and go on from the next step. Cost:
+//     one small allreduce (the leave confirmation) and the re-formation.
+//   - stopped (ranks asked to leave and too few would stay): every peer
+//     stops after that step and writes its checkpoint.
+//   - liars (a rank's claims or state cannot be an honest replica's):
+//     re-formed without them, as for a loss.
+//   - newcomer (rank 0 saw a verified standby and the ring is below
+//     MaxWorldSize; a flag in the step's trailer): the ring grows at that
+//     step boundary, the newcomers take the state from the ring
+//     (hash-checked, each collective bounded by AdmitTimeout) and the rest
+//     of the epoch is shared out anew. A newcomer that vanishes or stalls
+//     is dropped by the re-formation that follows, as a lost peer is.
+//
+// After MaxReforms re-formations in a row with no step completed between
+// them, Run gives up with ErrReformBudget, naming the peer lost most often.
+//
 // # Usage
 //
 //	m := p2p.NewMembership(node, links, joinTimeout) // or any Membership
