@@ -689,7 +689,7 @@ func TestServedDataTrainsAsLocalFiles(t *testing.T) {
 // finish with the same parameters.
 func TestRestartedPeerIsWelcome(t *testing.T) {
 	dir := t.TempDir()
-	cfg := writeJobFile(t, dir, `"name": "return", "world_size": 3, "min_world_size": 2, "epochs": 40`)
+	cfg := writeJobFile(t, dir, `"name": "return", "world_size": 3, "min_world_size": 2, "epochs": 10`)
 	join := func(i int, listen string, boot ...string) *started {
 		args := []string{"join", "--config", cfg, "--identity", filepath.Join(dir, fmt.Sprintf("id-%d", i)), "--listen", listen, "--log-format", "json"}
 		for _, b := range boot {
@@ -733,7 +733,7 @@ func TestRestartedPeerIsWelcome(t *testing.T) {
 		t.Errorf("the restarted peer should wait as a standby and be admitted, not form a ring:\n%s", back)
 	}
 	var hashes []string
-	for _, m := range regexp.MustCompile(`"epochs":40,.*"param_hash":"([0-9a-f]{64})"`).FindAllStringSubmatch(strings.Join(append(outs, back), "\n"), -1) {
+	for _, m := range regexp.MustCompile(`"epochs":10,.*"param_hash":"([0-9a-f]{64})"`).FindAllStringSubmatch(strings.Join(append(outs, back), "\n"), -1) {
 		hashes = append(hashes, m[1])
 	}
 	if len(hashes) != 3 || hashes[0] != hashes[1] || hashes[1] != hashes[2] {
