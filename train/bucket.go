@@ -103,6 +103,7 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 				bad = r.tensorAt(b[0], g)
 			}
 			if bad < 0 {
+				r.scale(g)
 				if r.Wire == ring.I8 {
 					r.feedback(flat, b[0], b[1])
 				}
@@ -115,8 +116,12 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 		}
 		return nil
 	}
-	if lm, ok := r.Model.(Layered); ok {
+	if lm, ok := r.Model.(Layered); ok && n > 0 {
 		loss, err = lm.ForwardBackwardLayers(x, y, n, flat, ready)
+	} else if n == 0 { // no samples here this step: nothing to add to the mean
+		clear(flat[:r.nparams])
+		checked = true
+		err = ready(0)
 	} else {
 		if res, ok := r.Model.(Resident); ok {
 			loss, bad, err = res.ForwardBackwardFlat(x, y, n, flat)

@@ -200,6 +200,8 @@ type epochRun struct {
 	start   time.Time
 	step    int // steps run in this part
 	steps   int // steps this part has in all
+	block   int // positions a full step trains: world × batch size
+	left    int // positions of the epoch this part has to train
 	samples int
 	lossSum float64
 	lossN   int
@@ -226,13 +228,27 @@ func (e *epochRun) count(s Summary) Summary {
 func (e *epochRun) train(ctx context.Context) (Position, error) {
 	tr := *e.cfg.Train
 	tr.Sampler.World, tr.Sampler.Rank, tr.Sampler.Skip = e.r.Coll.Size(), e.r.Coll.Rank(), e.at.Skip
-	e.steps = tr.Batches()
+	// Every position left is trained once, by one rank: no padding. Step k
+	// trains block k of the permutation — rank r the positions of it that
+	// are r mod world — so at an epoch's uneven end the ranks' batches
+	// differ (a rank may have none) and share weighs them (stepOn).
+	tr.Sampler.Exact = !tr.Sampler.DropLast
+	e.block = tr.Sampler.World * tr.BatchSize
+	e.left = tr.Sampler.N - e.at.Skip
+	e.steps = (e.left + e.block - 1) / e.block
+	if tr.Sampler.DropLast {
+		e.steps = tr.Batches()
+	}
 	ep, err := tr.Epoch(ctx, e.at.Epochs)
 	if err != nil {
 		return e.at, err
 	}
 	err = ep.Each(func(b *data.Batch) error { return e.stepOn(ctx, b) })
 	ep.Close()
+	for err == nil && e.step < e.steps {
+		// This rank has no samples in the last block; it still takes part.
+		err = e.stepOn(ctx, &data.Batch{})
+	}
 	var leave *LeaveError
 	switch {
 	case errors.As(err, &leave):
@@ -258,7 +274,11 @@ func (e *epochRun) train(ctx context.Context) (Position, error) {
 func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 	r, cfg := e.r, e.cfg
 	r.closeRound = e.step+1 == e.steps // a LocalSGD round ends with the epoch
+	if block := min(e.block, e.left-e.step*e.block); block > 0 && !e.cfg.Train.Sampler.DropLast {
+		r.share = float32(b.N*r.Coll.Size()) / float32(block)
+	}
 	loss, err := r.Step(ctx, b.X, b.Y, b.N)
+	r.share = 0
 	e.step++
 	var leave *LeaveError
 	if err == nil || Skipped(err) || errors.As(err, &leave) {
@@ -297,9 +317,11 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 		}
 	}
 	e.samples += b.N
-	e.lossSum += float64(loss)
-	e.lossN++
-	if cfg.Progress != nil && e.step%cfg.ProgressEvery == 0 {
+	if b.N > 0 {
+		e.lossSum += float64(loss)
+		e.lossN++
+	}
+	if cfg.Progress != nil && e.step%cfg.ProgressEvery == 0 && e.lossN > 0 {
 		el := time.Since(e.start)
 		cfg.Progress(Progress{Epoch: e.at.Epochs, Step: e.step, Steps: e.steps, Loss: e.lossSum / float64(e.lossN),
 			SamplesPerSec: float64(e.samples) / el.Seconds(), Elapsed: el, WorldSize: r.Coll.Size(), Stats: r.Stats})

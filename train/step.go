@@ -148,6 +148,13 @@ type Replica struct {
 	closeRound bool
 	// newcomer is whether the last Step's trailer said a newcomer waits.
 	newcomer bool
+	// share is this rank's part of the next step's samples times the
+	// world size: 1 when every rank has a full batch, less or more at an
+	// epoch's uneven end, 0 for a rank with none. Its gradients are scaled
+	// by it, so the ring's mean is the mean over the step's samples —
+	// what one replica would compute on all of them. Run sets it for each
+	// step; zero, outside Run, means 1.
+	share float32
 	// residual is error feedback's remainder from the last applied step;
 	// pending the one this step leaves, kept only if it is applied.
 	residual, pending []float32
@@ -419,6 +426,8 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 	switch res, ok := r.Model.(Resident); {
 	case isLocal:
 		loss, bad = innerLoss, local.delta(flat[:r.nparams], r.Model.Params())
+	case n == 0: // no samples here this step: nothing to add to the mean
+		clear(flat[:r.nparams])
 	case ok:
 		loss, bad, err = res.ForwardBackwardFlat(x, y, n, flat)
 	default:
@@ -428,6 +437,9 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 	}
 	if err != nil {
 		return 0, bad, err
+	}
+	if bad < 0 && !isLocal {
+		r.scale(flat[:r.nparams])
 	}
 	if r.Wire == ring.I8 && bad < 0 {
 		r.feedback(flat, 0, r.nparams)
@@ -455,6 +467,16 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 		return loss, bad, fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
 	}
 	return loss, bad, nil
+}
+
+// scale multiplies this rank's gradients by its share of the step's
+// samples (share), where that is not 1.
+func (r *Replica) scale(g []float32) {
+	if f := r.share; f != 0 && f != 1 {
+		for i := range g {
+			g[i] *= f
+		}
+	}
 }
 
 // leavers confirms the leave requests the trailer holds (confirmLeaves)
@@ -550,6 +572,10 @@ func (r *Replica) innerStep(o *LocalSGD, x []float32, y []int, n int) (float32, 
 	}
 	var loss float32
 	bad := -1
+	if n == 0 { // nothing to train on here this step (an epoch's uneven end)
+		o.done++
+		return 0, nil
+	}
 	if dev, ok := o.Inner.(DeviceOptimizer); ok {
 		var err error
 		if loss, bad, err = dev.StepAlone(x, y, n); err != nil {

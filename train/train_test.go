@@ -327,3 +327,54 @@ func TestStragglerIsNamed(t *testing.T) {
 		t.Errorf("stragglers among even ranks = %v; want none", got)
 	}
 }
+
+// TestUnevenEpochEndEqualsBigBatch: an epoch whose samples do not divide
+// into full steps ends with uneven batches — with batch 8 the last step
+// has 3, 3 and 2 samples; with batch 222, 1, 1 and none — and every
+// sample is trained once. Each rank weighs its gradients by its share of
+// the step's samples, so the three replicas end where one replica with
+// three times the batch over the same permutation does. Before, the last
+// shares were padded from the permutation's start (samples trained twice)
+// and the ranks' means averaged alike whatever their size.
+func TestUnevenEpochEndEqualsBigBatch(t *testing.T) {
+	const world = 3
+	for _, batch := range []int{8, 222} {
+		big := NewReplica(newMLP(t, mlpCfg(784, []int{16}, 10, world*batch, 1)), &SGD{LR: 0.1}, solo(t))
+		if _, err := Run(context.Background(), RunConfig{Replica: big, Train: loader(t, "train", world*batch, true), Epochs: 1, Classes: 10}); err != nil {
+			t.Fatal(err)
+		}
+		rings := memRings(t, world)
+		reps := make([]*Replica, world)
+		seen := map[int]int{}
+		var mu sync.Mutex
+		err := onAll(world, func(i int) error {
+			reps[i] = NewReplica(newMLP(t, mlpCfg(784, []int{16}, 10, batch, uint64(1+i))), &SGD{LR: 0.1}, rings[i])
+			_, err := Run(context.Background(), RunConfig{Replica: reps[i], Train: loader(t, "train", batch, true), Epochs: 1, Classes: 10,
+				Trained: func(_ int, index []int) {
+					mu.Lock()
+					defer mu.Unlock()
+					for _, k := range index {
+						seen[k]++
+					}
+				}})
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range 2000 {
+			if seen[k] != 1 {
+				t.Fatalf("batch %d: sample %d trained %d times", batch, k, seen[k])
+			}
+		}
+		want := big.Model.Params()
+		got := reps[0].Model.Params()
+		for ti := range want {
+			for j := range want[ti] {
+				if d := math.Abs(float64(got[ti][j] - want[ti][j])); d > 1e-4*math.Max(1, math.Abs(float64(want[ti][j]))) {
+					t.Fatalf("batch %d: %s[%d] = %v; one replica with the whole steps gives %v", batch, reps[0].Model.ParamNames()[ti], j, got[ti][j], want[ti][j])
+				}
+			}
+		}
+	}
+}
