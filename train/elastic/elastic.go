@@ -200,7 +200,9 @@ func (j *Job) Run(ctx context.Context) (train.Summary, error) {
 			return total, err
 		}
 		var in *train.Interrupted
-		errors.As(err, &in)
+		if !errors.As(err, &in) { // no position to carry on from
+			return total, err
+		}
 		if in.At.Steps > rc.Start.Steps { // a step completed since the ring last changed
 			j.streak = 0
 			clear(j.lost)
