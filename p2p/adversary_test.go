@@ -310,9 +310,9 @@ func TestFailedPeerIsTriedAgainWhenVouchedFor(t *testing.T) {
 // knows nothing of what its last process was told, and the others knew it
 // as one of theirs. A hello of a new incarnation makes it news both ways:
 // the node tells it of every member again (with addresses), and tells the
-// other members of it. Before, neither happened: the restarted peer could
-// not reach rank 0 ("no addresses") and rank 0 never heard of it, so it
-// waited as a standby until the job ended.
+// other members of it. Without that, neither happens: the restarted peer
+// cannot reach rank 0 ("no addresses"), rank 0 never hears of it, and it
+// waits as a standby until the job ends.
 func TestRestartedPeerIsNewsAgain(t *testing.T) {
 	hs, n, m := nodeAndMember(t, 3)
 	other := hs[2].ID()

@@ -333,9 +333,9 @@ func TestStragglerIsNamed(t *testing.T) {
 // has 3, 3 and 2 samples; with batch 222, 1, 1 and none — and every
 // sample is trained once. Each rank weighs its gradients by its share of
 // the step's samples, so the three replicas end where one replica with
-// three times the batch over the same permutation does. Before, the last
-// shares were padded from the permutation's start (samples trained twice)
-// and the ranks' means averaged alike whatever their size.
+// three times the batch over the same permutation does. Padding the last
+// shares from the permutation's start (samples trained twice), or
+// averaging the ranks' means alike whatever their size, ends elsewhere.
 func TestUnevenEpochEndEqualsBigBatch(t *testing.T) {
 	const world = 3
 	for _, batch := range []int{8, 222} {
