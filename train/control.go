@@ -11,7 +11,7 @@ import (
 )
 
 // Control messages — adoption claims, parameter hashes, the optimizer's
-// shape, peer lists — are typed values with one codec: JSON, carried in a
+// shape, peer lists, answers to leave requests — are typed values with one codec: JSON, carried in a
 // collective as float32s that each hold two bytes (a whole number below
 // 2^16, which float32 holds exactly), after the length. Every reader
 // checks what arrives the same way — the length against a bound, every
@@ -23,8 +23,10 @@ import (
 // others hold zeros, so every rank ends with every row, exactly. A row of
 // zeros is a rank with nothing to say.
 //
-// Only the step's trailer (flags and norms, averaged with the gradients)
-// and the leave confirmation (sums by design) are not messages.
+// Only the step's trailer is not a message: its flags, leave requests and
+// norms ride in the gradients' own allreduce, so that a step costs one
+// round; a leave request set there is then confirmed with messages
+// (confirmLeaves).
 
 // msgWidth is how many float32s a message of at most maxBytes takes.
 func msgWidth(maxBytes int) int { return 1 + (maxBytes+1)/2 }

@@ -339,12 +339,21 @@ func TestHiddenNaNIsSkipped(t *testing.T) {
 }
 
 // leaveForger is a rank that adds add to rank victim's leave slot in every
-// step's allreduce.
+// step's allreduce, and cut to the length of the victim's answer in the
+// confirmation round (to cancel a denial).
 type leaveForger struct {
 	Collective
 	victim  int
 	add     float32
 	nparams int
+	cut     float32
+}
+
+func (f leaveForger) AllreduceSum(ctx context.Context, buf []float32) error {
+	if w := msgWidth(maxLeaveAnswerBytes); f.cut != 0 && len(buf) == f.Size()*w {
+		buf[f.victim*w] -= f.cut
+	}
+	return f.Collective.AllreduceSum(ctx, buf)
 }
 
 func (f leaveForger) AllreduceMean(ctx context.Context, buf []float32) error {
@@ -367,13 +376,16 @@ func TestForgedLeaveIsIgnored(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		add    float32 // what rank 2 adds to rank 0's slot
+		cut    float32 // what rank 2 takes from the length of rank 0's answer
 		asks   bool    // rank 0 asks to leave
 		leaves [n][]int
 		forged int
 	}{
-		{"a request in another's name", 1, false, [n][]int{nil, nil, nil}, 1},
-		{"a real request", 0, true, [n][]int{{0}, {0}, {0}}, 0},
-		{"a real request cancelled on the way", -1, true, [n][]int{{0}, nil, nil}, 0},
+		{"a request in another's name", 1, 0, false, [n][]int{nil, nil, nil}, 1},
+		{"a request in another's name, its denial tampered with", 1, 3, false, [n][]int{nil, nil, nil}, 1},
+		{"a request in another's name, its denial cut out", 1, 100, false, [n][]int{nil, nil, nil}, 1},
+		{"a real request", 0, 0, true, [n][]int{{0}, {0}, {0}}, 0},
+		{"a real request cancelled on the way", -1, 0, true, [n][]int{{0}, nil, nil}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rings := memRings(t, n)
@@ -382,7 +394,7 @@ func TestForgedLeaveIsIgnored(t *testing.T) {
 			onAll(n, func(i int) error {
 				reps[i] = NewReplica(newMLP(t, cfg), &SGD{LR: 0.1}, rings[i])
 				if i == 2 {
-					reps[i].Coll = leaveForger{rings[i], 0, tc.add, reps[i].nparams}
+					reps[i].Coll = leaveForger{rings[i], 0, tc.add, reps[i].nparams, tc.cut}
 				}
 				if i == 0 && tc.asks {
 					leave := make(chan struct{})

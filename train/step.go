@@ -635,32 +635,43 @@ func (r *Replica) feedback(flat []float32, lo, hi int) {
 	}
 }
 
+// leaveAnswer is a rank's answer in the round that confirms leave
+// requests: a denial of its own request, which it did not make. Deny is a
+// random number, so that a forger, who can add to any rank's row of the
+// summed table but does not know it, cannot cancel the denial.
+type leaveAnswer struct {
+	Deny uint64 `json:"deny"`
+}
+
+// maxLeaveAnswerBytes bounds a leaveAnswer's encoding.
+const maxLeaveAnswerBytes = 40
+
 // confirmLeaves is the second round of a step whose leave slots are set.
 // The slots are sums, so any member can set another rank's slot and make it
-// stop; only the rank itself knows whether it asked. So every rank sends,
-// in an AllreduceSum, a denial for its own slot when it was set but the rank
-// did not ask: a random value in [1, 2) from crypto/rand, which a forger —
-// who can add to any slot but does not know the value — cannot cancel.
-// Every rank holds the same sums, so all drop the same denied ranks from
-// the leavers, and count them in Stats.ForgedLeaves. The forger cannot be
-// named: a sum does not say who added to it. A member can still deny a
-// real request; its maker then leaves anyway, and the others re-form when
-// it is gone.
+// stop; only the rank itself knows whether it asked. So every rank whose
+// slot was set but did not ask sends a denial (leaveAnswer) in a gathered
+// message. Every rank reads the same rows, so all drop the same denied
+// ranks from the leavers — a row that does not decode counts as a denial
+// too, as only tampering makes one — and count them in
+// Stats.ForgedLeaves. The forger cannot be named: a sum does not say who
+// added to it. A member can still deny a real request; its maker then
+// leaves anyway, and the others re-form when it is gone.
 func (r *Replica) confirmLeaves(ctx context.Context, leaving []int, asked bool) ([]int, error) {
-	deny := make([]float32, r.Coll.Size())
+	var mine *leaveAnswer
 	if me := r.Coll.Rank(); slices.Contains(leaving, me) && !asked {
-		var b [4]byte
+		var b [8]byte
 		if _, err := rand.Read(b[:]); err != nil {
 			return nil, err
 		}
-		deny[me] = math.Float32frombits(0x3f800000 | binary.LittleEndian.Uint32(b[:])&0x7fffff)
+		mine = &leaveAnswer{Deny: binary.LittleEndian.Uint64(b[:]) | 1}
 	}
-	if err := r.Coll.AllreduceSum(ctx, deny); err != nil {
+	answers, bad, err := gatherMsgs(ctx, r.Coll, mine, maxLeaveAnswerBytes)
+	if err != nil {
 		return nil, err
 	}
 	var confirmed []int
 	for _, k := range leaving {
-		if deny[k] != 0 {
+		if answers[k] != nil || slices.Contains(bad, k) {
 			r.Stats.ForgedLeaves++
 			continue
 		}
