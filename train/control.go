@@ -41,15 +41,20 @@ func putMsg(row []float32, v any, maxBytes int) error {
 		return fmt.Errorf("train: a %d-byte control message (%T), at most %d", len(b), v, maxBytes)
 	}
 	clear(row)
+	packBytes(row, b)
+	return nil
+}
+
+// packBytes writes b's length, then b two bytes to a float32, into row.
+func packBytes(row []float32, b []byte) {
 	row[0] = float32(len(b))
-	for i := 0; i < len(b); i += 2 {
+	for i := 0; i < len(b) && 1+i/2 < len(row); i += 2 {
 		p := int(b[i])
 		if i+1 < len(b) {
 			p |= int(b[i+1]) << 8
 		}
 		row[1+i/2] = float32(p)
 	}
-	return nil
 }
 
 // errMalformed is what getMsg says of a row that no honest rank writes.

@@ -29,14 +29,7 @@ func TestControlMessages(t *testing.T) {
 	}
 	encoded := func(s string) []float32 {
 		r := make([]float32, w)
-		r[0] = float32(len(s))
-		for i := 0; i < len(s); i += 2 {
-			p := int(s[i])
-			if i+1 < len(s) {
-				p |= int(s[i+1]) << 8
-			}
-			r[1+i/2] = float32(p)
-		}
+		packBytes(r, []byte(s))
 		return r
 	}
 	for _, tc := range []struct {
@@ -79,14 +72,7 @@ func FuzzControlMessage(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte, flip uint16) {
 		const max = 128
 		row := make([]float32, msgWidth(max))
-		row[0] = float32(min(len(b), 2*max))
-		for i := 0; i < len(b) && 1+i/2 < len(row); i += 2 {
-			p := int(b[i])
-			if i+1 < len(b) {
-				p |= int(b[i+1]) << 8
-			}
-			row[1+i/2] = float32(p)
-		}
+		packBytes(row, b)
 		if k := int(flip) % len(row); flip != 0 {
 			row[k] += float32(flip) / 7
 		}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/ringtrain/ringtrain/ring"
@@ -250,4 +251,35 @@ type twin struct{ Collective }
 func (w twin) AllreduceSum(ctx context.Context, buf []float32) error {
 	copy(buf[len(buf)/2:], buf[:len(buf)/2])
 	return nil
+}
+
+// TestLocalSGDReportsEverySampleOnce: with LocalSGD the indices of a
+// round's steps are reported once its outer step is done; the loader
+// reuses its batches meanwhile, so what is held back must be a copy —
+// else the report repeats the last batch's indices and loses the others.
+func TestLocalSGDReportsEverySampleOnce(t *testing.T) {
+	const world, batch = 2, 8
+	rings := memRings(t, world)
+	var mu sync.Mutex
+	seen := map[int]int{}
+	err := onAll(world, func(i int) error {
+		rep := NewReplica(newMLP(t, mlpCfg(784, []int{8}, 10, batch, 1)), &LocalSGD{Inner: &SGD{LR: 0.1}, Every: 4, LR: 1}, rings[i])
+		_, err := Run(context.Background(), RunConfig{Replica: rep, Train: loader(t, "train", batch, true), Epochs: 1, Classes: 10,
+			Trained: func(_ int, index []int) {
+				mu.Lock()
+				defer mu.Unlock()
+				for _, k := range index {
+					seen[k]++
+				}
+			}})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range 2000 {
+		if seen[k] != 1 {
+			t.Fatalf("sample %d reported %d times", k, seen[k])
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ringtrain/ringtrain/data"
@@ -335,14 +336,16 @@ func (e *epochRun) trained(index []int) {
 	if e.cfg.Trained == nil {
 		return
 	}
-	e.open = append(e.open, index)
 	if e.r.roundOpen() {
+		// The loader reuses the batch once this returns: keep a copy.
+		e.open = append(e.open, slices.Clone(index))
 		return
 	}
 	for _, ix := range e.open {
 		e.cfg.Trained(e.at.Epochs, ix)
 	}
 	e.open = e.open[:0]
+	e.cfg.Trained(e.at.Epochs, index)
 }
 
 // newcomer is ErrNewcomer after a step whose trailer said one waits.
