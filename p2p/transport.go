@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"strconv"
 	"sync"
@@ -319,21 +320,47 @@ func (l *RingLinks) acceptLoop(ln net.Listener) {
 	}
 }
 
-// open opens a stream of RingProtocol to succ. A successor that formed
-// the ring a moment after us may not have registered RingProtocol yet, so
-// "protocol not supported" is retried until ctx ends.
+// linkDialRetries bounds how often a failed link dial is tried again. A
+// dial can fail for a reason that clears at once: with port reuse, two
+// peers that dial each other from their listen ports in the same instant
+// make a TCP simultaneous open, and both sides then speak TLS as the
+// client. A few tries with jitter, under a second in all, get past it
+// without hiding a peer that is really gone.
+const linkDialRetries = 5
+
+// redial says whether a link dial that failed with err, after failures
+// failed dials so far, is worth trying again. A successor that formed the
+// ring a moment after us may not have registered RingProtocol yet, so
+// "protocol not supported" is retried until ctx ends; other failures a
+// bounded number of times.
+func redial(ctx context.Context, err error, failures int) bool {
+	if err == nil || ctx.Err() != nil {
+		return false
+	}
+	var unsupported msmux.ErrNotSupported[protocol.ID]
+	if errors.As(err, &unsupported) {
+		return true
+	}
+	return failures < linkDialRetries
+}
+
+// open opens a stream of RingProtocol to succ, trying again while redial
+// says so, with jittered, doubling waits.
 func (l *RingLinks) open(ctx context.Context, succ peer.ID) (network.Stream, error) {
-	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
+	for failures, wait := 0, 10*time.Millisecond; ; failures, wait = failures+1, min(2*wait, 500*time.Millisecond) {
 		prepareDial(l.h, succ)
 		s, err := l.h.NewStream(ctx, succ, RingProtocol)
-		var unsupported msmux.ErrNotSupported[protocol.ID]
-		if err == nil || !errors.As(err, &unsupported) {
+		if !redial(ctx, err, failures) {
+			if err != nil && ctx.Err() != nil {
+				return nil, fmt.Errorf("%w (last: %v)", ctx.Err(), err)
+			}
 			return s, err
 		}
+		l.log.Debug().Err(err).Str("peer", succ.String()).Msg("ring link dial failed; trying again")
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("%w (last: %v)", ctx.Err(), err)
-		case <-time.After(wait):
+		case <-time.After(wait/2 + mrand.N(wait/2)):
 		}
 	}
 }
