@@ -10,7 +10,7 @@ BIN      ?= bin
 # (golang/go#75804, fixed in 1.27). 200000 inputs take 5–15 s here.
 FUZZTIME ?= 200000x
 # Every fuzz target, as package:Target; `make test` runs each for FUZZTIME.
-FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzReadIDX ./data:FuzzReadCSV ./p2p:FuzzReadHello ./data:FuzzParseManifest ./cmd/ringtrain:FuzzParseJobConfig ./train:FuzzControlMessage
+FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzReadIDX ./data:FuzzReadCSV ./p2p:FuzzReadHello ./data:FuzzParseManifest ./cmd/ringtrain:FuzzParseJobConfig ./train:FuzzControlMessage ./train/pipeline:FuzzReadFrame
 
 MODEL ?= mlp
 

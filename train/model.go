@@ -126,7 +126,6 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 	if err != nil {
 		return nil, err
 	}
-	next := 0 // the next tensor of init
 
 	// gorgonia panics on shape errors; Shapes has checked them, but a
 	// panic must not cross the package boundary all the same.
@@ -135,61 +134,10 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 			err = fmt.Errorf("train: building the model: %v", r)
 		}
 	}()
-	h := x
-	in := cfg.Spec.Input
-	saved := map[string]*G.Node{}
-	// learned: whether h depends on a parameter yet. Before the first
-	// layer with weights, nothing needs the gradient of h.
-	learned := false
-	savedLearned := map[string]bool{}
-	layers := cfg.Spec.Layers
-	for i, l := range layers {
-		name := fmt.Sprintf("%d.%s", i, l.Type)
-		switch l.Type {
-		case "linear":
-			w, bias := init[next].tensor(), init[next+1].tensor()
-			next += 2
-			wn := G.NewMatrix(m.g, G.Float32, G.WithShape(in[0], l.Out), G.WithName(name+".weight"), G.WithValue(w))
-			bn := G.NewMatrix(m.g, G.Float32, G.WithShape(1, l.Out), G.WithName(name+".bias"), G.WithValue(bias))
-			h = G.Must(linear(h, wn, bn, b, in[0], l.Out, learned, m.blas))
-			learned = true
-			m.learn = append(m.learn, wn, bn)
-		case "conv2d":
-			w, bias := init[next].tensor(), init[next+1].tensor()
-			next += 2
-			wn := G.NewTensor(m.g, G.Float32, 4, G.WithShape(l.Out, in[0], l.Kernel, l.Kernel), G.WithName(name+".weight"), G.WithValue(w))
-			bn := G.NewTensor(m.g, G.Float32, 4, G.WithShape(1, l.Out, 1, 1), G.WithName(name+".bias"), G.WithValue(bias))
-			oh, ow := in[1]+2*l.Pad-l.Kernel+1, in[2]+2*l.Pad-l.Kernel+1
-			g := convGeom{b: b, c: in[0], h: in[1], w: in[2], o: l.Out, k: l.Kernel, pad: l.Pad, oh: oh, ow: ow}
-			h = G.Must(conv2d(h, wn, bn, g, learned, m.blas))
-			learned = true
-			m.learn = append(m.learn, wn, bn)
-		case "maxpool2d":
-			h = G.Must(G.MaxPool2D(h, tensor.Shape{l.Kernel, l.Kernel}, []int{0, 0}, []int{l.Kernel, l.Kernel}))
-		case "relu":
-			h = G.Must(relu(h))
-		case "sigmoid":
-			h = G.Must(G.Sigmoid(h))
-		case "tanh":
-			h = G.Must(G.Tanh(h))
-		case "flatten":
-			h = G.Must(G.Reshape(h, tensor.Shape{b, shapes[i][0]}))
-		case "add":
-			h = G.Must(G.Add(h, saved[l.From]))
-			learned = learned || savedLearned[l.From]
-		case "dropout":
-			shape := append([]int{b}, in...)
-			mt := tensor.New(tensor.WithShape(shape...), tensor.Of(tensor.Float32))
-			mn := G.NewTensor(m.g, G.Float32, len(shape), G.WithShape(shape...), G.WithName(name+".mask"), G.WithValue(mt))
-			h = G.Must(G.HadamardProd(h, mn))
-			m.drops = append(m.drops, dropout{mask: mt.Data().([]float32), keep: float32(1 / (1 - l.P)),
-				cut: uint32(math.Min(l.P*(1<<32), math.MaxUint32))})
-		}
-		if l.Save != "" {
-			saved[l.Save], savedLearned[l.Save] = h, learned
-		}
-		in = shapes[i]
-	}
+	lg := &layerGraph{g: m.g, cfg: cfg, shapes: shapes, init: init, blas: m.blas,
+		saved: map[string]*G.Node{}, savedLearned: map[string]bool{}}
+	h := G.Must(lg.build(x, 0, len(cfg.Spec.Layers), false))
+	m.learn, m.drops = lg.learn, lg.drops
 	readOut := G.Read(h, &m.outVal)
 	logp := G.Must(G.LogSoftMax(h))
 	cost := G.Must(G.Neg(G.Must(G.Mul(G.Must(G.Sum(G.Must(G.HadamardProd(logp, y)))), m.invN))))
@@ -310,13 +258,8 @@ func (m *graphModel) feed(x []float32, y []int, n int, training bool) error {
 	xs := m.x.Data().([]float32)
 	copy(xs, x)
 	clear(xs[len(x):])
-	ys := m.y.Data().([]float32)
-	clear(ys)
-	for i, l := range y {
-		if l < 0 || l >= m.classes {
-			return fmt.Errorf("train: label %d of sample %d outside [0, %d)", l, i, m.classes)
-		}
-		ys[i*m.classes+l] = 1
+	if err := oneHot(m.y.Data().([]float32), y, m.classes); err != nil {
+		return err
 	}
 	for _, d := range m.drops {
 		if training {
@@ -328,6 +271,19 @@ func (m *graphModel) feed(x []float32, y []int, n int, training bool) error {
 		}
 	}
 	return G.Let(m.invN, float32(1)/float32(n))
+}
+
+// oneHot writes labels y as one-hot rows of classes values into ys, and
+// zeros after them.
+func oneHot(ys []float32, y []int, classes int) error {
+	clear(ys)
+	for i, l := range y {
+		if l < 0 || l >= classes {
+			return fmt.Errorf("train: label %d of sample %d outside [0, %d)", l, i, classes)
+		}
+		ys[i*classes+l] = 1
+	}
+	return nil
 }
 
 func (d dropout) fill(src *rand.PCG) {
@@ -370,3 +326,94 @@ func (m *graphModel) Grads() [][]float32   { return m.grads }
 func (m *graphModel) ParamNames() []string { return m.names }
 func (m *graphModel) Close() error         { return errors.Join(m.vm.Close(), m.fwd.Close()) }
 func (m *graphModel) Logits() []float32    { return m.outVal.Data().([]float32) }
+
+// layerGraph adds a spec's layers to a gorgonia graph: the whole model's,
+// or one pipeline stage's.
+type layerGraph struct {
+	g      *G.ExprGraph
+	cfg    ModelConfig
+	shapes [][]int // every layer's output shape, from Spec.Shapes
+	init   []Param // the whole spec's initial parameters
+	blas   *gemm.BLAS
+	// saved holds the outputs layers saved, by name, and savedLearned
+	// whether each depends on a parameter (or on an input whose gradient
+	// is wanted).
+	saved        map[string]*G.Node
+	savedLearned map[string]bool
+	learn        G.Nodes   // the parameters added, in InitParams' order
+	drops        []dropout // the dropout layers added
+	dropAt       []int     // the layer index of each of drops
+}
+
+// build adds layers [lo, hi) on top of h and returns the last one's
+// output. learned says whether h needs a gradient: before the first layer
+// with weights of a whole model it does not, and the layers skip computing
+// it.
+func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error) {
+	b := lg.cfg.Batch
+	next := 0 // the next tensor of init
+	layers := lg.cfg.Spec.Layers
+	for _, l := range layers[:lo] {
+		if l.Type == "linear" || l.Type == "conv2d" {
+			next += 2
+		}
+	}
+	in := lg.cfg.Spec.Input
+	if lo > 0 {
+		in = lg.shapes[lo-1]
+	}
+	for i := lo; i < hi; i++ {
+		l := layers[i]
+		name := fmt.Sprintf("%d.%s", i, l.Type)
+		var err error
+		switch l.Type {
+		case "linear":
+			w, bias := lg.init[next].tensor(), lg.init[next+1].tensor()
+			next += 2
+			wn := G.NewMatrix(lg.g, G.Float32, G.WithShape(in[0], l.Out), G.WithName(name+".weight"), G.WithValue(w))
+			bn := G.NewMatrix(lg.g, G.Float32, G.WithShape(1, l.Out), G.WithName(name+".bias"), G.WithValue(bias))
+			h, err = linear(h, wn, bn, b, in[0], l.Out, learned, lg.blas)
+			learned = true
+			lg.learn = append(lg.learn, wn, bn)
+		case "conv2d":
+			w, bias := lg.init[next].tensor(), lg.init[next+1].tensor()
+			next += 2
+			wn := G.NewTensor(lg.g, G.Float32, 4, G.WithShape(l.Out, in[0], l.Kernel, l.Kernel), G.WithName(name+".weight"), G.WithValue(w))
+			bn := G.NewTensor(lg.g, G.Float32, 4, G.WithShape(1, l.Out, 1, 1), G.WithName(name+".bias"), G.WithValue(bias))
+			oh, ow := in[1]+2*l.Pad-l.Kernel+1, in[2]+2*l.Pad-l.Kernel+1
+			cg := convGeom{b: b, c: in[0], h: in[1], w: in[2], o: l.Out, k: l.Kernel, pad: l.Pad, oh: oh, ow: ow}
+			h, err = conv2d(h, wn, bn, cg, learned, lg.blas)
+			learned = true
+			lg.learn = append(lg.learn, wn, bn)
+		case "maxpool2d":
+			h, err = G.MaxPool2D(h, tensor.Shape{l.Kernel, l.Kernel}, []int{0, 0}, []int{l.Kernel, l.Kernel})
+		case "relu":
+			h, err = relu(h)
+		case "sigmoid":
+			h, err = G.Sigmoid(h)
+		case "tanh":
+			h, err = G.Tanh(h)
+		case "flatten":
+			h, err = G.Reshape(h, tensor.Shape{b, lg.shapes[i][0]})
+		case "add":
+			h, err = G.Add(h, lg.saved[l.From])
+			learned = learned || lg.savedLearned[l.From]
+		case "dropout":
+			shape := append([]int{b}, in...)
+			mt := tensor.New(tensor.WithShape(shape...), tensor.Of(tensor.Float32))
+			mn := G.NewTensor(lg.g, G.Float32, len(shape), G.WithShape(shape...), G.WithName(name+".mask"), G.WithValue(mt))
+			h, err = G.HadamardProd(h, mn)
+			lg.drops = append(lg.drops, dropout{mask: mt.Data().([]float32), keep: float32(1 / (1 - l.P)),
+				cut: uint32(math.Min(l.P*(1<<32), math.MaxUint32))})
+			lg.dropAt = append(lg.dropAt, i)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("layer %d (%s): %w", i, l.Type, err)
+		}
+		if l.Save != "" {
+			lg.saved[l.Save], lg.savedLearned[l.Save] = h, learned
+		}
+		in = lg.shapes[i]
+	}
+	return h, nil
+}

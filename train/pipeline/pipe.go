@@ -1,0 +1,385 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/ringtrain/ringtrain/train"
+)
+
+// Stats is what a Pipe measured of its steps.
+type Stats struct {
+	// PeakInFlight is the most micro-batches it held at once, forwarded
+	// and not yet backward; PeakBytes the bytes of their inputs.
+	PeakInFlight int
+	PeakBytes    int64
+	// Sent and Received count boundary frames.
+	Sent, Received int
+}
+
+// Pipe is one peer's stage of a pipeline, as a train.Model: its
+// ForwardBackward runs the batch's micro-batches through the stage by the
+// schedule, receiving from and sending to the stages beside it, and
+// leaves the stage's parameter gradients (of the batch's mean loss) in
+// Grads. Every stage of a column must make the same calls with the same
+// sample counts; the loss and the logits every stage reports are the last
+// stage's, carried back.
+type Pipe struct {
+	ctx        context.Context
+	cfg        Config
+	enc        Encoding
+	st         *train.Stage
+	s, stages  int
+	micro      int
+	classes    int
+	prev, next Link
+	// in and out are what crosses the boundaries before and after the
+	// stage (what the frames carry); useIn maps the stage's inputs to in,
+	// and for each of out, fromStage is the stage's output it is (or −1)
+	// and fromIn the entry of in passed on (or −1).
+	in, out           []train.Carry
+	useIn             []int
+	fromStage, fromIn []int
+	gen, step         uint64
+	logits            []float32
+	stats             Stats
+}
+
+var (
+	_ train.Model      = (*Pipe)(nil)
+	_ train.MaskSeeder = (*Pipe)(nil)
+)
+
+// New builds stage s of a pipeline for a model whose Batch is the full
+// batch. cfg.Split must be set when there is more than one stage (Balance
+// or the user's). prev and next are the links to stages s−1 and s+1 (nil
+// at the ends). ctx bounds every wait on a link for the Pipe's life.
+func New(ctx context.Context, cfg Config, model train.ModelConfig, s int, prev, next Link) (*Pipe, error) {
+	if err := cfg.Check(model.Spec, model.Batch); err != nil {
+		return nil, err
+	}
+	layers := len(model.Spec.Layers)
+	split := cfg.Split
+	if cfg.Stages == 1 {
+		split = []int{}
+	}
+	bounds, err := Bounds(split, cfg.Stages, layers)
+	if err != nil {
+		return nil, err
+	}
+	if s < 0 || s >= cfg.Stages {
+		return nil, fmt.Errorf("stage %d of %d: %w", s, cfg.Stages, ErrConfig)
+	}
+	if (s > 0) != (prev != nil) || (s < cfg.Stages-1) != (next != nil) {
+		return nil, fmt.Errorf("stage %d of %d needs links to exactly its neighbours: %w", s, cfg.Stages, ErrConfig)
+	}
+	enc, _ := cfg.encoding()
+	p := &Pipe{ctx: ctx, cfg: cfg, enc: enc, s: s, stages: cfg.Stages, micro: cfg.MicroSize(model.Batch), prev: prev, next: next}
+	mc := model
+	mc.Batch = p.micro
+	lo, hi := bounds[s][0], bounds[s][1]
+	if p.st, err = train.NewStage(train.StageConfig{Model: mc, Lo: lo, Hi: hi}); err != nil {
+		return nil, err
+	}
+	shapes, _ := model.Spec.Shapes()
+	p.classes = shapes[len(shapes)-1][0]
+	p.in = p.st.Inputs()
+	if lo > 0 {
+		p.in, _ = train.StageCarries(model.Spec, lo)
+	}
+	if hi < layers {
+		p.out, _ = train.StageCarries(model.Spec, hi)
+	}
+	index := func(cs []train.Carry, name string) int {
+		return slices.IndexFunc(cs, func(c train.Carry) bool { return c.Name == name })
+	}
+	for _, c := range p.st.Inputs() {
+		p.useIn = append(p.useIn, index(p.in, c.Name))
+	}
+	for _, c := range p.out {
+		p.fromStage = append(p.fromStage, index(p.st.Outputs(), c.Name))
+		from := -1
+		if c.Name != "" {
+			from = index(p.in, c.Name)
+		}
+		p.fromIn = append(p.fromIn, from)
+	}
+	return p, nil
+}
+
+// SetGeneration sets the generation every frame carries and must carry:
+// the ring the stages are in. Frames of any other are refused.
+func (p *Pipe) SetGeneration(gen uint64) { p.gen = gen }
+
+// Stats returns what the Pipe measured so far.
+func (p *Pipe) Stats() Stats { return p.stats }
+
+// Stage returns the stage this Pipe runs and the number of stages.
+func (p *Pipe) Stage() (s, stages int) { return p.s, p.stages }
+
+func sizes(cs []train.Carry) []int {
+	out := make([]int, len(cs))
+	for i, c := range cs {
+		out[i] = c.Values()
+	}
+	return out
+}
+
+// rows is how many samples micro-batch mb of n has.
+func (p *Pipe) rows(mb, n int) int { return min(p.micro, n-mb*p.micro) }
+
+func (p *Pipe) labels(y []int, mb, rows int) []int {
+	if !p.st.Last() {
+		return nil
+	}
+	return y[mb*p.micro : mb*p.micro+rows]
+}
+
+func (p *Pipe) check(x []float32, y []int, n int) error {
+	if n < 1 {
+		return fmt.Errorf("pipeline: a batch of %d samples: %w", n, train.ErrStage)
+	}
+	if p.s == 0 {
+		if want := n * p.in[0].Values(); len(x) < want {
+			return fmt.Errorf("pipeline: %d values for %d samples of %d: %w", len(x), n, p.in[0].Values(), train.ErrStage)
+		}
+	}
+	if len(y) < n {
+		return fmt.Errorf("pipeline: %d labels for %d samples: %w", len(y), n, train.ErrStage)
+	}
+	if n > p.micro*p.cfg.MicroBatches {
+		return fmt.Errorf("pipeline: %d samples; the model takes up to %d: %w", n, p.micro*p.cfg.MicroBatches, train.ErrStage)
+	}
+	return nil
+}
+
+// input is micro-batch mb's boundary tensors: the data, on the first
+// stage; what the stage before sent, on the others.
+func (p *Pipe) input(x []float32, mb, rows int) ([][]float32, error) {
+	if p.s == 0 {
+		w := p.in[0].Values()
+		return [][]float32{x[mb*p.micro*w : (mb*p.micro+rows)*w]}, nil
+	}
+	f, err := p.prev.Recv(p.ctx, Expect{Kind: Activations, Enc: p.enc, Stage: p.s - 1, Gen: p.gen, Step: p.step, MB: mb, Rows: rows, Sizes: sizes(p.in)})
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: stage %d from stage %d: %w", p.s, p.s-1, err)
+	}
+	p.stats.Received++
+	return f.Tensors, nil
+}
+
+func (p *Pipe) stageIn(in [][]float32) [][]float32 {
+	out := make([][]float32, len(p.useIn))
+	for k, i := range p.useIn {
+		out[k] = in[i]
+	}
+	return out
+}
+
+func (p *Pipe) send(l Link, f *Frame) error {
+	f.Enc, f.Stage, f.Gen, f.Step = p.enc, p.s, p.gen, p.step
+	if err := l.Send(p.ctx, f); err != nil {
+		return fmt.Errorf("pipeline: stage %d sending %v of micro-batch %d: %w", p.s, f.Kind, f.MB, err)
+	}
+	p.stats.Sent++
+	return nil
+}
+
+// activations is the frame micro-batch mb sends on: the stage's outputs
+// and the saved outputs it passes on from in.
+func (p *Pipe) activations(mb, rows int, out, in [][]float32) *Frame {
+	f := &Frame{Kind: Activations, MB: mb, Rows: rows, Tensors: make([][]float32, len(p.out))}
+	for j := range p.out {
+		if k := p.fromStage[j]; k >= 0 {
+			f.Tensors[j] = out[k]
+		} else {
+			f.Tensors[j] = in[p.fromIn[j]]
+		}
+	}
+	return f
+}
+
+// ForwardBackward runs one batch through the stage by its schedule and
+// leaves the gradients of the batch's mean loss in Grads.
+func (p *Pipe) ForwardBackward(x []float32, y []int, n int) (float32, error) {
+	if err := p.check(x, y, n); err != nil {
+		return 0, err
+	}
+	p.step++
+	count := (n + p.micro - 1) / p.micro
+	ops, err := Schedule(p.cfg.kind(), p.stages, p.s, count)
+	if err != nil {
+		return 0, err
+	}
+	if err := p.st.SetLossScale(1 / float32(n)); err != nil {
+		return 0, err
+	}
+	p.st.ZeroGrads()
+	held := make(map[int][][]float32, count)
+	var heldBytes int64
+	losses := make([]float32, count)
+	for _, op := range ops {
+		mb := op.MB
+		rows := p.rows(mb, n)
+		if !op.Backward {
+			in, err := p.input(x, mb, rows)
+			if err != nil {
+				return 0, err
+			}
+			held[mb] = in
+			for _, t := range in {
+				heldBytes += 4 * int64(len(t))
+			}
+			p.stats.PeakInFlight = max(p.stats.PeakInFlight, len(held))
+			p.stats.PeakBytes = max(p.stats.PeakBytes, heldBytes)
+			if p.st.Last() {
+				continue // its backward runs the forward pass
+			}
+			out, _, err := p.st.Forward(mb, p.stageIn(in), nil, rows, true)
+			if err != nil {
+				return 0, err
+			}
+			if err := p.send(p.next, p.activations(mb, rows, out, in)); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		var gout *Frame
+		var gstage [][]float32
+		if p.next != nil {
+			if gout, err = p.next.Recv(p.ctx, Expect{Kind: Gradients, Enc: p.enc, Stage: p.s + 1, Gen: p.gen, Step: p.step, MB: mb, Rows: rows, Sizes: sizes(p.out)}); err != nil {
+				return 0, fmt.Errorf("pipeline: stage %d from stage %d: %w", p.s, p.s+1, err)
+			}
+			p.stats.Received++
+			gstage = make([][]float32, len(p.st.Outputs()))
+			for j, k := range p.fromStage {
+				if k >= 0 {
+					gstage[k] = gout.Tensors[j]
+				}
+			}
+		}
+		in := held[mb]
+		gin, loss, err := p.st.Backward(mb, p.stageIn(in), p.labels(y, mb, rows), rows, gstage)
+		if err != nil {
+			return 0, err
+		}
+		if gout != nil {
+			loss = gout.Loss
+		}
+		losses[mb] = loss
+		for _, t := range in {
+			heldBytes -= 4 * int64(len(t))
+		}
+		delete(held, mb)
+		if p.prev == nil {
+			continue
+		}
+		f := &Frame{Kind: Gradients, MB: mb, Rows: rows, Loss: loss, Tensors: make([][]float32, len(p.in))}
+		for k, i := range p.useIn {
+			f.Tensors[i] = gin[k]
+		}
+		for j, i := range p.fromIn {
+			if i < 0 {
+				continue
+			}
+			// A saved output used here and later: its gradient is the
+			// sum of both.
+			if f.Tensors[i] == nil {
+				f.Tensors[i] = gout.Tensors[j]
+				continue
+			}
+			sum := slices.Clone(f.Tensors[i])
+			for e, v := range gout.Tensors[j] {
+				sum[e] += v
+			}
+			f.Tensors[i] = sum
+		}
+		if err := p.send(p.prev, f); err != nil {
+			return 0, err
+		}
+	}
+	var total float32
+	for _, l := range losses {
+		total += l
+	}
+	return total, nil
+}
+
+// Forward runs one batch through the stage in evaluation mode; the last
+// stage's loss and logits come back to every stage.
+func (p *Pipe) Forward(x []float32, y []int, n int) (float32, error) {
+	if err := p.check(x, y, n); err != nil {
+		return 0, err
+	}
+	p.step++
+	count := (n + p.micro - 1) / p.micro
+	if err := p.st.SetLossScale(1 / float32(n)); err != nil {
+		return 0, err
+	}
+	p.logits = slices.Grow(p.logits[:0], n*p.classes)[:n*p.classes]
+	var total float32
+	for mb := range count {
+		rows := p.rows(mb, n)
+		in, err := p.input(x, mb, rows)
+		if err != nil {
+			return 0, err
+		}
+		out, loss, err := p.st.Forward(mb, p.stageIn(in), p.labels(y, mb, rows), rows, false)
+		if err != nil {
+			return 0, err
+		}
+		if p.st.Last() {
+			copy(p.logits[mb*p.micro*p.classes:], p.st.Logits()[:rows*p.classes])
+			total += loss
+			if p.prev != nil {
+				if err := p.send(p.prev, &Frame{Kind: Results, MB: mb, Rows: rows, Loss: loss, Tensors: [][]float32{p.st.Logits()[:rows*p.classes]}}); err != nil {
+					return 0, err
+				}
+			}
+			continue
+		}
+		if err := p.send(p.next, p.activations(mb, rows, out, in)); err != nil {
+			return 0, err
+		}
+	}
+	if p.st.Last() {
+		return total, nil
+	}
+	for mb := range count {
+		rows := p.rows(mb, n)
+		f, err := p.next.Recv(p.ctx, Expect{Kind: Results, Enc: p.enc, Stage: p.s + 1, Gen: p.gen, Step: p.step, MB: mb, Rows: rows, Sizes: []int{p.classes}})
+		if err != nil {
+			return 0, fmt.Errorf("pipeline: stage %d from stage %d: %w", p.s, p.s+1, err)
+		}
+		p.stats.Received++
+		copy(p.logits[mb*p.micro*p.classes:], f.Tensors[0])
+		total += f.Loss
+		if p.prev != nil {
+			f.Stage, f.Enc = p.s, p.enc
+			if err := p.send(p.prev, f); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return total, nil
+}
+
+// Params returns the stage's parameters.
+func (p *Pipe) Params() [][]float32 { return p.st.Params() }
+
+// Grads returns the stage's gradients of the last batch.
+func (p *Pipe) Grads() [][]float32 { return p.st.Grads() }
+
+// ParamNames names the stage's parameters as the whole model does.
+func (p *Pipe) ParamNames() []string { return p.st.ParamNames() }
+
+// Logits returns the last Forward's n × classes logits (the last stage's,
+// on every stage).
+func (p *Pipe) Logits() []float32 { return p.logits }
+
+// SeedMasks seeds the stage's dropout masks.
+func (p *Pipe) SeedMasks(seed uint64) { p.st.SeedMasks(seed) }
+
+// Close frees the stage.
+func (p *Pipe) Close() error { return p.st.Close() }
