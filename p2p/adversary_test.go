@@ -178,7 +178,7 @@ func TestRingLinksRefuseStrangers(t *testing.T) {
 		t.Cleanup(links[i].Close)
 	}
 	x := outsider(t, s.Hosts[0])
-	open := func(from *Host, to peer.ID, gen uint64, plane DataPlane) error {
+	open := func(from *Host, to peer.ID, gen uint64, plane DataPlane, ch ...Channel) error {
 		st, err := from.NewStream(ctx, to, RingProtocol)
 		if err != nil {
 			return err
@@ -188,6 +188,9 @@ func TestRingLinksRefuseStrangers(t *testing.T) {
 		binary.LittleEndian.PutUint32(b[0:], linkMagic)
 		binary.LittleEndian.PutUint64(b[8:], gen)
 		binary.LittleEndian.PutUint32(b[16:], uint32(plane))
+		if len(ch) > 0 {
+			binary.LittleEndian.PutUint32(b[20:], uint32(ch[0]))
+		}
 		st.Write(b[:])
 		st.SetReadDeadline(time.Now().Add(5 * time.Second))
 		_, err = st.Read(make([]byte, 1))
@@ -200,6 +203,9 @@ func TestRingLinksRefuseStrangers(t *testing.T) {
 	}
 	if err := open(s.Hosts[1], s.Hosts[0].ID(), 1, PlaneTCP); err == nil {
 		t.Error("a ring link asking for the TCP plane of a libp2p job was not cut off")
+	}
+	if err := open(s.Hosts[1], s.Hosts[0].ID(), 1, PlaneLibp2p, maxChannel+1); err == nil {
+		t.Error("a member's ring link on an unknown channel was not cut off")
 	}
 	links[0].mu.Lock()
 	ln, waiting := links[0].ln, len(links[0].inbox)

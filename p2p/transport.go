@@ -10,6 +10,7 @@ import (
 	"io"
 	mrand "math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -29,7 +30,7 @@ import (
 // successor. With the stream data plane the frames then flow on that
 // stream; with the TCP data plane it only carries the one-time token for a
 // direct TCP connection.
-const RingProtocol = "/ringtrain/ring/2.0.0"
+const RingProtocol = "/ringtrain/ring/3.0.0"
 
 // DataPlane says what carries the ring's frames.
 type DataPlane int
@@ -46,8 +47,8 @@ const (
 )
 
 const (
-	linkMagic     uint32 = 0x324c5452 // "RTL2"
-	linkHello            = 20         // magic u32 | rank u32 | generation u64 | plane u32
+	linkMagic     uint32 = 0x334c5452 // "RTL3"
+	linkHello            = 24         // magic u32 | rank u32 | generation u64 | plane u32 | channel u32
 	tokenSize            = 32
 	maxInbox             = 64 // links waiting to be claimed, all generations together
 	maxPendingTCP        = 16 // TCP connections not yet past their token
@@ -99,7 +100,22 @@ type RingLinks struct {
 type linkKey struct {
 	gen  uint64
 	from peer.ID
+	ch   Channel
 }
+
+// Channel tells apart the links one generation holds between the same two
+// peers: the ring of all members, and — in a pipeline job — the ring of a
+// stage's peers and the boundaries between stages, one each way.
+type Channel uint32
+
+// Channels of a generation.
+const (
+	ChannelRing     Channel = 0 // the ring of all members
+	ChannelStage    Channel = 1 // the ring of a pipeline stage's peers
+	ChannelForward  Channel = 2 // stage s to s+1: activations
+	ChannelBackward Channel = 3 // stage s+1 to s: gradients
+	maxChannel              = ChannelBackward
+)
 
 type inbound struct {
 	r    io.ReadCloser
@@ -166,8 +182,14 @@ func (l *RingLinks) handle(s network.Stream) {
 		s.Reset()
 		return
 	}
-	k := linkKey{gen: binary.LittleEndian.Uint64(b[8:]), from: s.Conn().RemotePeer()}
+	k := linkKey{gen: binary.LittleEndian.Uint64(b[8:]), from: s.Conn().RemotePeer(), ch: Channel(binary.LittleEndian.Uint32(b[20:]))}
 	in := inbound{r: s, rank: int(binary.LittleEndian.Uint32(b[4:]))}
+	if k.ch > maxChannel {
+		const msg = "cut off a peer that opened a ring link on an unknown channel"
+		l.warns.Warn(k.from.String(), msg).Msg(msg)
+		s.Reset()
+		return
+	}
 	if !l.gate.Expects(k.gen, k.from) {
 		const msg = "refused a ring link from a peer that is not a member of the ring"
 		l.warns.Warn(k.from.String(), msg).Uint64("generation", k.gen).Msg(msg)
@@ -391,46 +413,83 @@ func (l *RingLinks) awaitDirect(ctx context.Context, p peer.ID) bool {
 // successor, and the one its predecessor opens — over the job's data
 // plane, and returns them as a ring.Transport (nil for a ring of one).
 func (l *RingLinks) Connect(ctx context.Context, f *Formation) (ring.Transport, error) {
-	plane := l.cfg.Plane
-	n := len(f.Members)
+	all := make([]int, len(f.Members))
+	for i := range all {
+		all[i] = i
+	}
+	return l.ConnectRing(ctx, f, ChannelRing, all)
+}
+
+// ConnectRing opens this rank's links of the ring of the members of f at
+// ranks (increasing, this rank among them), on channel ch: a ring of a
+// part of the formation, such as a pipeline stage's peers. Its ring
+// ranks are the places in ranks.
+func (l *RingLinks) ConnectRing(ctx context.Context, f *Formation, ch Channel, ranks []int) (ring.Transport, error) {
+	me := slices.Index(ranks, f.Rank)
+	if me < 0 {
+		return nil, fmt.Errorf("p2p: rank %d is not in the ring of ranks %v", f.Rank, ranks)
+	}
+	n := len(ranks)
 	if n == 1 {
 		return nil, nil
 	}
-	succRank, predRank := (f.Rank+1)%n, (f.Rank-1+n)%n
-	succ, pred := f.Members[succRank], f.Members[predRank]
+	w, r, err := l.Pair(ctx, f, ch, ranks[(me+1)%n], ranks[(me-1+n)%n])
+	if err != nil {
+		return nil, err
+	}
+	// Close, not Reset, when the ring closes: Close still delivers what
+	// was written (a neighbour may be reading the last frame), and it also
+	// ends a Read in progress, which is what an abort needs.
+	return ring.NewStreams(w, r), nil
+}
 
+// Pair opens, on channel ch of formation f, a link to the member at rank
+// to and takes the link the member at rank from opens to this one (−1:
+// none), over the job's data plane. Both come, or neither.
+func (l *RingLinks) Pair(ctx context.Context, f *Formation, ch Channel, to, from int) (io.WriteCloser, io.ReadCloser, error) {
+	plane := l.cfg.Plane
+	if to >= len(f.Members) || from >= len(f.Members) || ch > maxChannel {
+		return nil, nil, fmt.Errorf("p2p: links to rank %d and from rank %d on channel %d of a ring of %d", to, from, ch, len(f.Members))
+	}
 	type result struct {
 		w   io.WriteCloser
 		err error
 	}
 	out := make(chan result, 1)
-	go func() {
-		w, err := l.dial(ctx, succ, f, plane)
-		out <- result{w, err}
-	}()
+	if to >= 0 {
+		go func() {
+			w, err := l.dial(ctx, f.Members[to], f, ch, plane)
+			out <- result{w, err}
+		}()
+	} else {
+		out <- result{}
+	}
 
-	k := linkKey{gen: f.Generation, from: pred}
 	var in io.ReadCloser
 	var inErr error
-	if ch := l.slot(k); ch == nil {
-		inErr = errors.New("p2p: too many ring links waiting")
-	} else {
-		select {
-		case got := <-ch:
-			in = got.r
-			if got.err != nil {
-				inErr = fmt.Errorf("p2p: the link from rank %d (%s): %w", predRank, pred, got.err)
-			} else if got.rank != predRank {
-				in.Close()
-				in, inErr = nil, fmt.Errorf("p2p: predecessor %s says it is rank %d, the ring has it at %d", pred, got.rank, predRank)
+	if from >= 0 {
+		pred := f.Members[from]
+		k := linkKey{gen: f.Generation, from: pred, ch: ch}
+		if slot := l.slot(k); slot == nil {
+			inErr = errors.New("p2p: too many ring links waiting")
+		} else {
+			select {
+			case got := <-slot:
+				in = got.r
+				if got.err != nil {
+					inErr = fmt.Errorf("p2p: the link from rank %d (%s): %w", from, pred, got.err)
+				} else if got.rank != from {
+					in.Close()
+					in, inErr = nil, fmt.Errorf("p2p: %s says it is rank %d, the ring has it at %d", pred, got.rank, from)
+				}
+			case <-ctx.Done():
+				inErr = fmt.Errorf("p2p: waiting for the link from rank %d (%s): %w", from, pred, ctx.Err())
 			}
-		case <-ctx.Done():
-			inErr = fmt.Errorf("p2p: waiting for the link from rank %d (%s): %w", predRank, pred, ctx.Err())
 		}
+		l.mu.Lock()
+		delete(l.inbox, k)
+		l.mu.Unlock()
 	}
-	l.mu.Lock()
-	delete(l.inbox, k)
-	l.mu.Unlock()
 	o := <-out
 	if inErr != nil || o.err != nil {
 		if in != nil {
@@ -440,19 +499,16 @@ func (l *RingLinks) Connect(ctx context.Context, f *Formation) (ring.Transport, 
 			o.w.Close()
 		}
 		if inErr != nil {
-			return nil, inErr
+			return nil, nil, inErr
 		}
-		return nil, fmt.Errorf("p2p: opening the link to rank %d (%s): %w", succRank, succ, o.err)
+		return nil, nil, fmt.Errorf("p2p: opening the link to rank %d (%s): %w", to, f.Members[to], o.err)
 	}
-	// Close, not Reset, when the ring closes: Close still delivers what
-	// was written (a neighbour may be reading the last frame), and it also
-	// ends a Read in progress, which is what an abort needs.
-	return ring.NewStreams(o.w, in), nil
+	return o.w, in, nil
 }
 
 // dial opens the link to the successor: directly if it can, else through
 // a relay — but for the TCP plane, which a relay cannot carry.
-func (l *RingLinks) dial(ctx context.Context, succ peer.ID, f *Formation, plane DataPlane) (io.WriteCloser, error) {
+func (l *RingLinks) dial(ctx context.Context, succ peer.ID, f *Formation, ch Channel, plane DataPlane) (io.WriteCloser, error) {
 	s, err := l.open(ctx, succ)
 	if err != nil {
 		return nil, err
@@ -470,6 +526,7 @@ func (l *RingLinks) dial(ctx context.Context, succ peer.ID, f *Formation, plane 
 	binary.LittleEndian.PutUint32(b[4:], uint32(f.Rank))
 	binary.LittleEndian.PutUint64(b[8:], f.Generation)
 	binary.LittleEndian.PutUint32(b[16:], uint32(plane))
+	binary.LittleEndian.PutUint32(b[20:], uint32(ch))
 	if _, err := s.Write(b[:]); err != nil {
 		s.Reset()
 		return nil, err

@@ -73,7 +73,7 @@ func (r *Replica) bucketPlan() [][2]int {
 // r.backwardDone. A failed collective is an ErrCollective; the allreduces
 // have stopped when it returns.
 func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, flat []float32, plan [][2]int,
-	narrow NarrowAllreducer, says stepSays) (loss float32, bad int, err error) {
+	narrow NarrowAllreducer, says *stepSays) (loss float32, bad int, err error) {
 	jobs := make(chan [2]int, len(plan)+1)
 	done := make(chan error, 1)
 	go func() {
@@ -147,6 +147,7 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 		says.norm = float32(math.Sqrt(squares))
 	}
 	says.nonFinite = bad >= 0
+	says.leave = says.leave || r.leaving() // as in average
 	says.put(tail, r.Coll.Rank(), r.Coll.Size())
 	jobs <- [2]int{r.nparams, len(flat)}
 	close(jobs)

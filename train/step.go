@@ -71,6 +71,9 @@ type Replica struct {
 	// step carries the request to every rank, all apply that step, and all
 	// return a *LeaveError from it — the same step everywhere, where a rank
 	// that simply stopped would leave the others stuck in a collective.
+	// It is looked at once the step's gradients are computed, so a model
+	// may close it during ForwardBackward to stop after that step (a
+	// pipeline stage that heard of a stop from the stages beside it).
 	Leave <-chan struct{}
 	// Waiting, if set, is asked before each step that talks to the ring
 	// whether a newcomer waits to be admitted. The answer rides in the
@@ -344,7 +347,7 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	}
 	local, _ := r.Opt.(*LocalSGD)
 	says := stepSays{leave: r.leaving(), newcomer: r.Waiting != nil && r.Waiting()}
-	loss, bad, err := r.average(ctx, x, y, n, flat, loss, says, t0)
+	loss, bad, err := r.average(ctx, x, y, n, flat, loss, &says, t0)
 	if err != nil {
 		if errors.Is(err, ErrCollective) {
 			r.undoStep(local)
@@ -409,7 +412,7 @@ func (r *Replica) stepBegin(x []float32, y []int, n int) (loss float32, talk boo
 // averages both over the ring, in buckets beside backward where there is
 // a plan. bad is this rank's first non-finite tensor, or -1. A failed
 // collective is an ErrCollective.
-func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat []float32, innerLoss float32, says stepSays, t0 time.Time) (loss float32, bad int, err error) {
+func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat []float32, innerLoss float32, says *stepSays, t0 time.Time) (loss float32, bad int, err error) {
 	narrow, _ := r.Coll.(NarrowAllreducer)
 	if r.Wire != ring.F32 && narrow == nil {
 		return 0, -1, fmt.Errorf("train: gradients to send as %v, but the collective (%T) sends float32 only", r.Wire, r.Coll)
@@ -448,6 +451,9 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 		says.norm = float32(norm2(flat[:r.nparams]))
 	}
 	says.nonFinite = bad >= 0
+	// Asked during the computation (a pipeline stage hears it in the
+	// step's frames): this step's trailer carries it.
+	says.leave = says.leave || r.leaving()
 	tail := flat[r.nparams:]
 	says.put(tail, r.Coll.Rank(), r.Coll.Size())
 	t1 := time.Now()

@@ -33,6 +33,9 @@ const (
 	// Results go backward in evaluation: the micro-batch's logits and
 	// loss, so every stage reports what the last one computed.
 	Results FrameKind = 3
+	// Params go backward once training is done: the parameters of every
+	// later stage, gathered into one model on the first.
+	Params FrameKind = 4
 )
 
 func (k FrameKind) String() string {
@@ -43,6 +46,8 @@ func (k FrameKind) String() string {
 		return "gradients"
 	case Results:
 		return "results"
+	case Params:
+		return "params"
 	}
 	return fmt.Sprintf("FrameKind(%d)", uint8(k))
 }
@@ -54,20 +59,26 @@ var ErrFrame = errors.New("pipeline: bad boundary frame")
 
 // Frame is what crosses a stage boundary for one micro-batch.
 type Frame struct {
-	Kind    FrameKind
-	Enc     Encoding
-	Stage   int    // the sender's stage
-	Gen     uint64 // the generation of the ring the sender is in
-	Step    uint64 // the sender's step (ForwardBackward or Forward call)
-	MB      int    // the micro-batch
-	Rows    int    // samples in it
-	Loss    float32
+	Kind  FrameKind
+	Enc   Encoding
+	Stage int    // the sender's stage
+	Gen   uint64 // the generation of the ring the sender is in
+	Step  uint64 // the sender's step (ForwardBackward or Forward call)
+	MB    int    // the micro-batch
+	Rows  int    // samples in it
+	Loss  float32
+	// Stop says the sender's column stops after this step: a peer of it
+	// was asked to leave (Pipe.Stop) or heard of it in a frame.
+	Stop    bool
 	Tensors [][]float32 // Rows × values each
 }
 
 // frameHeader is the fixed part of a frame on the wire: kind, encoding,
-// stage, generation, step, micro-batch, rows, loss, tensor count.
-const frameHeader = 1 + 1 + 2 + 8 + 8 + 4 + 4 + 4 + 2
+// stage, generation, step, micro-batch, rows, loss, tensor count, flags.
+const frameHeader = 1 + 1 + 2 + 8 + 8 + 4 + 4 + 4 + 2 + 1
+
+// flagStop is Frame.Stop in the flags byte; no other bit may be set.
+const flagStop = 1
 
 // Expect is what a receiver knows a frame must be. Sizes are the values
 // per sample of each tensor; Rows the samples.
@@ -94,6 +105,9 @@ func AppendFrame(dst []byte, f *Frame) []byte {
 	binary.LittleEndian.PutUint32(h[24:], uint32(f.Rows))
 	binary.LittleEndian.PutUint32(h[28:], math.Float32bits(f.Loss))
 	binary.LittleEndian.PutUint16(h[32:], uint16(len(f.Tensors)))
+	if f.Stop {
+		h[34] = flagStop
+	}
 	dst = append(dst, h[:]...)
 	for _, t := range f.Tensors {
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(t)))
@@ -127,6 +141,7 @@ func ReadFrame(r io.Reader, want Expect) (*Frame, error) {
 		MB:   int(binary.LittleEndian.Uint32(h[20:])),
 		Rows: int(binary.LittleEndian.Uint32(h[24:])),
 		Loss: math.Float32frombits(binary.LittleEndian.Uint32(h[28:])),
+		Stop: h[34] == flagStop,
 	}
 	n := int(binary.LittleEndian.Uint16(h[32:]))
 	bad := func(field string, got, wanted any) error {
@@ -149,6 +164,8 @@ func ReadFrame(r io.Reader, want Expect) (*Frame, error) {
 		return nil, bad("rows", f.Rows, want.Rows)
 	case n != len(want.Sizes):
 		return nil, bad("tensors", n, len(want.Sizes))
+	case h[34] > flagStop:
+		return nil, bad("flags", h[34], "0 or 1")
 	}
 	width := 4
 	if f.Enc == BF16 {

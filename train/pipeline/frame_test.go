@@ -71,6 +71,11 @@ func TestFrameRefused(t *testing.T) {
 	}
 	f, want := goodFrame()
 	b := AppendFrame(nil, f)
+	flags := append([]byte(nil), b...)
+	flags[frameHeader-1] = 2
+	if _, err := ReadFrame(bytes.NewReader(flags), want); !errors.Is(err, ErrFrame) || !strings.Contains(err.Error(), "flags 2") {
+		t.Errorf("unknown flags: %v; want ErrFrame saying flags 2", err)
+	}
 	for cut := range len(b) {
 		if _, err := ReadFrame(bytes.NewReader(b[:cut]), want); err == nil {
 			t.Fatalf("a frame cut to %d of %d bytes was read", cut, len(b))

@@ -44,6 +44,12 @@ type Pipe struct {
 	gen, step         uint64
 	logits            []float32
 	stats             Stats
+	// stop, once closed, asks the column to stop after the next step;
+	// stopping is closed when it will (this peer was asked, or a frame
+	// said so), and flag is set for the frames of that step.
+	stop     <-chan struct{}
+	stopping chan struct{}
+	flag     bool
 }
 
 var (
@@ -75,7 +81,8 @@ func New(ctx context.Context, cfg Config, model train.ModelConfig, s int, prev, 
 		return nil, fmt.Errorf("stage %d of %d needs links to exactly its neighbours: %w", s, cfg.Stages, ErrConfig)
 	}
 	enc, _ := cfg.encoding()
-	p := &Pipe{ctx: ctx, cfg: cfg, enc: enc, s: s, stages: cfg.Stages, micro: cfg.MicroSize(model.Batch), prev: prev, next: next}
+	p := &Pipe{ctx: ctx, cfg: cfg, enc: enc, s: s, stages: cfg.Stages, micro: cfg.MicroSize(model.Batch), prev: prev, next: next,
+		stopping: make(chan struct{})}
 	mc := model
 	mc.Batch = p.micro
 	lo, hi := bounds[s][0], bounds[s][1]
@@ -111,6 +118,25 @@ func New(ctx context.Context, cfg Config, model train.ModelConfig, s int, prev, 
 // SetGeneration sets the generation every frame carries and must carry:
 // the ring the stages are in. Frames of any other are refused.
 func (p *Pipe) SetGeneration(gen uint64) { p.gen = gen }
+
+// SetStop makes a closed stop ask the peers of this stage's column to
+// stop after the next step: it begins on them all alike, as the step's
+// frames carry the request to every stage of the column.
+func (p *Pipe) SetStop(stop <-chan struct{}) { p.stop = stop }
+
+// Stopping is closed during the step after which this peer's column
+// stops: the channel to give train.Run as its Stop, so that the stage's
+// ring hears of it in that step's trailer — and since every stage has a
+// peer of the column, every stage's ring does.
+func (p *Pipe) Stopping() <-chan struct{} { return p.stopping }
+
+// stopped notes a stop request, this peer's or one a frame carried.
+func (p *Pipe) stopped() {
+	if !p.flag {
+		p.flag = true
+		close(p.stopping)
+	}
+}
 
 // Stats returns what the Pipe measured so far.
 func (p *Pipe) Stats() Stats { return p.stats }
@@ -166,6 +192,9 @@ func (p *Pipe) input(x []float32, mb, rows int) ([][]float32, error) {
 		return nil, fmt.Errorf("pipeline: stage %d from stage %d: %w", p.s, p.s-1, err)
 	}
 	p.stats.Received++
+	if f.Stop && f.Kind != Results {
+		p.stopped()
+	}
 	return f.Tensors, nil
 }
 
@@ -179,6 +208,7 @@ func (p *Pipe) stageIn(in [][]float32) [][]float32 {
 
 func (p *Pipe) send(l Link, f *Frame) error {
 	f.Enc, f.Stage, f.Gen, f.Step = p.enc, p.s, p.gen, p.step
+	f.Stop = f.Stop || p.flag && f.Kind != Results
 	if err := l.Send(p.ctx, f); err != nil {
 		return fmt.Errorf("pipeline: stage %d sending %v of micro-batch %d: %w", p.s, f.Kind, f.MB, err)
 	}
@@ -216,6 +246,11 @@ func (p *Pipe) ForwardBackward(x []float32, y []int, n int) (float32, error) {
 		return 0, err
 	}
 	p.st.ZeroGrads()
+	select {
+	case <-p.stop:
+		p.stopped()
+	default:
+	}
 	held := make(map[int][][]float32, count)
 	var heldBytes int64
 	losses := make([]float32, count)
@@ -252,6 +287,9 @@ func (p *Pipe) ForwardBackward(x []float32, y []int, n int) (float32, error) {
 				return 0, fmt.Errorf("pipeline: stage %d from stage %d: %w", p.s, p.s+1, err)
 			}
 			p.stats.Received++
+			if gout.Stop {
+				p.stopped()
+			}
 			gstage = make([][]float32, len(p.st.Outputs()))
 			for j, k := range p.fromStage {
 				if k >= 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -45,19 +46,10 @@ func batches(seed uint64, steps, batch, features, classes int) (xs [][]float32, 
 	return xs, ys
 }
 
-type result struct {
-	params [][]float32 // the whole model's, in order
-	losses []float32   // per step, then the evaluation's
-	logits []float32
-}
-
-// train runs a pipeline of cfg.Stages stages × replicas columns, in memory,
-// over the same batches for every column's shard, and returns what column
-// 0 ends with: its stages' parameters joined, and the losses.
-func trainPipe(t *testing.T, cfg Config, replicas int, model train.ModelConfig) result {
+// grid builds S stages × replicas columns of Pipes over in-memory links,
+// and a Replica of each over its stage's in-memory ring.
+func grid(t *testing.T, ctx context.Context, cfg Config, replicas int, model train.ModelConfig) ([][]*Pipe, [][]*train.Replica) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	S := cfg.Stages
 	pipes := make([][]*Pipe, S) // [stage][replica]
 	reps := make([][]*train.Replica, S)
@@ -91,8 +83,27 @@ func trainPipe(t *testing.T, cfg Config, replicas int, model train.ModelConfig) 
 			}
 			t.Cleanup(func() { rg.Close() })
 			reps[s][r] = train.NewReplica(pipes[s][r], &train.SGD{LR: 0.1, Momentum: 0.9}, rg)
+			reps[s][r].Leave = pipes[s][r].Stopping()
 		}
 	}
+	return pipes, reps
+}
+
+type result struct {
+	params [][]float32 // the whole model's, in order
+	losses []float32   // per step, then the evaluation's
+	logits []float32
+}
+
+// train runs a pipeline of cfg.Stages stages × replicas columns, in memory,
+// over the same batches for every column's shard, and returns what column
+// 0 ends with: its stages' parameters joined, and the losses.
+func trainPipe(t *testing.T, cfg Config, replicas int, model train.ModelConfig) result {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	S := cfg.Stages
+	pipes, reps := grid(t, ctx, cfg, replicas, model)
 	xs, ys := batches(11, 4, model.Batch, model.Spec.Input[0], 5)
 	var res result
 	all := func(f func(s, r int) error) {
@@ -185,5 +196,101 @@ func TestSplitTrainsAsWhole(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// pipes of StreamLinks over in-memory byte pipes train as MemLinks do.
+func TestStreamLinks(t *testing.T) {
+	model := train.ModelConfig{Spec: residualSpec(), Batch: 8, Seed: 5}
+	cfg := Config{Stages: 3, MicroBatches: 4, Split: []int{2, 8}}
+	ctx := context.Background()
+	pair := func() (*StreamLink, *StreamLink) {
+		ar, aw := io.Pipe()
+		br, bw := io.Pipe()
+		return NewStreamLink(aw, br, 16), NewStreamLink(bw, ar, 16)
+	}
+	a1, b1 := pair()
+	a2, b2 := pair()
+	links := [][2]*StreamLink{{nil, a1}, {b1, a2}, {b2, nil}}
+	xs, ys := batches(3, 2, 8, 12, 5)
+	errs := make(chan error, 3)
+	losses := make([]float32, 3)
+	for s := range 3 {
+		var prev, next Link
+		if l := links[s][0]; l != nil {
+			prev = l
+		}
+		if l := links[s][1]; l != nil {
+			next = l
+		}
+		p, err := New(ctx, cfg, model, s, prev, next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		go func() {
+			var err error
+			losses[s], err = p.ForwardBackward(xs[0], ys[0], 8)
+			errs <- err
+		}()
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if losses[0] != losses[2] || losses[0] == 0 {
+		t.Errorf("losses %v", losses)
+	}
+	for _, l := range []*StreamLink{a1, b1, a2, b2} {
+		if err := l.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+	// A link closed under a waiting Recv ends it.
+	a, b := pair()
+	b.Close()
+	if _, err := a.Recv(ctx, Expect{Kind: Activations}); err == nil {
+		t.Error("Recv on a link whose other end closed returned no error")
+	}
+	a.Close()
+}
+
+// A stop asked of one peer of a column stops every stage of every column
+// after the same step: its frames tell its column, and each stage's ring
+// hears of it from that column's peer in the step's trailer.
+func TestStopReachesEveryStage(t *testing.T) {
+	model := train.ModelConfig{Spec: residualSpec(), Batch: 8, Seed: 5}
+	for _, asker := range [][2]int{{0, 0}, {1, 1}, {2, 0}} { // stage, replica
+		t.Run(fmt.Sprint(asker), func(t *testing.T) {
+			ctx := context.Background()
+			const S, R = 3, 2
+			stop := make(chan struct{})
+			pipes, reps := grid(t, ctx, Config{Stages: S, MicroBatches: 4, Split: []int{2, 8}}, R, model)
+			pipes[asker[0]][asker[1]].SetStop(stop)
+			xs, ys := batches(3, 4, 8, 12, 5)
+			for step := range 3 {
+				if step == 2 {
+					close(stop)
+				}
+				errs := make([]error, S*R)
+				var wg sync.WaitGroup
+				for s := range S {
+					for r := range R {
+						wg.Go(func() { _, errs[s*R+r] = reps[s][r].Step(ctx, xs[step], ys[step], 8) })
+					}
+				}
+				wg.Wait()
+				for i, err := range errs {
+					var leave *train.LeaveError
+					switch {
+					case step < 2 && err != nil:
+						t.Fatalf("step %d, stage %d replica %d: %v", step, i/R, i%R, err)
+					case step == 2 && (!errors.As(err, &leave) || fmt.Sprint(leave.Ranks) != fmt.Sprint([]int{asker[1]})):
+						t.Errorf("step %d, stage %d replica %d: %v; want a leave request from replica %d", step, i/R, i%R, err, asker[1])
+					}
+				}
+			}
+		})
 	}
 }

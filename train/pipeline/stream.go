@@ -1,0 +1,144 @@
+package pipeline
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+)
+
+// StreamLink is a Link over a byte stream each way (the p2p boundary
+// links): frames to send wait in a bounded queue for its sender goroutine,
+// so Send does not wait on the other end. Close stops it and closes both
+// streams.
+type StreamLink struct {
+	w     io.WriteCloser
+	r     io.ReadCloser
+	br    *bufio.Reader
+	queue chan []byte
+	done  chan struct{}
+	wg    sync.WaitGroup
+
+	mu     sync.Mutex
+	err    error // the first write error
+	closed bool
+}
+
+// NewStreamLink sends on w and receives on r; queue bounds the frames
+// waiting to be sent (a step sends at most its micro-batches' frames each
+// way before it waits on the other end, so that many never block).
+func NewStreamLink(w io.WriteCloser, r io.ReadCloser, queue int) *StreamLink {
+	l := &StreamLink{w: w, r: r, queue: make(chan []byte, max(queue, 1)), done: make(chan struct{})}
+	if r != nil {
+		l.br = bufio.NewReaderSize(r, 1<<16)
+	}
+	if w != nil {
+		l.wg.Go(l.send)
+	}
+	return l
+}
+
+func (l *StreamLink) send() {
+	for {
+		select {
+		case b := <-l.queue:
+			if _, err := l.w.Write(b); err != nil {
+				l.mu.Lock()
+				if l.err == nil {
+					l.err = err
+				}
+				l.mu.Unlock()
+				return
+			}
+		case <-l.done:
+			// Deliver what was queued before Close: the last gradients
+			// of a step may be in it.
+			for {
+				select {
+				case b := <-l.queue:
+					if _, err := l.w.Write(b); err != nil {
+						return
+					}
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// ErrLinkClosed means a boundary link was closed on this side.
+var ErrLinkClosed = errors.New("pipeline: link closed")
+
+// Send queues f's wire form.
+func (l *StreamLink) Send(ctx context.Context, f *Frame) error {
+	l.mu.Lock()
+	err, closed := l.err, l.closed
+	l.mu.Unlock()
+	switch {
+	case l.w == nil:
+		return errors.New("pipeline: this link only receives")
+	case closed:
+		return ErrLinkClosed
+	case err != nil:
+		return fmt.Errorf("pipeline: the link failed: %w", err)
+	}
+	select {
+	case l.queue <- AppendFrame(nil, f):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-l.done:
+		return ErrLinkClosed
+	}
+}
+
+// Recv reads the next frame; ctx's end closes the stream it reads.
+func (l *StreamLink) Recv(ctx context.Context, want Expect) (*Frame, error) {
+	if l.br == nil {
+		return nil, errors.New("pipeline: this link only sends")
+	}
+	stop := context.AfterFunc(ctx, func() { l.r.Close() })
+	defer stop()
+	f, err := ReadFrame(l.br, want)
+	if err != nil && ctx.Err() != nil {
+		return nil, fmt.Errorf("%w (%v)", ctx.Err(), err)
+	}
+	return f, err
+}
+
+// Close sends what is queued, waiting at most CloseWait for the other
+// end to take it, then closes both streams.
+func (l *StreamLink) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	l.mu.Unlock()
+	close(l.done)
+	sent := make(chan struct{})
+	go func() { l.wg.Wait(); close(sent) }()
+	t := time.NewTimer(CloseWait)
+	defer t.Stop()
+	select {
+	case <-sent:
+	case <-t.C: // the other end does not read: closing ends the write
+	}
+	var errs []error
+	if l.w != nil {
+		errs = append(errs, l.w.Close())
+	}
+	if l.r != nil {
+		errs = append(errs, l.r.Close())
+	}
+	<-sent
+	return errors.Join(errs...)
+}
+
+// CloseWait bounds how long Close waits for queued frames to be taken.
+const CloseWait = 5 * time.Second
