@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -144,3 +146,66 @@ func idStrings(ps []peer.ID) []string {
 	}
 	return out
 }
+
+// StageRing connects the ring of the current formation's members at ranks
+// (increasing, this peer among them): a pipeline stage's ring, beside the
+// ring of all.
+func (m *Membership) StageRing(ctx context.Context, ranks []int) (*ring.Ring, error) {
+	cctx, cancel := context.WithTimeout(ctx, m.timeout)
+	defer cancel()
+	t, err := m.links.ConnectRing(cctx, m.cur, ChannelStage, ranks)
+	if err != nil {
+		return nil, err
+	}
+	r, err := ring.New(t, ring.Config{Rank: slices.Index(ranks, m.cur.Rank), Size: len(ranks), Generation: m.cur.Generation})
+	if err != nil && t != nil {
+		t.Close()
+	}
+	return r, err
+}
+
+// Boundary connects this peer with the members of the current formation
+// at ranks prev and next (−1: none) — the pipeline stages before and
+// after its own — a stream each way with each: forward to next and from
+// prev, backward to prev and from next.
+func (m *Membership) Boundary(ctx context.Context, prev, next int) (toPrev, toNext io.ReadWriteCloser, err error) {
+	cctx, cancel := context.WithTimeout(ctx, m.timeout)
+	defer cancel()
+	type pair struct {
+		w   io.WriteCloser
+		r   io.ReadCloser
+		err error
+	}
+	var fwd, bwd pair
+	var wg sync.WaitGroup
+	if prev >= 0 || next >= 0 {
+		wg.Go(func() { fwd.w, fwd.r, fwd.err = m.links.Pair(cctx, m.cur, ChannelForward, next, prev) })
+		wg.Go(func() { bwd.w, bwd.r, bwd.err = m.links.Pair(cctx, m.cur, ChannelBackward, prev, next) })
+	}
+	wg.Wait()
+	if err := errors.Join(fwd.err, bwd.err); err != nil {
+		for _, c := range []io.Closer{fwd.w, fwd.r, bwd.w, bwd.r} {
+			if c != nil {
+				c.Close()
+			}
+		}
+		return nil, nil, fmt.Errorf("p2p: pipeline boundary links: %w", err)
+	}
+	if prev >= 0 {
+		toPrev = duplex{w: bwd.w, r: fwd.r}
+	}
+	if next >= 0 {
+		toNext = duplex{w: fwd.w, r: bwd.r}
+	}
+	return toPrev, toNext, nil
+}
+
+// duplex is a link each way between two peers as one stream.
+type duplex struct {
+	w io.WriteCloser
+	r io.ReadCloser
+}
+
+func (d duplex) Read(b []byte) (int, error)  { return d.r.Read(b) }
+func (d duplex) Write(b []byte) (int, error) { return d.w.Write(b) }
+func (d duplex) Close() error                { return errors.Join(d.w.Close(), d.r.Close()) }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/ringtrain/ringtrain/train"
 )
@@ -50,6 +51,10 @@ type Pipe struct {
 	stop     <-chan struct{}
 	stopping chan struct{}
 	flag     bool
+	// later are the sizes of the parameter tensors of the stages after
+	// this one, which Gather receives.
+	later   []int
+	timeout time.Duration
 }
 
 var (
@@ -91,6 +96,14 @@ func New(ctx context.Context, cfg Config, model train.ModelConfig, s int, prev, 
 	}
 	shapes, _ := model.Spec.Shapes()
 	p.classes = shapes[len(shapes)-1][0]
+	sizes, _ := model.Spec.ParamSizes()
+	before := 0
+	for _, l := range model.Spec.Layers[:hi] {
+		if l.Type == "linear" || l.Type == "conv2d" {
+			before += 2
+		}
+	}
+	p.later = sizes[before:]
 	p.in = p.st.Inputs()
 	if lo > 0 {
 		p.in, _ = train.StageCarries(model.Spec, lo)
@@ -136,6 +149,29 @@ func (p *Pipe) stopped() {
 		p.flag = true
 		close(p.stopping)
 	}
+}
+
+// SetTimeout bounds each wait for a frame from a stage beside this one
+// (0: only the Pipe's context does): a stage that stalls fails the step.
+func (p *Pipe) SetTimeout(d time.Duration) { p.timeout = d }
+
+// recv receives the frame want describes from l, within the timeout.
+func (p *Pipe) recv(l Link, want Expect) (*Frame, error) {
+	ctx := p.ctx
+	if p.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.timeout)
+		defer cancel()
+	}
+	f, err := l.Recv(ctx, want)
+	if err != nil {
+		return nil, err
+	}
+	p.stats.Received++
+	if f.Stop && f.Kind != Results {
+		p.stopped()
+	}
+	return f, nil
 }
 
 // Stats returns what the Pipe measured so far.
@@ -187,13 +223,9 @@ func (p *Pipe) input(x []float32, mb, rows int) ([][]float32, error) {
 		w := p.in[0].Values()
 		return [][]float32{x[mb*p.micro*w : (mb*p.micro+rows)*w]}, nil
 	}
-	f, err := p.prev.Recv(p.ctx, Expect{Kind: Activations, Enc: p.enc, Stage: p.s - 1, Gen: p.gen, Step: p.step, MB: mb, Rows: rows, Sizes: sizes(p.in)})
+	f, err := p.recv(p.prev, Expect{Kind: Activations, Enc: p.enc, Stage: p.s - 1, Gen: p.gen, Step: p.step, MB: mb, Rows: rows, Sizes: sizes(p.in)})
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: stage %d from stage %d: %w", p.s, p.s-1, err)
-	}
-	p.stats.Received++
-	if f.Stop && f.Kind != Results {
-		p.stopped()
 	}
 	return f.Tensors, nil
 }
@@ -283,12 +315,8 @@ func (p *Pipe) ForwardBackward(x []float32, y []int, n int) (float32, error) {
 		var gout *Frame
 		var gstage [][]float32
 		if p.next != nil {
-			if gout, err = p.next.Recv(p.ctx, Expect{Kind: Gradients, Enc: p.enc, Stage: p.s + 1, Gen: p.gen, Step: p.step, MB: mb, Rows: rows, Sizes: sizes(p.out)}); err != nil {
+			if gout, err = p.recv(p.next, Expect{Kind: Gradients, Enc: p.enc, Stage: p.s + 1, Gen: p.gen, Step: p.step, MB: mb, Rows: rows, Sizes: sizes(p.out)}); err != nil {
 				return 0, fmt.Errorf("pipeline: stage %d from stage %d: %w", p.s, p.s+1, err)
-			}
-			p.stats.Received++
-			if gout.Stop {
-				p.stopped()
 			}
 			gstage = make([][]float32, len(p.st.Outputs()))
 			for j, k := range p.fromStage {
@@ -386,11 +414,10 @@ func (p *Pipe) Forward(x []float32, y []int, n int) (float32, error) {
 	}
 	for mb := range count {
 		rows := p.rows(mb, n)
-		f, err := p.next.Recv(p.ctx, Expect{Kind: Results, Enc: p.enc, Stage: p.s + 1, Gen: p.gen, Step: p.step, MB: mb, Rows: rows, Sizes: []int{p.classes}})
+		f, err := p.recv(p.next, Expect{Kind: Results, Enc: p.enc, Stage: p.s + 1, Gen: p.gen, Step: p.step, MB: mb, Rows: rows, Sizes: []int{p.classes}})
 		if err != nil {
 			return 0, fmt.Errorf("pipeline: stage %d from stage %d: %w", p.s, p.s+1, err)
 		}
-		p.stats.Received++
 		copy(p.logits[mb*p.micro*p.classes:], f.Tensors[0])
 		total += f.Loss
 		if p.prev != nil {
@@ -401,6 +428,31 @@ func (p *Pipe) Forward(x []float32, y []int, n int) (float32, error) {
 		}
 	}
 	return total, nil
+}
+
+// Gather collects the parameters of the whole model on the first stage:
+// each stage sends those of itself and the stages after it to the one
+// before. The first stage gets them all, in the whole model's order; the
+// others get nil. Every stage of one column calls it, after the same
+// step.
+func (p *Pipe) Gather() ([][]float32, error) {
+	all := slices.Clone(p.st.Params())
+	if p.next != nil {
+		f, err := p.recv(p.next, Expect{Kind: Params, Enc: F32, Stage: p.s + 1, Gen: p.gen, Step: p.step, Rows: 1, Sizes: p.later})
+		if err != nil {
+			return nil, fmt.Errorf("pipeline: stage %d gathering from stage %d: %w", p.s, p.s+1, err)
+		}
+		all = append(all, f.Tensors...)
+	}
+	if p.prev == nil {
+		return all, nil
+	}
+	f := &Frame{Kind: Params, Rows: 1, Tensors: all}
+	f.Enc, f.Stage, f.Gen, f.Step = F32, p.s, p.gen, p.step
+	if err := p.prev.Send(p.ctx, f); err != nil {
+		return nil, fmt.Errorf("pipeline: stage %d sending its parameters: %w", p.s, err)
+	}
+	return nil, nil
 }
 
 // Params returns the stage's parameters.

@@ -207,7 +207,7 @@ func TestStreamLinks(t *testing.T) {
 	pair := func() (*StreamLink, *StreamLink) {
 		ar, aw := io.Pipe()
 		br, bw := io.Pipe()
-		return NewStreamLink(aw, br, 16), NewStreamLink(bw, ar, 16)
+		return NewStreamLink(rwc{aw, br}, 16), NewStreamLink(rwc{bw, ar}, 16)
 	}
 	a1, b1 := pair()
 	a2, b2 := pair()
@@ -292,5 +292,42 @@ func TestStopReachesEveryStage(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// rwc is a stream each way as one.
+type rwc struct {
+	w *io.PipeWriter
+	r *io.PipeReader
+}
+
+func (c rwc) Read(b []byte) (int, error)  { return c.r.Read(b) }
+func (c rwc) Write(b []byte) (int, error) { return c.w.Write(b) }
+func (c rwc) Close() error                { c.w.Close(); return c.r.Close() }
+
+// Gather gives the first stage the whole model's parameters, in order.
+func TestGather(t *testing.T) {
+	model := train.ModelConfig{Spec: residualSpec(), Batch: 8, Seed: 5}
+	cfg := Config{Stages: 3, MicroBatches: 2, Split: []int{2, 8}}
+	pipes, _ := grid(t, context.Background(), cfg, 1, model)
+	got := make([][][]float32, 3)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for s := range 3 {
+		wg.Go(func() { got[s], errs[s] = pipes[s][0].Gather() })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	want, err := train.InitParams(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got[0]) != len(want) || got[1] != nil || got[2] != nil {
+		t.Fatalf("stage 0 got %d tensors, want %d; the others %d and %d, want none", len(got[0]), len(want), len(got[1]), len(got[2]))
+	}
+	for i := range want {
+		sameBits(t, want[i].Name, got[0][i], want[i].Data)
 	}
 }

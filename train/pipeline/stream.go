@@ -10,13 +10,12 @@ import (
 	"time"
 )
 
-// StreamLink is a Link over a byte stream each way (the p2p boundary
-// links): frames to send wait in a bounded queue for its sender goroutine,
-// so Send does not wait on the other end. Close stops it and closes both
-// streams.
+// StreamLink is a Link over a stream that goes both ways (the p2p
+// boundary links): frames to send wait in a bounded queue for its sender goroutine,
+// so Send does not wait on the other end. Close stops it and closes the
+// stream.
 type StreamLink struct {
-	w     io.WriteCloser
-	r     io.ReadCloser
+	rw    io.ReadWriteCloser
 	br    *bufio.Reader
 	queue chan []byte
 	done  chan struct{}
@@ -27,17 +26,12 @@ type StreamLink struct {
 	closed bool
 }
 
-// NewStreamLink sends on w and receives on r; queue bounds the frames
-// waiting to be sent (a step sends at most its micro-batches' frames each
-// way before it waits on the other end, so that many never block).
-func NewStreamLink(w io.WriteCloser, r io.ReadCloser, queue int) *StreamLink {
-	l := &StreamLink{w: w, r: r, queue: make(chan []byte, max(queue, 1)), done: make(chan struct{})}
-	if r != nil {
-		l.br = bufio.NewReaderSize(r, 1<<16)
-	}
-	if w != nil {
-		l.wg.Go(l.send)
-	}
+// NewStreamLink sends and receives on rw; queue bounds the frames waiting
+// to be sent (a step sends at most its micro-batches' frames each way
+// before it waits on the other end, so that many never block).
+func NewStreamLink(rw io.ReadWriteCloser, queue int) *StreamLink {
+	l := &StreamLink{rw: rw, br: bufio.NewReaderSize(rw, 1<<16), queue: make(chan []byte, max(queue, 1)), done: make(chan struct{})}
+	l.wg.Go(l.send)
 	return l
 }
 
@@ -45,7 +39,7 @@ func (l *StreamLink) send() {
 	for {
 		select {
 		case b := <-l.queue:
-			if _, err := l.w.Write(b); err != nil {
+			if _, err := l.rw.Write(b); err != nil {
 				l.mu.Lock()
 				if l.err == nil {
 					l.err = err
@@ -59,7 +53,7 @@ func (l *StreamLink) send() {
 			for {
 				select {
 				case b := <-l.queue:
-					if _, err := l.w.Write(b); err != nil {
+					if _, err := l.rw.Write(b); err != nil {
 						return
 					}
 				default:
@@ -79,8 +73,6 @@ func (l *StreamLink) Send(ctx context.Context, f *Frame) error {
 	err, closed := l.err, l.closed
 	l.mu.Unlock()
 	switch {
-	case l.w == nil:
-		return errors.New("pipeline: this link only receives")
 	case closed:
 		return ErrLinkClosed
 	case err != nil:
@@ -98,10 +90,7 @@ func (l *StreamLink) Send(ctx context.Context, f *Frame) error {
 
 // Recv reads the next frame; ctx's end closes the stream it reads.
 func (l *StreamLink) Recv(ctx context.Context, want Expect) (*Frame, error) {
-	if l.br == nil {
-		return nil, errors.New("pipeline: this link only sends")
-	}
-	stop := context.AfterFunc(ctx, func() { l.r.Close() })
+	stop := context.AfterFunc(ctx, func() { l.rw.Close() })
 	defer stop()
 	f, err := ReadFrame(l.br, want)
 	if err != nil && ctx.Err() != nil {
@@ -111,7 +100,7 @@ func (l *StreamLink) Recv(ctx context.Context, want Expect) (*Frame, error) {
 }
 
 // Close sends what is queued, waiting at most CloseWait for the other
-// end to take it, then closes both streams.
+// end to take it, then closes the stream.
 func (l *StreamLink) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -129,15 +118,9 @@ func (l *StreamLink) Close() error {
 	case <-sent:
 	case <-t.C: // the other end does not read: closing ends the write
 	}
-	var errs []error
-	if l.w != nil {
-		errs = append(errs, l.w.Close())
-	}
-	if l.r != nil {
-		errs = append(errs, l.r.Close())
-	}
+	err := l.rw.Close()
 	<-sent
-	return errors.Join(errs...)
+	return err
 }
 
 // CloseWait bounds how long Close waits for queued frames to be taken.
