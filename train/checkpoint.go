@@ -41,8 +41,11 @@ type Checkpoint struct {
 	Input      [3]int               `json:"input"` // C, H, W of a sample
 	Optimizer  string               `json:"optimizer"`
 	OptStep    int                  `json:"opt_step"`
-	Params     [][]float32          `json:"-"`
-	OptState   [][]float32          `json:"-"`
+	// Layers, if set, says the checkpoint holds one pipeline stage of the
+	// model: the parameters of its layers [Layers[0], Layers[1]) alone.
+	Layers   *[2]int     `json:"layers,omitempty"`
+	Params   [][]float32 `json:"-"`
+	OptState [][]float32 `json:"-"`
 }
 
 // header is what goes before the tensors: the checkpoint's fields and the
@@ -171,6 +174,11 @@ func LoadCheckpoint(path string) (*Checkpoint, error) {
 	if err != nil {
 		return nil, fail("its model: %v", err)
 	}
+	if c.Layers != nil {
+		if sizes, err = c.Model.Spec.StageParamSizes(c.Layers[0], c.Layers[1]); err != nil {
+			return nil, fail("its stage: %v", err)
+		}
+	}
 	if !slices.Equal(sizes, h.ParamLens) {
 		return nil, fail("its model has parameter tensors of %v values; the file holds %v", sizes, h.ParamLens)
 	}
@@ -188,6 +196,19 @@ func LoadCheckpoint(path string) (*Checkpoint, error) {
 	}
 	c.Params, c.OptState = read(h.ParamLens), read(h.StateLens)
 	return &c, nil
+}
+
+// ErrStageCheckpoint means a checkpoint holds one pipeline stage, not a
+// model to predict with or export.
+var ErrStageCheckpoint = errors.New("train: a pipeline stage's checkpoint, not a whole model")
+
+// Whole says whether the checkpoint holds a whole model, and if not, what
+// to use instead.
+func (c *Checkpoint) Whole() error {
+	if c.Layers != nil {
+		return fmt.Errorf("layers [%d, %d) only; use the model file the pipeline job gathered (its name without .stageN): %w", c.Layers[0], c.Layers[1], ErrStageCheckpoint)
+	}
+	return nil
 }
 
 // LoadInto copies the checkpoint's parameters into m, refusing a checkpoint

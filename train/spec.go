@@ -83,6 +83,28 @@ func (s Spec) ParamSizes() ([]int, error) {
 	return sizes, err
 }
 
+// StageParamSizes is ParamSizes for layers [lo, hi) alone.
+func (s Spec) StageParamSizes(lo, hi int) ([]int, error) {
+	sizes, err := s.ParamSizes()
+	if err != nil {
+		return nil, err
+	}
+	if lo < 0 || lo >= hi || hi > len(s.Layers) {
+		return nil, fmt.Errorf("layers [%d, %d) of %d: %w", lo, hi, len(s.Layers), ErrSpec)
+	}
+	first, n := 0, 0
+	for i, l := range s.Layers[:hi] {
+		if l.Type == "linear" || l.Type == "conv2d" {
+			if i < lo {
+				first += 2
+			} else {
+				n += 2
+			}
+		}
+	}
+	return sizes[first : first+n], nil
+}
+
 // Bounds on a spec, checked before anything is allocated, so a config or a
 // checkpoint header cannot make a model panic in allocation: MaxValues per
 // sample in any layer's output and in any one parameter tensor, MaxParams

@@ -1,6 +1,7 @@
 package train
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -87,5 +88,42 @@ func TestStageCarries(t *testing.T) {
 				t.Errorf("before layer %d: %q; want %q", tt.lo, got, tt.want)
 			}
 		}
+	}
+}
+
+// A stage's checkpoint holds its layers' parameters alone, says so, and
+// is no model to predict with.
+func TestStageCheckpoint(t *testing.T) {
+	cfg := ModelConfig{Spec: residualSpec(), Batch: 4, Seed: 1}
+	s, err := NewStage(StageConfig{Model: cfg, Lo: 5, Hi: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	path := t.TempDir() + "/s.ckpt"
+	c := &Checkpoint{Model: cfg, Layers: &[2]int{5, 9}, Params: s.Params()}
+	if err := c.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	got, err := LoadCheckpoint(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Params) != 4 || !errors.Is(got.Whole(), ErrStageCheckpoint) {
+		t.Errorf("%d tensors, Whole %v; want 4 and ErrStageCheckpoint", len(got.Params), got.Whole())
+	}
+	c.Layers = &[2]int{5, 12} // more layers than the file holds
+	if err := c.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadCheckpoint(path); !errors.Is(err, ErrCheckpoint) {
+		t.Errorf("a stage checkpoint of the wrong layers: %v; want ErrCheckpoint", err)
+	}
+	c.Layers = &[2]int{9, 5}
+	if err := c.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadCheckpoint(path); !errors.Is(err, ErrCheckpoint) {
+		t.Errorf("a stage of layers [9, 5): %v; want ErrCheckpoint", err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/ringtrain/ringtrain/data"
 	"github.com/ringtrain/ringtrain/ring"
 	"github.com/ringtrain/ringtrain/train"
+	"github.com/ringtrain/ringtrain/train/pipeline"
 )
 
 // jobConfig is a job as this peer runs it: the job's definition, which
@@ -69,6 +70,10 @@ type jobSpec struct {
 	// own with the optimizer above, then the ranks average their
 	// parameter changes and take an outer step.
 	Sync *syncConfig `json:"sync,omitempty"`
+	// Pipeline, if set, cuts the model's layers into stages held by
+	// different peers (elastic.PipelineJob); its schedule and boundary
+	// are written out.
+	Pipeline *pipeline.Config `json:"pipeline,omitempty"`
 }
 
 // optimizerConfig is the job's optimizer and its learning-rate schedule.
@@ -147,8 +152,9 @@ type jobFile struct {
 	// each bucket while backward still computes the layers before it.
 	// Default 25, as in PyTorch DDP; 0 sends all the gradients in one
 	// allreduce after backward.
-	BucketMB *float64    `json:"bucket_mb"`
-	Sync     *syncConfig `json:"sync"`
+	BucketMB *float64         `json:"bucket_mb"`
+	Sync     *syncConfig      `json:"sync"`
+	Pipeline *pipeline.Config `json:"pipeline"`
 	localSettings
 }
 
@@ -340,7 +346,7 @@ func (f *jobFile) resolve(dir string) (*jobConfig, error) {
 	}
 	c := &jobConfig{localSettings: f.localSettings, jobSpec: jobSpec{Name: f.Name, WorldSize: f.WorldSize, MinWorldSize: f.MinWorldSize, MaxWorldSize: f.MaxWorldSize,
 		Epochs: f.Epochs, BatchSize: f.BatchSize, Seed: f.Seed, Model: f.Model, Optimizer: f.Optimizer,
-		GradNormGuard: f.GradNormGuard, Compression: f.Compression, Sync: f.Sync, BucketBytes: defaultBucketMB << 20}}
+		GradNormGuard: f.GradNormGuard, Compression: f.Compression, Sync: f.Sync, Pipeline: f.Pipeline, BucketBytes: defaultBucketMB << 20}}
 	if f.BucketMB != nil {
 		if mb := *f.BucketMB; !(mb >= 0 && mb <= maxBucketMB) {
 			return nil, fmt.Errorf("bucket_mb %g; want 0 (one allreduce after backward) up to %d", mb, maxBucketMB)
@@ -477,6 +483,11 @@ func (c *jobConfig) resolveSpec() error {
 			return err
 		}
 	}
+	if c.Pipeline != nil {
+		if err := c.checkPipeline(); err != nil {
+			return err
+		}
+	}
 	if c.BucketBytes < 0 || c.BucketBytes > maxBucketMB<<20 {
 		return fmt.Errorf("bucket of %d bytes; want 0 (one allreduce after backward) up to %d MB", c.BucketBytes, maxBucketMB)
 	}
@@ -499,6 +510,36 @@ func (c *jobConfig) resolveSpec() error {
 	}
 	sum := sha256.Sum256(b)
 	c.hash = hex.EncodeToString(sum[:])
+	return nil
+}
+
+// checkPipeline checks the pipeline section against the rest of the job
+// and writes its defaults out. Its layer counts hold for any data shape.
+func (c *jobConfig) checkPipeline() error {
+	p := c.Pipeline
+	if p.Schedule == "" {
+		p.Schedule = pipeline.OneFOneB
+	}
+	if p.Boundary == "" {
+		p.Boundary = "f32"
+	}
+	layers := 0
+	if c.spec != nil {
+		layers = len(c.spec.Layers)
+	} else if s, err := train.BuiltinSpec(c.modelName, 1, 28, 28, 10); err == nil {
+		layers = len(s.Layers)
+	}
+	if err := p.CheckLayers(layers, c.BatchSize); err != nil {
+		return fmt.Errorf("pipeline: %w", err)
+	}
+	switch {
+	case c.WorldSize%p.Stages != 0:
+		return fmt.Errorf("pipeline: world_size %d is not a multiple of stages %d (each stage is held by world_size / stages peers)", c.WorldSize, p.Stages)
+	case c.MinWorldSize != c.WorldSize || c.MaxWorldSize != c.WorldSize:
+		return fmt.Errorf("pipeline: min_world_size %d and max_world_size %d; a pipeline job's peers do not change, so both must be world_size %d", c.MinWorldSize, c.MaxWorldSize, c.WorldSize)
+	case c.Sync != nil:
+		return errors.New("pipeline: sync (DiLoCo) and pipeline stages do not go together")
+	}
 	return nil
 }
 

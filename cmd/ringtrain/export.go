@@ -23,8 +23,11 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("export: --checkpoint and --onnx are required: %w", errUsage)
 	}
 	c, err := train.LoadCheckpoint(*ckpt)
+	if err == nil {
+		err = c.Whole()
+	}
 	if err != nil {
-		return fmt.Errorf("export: %w", err)
+		return fmt.Errorf("export: %s: %w", *ckpt, err)
 	}
 	if err := onnx.Write(c, *out); err != nil {
 		return fmt.Errorf("export: %s: %w", *ckpt, err)

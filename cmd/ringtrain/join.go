@@ -120,6 +120,9 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer peer.close()
+	if cfg.Pipeline != nil {
+		return runPipeline(ctx, cfg, device, trainSplit, testSplit, peer.members, stdout, stderr, f.log, log)
+	}
 	job, model, err := newJob(cfg, device, *f.engine, trainSplit, testSplit, peer.members, stdout, stderr, f.log, log)
 	if err != nil {
 		return err
@@ -465,76 +468,105 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 	if err != nil {
 		return nil, nil, err
 	}
-	var opt train.Optimizer = &train.SGD{LR: cfg.Optimizer.LR, Momentum: cfg.Optimizer.Momentum, WeightDecay: cfg.Optimizer.WeightDecay}
-	if cfg.Optimizer.Name == "adam" {
-		a := train.NewAdam(cfg.Optimizer.LR)
-		a.WeightDecay = cfg.Optimizer.WeightDecay
-		opt = a
-	}
-	if opt, err = bindOptimizer(model, opt, devOpt); err != nil {
+	opt, err := bindOptimizer(model, cfg.optimizer(), devOpt)
+	if err != nil {
 		model.Close()
 		return nil, nil, err
 	}
 	if s := cfg.Sync; s != nil {
 		opt = &train.LocalSGD{Inner: opt, Every: s.Every, LR: s.Outer.LR, Momentum: s.Outer.Momentum, Nesterov: s.Outer.Name == "nesterov"}
 	}
-	// World size and rank are the ring's, set by train.Run.
-	loader := func(s *data.Split, shuffle bool) *data.Loader {
-		return &data.Loader{Split: s, BatchSize: cfg.BatchSize, Seed: cfg.Seed,
-			Sampler: data.Sampler{N: s.Len(), World: 1, Seed: cfg.Seed, Shuffle: shuffle}}
-	}
-	sched := cfg.schedule()
 	job := &elastic.Job{Members: members, WorldSize: cfg.WorldSize, MinWorldSize: cfg.MinWorldSize, MaxWorldSize: cfg.MaxWorldSize,
 		StepTimeout: time.Duration(cfg.StepTimeout), AdmitTimeout: time.Duration(cfg.AdmissionTimeout), Logger: log, Out: stdout}
-	rep := train.NewReplica(model, opt, nil)
-	rep.NormGuard = cfg.GradNormGuard
-	rep.Wire = cfg.wire
-	rep.BucketBytes = cfg.BucketBytes
-	job.Training = train.RunConfig{Replica: rep, Train: loader(trainSplit, true),
-		Epochs: cfg.Epochs, Classes: len(trainSplit.Classes), Schedule: &sched, SaveEvery: cfg.CheckpointEvery}
-	if testSplit != nil {
-		// Each rank scores its own slice of the test set and the counts are
-		// summed over the ring, so every rank logs the whole set's result
-		// in 1/n of the time (DDP users do the same by hand with a
-		// DistributedSampler and an all_reduce of their metrics).
-		job.Training.Test = loader(testSplit, false)
-		job.Training.Test.Sampler.Exact = true
-	}
+	job.Training = cfg.runConfig(trainSplit, testSplit)
+	job.Training.Replica = cfg.replica(model, opt)
 	if cfg.CheckpointDir != "" {
 		job.Checkpoint = filepath.Join(cfg.CheckpointDir, cfg.Name+".ckpt")
-		job.CheckpointBase = train.Checkpoint{Model: spec, Seed: cfg.Seed, Classes: trainSplit.Classes, Transforms: cfg.data.Transforms,
-			Input: [3]int{trainSplit.C, trainSplit.H, trainSplit.W}}
+		job.CheckpointBase = cfg.checkpointBase(spec, trainSplit)
 	}
-	var bar *progressBar
-	job.Training.ProgressEvery = 50
-	if isTerminal(stderr) && *lf.format != "json" {
-		bar, job.Training.ProgressEvery = &progressBar{w: stderr}, 5
-	}
-	job.Training.Progress = func(p train.Progress) {
-		if bar != nil {
-			bar.show(p, cfg.Epochs)
-			if !p.EpochDone {
-				return
-			}
-		}
-		ev := job.Log().Info().Int("epoch", p.Epoch+1).Int("step", p.Step).Int("steps", p.Steps).
-			Float64("loss", p.Loss).Float64("samples_per_sec", p.SamplesPerSec).Float64("elapsed_s", p.Elapsed.Seconds())
-		if !p.EpochDone {
-			ev.Msg("training")
-			return
-		}
-		if testSplit != nil {
-			ev = ev.Float64("test_accuracy", p.TestAccuracy)
-		}
-		addShares(ev, p.Stats).Int("world_size", p.WorldSize).Floats64("rank_compute_s", p.RankCompute).
-			Ints("stragglers", p.Stragglers).Msg("epoch done")
-	}
+	job.Training.Progress, job.Training.ProgressEvery = cfg.progress(testSplit != nil, stderr, lf, job.Log)
 	threads := runtime.GOMAXPROCS(0)
 	if devOpt.hostThreads > 0 {
 		threads = devOpt.hostThreads
 	}
 	log.Info().Str("device", device).Str("blas", train.BLAS()).Int("threads", threads).Int("gomaxprocs", runtime.GOMAXPROCS(0)).Msg("compute")
 	return job, model, nil
+}
+
+// optimizer is the job's optimizer, on the host.
+func (cfg *jobConfig) optimizer() train.Optimizer {
+	if cfg.Optimizer.Name == "adam" {
+		a := train.NewAdam(cfg.Optimizer.LR)
+		a.WeightDecay = cfg.Optimizer.WeightDecay
+		return a
+	}
+	return &train.SGD{LR: cfg.Optimizer.LR, Momentum: cfg.Optimizer.Momentum, WeightDecay: cfg.Optimizer.WeightDecay}
+}
+
+// replica is a replica of model with the job's step options.
+func (cfg *jobConfig) replica(model train.Model, opt train.Optimizer) *train.Replica {
+	rep := train.NewReplica(model, opt, nil)
+	rep.NormGuard = cfg.GradNormGuard
+	rep.Wire = cfg.wire
+	rep.BucketBytes = cfg.BucketBytes
+	return rep
+}
+
+// runConfig is the job's training run, less its replica and progress
+// reports. World size and rank are the ring's, set by train.Run.
+func (cfg *jobConfig) runConfig(trainSplit, testSplit *data.Split) train.RunConfig {
+	loader := func(s *data.Split, shuffle bool) *data.Loader {
+		return &data.Loader{Split: s, BatchSize: cfg.BatchSize, Seed: cfg.Seed,
+			Sampler: data.Sampler{N: s.Len(), World: 1, Seed: cfg.Seed, Shuffle: shuffle}}
+	}
+	sched := cfg.schedule()
+	rc := train.RunConfig{Train: loader(trainSplit, true), Epochs: cfg.Epochs, Classes: len(trainSplit.Classes),
+		Schedule: &sched, SaveEvery: cfg.CheckpointEvery}
+	if testSplit != nil {
+		// Each rank scores its own slice of the test set and the counts are
+		// summed over the ring, so every rank logs the whole set's result
+		// in 1/n of the time (DDP users do the same by hand with a
+		// DistributedSampler and an all_reduce of their metrics).
+		rc.Test = loader(testSplit, false)
+		rc.Test.Sampler.Exact = true
+	}
+	return rc
+}
+
+// checkpointBase is what a checkpoint of the job says besides its state:
+// the model, the data's shape, classes and transforms.
+func (cfg *jobConfig) checkpointBase(spec train.ModelConfig, trainSplit *data.Split) train.Checkpoint {
+	return train.Checkpoint{Model: spec, Seed: cfg.Seed, Classes: trainSplit.Classes, Transforms: cfg.data.Transforms,
+		Input: [3]int{trainSplit.C, trainSplit.H, trainSplit.W}}
+}
+
+// progress reports a run: a bar per epoch on a terminal, a log line every
+// 50 steps otherwise, and a line per epoch either way.
+func (cfg *jobConfig) progress(tested bool, stderr io.Writer, lf logFlags, logger func() *zerolog.Logger) (func(train.Progress), int) {
+	var bar *progressBar
+	every := 50
+	if isTerminal(stderr) && *lf.format != "json" {
+		bar, every = &progressBar{w: stderr}, 5
+	}
+	return func(p train.Progress) {
+		if bar != nil {
+			bar.show(p, cfg.Epochs)
+			if !p.EpochDone {
+				return
+			}
+		}
+		ev := logger().Info().Int("epoch", p.Epoch+1).Int("step", p.Step).Int("steps", p.Steps).
+			Float64("loss", p.Loss).Float64("samples_per_sec", p.SamplesPerSec).Float64("elapsed_s", p.Elapsed.Seconds())
+		if !p.EpochDone {
+			ev.Msg("training")
+			return
+		}
+		if tested {
+			ev = ev.Float64("test_accuracy", p.TestAccuracy)
+		}
+		addShares(ev, p.Stats).Int("world_size", p.WorldSize).Floats64("rank_compute_s", p.RankCompute).
+			Ints("stragglers", p.Stragglers).Msg("epoch done")
+	}, every
 }
 
 // addShares logs where a replica's step time went, as shares of it all

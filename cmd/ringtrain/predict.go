@@ -31,6 +31,9 @@ func runPredict(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := c.Whole(); err != nil {
+		return fmt.Errorf("predict: %s: %w", *ckpt, err)
+	}
 	im, err := data.ReadImageFile(*imgPath)
 	if err != nil {
 		return fmt.Errorf("predict: %w", err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,6 +46,12 @@ var ErrPipelineChange = errors.New("elastic: a pipeline job's peers changed")
 // step (the step's frames tell its column, the stages' rings the rest);
 // the first stage's first peer then gathers the whole model and writes it
 // to Checkpoint. A peer lost ends the job with ErrPipelineChange.
+//
+// With a Checkpoint path, every peer also writes its stage's checkpoint
+// (StagePath) after every epoch, every Training.SaveEvery steps and when
+// stopped, and a job started again resumes from them: each stage's peers
+// agree on their most advanced one (train.Replica.Resume), and all stages
+// must be at the same step.
 type PipelineJob struct {
 	Members  StageNet
 	Pipeline pipeline.Config
@@ -66,6 +73,8 @@ type PipelineJob struct {
 	Logger         zerolog.Logger
 	// Out, if set, gets a line when the ring forms and the stages connect.
 	Out io.Writer
+
+	layers [][2]int // each stage's layers, once the split is agreed
 }
 
 // PipelineSummary is a pipeline peer's result: its run's, and its place.
@@ -108,6 +117,9 @@ func (j *PipelineJob) Run(ctx context.Context) (PipelineSummary, error) {
 	if err := cfg.Check(j.Model.Spec, j.Model.Batch); err != nil {
 		return sum, err
 	}
+	if j.layers, err = pipeline.Bounds(cfg.Split, S, len(j.Model.Spec.Layers)); err != nil {
+		return sum, err
+	}
 	stage, rep := world.Rank()/R, world.Rank()%R
 	sum.Stage, sum.Stages, sum.Replica, sum.Replicas, sum.Split = stage, S, rep, R, cfg.Split
 	stageRing, pipe, err := j.connect(wctx, world, cfg, stage, R)
@@ -133,6 +145,13 @@ func (j *PipelineJob) Run(ctx context.Context) (PipelineSummary, error) {
 	if rc.OnSkip == nil {
 		rc.OnSkip = func(err error) { log.Warn().Str("why", err.Error()).Msg("step skipped on every peer of the stage") }
 	}
+	if j.Checkpoint != "" {
+		rc.Save = func(p train.Position) error { return j.saveStage(r, stage, p, log) }
+		if rc.Start, err = j.resume(wctx, world, r, stage, log); err != nil {
+			return sum, err
+		}
+		rc.InSync = true // Resume leaves the stage's replicas alike
+	}
 	run, err := train.Run(wctx, rc)
 	sum.Summary, sum.Pipe = run, pipe.Stats()
 	var leave *train.LeaveError
@@ -141,6 +160,11 @@ func (j *PipelineJob) Run(ctx context.Context) (PipelineSummary, error) {
 	case errors.As(err, &leave):
 		log.Warn().Int("epochs_done", run.Epochs).Int("steps_done", run.Steps).
 			Msg("interrupted: every stage stopped after the same step")
+		if rc.Save != nil {
+			if serr := rc.Save(run.Position); serr != nil {
+				return sum, serr
+			}
+		}
 	default:
 		var in *train.Interrupted
 		if errors.As(err, &in) {
@@ -296,4 +320,60 @@ func (j *PipelineJob) gather(pipe *pipeline.Pipe, stage int, at train.Position, 
 	log.Info().Str("path", j.Checkpoint).Int("epochs_done", at.Epochs).Int("steps_done", at.Steps).
 		Msg("the stages' parameters gathered into one model file")
 	return nil
+}
+
+// StagePath is where a peer of stage s writes its stage's checkpoint:
+// beside Checkpoint, named for the stage.
+func (j *PipelineJob) StagePath(s int) string {
+	return fmt.Sprintf("%s.stage%d.ckpt", strings.TrimSuffix(j.Checkpoint, ".ckpt"), s)
+}
+
+func (j *PipelineJob) saveStage(r *train.Replica, stage int, p train.Position, log zerolog.Logger) error {
+	base := j.CheckpointBase
+	base.Model = j.Model
+	base.Epoch, base.Step, base.Skip, base.WorldSize = p.Epochs, p.Steps, p.Skip, r.Coll.Size()
+	base.Layers = &j.layers[stage]
+	path := j.StagePath(stage)
+	if err := r.Snapshot(base).Save(path); err != nil {
+		return fmt.Errorf("writing stage %d's checkpoint: %w", stage, err)
+	}
+	log.Info().Str("path", path).Int("stage", stage).Int("epochs_done", p.Epochs).Int("steps_done", p.Steps).Msg("stage checkpoint written")
+	return nil
+}
+
+// resume agrees, within the stage, on the most advanced stage checkpoint
+// its peers hold, then checks that every stage starts from the same step:
+// stages cut from different steps would train a model that never was.
+func (j *PipelineJob) resume(ctx context.Context, world *ring.Ring, r *train.Replica, stage int, log zerolog.Logger) (train.Position, error) {
+	found, err := findCheckpoint(j.StagePath(stage), j.Training.Epochs)
+	if err == nil && found != nil {
+		if err = r.Restore(found); err != nil {
+			err = fmt.Errorf("checkpoint %s does not fit this stage: %w (move it away to start afresh)", j.StagePath(stage), err)
+		}
+	}
+	if err != nil {
+		return train.Position{}, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, j.StepTimeout)
+	defer cancel()
+	res, err := r.Resume(rctx, found)
+	if err != nil {
+		return train.Position{}, fmt.Errorf("resuming stage %d: %w", stage, err)
+	}
+	steps := make([]float32, world.Size())
+	steps[world.Rank()] = float32(res.Steps)
+	if err := world.AllreduceSum(rctx, steps); err != nil {
+		return train.Position{}, fmt.Errorf("comparing the stages' positions: %w", err)
+	}
+	for rank, v := range steps {
+		if v != steps[0] {
+			return train.Position{}, fmt.Errorf("the stages would resume at different steps (rank 0 at %v, rank %d at %v): move the stage checkpoints (%s) away to start afresh: %w",
+				steps[0], rank, v, j.StagePath(stage), train.ErrCheckpoint)
+		}
+	}
+	if res.From >= 0 {
+		log.Info().Int("stage", stage).Int("epochs_done", res.Epochs).Int("steps_done", res.Steps).Int("samples_into_epoch", res.Skip).
+			Msg("resuming the stage from its checkpoint")
+	}
+	return res.Position, nil
 }

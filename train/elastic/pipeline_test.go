@@ -112,6 +112,12 @@ func (e pipeEnd) Close() error                { e.w.Close(); return e.r.Close() 
 // many steps.
 func pipelineRun(t *testing.T, n int, cfg pipeline.Config, stopPeer, stopAt int) ([]PipelineSummary, []error, string, string) {
 	t.Helper()
+	return pipelineRunIn(t, filepath.Join(t.TempDir(), "model.ckpt"), n, cfg, stopPeer, stopAt)
+}
+
+// pipelineRunIn is pipelineRun with the checkpoints at ckpt.
+func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, stopPeer, stopAt int) ([]PipelineSummary, []error, string, string) {
+	t.Helper()
 	dcfg, err := data.LoadConfig("../../testdata/data-config.json")
 	if err != nil {
 		t.Fatal(err)
@@ -129,7 +135,6 @@ func pipelineRun(t *testing.T, n int, cfg pipeline.Config, stopPeer, stopAt int)
 		{Type: "add", From: "a"}, {Type: "linear", Out: 10}}}
 	model := train.ModelConfig{Spec: spec, Batch: 16, Seed: 3}
 	f := newFabric(n)
-	ckpt := filepath.Join(t.TempDir(), "model.ckpt")
 	var log lockedBuffer
 	sums := make([]PipelineSummary, n)
 	errs := make([]error, n)
@@ -235,5 +240,50 @@ func TestPipelineJobStopsTogether(t *testing.T) {
 				t.Errorf("gathered model at step %d; the peers stopped after %d", c.Step, sums[0].Steps)
 			}
 		})
+	}
+}
+
+// A job stopped and started again resumes every stage from its checkpoint
+// and ends where it would have without the stop, bit for bit.
+func TestPipelineJobResumes(t *testing.T) {
+	cfg := pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}}
+	whole, errs, log, _ := pipelineRun(t, 4, cfg, -1, 0)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("%v\n%s", err, log)
+	}
+	ckpt := filepath.Join(t.TempDir(), "model.ckpt")
+	stopped, _, log, _ := pipelineRunIn(t, ckpt, 4, cfg, 2, 7)
+	if stopped[0].Steps < 7 || stopped[0].Steps >= whole[0].Steps {
+		t.Fatalf("stopped after %d steps of %d\n%s", stopped[0].Steps, whole[0].Steps, log)
+	}
+	again, errs, log, _ := pipelineRunIn(t, ckpt, 4, cfg, -1, 0)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("%v\n%s", err, log)
+	}
+	if !strings.Contains(log, "resuming the stage from its checkpoint") {
+		t.Errorf("no resume:\n%s", log)
+	}
+	for i := range again {
+		if again[i].ParamHash != whole[i].ParamHash {
+			t.Errorf("peer %d: resumed run ends at %.12s; the run without a stop at %.12s", i, again[i].ParamHash, whole[i].ParamHash)
+		}
+	}
+	// Stage checkpoints of different steps are refused.
+	for stage, step := range []int{20, 3} {
+		path := fmt.Sprintf("%s.stage%d.ckpt", strings.TrimSuffix(ckpt, ".ckpt"), stage)
+		c, err := train.LoadCheckpoint(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Epoch, c.Step, c.Skip = 1, step, 0
+		if err := c.Save(path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, errs, _, _ = pipelineRunIn(t, ckpt, 4, cfg, -1, 0)
+	for i, err := range errs {
+		if !errors.Is(err, train.ErrCheckpoint) {
+			t.Errorf("peer %d: %v; want stages at different steps refused", i, err)
+		}
 	}
 }

@@ -35,12 +35,16 @@ func (c Config) Check(spec train.Spec, batch int) error {
 	if _, err := spec.Shapes(); err != nil {
 		return fmt.Errorf("pipeline: %w", err)
 	}
-	n := len(spec.Layers)
+	return c.CheckLayers(len(spec.Layers), batch)
+}
+
+// CheckLayers is Check for a model of layers layers, whatever they are.
+func (c Config) CheckLayers(layers, batch int) error {
 	switch {
 	case c.Stages < 1 || c.Stages > MaxStages:
 		return fmt.Errorf("stages %d; want 1 to %d: %w", c.Stages, MaxStages, ErrConfig)
-	case c.Stages > n:
-		return fmt.Errorf("stages %d for a model of %d layers; a stage needs at least one layer: %w", c.Stages, n, ErrConfig)
+	case c.Stages > layers:
+		return fmt.Errorf("stages %d for a model of %d layers; a stage needs at least one layer: %w", c.Stages, layers, ErrConfig)
 	case c.MicroBatches < 1 || c.MicroBatches > batch:
 		return fmt.Errorf("micro_batches %d for batches of %d; want 1 to the batch size: %w", c.MicroBatches, batch, ErrConfig)
 	}
@@ -51,7 +55,7 @@ func (c Config) Check(spec train.Spec, batch int) error {
 		return err
 	}
 	if c.Split != nil {
-		if _, err := Bounds(c.Split, c.Stages, n); err != nil {
+		if _, err := Bounds(c.Split, c.Stages, layers); err != nil {
 			return err
 		}
 	}

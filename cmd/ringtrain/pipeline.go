@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/ringtrain/ringtrain/data"
+	"github.com/ringtrain/ringtrain/train"
+	"github.com/ringtrain/ringtrain/train/elastic"
+)
+
+// runPipeline runs a job whose model is cut into stages
+// (elastic.PipelineJob): which stage this peer builds is known once the
+// ring has formed.
+func runPipeline(ctx context.Context, cfg *jobConfig, device string, trainSplit, testSplit *data.Split, members elastic.StageNet,
+	stdout, stderr io.Writer, lf logFlags, log zerolog.Logger) error {
+	if device != "" && device != "cpu" {
+		return fmt.Errorf("device %s: a pipeline stage computes on the CPU engine only: %w", device, errUsage)
+	}
+	layers, err := cfg.modelSpec(trainSplit.C, trainSplit.H, trainSplit.W, len(trainSplit.Classes))
+	if err != nil {
+		return err
+	}
+	spec := train.ModelConfig{Spec: layers, Batch: cfg.BatchSize, Seed: cfg.Seed}
+	if err := cfg.Pipeline.Check(layers, cfg.BatchSize); err != nil {
+		return fmt.Errorf("pipeline: %w", err)
+	}
+	job := &elastic.PipelineJob{Members: members, Pipeline: *cfg.Pipeline, Model: spec, StepTimeout: time.Duration(cfg.StepTimeout),
+		Logger: log, Out: stdout,
+		NewReplica: func(m train.Model) (*train.Replica, error) { return cfg.replica(m, cfg.optimizer()), nil }}
+	job.Training = cfg.runConfig(trainSplit, testSplit)
+	job.Training.Progress, job.Training.ProgressEvery = cfg.progress(testSplit != nil, stderr, lf, func() *zerolog.Logger { return &log })
+	if cfg.CheckpointDir != "" {
+		job.Checkpoint = filepath.Join(cfg.CheckpointDir, cfg.Name+".ckpt")
+		job.CheckpointBase = cfg.checkpointBase(spec, trainSplit)
+	}
+	sum, err := job.Run(ctx)
+	if err != nil {
+		return err
+	}
+	if job.Checkpoint != "" && sum.Stage == 0 && sum.Replica == 0 {
+		fmt.Fprintf(stdout, "checkpoint: %s (the whole model, gathered from the stages)\n", job.Checkpoint)
+	}
+	fmt.Fprintf(stdout, "stage %d of %d, replica %d of %d: test accuracy %.4f, stage param hash %s\n",
+		sum.Stage, sum.Stages, sum.Replica, sum.Replicas, sum.TestAccuracy, sum.ParamHash[:16])
+	log.Info().Int("stage", sum.Stage).Int("stages", sum.Stages).Int("replica", sum.Replica).Int("replicas", sum.Replicas).
+		Ints("split", sum.Split).Int("epochs", sum.Epochs).Float64("test_accuracy", sum.TestAccuracy).Int("test_samples", sum.TestSamples).
+		Float64("test_loss", sum.TestLoss).Str("param_hash", sum.ParamHash).Float64("samples_per_sec", sum.SamplesPerSec).
+		Int("peak_micro_batches", sum.Pipe.PeakInFlight).Int64("peak_input_bytes", sum.Pipe.PeakBytes).Msg("summary")
+	return nil
+}

@@ -1,0 +1,194 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// pipelineJob writes testdata/pipeline-job.json with its data config's
+// path made absolute, checkpoints in dir and the fields in extra.
+func pipelineJob(t *testing.T, dir, extra string) string {
+	t.Helper()
+	job, err := os.ReadFile("../../testdata/pipeline-job.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	job = bytes.Replace(job, []byte(`"data": "data-config.json"`),
+		[]byte(`"data": "`+mustAbs(t, "../../testdata/data-config.json")+`", "checkpoint_dir": "`+dir+`"`+extra), 1)
+	cfg := filepath.Join(dir, "job.json")
+	if err := os.WriteFile(cfg, job, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// TestPipelineLocal: testdata's pipeline job — a residual MLP whose
+// residual crosses the boundary — trains as 2 stages × 2 replicas in four
+// processes; every peer reports the same accuracy, the replicas of a stage
+// the same parameters, and the model gathered from the stages predicts.
+func TestPipelineLocal(t *testing.T) {
+	dir := t.TempDir()
+	out, err := ringtrain(t, 3*time.Minute, "local", "-n", "4", "--config", pipelineJob(t, dir, ""))
+	if err != nil {
+		t.Fatalf("local: %v\n%s", err, out)
+	}
+	lines := regexp.MustCompile(`stage (\d) of 2, replica (\d) of 2: test accuracy ([0-9.]+), stage param hash ([0-9a-f]+)`).FindAllStringSubmatch(out, -1)
+	if len(lines) != 4 {
+		t.Fatalf("%d peers reported; want 4\n%s", len(lines), out)
+	}
+	hash := map[string]string{}
+	for _, l := range lines {
+		if l[3] != lines[0][3] {
+			t.Errorf("accuracies %s and %s differ", l[3], lines[0][3])
+		}
+		if h, ok := hash[l[1]]; ok && h != l[4] {
+			t.Errorf("stage %s's replicas differ: %s and %s", l[1], h, l[4])
+		}
+		hash[l[1]] = l[4]
+	}
+	if acc, _ := strconv.ParseFloat(lines[0][3], 64); acc < 0.6 {
+		t.Errorf("test accuracy %v; want well above chance\n%s", acc, out)
+	}
+	model := filepath.Join(dir, "pipeline-demo.ckpt")
+	img := firstImage(t)
+	pred, err := ringtrain(t, time.Minute, "predict", "--checkpoint", model, "--image", img)
+	if err != nil || !strings.Contains(pred, img+": ") {
+		t.Errorf("predict on the gathered model: %v\n%s", err, pred)
+	}
+	// A stage's own checkpoint is refused by predict, saying what to use.
+	pred, err = ringtrain(t, time.Minute, "predict", "--checkpoint", filepath.Join(dir, "pipeline-demo.stage1.ckpt"), "--image", img)
+	if err == nil || !strings.Contains(pred, "pipeline stage's checkpoint") {
+		t.Errorf("predict on a stage checkpoint: %v\n%s", err, pred)
+	}
+}
+
+func firstImage(t *testing.T) string {
+	t.Helper()
+	imgs, _ := filepath.Glob(mustAbs(t, "../../testdata/fashion-folder/test/*/*"))
+	if len(imgs) == 0 {
+		t.Fatal("no test images")
+	}
+	return imgs[0]
+}
+
+// TestPipelineCtrlC: Ctrl-C on one peer of a pipeline job stops all four
+// after the same step, the gathered model is written, and the job started
+// again resumes every stage from its checkpoint and finishes.
+func TestPipelineCtrlC(t *testing.T) {
+	dir := t.TempDir()
+	cfg := pipelineJob(t, dir, `, "epochs": 12`)
+	local := startRingtrain(t, "local", "-n", "4", "--config", cfg)
+	local.until(t, "training", func(out string) bool { return strings.Count(out, `"steps":`) >= 2 })
+	m := regexp.MustCompile(`\[peer 2\] started, pid (\d+)`).FindStringSubmatch(string(local.buf))
+	if m == nil {
+		t.Fatalf("no pid for peer 2:\n%s", local.buf)
+	}
+	pid, _ := strconv.Atoi(m[1])
+	syscall.Kill(pid, syscall.SIGINT)
+	out, _ := local.interrupt()
+	steps := regexp.MustCompile(`"steps_done":(\d+),[^\n]*interrupted: every stage stopped after the same step`).FindAllStringSubmatch(out, -1)
+	if len(steps) != 4 {
+		t.Fatalf("%d peers stopped; want 4\n%s", len(steps), out)
+	}
+	for _, s := range steps {
+		if s[1] != steps[0][1] {
+			t.Errorf("peers stopped after %s and %s steps", s[1], steps[0][1])
+		}
+	}
+	if !strings.Contains(out, "the stages' parameters gathered into one model file") {
+		t.Errorf("no model gathered:\n%s", out)
+	}
+	// Started again, every stage resumes from its checkpoint.
+	out, err := ringtrain(t, 3*time.Minute, "local", "-n", "4", "--config", cfg)
+	if err != nil {
+		t.Fatalf("started again: %v\n%s", err, out)
+	}
+	if n := strings.Count(out, "resuming the stage from its checkpoint"); n != 4 {
+		t.Errorf("%d peers resumed; want 4\n%s", n, out)
+	}
+	if n := strings.Count(out, `"epochs":12,"test_accuracy"`); n != 4 {
+		t.Errorf("%d peers finished 12 epochs; want 4\n%s", n, out)
+	}
+}
+
+// TestPipelineConfigRefused: a pipeline section that cannot be run is
+// refused when the job file is read, saying why.
+func TestPipelineConfigRefused(t *testing.T) {
+	dataCfg := mustAbs(t, "../../testdata/data-config.json")
+	residual := `{"layers": [{"type": "linear", "out": 16}, {"type": "relu", "save": "a"}, {"type": "linear", "out": 16}, {"type": "add", "from": "a"}, {"type": "linear", "out": 10}]}`
+	forward := `{"layers": [{"type": "linear", "out": 16}, {"type": "add", "from": "b"}, {"type": "relu", "save": "b"}, {"type": "linear", "out": 10}]}`
+	for _, tc := range []struct {
+		name, model, pipeline, extra, want string
+	}{
+		{"more stages than layers", residual, `{"stages": 6, "micro_batches": 2}`, `"world_size": 6`, "stages 6 for a model of 5 layers"},
+		{"world not a multiple", residual, `{"stages": 3, "micro_batches": 2}`, `"world_size": 4`, "world_size 4 is not a multiple of stages 3"},
+		{"micro-batches past the batch", residual, `{"stages": 2, "micro_batches": 9}`, `"world_size": 4`, "micro_batches 9 for batches of 8"},
+		{"unknown schedule", residual, `{"stages": 2, "micro_batches": 2, "schedule": "zb"}`, `"world_size": 4`, `schedule "zb"`},
+		{"split of the wrong length", residual, `{"stages": 2, "micro_batches": 2, "split": [1, 3]}`, `"world_size": 4`, "2 stages need 1"},
+		{"split past the layers", residual, `{"stages": 2, "micro_batches": 2, "split": [5]}`, `"world_size": 4`, "cut 5 leaves a stage without layers"},
+		{"elastic sizes", residual, `{"stages": 2, "micro_batches": 2}`, `"world_size": 4, "min_world_size": 2`, "a pipeline job's peers do not change"},
+		{"with DiLoCo", residual, `{"stages": 2, "micro_batches": 2}`, `"world_size": 4, "sync": {"every": 5, "outer": {"lr": 0.7}}`, "sync (DiLoCo) and pipeline"},
+		{"unknown field", residual, `{"stages": 2, "micro_batches": 2, "replicas": 2}`, `"world_size": 4`, `unknown field "replicas"`},
+		{"dependency pointing forward", forward, `{"stages": 2, "micro_batches": 2}`, `"world_size": 4`, `from "b": no earlier layer saved that name`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "job.json")
+			body := `{"name": "p", ` + tc.extra + `, "epochs": 1, "batch_size": 8, "model": ` + tc.model + `, "pipeline": ` + tc.pipeline + `, "data": "` + dataCfg + `"}`
+			if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			c, err := loadJobConfig(p)
+			if err == nil && tc.name == "dependency pointing forward" {
+				// The spec is checked against the data's shape.
+				_, err = c.modelSpec(1, 28, 28, 10)
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%v; want an error saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestPipelineInTheHash: the pipeline section is part of the job (its
+// defaults written out), and a peer joining with --job gets it.
+func TestPipelineInTheHash(t *testing.T) {
+	dataCfg := mustAbs(t, "../../testdata/data-config.json")
+	load := func(pipeline string) *jobConfig {
+		t.Helper()
+		p := filepath.Join(t.TempDir(), "job.json")
+		body := `{"name": "p", "world_size": 4, "epochs": 1, "batch_size": 8, "model": "mlp", "data": "` + dataCfg + `"` + pipeline + `}`
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c, err := loadJobConfig(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	plain := load("")
+	short := load(`, "pipeline": {"stages": 2, "micro_batches": 2}`)
+	long := load(`, "pipeline": {"stages": 2, "micro_batches": 2, "schedule": "1f1b", "boundary": "f32"}`)
+	other := load(`, "pipeline": {"stages": 2, "micro_batches": 2, "split": [3]}`)
+	if short.hash == plain.hash || short.hash != long.hash || other.hash == short.hash {
+		t.Errorf("hashes: plain %.8s, pipeline %.8s, with its defaults %.8s, with a split %.8s", plain.hash, short.hash, long.hash, other.hash)
+	}
+	b, err := other.handedOut()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := parseHandedOut(b, "p", other.hash, localSettings{}, dataCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Pipeline == nil || got.Pipeline.Stages != 2 || len(got.Pipeline.Split) != 1 || got.Pipeline.Split[0] != 3 {
+		t.Errorf("handed out: %+v", got.Pipeline)
+	}
+}
