@@ -23,6 +23,9 @@ var ErrStage = errors.New("train: bad stage input")
 type StageConfig struct {
 	Model  ModelConfig
 	Lo, Hi int
+	// Threads is how many goroutines one matrix product is split over;
+	// 0 means GOMAXPROCS.
+	Threads int
 }
 
 // Carry is a tensor that crosses a stage boundary: the activation (Name
@@ -157,7 +160,7 @@ func NewStage(cfg StageConfig) (_ *Stage, err error) {
 	}()
 	b := cfg.Model.Batch
 	s.g = G.NewGraph()
-	lg := &layerGraph{g: s.g, cfg: cfg.Model, shapes: shapes, init: init, blas: gemm.New(0),
+	lg := &layerGraph{g: s.g, cfg: cfg.Model, shapes: shapes, init: init, blas: gemm.New(cfg.Threads),
 		saved: map[string]*G.Node{}, savedLearned: map[string]bool{}}
 	for k, c := range s.in {
 		shape := append([]int{b}, c.Shape...)

@@ -30,11 +30,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(args) > 0 && args[0] == "served" {
 		return runBenchServed(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "pipeline" {
+		return runBenchPipeline(args[1:], stdout, stderr)
+	}
 	if len(args) > 0 && args[0] == "allreduce-rank" {
 		return runAllreduceRank(ctx, args[1:], stdout, stderr)
 	}
 	if len(args) == 0 || args[0] != "allreduce" {
-		return fmt.Errorf("bench: want 'bench allreduce', 'bench form', 'bench engines', 'bench device' or 'bench served': %w", errUsage)
+		return fmt.Errorf("bench: want 'bench allreduce', 'bench form', 'bench engines', 'bench device', 'bench served' or 'bench pipeline': %w", errUsage)
 	}
 	fs := flag.NewFlagSet("bench allreduce", flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -27,6 +27,9 @@ type Config struct {
 	// Boundary is how activations and their gradients cross: "f32" (the
 	// default, exact) or "bf16" (half the bytes, rounded).
 	Boundary string `json:"boundary,omitempty"`
+	// Threads is how many goroutines a stage's matrix products are split
+	// over (0: GOMAXPROCS): a machine's own setting, not the job's.
+	Threads int `json:"-"`
 }
 
 // Check says whether the config can run spec with batches of batch

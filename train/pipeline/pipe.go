@@ -91,7 +91,7 @@ func New(ctx context.Context, cfg Config, model train.ModelConfig, s int, prev, 
 	mc := model
 	mc.Batch = p.micro
 	lo, hi := bounds[s][0], bounds[s][1]
-	if p.st, err = train.NewStage(train.StageConfig{Model: mc, Lo: lo, Hi: hi}); err != nil {
+	if p.st, err = train.NewStage(train.StageConfig{Model: mc, Lo: lo, Hi: hi, Threads: cfg.Threads}); err != nil {
 		return nil, err
 	}
 	shapes, _ := model.Spec.Shapes()
