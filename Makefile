@@ -14,7 +14,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzR
 
 MODEL ?= mlp
 
-.PHONY: test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-overlap bench-served fashion-mnist testdata demo clean
+.PHONY: test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-overlap bench-served bench-pipeline fashion-mnist testdata demo clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -312,6 +312,13 @@ bench-slow: build fashion-mnist
 # peer), the same 4 peers at 100 Mbit/s, buckets off and at 25 MB.
 bench-overlap: build fashion-mnist
 	SLOW_MODEL=cnn SLOW_DEVICE=host SLOW_TRAIN=6400 bash testdata/netns-slow.sh $(BIN)/ringtrain none+b0,none+b25 $(RUNS) 100mbit 1
+
+# Pipeline stages: the bubble against (S−1)/(M+S−1), each stage's peak
+# micro-batches in flight and the speedup of 2 and 4 stages over one peer
+# (ringtrain bench pipeline, RUNS runs), then the full Fashion-MNIST as 2
+# stages × 2 replicas with float32 and with bf16 boundaries.
+bench-pipeline: build fashion-mnist
+	bash testdata/bench-pipeline.sh $(BIN)/ringtrain $(RUNS) 3
 
 # testdata/ is made from the real Fashion-MNIST; the output is committed.
 # Issue 17's figures: the served path's samples/s on loopback against a

@@ -37,15 +37,15 @@ func runBenchPipeline(args []string, stdout, stderr io.Writer) error {
 	for _, s := range strings.Split(*scheds, ",") {
 		cfg.Schedules = append(cfg.Schedules, pipeline.Kind(strings.TrimSpace(s)))
 	}
-	const row = "%-6s %2s %2s %9s %13s %11s %6s %7s %12s %8s  %s\n"
-	fmt.Fprintf(stdout, row, "sched", "S", "M", "step_ms", "bottleneck_ms", "expected_ms", "ratio", "bubble", "gpipe_bubble", "speedup", "peak micro-batches (KiB of inputs) per stage")
+	const row = "%-6s %2s %2s %9s %8s %9s %11s %6s %7s %12s %8s  %s\n"
+	fmt.Fprintf(stdout, row, "sched", "S", "M", "step_ms", "busy_ms", "alone_ms", "expected_ms", "ratio", "bubble", "gpipe_bubble", "speedup", "peak micro-batches (KiB of inputs) per stage")
 	return pipeline.Bench(cfg, func(r pipeline.BenchResult) {
 		var peaks []string
 		for i, p := range r.PeakInFlight {
 			peaks = append(peaks, fmt.Sprintf("%d (%d)", p, r.PeakBytes[i]>>10))
 		}
 		ms := func(d interface{ Seconds() float64 }) string { return fmt.Sprintf("%.1f", d.Seconds()*1000) }
-		fmt.Fprintf(stdout, row, r.Schedule, strconv.Itoa(r.Stages), strconv.Itoa(r.MicroBatches), ms(r.Step), ms(r.Bottleneck), ms(r.Expected),
+		fmt.Fprintf(stdout, row, r.Schedule, strconv.Itoa(r.Stages), strconv.Itoa(r.MicroBatches), ms(r.Step), ms(r.Busy), ms(r.Bottleneck), ms(r.Expected),
 			fmt.Sprintf("%.3f", r.Ratio), fmt.Sprintf("%.3f", r.Bubble), fmt.Sprintf("%.3f", r.GPipeBubble), fmt.Sprintf("%.2f", r.Speedup), strings.Join(peaks, ", "))
 	})
 }

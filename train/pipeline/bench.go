@@ -28,14 +28,17 @@ type BenchConfig struct {
 type BenchResult struct {
 	Schedule             Kind
 	Stages, MicroBatches int
-	// Step is the median step; Bottleneck the slowest stage's step run
-	// alone, never waiting on another; Expected what a pipeline of equal
-	// stages takes, Bottleneck × (M+S−1)/M; Ratio is Step / Expected.
-	Step, Bottleneck, Expected time.Duration
-	Ratio                      float64
-	// Bubble is the share of the step the slowest stage waits, 1 −
-	// Bottleneck/Step; GPipeBubble the share a schedule of equal stages
-	// must wait, (S−1)/(M+S−1).
+	// Step is the median step. Busy is the busiest stage's compute in a
+	// step of the pipeline (its waits on the others aside; the median);
+	// Bottleneck the slowest stage's step when run alone, its neighbours
+	// answering at once (on one machine the stages share its caches and
+	// memory, so Busy is the longer). Expected is what a pipeline of equal
+	// stages takes, Busy × (M+S−1)/M; Ratio is Step / Expected.
+	Step, Busy, Bottleneck, Expected time.Duration
+	Ratio                            float64
+	// Bubble is the share of the step the busiest stage waits, 1 −
+	// Busy/Step; GPipeBubble the share a schedule of equal stages must
+	// wait, (S−1)/(M+S−1).
 	Bubble, GPipeBubble float64
 	// Speedup is one peer's step (the whole model, the same micro-batches,
 	// one thread) over Step.
@@ -122,17 +125,27 @@ func benchRow(cfg Config, model train.ModelConfig, x []float32, y []int, reps in
 		wg.Wait()
 		return errors.Join(errs...)
 	}
-	var times []time.Duration
+	var times, busy []time.Duration
 	for i := range reps + 2 {
+		before := make([]time.Duration, S)
+		for s, p := range pipes {
+			before[s] = p.Stats().Compute
+		}
 		t0 := time.Now()
 		if err := step(); err != nil {
 			return res, err
 		}
-		if i >= 2 { // the first steps warm the machines up
-			times = append(times, time.Since(t0))
+		if i < 2 { // the first steps warm the machines up
+			continue
 		}
+		times = append(times, time.Since(t0))
+		var most time.Duration
+		for s, p := range pipes {
+			most = max(most, p.Stats().Compute-before[s])
+		}
+		busy = append(busy, most)
 	}
-	res.Step = median(times)
+	res.Step, res.Busy = median(times), median(busy)
 	for _, p := range pipes {
 		st := p.Stats()
 		res.PeakInFlight, res.PeakBytes = append(res.PeakInFlight, st.PeakInFlight), append(res.PeakBytes, st.PeakBytes)
@@ -164,9 +177,9 @@ func benchRow(cfg Config, model train.ModelConfig, x []float32, y []int, reps in
 		p.Close()
 		res.Bottleneck = max(res.Bottleneck, median(alone))
 	}
-	res.Expected = res.Bottleneck * time.Duration(M+S-1) / time.Duration(M)
+	res.Expected = res.Busy * time.Duration(M+S-1) / time.Duration(M)
 	res.Ratio = float64(res.Step) / float64(res.Expected)
-	res.Bubble = 1 - float64(res.Bottleneck)/float64(res.Step)
+	res.Bubble = 1 - float64(res.Busy)/float64(res.Step)
 	return res, nil
 }
 

@@ -17,6 +17,9 @@ type Stats struct {
 	PeakBytes    int64
 	// Sent and Received count boundary frames.
 	Sent, Received int
+	// Compute is the time spent in the stage's own forward and backward
+	// passes, waits on the other stages aside.
+	Compute time.Duration
 }
 
 // Pipe is one peer's stage of a pipeline, as a train.Model: its
@@ -240,6 +243,11 @@ func (p *Pipe) stageIn(in [][]float32) [][]float32 {
 
 func (p *Pipe) send(l Link, f *Frame) error {
 	f.Enc, f.Stage, f.Gen, f.Step = p.enc, p.s, p.gen, p.step
+	if f.Kind == Results {
+		// The last stage's logits reach every stage exactly, so that all
+		// report the same accuracy whatever the boundary's encoding.
+		f.Enc = F32
+	}
 	f.Stop = f.Stop || p.flag && f.Kind != Results
 	if err := l.Send(p.ctx, f); err != nil {
 		return fmt.Errorf("pipeline: stage %d sending %v of micro-batch %d: %w", p.s, f.Kind, f.MB, err)
@@ -303,7 +311,9 @@ func (p *Pipe) ForwardBackward(x []float32, y []int, n int) (float32, error) {
 			if p.st.Last() {
 				continue // its backward runs the forward pass
 			}
+			t0 := time.Now()
 			out, _, err := p.st.Forward(mb, p.stageIn(in), nil, rows, true)
+			p.stats.Compute += time.Since(t0)
 			if err != nil {
 				return 0, err
 			}
@@ -326,7 +336,9 @@ func (p *Pipe) ForwardBackward(x []float32, y []int, n int) (float32, error) {
 			}
 		}
 		in := held[mb]
+		t0 := time.Now()
 		gin, loss, err := p.st.Backward(mb, p.stageIn(in), p.labels(y, mb, rows), rows, gstage)
+		p.stats.Compute += time.Since(t0)
 		if err != nil {
 			return 0, err
 		}
@@ -414,14 +426,13 @@ func (p *Pipe) Forward(x []float32, y []int, n int) (float32, error) {
 	}
 	for mb := range count {
 		rows := p.rows(mb, n)
-		f, err := p.recv(p.next, Expect{Kind: Results, Enc: p.enc, Stage: p.s + 1, Gen: p.gen, Step: p.step, MB: mb, Rows: rows, Sizes: []int{p.classes}})
+		f, err := p.recv(p.next, Expect{Kind: Results, Enc: F32, Stage: p.s + 1, Gen: p.gen, Step: p.step, MB: mb, Rows: rows, Sizes: []int{p.classes}})
 		if err != nil {
 			return 0, fmt.Errorf("pipeline: stage %d from stage %d: %w", p.s, p.s+1, err)
 		}
 		copy(p.logits[mb*p.micro*p.classes:], f.Tensors[0])
 		total += f.Loss
 		if p.prev != nil {
-			f.Stage, f.Enc = p.s, p.enc
 			if err := p.send(p.prev, f); err != nil {
 				return 0, err
 			}

@@ -152,6 +152,14 @@ func trainPipe(t *testing.T, cfg Config, replicas int, model train.ModelConfig) 
 	})
 	res.losses = append(res.losses, evalLoss[0])
 	res.logits = append([]float32(nil), pipes[0][0].Logits()...)
+	// Every stage reports what the last computed, exactly, whatever the
+	// boundary's encoding.
+	for s := range S {
+		if math.Float32bits(evalLoss[s]) != math.Float32bits(evalLoss[S-1]) {
+			t.Fatalf("stage %d's evaluation loss %v; the last stage's %v", s, evalLoss[s], evalLoss[S-1])
+		}
+		sameBits(t, fmt.Sprintf("stage %d's logits", s), pipes[s][0].Logits(), pipes[S-1][0].Logits())
+	}
 	for s := range S {
 		for _, p := range pipes[s][0].Params() {
 			res.params = append(res.params, append([]float32(nil), p...))
@@ -329,5 +337,26 @@ func TestGather(t *testing.T) {
 	}
 	for i := range want {
 		sameBits(t, want[i].Name, got[0][i], want[i].Data)
+	}
+}
+
+// bf16 boundaries train close to float32 ones, and every stage still
+// reports the last stage's results exactly.
+func TestBF16Boundary(t *testing.T) {
+	model := train.ModelConfig{Spec: residualSpec(), Batch: 8, Seed: 5}
+	exact := trainPipe(t, Config{Stages: 3, MicroBatches: 4, Split: []int{2, 8}}, 2, model)
+	narrow := trainPipe(t, Config{Stages: 3, MicroBatches: 4, Split: []int{2, 8}, Boundary: "bf16"}, 2, model)
+	differ := false
+	for i := range exact.params {
+		for j := range exact.params[i] {
+			d := math.Abs(float64(exact.params[i][j] - narrow.params[i][j]))
+			differ = differ || d > 0
+			if d > 1e-2 {
+				t.Fatalf("param %d[%d]: %v with bf16, %v with float32", i, j, narrow.params[i][j], exact.params[i][j])
+			}
+		}
+	}
+	if !differ {
+		t.Error("bf16 boundaries changed nothing: were they narrowed?")
 	}
 }
