@@ -15,8 +15,11 @@
 // AutoNAT, circuit relay v2 (with limits for training traffic: see
 // RelayResources), AutoRelay and DCUtR hole punching; ring links log
 // whether they are direct or relayed, and the TCP plane refuses links that
-// cross a NAT (ErrPlaneBehindNAT). Membership wraps a Node and its RingLinks as the
-// train/elastic.Membership the elastic runner drives.
+// cross a NAT (ErrPlaneBehindNAT). A link belongs to a Channel of its
+// generation, so one formation holds the ring of all members, a pipeline
+// stage's ring (RingLinks.ConnectRing) and the links between stages
+// (RingLinks.Pair) at once. Membership wraps a Node and its RingLinks as the
+// train/elastic.Membership (and StageNet) the elastic runner drives.
 //
 // # Usage
 //

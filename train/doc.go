@@ -29,6 +29,10 @@
 // data between the ranks (claims, hashes, peer lists) are typed messages
 // with one codec (control.go).
 //
+// A Stage is layers [lo, hi) of a spec as a graph of their own, whose
+// inputs are the activation entering it and the saved outputs of earlier
+// layers it uses: the unit train/pipeline splits a model into.
+//
 // # Usage
 //
 //	spec, err := train.BuiltinSpec("mlp", 1, 28, 28, 10)

@@ -36,6 +36,16 @@
 // After MaxReforms re-formations in a row with no step completed between
 // them, Run gives up with ErrReformBudget, naming the peer lost most often.
 //
+// # Pipeline jobs
+//
+// PipelineJob runs a job whose model is cut into stages (train/pipeline):
+// one formation of all peers gives each its stage and replica, each
+// stage's peers form a ring of their own (StageNet.StageRing) beside
+// links to the stages before and after (StageNet.Boundary), and a stop on
+// any peer stops all after the same step. Every stage writes its own
+// checkpoint and resumes from it; the first stage gathers the whole model
+// at the end. It does not survive a lost peer yet.
+//
 // # Usage
 //
 //	m := p2p.NewMembership(node, links, joinTimeout) // or any Membership
