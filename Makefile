@@ -101,6 +101,7 @@ onnx-proto:
 test-netns: build
 	@command -v iptables >/dev/null || (apt-get install -y -qq iptables || (apt-get update -qq && apt-get install -y -qq iptables)) >/dev/null 2>&1 || echo "could not install iptables"
 	bash testdata/netns-elastic.sh $(BIN)/ringtrain
+	bash testdata/netns-pipeline.sh $(BIN)/ringtrain
 	bash testdata/netns-nat.sh $(BIN)/ringtrain
 	bash testdata/netns-served.sh $(BIN)/ringtrain
 

@@ -43,6 +43,12 @@ func runPipeline(ctx context.Context, cfg *jobConfig, device string, trainSplit,
 	if err != nil {
 		return err
 	}
+	if sum.Replica < 0 {
+		// A spare at the end: its stage's state is the others'.
+		fmt.Fprintf(stdout, "stage %d of %d: a spare at the end (its stage trained with %d replicas)\n", sum.Stage, sum.Stages, sum.Replicas)
+		log.Info().Int("stage", sum.Stage).Int("stages", sum.Stages).Int("replicas", sum.Replicas).Int("reformations", sum.Reforms).Msg("summary: a spare at the end")
+		return nil
+	}
 	if job.Checkpoint != "" && sum.Stage == 0 && sum.Replica == 0 {
 		fmt.Fprintf(stdout, "checkpoint: %s (the whole model, gathered from the stages)\n", job.Checkpoint)
 	}
@@ -51,6 +57,6 @@ func runPipeline(ctx context.Context, cfg *jobConfig, device string, trainSplit,
 	log.Info().Int("stage", sum.Stage).Int("stages", sum.Stages).Int("replica", sum.Replica).Int("replicas", sum.Replicas).
 		Ints("split", sum.Split).Int("epochs", sum.Epochs).Float64("test_accuracy", sum.TestAccuracy).Int("test_samples", sum.TestSamples).
 		Float64("test_loss", sum.TestLoss).Str("param_hash", sum.ParamHash).Float64("samples_per_sec", sum.SamplesPerSec).
-		Int("peak_micro_batches", sum.Pipe.PeakInFlight).Int64("peak_input_bytes", sum.Pipe.PeakBytes).Msg("summary")
+		Int("peak_micro_batches", sum.Pipe.PeakInFlight).Int64("peak_input_bytes", sum.Pipe.PeakBytes).Int("reformations", sum.Reforms).Msg("summary")
 	return nil
 }

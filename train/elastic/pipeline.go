@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -30,28 +31,37 @@ type StageNet interface {
 	Boundary(ctx context.Context, prev, next int) (toPrev, toNext io.ReadWriteCloser, err error)
 }
 
-// ErrPipelineChange means a pipeline job's membership changed — a peer
-// lost, a liar caught — which a pipeline job does not survive: its peers
-// stop, and it is resumed from its checkpoint.
+// ErrPipelineChange means a pipeline job lost more than it can survive: a
+// stage with no peer left, or re-formations that keep failing.
 var ErrPipelineChange = errors.New("elastic: a pipeline job's peers changed")
 
 // PipelineJob is one peer's part of a pipeline job: the model's layers cut
-// into Pipeline.Stages stages, each held by world_size / Stages peers.
-// Ranks come from the one formation of all peers; stage s is held by ranks
-// [s·R, (s+1)·R) (R peers per stage), which form the stage's ring and
-// average its gradients; the peer at replica r of stage s sends its
-// activations to replica r of stage s+1 and gets their gradients back.
+// into Pipeline.Stages stages. Ranks come from one formation of all peers;
+// at first, stage s is held by ranks [s·R, (s+1)·R), which form the
+// stage's ring and average its gradients, and the peer at replica r of
+// stage s sends its activations to replica r of stage s+1 and gets their
+// gradients back.
 //
 // A stop asked of any peer (ctx's end) stops every peer after the same
 // step (the step's frames tell its column, the stages' rings the rest);
 // the first stage's first peer then gathers the whole model and writes it
-// to Checkpoint. A peer lost ends the job with ErrPipelineChange.
+// to Checkpoint.
+//
+// A peer lost — or a stage beside one that fails — fails the step on
+// every peer, and the survivors re-form. A peer keeps its stage; every
+// stage then trains with as many replicas as the stage with the fewest
+// peers has left, and a stage's peers beyond that wait as spares (they
+// take part again when the job re-forms). Every peer keeps its stage's
+// state as it was at the last two snapshots (every epoch's end and every
+// Training.SaveEvery steps, default 20), and all go back to the latest
+// snapshot every peer holds: nothing is applied twice, and at most the
+// steps since it are done again. A stage with no peer left ends the job
+// with ErrPipelineChange (resume it from the checkpoints).
 //
 // With a Checkpoint path, every peer also writes its stage's checkpoint
-// (StagePath) after every epoch, every Training.SaveEvery steps and when
-// stopped, and a job started again resumes from them: each stage's peers
-// agree on their most advanced one (train.Replica.Resume), and all stages
-// must be at the same step.
+// (StagePath) at every snapshot and when stopped, and a job started again
+// resumes from them: each stage's peers agree on their most advanced one
+// (train.Replica.Resume), and all stages must be at the same step.
 type PipelineJob struct {
 	Members  StageNet
 	Pipeline pipeline.Config
@@ -60,18 +70,22 @@ type PipelineJob struct {
 	// NewReplica makes the replica of this peer's stage (its optimizer
 	// and options); the job gives it its collective.
 	NewReplica func(train.Model) (*train.Replica, error)
-	// Training is the run; the job sets its Replica, Stop and OnSkip.
+	// Training is the run; the job sets its Replica, Stop, Save, Start,
+	// InSync and OnSkip, and SaveEvery when it is 0.
 	Training train.RunConfig
 	// StepTimeout bounds every collective and every wait on a stage
 	// beside this one. Zero means a minute.
 	StepTimeout time.Duration
+	// MaxReforms is how many times in a row the job may re-form without a
+	// step completed in between. Zero means 5.
+	MaxReforms int
 	// Checkpoint, if set, is where the first stage's first peer writes
 	// the whole model (CheckpointBase filled in) when the job ends or
 	// stops: a file predict and export take as any job's.
 	Checkpoint     string
 	CheckpointBase train.Checkpoint
 	Logger         zerolog.Logger
-	// Out, if set, gets a line when the ring forms and the stages connect.
+	// Out, if set, gets a line each time the stages connect.
 	Out io.Writer
 
 	layers [][2]int // each stage's layers, once the split is agreed
@@ -80,31 +94,38 @@ type PipelineJob struct {
 // PipelineSummary is a pipeline peer's result: its run's, and its place.
 type PipelineSummary struct {
 	train.Summary
-	Stage, Stages, Replica, Replicas int
+	Stage, Stages, Replica, Replicas int // Replica is −1 for a spare
 	Split                            []int
 	Pipe                             pipeline.Stats
+	Reforms                          int
 }
 
-// Run forms the ring of all peers, agrees on the split, connects this
-// peer's stage ring and boundaries, trains, and gathers the model.
+// defaultSnapshotEvery is how often, in steps, a pipeline job keeps its
+// stages' state when Training.SaveEvery does not say.
+const defaultSnapshotEvery = 20
+
+// Run forms the ring of all peers, agrees on the split, and trains its
+// stage — re-forming when peers are lost — until the job ends or stops.
 func (j *PipelineJob) Run(ctx context.Context) (PipelineSummary, error) {
 	if j.StepTimeout <= 0 {
 		j.StepTimeout = time.Minute
+	}
+	if j.MaxReforms <= 0 {
+		j.MaxReforms = 5
 	}
 	var sum PipelineSummary
 	world, admitted, err := j.Members.Form(ctx)
 	if err != nil {
 		return sum, fmt.Errorf("join: %w", err)
 	}
-	defer world.Close()
+	defer func() { world.Close() }() // world changes when the job re-forms
 	if admitted {
-		return sum, fmt.Errorf("admitted as a newcomer to a pipeline job under way, which takes none: %w", ErrPipelineChange)
+		return sum, fmt.Errorf("admitted as a newcomer to a pipeline job under way, which takes none yet: %w", ErrPipelineChange)
 	}
 	S, n := j.Pipeline.Stages, world.Size()
 	if S < 1 || n%S != 0 {
 		return sum, fmt.Errorf("a ring of %d peers cannot hold %d stages alike (world_size must be a multiple of stages): %w", n, S, pipeline.ErrConfig)
 	}
-	R := n / S
 	// The collectives keep their own context, as in Job.Run: ctx's end
 	// reaches the others through the step.
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -120,75 +141,232 @@ func (j *PipelineJob) Run(ctx context.Context) (PipelineSummary, error) {
 	if j.layers, err = pipeline.Bounds(cfg.Split, S, len(j.Model.Spec.Layers)); err != nil {
 		return sum, err
 	}
-	stage, rep := world.Rank()/R, world.Rank()%R
-	sum.Stage, sum.Stages, sum.Replica, sum.Replicas, sum.Split = stage, S, rep, R, cfg.Split
-	stageRing, pipe, err := j.connect(wctx, world, cfg, stage, R)
+	stage := world.Rank() / (n / S)
+	sum.Stage, sum.Stages, sum.Split = stage, S, cfg.Split
+	// The stage and its replica live across generations; links and rings
+	// are each generation's.
+	pipe, err := pipeline.New(wctx, cfg, j.Model, stage, nil, nil)
 	if err != nil {
 		return sum, err
 	}
-	defer stageRing.Close()
 	defer pipe.Close()
-	if j.Out != nil {
-		fmt.Fprintf(j.Out, "pipeline formed: rank %d of %d, stage %d of %d, replica %d of %d, split %v, generation %d\n",
-			world.Rank(), n, stage, S, rep, R, cfg.Split, world.Generation())
-	}
-	log.Info().Int("stage", stage).Int("stages", S).Int("replica", rep).Int("replicas", R).Ints("split", cfg.Split).
-		Str("schedule", string(cfg.Schedule)).Int("micro_batches", cfg.MicroBatches).Msg("pipeline formed")
 	pipe.SetStop(ctx.Done())
+	pipe.SetTimeout(j.StepTimeout)
 	r, err := j.NewReplica(pipe)
 	if err != nil {
 		return sum, err
 	}
-	r.Coll = steppedRing{Ring: stageRing, timeout: j.StepTimeout}
 	rc := j.Training
 	rc.Replica, rc.Stop = r, pipe.Stopping()
+	if rc.SaveEvery == 0 {
+		rc.SaveEvery = defaultSnapshotEvery
+	}
 	if rc.OnSkip == nil {
 		rc.OnSkip = func(err error) { log.Warn().Str("why", err.Error()).Msg("step skipped on every peer of the stage") }
 	}
-	if j.Checkpoint != "" {
-		rc.Save = func(p train.Position) error { return j.saveStage(r, stage, p, log) }
-		if rc.Start, err = j.resume(wctx, world, r, stage, log); err != nil {
+	var snaps snapshots
+	rc.Save = func(p train.Position) error {
+		snaps.keep(j.snapshot(r, stage, p))
+		if j.Checkpoint == "" {
+			return nil
+		}
+		return j.saveStage(snaps.newest(), stage, log)
+	}
+	for first := true; ; first = false {
+		gen := world.Generation()
+		log = j.Logger.With().Int("rank", world.Rank()).Uint64("generation", gen).Logger()
+		table, err := j.stageTable(wctx, world, stage)
+		if err != nil {
 			return sum, err
 		}
-		rc.InSync = true // Resume leaves the stage's replicas alike
-	}
-	run, err := train.Run(wctx, rc)
-	sum.Summary, sum.Pipe = run, pipe.Stats()
-	var leave *train.LeaveError
-	switch {
-	case err == nil:
-	case errors.As(err, &leave):
-		log.Warn().Int("epochs_done", run.Epochs).Int("steps_done", run.Steps).
-			Msg("interrupted: every stage stopped after the same step")
-		if rc.Save != nil {
-			if serr := rc.Save(run.Position); serr != nil {
-				return sum, serr
+		plan, err := planStages(table, S)
+		if err != nil {
+			return sum, fmt.Errorf("%w: %w (start a peer for it from the stage checkpoints)", ErrPipelineChange, err)
+		}
+		me := world.Rank()
+		sum.Replica, sum.Replicas = plan.replica[me], plan.replicas
+		if plan.replica[me] < 0 {
+			// A spare: its stage has more peers than another. It takes
+			// part in the generation's world collectives, then waits for
+			// the job's end, or its next re-formation.
+			if _, err := j.agreeStart(wctx, world, plan, nil, stage, &snaps, first, log); err != nil {
+				return sum, err
 			}
+			log.Info().Int("stage", stage).Int("replicas", plan.replicas).Msg("a spare of its stage: waiting for the job to end or re-form")
+			if err := world.Barrier(wctx); err == nil {
+				return sum, nil
+			}
+			if world, err = j.reform(wctx, world, &sum, log); err != nil {
+				return sum, err
+			}
+			continue
 		}
-	default:
-		var in *train.Interrupted
-		if errors.As(err, &in) {
-			err = fmt.Errorf("%w: %w (resume from the checkpoint)", ErrPipelineChange, err)
+		stageRing, closeLinks, err := j.connect(wctx, world, plan, pipe, stage)
+		if err != nil {
+			return sum, err
 		}
-		return sum, err
+		pipe.SetGeneration(gen)
+		r.Coll = steppedRing{Ring: stageRing, timeout: j.StepTimeout}
+		if j.Out != nil {
+			fmt.Fprintf(j.Out, "pipeline formed: rank %d of %d, stage %d of %d, replica %d of %d, split %v, generation %d\n",
+				me, world.Size(), stage, S, plan.replica[me], plan.replicas, cfg.Split, gen)
+		}
+		log.Info().Int("stage", stage).Int("stages", S).Int("replica", plan.replica[me]).Int("replicas", plan.replicas).Ints("split", cfg.Split).
+			Str("schedule", string(cfg.Schedule)).Int("micro_batches", cfg.MicroBatches).Msg("pipeline formed")
+		if rc.Start, err = j.agreeStart(wctx, world, plan, r, stage, &snaps, first, log); err != nil {
+			stageRing.Close()
+			closeLinks()
+			return sum, err
+		}
+		rc.InSync = true // the start leaves the stage's replicas alike
+		if first {
+			snaps.keep(j.snapshot(r, stage, rc.Start))
+		}
+		run, err := train.Run(wctx, rc)
+		sum.Summary, sum.Pipe = sum.Summary.Then(run), pipe.Stats()
+		var leave *train.LeaveError
+		switch {
+		case err == nil || errors.As(err, &leave):
+			err = j.finish(ctx, world, pipe, plan.replica[me], stage, run, err, rc.Save, log)
+			stageRing.Close()
+			closeLinks()
+			return sum, err
+		case peerFailed(err):
+			stageRing.Close()
+			closeLinks()
+			log.Warn().Err(err).Int("steps_done", run.Steps).Msg("a peer or a stage beside this one failed; re-forming the pipeline")
+			if run.Steps > rc.Start.Steps {
+				sum.Reforms = 0 // a step completed since the last re-formation
+			}
+			if world, err = j.reform(wctx, world, &sum, log); err != nil {
+				return sum, err
+			}
+		default:
+			stageRing.Close()
+			closeLinks()
+			return sum, err
+		}
 	}
-	if rep == 0 {
+}
+
+// peerFailed says whether a run ended because a peer, or a stage beside
+// this one, failed, stalled or lied: what re-forming mends.
+func peerFailed(err error) bool {
+	return errors.Is(err, train.ErrCollective) || errors.Is(err, train.ErrLiar) || errors.Is(err, ring.ErrPeerLost) ||
+		errors.Is(err, ring.ErrClosed) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// reform closes the generation's ring and agrees with the survivors on
+// the next, within the re-formation budget.
+func (j *PipelineJob) reform(ctx context.Context, world *ring.Ring, sum *PipelineSummary, log zerolog.Logger) (*ring.Ring, error) {
+	world.Close()
+	if sum.Reforms++; sum.Reforms > j.MaxReforms {
+		return world, fmt.Errorf("%w: re-formed %d times without a step between", ErrPipelineChange, j.MaxReforms)
+	}
+	next, err := j.Members.Reform(ctx, j.Pipeline.Stages, nil)
+	if err != nil {
+		return world, fmt.Errorf("re-forming the pipeline: %w", err)
+	}
+	log.Info().Int("world_size", next.Size()).Uint64("next_generation", next.Generation()).Msg("pipeline re-formed")
+	return next, nil
+}
+
+// finish ends the job on an active peer: after a stop it writes its
+// stage's checkpoint; then the first replicas gather the whole model, and
+// all leave the ring together.
+func (j *PipelineJob) finish(ctx context.Context, world *ring.Ring, pipe *pipeline.Pipe, replica, stage int, run train.Summary, err error,
+	save func(train.Position) error, log zerolog.Logger) error {
+	if err != nil {
+		log.Warn().Int("epochs_done", run.Epochs).Int("steps_done", run.Steps).Msg("interrupted: every stage stopped after the same step")
+		if serr := save(run.Position); serr != nil {
+			return serr
+		}
+	}
+	if replica == 0 {
 		if gerr := j.gather(pipe, stage, run.Position, log); gerr != nil {
-			return sum, gerr
+			return gerr
 		}
 	}
-	bctx, bcancel := context.WithTimeout(context.Background(), j.StepTimeout)
-	defer bcancel()
+	bctx, cancel := context.WithTimeout(context.Background(), j.StepTimeout)
+	defer cancel()
 	if berr := world.Barrier(bctx); berr != nil {
 		log.Debug().Err(berr).Msg("a peer left before confirming the end of the job; this peer's results are complete")
 	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return sum, fmt.Errorf("interrupted after %d steps: %w", run.Steps, ctx.Err())
-		}
-		return sum, fmt.Errorf("stopped after %d steps because a peer was interrupted: %w", run.Steps, train.ErrStopped)
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return fmt.Errorf("interrupted after %d steps: %w", run.Steps, ctx.Err())
 	}
-	return sum, nil
+	return fmt.Errorf("stopped after %d steps because a peer was interrupted: %w", run.Steps, train.ErrStopped)
+}
+
+// stagePlan is who trains which stage in a generation: replica[rank] is a
+// member's replica index in its stage, −1 for a spare; every stage has
+// replicas active peers.
+type stagePlan struct {
+	stage    []int
+	replica  []int
+	replicas int
+}
+
+// planStages is a generation's plan from each member's stage (table[rank];
+// −1: none). Every stage trains with as many replicas as the stage with
+// the fewest peers has; in each stage the peers of the lowest ranks
+// train, and the rest are spares. A stage with no peer is an error.
+func planStages(table []int, stages int) (stagePlan, error) {
+	count := make([]int, stages)
+	for rank, s := range table {
+		if s < 0 || s >= stages {
+			return stagePlan{}, fmt.Errorf("rank %d holds stage %d of %d", rank, s, stages)
+		}
+		count[s]++
+	}
+	p := stagePlan{stage: table, replica: make([]int, len(table)), replicas: len(table)}
+	for s, c := range count {
+		if c == 0 {
+			return stagePlan{}, fmt.Errorf("stage %d has no peer left", s)
+		}
+		p.replicas = min(p.replicas, c)
+	}
+	seen := make([]int, stages)
+	for rank, s := range table {
+		p.replica[rank] = -1
+		if seen[s] < p.replicas {
+			p.replica[rank] = seen[s]
+		}
+		seen[s]++
+	}
+	return p, nil
+}
+
+// rankOf is the rank of replica r of stage s in the plan.
+func (p stagePlan) rankOf(s, r int) int {
+	for rank := range p.stage {
+		if p.stage[rank] == s && p.replica[rank] == r {
+			return rank
+		}
+	}
+	return -1
+}
+
+// stageTable gathers every member's stage over the ring.
+func (j *PipelineJob) stageTable(ctx context.Context, world *ring.Ring, stage int) ([]int, error) {
+	buf := make([]float32, world.Size())
+	buf[world.Rank()] = float32(stage + 1)
+	tctx, cancel := context.WithTimeout(ctx, j.StepTimeout)
+	defer cancel()
+	if err := world.AllreduceSum(tctx, buf); err != nil {
+		return nil, fmt.Errorf("gathering the members' stages: %w", err)
+	}
+	table := make([]int, len(buf))
+	for rank, v := range buf {
+		if v != float32(int(v)) {
+			return nil, fmt.Errorf("rank %d says it holds stage %v: %w", rank, v-1, pipeline.ErrConfig)
+		}
+		table[rank] = int(v) - 1
+	}
+	return table, nil
 }
 
 // agreeSplit is the configured split, or the one rank 0 balances from the
@@ -242,21 +420,23 @@ func (j *PipelineJob) agreeSplit(ctx context.Context, world *ring.Ring, log zero
 	return cuts, nil
 }
 
-// connect opens this peer's stage ring and its boundaries, at once (each
-// waits on peers that connect theirs at the same time), and builds its
-// stage.
-func (j *PipelineJob) connect(ctx context.Context, world *ring.Ring, cfg pipeline.Config, stage, R int) (*ring.Ring, *pipeline.Pipe, error) {
-	rank := world.Rank()
-	ranks := make([]int, R)
+// connect opens this peer's stage ring and its boundaries in the plan,
+// at once (each waits on peers that connect theirs at the same time), and
+// gives the stage its links; closeLinks closes them.
+func (j *PipelineJob) connect(ctx context.Context, world *ring.Ring, plan stagePlan, pipe *pipeline.Pipe, stage int) (_ *ring.Ring, closeLinks func(), err error) {
+	me := world.Rank()
+	ranks := make([]int, plan.replicas)
 	for i := range ranks {
-		ranks[i] = stage*R + i
+		ranks[i] = plan.rankOf(stage, i)
 	}
+	slices.Sort(ranks)
+	rep := plan.replica[me]
 	prev, next := -1, -1
 	if stage > 0 {
-		prev = rank - R
+		prev = plan.rankOf(stage-1, rep)
 	}
-	if stage < cfg.Stages-1 {
-		next = rank + R
+	if stage < j.Pipeline.Stages-1 {
+		next = plan.rankOf(stage+1, rep)
 	}
 	var (
 		wg              sync.WaitGroup
@@ -267,38 +447,36 @@ func (j *PipelineJob) connect(ctx context.Context, world *ring.Ring, cfg pipelin
 	wg.Go(func() { stageRing, ringErr = j.Members.StageRing(ctx, ranks) })
 	wg.Go(func() { toPrev, toNext, bndErr = j.Members.Boundary(ctx, prev, next) })
 	wg.Wait()
-	closeAll := func() {
-		for _, c := range []io.Closer{toPrev, toNext} {
-			if c != nil {
-				c.Close()
-			}
+	// A step sends at most its micro-batches' frames each way before it
+	// waits on the stage beside it.
+	queue := 2*j.Pipeline.MicroBatches + 4
+	var links []*pipeline.StreamLink
+	var prevLink, nextLink pipeline.Link
+	if toPrev != nil {
+		l := pipeline.NewStreamLink(toPrev, queue)
+		links, prevLink = append(links, l), l
+	}
+	if toNext != nil {
+		l := pipeline.NewStreamLink(toNext, queue)
+		links, nextLink = append(links, l), l
+	}
+	closeLinks = func() {
+		for _, l := range links {
+			l.Close()
 		}
+	}
+	err = errors.Join(ringErr, bndErr)
+	if err == nil {
+		err = pipe.SetLinks(prevLink, nextLink)
+	}
+	if err != nil {
+		closeLinks()
 		if stageRing != nil {
 			stageRing.Close()
 		}
-	}
-	if err := errors.Join(ringErr, bndErr); err != nil {
-		closeAll()
 		return nil, nil, fmt.Errorf("connecting stage %d: %w", stage, err)
 	}
-	// A step sends at most its micro-batches' frames each way before it
-	// waits on the stage beside it.
-	queue := 2*cfg.MicroBatches + 4
-	var prevLink, nextLink pipeline.Link
-	if toPrev != nil {
-		prevLink = pipeline.NewStreamLink(toPrev, queue)
-	}
-	if toNext != nil {
-		nextLink = pipeline.NewStreamLink(toNext, queue)
-	}
-	pipe, err := pipeline.New(ctx, cfg, j.Model, stage, prevLink, nextLink)
-	if err != nil {
-		closeAll()
-		return nil, nil, err
-	}
-	pipe.SetGeneration(world.Generation())
-	pipe.SetTimeout(j.StepTimeout)
-	return stageRing, pipe, nil
+	return stageRing, closeLinks, nil
 }
 
 // gather collects the whole model on the first stage's first peer, which
@@ -328,47 +506,124 @@ func (j *PipelineJob) StagePath(s int) string {
 	return fmt.Sprintf("%s.stage%d.ckpt", strings.TrimSuffix(j.Checkpoint, ".ckpt"), s)
 }
 
-func (j *PipelineJob) saveStage(r *train.Replica, stage int, p train.Position, log zerolog.Logger) error {
+// snapshot is a copy of the stage's state at p, as its checkpoint.
+func (j *PipelineJob) snapshot(r *train.Replica, stage int, p train.Position) *train.Checkpoint {
 	base := j.CheckpointBase
 	base.Model = j.Model
 	base.Epoch, base.Step, base.Skip, base.WorldSize = p.Epochs, p.Steps, p.Skip, r.Coll.Size()
 	base.Layers = &j.layers[stage]
+	return r.Snapshot(base)
+}
+
+func (j *PipelineJob) saveStage(c *train.Checkpoint, stage int, log zerolog.Logger) error {
 	path := j.StagePath(stage)
-	if err := r.Snapshot(base).Save(path); err != nil {
+	if err := c.Save(path); err != nil {
 		return fmt.Errorf("writing stage %d's checkpoint: %w", stage, err)
 	}
-	log.Info().Str("path", path).Int("stage", stage).Int("epochs_done", p.Epochs).Int("steps_done", p.Steps).Msg("stage checkpoint written")
+	log.Info().Str("path", path).Int("stage", stage).Int("epochs_done", c.Epoch).Int("steps_done", c.Step).Msg("stage checkpoint written")
 	return nil
 }
 
-// resume agrees, within the stage, on the most advanced stage checkpoint
-// its peers hold, then checks that every stage starts from the same step:
-// stages cut from different steps would train a model that never was.
-func (j *PipelineJob) resume(ctx context.Context, world *ring.Ring, r *train.Replica, stage int, log zerolog.Logger) (train.Position, error) {
-	found, err := findCheckpoint(j.StagePath(stage), j.Training.Epochs)
-	if err == nil && found != nil {
-		if err = r.Restore(found); err != nil {
-			err = fmt.Errorf("checkpoint %s does not fit this stage: %w (move it away to start afresh)", j.StagePath(stage), err)
+// snapshots are the stage's last two states kept, oldest first.
+type snapshots struct{ kept []*train.Checkpoint }
+
+func (s *snapshots) keep(c *train.Checkpoint) {
+	if n := len(s.kept); n > 0 && s.kept[n-1].Step == c.Step {
+		s.kept[n-1] = c
+		return
+	}
+	if s.kept = append(s.kept, c); len(s.kept) > 2 {
+		s.kept = s.kept[1:]
+	}
+}
+
+func (s *snapshots) newest() *train.Checkpoint { return s.kept[len(s.kept)-1] }
+
+// at is the snapshot of step, or nil.
+func (s *snapshots) at(step int) *train.Checkpoint {
+	for _, c := range s.kept {
+		if c.Step == step {
+			return c
 		}
 	}
-	if err != nil {
-		return train.Position{}, err
-	}
+	return nil
+}
+
+// agreeStart is where a generation starts, the same for every stage. At
+// the first, each stage's peers agree on the most advanced checkpoint they
+// hold (train.Replica.Resume), and all stages must be at the same step.
+// After a re-formation, every active peer goes back to the latest
+// snapshot all of them hold. Spares (r nil) take part in the world's
+// collectives and offer nothing.
+func (j *PipelineJob) agreeStart(ctx context.Context, world *ring.Ring, plan stagePlan, r *train.Replica, stage int, snaps *snapshots,
+	first bool, log zerolog.Logger) (train.Position, error) {
 	rctx, cancel := context.WithTimeout(ctx, j.StepTimeout)
 	defer cancel()
-	res, err := r.Resume(rctx, found)
-	if err != nil {
-		return train.Position{}, fmt.Errorf("resuming stage %d: %w", stage, err)
+	var found *train.Checkpoint
+	if first {
+		if r != nil && j.Checkpoint != "" {
+			var err error
+			found, err = findCheckpoint(j.StagePath(stage), j.Training.Epochs)
+			if err == nil && found != nil {
+				if err = r.Restore(found); err != nil {
+					err = fmt.Errorf("checkpoint %s does not fit this stage: %w (move it away to start afresh)", j.StagePath(stage), err)
+				}
+			}
+			if err != nil {
+				return train.Position{}, err
+			}
+		}
+	} else {
+		// Each peer's snapshots' steps, two slots a rank (step+1; 0 for
+		// none): the start is the latest step every active peer holds.
+		held := make([]float32, 2*world.Size())
+		if r != nil {
+			for k, c := range snaps.kept {
+				held[2*world.Rank()+k] = float32(c.Step + 1)
+			}
+		}
+		if err := world.AllreduceSum(rctx, held); err != nil {
+			return train.Position{}, fmt.Errorf("comparing the peers' snapshots: %w", err)
+		}
+		step := commonStep(held, plan)
+		if step < 0 {
+			return train.Position{}, fmt.Errorf("%w: the peers hold no snapshot in common (%v)", ErrPipelineChange, held)
+		}
+		if r == nil {
+			return train.Position{}, nil
+		}
+		if found = snaps.at(step); found == nil || r.Restore(found) != nil {
+			return train.Position{}, fmt.Errorf("%w: restoring the snapshot of step %d", ErrPipelineChange, step)
+		}
+		log.Info().Int("stage", stage).Int("epochs_done", found.Epoch).Int("steps_done", found.Step).Msg("back to the latest snapshot every peer holds")
+	}
+	var res train.Resumed
+	if r != nil {
+		var err error
+		if res, err = r.Resume(rctx, found); err != nil {
+			return train.Position{}, fmt.Errorf("resuming stage %d: %w", stage, err)
+		}
+	}
+	if !first {
+		return res.Position, nil
 	}
 	steps := make([]float32, world.Size())
-	steps[world.Rank()] = float32(res.Steps)
+	steps[world.Rank()] = float32(res.Steps + 1)
+	if r == nil {
+		steps[world.Rank()] = 0
+	}
 	if err := world.AllreduceSum(rctx, steps); err != nil {
 		return train.Position{}, fmt.Errorf("comparing the stages' positions: %w", err)
 	}
+	var want float32
 	for rank, v := range steps {
-		if v != steps[0] {
-			return train.Position{}, fmt.Errorf("the stages would resume at different steps (rank 0 at %v, rank %d at %v): move the stage checkpoints (%s) away to start afresh: %w",
-				steps[0], rank, v, j.StagePath(stage), train.ErrCheckpoint)
+		switch {
+		case v == 0:
+		case want == 0:
+			want = v
+		case v != want:
+			return train.Position{}, fmt.Errorf("the stages would resume at different steps (%v and %v, rank %d): move the stage checkpoints (%s) away to start afresh: %w",
+				want-1, v-1, rank, j.StagePath(stage), train.ErrCheckpoint)
 		}
 	}
 	if res.From >= 0 {
@@ -376,4 +631,26 @@ func (j *PipelineJob) resume(ctx context.Context, world *ring.Ring, r *train.Rep
 			Msg("resuming the stage from its checkpoint")
 	}
 	return res.Position, nil
+}
+
+// commonStep is the latest step every active peer of the plan holds a
+// snapshot of, from two slots a rank of step+1 (0: none); −1 if none.
+func commonStep(held []float32, plan stagePlan) int {
+	best := -1
+	for k := range 2 {
+		v := held[2*slices.Index(plan.replica, 0)+k]
+		if v == 0 {
+			continue
+		}
+		all := true
+		for rank, rep := range plan.replica {
+			if rep >= 0 && held[2*rank] != v && held[2*rank+1] != v {
+				all = false
+			}
+		}
+		if all {
+			best = max(best, int(v)-1)
+		}
+	}
+	return best
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -20,75 +21,150 @@ import (
 )
 
 // fabric is an in-memory StageNet for n peers: the ring of all, a ring per
-// set of ranks asked for, and a pair of pipes per boundary.
+// set of ranks asked for, and a pair of pipes per boundary, each
+// generation's own; peers can be killed (every stream of theirs closes)
+// and the survivors re-form.
 type fabric struct {
-	n     int
-	mu    sync.Mutex
-	world []ring.Transport
-	rings map[string][]ring.Transport
-	pipes map[[2]int][2]io.ReadWriteCloser // [lower, higher] → the ends
+	mu      sync.Mutex
+	cond    *sync.Cond
+	gen     uint64
+	members []int // ids, in rank order
+	dead    map[int]bool
+	world   []ring.Transport
+	rings   map[string][]ring.Transport
+	pipes   map[string][2]io.ReadWriteCloser
+	owned   map[int][]io.Closer // what each id holds, to close when it is killed
+	waiting map[int]bool        // ids asking for the next generation
 }
 
 func newFabric(n int) *fabric {
-	return &fabric{n: n, world: ring.MemRing(n), rings: map[string][]ring.Transport{}, pipes: map[[2]int][2]io.ReadWriteCloser{}}
+	f := &fabric{gen: 1, dead: map[int]bool{}, world: ring.MemRing(n), rings: map[string][]ring.Transport{},
+		pipes: map[string][2]io.ReadWriteCloser{}, owned: map[int][]io.Closer{}, waiting: map[int]bool{}}
+	f.cond = sync.NewCond(&f.mu)
+	for i := range n {
+		f.members = append(f.members, i)
+		f.owned[i] = append(f.owned[i], f.world[i])
+	}
+	return f
+}
+
+// kill closes every stream peer id holds, as SIGKILL would.
+func (f *fabric) kill(id int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.dead[id] = true
+	for _, c := range f.owned[id] {
+		c.Close()
+	}
+	f.cond.Broadcast()
 }
 
 type fabricPeer struct {
-	f    *fabric
-	rank int
+	f  *fabric
+	id int
 }
 
+func (p *fabricPeer) rankLocked() int { return slices.Index(p.f.members, p.id) }
+
 func (p *fabricPeer) Form(context.Context) (*ring.Ring, bool, error) {
-	r, err := ring.New(p.f.world[p.rank], ring.Config{Rank: p.rank, Size: p.f.n, Generation: 1})
+	p.f.mu.Lock()
+	defer p.f.mu.Unlock()
+	r, err := ring.New(p.f.world[p.rankLocked()], ring.Config{Rank: p.rankLocked(), Size: len(p.f.members), Generation: p.f.gen})
 	return r, false, err
 }
+
+// Reform waits for every live peer to ask, then makes the next
+// generation of them.
 func (p *fabricPeer) Reform(context.Context, int, []int) (*ring.Ring, error) {
-	return nil, errors.New("fabric: no re-formation")
+	f := p.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.dead[p.id] {
+		return nil, errors.New("fabric: killed")
+	}
+	gen := f.gen
+	f.waiting[p.id] = true
+	for f.gen == gen {
+		var alive []int
+		for _, id := range f.members {
+			if !f.dead[id] {
+				alive = append(alive, id)
+			}
+		}
+		ready := true
+		for _, id := range alive {
+			ready = ready && f.waiting[id]
+		}
+		if ready {
+			f.gen++
+			f.members, f.world, f.waiting = alive, ring.MemRing(len(alive)), map[int]bool{}
+			for r, id := range alive {
+				f.owned[id] = append(f.owned[id], f.world[r])
+			}
+			f.cond.Broadcast()
+			break
+		}
+		f.cond.Wait()
+	}
+	rank := p.rankLocked()
+	return ring.New(f.world[rank], ring.Config{Rank: rank, Size: len(f.members), Generation: f.gen})
 }
+
 func (p *fabricPeer) Grow(context.Context, []string, bool, int) (*ring.Ring, error) {
 	return nil, errors.New("fabric: no growth")
 }
 func (p *fabricPeer) Standbys() []string { return nil }
 func (p *fabricPeer) Members() []string {
-	out := make([]string, p.f.n)
-	for i := range out {
-		out[i] = fmt.Sprintf("peer-%d", i)
+	p.f.mu.Lock()
+	defer p.f.mu.Unlock()
+	out := make([]string, len(p.f.members))
+	for i, id := range p.f.members {
+		out[i] = fmt.Sprintf("peer-%d", id)
 	}
 	return out
 }
 
 func (p *fabricPeer) StageRing(_ context.Context, ranks []int) (*ring.Ring, error) {
-	p.f.mu.Lock()
-	key := fmt.Sprint(ranks)
-	ts, ok := p.f.rings[key]
+	f := p.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	key := fmt.Sprint(f.gen, ranks)
+	ts, ok := f.rings[key]
 	if !ok {
 		ts = ring.MemRing(len(ranks))
-		p.f.rings[key] = ts
-	}
-	p.f.mu.Unlock()
-	for i, r := range ranks {
-		if r == p.rank {
-			return ring.New(ts[i], ring.Config{Rank: i, Size: len(ranks), Generation: 1})
+		f.rings[key] = ts
+		for i, r := range ranks {
+			f.owned[f.members[r]] = append(f.owned[f.members[r]], ts[i])
 		}
 	}
-	return nil, fmt.Errorf("rank %d not in %v", p.rank, ranks)
+	for i, r := range ranks {
+		if r == p.rankLocked() {
+			return ring.New(ts[i], ring.Config{Rank: i, Size: len(ranks), Generation: f.gen})
+		}
+	}
+	return nil, fmt.Errorf("rank %d not in %v", p.rankLocked(), ranks)
 }
 
 func (p *fabricPeer) end(other int) io.ReadWriteCloser {
 	if other < 0 {
 		return nil
 	}
-	lo, hi := min(p.rank, other), max(p.rank, other)
-	p.f.mu.Lock()
-	defer p.f.mu.Unlock()
-	ends, ok := p.f.pipes[[2]int{lo, hi}]
+	f := p.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	me := p.rankLocked()
+	lo, hi := min(me, other), max(me, other)
+	key := fmt.Sprint(f.gen, lo, hi)
+	ends, ok := f.pipes[key]
 	if !ok {
 		ar, aw := io.Pipe()
 		br, bw := io.Pipe()
 		ends = [2]io.ReadWriteCloser{pipeEnd{aw, br}, pipeEnd{bw, ar}}
-		p.f.pipes[[2]int{lo, hi}] = ends
+		f.pipes[key] = ends
+		f.owned[f.members[lo]] = append(f.owned[f.members[lo]], ends[0])
+		f.owned[f.members[hi]] = append(f.owned[f.members[hi]], ends[1])
 	}
-	if p.rank == lo {
+	if me == lo {
 		return ends[0]
 	}
 	return ends[1]
@@ -112,11 +188,16 @@ func (e pipeEnd) Close() error                { e.w.Close(); return e.r.Close() 
 // many steps.
 func pipelineRun(t *testing.T, n int, cfg pipeline.Config, stopPeer, stopAt int) ([]PipelineSummary, []error, string, string) {
 	t.Helper()
-	return pipelineRunIn(t, filepath.Join(t.TempDir(), "model.ckpt"), n, cfg, stopPeer, stopAt)
+	return pipelineRunIn(t, filepath.Join(t.TempDir(), "model.ckpt"), n, cfg, events{stopPeer: stopPeer, stopAt: stopAt, killPeer: -1})
 }
 
+// events are what happens to a pipeline run's peers: peer stopPeer is
+// stopped (Ctrl-C) once it has done stopAt steps, and peer killPeer
+// killed once it has done killAt (−1: none).
+type events struct{ stopPeer, stopAt, killPeer, killAt int }
+
 // pipelineRunIn is pipelineRun with the checkpoints at ckpt.
-func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, stopPeer, stopAt int) ([]PipelineSummary, []error, string, string) {
+func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev events) ([]PipelineSummary, []error, string, string) {
 	t.Helper()
 	dcfg, err := data.LoadConfig("../../testdata/data-config.json")
 	if err != nil {
@@ -142,7 +223,7 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, stopPe
 	for i := range n {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		job := &PipelineJob{Members: &fabricPeer{f: f, rank: i}, Pipeline: cfg, Model: model, StepTimeout: 20 * time.Second,
+		job := &PipelineJob{Members: &fabricPeer{f: f, id: i}, Pipeline: cfg, Model: model, StepTimeout: 20 * time.Second,
 			Checkpoint: ckpt, CheckpointBase: train.Checkpoint{Seed: 3, Classes: split.Classes},
 			Logger: zerolog.New(&log).With().Int("peer", i).Logger(), Out: &log,
 			NewReplica: func(m train.Model) (*train.Replica, error) {
@@ -151,11 +232,13 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, stopPe
 		job.Training = train.RunConfig{Epochs: 2, Classes: 10, ProgressEvery: 1,
 			Train: &data.Loader{Split: split, BatchSize: 16, Seed: 1, Sampler: data.Sampler{N: split.Len(), World: 1, Seed: 1, Shuffle: true}},
 			Test:  &data.Loader{Split: test, BatchSize: 16, Seed: 1, Sampler: data.Sampler{N: test.Len(), World: 1, Seed: 1, Exact: true}}}
-		if i == stopPeer {
-			job.Training.Progress = func(p train.Progress) {
-				if !p.EpochDone && p.Stats.Steps >= stopAt {
-					cancel()
-				}
+		job.Training.Progress = func(p train.Progress) {
+			switch {
+			case p.EpochDone:
+			case i == ev.stopPeer && p.Stats.Steps >= ev.stopAt:
+				cancel()
+			case i == ev.killPeer && p.Stats.Steps >= ev.killAt:
+				f.kill(i)
 			}
 		}
 		wg.Go(func() { sums[i], errs[i] = job.Run(ctx) })
@@ -252,11 +335,11 @@ func TestPipelineJobResumes(t *testing.T) {
 		t.Fatalf("%v\n%s", err, log)
 	}
 	ckpt := filepath.Join(t.TempDir(), "model.ckpt")
-	stopped, _, log, _ := pipelineRunIn(t, ckpt, 4, cfg, 2, 7)
+	stopped, _, log, _ := pipelineRunIn(t, ckpt, 4, cfg, events{stopPeer: 2, stopAt: 7, killPeer: -1})
 	if stopped[0].Steps < 7 || stopped[0].Steps >= whole[0].Steps {
 		t.Fatalf("stopped after %d steps of %d\n%s", stopped[0].Steps, whole[0].Steps, log)
 	}
-	again, errs, log, _ := pipelineRunIn(t, ckpt, 4, cfg, -1, 0)
+	again, errs, log, _ := pipelineRunIn(t, ckpt, 4, cfg, events{stopPeer: -1, killPeer: -1})
 	if err := errors.Join(errs...); err != nil {
 		t.Fatalf("%v\n%s", err, log)
 	}
@@ -280,10 +363,58 @@ func TestPipelineJobResumes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, errs, _, _ = pipelineRunIn(t, ckpt, 4, cfg, -1, 0)
+	_, errs, _, _ = pipelineRunIn(t, ckpt, 4, cfg, events{stopPeer: -1, killPeer: -1})
 	for i, err := range errs {
 		if !errors.Is(err, train.ErrCheckpoint) {
 			t.Errorf("peer %d: %v; want stages at different steps refused", i, err)
 		}
+	}
+}
+
+// A stage of two replicas that loses one carries on: the survivors
+// re-form, every stage trains with one replica (the other stage's second
+// peer waits as a spare), all go back to the latest snapshot they hold,
+// and the job ends with the whole model gathered.
+func TestPipelineJobSurvivesALostReplica(t *testing.T) {
+	for _, killed := range []int{3, 0} {
+		t.Run(fmt.Sprint(killed), func(t *testing.T) {
+			ckpt := filepath.Join(t.TempDir(), "model.ckpt")
+			sums, errs, log, _ := pipelineRunIn(t, ckpt, 4, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}},
+				events{stopPeer: -1, killPeer: killed, killAt: 30})
+			for i, err := range errs {
+				if i == killed {
+					if err == nil {
+						t.Errorf("the killed peer ended well")
+					}
+					continue
+				}
+				if err != nil {
+					t.Fatalf("peer %d: %v\n%s", i, err, log)
+				}
+			}
+			t.Logf("%d re-formations", sums[(killed+1)%4].Reforms)
+			if !strings.Contains(log, "back to the latest snapshot every peer holds") || !strings.Contains(log, "a spare of its stage") {
+				t.Errorf("no rollback or no spare:\n%s", log)
+			}
+			var active int
+			for i, s := range sums {
+				if i != killed && s.Replica == 0 {
+					active++
+					if s.Epochs != 2 || s.TestAccuracy < 0.3 || s.Replicas != 1 {
+						t.Errorf("peer %d: %+v", i, s)
+					}
+				}
+			}
+			if active != 2 {
+				t.Errorf("%d active peers at the end; want one per stage", active)
+			}
+			c, err := train.LoadCheckpoint(ckpt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Epoch != 2 {
+				t.Errorf("gathered model of %d epochs; want 2", c.Epoch)
+			}
+		})
 	}
 }

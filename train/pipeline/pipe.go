@@ -68,7 +68,8 @@ var (
 // New builds stage s of a pipeline for a model whose Batch is the full
 // batch. cfg.Split must be set when there is more than one stage (Balance
 // or the user's). prev and next are the links to stages s−1 and s+1 (nil
-// at the ends). ctx bounds every wait on a link for the Pipe's life.
+// at the ends; nil until SetLinks gives them). ctx bounds every wait on a
+// link for the Pipe's life.
 func New(ctx context.Context, cfg Config, model train.ModelConfig, s int, prev, next Link) (*Pipe, error) {
 	if err := cfg.Check(model.Spec, model.Batch); err != nil {
 		return nil, err
@@ -85,8 +86,8 @@ func New(ctx context.Context, cfg Config, model train.ModelConfig, s int, prev, 
 	if s < 0 || s >= cfg.Stages {
 		return nil, fmt.Errorf("stage %d of %d: %w", s, cfg.Stages, ErrConfig)
 	}
-	if (s > 0) != (prev != nil) || (s < cfg.Stages-1) != (next != nil) {
-		return nil, fmt.Errorf("stage %d of %d needs links to exactly its neighbours: %w", s, cfg.Stages, ErrConfig)
+	if prev != nil && s == 0 || next != nil && s == cfg.Stages-1 {
+		return nil, fmt.Errorf("stage %d of %d has no neighbour on that side: %w", s, cfg.Stages, ErrConfig)
 	}
 	enc, _ := cfg.encoding()
 	p := &Pipe{ctx: ctx, cfg: cfg, enc: enc, s: s, stages: cfg.Stages, micro: cfg.MicroSize(model.Batch), prev: prev, next: next,
@@ -132,8 +133,20 @@ func New(ctx context.Context, cfg Config, model train.ModelConfig, s int, prev, 
 }
 
 // SetGeneration sets the generation every frame carries and must carry:
-// the ring the stages are in. Frames of any other are refused.
-func (p *Pipe) SetGeneration(gen uint64) { p.gen = gen }
+// the ring the stages are in. Frames of any other are refused. The
+// frames' step count starts again.
+func (p *Pipe) SetGeneration(gen uint64) { p.gen, p.step = gen, 0 }
+
+// SetLinks replaces the links to the stages beside this one (a new
+// generation's), after checking that the stage has exactly the neighbours
+// it needs. The old links are the caller's to close.
+func (p *Pipe) SetLinks(prev, next Link) error {
+	if (p.s > 0) != (prev != nil) || (p.s < p.stages-1) != (next != nil) {
+		return fmt.Errorf("stage %d of %d needs links to exactly its neighbours: %w", p.s, p.stages, ErrConfig)
+	}
+	p.prev, p.next = prev, next
+	return nil
+}
 
 // SetStop makes a closed stop ask the peers of this stage's column to
 // stop after the next step: it begins on them all alike, as the step's
@@ -202,6 +215,9 @@ func (p *Pipe) labels(y []int, mb, rows int) []int {
 }
 
 func (p *Pipe) check(x []float32, y []int, n int) error {
+	if (p.s > 0) != (p.prev != nil) || (p.s < p.stages-1) != (p.next != nil) {
+		return fmt.Errorf("pipeline: stage %d of %d is not linked to its neighbours: %w", p.s, p.stages, ErrConfig)
+	}
 	if n < 1 {
 		return fmt.Errorf("pipeline: a batch of %d samples: %w", n, train.ErrStage)
 	}
@@ -228,7 +244,7 @@ func (p *Pipe) input(x []float32, mb, rows int) ([][]float32, error) {
 	}
 	f, err := p.recv(p.prev, Expect{Kind: Activations, Enc: p.enc, Stage: p.s - 1, Gen: p.gen, Step: p.step, MB: mb, Rows: rows, Sizes: sizes(p.in)})
 	if err != nil {
-		return nil, fmt.Errorf("pipeline: stage %d from stage %d: %w", p.s, p.s-1, err)
+		return nil, fmt.Errorf("%w: pipeline: stage %d from stage %d: %w", train.ErrCollective, p.s, p.s-1, err)
 	}
 	return f.Tensors, nil
 }
@@ -250,7 +266,7 @@ func (p *Pipe) send(l Link, f *Frame) error {
 	}
 	f.Stop = f.Stop || p.flag && f.Kind != Results
 	if err := l.Send(p.ctx, f); err != nil {
-		return fmt.Errorf("pipeline: stage %d sending %v of micro-batch %d: %w", p.s, f.Kind, f.MB, err)
+		return fmt.Errorf("%w: pipeline: stage %d sending %v of micro-batch %d: %w", train.ErrCollective, p.s, f.Kind, f.MB, err)
 	}
 	p.stats.Sent++
 	return nil
@@ -271,7 +287,10 @@ func (p *Pipe) activations(mb, rows int, out, in [][]float32) *Frame {
 }
 
 // ForwardBackward runs one batch through the stage by its schedule and
-// leaves the gradients of the batch's mean loss in Grads.
+// leaves the gradients of the batch's mean loss in Grads. A stage beside
+// this one that fails, stalls past the timeout or sends what was not
+// expected fails the step with a train.ErrCollective: the stage's replica
+// applies nothing, as when its ring fails.
 func (p *Pipe) ForwardBackward(x []float32, y []int, n int) (float32, error) {
 	if err := p.check(x, y, n); err != nil {
 		return 0, err
@@ -326,7 +345,7 @@ func (p *Pipe) ForwardBackward(x []float32, y []int, n int) (float32, error) {
 		var gstage [][]float32
 		if p.next != nil {
 			if gout, err = p.recv(p.next, Expect{Kind: Gradients, Enc: p.enc, Stage: p.s + 1, Gen: p.gen, Step: p.step, MB: mb, Rows: rows, Sizes: sizes(p.out)}); err != nil {
-				return 0, fmt.Errorf("pipeline: stage %d from stage %d: %w", p.s, p.s+1, err)
+				return 0, fmt.Errorf("%w: pipeline: stage %d from stage %d: %w", train.ErrCollective, p.s, p.s+1, err)
 			}
 			gstage = make([][]float32, len(p.st.Outputs()))
 			for j, k := range p.fromStage {
@@ -428,7 +447,7 @@ func (p *Pipe) Forward(x []float32, y []int, n int) (float32, error) {
 		rows := p.rows(mb, n)
 		f, err := p.recv(p.next, Expect{Kind: Results, Enc: F32, Stage: p.s + 1, Gen: p.gen, Step: p.step, MB: mb, Rows: rows, Sizes: []int{p.classes}})
 		if err != nil {
-			return 0, fmt.Errorf("pipeline: stage %d from stage %d: %w", p.s, p.s+1, err)
+			return 0, fmt.Errorf("%w: pipeline: stage %d from stage %d: %w", train.ErrCollective, p.s, p.s+1, err)
 		}
 		copy(p.logits[mb*p.micro*p.classes:], f.Tensors[0])
 		total += f.Loss
