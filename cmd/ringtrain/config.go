@@ -536,7 +536,7 @@ func (c *jobConfig) checkPipeline() error {
 	case c.WorldSize%p.Stages != 0:
 		return fmt.Errorf("pipeline: world_size %d is not a multiple of stages %d (each stage is held by world_size / stages peers)", c.WorldSize, p.Stages)
 	case c.MinWorldSize != c.WorldSize || c.MaxWorldSize != c.WorldSize:
-		return fmt.Errorf("pipeline: min_world_size %d and max_world_size %d; a pipeline job's peers do not change, so both must be world_size %d", c.MinWorldSize, c.MaxWorldSize, c.WorldSize)
+		return fmt.Errorf("pipeline: min_world_size %d and max_world_size %d; a pipeline job carries on while every stage has a peer, waits for one to take a stage left empty, and grows no larger than world_size: leave both out (or give world_size %d)", c.MinWorldSize, c.MaxWorldSize, c.WorldSize)
 	case c.Sync != nil:
 		return errors.New("pipeline: sync (DiLoCo) and pipeline stages do not go together")
 	}

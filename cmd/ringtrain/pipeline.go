@@ -30,7 +30,7 @@ func runPipeline(ctx context.Context, cfg *jobConfig, device string, trainSplit,
 	if err := cfg.Pipeline.Check(layers, cfg.BatchSize); err != nil {
 		return fmt.Errorf("pipeline: %w", err)
 	}
-	job := &elastic.PipelineJob{Members: members, Pipeline: *cfg.Pipeline, Model: spec, StepTimeout: time.Duration(cfg.StepTimeout),
+	job := &elastic.PipelineJob{Members: members, Pipeline: *cfg.Pipeline, Model: spec, StepTimeout: time.Duration(cfg.StepTimeout), WorldSize: cfg.WorldSize,
 		Logger: log, Out: stdout,
 		NewReplica: func(m train.Model) (*train.Replica, error) { return cfg.replica(m, cfg.optimizer()), nil }}
 	job.Training = cfg.runConfig(trainSplit, testSplit)

@@ -133,7 +133,7 @@ func TestPipelineConfigRefused(t *testing.T) {
 		{"unknown schedule", residual, `{"stages": 2, "micro_batches": 2, "schedule": "zb"}`, `"world_size": 4`, `schedule "zb"`},
 		{"split of the wrong length", residual, `{"stages": 2, "micro_batches": 2, "split": [1, 3]}`, `"world_size": 4`, "2 stages need 1"},
 		{"split past the layers", residual, `{"stages": 2, "micro_batches": 2, "split": [5]}`, `"world_size": 4`, "cut 5 leaves a stage without layers"},
-		{"elastic sizes", residual, `{"stages": 2, "micro_batches": 2}`, `"world_size": 4, "min_world_size": 2`, "a pipeline job's peers do not change"},
+		{"elastic sizes", residual, `{"stages": 2, "micro_batches": 2}`, `"world_size": 4, "min_world_size": 2`, "a pipeline job carries on while every stage has a peer"},
 		{"with DiLoCo", residual, `{"stages": 2, "micro_batches": 2}`, `"world_size": 4, "sync": {"every": 5, "outer": {"lr": 0.7}}`, "sync (DiLoCo) and pipeline"},
 		{"unknown field", residual, `{"stages": 2, "micro_batches": 2, "replicas": 2}`, `"world_size": 4`, `unknown field "replicas"`},
 		{"dependency pointing forward", forward, `{"stages": 2, "micro_batches": 2}`, `"world_size": 4`, `from "b": no earlier layer saved that name`},

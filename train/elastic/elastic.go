@@ -42,9 +42,11 @@
 // one formation of all peers gives each its stage and replica, each
 // stage's peers form a ring of their own (StageNet.StageRing) beside
 // links to the stages before and after (StageNet.Boundary), and a stop on
-// any peer stops all after the same step. Every stage writes its own
-// checkpoint and resumes from it; the first stage gathers the whole model
-// at the end. It does not survive a lost peer yet.
+// any peer stops all after the same step. A lost peer makes the survivors
+// re-form and go back to the latest snapshot all of them hold; a stage
+// left with no peer waits for a newcomer to take it from the stage's
+// checkpoint. Every stage writes its own checkpoint and resumes from it;
+// the first stage gathers the whole model at the end.
 //
 // # Usage
 //

@@ -79,6 +79,12 @@ type PipelineJob struct {
 	// MaxReforms is how many times in a row the job may re-form without a
 	// step completed in between. Zero means 5.
 	MaxReforms int
+	// WorldSize is how many peers the job wants: a stage left with no
+	// peer waits for standbys to take it, up to this many members. Zero
+	// means the first ring's size.
+	WorldSize int
+	// PauseTimeout bounds that wait. Zero means 10 minutes.
+	PauseTimeout time.Duration
 	// Checkpoint, if set, is where the first stage's first peer writes
 	// the whole model (CheckpointBase filled in) when the job ends or
 	// stops: a file predict and export take as any job's.
@@ -113,77 +119,78 @@ func (j *PipelineJob) Run(ctx context.Context) (PipelineSummary, error) {
 	if j.MaxReforms <= 0 {
 		j.MaxReforms = 5
 	}
+	if j.PauseTimeout <= 0 {
+		j.PauseTimeout = 10 * time.Minute
+	}
 	var sum PipelineSummary
 	world, admitted, err := j.Members.Form(ctx)
 	if err != nil {
 		return sum, fmt.Errorf("join: %w", err)
 	}
 	defer func() { world.Close() }() // world changes when the job re-forms
-	if admitted {
-		return sum, fmt.Errorf("admitted as a newcomer to a pipeline job under way, which takes none yet: %w", ErrPipelineChange)
-	}
-	S, n := j.Pipeline.Stages, world.Size()
-	if S < 1 || n%S != 0 {
-		return sum, fmt.Errorf("a ring of %d peers cannot hold %d stages alike (world_size must be a multiple of stages): %w", n, S, pipeline.ErrConfig)
-	}
+	S := j.Pipeline.Stages
+	stage := -1 // a newcomer's is given once it is in
 	// The collectives keep their own context, as in Job.Run: ctx's end
 	// reaches the others through the step.
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	log := j.Logger.With().Int("rank", world.Rank()).Logger()
 	cfg := j.Pipeline
-	if cfg.Split, err = j.agreeSplit(wctx, world, log); err != nil {
-		return sum, err
-	}
-	if err := cfg.Check(j.Model.Spec, j.Model.Batch); err != nil {
-		return sum, err
-	}
-	if j.layers, err = pipeline.Bounds(cfg.Split, S, len(j.Model.Spec.Layers)); err != nil {
-		return sum, err
-	}
-	stage := world.Rank() / (n / S)
-	sum.Stage, sum.Stages, sum.Split = stage, S, cfg.Split
-	// The stage and its replica live across generations; links and rings
-	// are each generation's.
-	pipe, err := pipeline.New(wctx, cfg, j.Model, stage, nil, nil)
-	if err != nil {
-		return sum, err
-	}
-	defer pipe.Close()
-	pipe.SetStop(ctx.Done())
-	pipe.SetTimeout(j.StepTimeout)
-	r, err := j.NewReplica(pipe)
-	if err != nil {
-		return sum, err
-	}
-	rc := j.Training
-	rc.Replica, rc.Stop = r, pipe.Stopping()
-	if rc.SaveEvery == 0 {
-		rc.SaveEvery = defaultSnapshotEvery
-	}
-	if rc.OnSkip == nil {
-		rc.OnSkip = func(err error) { log.Warn().Str("why", err.Error()).Msg("step skipped on every peer of the stage") }
-	}
-	var snaps snapshots
-	rc.Save = func(p train.Position) error {
-		snaps.keep(j.snapshot(r, stage, p))
-		if j.Checkpoint == "" {
-			return nil
+	if !admitted {
+		n := world.Size()
+		if S < 1 || n%S != 0 {
+			return sum, fmt.Errorf("a ring of %d peers cannot hold %d stages alike (world_size must be a multiple of stages): %w", n, S, pipeline.ErrConfig)
 		}
-		return j.saveStage(snaps.newest(), stage, log)
+		if j.WorldSize == 0 {
+			j.WorldSize = n
+		}
+		stage = world.Rank() / (n / S)
+		if cfg.Split, err = j.agreeSplit(wctx, world, log); err != nil {
+			return sum, err
+		}
 	}
-	for first := true; ; first = false {
+	var (
+		pipe  *pipeline.Pipe
+		r     *train.Replica
+		rc    train.RunConfig
+		snaps snapshots
+	)
+	defer func() {
+		if pipe != nil {
+			pipe.Close()
+		}
+	}()
+	for first := !admitted; ; first = false {
 		gen := world.Generation()
-		log = j.Logger.With().Int("rank", world.Rank()).Uint64("generation", gen).Logger()
+		me := world.Rank()
+		log = j.Logger.With().Int("rank", me).Uint64("generation", gen).Logger()
 		table, err := j.stageTable(wctx, world, stage)
 		if err != nil {
 			return sum, err
 		}
-		plan, err := planStages(table, S)
-		if err != nil {
-			return sum, fmt.Errorf("%w: %w (start a peer for it from the stage checkpoints)", ErrPipelineChange, err)
+		if cfg.Split, err = j.shareSplit(wctx, world, table, cfg.Split); err != nil {
+			return sum, err
 		}
-		me := world.Rank()
+		table = placeNewcomers(table, S)
+		if pipe == nil {
+			// The stage is known now: build it, and its replica, once.
+			if pipe, r, rc, err = j.build(wctx, ctx, cfg, table[me], &snaps, log); err != nil {
+				return sum, err
+			}
+			stage = table[me]
+			sum.Stage, sum.Stages, sum.Split = stage, S, cfg.Split
+		}
+		plan, err := planStages(table, S)
+		if errors.Is(err, errEmptyStage) {
+			// Nobody can train that stage: wait for a peer to take it.
+			if world, err = j.pause(wctx, world, err, log); err != nil {
+				return sum, err
+			}
+			continue
+		}
+		if err != nil {
+			return sum, fmt.Errorf("%w: %w", ErrPipelineChange, err)
+		}
 		sum.Replica, sum.Replicas = plan.replica[me], plan.replicas
 		if plan.replica[me] < 0 {
 			// A spare: its stage has more peers than another. It takes
@@ -219,9 +226,7 @@ func (j *PipelineJob) Run(ctx context.Context) (PipelineSummary, error) {
 			return sum, err
 		}
 		rc.InSync = true // the start leaves the stage's replicas alike
-		if first {
-			snaps.keep(j.snapshot(r, stage, rc.Start))
-		}
+		snaps.keep(j.snapshot(r, stage, rc.Start))
 		run, err := train.Run(wctx, rc)
 		sum.Summary, sum.Pipe = sum.Summary.Then(run), pipe.Stats()
 		var leave *train.LeaveError
@@ -247,6 +252,144 @@ func (j *PipelineJob) Run(ctx context.Context) (PipelineSummary, error) {
 			return sum, err
 		}
 	}
+}
+
+// build makes this peer's stage and its replica, and the run around them.
+func (j *PipelineJob) build(wctx, ctx context.Context, cfg pipeline.Config, stage int, snaps *snapshots, log zerolog.Logger) (*pipeline.Pipe, *train.Replica, train.RunConfig, error) {
+	var rc train.RunConfig
+	if err := cfg.Check(j.Model.Spec, j.Model.Batch); err != nil {
+		return nil, nil, rc, err
+	}
+	var err error
+	if j.layers, err = pipeline.Bounds(cfg.Split, cfg.Stages, len(j.Model.Spec.Layers)); err != nil {
+		return nil, nil, rc, err
+	}
+	pipe, err := pipeline.New(wctx, cfg, j.Model, stage, nil, nil)
+	if err != nil {
+		return nil, nil, rc, err
+	}
+	pipe.SetStop(ctx.Done())
+	pipe.SetTimeout(j.StepTimeout)
+	r, err := j.NewReplica(pipe)
+	if err != nil {
+		pipe.Close()
+		return nil, nil, rc, err
+	}
+	rc = j.Training
+	rc.Replica, rc.Stop = r, pipe.Stopping()
+	if rc.SaveEvery == 0 {
+		rc.SaveEvery = defaultSnapshotEvery
+	}
+	if rc.OnSkip == nil {
+		rc.OnSkip = func(err error) { log.Warn().Str("why", err.Error()).Msg("step skipped on every peer of the stage") }
+	}
+	rc.Save = func(p train.Position) error {
+		snaps.keep(j.snapshot(r, stage, p))
+		if j.Checkpoint == "" {
+			return nil
+		}
+		return j.saveStage(snaps.newest(), stage, log)
+	}
+	return pipe, r, rc, nil
+}
+
+// errEmptyStage is a plan with a stage nobody holds.
+var errEmptyStage = errors.New("a stage has no peer left")
+
+// pause waits, with every member, for a standby to take the stage nobody
+// holds: the first member polls, all hear, and all grow the ring with it.
+func (j *PipelineJob) pause(ctx context.Context, world *ring.Ring, why error, log zerolog.Logger) (*ring.Ring, error) {
+	log.Warn().Err(why).Msg("the job waits for a peer to take the stage (start one with this job's config; it takes the stage from its checkpoint)")
+	deadline := time.Now().Add(j.PauseTimeout)
+	for {
+		var add []string
+		if world.Rank() == 0 {
+			s := j.Members.Standbys()
+			add = s[:min(len(s), max(j.WorldSize-world.Size(), 1))]
+		}
+		bctx, cancel := context.WithTimeout(ctx, j.StepTimeout)
+		add, err := train.BroadcastStrings(bctx, world, 0, add, maxWorldSizeOf(j), maxPeerID)
+		cancel()
+		if err != nil {
+			return world, fmt.Errorf("%w: waiting for a peer to take the stage: %w", ErrPipelineChange, err)
+		}
+		if len(add) > 0 {
+			admit := world.Rank() == 0
+			world.Close()
+			next, err := j.Members.Grow(ctx, add, admit, 1)
+			if err != nil {
+				return world, fmt.Errorf("admitting %v: %w", add, err)
+			}
+			log.Info().Strs("admitted", add).Int("world_size", next.Size()).Uint64("next_generation", next.Generation()).Msg("a peer came to take the stage")
+			return next, nil
+		}
+		if time.Now().After(deadline) {
+			return world, fmt.Errorf("%w: %v, and no peer came to take it within %v", ErrPipelineChange, why, j.PauseTimeout)
+		}
+		select {
+		case <-ctx.Done():
+			return world, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func maxWorldSizeOf(j *PipelineJob) int { return max(j.WorldSize, 1) }
+
+// shareSplit gives every member the split the first member with a stage
+// holds: a newcomer has none until then.
+func (j *PipelineJob) shareSplit(ctx context.Context, world *ring.Ring, table []int, split []int) ([]int, error) {
+	root := slices.IndexFunc(table, func(s int) bool { return s >= 0 })
+	if root < 0 || j.Pipeline.Stages == 1 {
+		return split, nil
+	}
+	buf := make([]float32, j.Pipeline.Stages-1)
+	if world.Rank() == root {
+		for i, c := range split {
+			buf[i] = float32(c)
+		}
+	}
+	bctx, cancel := context.WithTimeout(ctx, j.StepTimeout)
+	defer cancel()
+	if err := world.Broadcast(bctx, buf, root); err != nil {
+		return nil, fmt.Errorf("sharing the split: %w", err)
+	}
+	cuts := make([]int, len(buf))
+	for i, v := range buf {
+		if v != float32(math.Trunc(float64(v))) || v < 1 || v >= float32(len(j.Model.Spec.Layers)) {
+			return nil, fmt.Errorf("rank %d sent the split %v: %w", root, buf, pipeline.ErrConfig)
+		}
+		cuts[i] = int(v)
+	}
+	if _, err := pipeline.Bounds(cuts, j.Pipeline.Stages, len(j.Model.Spec.Layers)); err != nil {
+		return nil, fmt.Errorf("the split rank %d sent: %w", root, err)
+	}
+	return cuts, nil
+}
+
+// placeNewcomers gives each member with no stage (−1) the stage with the
+// fewest peers (the first of those), in rank order.
+func placeNewcomers(table []int, stages int) []int {
+	out := slices.Clone(table)
+	count := make([]int, stages)
+	for _, s := range out {
+		if s >= 0 && s < stages {
+			count[s]++
+		}
+	}
+	for rank, s := range out {
+		if s < 0 {
+			least := 0
+			for k := range count {
+				if count[k] < count[least] {
+					least = k
+				}
+			}
+			out[rank] = least
+			count[least]++
+		}
+	}
+	return out
 }
 
 // peerFailed says whether a run ended because a peer, or a stage beside
@@ -325,7 +468,7 @@ func planStages(table []int, stages int) (stagePlan, error) {
 	p := stagePlan{stage: table, replica: make([]int, len(table)), replicas: len(table)}
 	for s, c := range count {
 		if c == 0 {
-			return stagePlan{}, fmt.Errorf("stage %d has no peer left", s)
+			return stagePlan{}, fmt.Errorf("stage %d: %w", s, errEmptyStage)
 		}
 		p.replicas = min(p.replicas, c)
 	}
@@ -353,7 +496,7 @@ func (p stagePlan) rankOf(s, r int) int {
 // stageTable gathers every member's stage over the ring.
 func (j *PipelineJob) stageTable(ctx context.Context, world *ring.Ring, stage int) ([]int, error) {
 	buf := make([]float32, world.Size())
-	buf[world.Rank()] = float32(stage + 1)
+	buf[world.Rank()] = float32(stage + 1) // 0: a newcomer, with none yet
 	tctx, cancel := context.WithTimeout(ctx, j.StepTimeout)
 	defer cancel()
 	if err := world.AllreduceSum(tctx, buf); err != nil {
@@ -553,29 +696,42 @@ func (s *snapshots) at(step int) *train.Checkpoint {
 // the first, each stage's peers agree on the most advanced checkpoint they
 // hold (train.Replica.Resume), and all stages must be at the same step.
 // After a re-formation, every active peer goes back to the latest
-// snapshot all of them hold. Spares (r nil) take part in the world's
-// collectives and offer nothing.
+// snapshot all of them hold; a newcomer takes its stage's state from the
+// stage's other peers, or, alone in it, from its own checkpoint of the
+// stage at that step. Spares (r nil) take part in the world's collectives
+// and offer nothing.
 func (j *PipelineJob) agreeStart(ctx context.Context, world *ring.Ring, plan stagePlan, r *train.Replica, stage int, snaps *snapshots,
 	first bool, log zerolog.Logger) (train.Position, error) {
 	rctx, cancel := context.WithTimeout(ctx, j.StepTimeout)
 	defer cancel()
 	var found *train.Checkpoint
-	if first {
-		if r != nil && j.Checkpoint != "" {
-			var err error
-			found, err = findCheckpoint(j.StagePath(stage), j.Training.Epochs)
-			if err == nil && found != nil {
-				if err = r.Restore(found); err != nil {
-					err = fmt.Errorf("checkpoint %s does not fit this stage: %w (move it away to start afresh)", j.StagePath(stage), err)
-				}
+	target := -1
+	ownCheckpoint := func() (*train.Checkpoint, error) {
+		if j.Checkpoint == "" {
+			return nil, nil
+		}
+		c, err := findCheckpoint(j.StagePath(stage), j.Training.Epochs)
+		if err != nil {
+			return nil, err
+		}
+		if c != nil {
+			if err := r.Restore(c); err != nil {
+				return nil, fmt.Errorf("checkpoint %s does not fit this stage: %w (move it away to start afresh)", j.StagePath(stage), err)
 			}
-			if err != nil {
+		}
+		return c, nil
+	}
+	if first {
+		if r != nil {
+			var err error
+			if found, err = ownCheckpoint(); err != nil {
 				return train.Position{}, err
 			}
 		}
 	} else {
 		// Each peer's snapshots' steps, two slots a rank (step+1; 0 for
-		// none): the start is the latest step every active peer holds.
+		// none): the start is the latest step every active peer that has
+		// trained holds.
 		held := make([]float32, 2*world.Size())
 		if r != nil {
 			for k, c := range snaps.kept {
@@ -585,17 +741,25 @@ func (j *PipelineJob) agreeStart(ctx context.Context, world *ring.Ring, plan sta
 		if err := world.AllreduceSum(rctx, held); err != nil {
 			return train.Position{}, fmt.Errorf("comparing the peers' snapshots: %w", err)
 		}
-		step := commonStep(held, plan)
-		if step < 0 {
+		if target = commonStep(held, plan); target < 0 {
 			return train.Position{}, fmt.Errorf("%w: the peers hold no snapshot in common (%v)", ErrPipelineChange, held)
 		}
-		if r == nil {
-			return train.Position{}, nil
+		switch {
+		case r == nil:
+		case len(snaps.kept) > 0:
+			if found = snaps.at(target); found == nil || r.Restore(found) != nil {
+				return train.Position{}, fmt.Errorf("%w: restoring the snapshot of step %d", ErrPipelineChange, target)
+			}
+			log.Info().Int("stage", stage).Int("epochs_done", found.Epoch).Int("steps_done", found.Step).Msg("back to the latest snapshot every peer holds")
+		default: // a newcomer
+			c, err := ownCheckpoint()
+			if err != nil {
+				return train.Position{}, err
+			}
+			if c != nil && c.Step == target {
+				found = c
+			}
 		}
-		if found = snaps.at(step); found == nil || r.Restore(found) != nil {
-			return train.Position{}, fmt.Errorf("%w: restoring the snapshot of step %d", ErrPipelineChange, step)
-		}
-		log.Info().Int("stage", stage).Int("epochs_done", found.Epoch).Int("steps_done", found.Step).Msg("back to the latest snapshot every peer holds")
 	}
 	var res train.Resumed
 	if r != nil {
@@ -604,52 +768,52 @@ func (j *PipelineJob) agreeStart(ctx context.Context, world *ring.Ring, plan sta
 			return train.Position{}, fmt.Errorf("resuming stage %d: %w", stage, err)
 		}
 	}
-	if !first {
-		return res.Position, nil
-	}
 	steps := make([]float32, world.Size())
-	steps[world.Rank()] = float32(res.Steps + 1)
-	if r == nil {
-		steps[world.Rank()] = 0
+	if r != nil {
+		steps[world.Rank()] = float32(res.Steps + 1)
 	}
 	if err := world.AllreduceSum(rctx, steps); err != nil {
 		return train.Position{}, fmt.Errorf("comparing the stages' positions: %w", err)
 	}
-	var want float32
+	want := float32(target + 1)
 	for rank, v := range steps {
 		switch {
 		case v == 0:
-		case want == 0:
+		case want <= 0:
 			want = v
 		case v != want:
-			return train.Position{}, fmt.Errorf("the stages would resume at different steps (%v and %v, rank %d): move the stage checkpoints (%s) away to start afresh: %w",
+			return train.Position{}, fmt.Errorf("the stages would start at different steps (%v and %v, rank %d): a stage's peers must hold its state at the same step — its checkpoint (%s) for a peer that takes a stage alone: %w",
 				want-1, v-1, rank, j.StagePath(stage), train.ErrCheckpoint)
 		}
 	}
-	if res.From >= 0 {
+	if res.From >= 0 && first {
 		log.Info().Int("stage", stage).Int("epochs_done", res.Epochs).Int("steps_done", res.Steps).Int("samples_into_epoch", res.Skip).
 			Msg("resuming the stage from its checkpoint")
 	}
 	return res.Position, nil
 }
 
-// commonStep is the latest step every active peer of the plan holds a
-// snapshot of, from two slots a rank of step+1 (0: none); −1 if none.
+// commonStep is the latest step that every active peer of the plan
+// holding any snapshot (a newcomer holds none) holds a snapshot of, from
+// two slots a rank of step+1 (0: none); −1 if none.
 func commonStep(held []float32, plan stagePlan) int {
 	best := -1
-	for k := range 2 {
-		v := held[2*slices.Index(plan.replica, 0)+k]
-		if v == 0 {
-			continue
-		}
-		all := true
-		for rank, rep := range plan.replica {
-			if rep >= 0 && held[2*rank] != v && held[2*rank+1] != v {
-				all = false
+	for rank, rep := range plan.replica {
+		for k := range 2 {
+			v := held[2*rank+k]
+			if rep < 0 || v == 0 || int(v)-1 <= best {
+				continue
 			}
-		}
-		if all {
-			best = max(best, int(v)-1)
+			all := true
+			for other, orep := range plan.replica {
+				h := held[2*other : 2*other+2]
+				if orep >= 0 && (h[0] != 0 || h[1] != 0) && h[0] != v && h[1] != v {
+					all = false
+				}
+			}
+			if all {
+				best = int(v) - 1
+			}
 		}
 	}
 	return best

@@ -35,6 +35,7 @@ type fabric struct {
 	pipes   map[string][2]io.ReadWriteCloser
 	owned   map[int][]io.Closer // what each id holds, to close when it is killed
 	waiting map[int]bool        // ids asking for the next generation
+	standby []int               // newcomers waiting to be taken in
 }
 
 func newFabric(n int) *fabric {
@@ -67,15 +68,43 @@ type fabricPeer struct {
 func (p *fabricPeer) rankLocked() int { return slices.Index(p.f.members, p.id) }
 
 func (p *fabricPeer) Form(context.Context) (*ring.Ring, bool, error) {
-	p.f.mu.Lock()
-	defer p.f.mu.Unlock()
-	r, err := ring.New(p.f.world[p.rankLocked()], ring.Config{Rank: p.rankLocked(), Size: len(p.f.members), Generation: p.f.gen})
+	f := p.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p.rankLocked() < 0 {
+		// A newcomer: a standby until a generation takes it.
+		f.standby = append(f.standby, p.id)
+		f.waiting[p.id] = true
+		f.cond.Broadcast()
+		for p.rankLocked() < 0 {
+			f.cond.Wait()
+		}
+		rank := p.rankLocked()
+		r, err := ring.New(f.world[rank], ring.Config{Rank: rank, Size: len(f.members), Generation: f.gen})
+		return r, true, err
+	}
+	r, err := ring.New(f.world[p.rankLocked()], ring.Config{Rank: p.rankLocked(), Size: len(f.members), Generation: f.gen})
 	return r, false, err
 }
 
 // Reform waits for every live peer to ask, then makes the next
 // generation of them.
-func (p *fabricPeer) Reform(context.Context, int, []int) (*ring.Ring, error) {
+func (p *fabricPeer) Reform(context.Context, int, []int) (*ring.Ring, error) { return p.next(nil) }
+
+// Grow is Reform with the standbys in add.
+func (p *fabricPeer) Grow(_ context.Context, add []string, _ bool, _ int) (*ring.Ring, error) {
+	var ids []int
+	for _, a := range add {
+		var id int
+		if _, err := fmt.Sscanf(a, "peer-%d", &id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return p.next(ids)
+}
+
+func (p *fabricPeer) next(add []int) (*ring.Ring, error) {
 	f := p.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -91,6 +120,8 @@ func (p *fabricPeer) Reform(context.Context, int, []int) (*ring.Ring, error) {
 				alive = append(alive, id)
 			}
 		}
+		alive = append(alive, add...)
+		slices.Sort(alive)
 		ready := true
 		for _, id := range alive {
 			ready = ready && f.waiting[id]
@@ -98,6 +129,10 @@ func (p *fabricPeer) Reform(context.Context, int, []int) (*ring.Ring, error) {
 		if ready {
 			f.gen++
 			f.members, f.world, f.waiting = alive, ring.MemRing(len(alive)), map[int]bool{}
+			f.standby = slices.DeleteFunc(f.standby, func(id int) bool { return slices.Contains(alive, id) })
+			for _, id := range f.standby {
+				f.waiting[id] = true // still waiting for a generation of its own
+			}
 			for r, id := range alive {
 				f.owned[id] = append(f.owned[id], f.world[r])
 			}
@@ -110,10 +145,15 @@ func (p *fabricPeer) Reform(context.Context, int, []int) (*ring.Ring, error) {
 	return ring.New(f.world[rank], ring.Config{Rank: rank, Size: len(f.members), Generation: f.gen})
 }
 
-func (p *fabricPeer) Grow(context.Context, []string, bool, int) (*ring.Ring, error) {
-	return nil, errors.New("fabric: no growth")
+func (p *fabricPeer) Standbys() []string {
+	p.f.mu.Lock()
+	defer p.f.mu.Unlock()
+	var out []string
+	for _, id := range p.f.standby {
+		out = append(out, fmt.Sprintf("peer-%d", id))
+	}
+	return out
 }
-func (p *fabricPeer) Standbys() []string { return nil }
 func (p *fabricPeer) Members() []string {
 	p.f.mu.Lock()
 	defer p.f.mu.Unlock()
@@ -194,7 +234,11 @@ func pipelineRun(t *testing.T, n int, cfg pipeline.Config, stopPeer, stopAt int)
 // events are what happens to a pipeline run's peers: peer stopPeer is
 // stopped (Ctrl-C) once it has done stopAt steps, and peer killPeer
 // killed once it has done killAt (−1: none).
-type events struct{ stopPeer, stopAt, killPeer, killAt int }
+type events struct {
+	stopPeer, stopAt, killPeer, killAt int
+	newcomer                           bool // one more peer starts once the killed one is gone
+	pause                              time.Duration
+}
 
 // pipelineRunIn is pipelineRun with the checkpoints at ckpt.
 func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev events) ([]PipelineSummary, []error, string, string) {
@@ -217,13 +261,19 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 	model := train.ModelConfig{Spec: spec, Batch: 16, Seed: 3}
 	f := newFabric(n)
 	var log lockedBuffer
-	sums := make([]PipelineSummary, n)
-	errs := make([]error, n)
+	total := n
+	if ev.newcomer {
+		total++
+	}
+	sums := make([]PipelineSummary, total)
+	errs := make([]error, total)
+	killed := make(chan struct{})
+	var once sync.Once
 	var wg sync.WaitGroup
-	for i := range n {
+	for i := range total {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		job := &PipelineJob{Members: &fabricPeer{f: f, id: i}, Pipeline: cfg, Model: model, StepTimeout: 20 * time.Second,
+		job := &PipelineJob{Members: &fabricPeer{f: f, id: i}, Pipeline: cfg, Model: model, StepTimeout: 20 * time.Second, PauseTimeout: ev.pause,
 			Checkpoint: ckpt, CheckpointBase: train.Checkpoint{Seed: 3, Classes: split.Classes},
 			Logger: zerolog.New(&log).With().Int("peer", i).Logger(), Out: &log,
 			NewReplica: func(m train.Model) (*train.Replica, error) {
@@ -239,9 +289,15 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 				cancel()
 			case i == ev.killPeer && p.Stats.Steps >= ev.killAt:
 				f.kill(i)
+				once.Do(func() { close(killed) })
 			}
 		}
-		wg.Go(func() { sums[i], errs[i] = job.Run(ctx) })
+		wg.Go(func() {
+			if i == n {
+				<-killed
+			}
+			sums[i], errs[i] = job.Run(ctx)
+		})
 	}
 	wg.Wait()
 	return sums, errs, log.String(), ckpt
@@ -416,5 +472,108 @@ func TestPipelineJobSurvivesALostReplica(t *testing.T) {
 				t.Errorf("gathered model of %d epochs; want 2", c.Epoch)
 			}
 		})
+	}
+}
+
+// A stage left with no peer pauses the job until a newcomer takes it from
+// the stage's checkpoint; then the job trains on and ends whole.
+func TestPipelineJobPausesForAnEmptyStage(t *testing.T) {
+	ckpt := filepath.Join(t.TempDir(), "model.ckpt")
+	sums, errs, log, _ := pipelineRunIn(t, ckpt, 2, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}},
+		events{stopPeer: -1, killPeer: 1, killAt: 30, newcomer: true})
+	if errs[1] == nil {
+		t.Error("the killed peer ended well")
+	}
+	for _, i := range []int{0, 2} {
+		if errs[i] != nil {
+			t.Fatalf("peer %d: %v\n%s", i, errs[i], log)
+		}
+		if sums[i].Epochs != 2 || sums[i].Stage != i/2 || sums[i].TestAccuracy < 0.3 {
+			t.Errorf("peer %d: %+v", i, sums[i])
+		}
+	}
+	for _, want := range []string{"the job waits for a peer to take the stage", "a peer came to take the stage", "back to the latest snapshot every peer holds"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the log does not say %q:\n%s", want, log)
+		}
+	}
+	c, err := train.LoadCheckpoint(ckpt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Epoch != 2 {
+		t.Errorf("gathered model of %d epochs; want 2", c.Epoch)
+	}
+}
+
+// With nobody to take an empty stage, the job ends after the pause, saying
+// why.
+func TestPipelineJobGivesUpOnAnEmptyStage(t *testing.T) {
+	_, errs, log, _ := pipelineRunIn(t, filepath.Join(t.TempDir(), "model.ckpt"), 2, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}},
+		events{stopPeer: -1, killPeer: 1, killAt: 30, pause: time.Second})
+	if !errors.Is(errs[0], ErrPipelineChange) || !strings.Contains(errs[0].Error(), "no peer came to take it") {
+		t.Errorf("the survivor: %v; want ErrPipelineChange saying no peer came\n%s", errs[0], log)
+	}
+}
+
+func TestPlanStages(t *testing.T) {
+	tests := []struct {
+		table    []int
+		replicas int
+		replica  []int
+		empty    bool
+	}{
+		{[]int{0, 0, 1, 1}, 2, []int{0, 1, 0, 1}, false},
+		{[]int{0, 0, 1}, 1, []int{0, -1, 0}, false},             // stage 1 lost one: stage 0's second waits
+		{[]int{1, 0, 0, 1, 1}, 2, []int{0, 0, 1, 1, -1}, false}, // ranks as the new ring has them
+		{[]int{0, 0}, 0, nil, true},                             // stage 1 has nobody
+	}
+	for _, tt := range tests {
+		p, err := planStages(tt.table, 2)
+		if tt.empty {
+			if !errors.Is(err, errEmptyStage) {
+				t.Errorf("%v: %v; want errEmptyStage", tt.table, err)
+			}
+			continue
+		}
+		if err != nil || p.replicas != tt.replicas || !slices.Equal(p.replica, tt.replica) {
+			t.Errorf("%v: %+v, %v; want %d replicas, %v", tt.table, p, err, tt.replicas, tt.replica)
+		}
+	}
+	if _, err := planStages([]int{0, 5}, 2); err == nil {
+		t.Error("a member claiming stage 5 of 2 was planned")
+	}
+}
+
+func TestPlaceNewcomers(t *testing.T) {
+	tests := []struct{ table, want []int }{
+		{[]int{0, -1}, []int{0, 1}},
+		{[]int{-1, 0, 1, 1}, []int{0, 0, 1, 1}},
+		{[]int{-1, -1, 1}, []int{0, 0, 1}},
+		{[]int{0, 1}, []int{0, 1}},
+	}
+	for _, tt := range tests {
+		if got := placeNewcomers(tt.table, 2); !slices.Equal(got, tt.want) {
+			t.Errorf("placeNewcomers(%v) = %v; want %v", tt.table, got, tt.want)
+		}
+	}
+}
+
+func TestCommonStep(t *testing.T) {
+	plan := stagePlan{replica: []int{0, 0, -1}, replicas: 1}
+	tests := []struct {
+		held []float32 // step+1, two slots a rank
+		want int
+	}{
+		{[]float32{21, 41, 21, 41, 0, 0}, 40},  // both hold 20 and 40
+		{[]float32{21, 41, 1, 21, 0, 0}, 20},   // one snapshot later than the other's newest
+		{[]float32{21, 41, 0, 0, 0, 0}, 40},    // rank 1 a newcomer, holding none
+		{[]float32{21, 41, 61, 81, 0, 0}, -1},  // nothing in common
+		{[]float32{21, 41, 21, 41, 99, 0}, 40}, // a spare's slots do not count
+	}
+	for _, tt := range tests {
+		if got := commonStep(tt.held, plan); got != tt.want {
+			t.Errorf("commonStep(%v) = %d; want %d", tt.held, got, tt.want)
+		}
 	}
 }
