@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -10,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ringtrain/ringtrain/train"
 )
 
 // pipelineJob writes testdata/pipeline-job.json with its data config's
@@ -190,5 +194,58 @@ func TestPipelineInTheHash(t *testing.T) {
 	}
 	if got.Pipeline == nil || got.Pipeline.Stages != 2 || len(got.Pipeline.Split) != 1 || got.Pipeline.Split[0] != 3 {
 		t.Errorf("handed out: %+v", got.Pipeline)
+	}
+}
+
+// TestPipelineProcessesTrainAsWhole: the pipeline job in processes — 2
+// and 3 stages, with 1 and 2 replicas each — ends with the very
+// parameters (the gathered model files) that the same job as one stage
+// reaches with the same replicas and micro-batches.
+func TestPipelineProcessesTrainAsWhole(t *testing.T) {
+	run := func(t *testing.T, stages, replicas int, split string) []float32 {
+		t.Helper()
+		dir := t.TempDir()
+		world := strconv.Itoa(stages * replicas)
+		cfg := pipelineJob(t, dir, "")
+		b, _ := os.ReadFile(cfg)
+		b = bytes.Replace(b, []byte(`"world_size": 4`), []byte(`"world_size": `+world), 1)
+		b = bytes.Replace(b, []byte(`"stages": 2, "micro_batches": 4, "schedule": "1f1b", "split": [4]`),
+			[]byte(`"stages": `+strconv.Itoa(stages)+`, "micro_batches": 4, "schedule": "1f1b"`+split), 1)
+		os.WriteFile(cfg, b, 0o644)
+		out, err := ringtrain(t, 3*time.Minute, "local", "-n", world, "--config", cfg)
+		if err != nil {
+			t.Fatalf("local -n %s: %v\n%s", world, err, out)
+		}
+		if want := "stage 0 of " + strconv.Itoa(stages) + ", replica 0 of " + strconv.Itoa(replicas); !strings.Contains(out, want) {
+			t.Fatalf("no %q in:\n%s", want, out)
+		}
+		c, err := train.LoadCheckpoint(filepath.Join(dir, "pipeline-demo.ckpt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var all []float32
+		for _, p := range c.Params {
+			all = append(all, p...)
+		}
+		return all
+	}
+	for _, replicas := range []int{1, 2} {
+		whole := run(t, 1, replicas, "")
+		for _, tc := range []struct {
+			stages int
+			split  string
+		}{{2, `, "split": [4]`}, {3, `, "split": [2, 5]`}} {
+			t.Run(fmt.Sprintf("%d×%d", tc.stages, replicas), func(t *testing.T) {
+				got := run(t, tc.stages, replicas, tc.split)
+				if len(whole) != len(got) {
+					t.Fatalf("%d parameters split, %d whole", len(got), len(whole))
+				}
+				for i := range whole {
+					if math.Float32bits(whole[i]) != math.Float32bits(got[i]) {
+						t.Fatalf("parameter %d: %v split in %d stages, %v as one", i, got[i], tc.stages, whole[i])
+					}
+				}
+			})
+		}
 	}
 }
