@@ -14,7 +14,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzR
 
 MODEL ?= mlp
 
-.PHONY: test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-overlap bench-served bench-pipeline fashion-mnist testdata demo clean
+.PHONY: check test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-overlap bench-served bench-pipeline fashion-mnist testdata demo clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -40,6 +40,13 @@ test-openblas: openblas
 
 vet:
 	$(GO) vet ./...
+
+# The edit-test loop (≤ 90 s here): vet, go.mod tidy, the format check and
+# the unit tests — go test -short leaves out what starts processes, swarms
+# of hosts or takes seconds; make test runs everything.
+check: vet fmt-check
+	$(GO) mod tidy -diff
+	$(GO) test -short -count=1 ./...
 
 test: vet
 	$(GO) test -race -count=1 ./...

@@ -31,6 +31,7 @@ import (
 // waiting out its timeout. The same in a private swarm, where relayed
 // connections must pass the swarm key too.
 func TestRingFormsBehindNAT(t *testing.T) {
+	slow(t)
 	key := make(pnet.PSK, 32)
 	for i := range key {
 		key[i] = byte(i)

@@ -52,8 +52,18 @@ func startHosts(t *testing.T, n int, key pnet.PSK) []*Host {
 }
 
 // swarm starts a LocalSwarm of n peers of j, closed when the test ends.
+// slow skips a test of seconds under go test -short (make check); make
+// test runs it.
+func slow(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("takes seconds; make test runs it")
+	}
+}
+
 func swarm(t *testing.T, n int, j Job) *LocalSwarm {
 	t.Helper()
+	slow(t)
 	s, err := StartLocalSwarm(context.Background(), n, j)
 	if err != nil {
 		t.Fatal(err)
@@ -297,6 +307,7 @@ func TestAllowList(t *testing.T) {
 }
 
 func TestWrongSwarmKeyCannotConnect(t *testing.T) {
+	slow(t)
 	a := startHosts(t, 1, swarmKey(t))[0]
 	_, err := NewHost(context.Background(), HostConfig{Listen: loopback, SwarmKey: swarmKey(t), Bootstrap: []peer.AddrInfo{info(a)}})
 	if err == nil || !strings.Contains(err.Error(), "no bootstrap peer reachable") {

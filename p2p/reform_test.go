@@ -216,6 +216,7 @@ func TestDeadMemberIsNotGreetedInABusyLoop(t *testing.T) {
 // fails; it must be made again soon. libp2p's discovery/util.Advertise
 // made it 2 minutes later, past the peers' join timeout.
 func TestPeersMeetThroughAStrangerAtOnce(t *testing.T) {
+	slow(t)
 	j := job
 	j.WorldSize = 2
 	boot, err := NewHost(context.Background(), HostConfig{Listen: loopback, Relay: true, Reachability: network.ReachabilityPublic})

@@ -293,6 +293,7 @@ func TestRequestsSpreadOverServers(t *testing.T) {
 }
 
 func TestNoServerIsAnErrorInBoundedTime(t *testing.T) {
+	slow(t)
 	m, _, _ := testData(t)
 	hs := startHosts(t, 3, nil)
 	stallServer(t, hs[0], m)
@@ -418,6 +419,7 @@ func TestDataServerLimits(t *testing.T) {
 }
 
 func TestFetchJobConfig(t *testing.T) {
+	slow(t)
 	hs := startHosts(t, 4, nil)
 	good := []byte(`{"name":"j"}`)
 	check := func(b []byte) error {
@@ -489,6 +491,7 @@ func hostileManifest(h *Host, announced uint64, send int, wrote *atomic.Int64) {
 // says, is refused before the client reads it: what it makes the client
 // take in is at most a stream's window, not what it announced.
 func TestManifestLengthIsCheckedBeforeItIsRead(t *testing.T) {
+	slow(t)
 	for _, tc := range []struct {
 		name      string
 		announced uint64
@@ -518,6 +521,7 @@ func TestManifestLengthIsCheckedBeforeItIsRead(t *testing.T) {
 // and never answer it cost the wait of one of them, not of each in turn:
 // peers are asked at once, and the first good answer wins.
 func TestStallingDataPeersCostOneWait(t *testing.T) {
+	slow(t)
 	m, tr, te := testData(t)
 	hs := startHosts(t, 6, nil)
 	var servers []peer.AddrInfo

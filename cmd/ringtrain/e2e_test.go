@@ -43,6 +43,7 @@ func ringtrain(t *testing.T, timeout time.Duration, args ...string) (string, err
 // one).
 func ringtrainIn(t *testing.T, dir string, timeout time.Duration, args ...string) (string, error) {
 	t.Helper()
+	skipShort(t)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -230,6 +231,15 @@ func TestJoinUnreachableBootstrap(t *testing.T) {
 	t.Logf("join gave up after %v (join_timeout 3s)", time.Since(start).Round(time.Millisecond))
 }
 
+// skipShort skips a test that starts processes under go test -short (make
+// check); make test runs it.
+func skipShort(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts ringtrain processes; make test runs it")
+	}
+}
+
 func mustAbs(t *testing.T, p string) string {
 	t.Helper()
 	a, err := filepath.Abs(p)
@@ -249,6 +259,7 @@ type started struct {
 
 func startRingtrain(t *testing.T, args ...string) *started {
 	t.Helper()
+	skipShort(t)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
