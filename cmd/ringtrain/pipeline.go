@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -40,6 +41,11 @@ func runPipeline(ctx context.Context, cfg *jobConfig, device string, trainSplit,
 		job.CheckpointBase = cfg.checkpointBase(spec, trainSplit)
 	}
 	sum, err := job.Run(ctx)
+	if errors.Is(err, elastic.ErrLeft) {
+		// A spare Ctrl-C'd leaves; the stages train on without it.
+		fmt.Fprintf(stdout, "left the job (a spare of stage %d); the others carry on\n", sum.Stage)
+		return nil
+	}
 	if err != nil {
 		return err
 	}

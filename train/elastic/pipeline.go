@@ -103,7 +103,7 @@ type PipelineSummary struct {
 	Stage, Stages, Replica, Replicas int // Replica is −1 for a spare
 	Split                            []int
 	Pipe                             pipeline.Stats
-	Reforms                          int
+	Reforms                          int // re-formations this peer took part in
 }
 
 // defaultSnapshotEvery is how often, in steps, a pipeline job keeps its
@@ -160,6 +160,7 @@ func (j *PipelineJob) Run(ctx context.Context) (PipelineSummary, error) {
 			pipe.Close()
 		}
 	}()
+	streak := 0 // re-formations since a step last completed
 	for first := !admitted; ; first = false {
 		gen := world.Generation()
 		me := world.Rank()
@@ -183,7 +184,7 @@ func (j *PipelineJob) Run(ctx context.Context) (PipelineSummary, error) {
 		plan, err := planStages(table, S)
 		if errors.Is(err, errEmptyStage) {
 			// Nobody can train that stage: wait for a peer to take it.
-			if world, err = j.pause(wctx, world, err, log); err != nil {
+			if world, err = j.pause(wctx, ctx, world, err, log); err != nil {
 				return sum, err
 			}
 			continue
@@ -200,10 +201,19 @@ func (j *PipelineJob) Run(ctx context.Context) (PipelineSummary, error) {
 				return sum, err
 			}
 			log.Info().Int("stage", stage).Int("replicas", plan.replicas).Msg("a spare of its stage: waiting for the job to end or re-form")
-			if err := world.Barrier(wctx); err == nil {
+			bctx, bcancel := context.WithCancel(wctx)
+			stop := context.AfterFunc(ctx, bcancel) // Ctrl-C: a spare leaves at once
+			err := world.Barrier(bctx)
+			stop()
+			bcancel()
+			switch {
+			case ctx.Err() != nil:
+				log.Info().Msg("left the job as a spare: the others carry on")
+				return sum, fmt.Errorf("left as a spare of stage %d: %w", stage, ErrLeft)
+			case err == nil:
 				return sum, nil
 			}
-			if world, err = j.reform(wctx, world, &sum, log); err != nil {
+			if world, err = j.reform(wctx, world, &streak, &sum, log); err != nil {
 				return sum, err
 			}
 			continue
@@ -241,9 +251,9 @@ func (j *PipelineJob) Run(ctx context.Context) (PipelineSummary, error) {
 			closeLinks()
 			log.Warn().Err(err).Int("steps_done", run.Steps).Msg("a peer or a stage beside this one failed; re-forming the pipeline")
 			if run.Steps > rc.Start.Steps {
-				sum.Reforms = 0 // a step completed since the last re-formation
+				streak = 0 // a step completed since the last re-formation
 			}
-			if world, err = j.reform(wctx, world, &sum, log); err != nil {
+			if world, err = j.reform(wctx, world, &streak, &sum, log); err != nil {
 				return sum, err
 			}
 		default:
@@ -298,7 +308,8 @@ var errEmptyStage = errors.New("a stage has no peer left")
 
 // pause waits, with every member, for a standby to take the stage nobody
 // holds: the first member polls, all hear, and all grow the ring with it.
-func (j *PipelineJob) pause(ctx context.Context, world *ring.Ring, why error, log zerolog.Logger) (*ring.Ring, error) {
+// The collectives run on ctx; stop (Ctrl-C) ends the wait.
+func (j *PipelineJob) pause(ctx, stop context.Context, world *ring.Ring, why error, log zerolog.Logger) (*ring.Ring, error) {
 	log.Warn().Err(why).Msg("the job waits for a peer to take the stage (start one with this job's config; it takes the stage from its checkpoint)")
 	deadline := time.Now().Add(j.PauseTimeout)
 	for {
@@ -327,8 +338,8 @@ func (j *PipelineJob) pause(ctx context.Context, world *ring.Ring, why error, lo
 			return world, fmt.Errorf("%w: %v, and no peer came to take it within %v", ErrPipelineChange, why, j.PauseTimeout)
 		}
 		select {
-		case <-ctx.Done():
-			return world, ctx.Err()
+		case <-stop.Done():
+			return world, fmt.Errorf("interrupted while the job waited for a peer to take the stage: %w", stop.Err())
 		case <-time.After(time.Second):
 		}
 	}
@@ -401,9 +412,10 @@ func peerFailed(err error) bool {
 
 // reform closes the generation's ring and agrees with the survivors on
 // the next, within the re-formation budget.
-func (j *PipelineJob) reform(ctx context.Context, world *ring.Ring, sum *PipelineSummary, log zerolog.Logger) (*ring.Ring, error) {
+func (j *PipelineJob) reform(ctx context.Context, world *ring.Ring, streak *int, sum *PipelineSummary, log zerolog.Logger) (*ring.Ring, error) {
 	world.Close()
-	if sum.Reforms++; sum.Reforms > j.MaxReforms {
+	sum.Reforms++
+	if *streak++; *streak > j.MaxReforms {
 		return world, fmt.Errorf("%w: re-formed %d times without a step between", ErrPipelineChange, j.MaxReforms)
 	}
 	next, err := j.Members.Reform(ctx, j.Pipeline.Stages, nil)

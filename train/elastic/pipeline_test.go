@@ -238,6 +238,8 @@ type events struct {
 	stopPeer, stopAt, killPeer, killAt int
 	newcomer                           bool // one more peer starts once the killed one is gone
 	pause                              time.Duration
+	// spareLeaves is a peer stopped (Ctrl-C) once it waits as a spare.
+	spareLeaves int
 }
 
 // pipelineRunIn is pipelineRun with the checkpoints at ckpt.
@@ -270,9 +272,11 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 	killed := make(chan struct{})
 	var once sync.Once
 	var wg sync.WaitGroup
+	cancels := make([]context.CancelFunc, total)
 	for i := range total {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
+		cancels[i] = cancel
 		job := &PipelineJob{Members: &fabricPeer{f: f, id: i}, Pipeline: cfg, Model: model, StepTimeout: 20 * time.Second, PauseTimeout: ev.pause,
 			Checkpoint: ckpt, CheckpointBase: train.Checkpoint{Seed: 3, Classes: split.Classes},
 			Logger: zerolog.New(&log).With().Int("peer", i).Logger(), Out: &log,
@@ -297,6 +301,19 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 				<-killed
 			}
 			sums[i], errs[i] = job.Run(ctx)
+		})
+	}
+	if ev.spareLeaves > 0 {
+		wg.Go(func() {
+			want := fmt.Sprintf(`"peer":%d,`, ev.spareLeaves)
+			for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				for _, l := range strings.Split(log.String(), "\n") {
+					if strings.Contains(l, want) && strings.Contains(l, "a spare of its stage") {
+						cancels[ev.spareLeaves]()
+						return
+					}
+				}
+			}
 		})
 	}
 	wg.Wait()
@@ -423,6 +440,20 @@ func TestPipelineJobResumes(t *testing.T) {
 	for i, err := range errs {
 		if !errors.Is(err, train.ErrCheckpoint) {
 			t.Errorf("peer %d: %v; want stages at different steps refused", i, err)
+		}
+	}
+}
+
+// A spare Ctrl-C'd leaves at once, and the others train on to the end.
+func TestPipelineSpareLeaves(t *testing.T) {
+	_, errs, log, _ := pipelineRunIn(t, filepath.Join(t.TempDir(), "model.ckpt"), 4, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}},
+		events{stopPeer: -1, killPeer: 3, killAt: 30, spareLeaves: 1})
+	if !errors.Is(errs[1], ErrLeft) {
+		t.Errorf("the spare: %v; want ErrLeft\n%s", errs[1], log)
+	}
+	for _, i := range []int{0, 2} {
+		if errs[i] != nil {
+			t.Errorf("peer %d: %v\n%s", i, errs[i], log)
 		}
 	}
 }
