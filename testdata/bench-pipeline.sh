@@ -1,6 +1,9 @@
 #!/bin/bash
 # The pipeline's figures: `ringtrain bench pipeline` RUNS times (bubble,
-# peak activation memory, speedup of 2 and 4 stages over one peer), then
+# peak activation memory, speedup of 2 and 4 stages over one peer), on the
+# CPU and then paced (each stage waits as if on a device of its own, so
+# that more stages than cores measure the schedule, not the contention),
+# then
 # testdata/pipeline-job.json on the full Fashion-MNIST — 2 stages × 2
 # replicas, 4 processes, EPOCHS epochs — with float32 boundaries and with
 # bf16 ones, alternately, RUNS runs each: the test accuracy bf16 costs.
@@ -13,6 +16,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 for i in $(seq "$runs"); do
   echo "bench-pipeline: run $i of $runs"
   "$bin" bench pipeline
+done
+for i in $(seq "$runs"); do
+  echo "bench-pipeline: paced, run $i of $runs"
+  "$bin" bench pipeline --width 64 --pace 1ms --stages 1,2,4,8
 done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -23,10 +23,11 @@ func runBenchPipeline(args []string, stdout, stderr io.Writer) error {
 	stages := fs.String("stages", "1,2,4", "stage counts to run, comma-separated (1: one peer, the speedup's baseline)")
 	scheds := fs.String("schedules", "1f1b,gpipe", "schedules, comma-separated")
 	reps := fs.Int("reps", 5, "timed steps per row; the median is reported")
+	pace := fs.Duration("pace", 0, "each block also waits this long in a forward pass (twice in a backward), as on a device per stage: the schedule measured without the stages contending for cores")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("bench pipeline: %w: %w", errUsage, err)
 	}
-	cfg := pipeline.BenchConfig{Width: *width, Blocks: *blocks, Batch: *batch, MicroBatches: *micro, Reps: *reps}
+	cfg := pipeline.BenchConfig{Width: *width, Blocks: *blocks, Batch: *batch, MicroBatches: *micro, Reps: *reps, Pace: *pace}
 	for _, s := range strings.Split(*stages, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 {

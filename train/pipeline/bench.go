@@ -18,10 +18,20 @@ import (
 // classes, cut into stages of equal blocks, each stage computing on one
 // thread, all in this process over in-memory links (frames encoded and
 // decoded as on the network).
+//
+// With Pace set, each block also waits Pace in a forward pass and 2×Pace
+// in a backward one, as if each stage had a device of its own: on a
+// machine with fewer cores than stages, the stages would otherwise
+// measure their contention for the cores rather than the schedule. A
+// backward call waits 3×Pace a block, since a stage that is not the last
+// recomputes its forward pass there and the last runs its forward there;
+// with more than one stage the last waits one Pace a block more, so that
+// every stage costs the same.
 type BenchConfig struct {
 	Width, Blocks, Batch, MicroBatches, Reps int
 	Stages                                   []int
 	Schedules                                []Kind
+	Pace                                     time.Duration
 }
 
 // BenchResult is one row: a schedule and a number of stages.
@@ -76,7 +86,24 @@ func Bench(cfg BenchConfig, emit func(BenchResult)) error {
 			for k := 1; k < S; k++ {
 				pc.Split = append(pc.Split, 2*k*cfg.Blocks/S)
 			}
-			res, err := benchRow(pc, model, x, y, cfg.Reps)
+			var pace func(s int) func(bool)
+			if cfg.Pace > 0 {
+				block := cfg.Pace * time.Duration(cfg.Blocks/S)
+				pace = func(s int) func(bool) {
+					back := 3 * block
+					if S > 1 && s == S-1 {
+						back += block
+					}
+					return func(backward bool) {
+						if backward {
+							time.Sleep(back)
+							return
+						}
+						time.Sleep(block)
+					}
+				}
+			}
+			res, err := benchRow(pc, model, x, y, cfg.Reps, pace)
 			if err != nil {
 				return err
 			}
@@ -97,7 +124,7 @@ func median(ds []time.Duration) time.Duration {
 	return ds[len(ds)/2]
 }
 
-func benchRow(cfg Config, model train.ModelConfig, x []float32, y []int, reps int) (BenchResult, error) {
+func benchRow(cfg Config, model train.ModelConfig, x []float32, y []int, reps int, pace func(s int) func(bool)) (BenchResult, error) {
 	ctx := context.Background()
 	S, M := cfg.Stages, cfg.MicroBatches
 	res := BenchResult{Schedule: cfg.Schedule, Stages: S, MicroBatches: M, GPipeBubble: float64(S-1) / float64(M+S-1)}
@@ -114,6 +141,9 @@ func benchRow(cfg Config, model train.ModelConfig, x []float32, y []int, reps in
 			return res, err
 		}
 		defer p.Close()
+		if pace != nil {
+			p.pace = pace(s)
+		}
 		pipes[s], prev = p, nextPrev
 	}
 	step := func() error {
@@ -162,6 +192,9 @@ func benchRow(cfg Config, model train.ModelConfig, x []float32, y []int, reps in
 		p, err := New(ctx, cfg, model, s, prev, next)
 		if err != nil {
 			return res, err
+		}
+		if pace != nil {
+			p.pace = pace(s)
 		}
 		var alone []time.Duration
 		for i := range reps + 2 {

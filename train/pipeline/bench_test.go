@@ -1,6 +1,9 @@
 package pipeline
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // The benchmark runs and its figures hang together (speed is measured by
 // make bench-pipeline, not asserted here).
@@ -21,5 +24,25 @@ func TestBenchRuns(t *testing.T) {
 	}
 	if rows[1].PeakInFlight[0] != 2 || rows[3].PeakInFlight[0] != 4 {
 		t.Errorf("1f1b peak %v, gpipe peak %v; want 2 and 4 on stage 0", rows[1].PeakInFlight, rows[3].PeakInFlight)
+	}
+}
+
+// With a pace, every stage waits as a device would: each stage's busy
+// time holds at least its share of the waits (a lower bound; sleeps are
+// never shorter), so all stages cost the same.
+func TestBenchPaced(t *testing.T) {
+	const pace = 2 * time.Millisecond
+	var rows []BenchResult
+	err := Bench(BenchConfig{Width: 8, Blocks: 4, Batch: 8, MicroBatches: 4, Reps: 1, Stages: []int{1, 2}, Schedules: []Kind{OneFOneB}, Pace: pace},
+		func(r BenchResult) { rows = append(rows, r) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One stage: 4 micro-batches × 4 blocks × 3 paces (forward in the
+	// backward call); two: each stage 4 × 2 blocks × 4 paces.
+	for i, least := range []time.Duration{48 * pace, 32 * pace} {
+		if rows[i].Busy < least || rows[i].Bottleneck < least {
+			t.Errorf("S=%d: busy %v, alone %v; want at least %v", rows[i].Stages, rows[i].Busy, rows[i].Bottleneck, least)
+		}
 	}
 }

@@ -58,6 +58,10 @@ type Pipe struct {
 	// this one, which Gather receives.
 	later   []int
 	timeout time.Duration
+	// pace, when set, is waited for inside every forward and backward call,
+	// as if the stage ran on a device: the bench measures a schedule with
+	// it where stages on a few cores would only contend for them.
+	pace func(backward bool)
 }
 
 var (
@@ -332,6 +336,9 @@ func (p *Pipe) ForwardBackward(x []float32, y []int, n int) (float32, error) {
 			}
 			t0 := time.Now()
 			out, _, err := p.st.Forward(mb, p.stageIn(in), nil, rows, true)
+			if p.pace != nil {
+				p.pace(false)
+			}
 			p.stats.Compute += time.Since(t0)
 			if err != nil {
 				return 0, err
@@ -357,6 +364,9 @@ func (p *Pipe) ForwardBackward(x []float32, y []int, n int) (float32, error) {
 		in := held[mb]
 		t0 := time.Now()
 		gin, loss, err := p.st.Backward(mb, p.stageIn(in), p.labels(y, mb, rows), rows, gstage)
+		if p.pace != nil {
+			p.pace(true)
+		}
 		p.stats.Compute += time.Since(t0)
 		if err != nil {
 			return 0, err
