@@ -21,7 +21,7 @@ build:
 
 # The same program with OpenBLAS doing gorgonia's own matrix products (cgo,
 # -tags netlib). The built-in layers multiply with train/gemm in every
-# build, so since issue 16 this gains nothing on them; it stays for layers
+# build, so this gains nothing on them; it stays for layers
 # gorgonia still computes and as a cross-check of the gradient tests.
 # (gcc prints the bare name back when it cannot find the library.)
 OPENBLAS_OK = command -v gcc >/dev/null && [ "$$(gcc -print-file-name=libopenblas.so)" != libopenblas.so ]
@@ -231,7 +231,7 @@ ptx: cuda-toolkit
 	cd train/engine/ptx && LD_LIBRARY_PATH=$(NVCC_HOME)/usr/lib/x86_64-linux-gnu \
 	  NVCC=$(NVCC_HOME)/usr/lib/nvidia-cuda-toolkit/bin/nvcc $(GO) generate .
 
-# Allreduce figures for the README: n = 2 and 4 over loopback TCP, each row
+# Allreduce figures (ring/RESULTS.md): n = 2 and 4 over loopback TCP, each row
 # a median of ITERS calls, next to the pattern ceiling measured in the same run.
 ITERS ?= 15
 BENCHFLAGS ?=
@@ -267,7 +267,7 @@ bench-train-cnn: build fashion-mnist
 	$(BIN)/ringtrain local -n 1 --config testdata/bench-cnn-1.json 2>&1 | grep -E '"epoch done"|"summary"'
 	$(BIN)/ringtrain local -n 2 --config testdata/bench-cnn-2.json 2>&1 | grep -E '"epoch done"|"summary"'
 
-# Issue 16's figures: the CPU engine against PyTorch on this CPU (Debian's
+# Figures: the CPU engine against PyTorch on this CPU (Debian's
 # python3-torch, installed here), alternately, RUNS runs each, medians and
 # ratios: mlp and cnn at 1 and 2 threads, two mlp peers against DDP (gloo).
 TORCH_CPU_BENCH ?= ../shared/bench/torch_fmnist_cpu.py
@@ -276,13 +276,13 @@ bench-cpu: build fashion-mnist
 	@/usr/bin/python3 -c 'import torch' 2>/dev/null || (apt-get install -y -qq python3-torch || (apt-get update -qq && apt-get install -y -qq python3-torch)) >/dev/null 2>&1 || echo "could not install python3-torch"
 	bash testdata/bench-cpu.sh $(BIN)/ringtrain $(TORCH_CPU_BENCH) $(RUNS)
 
-# Issue 6's figures: SIGKILL of one of 4 peers to the survivors' first step
+# Figures: SIGKILL of one of 4 peers to the survivors' first step
 # in the new generation (median of 5), and the accuracy cost of losing a
 # peer in a 3-epoch mlp run on the full Fashion-MNIST.
 bench-elastic: fashion-mnist
 	$(GO) test -tags bench -v -count=1 -run '^TestBenchElastic$$' -timeout 60m ./cmd/ringtrain | grep -E '^bench-elastic|FAIL|ok'
 
-# Issue 19's figures: formation time of the netns-nat.sh ring on a flat
+# Figures: formation time of the netns-nat.sh ring on a flat
 # network, behind the NATs with AutoNAT finding out, and behind them with
 # --reachability private, alternately, NAT_RUNS runs each (each run also
 # prints its links, direct or relayed); then allreduce busbw over relayed
@@ -308,7 +308,7 @@ bench-procs: build
 	  /usr/bin/python3 testdata/gloo-allreduce.py 4 $(ITERS) 1048576 16777216; \
 	done
 
-# Issue 15's slow-link figures: 4 peers in network namespaces, every link
+# Slow-link figures: 4 peers in network namespaces, every link
 # capped at 100 Mbit/s with tbf, the mlp for 5 epochs on the full
 # Fashion-MNIST: float32, bf16 and int8 gradients and DiLoCo with rounds of
 # 50 steps, alternately, RUNS runs (about 5 minutes a run).
@@ -329,7 +329,7 @@ bench-pipeline: build fashion-mnist
 	bash testdata/bench-pipeline.sh $(BIN)/ringtrain $(RUNS) 3
 
 # testdata/ is made from the real Fashion-MNIST; the output is committed.
-# Issue 17's figures: the served path's samples/s on loopback against a
+# Figures: the served path's samples/s on loopback against a
 # loader on local files, then two peers' epochs on served data against
 # local files (a data node on the same machine), RUNS times alternating.
 bench-served: build fashion-mnist

@@ -48,7 +48,7 @@ func behindNAT(c network.Conn) bool {
 // relay's load is how many it carries, and reservations go only to peers
 // RelayFor admits. The copy buffer is 64 KiB, not 2 KiB: a relayed 4-rank
 // ring ran at 0.068 GB/s busbw with 2 KiB and 0.130 with 64 KiB here
-// (README, "Results: Peers behind NAT").
+// (p2p/RESULTS.md, "Peers behind NAT").
 func RelayResources() relayv2.Resources {
 	rc := relayv2.DefaultResources()
 	rc.Limit = nil

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CPU engine against PyTorch on this machine's CPU, run alternately,
-# back to back (issue 16): RUNS runs of each, then medians and ratios.
+# back to back: RUNS runs of each, then medians and ratios.
 #   bash testdata/bench-cpu.sh RINGTRAIN TORCH_SCRIPT [RUNS]
 # Both sides train the same built-in model with SGD (lr 0.01, momentum
 # 0.9) at the same batch size and thread count. ringtrain: `bench device

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17's epoch figure: two peers (--threads 1 each) train the mlp on
+# The served epoch figure: two peers (--threads 1 each) train the mlp on
 # the full Fashion-MNIST, from local files and from data served by a third
 # process on this machine (ringtrain serve), alternating (and which goes first), RUNS times each.
 # The served peers start with nothing: the first with a config that names

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU figures of README's CUDA section, ringtrain and PyTorch side by
+# The GPU figures of train/engine/RESULTS.md, ringtrain and PyTorch side by
 # side on one machine. Made for the folder `make gpu-pack` builds (bin/gpu):
 # copy it to a GPU host (no Go needed there) and run
 #   bash gpu-bench.sh OUTDIR

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Peers behind NAT (issue 19), on one machine. A "public" bridge holds a
+# Peers behind NAT, on one machine. A "public" bridge holds a
 # `ringtrain bootstrap` peer and two routers; behind each router, which
 # masquerades its LAN and drops connections from outside that its LAN did
 # not open (a home router's NAT and stateful firewall, iptables), sit two

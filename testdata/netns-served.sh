@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17 across hosts, on one machine: four network namespaces on a
+# Served data across hosts, on one machine: four network namespaces on a
 # bridge (1 Gbit/s links, tbf), and the data in one of them. In ns0 a data
 # node (ringtrain serve) and a peer that trains on the files there and
 # serves them too (join --serve); in ns1–3 peers started with nothing but

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Training over slow links (issue 15's figures): four network namespaces on
+# Training over slow links: four network namespaces on
 # a bridge, every link capped with tbf (this kernel has no netem, so no
 # added latency), a `ringtrain join` in each (or in the first SLOW_PEERS); the mlp trains on the full
 # Fashion-MNIST with each variant in turn, RUNS times, alternating. A

@@ -18,7 +18,7 @@ var errEnginesDiffer = errors.New("the engines' losses differ by more than the t
 // runBenchEngines trains the same model from the same start on the same
 // batches with the cpu engine (gorgonia) and another device, and compares
 // the loss after every step and the speed. With the CUDA build and a GPU,
-// --device cuda is the check the README asks a GPU owner to run.
+// --device cuda is the check train/engine/README.md asks a GPU owner to run.
 func runBenchEngines(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench engines", flag.ContinueOnError)
 	fs.SetOutput(stderr)

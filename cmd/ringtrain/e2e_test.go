@@ -556,7 +556,7 @@ func TestLocalFirstPeerFailsEarly(t *testing.T) {
 	t.Logf("local gave up after %v", time.Since(start).Round(time.Millisecond))
 }
 
-// TestPredictRecipe: the README's recipe — train testdata/predict-job.json,
+// TestPredictRecipe: CONFIG.md's recipe — train testdata/predict-job.json,
 // whose checkpoint_dir is relative to the working directory, then predict
 // from the checkpoint it leaves there — works as written.
 func TestPredictRecipe(t *testing.T) {
