@@ -350,7 +350,7 @@ demo: build fashion-mnist
 	  cfg=testdata/job.json; echo "demo: Fashion-MNIST not installed; training on the 2,000-image subset in testdata/"; \
 	fi; \
 	rm -rf $(BIN)/demo-logs; \
-	$(BIN)/ringtrain local -n 3 --config $$cfg --model $(MODEL) --log-format console --log-dir $(BIN)/demo-logs && \
+	$(BIN)/ringtrain local -n 3 --config $$cfg --model $(MODEL) $$([ -t 1 ] || echo --log-format console) --log-dir $(BIN)/demo-logs && \
 	$(BIN)/ringtrain plot $(BIN)/demo-logs/*.jsonl -o $(BIN)/demo-curves.png
 
 clean:

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/ringtrain/ringtrain/p2p"
-	"github.com/ringtrain/ringtrain/train"
 )
 
 func TestParseBytes(t *testing.T) {
@@ -163,18 +162,6 @@ func TestIDCommand(t *testing.T) {
 	}
 	if first.String() != second.String() || !strings.HasPrefix(first.String(), "12D3Koo") {
 		t.Errorf("id printed %q, then %q; want the same peer ID twice", first.String(), second.String())
-	}
-}
-
-func TestProgressBar(t *testing.T) {
-	var b bytes.Buffer
-	bar := progressBar{w: &b}
-	bar.show(train.Progress{Epoch: 0, Step: 50, Steps: 100, Loss: 0.5, SamplesPerSec: 1000, Elapsed: 10 * time.Second}, 2)
-	got := b.String()
-	for _, want := range []string{"\repoch 1/2", "[===============               ]", "50/100", "loss 0.5000", "1000 samples/s", "ETA 10s"} {
-		if !strings.Contains(got, want) {
-			t.Errorf("progress bar %q lacks %q", got, want)
-		}
 	}
 }
 

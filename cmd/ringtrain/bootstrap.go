@@ -69,7 +69,7 @@ func runHostOnly(ctx context.Context, name string, args []string, stdout, stderr
 	if dataConfig != nil && *dataConfig == "" {
 		return fmt.Errorf("serve: --data is required: %w", errUsage)
 	}
-	log, closeLog, err := lf.open(stderr)
+	log, closeLog, err := lf.open(stderr, nil, false)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -53,7 +54,16 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	log, closeLog, err := f.log.open(stderr)
+	status, view, err := openStatus(stderr, f.log)
+	if err != nil {
+		return err
+	}
+	if view != nil {
+		// The display shows the events; the log goes to --log-file.
+		defer view.close()
+		stdout = &lineWriter{d: view}
+	}
+	log, closeLog, err := f.log.open(stderr, status, view != nil)
 	if err != nil {
 		return err
 	}
@@ -121,9 +131,9 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	defer peer.close()
 	if cfg.Pipeline != nil {
-		return runPipeline(ctx, cfg, device, trainSplit, testSplit, peer.members, stdout, stderr, f.log, log)
+		return runPipeline(ctx, cfg, device, trainSplit, testSplit, peer.members, stdout, status, log)
 	}
-	job, model, err := newJob(cfg, device, *f.engine, trainSplit, testSplit, peer.members, stdout, stderr, f.log, log)
+	job, model, err := newJob(cfg, device, *f.engine, trainSplit, testSplit, peer.members, stdout, status, log)
 	if err != nil {
 		return err
 	}
@@ -451,7 +461,7 @@ func startNode(h *p2p.Host, relayFor *atomic.Pointer[p2p.Node], f *joinFlags, cf
 // the job, and the progress reports: a bar per epoch on a terminal, a log
 // line every 50 steps otherwise.
 func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, testSplit *data.Split, members elastic.Membership,
-	stdout, stderr io.Writer, lf logFlags, log zerolog.Logger) (*elastic.Job, train.Model, error) {
+	stdout, status io.Writer, log zerolog.Logger) (*elastic.Job, train.Model, error) {
 	layers, err := cfg.modelSpec(trainSplit.C, trainSplit.H, trainSplit.W, len(trainSplit.Classes))
 	if err != nil {
 		return nil, nil, err
@@ -484,7 +494,7 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 		job.Checkpoint = filepath.Join(cfg.CheckpointDir, cfg.Name+".ckpt")
 		job.CheckpointBase = cfg.checkpointBase(spec, trainSplit)
 	}
-	job.Training.Progress, job.Training.ProgressEvery = cfg.progress(testSplit != nil, stderr, lf, job.Log)
+	job.Training.Progress, job.Training.ProgressEvery = cfg.progress(testSplit != nil, status, job.Log)
 	threads := runtime.GOMAXPROCS(0)
 	if devOpt.hostThreads > 0 {
 		threads = devOpt.hostThreads
@@ -540,25 +550,27 @@ func (cfg *jobConfig) checkpointBase(spec train.ModelConfig, trainSplit *data.Sp
 		Input: [3]int{trainSplit.C, trainSplit.H, trainSplit.W}}
 }
 
-// progress reports a run: a bar per epoch on a terminal, a log line every
-// 50 steps otherwise, and a line per epoch either way.
-func (cfg *jobConfig) progress(tested bool, stderr io.Writer, lf logFlags, logger func() *zerolog.Logger) (func(train.Progress), int) {
-	var bar *progressBar
-	every := 50
-	if isTerminal(stderr) && *lf.format != "json" {
-		bar, every = &progressBar{w: stderr}, 5
+// progress reports a run: with a status stream (a live display's, or
+// local's), a progress record there every 5 steps; a log line every 50
+// steps, and one per epoch.
+func (cfg *jobConfig) progress(tested bool, status io.Writer, logger func() *zerolog.Logger) (func(train.Progress), int) {
+	const logEvery = 50
+	every := logEvery
+	var records zerolog.Logger
+	if status != nil {
+		every, records = 5, zerolog.New(status)
 	}
 	return func(p train.Progress) {
-		if bar != nil {
-			bar.show(p, cfg.Epochs)
-			if !p.EpochDone {
-				return
-			}
+		if status != nil && !p.EpochDone {
+			records.Info().Int("epoch", p.Epoch+1).Int("epochs", cfg.Epochs).Int("step", p.Step).Int("steps", p.Steps).
+				Float64("loss", p.Loss).Float64("samples_per_sec", p.SamplesPerSec).Float64("elapsed_s", p.Elapsed.Seconds()).Msg(progressMessage)
 		}
 		ev := logger().Info().Int("epoch", p.Epoch+1).Int("step", p.Step).Int("steps", p.Steps).
 			Float64("loss", p.Loss).Float64("samples_per_sec", p.SamplesPerSec).Float64("elapsed_s", p.Elapsed.Seconds())
 		if !p.EpochDone {
-			ev.Msg("training")
+			if p.Step%logEvery == 0 {
+				ev.Msg("training")
+			}
 			return
 		}
 		if tested {
@@ -586,7 +598,7 @@ func addShares(e *zerolog.Event, s train.ReplicaStats) *zerolog.Event {
 	return e.Float64("share_compute", share(s.Compute)).Float64("share_wait", share(s.Wait)).
 		Float64("share_ring", share(s.Ring)).Float64("share_optimizer", share(s.Optimizer)).
 		Int("skipped_steps", s.Skipped).Int("reformations", s.Reforms).Int("forged_leave_requests", s.ForgedLeaves).Int64("sent_bytes", s.BytesSent).
-		Int("steps", s.Steps).Float64("compute_s", s.Compute.Seconds()).Float64("wait_s", s.Wait.Seconds()).
+		Int("replica_steps", s.Steps).Float64("compute_s", s.Compute.Seconds()).Float64("wait_s", s.Wait.Seconds()).
 		Float64("ring_s", s.Ring.Seconds()).Float64("optimizer_s", s.Optimizer.Seconds())
 }
 
@@ -602,9 +614,10 @@ func addLogFlags(fs *flag.FlagSet) logFlags {
 }
 
 // open builds the one logger of the process: human console output on a
-// terminal, JSON lines otherwise, and with --log-file JSON lines to that
-// file as well; the func closes the file.
-func (f logFlags) open(w io.Writer) (zerolog.Logger, func(), error) {
+// terminal, JSON lines otherwise (nothing on w when a live display shows
+// the events instead), JSON lines to status if not nil, and with
+// --log-file JSON lines to that file as well; the func closes the file.
+func (f logFlags) open(w, status io.Writer, displayed bool) (zerolog.Logger, func(), error) {
 	lvl, err := zerolog.ParseLevel(*f.level)
 	if err != nil {
 		lvl = zerolog.InfoLevel
@@ -613,15 +626,44 @@ func (f logFlags) open(w io.Writer) (zerolog.Logger, func(), error) {
 	if *f.format == "console" || *f.format == "auto" && tty {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, NoColor: !tty}
 	}
+	var outs []io.Writer
+	if !displayed {
+		outs = append(outs, w)
+	}
+	if status != nil {
+		outs = append(outs, status)
+	}
 	closeFile := func() {}
 	if *f.file != "" {
 		file, err := os.OpenFile(*f.file, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 		if err != nil {
 			return zerolog.Nop(), nil, fmt.Errorf("--log-file: %w", err)
 		}
-		w, closeFile = zerolog.MultiLevelWriter(w, file), func() { file.Close() }
+		outs, closeFile = append(outs, file), func() { file.Close() }
 	}
-	return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), closeFile, nil
+	return zerolog.New(zerolog.MultiLevelWriter(outs...)).Level(lvl).With().Timestamp().Logger(), closeFile, nil
+}
+
+// statusFDEnv names the file descriptor that `local` gives each peer for
+// its status records (JSON log lines and progress).
+const statusFDEnv = "RINGTRAIN_STATUS_FD"
+
+// openStatus is where this process's status records go: the pipe `local`
+// handed it, or, with the log on a terminal in the default format, a live
+// display there (returned, to be closed); nil if neither.
+func openStatus(stderr io.Writer, lf logFlags) (io.Writer, *display, error) {
+	if fd := os.Getenv(statusFDEnv); fd != "" {
+		n, err := strconv.Atoi(fd)
+		if err != nil || n < 3 {
+			return nil, nil, fmt.Errorf("%s=%q: not a file descriptor above 2", statusFDEnv, fd)
+		}
+		return os.NewFile(uintptr(n), "status"), nil, nil
+	}
+	if *lf.format != "auto" || !isTerminal(stderr) {
+		return nil, nil, nil
+	}
+	d := newDisplay(stderr)
+	return statusWriter{d: d, peer: 0}, d, nil
 }
 
 func isTerminal(w io.Writer) bool {
@@ -631,21 +673,4 @@ func isTerminal(w io.Writer) bool {
 	}
 	st, err := file.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
-}
-
-// progressBar redraws one line: epoch, bar, step/steps, loss, samples/s, ETA.
-type progressBar struct{ w io.Writer }
-
-func (b *progressBar) show(p train.Progress, epochs int) {
-	const width = 30
-	done := min(width*p.Step/max(p.Steps, 1), width)
-	eta := time.Duration(0)
-	if p.Step > 0 {
-		eta = p.Elapsed * time.Duration(p.Steps-p.Step) / time.Duration(p.Step)
-	}
-	fmt.Fprintf(b.w, "\repoch %d/%d [%s%s] %d/%d loss %.4f %.0f samples/s ETA %v ",
-		p.Epoch+1, epochs, strings.Repeat("=", done), strings.Repeat(" ", width-done), p.Step, p.Steps, p.Loss, p.SamplesPerSec, eta.Round(time.Second))
-	if p.EpochDone {
-		fmt.Fprintln(b.w)
-	}
 }

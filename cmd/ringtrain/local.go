@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -21,16 +20,21 @@ import (
 
 // runLocal is `ringtrain local -n N --config job.json`: N real processes of
 // this binary on 127.0.0.1, the first with no bootstrap and the rest pointed
-// at it. Every output line is prefixed with the peer's rank once the ring has
-// formed, and with its start number before. If a peer
-// fails, the others are stopped; on Ctrl-C all are, and local waits for them.
+// at it. On a terminal it shows a live display (a line per peer, the job's
+// events above), the peers' logs going to --log-file; otherwise every
+// output line is passed on, prefixed with the peer's rank once the ring has
+// formed and with its start number before. Each peer tells local its rank
+// and progress in JSON records on a pipe of its own (statusFDEnv). If a
+// peer fails, the others are stopped; on Ctrl-C all are, and local waits
+// for them.
 func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("local", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	n := fs.Int("n", 3, "peers to start")
 	config := fs.String("config", "", "job config (JSON)")
 	plane := fs.String("data-plane", "libp2p", "libp2p or tcp")
-	logFormat := fs.String("log-format", "json", "the peers' --log-format")
+	logFormat := fs.String("log-format", "auto", "the peers' --log-format; auto: a live display on a terminal (the logs to --log-file), json lines otherwise")
+	logFile := fs.String("log-file", "", "with the live display, every peer's log lines (JSON, each with its peer number) and output go to this file")
 	logLevel := fs.String("log-level", "info", "the peers' --log-level")
 	model := fs.String("model", "", "the peers' --model (a built-in model instead of the config's)")
 	device := fs.String("device", "", "the peers' --device: cpu, cuda or host")
@@ -64,6 +68,23 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return fmt.Errorf("local: -n %d starts fewer peers than the config's world_size %d, so the ring would never form; start at least %d: %w",
 				*n, jc.WorldSize, jc.WorldSize, errUsage)
 		}
+	}
+	var view *display
+	if *logFormat == "auto" {
+		if isTerminal(stdout) {
+			view = newDisplay(stdout)
+			defer view.close()
+		}
+		*logFormat = "json"
+	}
+	var logTo io.Writer = io.Discard
+	if *logFile != "" {
+		file, err := os.OpenFile(*logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err != nil {
+			return fmt.Errorf("local: --log-file: %w", err)
+		}
+		defer file.Close()
+		logTo = file
 	}
 	var failed atomic.Int32
 	ctx, cancel := context.WithCancel(ctx)
@@ -106,10 +127,19 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err != nil {
 			return err
 		}
-		if err := cmd.Start(); err != nil {
+		statusR, statusW, err := os.Pipe()
+		if err != nil {
 			return err
 		}
-		p := &peerOut{prefix: fmt.Sprintf("[peer %d] ", i), mu: &out}
+		cmd.ExtraFiles = []*os.File{statusW} // the peer's fd 3
+		cmd.Env = append(os.Environ(), statusFDEnv+"=3")
+		err = cmd.Start()
+		statusW.Close() // the peer holds its own copy
+		if err != nil {
+			statusR.Close()
+			return err
+		}
+		p := &peerOut{peer: i, prefix: fmt.Sprintf("[peer %d] ", i), mu: &out, view: view, log: logTo}
 		p.println(stdout, fmt.Sprintf("started, pid %d", cmd.Process.Pid))
 		var copies sync.WaitGroup
 		copies.Go(func() {
@@ -119,10 +149,14 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 		})
 		copies.Go(func() { p.copy(pe, stderr, nil) })
+		copies.Go(func() { p.status(statusR) })
 		wg.Go(func() {
 			copies.Wait()
 			if err := cmd.Wait(); err != nil {
 				errs[i] = fmt.Errorf("peer %d: %w", i, err)
+				if view != nil {
+					view.failed(i, err)
+				}
 				if *n-int(failed.Add(1)) < minWorld {
 					cancel() // too few left: the ring cannot finish
 				}
@@ -167,34 +201,61 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return nil
 }
 
-// peerOut prefixes one peer's output lines: "[peer i] " until the peer
-// says which rank it got, "[rank r] " after.
+// peerOut passes one peer's output on: prefixed with "[peer i] " until
+// its status records say which rank it got, "[rank r] " after; or, with a
+// live display, to the log file, and to the display what is not a log
+// record (a crash's output, say).
 type peerOut struct {
+	peer   int
 	mu     *sync.Mutex // shared by all peers: one line at a time
 	prefix string      // guarded by mu
+	view   *display    // nil without the live display
+	log    io.Writer   // with the display, where output goes; guarded by mu
 }
 
 func (p *peerOut) println(w io.Writer, line string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if r := rankOf(line); r != "" {
-		p.prefix = "[rank " + r + "] "
+	if p.view == nil {
+		fmt.Fprintf(w, "%s%s\n", p.prefix, line)
+		return
 	}
-	fmt.Fprintf(w, "%s%s\n", p.prefix, line)
+	if r, ok := parseStatus([]byte(line)); ok {
+		fmt.Fprintf(p.log, `{"peer":%d,%s`+"\n", p.peer, strings.TrimPrefix(line, "{"))
+		if r.Level != "panic" {
+			return
+		}
+	} else {
+		fmt.Fprintf(p.log, "%s%s\n", p.prefix, line)
+	}
+	if w != io.Discard && !strings.HasPrefix(line, "listening on ") && !strings.HasPrefix(line, "started, pid") {
+		if !duplicatesEvent(line) && !strings.HasPrefix(line, "job ") {
+			p.view.println(p.prefix + line)
+		}
+	}
 }
 
-// rankFields finds the rank in the lines that assign one: the peer's own
-// "ring formed: rank N …" on stdout, and its log of the same on stderr,
-// as console (rank=N) or JSON ("rank":N) — whichever of the two streams
-// gets here first.
-var rankFields = regexp.MustCompile(`^ring (?:re-)?formed: rank (\d+) |ring (?:re-)?formed.*?\brank=(\d+)|"rank":(\d+).*"message":"ring (?:re-)?formed|"message":"ring (?:re-)?formed.*"rank":(\d+)`)
-
-func rankOf(line string) string {
-	m := rankFields.FindStringSubmatch(line)
-	if m == nil {
-		return ""
+// status reads the peer's status records: its rank, for the prefix, and
+// with the display, everything the display shows.
+func (p *peerOut) status(r io.ReadCloser) {
+	defer r.Close()
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		rec, ok := parseStatus(sc.Bytes())
+		if !ok {
+			continue
+		}
+		if rec.Rank != nil && strings.Contains(rec.Message, "formed") {
+			p.mu.Lock()
+			p.prefix = fmt.Sprintf("[rank %d] ", *rec.Rank)
+			p.mu.Unlock()
+		}
+		if p.view != nil {
+			p.view.record(p.peer, rec)
+		}
 	}
-	return m[1] + m[2] + m[3] + m[4]
+	io.Copy(io.Discard, r)
 }
 
 // copy copies r to w line by line. The first "listening on" address of a

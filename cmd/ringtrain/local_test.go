@@ -2,33 +2,32 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"strings"
 	"sync"
 	"testing"
 )
 
-// TestRankPrefix: a peer's lines switch from [peer i] to [rank r] at the
-// first line that assigns the rank — its own stdout line, or its log of
-// the formation on stderr in either format, whichever comes first — and
-// switch again on a re-formation.
+// TestRankPrefix: a peer's lines switch from [peer i] to [rank r] once its
+// status records say it formed a ring, and again on a re-formation; other
+// records, lines and log text that merely mention a rank change nothing.
 func TestRankPrefix(t *testing.T) {
-	lines := []struct{ in, want string }{
-		{"09:01:38 INF looking for peers job=demo", "[peer 4] "},
-		{`09:01:41 INF ring formed generation=1 members=["a","b"] rank=2 world_size=3`, "[rank 2] "},
-		{"09:01:41 INF training generation=1 rank=2 world_size=3", "[rank 2] "},
-		{"ring formed: rank 2 of 3", "[rank 2] "},
-		{`{"level":"info","generation":2,"rank":1,"world_size":2,"message":"ring re-formed without the lost peers"}`, "[rank 1] "},
-		{`{"level":"info","message":"ring formed","rank":0}`, "[rank 0] "},
-		{"ring re-formed: rank 1 of 2", "[rank 1] "},
-		{`{"level":"info","rank":1,"message":"training"}`, "[rank 1] "},
+	steps := []struct{ status, line, want string }{
+		{"", "looking for peers", "[peer 4] "},
+		{`{"level":"info","rank":2,"message":"training"}`, "ring formed: rank 2 of 3", "[peer 4] "},
+		{"not json", `{"level":"info","rank":3,"message":"ring formed"}`, "[peer 4] "},
+		{`{"level":"info","generation":1,"rank":2,"world_size":3,"message":"ring formed"}`, "training", "[rank 2] "},
+		{`{"level":"info","generation":2,"rank":1,"world_size":2,"message":"ring re-formed without the lost peers; running the step again"}`, "training", "[rank 1] "},
+		{`{"level":"info","rank":0,"message":"pipeline formed"}`, "x", "[rank 0] "},
 	}
 	var out bytes.Buffer
-	p := &peerOut{prefix: "[peer 4] ", mu: &sync.Mutex{}}
-	for _, l := range lines {
+	p := &peerOut{peer: 4, prefix: "[peer 4] ", mu: &sync.Mutex{}}
+	for _, s := range steps {
+		p.status(io.NopCloser(strings.NewReader(s.status + "\n")))
 		out.Reset()
-		p.println(&out, l.in)
-		if got := out.String(); !strings.HasPrefix(got, l.want) {
-			t.Errorf("after %q: %q; want the prefix %q", l.in, got, l.want)
+		p.println(&out, s.line)
+		if got := out.String(); got != s.want+s.line+"\n" {
+			t.Errorf("after the record %q: %q; want the prefix %q", s.status, got, s.want)
 		}
 	}
 }

@@ -19,7 +19,7 @@ import (
 // (elastic.PipelineJob): which stage this peer builds is known once the
 // ring has formed.
 func runPipeline(ctx context.Context, cfg *jobConfig, device string, trainSplit, testSplit *data.Split, members elastic.StageNet,
-	stdout, stderr io.Writer, lf logFlags, log zerolog.Logger) error {
+	stdout, status io.Writer, log zerolog.Logger) error {
 	if device != "" && device != "cpu" {
 		return fmt.Errorf("device %s: a pipeline stage computes on the CPU engine only: %w", device, errUsage)
 	}
@@ -35,7 +35,7 @@ func runPipeline(ctx context.Context, cfg *jobConfig, device string, trainSplit,
 		Logger: log, Out: stdout,
 		NewReplica: func(m train.Model) (*train.Replica, error) { return cfg.replica(m, cfg.optimizer()), nil }}
 	job.Training = cfg.runConfig(trainSplit, testSplit)
-	job.Training.Progress, job.Training.ProgressEvery = cfg.progress(testSplit != nil, stderr, lf, func() *zerolog.Logger { return &log })
+	job.Training.Progress, job.Training.ProgressEvery = cfg.progress(testSplit != nil, status, func() *zerolog.Logger { return &log })
 	if cfg.CheckpointDir != "" {
 		job.Checkpoint = filepath.Join(cfg.CheckpointDir, cfg.Name+".ckpt")
 		job.CheckpointBase = cfg.checkpointBase(spec, trainSplit)

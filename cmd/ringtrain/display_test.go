@@ -1,0 +1,138 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/creack/pty"
+)
+
+// The display reads peers' JSON records: progress moves a peer's line,
+// a change of the job that every member logs is printed once, a peer's
+// own events and every warning are printed for it, and noise is not.
+func TestDisplayRecords(t *testing.T) {
+	var out bytes.Buffer
+	d := newDisplay(&out)
+	w0, w1 := statusWriter{d: d, peer: 0}, statusWriter{d: d, peer: 1}
+	type line struct {
+		w    statusWriter
+		line string
+	}
+	feed := func(lines []line) {
+		for _, l := range lines {
+			if _, err := l.w.Write([]byte(l.line + "\n")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	feed([]line{
+		{w0, `{"level":"info","message":"looking for peers"}`},
+		{w0, `{"level":"info","rank":1,"generation":1,"world_size":2,"message":"ring formed"}`},
+		{w1, `{"level":"info","rank":0,"generation":1,"world_size":2,"message":"ring formed"}`},
+		{w0, `{"level":"info","epoch":1,"epochs":2,"step":50,"steps":100,"loss":0.5,"samples_per_sec":1000,"elapsed_s":10,"message":"progress"}`},
+		{w0, `{"level":"info","epoch":1,"step":50,"steps":100,"loss":0.5,"samples_per_sec":1000,"elapsed_s":10,"message":"training"}` + "\n" + `{"level":"info","message":"compute"}`},
+	})
+	if got := d.figures(d.peers[0]); got != "50/100 loss 0.5000 1000/s ETA 30s" {
+		t.Errorf("peer 0's line: %q", got)
+	}
+	if got := d.label(d.peers[0]); got != "rank 1 epoch 1/2" {
+		t.Errorf("peer 0's label: %q", got)
+	}
+	feed([]line{
+		{w0, `{"level":"warn","error":"stream reset","message":"a neighbour did not close its link before the step timeout; this peer's part was done"}`},
+		{w1, `{"level":"info","epoch":1,"step":100,"steps":100,"loss":0.25,"test_accuracy":0.8,"message":"epoch done"}`},
+		{w0, `{"level":"info","epoch":1,"step":100,"steps":100,"loss":0.25,"test_accuracy":0.8,"message":"epoch done"}`},
+		{w1, `{"level":"info","path":"ckpt/demo.ckpt","message":"checkpoint written"}`},
+		{w1, `{"level":"info","test_accuracy":0.8125,"param_hash":"0123456789abcdef0123","message":"summary"}`},
+		{w0, "panic: not JSON"},
+	})
+	d.failed(0, errors.New("exit status 1"))
+	d.close()
+	got := out.String()
+	for _, c := range []struct {
+		want  string
+		times int
+	}{
+		{"ring formed (2 peers, generation 1)", 1},
+		{"rank 1: a neighbour did not close its link before the step timeout; this peer's part was done: stream reset", 1},
+		{"epoch 1 done, loss 0.2500, test accuracy 0.8000", 1},
+		{"rank 0: checkpoint written (ckpt/demo.ckpt)", 1},
+		{"rank 0: finished, test accuracy 0.8125, parameter hash 0123456789abcdef", 1},
+		{"panic: not JSON", 1},
+		{"looking for peers", 0},
+		{"compute", 0},
+		{"rank 1: failed: exit status 1", 1},
+		{"done", 1},
+	} {
+		if n := strings.Count(got, c.want); n < c.times || c.times == 0 && n > 0 || c.times == 1 && c.want != "done" && n != 1 {
+			t.Errorf("%q printed %d times; want %d\n%s", c.want, n, c.times, got)
+		}
+	}
+}
+
+// TestLocalLiveDisplay: `ringtrain local` on a pseudo-terminal shows a
+// line per peer (rank, epoch, steps, loss, samples/s, ETA) and the job's
+// events, not the peers' JSON logs, which go to --log-file whole.
+func TestLocalLiveDisplay(t *testing.T) {
+	skipShort(t)
+	dir := t.TempDir()
+	job := `{"name": "display", "world_size": 2, "epochs": 2, "batch_size": 32, "seed": 1, "model": "mlp",
+		"data": "` + mustAbs(t, "../../testdata/data-config.json") + `", "join_timeout": "60s"}`
+	cfg := filepath.Join(dir, "job.json")
+	if err := os.WriteFile(cfg, []byte(job), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	logFile := filepath.Join(dir, "peers.jsonl")
+	cmd := exec.CommandContext(ctx, self, "local", "-n", "2", "--config", cfg, "--log-file", logFile)
+	cmd.Env = append(os.Environ(), "RINGTRAIN_TEST_AS_MAIN=1")
+	tty, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 40, Cols: 120})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tty.Close()
+	var screen bytes.Buffer
+	io.Copy(&screen, tty) // until the process and its peers are gone (EIO)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("local: %v\n%s", err, screen.String())
+	}
+	got := screen.String()
+	for _, re := range []string{
+		`rank [01] epoch 2/2 +\[=+\] done`,
+		`rank [01] epoch [12]/2 +\[[=> ]+\] \d+/\d+ loss \d\.\d{4} \d+/s ETA \d+s`,
+		`rank [01]: ring formed \(2 peers, generation 1\)`,
+		`rank [01]: epoch 1 done, loss \d\.\d{4}, test accuracy 0\.\d{4}`,
+		`rank 0: finished, test accuracy 0\.\d{4}, parameter hash [0-9a-f]{16}`,
+		`rank 1: finished, test accuracy 0\.\d{4}, parameter hash [0-9a-f]{16}`,
+	} {
+		if !regexp.MustCompile(re).MatchString(got) {
+			t.Errorf("the screen lacks %s\n%s", re, got)
+		}
+	}
+	if strings.Contains(got, `"level":`) || strings.Contains(got, "listening on") {
+		t.Errorf("log lines on the screen:\n%s", got)
+	}
+	logs, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`{"peer":0,"level":"info"`, `{"peer":1,"level":"info"`, `"message":"summary"`, "listening on /ip4/127.0.0.1/"} {
+		if !bytes.Contains(logs, []byte(want)) {
+			t.Errorf("the log file lacks %s", want)
+		}
+	}
+}
