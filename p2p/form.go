@@ -322,7 +322,7 @@ func (n *Node) Verified(p peer.ID) bool {
 }
 
 // Close stops answering hellos and advertising, and waits for both.
-func (n *Node) Close() error {
+func (n *Node) Close() {
 	n.h.RemoveStreamHandler(HelloProtocol)
 	n.h.RemoveStreamHandler(ReformProtocol)
 	n.h.RemoveStreamHandler(AdmitProtocol)
@@ -330,7 +330,6 @@ func (n *Node) Close() error {
 	n.cancel() // under n.mu: exchange starts no hello once it is done
 	n.mu.Unlock()
 	n.wg.Wait()
-	return nil
 }
 
 // Join discovers peers and exchanges hellos until world_size of them agree

@@ -29,7 +29,7 @@ import (
 // connection to the successor's IP and a port of its own, which a NAT in
 // front of the successor does not let in — neither through a relay nor
 // after a hole punch, which opens only the libp2p connection's port.
-var ErrPlaneBehindNAT = errors.New("p2p: the TCP data plane cannot cross a NAT: use --data-plane libp2p for jobs with peers behind NAT")
+var ErrPlaneBehindNAT = errors.New("p2p: the TCP data plane cannot cross a NAT: jobs with peers behind NAT need the libp2p plane")
 
 // behindNAT says whether a direct connection reached this peer through a
 // NAT in front of it: our end has a private address and the other end a

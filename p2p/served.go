@@ -164,7 +164,7 @@ func (s *DataServer) Serve(m *data.Manifest, splits ...*data.Dataset) error {
 
 // Close stops serving: it cuts the open streams off and waits for their
 // handlers and the announcements to end.
-func (s *DataServer) Close() error {
+func (s *DataServer) Close() {
 	s.h.RemoveStreamHandler(DataProtocol)
 	s.cancel()
 	s.mu.Lock()
@@ -173,7 +173,6 @@ func (s *DataServer) Close() error {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
-	return nil
 }
 
 // announce provides key in the DHT now and again, so that peers that
@@ -516,7 +515,7 @@ func (c *DataClient) awayLocked(p peer.ID) bool {
 func (c *DataClient) Manifest() *data.Manifest { return c.m }
 
 // Close closes the client's streams.
-func (c *DataClient) Close() error {
+func (c *DataClient) Close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.closed = true
@@ -526,7 +525,6 @@ func (c *DataClient) Close() error {
 		}
 		s.idle = nil
 	}
-	return nil
 }
 
 // candidates are the peers to ask: the given servers and the connected

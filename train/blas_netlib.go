@@ -20,4 +20,7 @@ import (
 // BLAS names the matrix library this build multiplies with.
 func BLAS() string { return "openblas" }
 
-func init() { G.Use(netlib.Implementation{}) }
+// InstallBLAS makes gorgonia multiply its matrices with OpenBLAS. gorgonia's
+// BLAS is the process's, so the program calls this once, before it builds
+// a model.
+func InstallBLAS() { G.Use(netlib.Implementation{}) }

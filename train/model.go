@@ -198,14 +198,14 @@ func InitParams(cfg ModelConfig) ([]Param, error) {
 	in := cfg.Spec.Input
 	layers := cfg.Spec.Layers
 	for i, l := range layers {
-		relu := i+1 < len(layers) && layers[i+1].Type == "relu"
+		relu := i+1 < len(layers) && layers[i+1].Type == LayerReLU
 		name := fmt.Sprintf("%d.%s", i, l.Type)
 		switch l.Type {
-		case "linear":
+		case LayerLinear:
 			out = append(out,
 				Param{name + ".weight", []int{in[0], l.Out}, draw(in[0], l.Out, relu, in[0], l.Out)},
 				Param{name + ".bias", []int{1, l.Out}, make([]float32, l.Out)})
-		case "conv2d":
+		case LayerConv2D:
 			k := l.Kernel
 			out = append(out,
 				Param{name + ".weight", []int{l.Out, in[0], k, k}, draw(in[0]*k*k, l.Out*k*k, relu, l.Out, in[0], k, k)},
@@ -354,7 +354,7 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 	next := 0 // the next tensor of init
 	layers := lg.cfg.Spec.Layers
 	for _, l := range layers[:lo] {
-		if l.Type == "linear" || l.Type == "conv2d" {
+		if l.Type.HasParams() {
 			next += 2
 		}
 	}
@@ -367,7 +367,7 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 		name := fmt.Sprintf("%d.%s", i, l.Type)
 		var err error
 		switch l.Type {
-		case "linear":
+		case LayerLinear:
 			w, bias := lg.init[next].tensor(), lg.init[next+1].tensor()
 			next += 2
 			wn := G.NewMatrix(lg.g, G.Float32, G.WithShape(in[0], l.Out), G.WithName(name+".weight"), G.WithValue(w))
@@ -375,7 +375,7 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 			h, err = linear(h, wn, bn, b, in[0], l.Out, learned, lg.blas)
 			learned = true
 			lg.learn = append(lg.learn, wn, bn)
-		case "conv2d":
+		case LayerConv2D:
 			w, bias := lg.init[next].tensor(), lg.init[next+1].tensor()
 			next += 2
 			wn := G.NewTensor(lg.g, G.Float32, 4, G.WithShape(l.Out, in[0], l.Kernel, l.Kernel), G.WithName(name+".weight"), G.WithValue(w))
@@ -385,20 +385,20 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 			h, err = conv2d(h, wn, bn, cg, learned, lg.blas)
 			learned = true
 			lg.learn = append(lg.learn, wn, bn)
-		case "maxpool2d":
+		case LayerMaxPool2D:
 			h, err = G.MaxPool2D(h, tensor.Shape{l.Kernel, l.Kernel}, []int{0, 0}, []int{l.Kernel, l.Kernel})
-		case "relu":
+		case LayerReLU:
 			h, err = relu(h)
-		case "sigmoid":
+		case LayerSigmoid:
 			h, err = G.Sigmoid(h)
-		case "tanh":
+		case LayerTanh:
 			h, err = G.Tanh(h)
-		case "flatten":
+		case LayerFlatten:
 			h, err = G.Reshape(h, tensor.Shape{b, lg.shapes[i][0]})
-		case "add":
+		case LayerAdd:
 			h, err = G.Add(h, lg.saved[l.From])
 			learned = learned || lg.savedLearned[l.From]
-		case "dropout":
+		case LayerDropout:
 			shape := append([]int{b}, in...)
 			mt := tensor.New(tensor.WithShape(shape...), tensor.Of(tensor.Float32))
 			mn := G.NewTensor(lg.g, G.Float32, len(shape), G.WithShape(shape...), G.WithName(name+".mask"), G.WithValue(mt))

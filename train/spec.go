@@ -28,14 +28,33 @@ type Spec struct {
 	Layers []Layer `json:"layers"`
 }
 
+// LayerType is a kind of layer, as a spec names it.
+type LayerType string
+
+// The kinds of layer a Spec may list.
+const (
+	LayerLinear    LayerType = "linear"
+	LayerConv2D    LayerType = "conv2d"
+	LayerMaxPool2D LayerType = "maxpool2d"
+	LayerReLU      LayerType = "relu"
+	LayerSigmoid   LayerType = "sigmoid"
+	LayerTanh      LayerType = "tanh"
+	LayerFlatten   LayerType = "flatten"
+	LayerAdd       LayerType = "add"
+	LayerDropout   LayerType = "dropout"
+)
+
+// HasParams says whether the layer has parameters: a weight and a bias.
+func (t LayerType) HasParams() bool { return t == LayerLinear || t == LayerConv2D }
+
 // Layer is one entry of a Spec.
 type Layer struct {
-	Type   string `json:"type"`
-	Out    int    `json:"out,omitempty"`
-	Kernel int    `json:"kernel,omitempty"`
-	Pad    int    `json:"pad,omitempty"`
-	Save   string `json:"save,omitempty"`
-	From   string `json:"from,omitempty"`
+	Type   LayerType `json:"type"`
+	Out    int       `json:"out,omitempty"`
+	Kernel int       `json:"kernel,omitempty"`
+	Pad    int       `json:"pad,omitempty"`
+	Save   string    `json:"save,omitempty"`
+	From   string    `json:"from,omitempty"`
 	// P is dropout's share of values zeroed while training, in (0, 1).
 	P float64 `json:"p,omitempty"`
 }
@@ -44,9 +63,9 @@ type Layer struct {
 func MLPSpec(inputs int, hidden []int, classes int) Spec {
 	s := Spec{Input: []int{inputs}}
 	for _, h := range hidden {
-		s.Layers = append(s.Layers, Layer{Type: "linear", Out: h}, Layer{Type: "relu"})
+		s.Layers = append(s.Layers, Layer{Type: LayerLinear, Out: h}, Layer{Type: LayerReLU})
 	}
-	s.Layers = append(s.Layers, Layer{Type: "linear", Out: classes})
+	s.Layers = append(s.Layers, Layer{Type: LayerLinear, Out: classes})
 	return s
 }
 
@@ -60,9 +79,9 @@ func BuiltinSpec(name string, c, h, w, classes int) (Spec, error) {
 		return MLPSpec(c*h*w, []int{256, 128}, classes), nil
 	case "cnn":
 		return Spec{Input: []int{c, h, w}, Layers: []Layer{
-			{Type: "conv2d", Out: 32, Kernel: 5, Pad: 2}, {Type: "relu"}, {Type: "maxpool2d", Kernel: 2},
-			{Type: "conv2d", Out: 64, Kernel: 5, Pad: 2}, {Type: "relu"}, {Type: "maxpool2d", Kernel: 2},
-			{Type: "flatten"}, {Type: "linear", Out: 1024}, {Type: "relu"}, {Type: "linear", Out: classes},
+			{Type: LayerConv2D, Out: 32, Kernel: 5, Pad: 2}, {Type: LayerReLU}, {Type: LayerMaxPool2D, Kernel: 2},
+			{Type: LayerConv2D, Out: 64, Kernel: 5, Pad: 2}, {Type: LayerReLU}, {Type: LayerMaxPool2D, Kernel: 2},
+			{Type: LayerFlatten}, {Type: LayerLinear, Out: 1024}, {Type: LayerReLU}, {Type: LayerLinear, Out: classes},
 		}}, nil
 	}
 	return Spec{}, fmt.Errorf("train: unknown model %q; built in: mlp, cnn (or give a layer spec): %w", name, ErrSpec)
@@ -94,7 +113,7 @@ func (s Spec) StageParamSizes(lo, hi int) ([]int, error) {
 	}
 	first, n := 0, 0
 	for i, l := range s.Layers[:hi] {
-		if l.Type == "linear" || l.Type == "conv2d" {
+		if l.Type.HasParams() {
 			if i < lo {
 				first += 2
 			} else {
@@ -191,7 +210,7 @@ func (s Spec) walkShapes() ([][]int, []int, error) {
 			return fmt.Errorf("%s: %s: %w", where, fmt.Sprintf(format, args...), ErrSpec)
 		}
 		switch l.Type {
-		case "linear":
+		case LayerLinear:
 			if len(shape) != 1 {
 				return nil, nil, bad("input %v is not flat; put a flatten before it", shape)
 			}
@@ -204,7 +223,7 @@ func (s Spec) walkShapes() ([][]int, []int, error) {
 			}
 			sizes = append(sizes, n, l.Out)
 			shape = []int{l.Out}
-		case "conv2d":
+		case LayerConv2D:
 			if len(shape) != 3 {
 				return nil, nil, bad("input %v is not C×H×W", shape)
 			}
@@ -224,7 +243,7 @@ func (s Spec) walkShapes() ([][]int, []int, error) {
 			}
 			sizes = append(sizes, n, l.Out)
 			shape = []int{l.Out, h, w}
-		case "maxpool2d":
+		case LayerMaxPool2D:
 			if len(shape) != 3 {
 				return nil, nil, bad("input %v is not C×H×W", shape)
 			}
@@ -232,14 +251,14 @@ func (s Spec) walkShapes() ([][]int, []int, error) {
 				return nil, nil, bad("kernel %d for %d×%d", l.Kernel, shape[1], shape[2])
 			}
 			shape = []int{shape[0], shape[1] / l.Kernel, shape[2] / l.Kernel}
-		case "relu", "sigmoid", "tanh":
-		case "flatten":
+		case LayerReLU, LayerSigmoid, LayerTanh:
+		case LayerFlatten:
 			n := 1
 			for _, d := range shape {
 				n *= d
 			}
 			shape = []int{n}
-		case "add":
+		case LayerAdd:
 			s, ok := saved[l.From]
 			if !ok {
 				return nil, nil, bad("from %q: no earlier layer saved that name", l.From)
@@ -247,7 +266,7 @@ func (s Spec) walkShapes() ([][]int, []int, error) {
 			if !equal(s, shape) {
 				return nil, nil, bad("adds %q of shape %v to shape %v", l.From, s, shape)
 			}
-		case "dropout":
+		case LayerDropout:
 			if !(l.P > 0 && l.P < 1) {
 				return nil, nil, bad("p %v; want the share of values to drop, above 0 and below 1", l.P)
 			}
@@ -288,7 +307,7 @@ func (s Spec) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%v", s.Input)
 	for _, l := range s.Layers {
-		b.WriteString(" → " + l.Type)
+		b.WriteString(" → " + string(l.Type))
 		if l.Out > 0 {
 			fmt.Fprintf(&b, "(%d)", l.Out)
 		}

@@ -74,31 +74,16 @@ func runHostOnly(ctx context.Context, name string, args []string, stdout, stderr
 		return err
 	}
 	defer closeLog()
-	cfg := p2p.HostConfig{Listen: listen, Logger: log}
-	if err := nat.apply(&cfg); err != nil {
+	cfg, err := hostConfig(listen, boot, *identity, *swarmKey, nat, log)
+	if err != nil {
 		return fmt.Errorf("%s: %w", name, err)
-	}
-	if *identity != "" {
-		if cfg.Identity, err = p2p.LoadOrCreateIdentity(*identity); err != nil {
-			return err
-		}
-	}
-	if *swarmKey != "" {
-		if cfg.SwarmKey, err = p2p.ReadSwarmKey(*swarmKey); err != nil {
-			return err
-		}
-	}
-	if cfg.Bootstrap, err = p2p.ParseBootstrap(boot); err != nil {
-		return fmt.Errorf("%s: %w: %w", name, err, errUsage)
 	}
 	h, err := p2p.NewHost(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
-	for _, a := range h.FullAddrs() {
-		fmt.Fprintf(stdout, "listening on %s\n", a)
-	}
+	printAddrs(stdout, h)
 	if dataConfig != nil {
 		s, err := startServing(h, *dataConfig, stdout, log)
 		if err != nil {

@@ -611,7 +611,7 @@ func (c *jobConfig) modelSpec(ch, h, w, classes int) (train.Spec, error) {
 	s := *c.spec
 	if len(s.Input) == 0 {
 		s.Input = []int{ch, h, w}
-		if len(s.Layers) > 0 && s.Layers[0].Type == "linear" {
+		if len(s.Layers) > 0 && s.Layers[0].Type == train.LayerLinear {
 			s.Input = []int{ch * h * w}
 		}
 	} else if n := product(s.Input); n != ch*h*w {

@@ -22,6 +22,7 @@ import (
 	xdraw "golang.org/x/image/draw"
 
 	"github.com/ringtrain/ringtrain/ring/ringbench"
+	"github.com/ringtrain/ringtrain/train"
 )
 
 // The test binary stands in for ringtrain when `local` starts it as a peer.
@@ -30,6 +31,7 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
+	train.InstallBLAS()
 	os.Exit(m.Run())
 }
 

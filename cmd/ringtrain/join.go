@@ -133,7 +133,15 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if cfg.Pipeline != nil {
 		return runPipeline(ctx, cfg, device, trainSplit, testSplit, peer.members, stdout, status, log)
 	}
-	job, model, err := newJob(cfg, device, *f.engine, trainSplit, testSplit, peer.members, stdout, status, log)
+	devOpt := *f.engine
+	if device == "host" {
+		// The engine computes on the threads it had (train/gemm's
+		// products, as gorgonia's); Go gets one more, for the ring to
+		// send gradient buckets on while backward computes.
+		devOpt.hostThreads = runtime.GOMAXPROCS(0)
+		runtime.GOMAXPROCS(devOpt.hostThreads + 1)
+	}
+	job, model, err := newJob(cfg, device, devOpt, trainSplit, testSplit, peer.members, stdout, status, log)
 	if err != nil {
 		return err
 	}
@@ -409,26 +417,12 @@ func (p *peerNet) close() {
 // node, once there is one: a relay serves only peers that proved they hold
 // this job's key.
 func startHost(ctx context.Context, f *joinFlags, timeout time.Duration, stdout io.Writer, log zerolog.Logger) (*p2p.Host, *atomic.Pointer[p2p.Node], error) {
-	hcfg := p2p.HostConfig{Listen: f.listen, Logger: log}
-	if err := f.nat.apply(&hcfg); err != nil {
+	hcfg, err := hostConfig(f.listen, f.bootstrap, f.identity, f.swarmKey, f.nat, log)
+	if err != nil {
 		return nil, nil, fmt.Errorf("join: %w", err)
 	}
 	relayFor := new(atomic.Pointer[p2p.Node])
 	hcfg.RelayFor = func(p peer.ID) bool { n := relayFor.Load(); return n != nil && n.Verified(p) }
-	var err error
-	if f.identity != "" {
-		if hcfg.Identity, err = p2p.LoadOrCreateIdentity(f.identity); err != nil {
-			return nil, nil, err
-		}
-	}
-	if f.swarmKey != "" {
-		if hcfg.SwarmKey, err = p2p.ReadSwarmKey(f.swarmKey); err != nil {
-			return nil, nil, err
-		}
-	}
-	if hcfg.Bootstrap, err = p2p.ParseBootstrap(f.bootstrap); err != nil {
-		return nil, nil, fmt.Errorf("join: %w: %w", err, errUsage)
-	}
 	hctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	h, err := p2p.NewHost(hctx, hcfg)
@@ -438,10 +432,39 @@ func startHost(ctx context.Context, f *joinFlags, timeout time.Duration, stdout 
 		}
 		return nil, nil, err
 	}
+	printAddrs(stdout, h)
+	return h, relayFor, nil
+}
+
+// hostConfig is the host that join, serve and bootstrap start, from the
+// flags they share.
+func hostConfig(listen, bootstrap []string, identity, swarmKey string, nat *natFlags, log zerolog.Logger) (p2p.HostConfig, error) {
+	cfg := p2p.HostConfig{Listen: listen, Logger: log}
+	if err := nat.apply(&cfg); err != nil {
+		return cfg, err
+	}
+	var err error
+	if identity != "" {
+		if cfg.Identity, err = p2p.LoadOrCreateIdentity(identity); err != nil {
+			return cfg, err
+		}
+	}
+	if swarmKey != "" {
+		if cfg.SwarmKey, err = p2p.ReadSwarmKey(swarmKey); err != nil {
+			return cfg, err
+		}
+	}
+	if cfg.Bootstrap, err = p2p.ParseBootstrap(bootstrap); err != nil {
+		return cfg, fmt.Errorf("%w: %w", err, errUsage)
+	}
+	return cfg, nil
+}
+
+// printAddrs prints where h listens, for others to be pointed at.
+func printAddrs(stdout io.Writer, h *p2p.Host) {
 	for _, a := range h.FullAddrs() {
 		fmt.Fprintf(stdout, "listening on %s\n", a)
 	}
-	return h, relayFor, nil
 }
 
 // startNode starts the job's node and ring links on h.
@@ -467,13 +490,6 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 		return nil, nil, err
 	}
 	spec := train.ModelConfig{Spec: layers, Batch: cfg.BatchSize, Seed: cfg.Seed}
-	if device == "host" {
-		// The engine computes on the threads it had (train/gemm's
-		// products, as gorgonia's); Go gets one more, for the ring to
-		// send gradient buckets on while backward computes.
-		devOpt.hostThreads = runtime.GOMAXPROCS(0)
-		runtime.GOMAXPROCS(devOpt.hostThreads + 1)
-	}
 	model, err := newModel(device, spec, devOpt)
 	if err != nil {
 		return nil, nil, err

@@ -35,6 +35,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/ringtrain/ringtrain/p2p"
+	"github.com/ringtrain/ringtrain/train"
 )
 
 // startProfile writes a CPU profile of this process to PREFIX-PID.pprof
@@ -65,6 +66,7 @@ var errUsage = errors.New("usage")
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	stopProfile := startProfile(os.Getenv("RINGTRAIN_CPUPROFILE"))
+	train.InstallBLAS()
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stopProfile()
 	stop()
@@ -115,7 +117,11 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case "data":
 		return runData(ctx, args[1:], stdout, stderr)
 	case "join":
-		return runJoin(ctx, args[1:], stdout, stderr)
+		err := runJoin(ctx, args[1:], stdout, stderr)
+		if errors.Is(err, p2p.ErrPlaneBehindNAT) {
+			err = fmt.Errorf("%w (start every peer with --data-plane libp2p)", err)
+		}
+		return err
 	case "bootstrap":
 		return runBootstrap(ctx, args[1:], stdout, stderr)
 	case "serve":

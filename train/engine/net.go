@@ -17,7 +17,7 @@ var ErrOutOfMemory = errors.New("engine: out of device memory")
 
 // layer is one step of the plan.
 type layer struct {
-	kind    string
+	kind    train.LayerType
 	in, out int  // values per sample, before and after
 	w, b    int  // indices of weight and bias in params; -1 if none
 	conv    Conv // conv2d
@@ -147,17 +147,17 @@ func New(ops Ops, cfg train.ModelConfig) (_ *Net, err error) {
 	for i, l := range cfg.Spec.Layers {
 		ly := layer{kind: l.Type, in: size(in), out: size(shapes[i]), w: -1, b: -1}
 		switch l.Type {
-		case "linear":
+		case train.LayerLinear:
 			ly.w, ly.b = len(n.params), len(n.params)+1
-		case "conv2d":
+		case train.LayerConv2D:
 			ly.w, ly.b = len(n.params), len(n.params)+1
 			ly.conv = NewConv(in[0], in[1], in[2], l.Kernel, l.Pad)
 			ly.outC = l.Out
 			maxCol = max(maxCol, ly.conv.ColRows()*ly.conv.ColCols())
 			maxTmp = max(maxTmp, ly.outC*ly.conv.ColCols())
-		case "maxpool2d":
+		case train.LayerMaxPool2D:
 			ly.pool = NewPool(in[0], in[1], in[2], l.Kernel)
-		case "relu", "flatten":
+		case train.LayerReLU, train.LayerFlatten:
 		default:
 			return nil, fmt.Errorf("engine: layer %d (%s): %w; this engine has linear, conv2d, maxpool2d, relu and flatten (use the cpu device)",
 				i, l.Type, ErrUnsupported)
@@ -185,12 +185,12 @@ func New(ops Ops, cfg train.ModelConfig) (_ *Net, err error) {
 	iCol := make([]int, len(n.layers))
 	for k, ly := range n.layers {
 		iCol[k] = -1
-		if ly.kind == "flatten" { // the same values, seen flat
+		if ly.kind == train.LayerFlatten { // the same values, seen flat
 			iAct, iDAct = append(iAct, iAct[len(iAct)-1]), append(iDAct, iDAct[len(iDAct)-1])
 			continue
 		}
 		iAct, iDAct = append(iAct, want(n.batch*ly.out)), append(iDAct, want(n.batch*ly.out))
-		if ly.kind == "conv2d" {
+		if ly.kind == train.LayerConv2D {
 			iCol[k] = want(n.batch * ly.conv.ColRows() * ly.conv.ColCols())
 		}
 	}
@@ -550,12 +550,12 @@ func (n *Net) Forward(x []float32, y []int, rows int) (float32, error) {
 func (n *Net) forwardLayer(i int) error {
 	ly, x, y, ops := n.layers[i], n.acts[i], n.acts[i+1], n.ops
 	switch ly.kind {
-	case "linear":
+	case train.LayerLinear:
 		if err := ops.Gemm(false, false, n.batch, ly.out, ly.in, x, n.dParams[ly.w], 0, y); err != nil {
 			return err
 		}
 		return ops.BiasAdd(y, n.dParams[ly.b], n.batch, ly.out, 1)
-	case "conv2d":
+	case train.LayerConv2D:
 		// One im2col and one GEMM for the whole batch: the GEMM's output is
 		// channel-major (outC × batch·P), turned batch-major with the bias.
 		g, P := ly.conv, ly.conv.ColCols()
@@ -568,11 +568,11 @@ func (n *Net) forwardLayer(i int) error {
 			return err
 		}
 		return ops.UnbatchBias(t, n.dParams[ly.b], y, n.batch, ly.outC, P)
-	case "maxpool2d":
+	case train.LayerMaxPool2D:
 		g := ly.pool
 		g.Planes *= n.batch
 		return ops.MaxPool(x, y, g)
-	case "relu":
+	case train.LayerReLU:
 		return ops.Relu(x, y)
 	}
 	return nil // flatten
@@ -594,12 +594,12 @@ func (n *Net) backward(i int) error {
 func (n *Net) backwardParams(i int) error {
 	ly, x, dy, ops := n.layers[i], n.acts[i], n.dActs[i+1], n.ops
 	switch ly.kind {
-	case "linear":
+	case train.LayerLinear:
 		if err := ops.Gemm(true, false, ly.in, ly.out, n.batch, x, dy, 0, n.dGrads[ly.w]); err != nil {
 			return err
 		}
 		return ops.BiasGrad(dy, n.dGrads[ly.b], n.batch, ly.out, 1)
-	case "conv2d":
+	case train.LayerConv2D:
 		g, P := ly.conv, ly.conv.ColCols()
 		col := n.cols[i] // forward's im2col of x
 		t := ops.Slice(n.tmp, 0, ly.outC*n.batch*P)
@@ -624,9 +624,9 @@ func (n *Net) backwardInput(i int) error {
 	}
 	ly, x, dy, dx, ops := n.layers[i], n.acts[i], n.dActs[i+1], n.dActs[i], n.ops
 	switch ly.kind {
-	case "linear":
+	case train.LayerLinear:
 		return ops.Gemm(false, true, n.batch, ly.in, ly.out, dy, n.dParams[ly.w], 0, dx)
-	case "conv2d":
+	case train.LayerConv2D:
 		g, P := ly.conv, ly.conv.ColCols()
 		t := ops.Slice(n.tmp, 0, ly.outC*n.batch*P)
 		dCol := ops.Slice(n.dCol, 0, g.ColRows()*n.batch*P)
@@ -634,11 +634,11 @@ func (n *Net) backwardInput(i int) error {
 			return err
 		}
 		return ops.Col2imBatch(dCol, dx, g, n.batch)
-	case "maxpool2d":
+	case train.LayerMaxPool2D:
 		g := ly.pool
 		g.Planes *= n.batch
 		return ops.MaxPoolBackward(x, dy, dx, g)
-	case "relu":
+	case train.LayerReLU:
 		return ops.ReluBackward(n.acts[i+1], dy, dx)
 	}
 	return nil

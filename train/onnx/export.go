@@ -111,36 +111,36 @@ func exportWithin(c *train.Checkpoint, maxBytes int) (*pb.ModelProto, error) {
 	for i, l := range spec.Layers {
 		name := fmt.Sprintf("%d.%s", i, l.Type)
 		switch l.Type {
-		case "linear":
+		case train.LayerLinear:
 			w, b := want[next], want[next+1]
 			init(w.Name, w.Shape, c.Params[next])
 			init(b.Name, []int{l.Out}, c.Params[next+1])
 			next += 2
 			h = node("Gemm", name, []string{h, w.Name, b.Name})
-		case "conv2d":
+		case train.LayerConv2D:
 			w, b := want[next], want[next+1]
 			init(w.Name, w.Shape, c.Params[next])
 			init(b.Name, []int{l.Out}, c.Params[next+1])
 			next += 2
 			h = node("Conv", name, []string{h, w.Name, b.Name},
 				ints("kernel_shape", l.Kernel, l.Kernel), ints("pads", l.Pad, l.Pad, l.Pad, l.Pad), ints("strides", 1, 1))
-		case "maxpool2d":
+		case train.LayerMaxPool2D:
 			h = node("MaxPool", name, []string{h}, ints("kernel_shape", l.Kernel, l.Kernel), ints("strides", l.Kernel, l.Kernel))
-		case "relu":
+		case train.LayerReLU:
 			h = node("Relu", name, []string{h})
-		case "sigmoid":
+		case train.LayerSigmoid:
 			h = node("Sigmoid", name, []string{h})
-		case "tanh":
+		case train.LayerTanh:
 			h = node("Tanh", name, []string{h})
-		case "flatten":
+		case train.LayerFlatten:
 			h = node("Flatten", name, []string{h}, ints1("axis", 1))
-		case "add":
+		case train.LayerAdd:
 			from, ok := saved[l.From]
 			if !ok {
 				return nil, fail("layer %d adds %q, which no earlier layer saved", i, l.From)
 			}
 			h = node("Add", name, []string{h, from})
-		case "dropout":
+		case train.LayerDropout:
 			// The identity at inference.
 		default:
 			return nil, fail("layer %d is a %q, which has no ONNX form here", i, l.Type)

@@ -63,9 +63,9 @@ type BenchResult struct {
 func Bench(cfg BenchConfig, emit func(BenchResult)) error {
 	layers := []train.Layer{}
 	for range cfg.Blocks {
-		layers = append(layers, train.Layer{Type: "linear", Out: cfg.Width}, train.Layer{Type: "relu"})
+		layers = append(layers, train.Layer{Type: train.LayerLinear, Out: cfg.Width}, train.Layer{Type: train.LayerReLU})
 	}
-	layers = append(layers, train.Layer{Type: "linear", Out: 10})
+	layers = append(layers, train.Layer{Type: train.LayerLinear, Out: 10})
 	model := train.ModelConfig{Spec: train.Spec{Input: []int{cfg.Width}, Layers: layers}, Batch: cfg.Batch, Seed: 1}
 	r := rand.New(rand.NewPCG(1, 2))
 	x := make([]float32, cfg.Batch*cfg.Width)

@@ -107,7 +107,7 @@ func New(ctx context.Context, cfg Config, model train.ModelConfig, s int, prev, 
 	sizes, _ := model.Spec.ParamSizes()
 	before := 0
 	for _, l := range model.Spec.Layers[:hi] {
-		if l.Type == "linear" || l.Type == "conv2d" {
+		if l.Type.HasParams() {
 			before += 2
 		}
 	}
