@@ -10,7 +10,7 @@ BIN      ?= bin
 # (golang/go#75804, fixed in 1.27). 200000 inputs take 5–15 s here.
 FUZZTIME ?= 200000x
 # Every fuzz target, as package:Target; `make test` runs each for FUZZTIME.
-FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzReadIDX ./data:FuzzReadCSV ./p2p:FuzzReadHello ./data:FuzzParseManifest ./cmd/ringtrain:FuzzParseJobConfig ./train:FuzzControlMessage ./train/pipeline:FuzzReadFrame
+FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzReadIDX ./data:FuzzReadCSV ./p2p:FuzzReadHello ./data:FuzzParseManifest ./cmd/ringtrain:FuzzParseJobConfig ./train:FuzzControlMessage ./train/pipeline:FuzzReadFrame ./train/trace:FuzzRead
 
 MODEL ?= mlp
 
@@ -350,7 +350,7 @@ demo: build fashion-mnist
 	  cfg=testdata/job.json; echo "demo: Fashion-MNIST not installed; training on the 2,000-image subset in testdata/"; \
 	fi; \
 	rm -rf $(BIN)/demo-logs; \
-	$(BIN)/ringtrain local -n 3 --config $$cfg --model $(MODEL) $$([ -t 1 ] || echo --log-format console) --log-dir $(BIN)/demo-logs && \
+	$(BIN)/ringtrain local -n 3 --config $$cfg --model $(MODEL) $$([ -t 1 ] || echo --log-format console) --log-dir $(BIN)/demo-logs --trace $(BIN)/demo-trace.json && \
 	$(BIN)/ringtrain plot $(BIN)/demo-logs/*.jsonl -o $(BIN)/demo-curves.png
 
 clean:

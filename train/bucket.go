@@ -78,16 +78,22 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 	done := make(chan error, 1)
 	go func() {
 		var err error
+		k := 0
 		for b := range jobs {
 			if err != nil {
 				continue // the ring is down: drain
 			}
 			buf := flat[b[0]:b[1]]
+			t := time.Now()
 			if r.Wire == ring.F32 || b[0] >= r.nparams {
 				err = r.Coll.AllreduceMean(ctx, buf)
 			} else {
 				err = narrow.AllreduceMeanAs(ctx, buf, r.Wire)
 			}
+			if r.Trace != nil {
+				r.Trace.Span("allreduce", t, time.Now(), r.Steps, k)
+			}
+			k++
 		}
 		done <- err
 	}()

@@ -3,6 +3,7 @@ package train
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -236,5 +237,72 @@ func TestOverlappedNaN(t *testing.T) {
 		if !strings.Contains(errs[1].Error(), "w0 gradient") {
 			t.Errorf("layered %v: rank 1: %v; want it to name w0", layered, errs[1])
 		}
+	}
+}
+
+// spans is a Tracer that keeps what it is told.
+type spans struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (s *spans) Span(name string, start, end time.Time, step, bucket int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if end.Before(start) {
+		name += " (ends before it starts)"
+	}
+	s.got = append(s.got, fmt.Sprintf("%d %s %d", step, name, bucket))
+}
+
+// A traced step reports each phase once: the computation, every bucket's
+// allreduce (or the one allreduce), the optimizer; a graph model's
+// forward and backward apart.
+func TestStepTrace(t *testing.T) {
+	const n = 2
+	for _, tc := range []struct {
+		name   string
+		bucket int
+		want   []string
+	}{
+		{"one allreduce", 0, []string{"1 forward+backward -1", "1 allreduce -1", "1 optimizer -1"}},
+		// Three buckets of gradients, then the step's trailer.
+		{"buckets", 4, []string{"1 forward+backward -1", "1 allreduce 0", "1 allreduce 1", "1 allreduce 2", "1 allreduce 3", "1 optimizer -1"}},
+	} {
+		rings := memRings(t, n)
+		traces := make([]*spans, n)
+		err := onAll(n, func(i int) error {
+			rep := NewReplica(newLayeredFake([]int{300, 200, 100}, func(int) float32 { return 1 }), &SGD{LR: 0.1}, rings[i])
+			rep.BucketBytes, traces[i] = tc.bucket, &spans{}
+			rep.Trace = traces[i]
+			_, err := rep.Step(context.Background(), nil, nil, 1)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, tr := range traces {
+			got := slices.DeleteFunc(tr.got, func(s string) bool { return strings.Contains(s, " wait ") })
+			slices.Sort(got)
+			want := slices.Sorted(slices.Values(tc.want))
+			if !slices.Equal(got, want) {
+				t.Errorf("%s, rank %d: %q; want %q", tc.name, i, got, want)
+			}
+		}
+	}
+	// A graph model: forward, then backward.
+	m, err := NewModel(ModelConfig{Spec: MLPSpec(8, []int{4}, 3), Batch: 2, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	tr := &spans{}
+	rep := NewReplica(m, &SGD{LR: 0.1}, memRings(t, 1)[0])
+	rep.Trace = tr
+	if _, err := rep.Step(context.Background(), make([]float32, 16), []int{0, 2}, 2); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"1 forward -1", "1 backward -1", "1 allreduce -1", "1 optimizer -1"}; !slices.Equal(tr.got, want) {
+		t.Errorf("graph model: %q; want %q", tr.got, want)
 	}
 }

@@ -42,6 +42,7 @@ type convState struct {
 	g     convGeom
 	needX bool // whether the layer's input needs a gradient (not for the first layer)
 	blas  *gemm.BLAS
+	clock *phaseClock
 	col   []float32 // ckk × (b·p): row (ci, ky, kx), column s·p + position
 	colOf *float32  // the input col was made from
 	dyT   []float32 // o × (b·p), the output gradient sample-major → filter-major
@@ -49,8 +50,8 @@ type convState struct {
 	out   [4]*tensor.Dense // each op's result, by layerKind, reused
 }
 
-func newConvState(g convGeom, needX bool, b *gemm.BLAS) *convState {
-	return &convState{g: g, needX: needX, blas: b,
+func newConvState(g convGeom, needX bool, b *gemm.BLAS, clock *phaseClock) *convState {
+	return &convState{g: g, needX: needX, blas: b, clock: clock,
 		col: make([]float32, g.ckk()*g.b*g.p()), dyT: make([]float32, g.o*g.b*g.p())}
 }
 
@@ -242,6 +243,9 @@ func kept(out **tensor.Dense, shape tensor.Shape) *tensor.Dense {
 }
 
 func (op convOp) UsePreallocDo(prealloc G.Value, inputs ...G.Value) (G.Value, error) {
+	if op.kind != layerFwd {
+		op.st.clock.grad()
+	}
 	data, err := floatsOf(op, op.sizes(), prealloc, inputs)
 	if err != nil {
 		return nil, err
@@ -322,6 +326,6 @@ func (op convOp) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) 
 }
 
 // conv2d adds a conv layer to a graph.
-func conv2d(x, w, bias *G.Node, g convGeom, needX bool, b *gemm.BLAS) (*G.Node, error) {
-	return G.ApplyOp(convOp{layerFwd, newConvState(g, needX, b)}, x, w, bias)
+func conv2d(x, w, bias *G.Node, g convGeom, needX bool, b *gemm.BLAS, clock *phaseClock) (*G.Node, error) {
+	return G.ApplyOp(convOp{layerFwd, newConvState(g, needX, b, clock)}, x, w, bias)
 }

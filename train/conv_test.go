@@ -68,7 +68,7 @@ func TestConvMatchesItsDefinition(t *testing.T) {
 		rng := rand.New(rand.NewPCG(uint64(g.o), 1))
 		x, w := randomFloats(rng, g.b*g.c*g.h*g.w), randomFloats(rng, g.o*g.ckk())
 		b, dy := randomFloats(rng, g.o), randomFloats(rng, g.b*g.o*g.p())
-		st := newConvState(g, true, gemm.New(2))
+		st := newConvState(g, true, gemm.New(2), nil)
 		y := make([]float32, len(dy))
 		dx, dw, db := make([]float32, len(x)), make([]float32, len(w)), make([]float32, g.o)
 		st.forward(x, w, b, y)

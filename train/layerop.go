@@ -3,6 +3,7 @@ package train
 import (
 	"hash"
 	"hash/fnv"
+	"time"
 
 	"github.com/chewxy/hm"
 	G "gorgonia.org/gorgonia"
@@ -79,3 +80,24 @@ func layerGrads(inputs G.Nodes, grad *G.Node, needX bool, dxOp, dwOp, dbOp G.Op)
 	}
 	return G.Nodes{dx, dw, db}, nil
 }
+
+// phaseClock notes when a step's backward pass began: when the first
+// gradient op of ours ran (the loss's own gradient, just before, counts
+// as forward). A nil clock notes nothing.
+type phaseClock struct {
+	backward time.Time
+	armed    bool
+}
+
+// arm starts a step.
+func (c *phaseClock) arm() { c.backward, c.armed = time.Time{}, true }
+
+// grad is a gradient op running.
+func (c *phaseClock) grad() {
+	if c != nil && c.armed {
+		c.backward, c.armed = time.Now(), false
+	}
+}
+
+// ForwardEnd is when the forward pass of the last ForwardBackward ended.
+func (m *graphModel) ForwardEnd() time.Time { return m.clock.backward }

@@ -22,6 +22,7 @@ type linearState struct {
 	batch, in, out int
 	needX          bool
 	blas           *gemm.BLAS
+	clock          *phaseClock
 	res            [4]*tensor.Dense // each op's result, by layerKind, reused
 }
 
@@ -58,6 +59,9 @@ func (op linearOp) Do(inputs ...G.Value) (G.Value, error) {
 
 func (op linearOp) UsePreallocDo(prealloc G.Value, inputs ...G.Value) (G.Value, error) {
 	st := op.st
+	if op.kind != layerFwd {
+		st.clock.grad()
+	}
 	B, I, O := st.batch, st.in, st.out
 	data, err := floatsOf(op, op.sizes(), prealloc, inputs)
 	if err != nil {
@@ -126,7 +130,7 @@ func (op linearOp) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error
 }
 
 // linear adds a linear layer to a graph: x is batch × in, w in × out, b 1 × out.
-func linear(x, w, b *G.Node, batch, in, out int, needX bool, bl *gemm.BLAS) (*G.Node, error) {
-	st := &linearState{batch: batch, in: in, out: out, needX: needX, blas: bl}
+func linear(x, w, b *G.Node, batch, in, out int, needX bool, bl *gemm.BLAS, clock *phaseClock) (*G.Node, error) {
+	st := &linearState{batch: batch, in: in, out: out, needX: needX, blas: bl, clock: clock}
 	return G.ApplyOp(linearOp{layerFwd, st}, x, w, b)
 }

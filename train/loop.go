@@ -199,10 +199,11 @@ type epochRun struct {
 	r       *Replica
 	at      Position // where the epoch part began
 	start   time.Time
-	step    int // steps run in this part
-	steps   int // steps this part has in all
-	block   int // positions a full step trains: world × batch size
-	left    int // positions of the epoch this part has to train
+	fetched time.Time // when the last step ended: the loader works from then
+	step    int       // steps run in this part
+	steps   int       // steps this part has in all
+	block   int       // positions a full step trains: world × batch size
+	left    int       // positions of the epoch this part has to train
 	samples int
 	lossSum float64
 	lossN   int
@@ -244,7 +245,16 @@ func (e *epochRun) train(ctx context.Context) (Position, error) {
 	if err != nil {
 		return e.at, err
 	}
-	err = ep.Each(func(b *data.Batch) error { return e.stepOn(ctx, b) })
+	e.fetched = time.Now()
+	err = ep.Each(func(b *data.Batch) error {
+		if r := e.r; r.Trace != nil {
+			// Between the last step's end and this one's start, the
+			// loader was getting the batch.
+			r.Trace.Span("data", e.fetched, time.Now(), r.Steps+1, -1)
+		}
+		defer func() { e.fetched = time.Now() }()
+		return e.stepOn(ctx, b)
+	})
 	ep.Close()
 	for err == nil && e.step < e.steps {
 		// This rank has no samples in the last block; it still takes part.

@@ -75,6 +75,7 @@ type graphModel struct {
 	drops   []dropout
 	masks   *rand.PCG
 	blas    *gemm.BLAS // the linear and conv layers' products
+	clock   phaseClock
 }
 
 // dropout is a layer's mask: an input of the graph multiplied into its
@@ -134,7 +135,7 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 			err = fmt.Errorf("train: building the model: %v", r)
 		}
 	}()
-	lg := &layerGraph{g: m.g, cfg: cfg, shapes: shapes, init: init, blas: m.blas,
+	lg := &layerGraph{g: m.g, cfg: cfg, shapes: shapes, init: init, blas: m.blas, clock: &m.clock,
 		saved: map[string]*G.Node{}, savedLearned: map[string]bool{}}
 	h := G.Must(lg.build(x, 0, len(cfg.Spec.Layers), false))
 	m.learn, m.drops = lg.learn, lg.drops
@@ -226,6 +227,7 @@ func (m *graphModel) ForwardBackward(x []float32, y []int, n int) (loss float32,
 	for _, g := range m.grads {
 		clear(g)
 	}
+	m.clock.arm()
 	loss, err = m.run(m.vm)
 	if err != nil || m.grads != nil {
 		return loss, err
@@ -335,6 +337,7 @@ type layerGraph struct {
 	shapes [][]int // every layer's output shape, from Spec.Shapes
 	init   []Param // the whole spec's initial parameters
 	blas   *gemm.BLAS
+	clock  *phaseClock // the model's: its gradient ops mark backward's start
 	// saved holds the outputs layers saved, by name, and savedLearned
 	// whether each depends on a parameter (or on an input whose gradient
 	// is wanted).
@@ -372,7 +375,7 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 			next += 2
 			wn := G.NewMatrix(lg.g, G.Float32, G.WithShape(in[0], l.Out), G.WithName(name+".weight"), G.WithValue(w))
 			bn := G.NewMatrix(lg.g, G.Float32, G.WithShape(1, l.Out), G.WithName(name+".bias"), G.WithValue(bias))
-			h, err = linear(h, wn, bn, b, in[0], l.Out, learned, lg.blas)
+			h, err = linear(h, wn, bn, b, in[0], l.Out, learned, lg.blas, lg.clock)
 			learned = true
 			lg.learn = append(lg.learn, wn, bn)
 		case LayerConv2D:
@@ -382,7 +385,7 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 			bn := G.NewTensor(lg.g, G.Float32, 4, G.WithShape(1, l.Out, 1, 1), G.WithName(name+".bias"), G.WithValue(bias))
 			oh, ow := in[1]+2*l.Pad-l.Kernel+1, in[2]+2*l.Pad-l.Kernel+1
 			cg := convGeom{b: b, c: in[0], h: in[1], w: in[2], o: l.Out, k: l.Kernel, pad: l.Pad, oh: oh, ow: ow}
-			h, err = conv2d(h, wn, bn, cg, learned, lg.blas)
+			h, err = conv2d(h, wn, bn, cg, learned, lg.blas, lg.clock)
 			learned = true
 			lg.learn = append(lg.learn, wn, bn)
 		case LayerMaxPool2D:

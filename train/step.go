@@ -118,6 +118,9 @@ type Replica struct {
 	// plan is one bucket (a model under FirstBucketBytes) the step takes
 	// the plain path.
 	BucketBytes int
+	// Trace, if set, is told each phase of every step as it ends: the
+	// timeline of `--trace`.
+	Trace Tracer
 
 	// InnerSkip, after a Step with LocalSGD, says why this rank skipped
 	// its inner step (ErrNonFinite), or is nil. The skip is this rank's
@@ -304,6 +307,37 @@ func (r *Replica) SyncParams(ctx context.Context) error {
 	return nil
 }
 
+// Tracer is told the phases of a replica's steps, for a timeline: name
+// is "data", "forward", "backward" ("forward+backward" for a model that
+// cannot tell them apart), "allreduce" (each bucket's, with buckets),
+// "wait" (for the slowest rank, inside an allreduce) or "optimizer"; step
+// is the replica's step count; bucket the bucket's index, or −1.
+type Tracer interface {
+	Span(name string, start, end time.Time, step, bucket int)
+}
+
+// ForwardTimer is a Model that can tell when the forward pass of its last
+// ForwardBackward ended, so that a timeline shows forward and backward
+// apart.
+type ForwardTimer interface {
+	ForwardEnd() time.Time
+}
+
+// traceCompute reports a forward and backward pass from t0 to t1.
+func (r *Replica) traceCompute(t0, t1 time.Time) {
+	if r.Trace == nil {
+		return
+	}
+	if ft, ok := r.Model.(ForwardTimer); ok {
+		if fe := ft.ForwardEnd(); !fe.Before(t0) && !fe.After(t1) {
+			r.Trace.Span("forward", t0, fe, r.Steps, -1)
+			r.Trace.Span("backward", fe, t1, r.Steps, -1)
+			return
+		}
+	}
+	r.Trace.Span("forward+backward", t0, t1, r.Steps, -1)
+}
+
 // Step trains on one local batch: forward and backward, gradients averaged
 // over the ring, optimizer step. It returns the local loss.
 //
@@ -328,6 +362,9 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	if dev, ok := r.Opt.(DeviceOptimizer); ok && r.Coll.Size() == 1 {
 		loss, err := r.stepAlone(dev, x, y, n)
 		r.Stats.Compute += time.Since(t0)
+		if r.Trace != nil {
+			r.Trace.Span("forward+backward", t0, time.Now(), r.Steps, -1)
+		}
 		if errors.Is(err, ErrNonFinite) {
 			r.Stats.Skipped++
 		}
@@ -355,7 +392,12 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 		return 0, err
 	}
 	t2 := time.Now()
-	defer func() { r.Stats.Optimizer += time.Since(t2) }()
+	defer func() {
+		r.Stats.Optimizer += time.Since(t2)
+		if r.Trace != nil {
+			r.Trace.Span("optimizer", t2, time.Now(), r.Steps, -1)
+		}
+	}()
 	tail := flat[r.nparams:]
 	badRanks, newcomer, leaving := stepFlagsOf(tail, r.Coll.Size())
 	r.newcomer = newcomer
@@ -395,6 +437,7 @@ func (r *Replica) stepBegin(x []float32, y []int, n int) (loss float32, talk boo
 	t0 := time.Now()
 	loss, err = r.innerStep(local, x, y, n)
 	r.Stats.Compute += time.Since(t0)
+	r.traceCompute(t0, time.Now())
 	if err != nil && !Skipped(err) {
 		r.Steps--
 		r.Stats.Steps--
@@ -423,6 +466,7 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 		loss, bad, err = r.bucketed(ctx, x, y, n, flat, plan, narrow, says)
 		r.Stats.Ring += time.Since(r.backwardDone)
 		r.Stats.Compute += r.backwardDone.Sub(t0)
+		r.traceCompute(t0, r.backwardDone)
 		return loss, bad, err
 	}
 	bad = -1
@@ -458,6 +502,9 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 	says.put(tail, r.Coll.Rank(), r.Coll.Size())
 	t1 := time.Now()
 	r.Stats.Compute += t1.Sub(t0)
+	if !isLocal {
+		r.traceCompute(t0, t1)
+	}
 	if r.Wire == ring.F32 {
 		err = r.Coll.AllreduceMean(ctx, flat)
 	} else if err = narrow.AllreduceMeanAs(ctx, flat[:r.nparams], r.Wire); err == nil {
@@ -469,6 +516,12 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 	}
 	r.Stats.Wait += wait
 	r.Stats.Ring += comm - wait
+	if r.Trace != nil {
+		r.Trace.Span("allreduce", t1, t1.Add(comm), r.Steps, -1)
+		if wait > 0 {
+			r.Trace.Span("wait", t1, t1.Add(wait), r.Steps, -1)
+		}
+	}
 	if err != nil {
 		return loss, bad, fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
 	}

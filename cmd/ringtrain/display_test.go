@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -134,5 +135,72 @@ func TestLocalLiveDisplay(t *testing.T) {
 		if !bytes.Contains(logs, []byte(want)) {
 			t.Errorf("the log file lacks %s", want)
 		}
+	}
+}
+
+// TestLocalTrace: `local --trace` leaves one trace-event JSON file with
+// every phase of every step for every peer, each named by its rank, the
+// formation as an instant, on one clock; the peers' parts are gone.
+func TestLocalTrace(t *testing.T) {
+	skipShort(t)
+	dir := t.TempDir()
+	job := `{"name": "trace", "world_size": 2, "epochs": 1, "batch_size": 32, "seed": 1, "model": "mlp",
+		"data": "` + mustAbs(t, "../../testdata/data-config.json") + `", "join_timeout": "60s"}`
+	cfg := filepath.Join(dir, "job.json")
+	if err := os.WriteFile(cfg, []byte(job), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "trace.json")
+	if log, err := ringtrain(t, 3*time.Minute, "local", "-n", "2", "--config", cfg, "--trace", out); err != nil {
+		t.Fatalf("local: %v\n%s", err, log)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tr struct {
+		TraceEvents []struct {
+			Name, Ph string
+			Pid      int
+			Ts, Dur  float64
+			Args     map[string]any
+		}
+	}
+	if err := json.Unmarshal(b, &tr); err != nil {
+		t.Fatalf("not JSON: %v", err)
+	}
+	seen := map[int]map[string]int{}
+	names := map[int]string{}
+	for _, e := range tr.TraceEvents {
+		if seen[e.Pid] == nil {
+			seen[e.Pid] = map[string]int{}
+		}
+		seen[e.Pid][e.Ph+" "+e.Name]++
+		if e.Ph == "M" && e.Name == "process_name" {
+			names[e.Pid], _ = e.Args["name"].(string)
+		}
+	}
+	if len(seen) != 2 {
+		t.Fatalf("timelines of %d peers; want 2", len(seen))
+	}
+	for pid, got := range seen {
+		steps := got["X optimizer"]
+		if steps == 0 {
+			t.Errorf("peer %d: no optimizer spans: %v", pid, got)
+		}
+		for _, phase := range []string{"X data", "X forward", "X backward", "X allreduce"} {
+			if got[phase] != steps {
+				t.Errorf("peer %d: %d %q spans for %d steps", pid, got[phase], phase, steps)
+			}
+		}
+		if got["i ring formed"] != 1 || got["M process_name"] != 1 {
+			t.Errorf("peer %d: %v", pid, got)
+		}
+	}
+	if !(names[1] == "rank 0" && names[2] == "rank 1" || names[1] == "rank 1" && names[2] == "rank 0") {
+		t.Errorf("timelines named %v; want rank 0 and rank 1", names)
+	}
+	if parts, _ := filepath.Glob(out + ".peer-*"); len(parts) != 0 {
+		t.Errorf("parts left behind: %v", parts)
 	}
 }

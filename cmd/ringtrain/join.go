@@ -22,6 +22,7 @@ import (
 	"github.com/ringtrain/ringtrain/p2p"
 	"github.com/ringtrain/ringtrain/train"
 	"github.com/ringtrain/ringtrain/train/elastic"
+	"github.com/ringtrain/ringtrain/train/trace"
 )
 
 // stringList is a repeatable flag.
@@ -37,7 +38,7 @@ type joinFlags struct {
 	requestSize                               int
 	dataMemory                                string
 	joinTimeout                               time.Duration
-	metrics                                   string
+	metrics, trace                            string
 	threads                                   int
 	bootstrap, listen                         stringList
 	plane                                     p2p.DataPlane
@@ -62,6 +63,19 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		// The display shows the events; the log goes to --log-file.
 		defer view.close()
 		stdout = &lineWriter{d: view}
+	}
+	var tracer *trace.File
+	if f.trace != "" {
+		if tracer, err = trace.Create(f.trace, "peer"); err != nil {
+			return err
+		}
+		defer func() {
+			if err := tracer.Close(); err != nil {
+				fmt.Fprintf(stderr, "ringtrain: --trace: %v\n", err)
+			}
+		}()
+		// The job's events go into the timeline from the log's records.
+		status = joinWriters(status, traceEvents{tracer})
 	}
 	log, closeLog, err := f.log.open(stderr, status, view != nil)
 	if err != nil {
@@ -131,7 +145,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	defer peer.close()
 	if cfg.Pipeline != nil {
-		return runPipeline(ctx, cfg, device, trainSplit, testSplit, peer.members, stdout, status, log)
+		return runPipeline(ctx, cfg, device, trainSplit, testSplit, peer.members, stdout, status, tracerOf(tracer), log)
 	}
 	devOpt := *f.engine
 	if device == "host" {
@@ -146,6 +160,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer model.Close()
+	job.Training.Replica.Trace = tracerOf(tracer)
 	if f.metrics != "" {
 		m := newMetrics()
 		addr, stop, err := m.serve(ctx, f.metrics)
@@ -198,6 +213,7 @@ func parseJoinFlags(args []string, stderr io.Writer) (*joinFlags, error) {
 	fs.StringVar(&f.dataMemory, "data-memory", "", "the most memory a served dataset may take on this machine, e.g. 16GiB (default 8GiB); a larger one is refused before it is fetched")
 	fs.Var(&f.bootstrap, "bootstrap", "multiaddr of a peer already in the swarm, /ip4/…/tcp/…/p2p/<id> (repeatable)")
 	fs.Var(&f.listen, "listen", "multiaddr to listen on (repeatable; default /ip4/0.0.0.0/tcp/0)")
+	fs.StringVar(&f.trace, "trace", "", "write this peer's timeline to FILE as Chrome trace-event JSON (open it in Perfetto; ringtrain trace merge puts several on one clock)")
 	fs.StringVar(&f.identity, "identity", "", "identity key file, created on first use (default: a fresh identity each run; see: ringtrain id)")
 	fs.StringVar(&f.swarmKey, "swarm-key", "", "private swarm key file (see: ringtrain swarm-key)")
 	plane := fs.String("data-plane", "libp2p", "what carries gradients: libp2p (encrypted) or tcp (token-gated, in the clear; trusted networks)")

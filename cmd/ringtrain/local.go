@@ -43,6 +43,7 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	threads := fs.Int("threads", 0, "each peer's --threads (default: the cores divided by -n, at least 1, so the peers do not fight over cores)")
 	var boots stringList
 	fs.Var(&boots, "bootstrap", "a peer every one of them also starts from (repeatable): a data node (ringtrain serve) for a job on served data, or a bootstrap peer")
+	traceFile := fs.String("trace", "", "write every peer's timeline, on one clock, to FILE as Chrome trace-event JSON (open it in Perfetto)")
 	logDir := fs.String("log-dir", "", "write peer i's log as JSON lines to DIR/peer-i.jsonl too (for ringtrain plot)")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("local: %w: %w", errUsage, err)
@@ -113,6 +114,9 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		args := append(append([]string(nil), common...), extra...)
 		if *logDir != "" {
 			args = append(args, "--log-file", filepath.Join(*logDir, fmt.Sprintf("peer-%d.jsonl", i)))
+		}
+		if *traceFile != "" {
+			args = append(args, "--trace", peerTrace(*traceFile, i))
 		}
 		cmd := exec.CommandContext(ctx, self, args...)
 		// Stop a peer the way Ctrl-C would, so it can leave cleanly; kill
@@ -192,6 +196,23 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case <-ctx.Done():
 	}
 	wg.Wait()
+	if *traceFile != "" {
+		// What the peers left, a failed run's included, on one clock.
+		var parts []string
+		for i := range *n {
+			if _, err := os.Stat(peerTrace(*traceFile, i)); err == nil {
+				parts = append(parts, peerTrace(*traceFile, i))
+			}
+		}
+		if err := mergeTraces(*traceFile, parts); err != nil {
+			errs = append(errs, fmt.Errorf("--trace: %w", err))
+		} else {
+			for _, p := range parts {
+				os.Remove(p)
+			}
+			fmt.Fprintf(stdout, "timeline of %d peers: %s (open it in Perfetto)\n", len(parts), *traceFile)
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("local: %w", err)
 	}
@@ -273,6 +294,9 @@ func (p *peerOut) copy(r io.Reader, w io.Writer, addr chan<- string) {
 	}
 	io.Copy(io.Discard, r)
 }
+
+// peerTrace is where peer i of local writes its timeline.
+func peerTrace(file string, i int) string { return fmt.Sprintf("%s.peer-%d", file, i) }
 
 // peerThreads is each of n local peers' thread budget: what was asked, or
 // the cpus shared out, at least one each.

@@ -18,6 +18,7 @@
 //	ringtrain predict --checkpoint FILE --image FILE.png|jpg
 //	ringtrain export --checkpoint FILE --onnx OUT.onnx
 //	ringtrain plot LOG.jsonl... -o curves.png
+//	ringtrain trace merge -o trace.json PEER.json...
 package main
 
 import (
@@ -94,6 +95,7 @@ commands:
   predict           class and top probabilities of a PNG/JPEG from a checkpoint
   export            write a checkpoint's model as an ONNX file (opset 13)
   plot              draw loss, test accuracy and samples/s per rank from JSON logs
+  trace merge       put several peers' --trace timelines on one clock, for Perfetto
   swarm-key         print a new private-swarm key (give the file to every peer)
   id                create or show this machine's peer ID (--identity FILE)
 `
@@ -132,6 +134,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return runPredict(args[1:], stdout, stderr)
 	case "export":
 		return runExport(args[1:], stdout, stderr)
+	case "trace":
+		return runTrace(args[1:], stdout, stderr)
 	case "plot":
 		return runPlot(args[1:], stdout, stderr)
 	case "id":

@@ -19,7 +19,7 @@ import (
 // (elastic.PipelineJob): which stage this peer builds is known once the
 // ring has formed.
 func runPipeline(ctx context.Context, cfg *jobConfig, device string, trainSplit, testSplit *data.Split, members elastic.StageNet,
-	stdout, status io.Writer, log zerolog.Logger) error {
+	stdout, status io.Writer, tracer train.Tracer, log zerolog.Logger) error {
 	if device != "" && device != "cpu" {
 		return fmt.Errorf("device %s: a pipeline stage computes on the CPU engine only: %w", device, errUsage)
 	}
@@ -33,7 +33,11 @@ func runPipeline(ctx context.Context, cfg *jobConfig, device string, trainSplit,
 	}
 	job := &elastic.PipelineJob{Members: members, Pipeline: *cfg.Pipeline, Model: spec, StepTimeout: time.Duration(cfg.StepTimeout), WorldSize: cfg.WorldSize,
 		Logger: log, Out: stdout,
-		NewReplica: func(m train.Model) (*train.Replica, error) { return cfg.replica(m, cfg.optimizer()), nil }}
+		NewReplica: func(m train.Model) (*train.Replica, error) {
+			rep := cfg.replica(m, cfg.optimizer())
+			rep.Trace = tracer
+			return rep, nil
+		}}
 	job.Training = cfg.runConfig(trainSplit, testSplit)
 	job.Training.Progress, job.Training.ProgressEvery = cfg.progress(testSplit != nil, status, func() *zerolog.Logger { return &log })
 	if cfg.CheckpointDir != "" {

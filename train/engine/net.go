@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/ringtrain/ringtrain/train"
 )
@@ -38,15 +39,18 @@ type layer struct {
 // run on the device: then a step moves only the gradients to the host and
 // back, and a ring of one moves nothing but the batch in and the loss out.
 type Net struct {
-	ops     Ops
-	batch   int
-	classes int
-	inputs  int // values per sample
-	layers  []layer
-	names   []string
-	nparams int
-	params  [][]float32 // host copies of the parameters
-	grads   [][]float32 // host: ForwardBackward's gradients
+	ops Ops
+	// forwardEnd is when the last forward pass ended, on Host, whose ops
+	// run as they are called (a device queues them, and ends later).
+	forwardEnd time.Time
+	batch      int
+	classes    int
+	inputs     int // values per sample
+	layers     []layer
+	names      []string
+	nparams    int
+	params     [][]float32 // host copies of the parameters
+	grads      [][]float32 // host: ForwardBackward's gradients
 	// hostOK: params hold the device's values; devOK: the device holds
 	// params' (false once Params has let a caller write them).
 	hostOK, devOK bool
@@ -325,8 +329,15 @@ func (n *Net) queueForward(rows int) error {
 	dLogits := n.dActs[len(n.dActs)-1]
 	e.do(n.ops.SoftmaxXent(logits, n.labels, dLogits, n.dLoss, n.batch, rows, n.classes))
 	e.do(n.ops.DownloadAsync(n.lossPin, n.dLoss))
+	if _, ok := n.ops.(Host); ok {
+		n.forwardEnd = time.Now()
+	}
 	return e.err
 }
+
+// ForwardEnd is when the last forward pass ended, on Host; the zero time
+// on a device, where the host only queued it.
+func (n *Net) ForwardEnd() time.Time { return n.forwardEnd }
 
 func (n *Net) queueBackward() error {
 	var e errs
