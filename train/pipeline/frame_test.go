@@ -157,7 +157,7 @@ func TestPeakInFlight(t *testing.T) {
 	for _, tt := range []struct {
 		sched Kind
 		want  []int
-	}{{OneFOneB, []int{3, 2, 1}}, {GPipe, []int{8, 8, 8}}} {
+	}{{OneFOneB, []int{3, 2, 1}}, {GPipe, []int{8, 8, 1}}} {
 		ctx := context.Background()
 		cfg := Config{Stages: 3, MicroBatches: 8, Schedule: tt.sched, Split: []int{2, 8}}
 		a1, b1 := MemLinks(64)

@@ -16,7 +16,8 @@ const (
 	// stage s.
 	OneFOneB Kind = "1f1b"
 	// GPipe runs every forward, then every backward: M micro-batches in
-	// flight on every stage.
+	// flight on every stage but the last, which computes each micro-batch
+	// as it arrives.
 	GPipe Kind = "gpipe"
 )
 
@@ -47,15 +48,23 @@ func Schedule(kind Kind, stages, s, m int) ([]Op, error) {
 		return nil, fmt.Errorf("stage %d of %d, %d micro-batches: %w", s, stages, m, ErrConfig)
 	}
 	ops := make([]Op, 0, 2*m)
-	switch kind {
-	case GPipe:
+	switch {
+	case kind == GPipe && s == stages-1 && stages > 1:
+		// The last stage runs a micro-batch's forward inside its
+		// backward (there is nothing to hold for later), so it takes
+		// each as it arrives: waiting for all M first would leave it idle
+		// while the stages before it run their forwards.
+		for i := range m {
+			ops = append(ops, Op{MB: i}, Op{Backward: true, MB: i})
+		}
+	case kind == GPipe:
 		for i := range m {
 			ops = append(ops, Op{MB: i})
 		}
 		for i := range m {
 			ops = append(ops, Op{Backward: true, MB: i})
 		}
-	case OneFOneB:
+	case kind == OneFOneB:
 		warm := min(stages-s-1, m)
 		f, b := 0, 0
 		for ; f < warm; f++ {

@@ -14,7 +14,8 @@ func TestSchedule(t *testing.T) {
 		inFlight     int
 	}{
 		{GPipe, 2, 0, 3, "[F0 F1 F2 B0 B1 B2]", 3},
-		{GPipe, 4, 3, 2, "[F0 F1 B0 B1]", 2},
+		{GPipe, 4, 3, 2, "[F0 B0 F1 B1]", 1}, // the last stage: each as it comes
+		{GPipe, 1, 0, 2, "[F0 F1 B0 B1]", 2},
 		{OneFOneB, 1, 0, 3, "[F0 B0 F1 B1 F2 B2]", 1},
 		{OneFOneB, 2, 0, 4, "[F0 F1 B0 F2 B1 F3 B2 B3]", 2},
 		{OneFOneB, 2, 1, 4, "[F0 B0 F1 B1 F2 B2 F3 B3]", 1},
