@@ -17,11 +17,11 @@ import (
 	"github.com/ringtrain/ringtrain/ring"
 )
 
-// LocalSwarm is n peers of one job on 127.0.0.1 in this process, each given
-// only the first one's address, for tests and benchmarks.
-type LocalSwarm struct {
-	// Relay, in a swarm StartLocalSwarmBehindNAT made, is the public
-	// bootstrap peer that relays for the others; it is no member.
+// localSwarm is n peers of one job on 127.0.0.1 in this process, each given
+// only the first one's address: what LocalRing and TimeFormation measure.
+type localSwarm struct {
+	// Relay, in a swarm startBehindNAT made, is the public bootstrap peer
+	// that relays for the others; it is no member.
 	Relay      *Host
 	Hosts      []*Host
 	Nodes      []*Node
@@ -29,9 +29,9 @@ type LocalSwarm struct {
 	Errs       []error      // what each node's Join returned
 }
 
-// StartLocalSwarm starts the hosts and nodes; Join forms the ring.
-func StartLocalSwarm(ctx context.Context, n int, job Job) (_ *LocalSwarm, err error) {
-	s := &LocalSwarm{}
+// startLocalSwarm starts the hosts and nodes; Join forms the ring.
+func startLocalSwarm(ctx context.Context, n int, job Job) (_ *localSwarm, err error) {
+	s := &localSwarm{}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -50,7 +50,7 @@ func StartLocalSwarm(ctx context.Context, n int, job Job) (_ *LocalSwarm, err er
 }
 
 // add starts a host and its node of job.
-func (s *LocalSwarm) add(ctx context.Context, cfg HostConfig, job Job) error {
+func (s *localSwarm) add(ctx context.Context, cfg HostConfig, job Job) error {
 	h, err := NewHost(ctx, cfg)
 	if err != nil {
 		return err
@@ -64,19 +64,14 @@ func (s *LocalSwarm) add(ctx context.Context, cfg HostConfig, job Job) error {
 	return nil
 }
 
-// StartLocalSwarmBehindNAT is StartLocalSwarm as if each of the n peers
-// sat behind its own NAT, with a public relay that is no member of the job
-// as the bootstrap peer: the peers refuse every connection among
-// themselves that does not come through a relay, and know they are
-// private, as AutoNAT would tell them; the relay knows it is public.
-func StartLocalSwarmBehindNAT(ctx context.Context, n int, job Job) (*LocalSwarm, error) {
-	return startBehindNAT(ctx, n, job, nil)
-}
-
-// startBehindNAT is StartLocalSwarmBehindNAT, in a private swarm if key is
-// set.
-func startBehindNAT(ctx context.Context, n int, job Job, key pnet.PSK) (_ *LocalSwarm, err error) {
-	s := &LocalSwarm{}
+// startBehindNAT is startLocalSwarm as if each of the n peers sat behind
+// its own NAT, with a public relay that is no member of the job as the
+// bootstrap peer: the peers refuse every connection among themselves that
+// does not come through a relay, and know they are private, as AutoNAT
+// would tell them; the relay knows it is public. With key, the swarm is
+// private.
+func startBehindNAT(ctx context.Context, n int, job Job, key pnet.PSK) (_ *localSwarm, err error) {
+	s := &localSwarm{}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -113,7 +108,7 @@ func (g *natGater) InterceptSecured(_ network.Direction, p peer.ID, c network.Co
 func (g *natGater) InterceptUpgraded(network.Conn) (bool, control.DisconnectReason) { return true, 0 }
 
 // Join runs every node's Join at once.
-func (s *LocalSwarm) Join(ctx context.Context) error {
+func (s *localSwarm) Join(ctx context.Context) error {
 	s.Formations = make([]*Formation, len(s.Nodes))
 	s.Errs = make([]error, len(s.Nodes))
 	var wg sync.WaitGroup
@@ -126,7 +121,7 @@ func (s *LocalSwarm) Join(ctx context.Context) error {
 
 // Connect opens the formed ring's links over plane and returns the
 // transports by rank, and what to close them with.
-func (s *LocalSwarm) Connect(ctx context.Context, plane DataPlane) ([]ring.Transport, func(), error) {
+func (s *localSwarm) Connect(ctx context.Context, plane DataPlane) ([]ring.Transport, func(), error) {
 	n := len(s.Hosts)
 	ts := make([]ring.Transport, n)
 	errs := make([]error, n)
@@ -159,7 +154,7 @@ func (s *LocalSwarm) Connect(ctx context.Context, plane DataPlane) ([]ring.Trans
 }
 
 // Close stops every node and host.
-func (s *LocalSwarm) Close() {
+func (s *localSwarm) Close() {
 	for _, n := range s.Nodes {
 		n.Close()
 	}
@@ -175,19 +170,19 @@ func (s *LocalSwarm) Close() {
 // the returned func closes everything it started once the transports are
 // closed.
 func LocalRing(ctx context.Context, n int, plane DataPlane) ([]ring.Transport, func(), error) {
-	s, err := StartLocalSwarm(ctx, n, Job{Name: "local", ConfigHash: "local", WorldSize: n})
+	s, err := startLocalSwarm(ctx, n, Job{Name: "local", ConfigHash: "local", WorldSize: n})
 	return localRing(ctx, plane, s, err)
 }
 
 // LocalRingBehindNAT is LocalRing with every link through a relay, as
-// StartLocalSwarmBehindNAT sets up: what a ring of peers behind NATs
+// startBehindNAT sets up: what a ring of peers behind NATs
 // that hole punching cannot cross runs at.
 func LocalRingBehindNAT(ctx context.Context, n int) ([]ring.Transport, func(), error) {
-	s, err := StartLocalSwarmBehindNAT(ctx, n, Job{Name: "local", ConfigHash: "local", WorldSize: n})
+	s, err := startBehindNAT(ctx, n, Job{Name: "local", ConfigHash: "local", WorldSize: n}, nil)
 	return localRing(ctx, PlaneLibp2p, s, err)
 }
 
-func localRing(ctx context.Context, plane DataPlane, s *LocalSwarm, err error) ([]ring.Transport, func(), error) {
+func localRing(ctx context.Context, plane DataPlane, s *localSwarm, err error) ([]ring.Transport, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
@@ -209,7 +204,7 @@ func localRing(ctx context.Context, plane DataPlane, s *LocalSwarm, err error) (
 // the first host to every peer holding the formed ring.
 func TimeFormation(ctx context.Context, n int) (time.Duration, error) {
 	start := time.Now()
-	s, err := StartLocalSwarm(ctx, n, Job{Name: fmt.Sprintf("form-%d", n), ConfigHash: "x", WorldSize: n})
+	s, err := startLocalSwarm(ctx, n, Job{Name: fmt.Sprintf("form-%d", n), ConfigHash: "x", WorldSize: n})
 	if err != nil {
 		return 0, err
 	}

@@ -51,7 +51,7 @@ func startHosts(t *testing.T, n int, key pnet.PSK) []*Host {
 	return hs
 }
 
-// swarm starts a LocalSwarm of n peers of j, closed when the test ends.
+// swarm starts a localSwarm of n peers of j, closed when the test ends.
 // slow skips a test of seconds under go test -short (make check); make
 // test runs it.
 func slow(t *testing.T) {
@@ -61,10 +61,10 @@ func slow(t *testing.T) {
 	}
 }
 
-func swarm(t *testing.T, n int, j Job) *LocalSwarm {
+func swarm(t *testing.T, n int, j Job) *localSwarm {
 	t.Helper()
 	slow(t)
-	s, err := StartLocalSwarm(context.Background(), n, j)
+	s, err := startLocalSwarm(context.Background(), n, j)
 	if err != nil {
 		t.Fatal(err)
 	}

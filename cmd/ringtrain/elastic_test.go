@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/rs/zerolog"
 
 	"github.com/ringtrain/ringtrain/data"
@@ -34,6 +35,33 @@ func (v *vanishing) ForwardBackward(x []float32, y []int, n int) (float32, error
 	return loss, err
 }
 
+// loopbackPeers starts n hosts on 127.0.0.1, each but the first given
+// only the first one's address, each with a node of job; they are closed
+// when the test ends.
+func loopbackPeers(ctx context.Context, t *testing.T, n int, job p2p.Job) ([]*p2p.Host, []*p2p.Node) {
+	t.Helper()
+	var hosts []*p2p.Host
+	var nodes []*p2p.Node
+	for i := range n {
+		cfg := p2p.HostConfig{Listen: []string{"/ip4/127.0.0.1/tcp/0"}}
+		if i > 0 {
+			cfg.Bootstrap = []peer.AddrInfo{{ID: hosts[0].ID(), Addrs: hosts[0].Addrs()}}
+		}
+		h, err := p2p.NewHost(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close() })
+		node, err := p2p.NewNode(h, job, p2p.NodeConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(node.Close)
+		hosts, nodes = append(hosts, h), append(nodes, node)
+	}
+	return hosts, nodes
+}
+
 // TestSurvivorsFinishOverLibp2p runs what `ringtrain join` runs — an
 // elastic.Job over p2p.Membership — on four libp2p hosts in this process:
 // one host vanishes in the middle of a step; the other three re-form
@@ -43,11 +71,7 @@ func TestSurvivorsFinishOverLibp2p(t *testing.T) {
 	const world, batch = 4, 8
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, err := p2p.StartLocalSwarm(ctx, world, p2p.Job{Name: "elastic-libp2p", ConfigHash: "x", WorldSize: world})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	hosts, nodes := loopbackPeers(ctx, t, world, p2p.Job{Name: "elastic-libp2p", ConfigHash: "x", WorldSize: world})
 	cfgData, err := data.LoadConfig("../../testdata/data-config.json")
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +85,7 @@ func TestSurvivorsFinishOverLibp2p(t *testing.T) {
 	outs := make([]bytes.Buffer, world)
 	var wg sync.WaitGroup
 	for i := range world {
-		links := p2p.NewRingLinks(s.Hosts[i], s.Nodes[i], p2p.LinksConfig{Logger: zerolog.Nop()})
+		links := p2p.NewRingLinks(hosts[i], nodes[i], p2p.LinksConfig{Logger: zerolog.Nop()})
 		defer links.Close()
 		wg.Go(func() {
 			m, err := train.NewModel(train.ModelConfig{Spec: train.MLPSpec(784, []int{16}, 10), Batch: batch, Seed: 1})
@@ -72,10 +96,10 @@ func TestSurvivorsFinishOverLibp2p(t *testing.T) {
 			defer m.Close()
 			var model train.Model = m
 			if i == 2 {
-				model = &vanishing{Model: m, n: 7, gone: func() { links.Close(); s.Nodes[i].Close(); s.Hosts[i].Close() }}
+				model = &vanishing{Model: m, n: 7, gone: func() { links.Close(); nodes[i].Close(); hosts[i].Close() }}
 			}
 			job := &elastic.Job{
-				Members:   p2p.NewMembership(s.Nodes[i], links, 20*time.Second),
+				Members:   p2p.NewMembership(nodes[i], links, 20*time.Second),
 				WorldSize: world, MinWorldSize: 3, StepTimeout: 10 * time.Second, Out: &outs[i],
 				Training: train.RunConfig{
 					Replica: train.NewReplica(model, &train.SGD{LR: 0.05, Momentum: 0.9}, nil),
