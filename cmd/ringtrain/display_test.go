@@ -75,7 +75,7 @@ func TestDisplayRecords(t *testing.T) {
 		{"done", 1},
 	} {
 		if n := strings.Count(got, c.want); n < c.times || c.times == 0 && n > 0 || c.times == 1 && c.want != "done" && n != 1 {
-			t.Errorf("%q printed %d times; want %d\n%s", c.want, n, c.times, got)
+			t.Errorf("%q printed %d times; want %d\n%s", c.want, n, c.times, tails(got))
 		}
 	}
 }
@@ -121,11 +121,11 @@ func TestLocalLiveDisplay(t *testing.T) {
 		`rank 1: finished, test accuracy 0\.\d{4}, parameter hash [0-9a-f]{16}`,
 	} {
 		if !regexp.MustCompile(re).MatchString(got) {
-			t.Errorf("the screen lacks %s\n%s", re, got)
+			t.Errorf("the screen lacks %s\n%s", re, tails(got))
 		}
 	}
 	if strings.Contains(got, `"level":`) || strings.Contains(got, "listening on") {
-		t.Errorf("log lines on the screen:\n%s", got)
+		t.Errorf("log lines on the screen:\n%s", tails(got))
 	}
 	logs, err := os.ReadFile(logFile)
 	if err != nil {
@@ -152,7 +152,7 @@ func TestLocalTrace(t *testing.T) {
 	}
 	out := filepath.Join(dir, "trace.json")
 	if log, err := ringtrain(t, 3*time.Minute, "local", "-n", "2", "--config", cfg, "--trace", out); err != nil {
-		t.Fatalf("local: %v\n%s", err, log)
+		t.Fatalf("local: %v\n%s", err, tails(log))
 	}
 	b, err := os.ReadFile(out)
 	if err != nil {

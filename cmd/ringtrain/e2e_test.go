@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -77,7 +78,7 @@ func TestLocalTrainsEndToEnd(t *testing.T) {
 	logs := filepath.Join(dir, "logs")
 	out, err := ringtrain(t, 3*time.Minute, "local", "-n", "3", "--config", cfg, "--log-format", "json", "--metrics", "127.0.0.1:0", "--log-dir", logs)
 	if err != nil {
-		t.Fatalf("local: %v\n%s", err, out)
+		t.Fatalf("local: %v\n%s", err, tails(out))
 	}
 	// Each peer's log is in its file too, and plot draws the curves from them.
 	files, _ := filepath.Glob(filepath.Join(logs, "peer-*.jsonl"))
@@ -113,7 +114,7 @@ func TestLocalTrainsEndToEnd(t *testing.T) {
 		hashes = append(hashes, hash)
 	}
 	if len(hashes) != 3 || hashes[0] != hashes[1] || hashes[1] != hashes[2] {
-		t.Fatalf("summaries' param hashes %v; want three equal ones\n%s", hashes, out)
+		t.Fatalf("summaries' param hashes %v; want three equal ones\n%s", hashes, tails(out))
 	}
 	// Each rank scored a third of the 500 test images; each reports all 500.
 	if n := strings.Count(out, `"test_samples":500,`); n != 3 {
@@ -204,7 +205,7 @@ func TestDeviceFlag(t *testing.T) {
 	}
 	out, err = ringtrain(t, 3*time.Minute, "local", "-n", "2", "--config", cfg, "--device", "host")
 	if err != nil {
-		t.Fatalf("local --device host: %v\n%s", err, out)
+		t.Fatalf("local --device host: %v\n%s", err, tails(out))
 	}
 	hashes := regexp.MustCompile(`"device":"host"|"param_hash":"([0-9a-f]{64})"`).FindAllStringSubmatch(out, -1)
 	var devices, hs []string
@@ -216,7 +217,7 @@ func TestDeviceFlag(t *testing.T) {
 		}
 	}
 	if len(devices) != 2 || len(hs) != 2 || hs[0] != hs[1] {
-		t.Errorf("local --device host: %d peers said device host, hashes %v; want 2 and two equal hashes\n%s", len(devices), hs, out)
+		t.Errorf("local --device host: %d peers said device host, hashes %v; want 2 and two equal hashes\n%s", len(devices), hs, tails(out))
 	}
 }
 
@@ -292,7 +293,7 @@ func (s *started) until(t *testing.T, what string, done func(out string) bool) {
 	for !done(string(s.buf)) {
 		n, err := s.out.Read(chunk)
 		if err != nil {
-			t.Fatalf("output ended before %s (killed if it took over %v): %v\n%s", what, deadline, err, s.buf)
+			t.Fatalf("output ended before %s (killed if it took over %v): %v\n%s", what, deadline, err, tails(s.buf))
 		}
 		s.buf = append(s.buf, chunk[:n]...)
 	}
@@ -302,6 +303,9 @@ func (s *started) until(t *testing.T, what string, done func(out string) bool) {
 // and its exit error.
 func (s *started) interrupt() (string, error) {
 	s.cmd.Process.Signal(os.Interrupt)
+	// One that does not end after Ctrl-C is killed, so the test ends.
+	stop := time.AfterFunc(2*time.Minute, func() { s.cmd.Process.Kill() })
+	defer stop.Stop()
 	rest, _ := io.ReadAll(s.out)
 	s.buf = append(s.buf, rest...)
 	return string(s.buf), s.cmd.Wait()
@@ -334,7 +338,7 @@ func TestLocalInterruptLeavesNoOrphans(t *testing.T) {
 		pids = append(pids, p)
 	}
 	if len(pids) != 3 {
-		t.Fatalf("found pids %v; want 3\n%s", pids, local.buf)
+		t.Fatalf("found pids %v; want 3\n%s", pids, tails(local.buf))
 	}
 	if _, err := local.interrupt(); err == nil {
 		t.Error("interrupted local exited 0; want non-zero")
@@ -358,7 +362,7 @@ func TestInterruptWritesCheckpoint(t *testing.T) {
 	out, _ := local.interrupt()
 	stopped := strings.Index(out, "interrupted: every peer stopped after the same step")
 	if stopped < 0 || strings.LastIndex(out, `"message":"checkpoint written"`) < stopped {
-		t.Fatalf("want peers to leave between steps and rank 0 to write a checkpoint after that:\n%s", out)
+		t.Fatalf("want peers to leave between steps and rank 0 to write a checkpoint after that:\n%s", tails(out))
 	}
 	// Both peers stop after the same step, whichever saw the signal first.
 	var done []string
@@ -366,11 +370,11 @@ func TestInterruptWritesCheckpoint(t *testing.T) {
 		done = append(done, m[1])
 	}
 	if len(done) != 2 || done[0] != done[1] {
-		t.Errorf("steps done when stopped: %v; want the same on both peers\n%s", done, out)
+		t.Errorf("steps done when stopped: %v; want the same on both peers\n%s", done, tails(out))
 	}
 	c, err := ringtrain(t, time.Minute, "predict", "--checkpoint", filepath.Join(dir, "sigint.ckpt"), "--image", "../../testdata/fashion-folder/test/Trouser/9965.png")
 	if err != nil {
-		t.Errorf("predict from the interrupt checkpoint: %v\n%s", err, c)
+		t.Errorf("predict from the interrupt checkpoint: %v\n%s", err, tails(c))
 	}
 }
 
@@ -386,7 +390,7 @@ func TestKillAllAndRestartResumes(t *testing.T) {
 			hs = append(hs, m[1])
 		}
 		if len(hs) != 2 || hs[0] != hs[1] {
-			t.Fatalf("hashes %v; want two equal ones\n%s", hs, out)
+			t.Fatalf("hashes %v; want two equal ones\n%s", hs, tails(out))
 		}
 		return hs[0]
 	}
@@ -394,7 +398,7 @@ func TestKillAllAndRestartResumes(t *testing.T) {
 	out, err := ringtrain(t, 3*time.Minute, "local", "-n", "2", "--config",
 		writeJobFile(t, straightDir, fields+`, "checkpoint_dir": "`+straightDir+`"`))
 	if err != nil {
-		t.Fatalf("uninterrupted run: %v\n%s", err, out)
+		t.Fatalf("uninterrupted run: %v\n%s", err, tails(out))
 	}
 	want := hashOf(out)
 
@@ -413,15 +417,15 @@ func TestKillAllAndRestartResumes(t *testing.T) {
 		syscall.Kill(p, syscall.SIGKILL)
 	}
 	if out, err := first.interrupt(); err == nil || strings.Contains(out, `"message":"summary"`) {
-		t.Fatalf("the killed run finished anyway (make it longer):\n%s", out)
+		t.Fatalf("the killed run finished anyway (make it longer):\n%s", tails(out))
 	}
 
 	out, err = ringtrain(t, 3*time.Minute, "local", "-n", "2", "--config", cfg)
 	if err != nil {
-		t.Fatalf("restarted run: %v\n%s", err, out)
+		t.Fatalf("restarted run: %v\n%s", err, tails(out))
 	}
 	if !strings.Contains(out, "resuming from a checkpoint") || strings.Count(out, `"samples_into_epoch":`) != 2 {
-		t.Errorf("the restarted peers did not say they resumed:\n%s", out)
+		t.Errorf("the restarted peers did not say they resumed:\n%s", tails(out))
 	}
 	if got := hashOf(out); got != want {
 		t.Errorf("resumed run ends with %s; the uninterrupted one with %s", got, want)
@@ -429,7 +433,7 @@ func TestKillAllAndRestartResumes(t *testing.T) {
 	// A finished run's checkpoint is not trained on again, nor overwritten.
 	out, err = ringtrain(t, time.Minute, "local", "-n", "2", "--config", cfg)
 	if err == nil || !strings.Contains(out, "is of a finished run (4 of 4 epochs)") {
-		t.Errorf("a third start over a finished checkpoint: %v; want an error saying so\n%s", err, out)
+		t.Errorf("a third start over a finished checkpoint: %v; want an error saying so\n%s", err, tails(out))
 	}
 }
 
@@ -443,7 +447,7 @@ func TestLosingAPeerMidTraining(t *testing.T) {
 	local.until(t, "training", func(out string) bool { return strings.Count(out, `"steps":`) >= 3 })
 	m := regexp.MustCompile(`\[peer 2\] started, pid (\d+)`).FindStringSubmatch(string(local.buf))
 	if m == nil {
-		t.Fatalf("no pid for peer 2:\n%s", local.buf)
+		t.Fatalf("no pid for peer 2:\n%s", tails(local.buf))
 	}
 	pid, _ := strconv.Atoi(m[1])
 	syscall.Kill(pid, syscall.SIGKILL)
@@ -451,14 +455,14 @@ func TestLosingAPeerMidTraining(t *testing.T) {
 	out := string(append(local.buf, rest...))
 	local.cmd.Wait() // non-zero: a peer was killed
 	if strings.Count(out, "ring re-formed: rank ") != 2 || !strings.Contains(out, `"generation":2`) {
-		t.Errorf("want both survivors to say the ring re-formed in generation 2:\n%s", out)
+		t.Errorf("want both survivors to say the ring re-formed in generation 2:\n%s", tails(out))
 	}
 	var hashes []string
 	for _, m := range regexp.MustCompile(`"world_size":2,"epochs":4,.*"param_hash":"([0-9a-f]{64})"`).FindAllStringSubmatch(out, -1) {
 		hashes = append(hashes, m[1])
 	}
 	if len(hashes) != 2 || hashes[0] != hashes[1] {
-		t.Errorf("survivors' summaries: hashes %v; want two equal ones, of a world of 2 after 4 epochs\n%s", hashes, out)
+		t.Errorf("survivors' summaries: hashes %v; want two equal ones, of a world of 2 after 4 epochs\n%s", hashes, tails(out))
 	}
 }
 
@@ -473,32 +477,32 @@ func TestCtrlCOnOnePeerLetsOthersGoOn(t *testing.T) {
 	local.until(t, "training", func(out string) bool { return strings.Count(out, `"steps":`) >= 3 })
 	m := regexp.MustCompile(`\[peer 1\] started, pid (\d+)`).FindStringSubmatch(string(local.buf))
 	if m == nil {
-		t.Fatalf("no pid for peer 1:\n%s", local.buf)
+		t.Fatalf("no pid for peer 1:\n%s", tails(local.buf))
 	}
 	pid, _ := strconv.Atoi(m[1])
 	syscall.Kill(pid, syscall.SIGINT)
 	rest, _ := io.ReadAll(local.out)
 	out := string(append(local.buf, rest...))
 	if err := local.cmd.Wait(); err != nil {
-		t.Errorf("local: %v; want every peer to end well, the leaver too\n%s", err, out)
+		t.Errorf("local: %v; want every peer to end well, the leaver too\n%s", err, tails(out))
 	}
 	if strings.Count(out, "peers are leaving; re-forming the ring without them") != 2 ||
 		strings.Count(out, "ring re-formed without the peers that left; carrying on") != 2 || strings.Count(out, ", 1 peer(s) left") != 2 {
-		t.Errorf("want both others to re-form without the leaver, and say it left:\n%s", out)
+		t.Errorf("want both others to re-form without the leaver, and say it left:\n%s", tails(out))
 	}
 	// A leave is not a loss: nobody says so, and no step runs again.
 	if strings.Contains(out, "lost") || strings.Contains(out, "running the step again") || strings.Contains(out, "exit status") {
-		t.Errorf("the leave was taken for a loss:\n%s", out)
+		t.Errorf("the leave was taken for a loss:\n%s", tails(out))
 	}
 	if !strings.Contains(out, "left the job after ") {
-		t.Errorf("the leaver does not say it left:\n%s", out)
+		t.Errorf("the leaver does not say it left:\n%s", tails(out))
 	}
 	var hashes []string
 	for _, m := range regexp.MustCompile(`"world_size":2,"epochs":4,.*"param_hash":"([0-9a-f]{64})"`).FindAllStringSubmatch(out, -1) {
 		hashes = append(hashes, m[1])
 	}
 	if len(hashes) != 2 || hashes[0] != hashes[1] {
-		t.Errorf("the two that stayed: hashes %v; want two equal ones\n%s", hashes, out)
+		t.Errorf("the two that stayed: hashes %v; want two equal ones\n%s", hashes, tails(out))
 	}
 }
 
@@ -513,17 +517,17 @@ func TestReplacementIsAdmitted(t *testing.T) {
 	m := regexp.MustCompile(`\[peer 2\] started, pid (\d+)`).FindStringSubmatch(buf)
 	a := regexp.MustCompile(`\[(?:peer|rank) \d\] listening on (/ip4/127\.0\.0\.1/\S+)`).FindStringSubmatch(buf)
 	if m == nil || a == nil {
-		t.Fatalf("no pid or address:\n%s", buf)
+		t.Fatalf("no pid or address:\n%s", tails(buf))
 	}
 	pid, _ := strconv.Atoi(m[1])
 	syscall.Kill(pid, syscall.SIGKILL)
 	local.until(t, "re-formation", func(out string) bool { return strings.Count(out, "ring re-formed: rank ") == 2 })
 	out, err := ringtrain(t, 3*time.Minute, "join", "--config", cfg, "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", a[1], "--log-format", "json")
 	if err != nil {
-		t.Fatalf("the replacement: %v\n%s", err, out)
+		t.Fatalf("the replacement: %v\n%s", err, tails(out))
 	}
 	if !strings.Contains(out, "waiting as a standby") || !strings.Contains(out, "admitted to the ring") {
-		t.Errorf("the replacement did not say it waited and was admitted:\n%s", out)
+		t.Errorf("the replacement did not say it waited and was admitted:\n%s", tails(out))
 	}
 	rest, _ := io.ReadAll(local.out)
 	all := string(append(local.buf, rest...)) + out
@@ -533,7 +537,7 @@ func TestReplacementIsAdmitted(t *testing.T) {
 		hashes = append(hashes, m[1])
 	}
 	if len(hashes) != 3 || hashes[0] != hashes[1] || hashes[1] != hashes[2] {
-		t.Errorf("summaries of the grown ring: hashes %v; want three equal ones\n%s", hashes, all)
+		t.Errorf("summaries of the grown ring: hashes %v; want three equal ones\n%s", hashes, tails(all))
 	}
 }
 
@@ -550,10 +554,10 @@ func TestLocalFirstPeerFailsEarly(t *testing.T) {
 	start := time.Now()
 	out, err := ringtrain(t, 2*time.Minute, "local", "-n", "3", "--config", cfg)
 	if err == nil || !strings.Contains(out, "peer 0") || !strings.Contains(out, "nowhere") {
-		t.Fatalf("local with a broken first peer: %v\n%s", err, out)
+		t.Fatalf("local with a broken first peer: %v\n%s", err, tails(out))
 	}
 	if strings.Contains(out, "[peer 1]") {
-		t.Errorf("local started other peers after peer 0 failed:\n%s", out)
+		t.Errorf("local started other peers after peer 0 failed:\n%s", tails(out))
 	}
 	t.Logf("local gave up after %v", time.Since(start).Round(time.Millisecond))
 }
@@ -565,12 +569,12 @@ func TestPredictRecipe(t *testing.T) {
 	wd := t.TempDir()
 	cfg := mustAbs(t, "../../testdata/predict-job.json")
 	if out, err := ringtrainIn(t, wd, 3*time.Minute, "local", "-n", "2", "--config", cfg); err != nil {
-		t.Fatalf("local: %v\n%s", err, out)
+		t.Fatalf("local: %v\n%s", err, tails(out))
 	}
 	img := mustAbs(t, "../../testdata/fashion-folder/test/Bag/9969.jpg")
 	out, err := ringtrainIn(t, wd, time.Minute, "predict", "--checkpoint", "ckpt/fashion-mnist-predict.ckpt", "--image", img)
 	if err != nil || !strings.Contains(out, "9969.jpg: ") {
-		t.Errorf("predict from the recipe's checkpoint: %v\n%s", err, out)
+		t.Errorf("predict from the recipe's checkpoint: %v\n%s", err, tails(out))
 	}
 }
 
@@ -580,7 +584,7 @@ func TestPredictRecipe(t *testing.T) {
 func TestBenchAllreduceProcs(t *testing.T) {
 	out, err := ringtrain(t, time.Minute, "bench", "allreduce", "--procs", "--peers", "3", "--sizes", "64KiB,256KiB", "--iters", "2", "--json")
 	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
+		t.Fatalf("%v\n%s", err, tails(out))
 	}
 	var rows []ringbench.Result
 	dec := json.NewDecoder(strings.NewReader(out))
@@ -626,7 +630,7 @@ func TestServedDataTrainsAsLocalFiles(t *testing.T) {
 	out, err := ringtrain(t, 2*time.Minute, "local", "-n", "2", "--config", local)
 	want := paramHashes(out)
 	if err != nil || len(want) != 2 || want[0] != want[1] {
-		t.Fatalf("local files: %v, hashes %v\n%s", err, want, out)
+		t.Fatalf("local files: %v, hashes %v\n%s", err, want, tails(out))
 	}
 
 	srv := startRingtrain(t, "serve", "--data", "../../testdata/data-config.json", "--listen", "/ip4/127.0.0.1/tcp/0", "--log-format", "json")
@@ -635,7 +639,7 @@ func TestServedDataTrainsAsLocalFiles(t *testing.T) {
 	id := idRe.FindStringSubmatch(string(srv.buf))[1]
 	addr := regexp.MustCompile(`listening on (\S+)`).FindStringSubmatch(string(srv.buf))[1]
 	if !strings.Contains(string(srv.buf), "transforms: ToTensor() → Normalize") || !strings.Contains(string(srv.buf), "Ankle boot=200") {
-		t.Fatalf("serve should say what it serves, as Ember's server did:\n%s", srv.buf)
+		t.Fatalf("serve should say what it serves, as Ember's server did:\n%s", tails(srv.buf))
 	}
 
 	served := filepath.Join(dir, "served.json")
@@ -649,14 +653,14 @@ func TestServedDataTrainsAsLocalFiles(t *testing.T) {
 	rest, _ := io.ReadAll(first.out)
 	firstOut := string(append(first.buf, rest...))
 	if werr := first.cmd.Wait(); err != nil || werr != nil {
-		t.Fatalf("served: %v / %v\n%s\n%s", werr, err, firstOut, second)
+		t.Fatalf("served: %v / %v\n%s\n%s", werr, err, tails(firstOut), tails(second))
 	}
 	got := append(paramHashes(firstOut), paramHashes(second)...)
 	if len(got) != 2 || got[0] != want[0] || got[1] != want[0] {
-		t.Fatalf("served data: hashes %v; want local files' %s\n%s\n%s", got, want[0], firstOut, second)
+		t.Fatalf("served data: hashes %v; want local files' %s\n%s\n%s", got, want[0], tails(firstOut), tails(second))
 	}
 	if !strings.Contains(second, `"fetched the job config"`) || !strings.Contains(second, `"message":"served data"`) {
-		t.Fatalf("the --job peer should say it fetched the config and the data:\n%s", second)
+		t.Fatalf("the --job peer should say it fetched the config and the data:\n%s", tails(second))
 	}
 	// The cache holds what the peer fetched.
 	if fi, err := os.Stat(filepath.Join(dir, "cache", id+".train")); err != nil || fi.Size() != 2000*784 {
@@ -666,7 +670,7 @@ func TestServedDataTrainsAsLocalFiles(t *testing.T) {
 	// local, pointed at the data node, does the same with N processes.
 	out, err = ringtrain(t, 2*time.Minute, "local", "-n", "2", "--config", served, "--bootstrap", addr)
 	if got := paramHashes(out); err != nil || len(got) != 2 || got[0] != want[0] || got[1] != want[0] {
-		t.Fatalf("local on served data: %v, hashes %v; want local files' %s\n%s", err, got, want[0], out)
+		t.Fatalf("local on served data: %v, hashes %v; want local files' %s\n%s", err, got, want[0], tails(out))
 	}
 
 	for _, c := range []struct{ name, want string }{
@@ -685,7 +689,7 @@ func TestServedDataTrainsAsLocalFiles(t *testing.T) {
 			start := time.Now()
 			out, err := ringtrain(t, time.Minute, args...)
 			if err == nil || !strings.Contains(out, c.want) || time.Since(start) > 30*time.Second {
-				t.Fatalf("after %v: %v; want an error saying %q\n%s", time.Since(start), err, c.want, out)
+				t.Fatalf("after %v: %v; want an error saying %q\n%s", time.Since(start), err, c.want, tails(out))
 			}
 		})
 	}
@@ -743,7 +747,7 @@ func TestRestartedPeerIsWelcome(t *testing.T) {
 	stuck.Stop()
 	back := string(append(again.buf, rest...))
 	if strings.Contains(back, `"message":"ring formed"`) || !strings.Contains(back, "waiting as a standby") || !strings.Contains(back, "admitted to the ring") {
-		t.Errorf("the restarted peer should wait as a standby and be admitted, not form a ring:\n%s", back)
+		t.Errorf("the restarted peer should wait as a standby and be admitted, not form a ring:\n%s", tails(back))
 	}
 	var hashes []string
 	for _, m := range regexp.MustCompile(`"epochs":10,.*"param_hash":"([0-9a-f]{64})"`).FindAllStringSubmatch(strings.Join(append(outs, back), "\n"), -1) {
@@ -752,4 +756,46 @@ func TestRestartedPeerIsWelcome(t *testing.T) {
 	if len(hashes) != 3 || hashes[0] != hashes[1] || hashes[1] != hashes[2] {
 		t.Errorf("the three: hashes %v; want three equal ones\n%s", hashes, strings.Join(append(outs, back), "\n"))
 	}
+}
+
+// tailLines is how many of each peer's last lines a failing test prints.
+const tailLines = 25
+
+// tails is the output of local (or of several processes) as a failing
+// test prints it: the last tailLines lines of each peer — the lines with
+// one prefix, "[peer i] " or "[rank r] " — and of what has none.
+func tails(v any) string {
+	var s string
+	switch v := v.(type) {
+	case string:
+		s = v
+	case []byte:
+		s = string(v)
+	default:
+		s = fmt.Sprint(v)
+	}
+	var order []string
+	byPeer := map[string][]string{}
+	for _, l := range strings.Split(strings.TrimRight(s, "\n"), "\n") {
+		who := ""
+		if strings.HasPrefix(l, "[") {
+			if i := strings.Index(l, "] "); i > 0 && i < 12 {
+				who = l[:i+1]
+			}
+		}
+		if _, ok := byPeer[who]; !ok {
+			order = append(order, who)
+		}
+		byPeer[who] = append(byPeer[who], l)
+	}
+	var b strings.Builder
+	for _, who := range order {
+		lines := byPeer[who]
+		if len(lines) > tailLines {
+			fmt.Fprintf(&b, "… %d earlier lines of %s\n", len(lines)-tailLines, cmp.Or(who, "the rest"))
+			lines = lines[len(lines)-tailLines:]
+		}
+		b.WriteString(strings.Join(lines, "\n") + "\n")
+	}
+	return b.String()
 }

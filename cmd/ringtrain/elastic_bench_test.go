@@ -34,7 +34,7 @@ func TestBenchElastic(t *testing.T) {
 	pidOf := func(out string, peer int) int {
 		m := regexp.MustCompile(fmt.Sprintf(`\[peer %d\] started, pid (\d+)`, peer)).FindStringSubmatch(out)
 		if m == nil {
-			t.Fatalf("no pid for peer %d:\n%s", peer, out)
+			t.Fatalf("no pid for peer %d:\n%s", peer, tails(out))
 		}
 		p, _ := strconv.Atoi(m[1])
 		return p
@@ -91,7 +91,7 @@ func TestBenchElastic(t *testing.T) {
 	outage("newcomer started", 4, func(run int, cfg string, local *started) time.Time {
 		a := regexp.MustCompile(`\[(?:peer|rank) 0\] listening on (/ip4/127\.0\.0\.1/\S+)`).FindStringSubmatch(string(local.buf))
 		if a == nil {
-			t.Fatalf("no address of peer 0:\n%s", local.buf)
+			t.Fatalf("no address of peer 0:\n%s", tails(local.buf))
 		}
 		at := time.Now()
 		newcomer := startRingtrain(t, "join", "--config", cfg, "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", a[1], "--log-format", "json")
@@ -118,7 +118,7 @@ func TestBenchElastic(t *testing.T) {
 	accuracy := regexp.MustCompile(`"world_size":(\d),"epochs":3,"test_accuracy":([0-9.]+)`)
 	out, err := ringtrain(t, 20*time.Minute, "local", "-n", "4", "--config", job("bench-elastic-whole"))
 	if err != nil {
-		t.Fatalf("uninterrupted run: %v\n%s", err, out)
+		t.Fatalf("uninterrupted run: %v\n%s", err, tails(out))
 	}
 	whole := accuracy.FindStringSubmatch(out)
 	local := startRingtrain(t, "local", "-n", "4", "--config", job("bench-elastic-lossy"))
@@ -129,7 +129,7 @@ func TestBenchElastic(t *testing.T) {
 	local.cmd.Wait()
 	lossy := accuracy.FindStringSubmatch(out)
 	if whole == nil || lossy == nil {
-		t.Fatalf("no summaries: whole %v, lossy %v\n%s", whole, lossy, out)
+		t.Fatalf("no summaries: whole %v, lossy %v\n%s", whole, lossy, tails(out))
 	}
 	a, _ := strconv.ParseFloat(whole[2], 64)
 	b, _ := strconv.ParseFloat(lossy[2], 64)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"strings"
 	"sync"
@@ -44,5 +45,26 @@ func TestPeerThreads(t *testing.T) {
 		if got := peerThreads(c.asked, c.n, c.cpus); got != c.want {
 			t.Errorf("peerThreads(%d, %d, %d) = %d, want %d", c.asked, c.n, c.cpus, got, c.want)
 		}
+	}
+}
+
+// A failing test prints each peer's last lines, not one peer's flood.
+func TestTails(t *testing.T) {
+	var b strings.Builder
+	for i := range 40 {
+		fmt.Fprintf(&b, "[rank 0] line %d\n", i)
+		if i%4 == 0 {
+			fmt.Fprintf(&b, "[peer 1] line %d\n", i)
+		}
+	}
+	b.WriteString("ringtrain: local: peer 1: exit status 1\n")
+	got := tails(b.String())
+	for _, want := range []string{"… 15 earlier lines of [rank 0]\n[rank 0] line 15\n", "[rank 0] line 39\n", "[peer 1] line 0\n", "[peer 1] line 36\n", "ringtrain: local: peer 1: exit status 1\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("tails lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "[rank 0] line 14\n") {
+		t.Errorf("tails kept rank 0's 15th line from the end:\n%s", got)
 	}
 }

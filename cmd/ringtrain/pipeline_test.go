@@ -41,11 +41,11 @@ func TestPipelineLocal(t *testing.T) {
 	dir := t.TempDir()
 	out, err := ringtrain(t, 3*time.Minute, "local", "-n", "4", "--config", pipelineJob(t, dir, ""))
 	if err != nil {
-		t.Fatalf("local: %v\n%s", err, out)
+		t.Fatalf("local: %v\n%s", err, tails(out))
 	}
 	lines := regexp.MustCompile(`stage (\d) of 2, replica (\d) of 2: test accuracy ([0-9.]+), stage param hash ([0-9a-f]+)`).FindAllStringSubmatch(out, -1)
 	if len(lines) != 4 {
-		t.Fatalf("%d peers reported; want 4\n%s", len(lines), out)
+		t.Fatalf("%d peers reported; want 4\n%s", len(lines), tails(out))
 	}
 	hash := map[string]string{}
 	for _, l := range lines {
@@ -58,18 +58,18 @@ func TestPipelineLocal(t *testing.T) {
 		hash[l[1]] = l[4]
 	}
 	if acc, _ := strconv.ParseFloat(lines[0][3], 64); acc < 0.6 {
-		t.Errorf("test accuracy %v; want well above chance\n%s", acc, out)
+		t.Errorf("test accuracy %v; want well above chance\n%s", acc, tails(out))
 	}
 	model := filepath.Join(dir, "pipeline-demo.ckpt")
 	img := firstImage(t)
 	pred, err := ringtrain(t, time.Minute, "predict", "--checkpoint", model, "--image", img)
 	if err != nil || !strings.Contains(pred, img+": ") {
-		t.Errorf("predict on the gathered model: %v\n%s", err, pred)
+		t.Errorf("predict on the gathered model: %v\n%s", err, tails(pred))
 	}
 	// A stage's own checkpoint is refused by predict, saying what to use.
 	pred, err = ringtrain(t, time.Minute, "predict", "--checkpoint", filepath.Join(dir, "pipeline-demo.stage1.ckpt"), "--image", img)
 	if err == nil || !strings.Contains(pred, "pipeline stage's checkpoint") {
-		t.Errorf("predict on a stage checkpoint: %v\n%s", err, pred)
+		t.Errorf("predict on a stage checkpoint: %v\n%s", err, tails(pred))
 	}
 }
 
@@ -92,14 +92,14 @@ func TestPipelineCtrlC(t *testing.T) {
 	local.until(t, "training", func(out string) bool { return strings.Count(out, `"steps":`) >= 2 })
 	m := regexp.MustCompile(`\[peer 2\] started, pid (\d+)`).FindStringSubmatch(string(local.buf))
 	if m == nil {
-		t.Fatalf("no pid for peer 2:\n%s", local.buf)
+		t.Fatalf("no pid for peer 2:\n%s", tails(local.buf))
 	}
 	pid, _ := strconv.Atoi(m[1])
 	syscall.Kill(pid, syscall.SIGINT)
 	out, _ := local.interrupt()
 	steps := regexp.MustCompile(`"steps_done":(\d+),[^\n]*interrupted: every stage stopped after the same step`).FindAllStringSubmatch(out, -1)
 	if len(steps) != 4 {
-		t.Fatalf("%d peers stopped; want 4\n%s", len(steps), out)
+		t.Fatalf("%d peers stopped; want 4\n%s", len(steps), tails(out))
 	}
 	for _, s := range steps {
 		if s[1] != steps[0][1] {
@@ -107,18 +107,18 @@ func TestPipelineCtrlC(t *testing.T) {
 		}
 	}
 	if !strings.Contains(out, "the stages' parameters gathered into one model file") {
-		t.Errorf("no model gathered:\n%s", out)
+		t.Errorf("no model gathered:\n%s", tails(out))
 	}
 	// Started again, every stage resumes from its checkpoint.
 	out, err := ringtrain(t, 3*time.Minute, "local", "-n", "4", "--config", cfg)
 	if err != nil {
-		t.Fatalf("started again: %v\n%s", err, out)
+		t.Fatalf("started again: %v\n%s", err, tails(out))
 	}
 	if n := strings.Count(out, "resuming the stage from its checkpoint"); n != 4 {
-		t.Errorf("%d peers resumed; want 4\n%s", n, out)
+		t.Errorf("%d peers resumed; want 4\n%s", n, tails(out))
 	}
 	if n := strings.Count(out, `"epochs":12,"test_accuracy"`); n != 4 {
-		t.Errorf("%d peers finished 12 epochs; want 4\n%s", n, out)
+		t.Errorf("%d peers finished 12 epochs; want 4\n%s", n, tails(out))
 	}
 }
 
@@ -214,10 +214,10 @@ func TestPipelineProcessesTrainAsWhole(t *testing.T) {
 		os.WriteFile(cfg, b, 0o644)
 		out, err := ringtrain(t, 3*time.Minute, "local", "-n", world, "--config", cfg)
 		if err != nil {
-			t.Fatalf("local -n %s: %v\n%s", world, err, out)
+			t.Fatalf("local -n %s: %v\n%s", world, err, tails(out))
 		}
 		if want := "stage 0 of " + strconv.Itoa(stages) + ", replica 0 of " + strconv.Itoa(replicas); !strings.Contains(out, want) {
-			t.Fatalf("no %q in:\n%s", want, out)
+			t.Fatalf("no %q in:\n%s", want, tails(out))
 		}
 		c, err := train.LoadCheckpoint(filepath.Join(dir, "pipeline-demo.ckpt"))
 		if err != nil {
