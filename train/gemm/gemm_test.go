@@ -287,8 +287,8 @@ func BenchmarkSgemm(b *testing.B) {
 		{"cnn-conv2-fwd", false, false, 12544, 64, 800},
 		{"square-512", false, false, 512, 512, 512},
 	}
-	// "gonum" is gonum's own Sgemm on one thread, the default build's
-	// BLAS before this package.
+	// "gonum" is gonum's own Sgemm on one thread: what the product would
+	// take without this package.
 	type impl struct {
 		name string
 		blas.Float32
