@@ -7,7 +7,8 @@
 // run by a TapeMachine, that gorgonia differentiates. Its linear, conv2d
 // and ReLU layers are ops of this package (linear.go, conv.go, relu.go)
 // that multiply with train/gemm and keep their outputs from step to step;
-// gorgonia's own products use train/gemm too (G.Use). The CUDA and Host
+// gorgonia's own products use train/gemm too once the program calls
+// InstallBLAS (gorgonia's BLAS is the process's). The CUDA and Host
 // engines of train/engine satisfy the same Model interface.
 //
 // Around the model: SGD and Adam on plain slices (their state is ours, for
@@ -27,7 +28,9 @@
 // train/elastic's — changes the ring, brings the replicas level
 // (Replica.Level, Replica.Admitted) and runs again from there. Control
 // data between the ranks (claims, hashes, peer lists) are typed messages
-// with one codec (control.go).
+// with one codec (control.go). A Replica's Tracer is told each phase of
+// every step (data, forward, backward, each allreduce, the optimizer): the
+// timeline train/trace writes.
 //
 // A Stage is layers [lo, hi) of a spec as a graph of their own, whose
 // inputs are the activation entering it and the saved outputs of earlier
@@ -35,6 +38,7 @@
 //
 // # Usage
 //
+//	train.InstallBLAS() // once, in main
 //	spec, err := train.BuiltinSpec("mlp", 1, 28, 28, 10)
 //	m, err := train.NewModel(train.ModelConfig{Spec: spec, Batch: 64, Seed: seed})
 //	rep := train.NewReplica(m, &train.SGD{LR: 0.05, Momentum: 0.9}, r) // r: a *ring.Ring
