@@ -350,7 +350,8 @@ demo: build fashion-mnist
 	  cfg=testdata/job.json; echo "demo: Fashion-MNIST not installed; training on the 2,000-image subset in testdata/"; \
 	fi; \
 	rm -rf $(BIN)/demo-logs; \
-	$(BIN)/ringtrain local -n 3 --config $$cfg --model $(MODEL) $$([ -t 1 ] || echo --log-format console) --log-dir $(BIN)/demo-logs --trace $(BIN)/demo-trace.json && \
+	format=console; [ -t 1 ] && format=auto; \
+	$(BIN)/ringtrain local -n 3 --config $$cfg --model $(MODEL) --log-format $$format --log-dir $(BIN)/demo-logs --trace $(BIN)/demo-trace.json && \
 	$(BIN)/ringtrain plot $(BIN)/demo-logs/*.jsonl -o $(BIN)/demo-curves.png
 
 clean:
