@@ -210,7 +210,12 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			for _, p := range parts {
 				os.Remove(p)
 			}
-			fmt.Fprintf(stdout, "timeline of %d peers: %s (open it in Perfetto)\n", len(parts), *traceFile)
+			line := fmt.Sprintf("timeline of %d peers: %s (open it in Perfetto)", len(parts), *traceFile)
+			if view != nil {
+				view.println(line) // not across the bars being drawn
+			} else {
+				fmt.Fprintln(stdout, line)
+			}
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
