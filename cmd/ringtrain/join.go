@@ -497,8 +497,8 @@ func startNode(h *p2p.Host, relayFor *atomic.Pointer[p2p.Node], f *joinFlags, cf
 }
 
 // newJob builds the model, optimizer, data loaders and checkpointing of
-// the job, and the progress reports: a bar per epoch on a terminal, a log
-// line every 50 steps otherwise.
+// the job, and the progress reports: records on status (a live display's
+// or local's) every 5 steps, a log line every 50.
 func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, testSplit *data.Split, members elastic.Membership,
 	stdout, status io.Writer, log zerolog.Logger) (*elastic.Job, train.Model, error) {
 	layers, err := cfg.modelSpec(trainSplit.C, trainSplit.H, trainSplit.W, len(trainSplit.Classes))
