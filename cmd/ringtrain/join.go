@@ -62,7 +62,11 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if view != nil {
 		// The display shows the events; the log goes to --log-file.
 		defer view.close()
-		stdout = &lineWriter{d: view}
+		if isTerminal(stdout) {
+			// On the same screen, output goes above the bars, not
+			// across them; redirected, it stays where it was sent.
+			stdout = &lineWriter{d: view}
+		}
 	}
 	var tracer *trace.File
 	if f.trace != "" {
