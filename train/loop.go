@@ -247,11 +247,13 @@ func (e *epochRun) train(ctx context.Context) (Position, error) {
 	}
 	e.fetched = time.Now()
 	err = ep.Each(func(b *data.Batch) error {
-		if r := e.r; r.Trace != nil {
-			// Between the last step's end and this one's start, the
-			// loader was getting the batch.
-			r.Trace.Span("data", e.fetched, time.Now(), r.Steps+1, -1)
+		r := e.r
+		if r.Trace == nil {
+			return e.stepOn(ctx, b)
 		}
+		// Between the last step's end and this one's start, the loader
+		// was getting the batch.
+		r.Trace.Span("data", e.fetched, time.Now(), r.Steps+1, -1)
 		defer func() { e.fetched = time.Now() }()
 		return e.stepOn(ctx, b)
 	})

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -316,7 +317,7 @@ func (w *lineWriter) Write(b []byte) (int, error) {
 	defer w.mu.Unlock()
 	w.buf = append(w.buf, b...)
 	for {
-		i := strings.IndexByte(string(w.buf), '\n')
+		i := bytes.IndexByte(w.buf, '\n')
 		if i < 0 {
 			return len(b), nil
 		}

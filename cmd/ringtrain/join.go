@@ -78,10 +78,14 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 				fmt.Fprintf(stderr, "ringtrain: --trace: %v\n", err)
 			}
 		}()
-		// The job's events go into the timeline from the log's records.
-		status = joinWriters(status, traceEvents{tracer})
 	}
-	log, closeLog, err := f.log.open(stderr, status, view != nil)
+	// The job's events go into the timeline from the log's records; the
+	// progress records go to status alone.
+	logTee := status
+	if tracer != nil {
+		logTee = joinWriters(status, traceEvents{tracer})
+	}
+	log, closeLog, err := f.log.open(stderr, logTee, view != nil)
 	if err != nil {
 		return err
 	}

@@ -39,6 +39,21 @@ type progressLine struct {
 // epochs), test accuracy by epoch.
 type curves struct{ loss, rate, acc plotter.XYs }
 
+// parseWithFiles parses args, whose flags may come after the files too,
+// and returns the files.
+func parseWithFiles(fs *flag.FlagSet, args []string) ([]string, error) {
+	var files []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return files, nil
+		}
+		files, args = append(files, fs.Arg(0)), fs.Args()[1:]
+	}
+}
+
 // runPlot is `ringtrain plot LOG... -o curves.png`: loss, test accuracy
 // and samples/s of every rank, from the JSON logs of `join --log-file` (or
 // `local --log-dir`), drawn side by side with gonum/plot.
@@ -46,15 +61,9 @@ func runPlot(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("plot", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	out := fs.String("o", "curves.png", "the PNG to write")
-	var files []string
-	for { // flags may come after the files too
-		if err := fs.Parse(args); err != nil {
-			return fmt.Errorf("plot: %w: %w", errUsage, err)
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		files, args = append(files, fs.Arg(0)), fs.Args()[1:]
+	files, err := parseWithFiles(fs, args)
+	if err != nil {
+		return fmt.Errorf("plot: %w: %w", errUsage, err)
 	}
 	if len(files) == 0 {
 		return fmt.Errorf("plot: name the JSON log files (join --log-file, local --log-dir): %w", errUsage)

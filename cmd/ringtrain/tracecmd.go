@@ -72,16 +72,9 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("trace merge", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	out := fs.String("o", "trace.json", "the merged trace to write")
-	var files []string
-	args = args[1:]
-	for { // flags may come after the files too
-		if err := fs.Parse(args); err != nil {
-			return fmt.Errorf("trace merge: %w: %w", errUsage, err)
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		files, args = append(files, fs.Arg(0)), fs.Args()[1:]
+	files, err := parseWithFiles(fs, args[1:])
+	if err != nil {
+		return fmt.Errorf("trace merge: %w: %w", errUsage, err)
 	}
 	if len(files) == 0 {
 		return fmt.Errorf("trace merge: name the peers' trace files (join --trace): %w", errUsage)
