@@ -358,3 +358,22 @@ func TestRestartedPeerIsNewsAgain(t *testing.T) {
 		}
 	}
 }
+
+// FuzzLinkHello: whatever a ring link's opener says first is a hello whose
+// fields are in range, that encodes back to the same bytes, or an error.
+func FuzzLinkHello(f *testing.F) {
+	f.Add(linkHelloMsg{rank: 3, gen: 7, plane: PlaneTCP, ch: ChannelBackward}.encode())
+	f.Add(make([]byte, linkHello))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := parseLinkHello(b)
+		if err != nil {
+			return
+		}
+		if m.rank < 0 || m.rank >= maxHelloPeers || m.ch > maxChannel {
+			t.Fatalf("a hello out of range passed: %+v", m)
+		}
+		if !bytes.Equal(m.encode(), b) {
+			t.Fatalf("%+v encodes to other bytes", m)
+		}
+	})
+}

@@ -20,6 +20,8 @@
 // stage's ring (RingLinks.ConnectRing) and the links between stages
 // (RingLinks.Pair) at once. Membership wraps a Node and its RingLinks as the
 // train/elastic.Membership (and StageNet) the elastic runner drives.
+// Every handler set on a Host passes through its Guard, which enforces
+// Limits per peer and protocol and cuts off peers that break them.
 //
 // # Usage
 //

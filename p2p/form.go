@@ -1088,6 +1088,7 @@ func (n *Node) handleHello(s network.Stream) {
 	h, err := readHello(s)
 	if err != nil {
 		n.warns.Warn(from.String(), msgBadHello).Err(err).Msg(msgBadHello)
+		n.h.Guard.Strike(from, msgBadHello)
 		s.Reset()
 		return
 	}

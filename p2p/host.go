@@ -70,6 +70,10 @@ type HostConfig struct {
 	// gets, and how each hole punch ends.
 	Logger zerolog.Logger
 
+	// Limits bound what each peer may ask of this one (Guard); zero
+	// fields take their defaults.
+	Limits Limits
+
 	// gater, for tests, stands in for a NAT.
 	gater connmgr.ConnectionGater
 }
@@ -78,6 +82,8 @@ type HostConfig struct {
 type Host struct {
 	host.Host
 	DHT *dht.IpfsDHT
+	// Guard enforces the host's Limits on every handler set on Host.
+	Guard *Guard
 
 	natLog event.Subscription // ends watchNAT when closed
 	natWG  sync.WaitGroup
@@ -113,12 +119,19 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	if cfg.SwarmKey != nil {
 		opts = append(opts, libp2p.PrivateNetwork(cfg.SwarmKey))
 	}
+	if err := cfg.Limits.Check(); err != nil {
+		rm.Close()
+		return nil, err
+	}
+	guard := newGuardFor(cfg.Limits, cfg.Logger)
+	gs := gaters{guardGater{guard}}
 	if len(cfg.Allow) > 0 {
-		opts = append(opts, libp2p.ConnectionGater(allowList(cfg.Allow)))
+		gs = append(gs, allowList(cfg.Allow))
 	}
 	if cfg.gater != nil {
-		opts = append(opts, libp2p.ConnectionGater(cfg.gater))
+		gs = append(gs, cfg.gater)
 	}
+	opts = append(opts, libp2p.ConnectionGater(gs))
 	var self atomic.Pointer[host.Host] // for the relay source, which may run before New returns
 	opts = append(opts, natOptions(cfg, &self)...)
 	h, err := libp2p.New(opts...)
@@ -127,6 +140,8 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		return nil, fmt.Errorf("p2p: starting host: %w", err)
 	}
 	self.Store(&h)
+	guard.cut = func(p peer.ID) { h.Network().ClosePeer(p) }
+	h = guardedHost{Host: h, g: guard}
 	defer func() {
 		if err != nil {
 			h.Close()
@@ -161,7 +176,7 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		d.Close()
 		return nil, fmt.Errorf("p2p: watching reachability: %w", err)
 	}
-	out := &Host{Host: h, DHT: d, natLog: sub}
+	out := &Host{Host: h, DHT: d, Guard: guard, natLog: sub}
 	out.natWG.Go(func() { watchNAT(sub, cfg.Logger) })
 	return out, nil
 }

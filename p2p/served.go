@@ -111,9 +111,10 @@ func (c *DataServerConfig) fill() {
 // must know, as with any content address. It keeps serving until Close,
 // whether or not anyone trains.
 type DataServer struct {
-	h     *Host
-	cfg   DataServerConfig
-	warns *warnLimiter // warnings about what clients did
+	h      *Host
+	cfg    DataServerConfig
+	warns  *warnLimiter // warnings about what clients did
+	strike func(peer.ID, string)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -134,6 +135,7 @@ type servedSet struct {
 func NewDataServer(h *Host, cfg DataServerConfig) *DataServer {
 	cfg.fill()
 	s := &DataServer{h: h, cfg: cfg, warns: newWarnLimiter(cfg.Logger), sets: map[[32]byte]*servedSet{}, open: map[network.Stream]peer.ID{}, perPeer: map[peer.ID]int{}}
+	s.strike = h.Guard.Strike
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	h.SetStreamHandler(DataProtocol, s.handle)
 	return s
@@ -243,40 +245,7 @@ func (s *DataServer) handle(st network.Stream) {
 			return // the client is done (or gone)
 		}
 		st.SetDeadline(time.Now().Add(s.cfg.Answer))
-		var id [32]byte
-		if _, err := io.ReadFull(br, id[:]); err != nil {
-			return
-		}
-		s.mu.Lock()
-		set := s.sets[id]
-		s.mu.Unlock()
-		switch {
-		case op != opManifest && op != opSamples:
-			s.refuse(st, bw, from, fmt.Sprintf("unknown op %d", op))
-			return
-		case op == opSamples:
-			var split byte
-			if idx, err = s.readSamples(br, &split, idx); err != nil {
-				s.refuse(st, bw, from, err.Error())
-				return
-			}
-			if set == nil {
-				err = bw.WriteByte(statusUnknown)
-				break
-			}
-			if err = set.check(split, idx); err != nil {
-				s.refuse(st, bw, from, err.Error())
-				return
-			}
-			err = set.writeSamples(bw, split, idx)
-		case set == nil:
-			err = bw.WriteByte(statusUnknown)
-		default:
-			enc := set.m.Encoded()
-			bw.WriteByte(statusOK)
-			bw.Write(binary.LittleEndian.AppendUint64(nil, uint64(len(enc))))
-			_, err = bw.Write(enc)
-		}
+		more, err := s.answer(op, br, bw, from, &idx)
 		if err == nil {
 			err = bw.Flush()
 		}
@@ -284,6 +253,46 @@ func (s *DataServer) handle(st network.Stream) {
 			st.Reset()
 			return
 		}
+		if !more {
+			return
+		}
+	}
+}
+
+// answer reads the rest of a request that began with op and writes its
+// answer to bw; more is false after a request it refused, which ends the
+// stream. idx is kept between requests, for its room.
+func (s *DataServer) answer(op byte, br *bufio.Reader, bw *bufio.Writer, from peer.ID, idx *[]int) (more bool, err error) {
+	var id [32]byte
+	if _, err := io.ReadFull(br, id[:]); err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	set := s.sets[id]
+	s.mu.Unlock()
+	switch {
+	case op != opManifest && op != opSamples:
+		return false, s.refuse(bw, from, fmt.Sprintf("unknown op %d", op))
+	case op == opSamples:
+		var split byte
+		if *idx, err = s.readSamples(br, &split, *idx); err != nil {
+			return false, s.refuse(bw, from, err.Error())
+		}
+		if set == nil {
+			return true, bw.WriteByte(statusUnknown)
+		}
+		if err = set.check(split, *idx); err != nil {
+			return false, s.refuse(bw, from, err.Error())
+		}
+		return true, set.writeSamples(bw, split, *idx)
+	case set == nil:
+		return true, bw.WriteByte(statusUnknown)
+	default:
+		enc := set.m.Encoded()
+		bw.WriteByte(statusOK)
+		bw.Write(binary.LittleEndian.AppendUint64(nil, uint64(len(enc))))
+		_, err = bw.Write(enc)
+		return true, err
 	}
 }
 
@@ -335,11 +344,13 @@ func (set *servedSet) writeSamples(w *bufio.Writer, split byte, idx []int) error
 }
 
 // refuse answers a request the server will not serve, and says so (a few
-// times a peer, then counted: warnLimiter).
-func (s *DataServer) refuse(st network.Stream, w *bufio.Writer, from peer.ID, why string) {
+// times a peer, then counted: warnLimiter); the request is a strike
+// against the peer.
+func (s *DataServer) refuse(w *bufio.Writer, from peer.ID, why string) error {
 	s.warns.Warn(from.String(), "refused a data request").Str("request", why).Msg("refused a data request")
+	s.strike(from, "a data request: "+why)
 	w.WriteByte(statusBad)
-	w.Flush()
+	return w.Flush()
 }
 
 // DataClientConfig says how a client finds and uses servers. Zero values
@@ -634,21 +645,26 @@ func (c *DataClient) fetchManifest(ctx context.Context, p peer.ID, id string) (*
 		st.Reset()
 		return nil, err
 	}
-	br := bufio.NewReader(st)
-	if err := readStatus(br); err != nil {
-		return nil, err
-	}
-	var n [8]byte
-	if _, err := io.ReadFull(br, n[:]); err != nil {
-		st.Reset()
-		return nil, err
-	}
-	m, err := data.ReadManifest(br, binary.LittleEndian.Uint64(n[:]), id)
+	m, err := readManifestReply(bufio.NewReader(st), id)
 	if err != nil {
 		st.Reset()
 		return nil, err
 	}
 	return m, nil
+}
+
+// readManifestReply reads a server's answer to a manifest request for id:
+// its status, then the manifest, its length checked before it is read and
+// its bytes against id.
+func readManifestReply(br *bufio.Reader, id string) (*data.Manifest, error) {
+	if err := readStatus(br); err != nil {
+		return nil, err
+	}
+	var n [8]byte
+	if _, err := io.ReadFull(br, n[:]); err != nil {
+		return nil, err
+	}
+	return data.ReadManifest(br, binary.LittleEndian.Uint64(n[:]), id)
 }
 
 func readStatus(br *bufio.Reader) error {

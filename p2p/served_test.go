@@ -22,7 +22,7 @@ import (
 )
 
 // testData is the testdata subset: its manifest and local splits.
-func testData(t *testing.T) (*data.Manifest, *data.Split, *data.Split) {
+func testData(t testing.TB) (*data.Manifest, *data.Split, *data.Split) {
 	t.Helper()
 	c, err := data.LoadConfig("../testdata/data-config.json")
 	if err != nil {
@@ -553,6 +553,7 @@ func TestStallingDataPeersCostOneWait(t *testing.T) {
 func TestBadRequestsDoNotFloodTheLog(t *testing.T) {
 	m, tr, te := testData(t)
 	hs := startHosts(t, 2, nil)
+	hs[0].Guard.SetLimits(Limits{Strikes: 1000}) // not cut off (TestGarbageSenderIsCutOff)
 	var log lockedBuffer
 	serveOn(t, hs[0], DataServerConfig{Logger: zerolog.New(&log)}, m, tr.Dataset, te.Dataset)
 	const n = 200
@@ -566,4 +567,64 @@ func TestBadRequestsDoNotFloodTheLog(t *testing.T) {
 	if lines := strings.Count(log.String(), "refused a data request"); lines > warnBurst {
 		t.Fatalf("%d bad requests wrote %d warnings; want at most %d", n, lines, warnBurst)
 	}
+}
+
+// FuzzDataRequest feeds a data server's request reader whatever bytes a
+// client may send, requests after requests as on one stream: every one is
+// answered or refused, none panics, and what is written is bounded by
+// what was asked (MaxRequest samples).
+func FuzzDataRequest(f *testing.F) {
+	m, tr, te := testData(f)
+	id, err := data.ParseID(m.ID())
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(append([]byte{opManifest}, id[:]...))
+	f.Add(samplesRequest(m.ID(), 0, 0, 1, 2))
+	f.Add(samplesRequest(m.ID(), 1, 499))
+	f.Add(samplesRequest(m.ID(), 0, 1<<31))
+	f.Add(samplesRequest(m.ID(), 7, 0))
+	f.Add(append(samplesRequest(m.ID(), 0, 3), append([]byte{opManifest}, id[:]...)...))
+	f.Add([]byte{opSamples})
+	f.Add([]byte{9, 1, 2, 3})
+	f.Fuzz(func(t *testing.T, req []byte) {
+		s := &DataServer{cfg: DataServerConfig{MaxRequest: 64}, warns: newWarnLimiter(zerolog.Nop()),
+			strike: func(peer.ID, string) {}, sets: map[[32]byte]*servedSet{id: {m: m, splits: []*data.Dataset{tr.Dataset, te.Dataset}}}}
+		s.cfg.fill()
+		br := bufio.NewReader(bytes.NewReader(req))
+		var out bytes.Buffer
+		bw := bufio.NewWriter(&out)
+		var idx []int
+		for n := 0; ; n++ {
+			op, err := br.ReadByte()
+			if err != nil {
+				return
+			}
+			more, err := s.answer(op, br, bw, "p", &idx)
+			bw.Flush()
+			if limit := 9 + len(m.Encoded()) + 64*len(tr.Image(0).Pix); out.Len() > (n+1)*limit {
+				t.Fatalf("%d bytes answered to %d requests", out.Len(), n+1)
+			}
+			if err != nil || !more {
+				return
+			}
+		}
+	})
+}
+
+// FuzzDataReply feeds a data client's manifest reader whatever a server
+// may answer: it is a manifest whose ID is the one asked for, or an error.
+func FuzzDataReply(f *testing.F) {
+	m, _, _ := testData(f)
+	enc := m.Encoded()
+	f.Add(append(binary.LittleEndian.AppendUint64([]byte{statusOK}, uint64(len(enc))), enc...))
+	f.Add(binary.LittleEndian.AppendUint64([]byte{statusOK}, 1<<62))
+	f.Add([]byte{statusBusy})
+	f.Add([]byte{200})
+	f.Fuzz(func(t *testing.T, reply []byte) {
+		got, err := readManifestReply(bufio.NewReader(bytes.NewReader(reply)), m.ID())
+		if err == nil && got.ID() != m.ID() {
+			t.Fatalf("a manifest of %s for %s", got.ID(), m.ID())
+		}
+	})
 }

@@ -54,6 +54,45 @@ const (
 	maxPendingTCP        = 16 // TCP connections not yet past their token
 )
 
+// linkHelloMsg is what a ring link's opener says first: who it is in the
+// ring, of which generation, on which channel and plane.
+type linkHelloMsg struct {
+	rank  int
+	gen   uint64
+	plane DataPlane
+	ch    Channel
+}
+
+func (m linkHelloMsg) encode() []byte {
+	b := binary.LittleEndian.AppendUint32(nil, linkMagic)
+	b = binary.LittleEndian.AppendUint32(b, uint32(m.rank))
+	b = binary.LittleEndian.AppendUint64(b, m.gen)
+	b = binary.LittleEndian.AppendUint32(b, uint32(m.plane))
+	return binary.LittleEndian.AppendUint32(b, uint32(m.ch))
+}
+
+// parseLinkHello reads a link hello, each field checked: the magic, a rank
+// a ring can hold, a known plane and channel.
+func parseLinkHello(b []byte) (linkHelloMsg, error) {
+	if len(b) != linkHello {
+		return linkHelloMsg{}, fmt.Errorf("a link hello of %d bytes; want %d", len(b), linkHello)
+	}
+	if magic := binary.LittleEndian.Uint32(b); magic != linkMagic {
+		return linkHelloMsg{}, fmt.Errorf("magic %#x; want %#x", magic, linkMagic)
+	}
+	m := linkHelloMsg{rank: int(binary.LittleEndian.Uint32(b[4:])), gen: binary.LittleEndian.Uint64(b[8:]),
+		plane: DataPlane(binary.LittleEndian.Uint32(b[16:])), ch: Channel(binary.LittleEndian.Uint32(b[20:]))}
+	switch {
+	case m.rank >= maxHelloPeers:
+		return m, fmt.Errorf("rank %d; a ring holds at most %d peers", m.rank, maxHelloPeers)
+	case m.plane != PlaneLibp2p && m.plane != PlaneTCP:
+		return m, fmt.Errorf("unknown data plane %d", m.plane)
+	case m.ch > maxChannel:
+		return m, fmt.Errorf("unknown channel %d", m.ch)
+	}
+	return m, nil
+}
+
 // Gate says which ring links to accept: *Node's Expects takes those of the
 // members of the ring it is in or ready on.
 type Gate interface {
@@ -177,26 +216,27 @@ func (l *RingLinks) slot(k linkKey) chan inbound {
 func (l *RingLinks) handle(s network.Stream) {
 	s.SetDeadline(time.Now().Add(10 * time.Second))
 	var b [linkHello]byte
-	if _, err := io.ReadFull(s, b[:]); err != nil || binary.LittleEndian.Uint32(b[0:]) != linkMagic {
-		l.warns.Warn(s.Conn().RemotePeer().String(), "cut off a peer that opened a ring link with garbage").Msg("cut off a peer that opened a ring link with garbage")
+	if _, err := io.ReadFull(s, b[:]); err != nil {
 		s.Reset()
 		return
 	}
-	k := linkKey{gen: binary.LittleEndian.Uint64(b[8:]), from: s.Conn().RemotePeer(), ch: Channel(binary.LittleEndian.Uint32(b[20:]))}
-	in := inbound{r: s, rank: int(binary.LittleEndian.Uint32(b[4:]))}
-	if k.ch > maxChannel {
-		const msg = "cut off a peer that opened a ring link on an unknown channel"
-		l.warns.Warn(k.from.String(), msg).Msg(msg)
+	m, err := parseLinkHello(b[:])
+	if err != nil {
+		const msg = "cut off a peer that opened a ring link with garbage"
+		l.warns.Warn(s.Conn().RemotePeer().String(), msg).Err(err).Msg(msg)
+		strike(l.h, s.Conn().RemotePeer(), "a ring link: "+err.Error())
 		s.Reset()
 		return
 	}
+	k := linkKey{gen: m.gen, from: s.Conn().RemotePeer(), ch: m.ch}
+	in := inbound{r: s, rank: m.rank}
 	if !l.gate.Expects(k.gen, k.from) {
 		const msg = "refused a ring link from a peer that is not a member of the ring"
 		l.warns.Warn(k.from.String(), msg).Uint64("generation", k.gen).Msg(msg)
 		s.Reset()
 		return
 	}
-	plane := DataPlane(binary.LittleEndian.Uint32(b[16:]))
+	plane := m.plane
 	if plane != l.cfg.Plane {
 		const msg = "refused a ring link that asks for another data plane than the job's"
 		l.warns.Warn(k.from.String(), msg).Msg(msg)
@@ -521,13 +561,7 @@ func (l *RingLinks) dial(ctx context.Context, succ peer.ID, f *Formation, ch Cha
 			return nil, err
 		}
 	}
-	var b [linkHello]byte
-	binary.LittleEndian.PutUint32(b[0:], linkMagic)
-	binary.LittleEndian.PutUint32(b[4:], uint32(f.Rank))
-	binary.LittleEndian.PutUint64(b[8:], f.Generation)
-	binary.LittleEndian.PutUint32(b[16:], uint32(plane))
-	binary.LittleEndian.PutUint32(b[20:], uint32(ch))
-	if _, err := s.Write(b[:]); err != nil {
+	if _, err := s.Write(linkHelloMsg{rank: f.Rank, gen: f.Generation, plane: plane, ch: ch}.encode()); err != nil {
 		s.Reset()
 		return nil, err
 	}

@@ -136,6 +136,12 @@ func LoadCheckpoint(path string) (*Checkpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("train: %w", err)
 	}
+	return decodeCheckpoint(b, path)
+}
+
+// decodeCheckpoint reads a checkpoint from the bytes of the file path,
+// every length checked against what the file holds before it is used.
+func decodeCheckpoint(b []byte, path string) (*Checkpoint, error) {
 	fail := func(format string, args ...any) error {
 		return fmt.Errorf("train: checkpoint %s: %s: %w", path, fmt.Sprintf(format, args...), ErrCheckpoint)
 	}

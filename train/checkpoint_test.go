@@ -2,6 +2,7 @@ package train
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -155,4 +156,46 @@ func TestCheckpointDamage(t *testing.T) {
 	if err := NewReplica(newMLP(t, cfg), &SGD{LR: 0.1}, solo(t)).Restore(c); !errors.Is(err, ErrCheckpoint) {
 		t.Errorf("restoring Adam state into SGD = %v; want ErrCheckpoint", err)
 	}
+}
+
+// FuzzCheckpoint feeds the checkpoint reader whatever a file may hold —
+// as it is, and resealed with a valid checksum so that the fuzzer reaches
+// the header and tensors: a checkpoint or ErrCheckpoint, never a panic or
+// an allocation larger than the file.
+func FuzzCheckpoint(f *testing.F) {
+	cfg := mlpCfg(4, []int{3}, 2, 2, 1)
+	sizes, err := cfg.Spec.ParamSizes()
+	if err != nil {
+		f.Fatal(err)
+	}
+	c := Checkpoint{Model: cfg, Classes: []string{"a", "b"}, Epoch: 1, Step: 2}
+	for _, n := range sizes {
+		c.Params = append(c.Params, make([]float32, n))
+	}
+	path := filepath.Join(f.TempDir(), "ckpt")
+	if err := c.Save(path); err != nil {
+		f.Fatal(err)
+	}
+	good, _ := os.ReadFile(path)
+	f.Add(good[:len(good)-sha256.Size])
+	f.Add([]byte(checkpointMagic))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		sum := sha256.Sum256(body)
+		for _, b := range [][]byte{body, append(body[:len(body):len(body)], sum[:]...)} {
+			got, err := decodeCheckpoint(b, "fuzz")
+			if err != nil {
+				if !errors.Is(err, ErrCheckpoint) {
+					t.Fatalf("error %v is not ErrCheckpoint", err)
+				}
+				continue
+			}
+			n := 0
+			for _, p := range slices.Concat(got.Params, got.OptState) {
+				n += len(p)
+			}
+			if 4*n > len(b) {
+				t.Fatalf("%d values from %d bytes", n, len(b))
+			}
+		}
+	})
 }

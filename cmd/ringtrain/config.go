@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ringtrain/ringtrain/data"
+	"github.com/ringtrain/ringtrain/p2p"
 	"github.com/ringtrain/ringtrain/ring"
 	"github.com/ringtrain/ringtrain/train"
 	"github.com/ringtrain/ringtrain/train/pipeline"
@@ -122,6 +123,24 @@ type localSettings struct {
 	// DataMemory bounds the bytes a served dataset may take in this
 	// peer's memory (join --data-memory); 0 means data.DefaultMaxBytes.
 	DataMemory int64 `json:"-"`
+	// Limits bound what any one peer may ask of this one.
+	Limits limitsConfig `json:"limits"`
+}
+
+// limitsConfig is "limits": p2p.Limits as the file spells them. Zero
+// fields take p2p's defaults.
+type limitsConfig struct {
+	RequestsPerSecond float64  `json:"requests_per_second"`
+	Burst             int      `json:"burst"`
+	StreamsPerPeer    int      `json:"streams_per_peer"`
+	Strikes           int      `json:"strikes"`
+	BanFor            duration `json:"ban_for"`
+	MaxBanned         int      `json:"max_banned"`
+}
+
+func (l limitsConfig) p2p() p2p.Limits {
+	return p2p.Limits{RequestsPerSecond: l.RequestsPerSecond, Burst: l.Burst, StreamsPerPeer: l.StreamsPerPeer,
+		Strikes: l.Strikes, BanFor: time.Duration(l.BanFor), MaxBanned: l.MaxBanned}
 }
 
 // jobFile is the job file as users write it. The names nodes
@@ -413,6 +432,9 @@ func (l *localSettings) check(dir string) error {
 	}
 	if l.StepTimeout == 0 {
 		l.StepTimeout = duration(60 * time.Second)
+	}
+	if err := l.Limits.p2p().Check(); err != nil {
+		return fmt.Errorf("limits: %w", err)
 	}
 	if l.RequestSize < 0 || l.RequestSize > maxRequestSize {
 		return fmt.Errorf("request_size %d; want 1 to %d samples (0: 256)", l.RequestSize, maxRequestSize)

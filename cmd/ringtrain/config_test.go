@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ringtrain/ringtrain/p2p"
 )
 
 // TestConfigHashCoversSharedFields: the fields every peer must share change
@@ -45,7 +47,8 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 	for _, bad := range []string{`, "grad_norm_guard": 1`, `, "grad_norm_guard": -3`, `, "compression": "zip"`, `, "bucket_mb": -1`, `, "bucket_mb": "25"`,
 		`, "sync": {"every": 0, "outer": {"lr": 0.7}}`, `, "sync": {"every": 5, "outer": {"name": "adam", "lr": 0.7}}`,
 		`, "sync": {"every": 5}`, `, "sync": {"every": 5, "outer": {"lr": 0.7, "momentum": 1}}`, `, "request_size": 9000`, `, "request_size": -1`,
-		`, "max_world_size": 3`, `, "max_world_size": 5000`, `, "world_size": 5000`} {
+		`, "max_world_size": 3`, `, "max_world_size": 5000`, `, "world_size": 5000`,
+		`, "limits": {"burst": -1}`, `, "limits": {"ban_for": "-1s"}`, `, "limits": {"streams_per_peer": 100000}`, `, "limits": {"strikes": "many"}`, `, "limits": {"flood": 1}`} {
 		p := filepath.Join(t.TempDir(), "job.json")
 		if err := os.WriteFile(p, []byte("{"+base+bad+"}"), 0o644); err != nil {
 			t.Fatal(err)
@@ -74,7 +77,8 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		{`, "sync": {"every": 50, "outer": {"name": "nesterov", "lr": 0.7, "momentum": 0.9}}`, false},
 		{`, "join_timeout": "5s", "step_timeout": "9s", "admission_timeout": "3s", "checkpoint_dir": "/tmp/x"`, true},
 		{`, "request_size": 64, "cache_dir": "/tmp/c", "checkpoint_every": 5, "gpus": 1`, true},
-		{`, "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}`, true}, // the default, written out
+		{`, "limits": {"requests_per_second": 10, "burst": 20, "streams_per_peer": 4, "strikes": 9, "ban_for": "1h", "max_banned": 10}`, true}, // this machine's own
+		{`, "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}`, true},                                                                  // the default, written out
 		{`, "nodes": 4, "rank": 2`, true},
 	} {
 		if got := hash(tc.extra); (got == plain) != tc.same {
@@ -239,4 +243,19 @@ func FuzzParseJobConfig(f *testing.F) {
 			t.Fatalf("handed-out config of %q hashes to %s, not %s\n%s", b, again.hash, c.hash, out)
 		}
 	})
+}
+
+// TestLimitsReachTheHost: "limits" in a job file become the p2p.Limits
+// that join hands its host's guard, each field where it belongs.
+func TestLimitsReachTheHost(t *testing.T) {
+	body := `{"name": "l", "world_size": 2, "epochs": 1, "batch_size": 8, "model": "mlp", "data": "` + mustAbs(t, "../../testdata/data-config.json") + `",
+		"limits": {"requests_per_second": 10, "burst": 20, "streams_per_peer": 4, "strikes": 9, "ban_for": "1h", "max_banned": 10}}`
+	c, err := parseJobFile([]byte(body), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := p2p.Limits{RequestsPerSecond: 10, Burst: 20, StreamsPerPeer: 4, Strikes: 9, BanFor: time.Hour, MaxBanned: 10}
+	if got := c.Limits.p2p(); got != want {
+		t.Errorf("limits %+v; want %+v", got, want)
+	}
 }

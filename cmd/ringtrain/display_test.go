@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -92,15 +91,10 @@ func TestLocalLiveDisplay(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(job), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	logFile := filepath.Join(dir, "peers.jsonl")
-	cmd := exec.CommandContext(ctx, self, "local", "-n", "2", "--config", cfg, "--log-file", logFile)
-	cmd.Env = append(os.Environ(), "RINGTRAIN_TEST_AS_MAIN=1")
+	cmd := peerCommand(ctx, t, "local", "-n", "2", "--config", cfg, "--log-file", logFile)
 	tty, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 40, Cols: 120})
 	if err != nil {
 		t.Fatal(err)

@@ -36,7 +36,27 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// ringtrain runs the command as a separate process of this test binary.
+// peerCommand is a ringtrain process for a test: the binary that
+// RINGTRAIN_TEST_BIN names, where it is set — make test builds bin/ringtrain
+// without the race detector for this, since peers under it train several
+// times slower and the process tests are most of make test's time, while
+// the same code runs under the race detector in-process in train/elastic,
+// p2p and ring — or else this test binary standing in for ringtrain.
+func peerCommand(ctx context.Context, t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	if bin := os.Getenv("RINGTRAIN_TEST_BIN"); bin != "" {
+		return exec.CommandContext(ctx, bin, args...)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, self, args...)
+	cmd.Env = append(os.Environ(), "RINGTRAIN_TEST_AS_MAIN=1")
+	return cmd
+}
+
+// ringtrain runs the command as a separate process (peerCommand).
 func ringtrain(t *testing.T, timeout time.Duration, args ...string) (string, error) {
 	t.Helper()
 	return ringtrainIn(t, "", timeout, args...)
@@ -47,18 +67,13 @@ func ringtrain(t *testing.T, timeout time.Duration, args ...string) (string, err
 func ringtrainIn(t *testing.T, dir string, timeout time.Duration, args ...string) (string, error) {
 	t.Helper()
 	skipShort(t)
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, self, args...)
+	cmd := peerCommand(ctx, t, args...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "RINGTRAIN_TEST_AS_MAIN=1")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	err = cmd.Run()
+	err := cmd.Run()
 	return out.String(), err
 }
 
@@ -263,12 +278,7 @@ type started struct {
 func startRingtrain(t *testing.T, args ...string) *started {
 	t.Helper()
 	skipShort(t)
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(self, args...)
-	cmd.Env = append(os.Environ(), "RINGTRAIN_TEST_AS_MAIN=1")
+	cmd := peerCommand(context.Background(), t, args...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

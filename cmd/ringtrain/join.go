@@ -128,6 +128,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return err
 		}
 	}
+	h.Guard.SetLimits(cfg.Limits.p2p())
 	fmt.Fprintf(stdout, "job %s: others join it with ringtrain join --job %s --bootstrap <an address above>\n", cfg.Name, cfg.jobRef())
 	handed, err := cfg.handedOut()
 	if err != nil {
