@@ -15,7 +15,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzR
 
 MODEL ?= mlp
 
-.PHONY: check test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-overlap bench-served bench-pipeline fashion-mnist testdata demo clean
+.PHONY: check test-deps test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-overlap bench-served bench-pipeline fashion-mnist testdata demo clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -49,14 +49,31 @@ check: vet fmt-check
 	$(GO) mod tidy -diff
 	$(GO) test -short -count=1 ./...
 
-test: vet
-	$(GO) test -race -count=1 ./...
+# The packages' tests under the race detector; the process tests among
+# them start bin/ringtrain, built without it (RINGTRAIN_TEST_BIN: peers
+# under the race detector train several times slower, and the code they
+# run is tested under it in-process in train/elastic, p2p and ring).
+# What the later steps install is fetched meanwhile, in the background.
+test: vet build
+	@$(MAKE) --no-print-directory test-deps >$(BIN)/test-deps.log 2>&1 & deps=$$!; \
+	RINGTRAIN_TEST_BIN=$(abspath $(BIN))/ringtrain $(GO) test -race -count=1 ./... && rc=0 || rc=$$?; \
+	wait $$deps; exit $$rc
 	$(MAKE) --no-print-directory test-onnx
 	$(MAKE) --no-print-directory test-netns
 	$(MAKE) --no-print-directory test-openblas
 	$(MAKE) --no-print-directory cuda-check
 	$(MAKE) --no-print-directory test-arm64
 	$(MAKE) --no-print-directory fuzz
+
+# What make test's later steps need from Debian and npm, in one apt-get
+# (dpkg takes one at a time) and one npm install; each step checks again
+# and says SKIPPED where something could not be had.
+TEST_DEBS = gcc libopenblas-dev qemu-user iptables python3-onnx
+test-deps:
+	@missing=$$(for p in $(TEST_DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then apt-get install -y -qq $$missing >/dev/null 2>&1 || \
+	  (apt-get update -qq && apt-get install -y -qq $$missing) >/dev/null 2>&1 || echo "test-deps: could not install $$missing"; fi
+	@$(MAKE) --no-print-directory onnx-runtime cuda-fetch
 
 # The CPU kernels on arm64, under qemu-user (Debian's qemu-user, installed
 # here): the fused Go kernel (gemm's on arm64) must give the bits of the

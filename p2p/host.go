@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"net/netip"
 	"os"
 	"slices"
 	"sync"
@@ -29,6 +31,7 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
+	"github.com/libp2p/go-libp2p/x/rate"
 	ma "github.com/multiformats/go-multiaddr"
 	"github.com/rs/zerolog"
 )
@@ -101,7 +104,7 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	if len(listen) == 0 {
 		listen = []string{"/ip4/0.0.0.0/tcp/0"}
 	}
-	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(rcmgr.DefaultLimits.AutoScale()))
+	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(rcmgr.DefaultLimits.AutoScale()), ownAddrsExempt()...)
 	if err != nil {
 		return nil, fmt.Errorf("p2p: resource manager: %w", err)
 	}
@@ -179,6 +182,30 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	out := &Host{Host: h, DHT: d, Guard: guard, natLog: sub}
 	out.natWG.Go(func() { watchNAT(sub, cfg.Logger) })
 	return out, nil
+}
+
+// ownAddrsExempt are the resource manager's per-IP limits with only
+// 127.0.0.1 and ::1 exempt, where libp2p exempts all of 127.0.0.0/8: a
+// machine's own peers (ringtrain local, the tests) still reach each other
+// without limit, and a peer on another loopback address — the flood
+// benchmark's hostile one — meets the limits a remote peer would: 8
+// connections per IPv4 address, and a burst of 16 new ones, then one
+// every 5 s (libp2p's defaults, written out here since they are not
+// exported).
+func ownAddrsExempt() []rcmgr.Option {
+	v4, v6 := netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128")
+	perAddr := rate.Limit{RPS: 0.2, Burst: 16}
+	return []rcmgr.Option{
+		rcmgr.WithNetworkPrefixLimit([]rcmgr.NetworkPrefixLimit{{Network: v4, ConnCount: math.MaxInt}}, []rcmgr.NetworkPrefixLimit{{Network: v6, ConnCount: math.MaxInt}}),
+		rcmgr.WithConnRateLimiters(&rate.Limiter{
+			NetworkPrefixLimits: []rate.PrefixLimit{{Prefix: v4}, {Prefix: v6}},
+			SubnetRateLimiter: rate.SubnetLimiter{
+				IPv4SubnetLimits: []rate.SubnetLimit{{PrefixLength: 32, Limit: perAddr}},
+				IPv6SubnetLimits: []rate.SubnetLimit{{PrefixLength: 56, Limit: perAddr}, {PrefixLength: 48, Limit: rate.Limit{RPS: 0.5, Burst: 80}}},
+				GracePeriod:      time.Minute,
+			},
+		}),
+	}
 }
 
 // ErrCloseTimeout means the libp2p host did not stop within CloseTimeout.

@@ -33,11 +33,17 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(args) > 0 && args[0] == "pipeline" {
 		return runBenchPipeline(args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "flood" {
+		return runBenchFlood(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "flood-peer" {
+		return runFloodPeer(ctx, args[1:], stdout, stderr)
+	}
 	if len(args) > 0 && args[0] == "allreduce-rank" {
 		return runAllreduceRank(ctx, args[1:], stdout, stderr)
 	}
 	if len(args) == 0 || args[0] != "allreduce" {
-		return fmt.Errorf("bench: want 'bench allreduce', 'bench form', 'bench engines', 'bench device', 'bench served' or 'bench pipeline': %w", errUsage)
+		return fmt.Errorf("bench: want 'bench allreduce', 'bench form', 'bench engines', 'bench device', 'bench served', 'bench pipeline' or 'bench flood': %w", errUsage)
 	}
 	fs := flag.NewFlagSet("bench allreduce", flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -172,6 +172,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	job.Training.Replica.Trace = tracerOf(tracer)
 	if f.metrics != "" {
 		m := newMetrics()
+		m.guard(h.Guard)
 		addr, stop, err := m.serve(ctx, f.metrics)
 		if err != nil {
 			return fmt.Errorf("--metrics: %w", err)

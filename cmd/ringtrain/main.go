@@ -91,6 +91,7 @@ commands:
   bench form        time ring formation through the DHT on loopback
   bench engines     hold a device's losses against gorgonia's, step by step
   bench device      one device's training samples/s for a model and batch, as JSON
+  bench flood       a job's throughput, memory and goroutines while a hostile peer floods it
   data              load a data config's datasets and say what they hold
   predict           class and top probabilities of a PNG/JPEG from a checkpoint
   export            write a checkpoint's model as an ONNX file (opset 13)

@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ringtrain/ringtrain/p2p"
 	"github.com/ringtrain/ringtrain/train"
 )
 
@@ -62,8 +64,22 @@ func newMetrics() *metrics {
 		gauge("ringtrain_world_size", "Peers in the ring.", func(p train.Progress) float64 { return float64(p.WorldSize) }),
 		gauge("ringtrain_epoch", "The epoch under way (1-based), or the last one done.", func(p train.Progress) float64 { return float64(p.Epoch + 1) }),
 		m.acc,
+		// The Go runtime's and the process's own (goroutines, memory,
+		// CPU seconds), as every Go exporter serves them.
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
+}
+
+// guard adds the host's guard's counts: streams refused and peers cut off.
+func (m *metrics) guard(g *p2p.Guard) {
+	m.reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringtrain_refused_streams_total",
+			Help: "Streams other peers opened that this peer's limits refused."}, func() float64 { return float64(g.Refused()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringtrain_cut_off_peers_total",
+			Help: "Peers cut off for breaking this peer's limits or sending what does not decode."}, func() float64 { return float64(g.Bans()) }),
+	)
 }
 
 // observe takes a progress report; it runs on the training goroutine.

@@ -1,0 +1,248 @@
+package p2p
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+
+	"github.com/ringtrain/ringtrain/data"
+)
+
+// FloodKind names what Flood sends a peer.
+type FloodKind string
+
+// What a hostile peer can send a ringtrain peer, each as fast as it can.
+const (
+	// FloodHello: hellos of a stranger, well-formed, proving nothing.
+	FloodHello FloodKind = "hello"
+	// FloodStatements: hellos as large as a hello may be, full of
+	// statements no member signed.
+	FloodStatements FloodKind = "statements"
+	// FloodLinks: ring links opened with a well-formed link hello of a
+	// generation the peer is not in.
+	FloodLinks FloodKind = "links"
+	// FloodJobConfig: job-config requests for jobs the peer does not run.
+	FloodJobConfig FloodKind = "jobconfig"
+	// FloodData: manifest and sample requests for the dataset
+	// FloodOptions.Dataset, valid ones, on few streams.
+	FloodData FloodKind = "data"
+	// FloodDataBad: data requests that are refused (unknown op, too many
+	// samples, indices out of range).
+	FloodDataBad FloodKind = "data-bad"
+	// FloodDHT: DHT lookups of random keys.
+	FloodDHT FloodKind = "dht"
+	// FloodRandom: random bytes on each of ringtrain's protocols in turn.
+	FloodRandom FloodKind = "random"
+)
+
+// FloodKinds are all the kinds, in the order a flood benchmark runs them.
+var FloodKinds = []FloodKind{FloodHello, FloodStatements, FloodLinks, FloodJobConfig, FloodData, FloodDataBad, FloodDHT, FloodRandom}
+
+// FloodOptions shape a Flood.
+type FloodOptions struct {
+	// Workers send at once. Default 16.
+	Workers int
+	// Dataset is the served dataset's ID that FloodData asks for.
+	Dataset string
+}
+
+// FloodStats count what a Flood did.
+type FloodStats struct {
+	Kind     FloodKind `json:"kind"`
+	Sent     int64     `json:"sent"`     // requests or streams sent in full
+	Answered int64     `json:"answered"` // of those, answered with anything
+	Failed   int64     `json:"failed"`   // streams or dials that failed (refused, reset, cut off)
+	Bytes    int64     `json:"bytes"`    // bytes written
+}
+
+// Flood sends target what kind says, from h, as fast as it can with
+// opt.Workers at once, until ctx ends. It is the hostile peer of the flood
+// benchmark (ringtrain bench flood): what a peer's limits are tested
+// against. A peer that cuts h off makes every later try fail; Flood keeps
+// trying.
+func Flood(ctx context.Context, h *Host, target peer.AddrInfo, kind FloodKind, opt FloodOptions) (FloodStats, error) {
+	if opt.Workers <= 0 {
+		opt.Workers = 16
+	}
+	var id [32]byte
+	if kind == FloodData {
+		var err error
+		if id, err = data.ParseID(opt.Dataset); err != nil {
+			return FloodStats{Kind: kind}, fmt.Errorf("p2p: flood data: %w", err)
+		}
+	}
+	f := &flooder{h: h, to: target.ID, kind: kind, id: id, dataset: opt.Dataset}
+	h.Peerstore().AddAddrs(target.ID, target.Addrs, time.Hour)
+	var wg sync.WaitGroup
+	for w := range opt.Workers {
+		wg.Go(func() {
+			rng := mrand.New(mrand.NewPCG(uint64(w), 1))
+			for ctx.Err() == nil {
+				f.once(ctx, rng)
+			}
+		})
+	}
+	wg.Wait()
+	return FloodStats{Kind: kind, Sent: f.sent.Load(), Answered: f.answered.Load(), Failed: f.failed.Load(), Bytes: f.bytes.Load()}, nil
+}
+
+type flooder struct {
+	h       *Host
+	to      peer.ID
+	kind    FloodKind
+	id      [32]byte
+	dataset string
+
+	sent, answered, failed, bytes atomic.Int64
+}
+
+// floodProtocols are what FloodRandom sends garbage on.
+var floodProtocols = []protocol.ID{HelloProtocol, ReformProtocol, AdmitProtocol, RingProtocol, JobConfigProtocol, DataProtocol, ProtocolPrefix + "/kad/1.0.0"}
+
+// once sends one request (or, for FloodData, a run of them on one stream).
+func (f *flooder) once(ctx context.Context, rng *mrand.Rand) {
+	if f.kind == FloodDHT {
+		var p [32]byte
+		rand.Read(p[:])
+		lctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := f.h.DHT.GetClosestPeers(lctx, string(p[:]))
+		f.count(err, 0)
+		return
+	}
+	proto := map[FloodKind]protocol.ID{FloodHello: HelloProtocol, FloodStatements: HelloProtocol, FloodLinks: RingProtocol,
+		FloodJobConfig: JobConfigProtocol, FloodData: DataProtocol, FloodDataBad: DataProtocol}[f.kind]
+	if f.kind == FloodRandom {
+		proto = floodProtocols[rng.IntN(len(floodProtocols))]
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	s, err := f.h.NewStream(network.WithAllowLimitedConn(sctx, "flood"), f.to, proto)
+	if err != nil {
+		f.count(err, 0)
+		if ctx.Err() == nil {
+			// A cut-off peer refuses at once: do not spin the CPU the
+			// job's peers need on this machine.
+			time.Sleep(10 * time.Millisecond)
+		}
+		return
+	}
+	defer s.Close()
+	setDeadline(sctx, s)
+	defer context.AfterFunc(ctx, func() { s.Reset() })()
+	var msg []byte
+	switch f.kind {
+	case FloodHello:
+		msg = helloBytes(&Hello{Version: ProtocolVersion, Proof: fmt.Sprintf("%064x", rng.Uint64())})
+	case FloodStatements:
+		msg = bigHello(rng)
+	case FloodLinks:
+		msg = linkHelloMsg{rank: rng.IntN(4), gen: rng.Uint64(), plane: PlaneLibp2p, ch: ChannelRing}.encode()
+	case FloodJobConfig:
+		msg = make([]byte, 32)
+		rand.Read(msg)
+	case FloodDataBad:
+		msg = append([]byte{byte(3 + rng.IntN(250))}, make([]byte, 32)...)
+	case FloodRandom:
+		msg = make([]byte, 1+rng.IntN(4096))
+		rand.Read(msg)
+	case FloodData:
+		f.dataRun(s, rng)
+		return
+	}
+	n, err := s.Write(msg)
+	f.bytes.Add(int64(n))
+	if err != nil {
+		f.count(err, 0)
+		return
+	}
+	s.CloseWrite()
+	got, _ := io.Copy(io.Discard, io.LimitReader(s, 1<<20))
+	f.count(nil, got)
+}
+
+// dataRun asks for the manifest, then for samples, on one stream until
+// the server stops answering.
+func (f *flooder) dataRun(s network.Stream, rng *mrand.Rand) {
+	br := bufio.NewReaderSize(s, 64<<10)
+	n, err := s.Write(append([]byte{opManifest}, f.id[:]...))
+	f.bytes.Add(int64(n))
+	if err != nil {
+		f.count(err, 0)
+		return
+	}
+	m, err := readManifestReply(br, f.dataset)
+	if err != nil {
+		f.count(err, 0)
+		return
+	}
+	f.count(nil, 1)
+	train := m.Splits[0].Samples
+	for {
+		// 256 samples, as a training peer asks for them.
+		req := append(append([]byte{opSamples}, f.id[:]...), 0)
+		req = binary.LittleEndian.AppendUint32(req, 256)
+		want := int64(0)
+		for range 256 {
+			i := rng.IntN(len(train))
+			req = binary.LittleEndian.AppendUint32(req, uint32(i))
+			want += int64(train[i].Size())
+		}
+		n, err := s.Write(req)
+		f.bytes.Add(int64(n))
+		if err == nil {
+			err = readStatus(br)
+		}
+		if err != nil {
+			f.count(err, 0)
+			return
+		}
+		got, err := io.CopyN(io.Discard, br, want)
+		f.count(err, got)
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (f *flooder) count(err error, answered int64) {
+	if err != nil {
+		f.failed.Add(1)
+		return
+	}
+	f.sent.Add(1)
+	if answered > 0 {
+		f.answered.Add(1)
+	}
+}
+
+func helloBytes(h *Hello) []byte {
+	var b writeBuffer
+	writeHello(&b, h)
+	return b
+}
+
+type writeBuffer []byte
+
+func (w *writeBuffer) Write(p []byte) (int, error) { *w = append(*w, p...); return len(p), nil }
+
+// bigHello is a hello near maxHelloBytes of statements signed by no one.
+func bigHello(rng *mrand.Rand) []byte {
+	h := &Hello{Version: ProtocolVersion, Proof: fmt.Sprintf("%064x", rng.Uint64()), Rings: [][]string{{"12D3KooWxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}}
+	sig := make([]byte, 64)
+	for range 1000 {
+		h.Statements = append(h.Statements, Statement{From: "12D3KooWxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", Seq: rng.Uint64(), Gen: 1, Ring: 0, Sig: sig})
+	}
+	return helloBytes(h)
+}
