@@ -15,7 +15,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzR
 
 MODEL ?= mlp
 
-.PHONY: check test-deps test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-overlap bench-served bench-pipeline fashion-mnist testdata demo clean
+.PHONY: check test-deps test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-overlap bench-served bench-pipeline bench-flood fashion-mnist testdata demo clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -345,6 +345,12 @@ bench-overlap: build fashion-mnist
 # stages × 2 replicas with float32 and with bf16 boundaries.
 bench-pipeline: build fashion-mnist
 	bash testdata/bench-pipeline.sh $(BIN)/ringtrain $(RUNS) 3
+
+# A 3-process job on the full dataset while a hostile peer floods the
+# first with each kind of traffic for 60 s (p2p/RESULTS.md): the job's
+# samples/s against the window before, RSS, goroutines, one hash at the end.
+bench-flood: build fashion-mnist
+	$(BIN)/ringtrain bench flood --runs $(RUNS)
 
 # testdata/ is made from the real Fashion-MNIST; the output is committed.
 # Figures: the served path's samples/s on loopback against a

@@ -255,3 +255,50 @@ func TestGarbageSenderIsCutOff(t *testing.T) {
 		t.Errorf("%d peers cut off; want 1", server.Guard.Bans())
 	}
 }
+
+// TestEveryFloodIsCutOff: the flood benchmark's hostile peer, against a
+// peer with every ringtrain handler (hello, re-formation, admission, ring
+// links, job config, served data): each flood that breaks a limit or
+// sends what does not decode gets the flooder cut off within a second or
+// two, and one that asks only for what a peer may (valid data requests)
+// is served, not cut off.
+func TestEveryFloodIsCutOff(t *testing.T) {
+	slow(t)
+	m, tr, te := testData(t)
+	for _, kind := range FloodKinds {
+		t.Run(string(kind), func(t *testing.T) {
+			victim := startHosts(t, 1, nil)[0]
+			victim.Guard.SetLimits(Limits{Strikes: 20, Burst: 20, RequestsPerSecond: 20})
+			n, err := NewNode(victim, job, NodeConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer n.Close()
+			links := NewRingLinks(victim.Host, n, LinksConfig{})
+			defer links.Close()
+			defer ServeJobConfig(victim, job.Name, job.ConfigHash, []byte("{}"), zerolog.Nop())()
+			serveOn(t, victim, DataServerConfig{}, m, tr.Dataset, te.Dataset)
+			flooder := outsider(t, victim)
+			ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+			defer cancel()
+			st, err := Flood(ctx, flooder, info(victim), kind, FloodOptions{Workers: 4, Dataset: m.ID()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cut := victim.Guard.Banned(flooder.ID())
+			switch kind {
+			case FloodData:
+				if cut || st.Answered == 0 {
+					t.Errorf("valid data requests: cut off %v, %d answered; want served (%+v)", cut, st.Answered, st)
+				}
+			case FloodDHT:
+				// Lookups ride one stream per peer: not refused, not cut off;
+				// libp2p's own limits bound them.
+			default:
+				if !cut {
+					t.Errorf("the %s flooder is not cut off (%+v, %d streams refused)", kind, st, victim.Guard.Refused())
+				}
+			}
+		})
+	}
+}

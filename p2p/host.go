@@ -144,7 +144,8 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	}
 	self.Store(&h)
 	guard.cut = func(p peer.ID) { h.Network().ClosePeer(p) }
-	h = guardedHost{Host: h, g: guard}
+	// A new variable: self's goroutines read h.
+	gh := guardedHost{Host: h, g: guard}
 	defer func() {
 		if err != nil {
 			h.Close()
@@ -160,7 +161,7 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	// formation. The table fills from the peers this host talks to, which
 	// is all a job's rendezvous needs (see Node's discoverLoop), and
 	// lookups still walk from whatever it holds.
-	d, err := dht.New(context.WithoutCancel(ctx), h, dht.Mode(dht.ModeServer), dht.ProtocolPrefix(ProtocolPrefix), dht.DisableAutoRefresh())
+	d, err := dht.New(context.WithoutCancel(ctx), gh, dht.Mode(dht.ModeServer), dht.ProtocolPrefix(ProtocolPrefix), dht.DisableAutoRefresh())
 	if err != nil {
 		return nil, fmt.Errorf("p2p: starting DHT: %w", err)
 	}
@@ -179,7 +180,7 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		d.Close()
 		return nil, fmt.Errorf("p2p: watching reachability: %w", err)
 	}
-	out := &Host{Host: h, DHT: d, Guard: guard, natLog: sub}
+	out := &Host{Host: gh, DHT: d, Guard: guard, natLog: sub}
 	out.natWG.Go(func() { watchNAT(sub, cfg.Logger) })
 	return out, nil
 }

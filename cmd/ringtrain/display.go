@@ -234,11 +234,14 @@ func (d *display) record(peer int, r statusRecord) {
 		}
 	}
 	d.mu.Unlock()
-	if current >= 0 {
-		v.bar.SetCurrent(current)
-	}
+	// The line first: mpb flushes what is written above the bars when it
+	// next draws them, and once the last bar is complete it may draw no
+	// more — a line written after that would be lost.
 	if line != "" {
 		d.println(line)
+	}
+	if current >= 0 {
+		v.bar.SetCurrent(current)
 	}
 }
 
