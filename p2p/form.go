@@ -166,7 +166,9 @@ type Node struct {
 	cfg   NodeConfig
 	warns *warnLimiter // warnings about what other peers did
 	ns    string       // rendezvous key
-	names idNames
+	// untrust ends the host guard's exemption of this job's members.
+	untrust func()
+	names   idNames
 
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
@@ -227,11 +229,13 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 	n.mu.Lock()
 	n.propVersionLocked() // signs our first statement
 	n.mu.Unlock()
+	n.untrust = h.Guard.Trust(n.Verified)
 	h.SetStreamHandler(HelloProtocol, n.handleHello)
 	h.SetStreamHandler(ReformProtocol, n.handleReform)
 	h.SetStreamHandler(AdmitProtocol, n.handleAdmit)
 	sub, err := h.EventBus().Subscribe([]any{new(event.EvtPeerIdentificationCompleted), new(event.EvtPeerProtocolsUpdated)})
 	if err != nil {
+		n.Close()
 		return nil, fmt.Errorf("p2p: watching for peers: %w", err)
 	}
 	n.wg.Go(func() { n.watch(sub) })
@@ -326,6 +330,7 @@ func (n *Node) Close() {
 	n.h.RemoveStreamHandler(HelloProtocol)
 	n.h.RemoveStreamHandler(ReformProtocol)
 	n.h.RemoveStreamHandler(AdmitProtocol)
+	n.untrust()
 	n.mu.Lock()
 	n.cancel() // under n.mu: exchange starts no hello once it is done
 	n.mu.Unlock()

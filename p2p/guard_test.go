@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -308,5 +309,46 @@ func TestEveryFloodIsCutOff(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMembersAreNotLimited: the peers a Node has verified as members of
+// its job open streams at any rate (a re-formation's rounds come as fast
+// as answers do), while a stranger at the same rate is refused. Without
+// the exemption a member's re-formation hellos were refused and the
+// member taken for unreachable.
+func TestMembersAreNotLimited(t *testing.T) {
+	slow(t)
+	victim := startHosts(t, 1, nil)[0]
+	victim.Guard.SetLimits(Limits{RequestsPerSecond: 1, Burst: 2, Strikes: 1000})
+	member, stranger := outsider(t, victim), outsider(t, victim)
+	untrust := victim.Guard.Trust(func(p peer.ID) bool { return p == member.ID() })
+	defer untrust()
+	var handled atomic.Int64
+	victim.SetStreamHandler("/ringtrain/test-echo", func(s network.Stream) {
+		handled.Add(1)
+		s.Close()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	open := func(h *Host) {
+		s, err := h.NewStream(ctx, victim.ID(), "/ringtrain/test-echo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, s)
+		s.Close()
+	}
+	for range 20 {
+		open(member)
+	}
+	if n := handled.Load(); n != 20 {
+		t.Errorf("%d of a member's 20 streams handled; want all", n)
+	}
+	for range 20 {
+		open(stranger)
+	}
+	if n := handled.Load() - 20; n > 4 {
+		t.Errorf("%d of a stranger's 20 streams handled; want its burst and a second's rate at most", n)
 	}
 }

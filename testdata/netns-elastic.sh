@@ -82,4 +82,5 @@ if [ "$(echo "$hashes" | wc -l)" != 1 ] || [ -z "$hashes" ] || [ "$summaries" !=
 	cat "$tmp"/[0123].log
 	exit 1
 fi
+netns_no_refusals "netns-elastic"
 echo "netns-elastic: ok, the replacement and the returning peer were admitted and all 4 ended with parameter hash ${hashes:0:16}"

@@ -53,3 +53,15 @@ netns_wait_for() {
 		sleep 0.1
 	done
 }
+
+# netns_no_refusals <name>: no peer's log in $tmp says its limits refused
+# or cut off another peer: every peer here is a member of the job, and
+# members are never limited (p2p.Guard.Trust).
+netns_no_refusals() {
+	local hit
+	if hit=$(grep -lE "over this peer's limits|cut off a peer that broke" "$tmp"/*.log 2>/dev/null); then
+		echo "$1: FAIL, members were refused by each other's limits in $hit:"
+		grep -hE "over this peer's limits|cut off a peer that broke" $hit | head -5
+		exit 1
+	fi
+}

@@ -74,4 +74,5 @@ fi
 img=$(ls "$here"/fashion-folder/test/*/* | head -1)
 "$bin" predict --checkpoint "$model" --image "$img" >/dev/null
 acc=$(grep -h -o '"epochs":60,"test_accuracy":[0-9.]*' "$tmp"/[012].log | head -1 | cut -d: -f3)
+netns_no_refusals "netns-pipeline"
 echo "netns-pipeline: ok, one stage lost a replica; the others trained on as 2 stages × 1 (test accuracy $acc) and the gathered model predicts"

@@ -66,4 +66,5 @@ if [ "$got" != "$want" ] || [ "$(cat "$tmp"/[0123].log | grep -c '"message":"sum
 	exit 1
 fi
 switched=$(grep -l 'asking another' "$tmp"/[123].log | wc -l)
+netns_no_refusals "netns-served"
 echo "netns-served: ok, 3 peers with no config and no data fetched the job and $fetched train samples ($switched of them had a request fail over to the other server); all 4 ended with the local-files hash ${want:0:16}"

@@ -13,6 +13,7 @@
 //	ringtrain bench form [--peers 4,8] [--runs 5]
 //	ringtrain bench engines --device cuda|host [--model cnn] [--steps 20]
 //	ringtrain bench device --device cuda|host|cpu [--model cnn] [--batch 64] [--tf32] [--no-graph]
+//	ringtrain bench flood [--kinds hello,statements,links,jobconfig,data,data-bad,dht,random] [--flood 60s] [--runs 3]
 //	ringtrain swarm-key > swarm.key
 //	ringtrain id [--identity FILE]
 //	ringtrain predict --checkpoint FILE --image FILE.png|jpg
