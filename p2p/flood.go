@@ -35,7 +35,9 @@ const (
 	// FloodJobConfig: job-config requests for jobs the peer does not run.
 	FloodJobConfig FloodKind = "jobconfig"
 	// FloodData: manifest and sample requests for the dataset
-	// FloodOptions.Dataset, valid ones, on few streams.
+	// FloodOptions.Dataset, valid ones, on at most 8 streams (what a data
+	// server serves one peer at once), each asking again as soon as it
+	// is answered.
 	FloodData FloodKind = "data"
 	// FloodDataBad: data requests that are refused (unknown op, too many
 	// samples, indices out of range).
@@ -81,6 +83,11 @@ func Flood(ctx context.Context, h *Host, target peer.AddrInfo, kind FloodKind, o
 		if id, err = data.ParseID(opt.Dataset); err != nil {
 			return FloodStats{Kind: kind}, fmt.Errorf("p2p: flood data: %w", err)
 		}
+	}
+	if kind == FloodData {
+		// As many streams as a server serves one peer at once (its
+		// MaxPerPeer): valid requests, as fast as they are answered.
+		opt.Workers = min(opt.Workers, 8)
 	}
 	f := &flooder{h: h, to: target.ID, kind: kind, id: id, dataset: opt.Dataset}
 	h.Peerstore().AddAddrs(target.ID, target.Addrs, time.Hour)
@@ -139,8 +146,16 @@ func (f *flooder) once(ctx context.Context, rng *mrand.Rand) {
 		return
 	}
 	defer s.Close()
-	setDeadline(sctx, s)
 	defer context.AfterFunc(ctx, func() { s.Reset() })()
+	if f.kind == FloodData {
+		// Valid requests for as long as the flood lasts; a stream the
+		// server ended (busy, say) is opened again after a pause, as a
+		// client would, not at once.
+		f.dataRun(s, rng)
+		time.Sleep(100 * time.Millisecond)
+		return
+	}
+	setDeadline(sctx, s)
 	var msg []byte
 	switch f.kind {
 	case FloodHello:
@@ -157,9 +172,6 @@ func (f *flooder) once(ctx context.Context, rng *mrand.Rand) {
 	case FloodRandom:
 		msg = make([]byte, 1+rng.IntN(4096))
 		rand.Read(msg)
-	case FloodData:
-		f.dataRun(s, rng)
-		return
 	}
 	n, err := s.Write(msg)
 	f.bytes.Add(int64(n))
