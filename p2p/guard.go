@@ -42,6 +42,14 @@ type Limits struct {
 	// MaxBanned is how many cut-off peers are remembered; past it the ban
 	// that would end first is forgotten. Default 4096.
 	MaxBanned int
+	// ConnsPerIP is how many connections one IPv4 address (an IPv6 /56)
+	// may hold with the host, and ConnBurstPerIP how many new ones it may
+	// open at once, then one every 5 s: libp2p's resource manager's
+	// limits, with its defaults, 8 and 16. 127.0.0.1 and ::1, where a
+	// machine's own peers are, are exempt. They are taken when the host
+	// starts (HostConfig.Limits); SetLimits does not change them.
+	ConnsPerIP     int
+	ConnBurstPerIP int
 }
 
 // Defaults of Limits.
@@ -52,6 +60,8 @@ const (
 	DefaultStrikes           = 100
 	DefaultBanFor            = 10 * time.Minute
 	DefaultMaxBanned         = 4096
+	DefaultConnsPerIP        = 8
+	DefaultConnBurstPerIP    = 16
 )
 
 // strikeWindow is how long strikes are counted together.
@@ -81,6 +91,12 @@ func (l Limits) WithDefaults() Limits {
 	}
 	if l.MaxBanned <= 0 {
 		l.MaxBanned = DefaultMaxBanned
+	}
+	if l.ConnsPerIP <= 0 {
+		l.ConnsPerIP = DefaultConnsPerIP
+	}
+	if l.ConnBurstPerIP <= 0 {
+		l.ConnBurstPerIP = DefaultConnBurstPerIP
 	}
 	return l
 }
@@ -505,6 +521,10 @@ func (l Limits) Check() error {
 		return fmt.Errorf("%w: strikes %d: want 0 (default %d) or more", ErrBadLimits, l.Strikes, DefaultStrikes)
 	case l.BanFor < 0:
 		return fmt.Errorf("%w: ban_for %v: want 0 (default %v) or more", ErrBadLimits, l.BanFor, DefaultBanFor)
+	case l.ConnsPerIP < 0 || l.ConnsPerIP > 1<<16:
+		return fmt.Errorf("%w: conns_per_ip %d: want 0 (default %d) to %d", ErrBadLimits, l.ConnsPerIP, DefaultConnsPerIP, 1<<16)
+	case l.ConnBurstPerIP < 0 || l.ConnBurstPerIP > 1<<16:
+		return fmt.Errorf("%w: new_conns_per_ip %d: want 0 (default %d) to %d", ErrBadLimits, l.ConnBurstPerIP, DefaultConnBurstPerIP, 1<<16)
 	case l.MaxBanned < 0 || l.MaxBanned > 1<<20:
 		return fmt.Errorf("%w: max_banned %d: want 0 (default %d) to %d", ErrBadLimits, l.MaxBanned, DefaultMaxBanned, 1<<20)
 	}

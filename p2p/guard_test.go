@@ -121,7 +121,7 @@ func TestGuardMemoryIsBounded(t *testing.T) {
 }
 
 func TestLimitsCheck(t *testing.T) {
-	for _, l := range []Limits{{RequestsPerSecond: -1}, {Burst: -1}, {StreamsPerPeer: 1e5}, {Strikes: -2}, {BanFor: -time.Second}, {MaxBanned: -1}} {
+	for _, l := range []Limits{{RequestsPerSecond: -1}, {Burst: -1}, {StreamsPerPeer: 1e5}, {Strikes: -2}, {BanFor: -time.Second}, {MaxBanned: -1}, {ConnsPerIP: -1}, {ConnBurstPerIP: 1 << 20}} {
 		if err := l.Check(); err == nil {
 			t.Errorf("%+v passes the check", l)
 		}
@@ -350,5 +350,34 @@ func TestMembersAreNotLimited(t *testing.T) {
 	}
 	if n := handled.Load() - 20; n > 4 {
 		t.Errorf("%d of a stranger's 20 streams handled; want its burst and a second's rate at most", n)
+	}
+}
+
+// TestConnectionsPerIPAreLimited: peers from one address other than
+// 127.0.0.1 (here 127.0.0.2, which libp2p alone would exempt with the rest
+// of 127.0.0.0/8) get ConnBurstPerIP new connections, then are refused
+// before any handshake; without the narrowed exemption all would connect.
+func TestConnectionsPerIPAreLimited(t *testing.T) {
+	slow(t)
+	victim, err := NewHost(context.Background(), HostConfig{Listen: loopback, Limits: Limits{ConnBurstPerIP: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer victim.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	connected := 0
+	for range 8 {
+		h, err := NewHost(ctx, HostConfig{Listen: []string{"/ip4/127.0.0.2/tcp/0"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Connect(ctx, info(victim)) == nil {
+			connected++
+		}
+		h.Close()
+	}
+	if connected == 0 || connected > 3 {
+		t.Errorf("%d of 8 peers from 127.0.0.2 connected; want 1 to 3 (the burst)", connected)
 	}
 }

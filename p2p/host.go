@@ -104,7 +104,10 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	if len(listen) == 0 {
 		listen = []string{"/ip4/0.0.0.0/tcp/0"}
 	}
-	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(rcmgr.DefaultLimits.AutoScale()), ownAddrsExempt()...)
+	if err := cfg.Limits.Check(); err != nil {
+		return nil, err
+	}
+	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(rcmgr.DefaultLimits.AutoScale()), perIPLimits(cfg.Limits.WithDefaults())...)
 	if err != nil {
 		return nil, fmt.Errorf("p2p: resource manager: %w", err)
 	}
@@ -121,10 +124,6 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	}
 	if cfg.SwarmKey != nil {
 		opts = append(opts, libp2p.PrivateNetwork(cfg.SwarmKey))
-	}
-	if err := cfg.Limits.Check(); err != nil {
-		rm.Close()
-		return nil, err
 	}
 	guard := newGuardFor(cfg.Limits, cfg.Logger)
 	gs := gaters{guardGater{guard}}
@@ -185,24 +184,24 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	return out, nil
 }
 
-// ownAddrsExempt are the resource manager's per-IP limits with only
+// perIPLimits are the resource manager's per-IP limits (Limits.ConnsPerIP,
+// ConnBurstPerIP; libp2p's defaults, which it does not export) with only
 // 127.0.0.1 and ::1 exempt, where libp2p exempts all of 127.0.0.0/8: a
 // machine's own peers (ringtrain local, the tests) still reach each other
 // without limit, and a peer on another loopback address — the flood
-// benchmark's hostile one — meets the limits a remote peer would: 8
-// connections per IPv4 address, and a burst of 16 new ones, then one
-// every 5 s (libp2p's defaults, written out here since they are not
-// exported).
-func ownAddrsExempt() []rcmgr.Option {
+// benchmark's hostile one — meets the limits a remote peer would.
+func perIPLimits(l Limits) []rcmgr.Option {
 	v4, v6 := netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128")
-	perAddr := rate.Limit{RPS: 0.2, Burst: 16}
+	perAddr := rate.Limit{RPS: 0.2, Burst: l.ConnBurstPerIP}
 	return []rcmgr.Option{
 		rcmgr.WithNetworkPrefixLimit([]rcmgr.NetworkPrefixLimit{{Network: v4, ConnCount: math.MaxInt}}, []rcmgr.NetworkPrefixLimit{{Network: v6, ConnCount: math.MaxInt}}),
+		rcmgr.WithLimitPerSubnet([]rcmgr.ConnLimitPerSubnet{{PrefixLength: 32, ConnCount: l.ConnsPerIP}},
+			[]rcmgr.ConnLimitPerSubnet{{PrefixLength: 56, ConnCount: l.ConnsPerIP}, {PrefixLength: 48, ConnCount: 8 * l.ConnsPerIP}}),
 		rcmgr.WithConnRateLimiters(&rate.Limiter{
 			NetworkPrefixLimits: []rate.PrefixLimit{{Prefix: v4}, {Prefix: v6}},
 			SubnetRateLimiter: rate.SubnetLimiter{
 				IPv4SubnetLimits: []rate.SubnetLimit{{PrefixLength: 32, Limit: perAddr}},
-				IPv6SubnetLimits: []rate.SubnetLimit{{PrefixLength: 56, Limit: perAddr}, {PrefixLength: 48, Limit: rate.Limit{RPS: 0.5, Burst: 80}}},
+				IPv6SubnetLimits: []rate.SubnetLimit{{PrefixLength: 56, Limit: perAddr}, {PrefixLength: 48, Limit: rate.Limit{RPS: 0.5, Burst: 5 * l.ConnBurstPerIP}}},
 				GracePeriod:      time.Minute,
 			},
 		}),

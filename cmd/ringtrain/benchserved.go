@@ -46,7 +46,7 @@ func runBenchServed(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	defer server.Close()
-	served, err := startServing(server, *dataConfig, io.Discard, zerolog.Nop())
+	served, err := startServing(server, *dataConfig, p2p.DataServerConfig{}, io.Discard, zerolog.Nop())
 	if err != nil {
 		return err
 	}

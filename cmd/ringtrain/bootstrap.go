@@ -85,7 +85,7 @@ func runHostOnly(ctx context.Context, name string, args []string, stdout, stderr
 	defer h.Close()
 	printAddrs(stdout, h)
 	if dataConfig != nil {
-		s, err := startServing(h, *dataConfig, stdout, log)
+		s, err := startServing(h, *dataConfig, p2p.DataServerConfig{}, stdout, log)
 		if err != nil {
 			return err
 		}

@@ -136,11 +136,39 @@ type limitsConfig struct {
 	Strikes           int      `json:"strikes"`
 	BanFor            duration `json:"ban_for"`
 	MaxBanned         int      `json:"max_banned"`
+	ConnsPerIP        int      `json:"conns_per_ip"`
+	NewConnsPerIP     int      `json:"new_conns_per_ip"`
+	// The data server's (join --serve), p2p.DataServerConfig's.
+	DataSamplesPerRequest int `json:"data_samples_per_request"`
+	DataStreams           int `json:"data_streams"`
+	DataStreamsPerPeer    int `json:"data_streams_per_peer"`
 }
 
 func (l limitsConfig) p2p() p2p.Limits {
 	return p2p.Limits{RequestsPerSecond: l.RequestsPerSecond, Burst: l.Burst, StreamsPerPeer: l.StreamsPerPeer,
-		Strikes: l.Strikes, BanFor: time.Duration(l.BanFor), MaxBanned: l.MaxBanned}
+		Strikes: l.Strikes, BanFor: time.Duration(l.BanFor), MaxBanned: l.MaxBanned, ConnsPerIP: l.ConnsPerIP, ConnBurstPerIP: l.NewConnsPerIP}
+}
+
+// dataServer is what the limits say of a data server; zero fields take
+// p2p's defaults.
+func (l limitsConfig) dataServer() p2p.DataServerConfig {
+	return p2p.DataServerConfig{MaxRequest: l.DataSamplesPerRequest, MaxStreams: l.DataStreams, MaxPerPeer: l.DataStreamsPerPeer}
+}
+
+// check says which of the limits is out of range.
+func (l limitsConfig) check() error {
+	if err := l.p2p().Check(); err != nil {
+		return err
+	}
+	switch {
+	case l.DataSamplesPerRequest < 0 || l.DataSamplesPerRequest > 1<<20:
+		return fmt.Errorf("data_samples_per_request %d: want 0 (default 8192) to %d", l.DataSamplesPerRequest, 1<<20)
+	case l.DataStreams < 0 || l.DataStreams > 1<<16:
+		return fmt.Errorf("data_streams %d: want 0 (default 64) to %d", l.DataStreams, 1<<16)
+	case l.DataStreamsPerPeer < 0 || l.DataStreamsPerPeer > 1<<16:
+		return fmt.Errorf("data_streams_per_peer %d: want 0 (default 8) to %d", l.DataStreamsPerPeer, 1<<16)
+	}
+	return nil
 }
 
 // jobFile is the job file as users write it. The names nodes
@@ -433,7 +461,7 @@ func (l *localSettings) check(dir string) error {
 	if l.StepTimeout == 0 {
 		l.StepTimeout = duration(60 * time.Second)
 	}
-	if err := l.Limits.p2p().Check(); err != nil {
+	if err := l.Limits.check(); err != nil {
 		return fmt.Errorf("limits: %w", err)
 	}
 	if l.RequestSize < 0 || l.RequestSize > maxRequestSize {

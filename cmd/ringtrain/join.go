@@ -118,7 +118,11 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return err
 		}
 	}
-	h, relayFor, err := startHost(ctx, f, joinTimeout, stdout, log)
+	var limits p2p.Limits // a fetched config's are not known yet: the defaults
+	if cfg != nil {
+		limits = cfg.Limits.p2p()
+	}
+	h, relayFor, err := startHost(ctx, f, joinTimeout, limits, stdout, log)
 	if err != nil {
 		return err
 	}
@@ -137,7 +141,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	defer p2p.ServeJobConfig(h, cfg.Name, cfg.hash, handed, log)()
 	var served *servedData
 	if f.serve != "" {
-		if served, err = startServing(h, f.serve, stdout, log); err != nil {
+		if served, err = startServing(h, f.serve, cfg.Limits.dataServer(), stdout, log); err != nil {
 			return err
 		}
 		defer served.close()
@@ -442,11 +446,12 @@ func (p *peerNet) close() {
 // so that the next machine can be pointed at it. The pointer is for the
 // node, once there is one: a relay serves only peers that proved they hold
 // this job's key.
-func startHost(ctx context.Context, f *joinFlags, timeout time.Duration, stdout io.Writer, log zerolog.Logger) (*p2p.Host, *atomic.Pointer[p2p.Node], error) {
+func startHost(ctx context.Context, f *joinFlags, timeout time.Duration, limits p2p.Limits, stdout io.Writer, log zerolog.Logger) (*p2p.Host, *atomic.Pointer[p2p.Node], error) {
 	hcfg, err := hostConfig(f.listen, f.bootstrap, f.identity, f.swarmKey, f.nat, log)
 	if err != nil {
 		return nil, nil, fmt.Errorf("join: %w", err)
 	}
+	hcfg.Limits = limits
 	relayFor := new(atomic.Pointer[p2p.Node])
 	hcfg.RelayFor = func(p peer.ID) bool { n := relayFor.Load(); return n != nil && n.Verified(p) }
 	hctx, cancel := context.WithTimeout(ctx, timeout)

@@ -26,7 +26,7 @@ func (s *servedData) close() { s.srv.Close() }
 // manifest and serves them on h, printing what Ember's data server
 // printed — transforms, classes, sizes — and the dataset's ID, which job
 // configs name it by.
-func startServing(h *p2p.Host, dataConfig string, stdout io.Writer, log zerolog.Logger) (*servedData, error) {
+func startServing(h *p2p.Host, dataConfig string, limits p2p.DataServerConfig, stdout io.Writer, log zerolog.Logger) (*servedData, error) {
 	cfg, err := data.LoadConfig(dataConfig)
 	if err != nil {
 		return nil, err
@@ -52,7 +52,8 @@ func startServing(h *p2p.Host, dataConfig string, stdout io.Writer, log zerolog.
 	if s.m, err = data.NewManifest(cfg, s.train.Dataset, test); err != nil {
 		return nil, err
 	}
-	s.srv = p2p.NewDataServer(h, p2p.DataServerConfig{Logger: log})
+	limits.Logger = log
+	s.srv = p2p.NewDataServer(h, limits)
 	if err := s.srv.Serve(s.m, splits...); err != nil {
 		s.srv.Close()
 		return nil, err
