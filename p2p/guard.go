@@ -50,6 +50,13 @@ type Limits struct {
 	// starts (HostConfig.Limits); SetLimits does not change them.
 	ConnsPerIP     int
 	ConnBurstPerIP int
+	// PeerStreams and PeerMemory bound what one peer's streams and
+	// connections may hold with the host, all protocols together: libp2p's
+	// resource manager's per-peer limits, 0 for its defaults scaled to the
+	// machine (512 streams; 64 MiB and 128 MiB more per GiB of memory).
+	// Taken when the host starts.
+	PeerStreams int
+	PeerMemory  int64
 }
 
 // Defaults of Limits.
@@ -525,6 +532,8 @@ func (l Limits) Check() error {
 		return fmt.Errorf("%w: conns_per_ip %d: want 0 (default %d) to %d", ErrBadLimits, l.ConnsPerIP, DefaultConnsPerIP, 1<<16)
 	case l.ConnBurstPerIP < 0 || l.ConnBurstPerIP > 1<<16:
 		return fmt.Errorf("%w: new_conns_per_ip %d: want 0 (default %d) to %d", ErrBadLimits, l.ConnBurstPerIP, DefaultConnBurstPerIP, 1<<16)
+	case l.PeerStreams < 0 || l.PeerMemory < 0:
+		return fmt.Errorf("%w: peer_streams %d, peer_memory %d: want 0 (libp2p's defaults) or more", ErrBadLimits, l.PeerStreams, l.PeerMemory)
 	case l.MaxBanned < 0 || l.MaxBanned > 1<<20:
 		return fmt.Errorf("%w: max_banned %d: want 0 (default %d) to %d", ErrBadLimits, l.MaxBanned, DefaultMaxBanned, 1<<20)
 	}

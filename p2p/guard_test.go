@@ -381,3 +381,39 @@ func TestConnectionsPerIPAreLimited(t *testing.T) {
 		t.Errorf("%d of 8 peers from 127.0.0.2 connected; want 1 to 3 (the burst)", connected)
 	}
 }
+
+// TestPeerStreamsAreLimited: PeerStreams bounds the streams one peer holds
+// with the host, all protocols together (libp2p's resource manager):
+// streams past it are reset before their handler runs.
+func TestPeerStreamsAreLimited(t *testing.T) {
+	slow(t)
+	victim, err := NewHost(context.Background(), HostConfig{Listen: loopback, Limits: Limits{PeerStreams: 8, StreamsPerPeer: 1000, Burst: 1000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer victim.Close()
+	hold := make(chan struct{})
+	defer close(hold)
+	var handled atomic.Int64
+	victim.SetStreamHandler("/ringtrain/test-hold", func(s network.Stream) {
+		handled.Add(1)
+		<-hold
+		s.Reset()
+	})
+	client := outsider(t, victim)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for range 24 {
+		if s, err := client.NewStream(ctx, victim.ID(), "/ringtrain/test-hold"); err == nil {
+			s.Write([]byte{1})
+			defer s.Reset()
+		}
+	}
+	// Streams past the limit are refused at once; give those within it
+	// time to reach the handler.
+	waitFor(t, 5*time.Second, func() bool { return handled.Load() > 0 }, "a stream to reach the handler")
+	time.Sleep(200 * time.Millisecond)
+	if n := handled.Load(); n > 8 {
+		t.Errorf("%d of 24 held streams reached the handler; want at most 8 (PeerStreams)", n)
+	}
+}

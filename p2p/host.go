@@ -107,7 +107,10 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	if err := cfg.Limits.Check(); err != nil {
 		return nil, err
 	}
-	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(rcmgr.DefaultLimits.AutoScale()), perIPLimits(cfg.Limits.WithDefaults())...)
+	scaled := rcmgr.DefaultLimits.AutoScale()
+	// Zero is the resource manager's "default": the scaled limit stays.
+	perPeer := rcmgr.PartialLimitConfig{PeerDefault: rcmgr.ResourceLimits{Streams: rcmgr.LimitVal(cfg.Limits.PeerStreams), Memory: rcmgr.LimitVal64(cfg.Limits.PeerMemory)}}
+	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(perPeer.Build(scaled)), perIPLimits(cfg.Limits.WithDefaults())...)
 	if err != nil {
 		return nil, fmt.Errorf("p2p: resource manager: %w", err)
 	}

@@ -138,6 +138,8 @@ type limitsConfig struct {
 	MaxBanned         int      `json:"max_banned"`
 	ConnsPerIP        int      `json:"conns_per_ip"`
 	NewConnsPerIP     int      `json:"new_conns_per_ip"`
+	PeerStreams       int      `json:"peer_streams"`
+	PeerMemoryMB      int64    `json:"peer_memory_mb"`
 	// The data server's (join --serve), p2p.DataServerConfig's.
 	DataSamplesPerRequest int `json:"data_samples_per_request"`
 	DataStreams           int `json:"data_streams"`
@@ -146,7 +148,8 @@ type limitsConfig struct {
 
 func (l limitsConfig) p2p() p2p.Limits {
 	return p2p.Limits{RequestsPerSecond: l.RequestsPerSecond, Burst: l.Burst, StreamsPerPeer: l.StreamsPerPeer,
-		Strikes: l.Strikes, BanFor: time.Duration(l.BanFor), MaxBanned: l.MaxBanned, ConnsPerIP: l.ConnsPerIP, ConnBurstPerIP: l.NewConnsPerIP}
+		Strikes: l.Strikes, BanFor: time.Duration(l.BanFor), MaxBanned: l.MaxBanned, ConnsPerIP: l.ConnsPerIP, ConnBurstPerIP: l.NewConnsPerIP,
+		PeerStreams: l.PeerStreams, PeerMemory: l.PeerMemoryMB << 20}
 }
 
 // dataServer is what the limits say of a data server; zero fields take
@@ -161,6 +164,8 @@ func (l limitsConfig) check() error {
 		return err
 	}
 	switch {
+	case l.PeerMemoryMB > 1<<20:
+		return fmt.Errorf("peer_memory_mb %d: want 0 (libp2p's default) to %d", l.PeerMemoryMB, 1<<20)
 	case l.DataSamplesPerRequest < 0 || l.DataSamplesPerRequest > 1<<20:
 		return fmt.Errorf("data_samples_per_request %d: want 0 (default 8192) to %d", l.DataSamplesPerRequest, 1<<20)
 	case l.DataStreams < 0 || l.DataStreams > 1<<16:

@@ -49,7 +49,7 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		`, "sync": {"every": 5}`, `, "sync": {"every": 5, "outer": {"lr": 0.7, "momentum": 1}}`, `, "request_size": 9000`, `, "request_size": -1`,
 		`, "max_world_size": 3`, `, "max_world_size": 5000`, `, "world_size": 5000`,
 		`, "limits": {"burst": -1}`, `, "limits": {"ban_for": "-1s"}`, `, "limits": {"streams_per_peer": 100000}`, `, "limits": {"strikes": "many"}`, `, "limits": {"flood": 1}`,
-		`, "limits": {"conns_per_ip": -1}`, `, "limits": {"data_streams": -1}`, `, "limits": {"data_samples_per_request": 2000000}`} {
+		`, "limits": {"conns_per_ip": -1}`, `, "limits": {"peer_memory_mb": -1}`, `, "limits": {"data_streams": -1}`, `, "limits": {"data_samples_per_request": 2000000}`} {
 		p := filepath.Join(t.TempDir(), "job.json")
 		if err := os.WriteFile(p, []byte("{"+base+bad+"}"), 0o644); err != nil {
 			t.Fatal(err)
@@ -251,12 +251,12 @@ func FuzzParseJobConfig(f *testing.F) {
 func TestLimitsReachTheHost(t *testing.T) {
 	body := `{"name": "l", "world_size": 2, "epochs": 1, "batch_size": 8, "model": "mlp", "data": "` + mustAbs(t, "../../testdata/data-config.json") + `",
 		"limits": {"requests_per_second": 10, "burst": 20, "streams_per_peer": 4, "strikes": 9, "ban_for": "1h", "max_banned": 10,
-		"conns_per_ip": 3, "new_conns_per_ip": 5, "data_samples_per_request": 100, "data_streams": 7, "data_streams_per_peer": 2}}`
+		"conns_per_ip": 3, "new_conns_per_ip": 5, "peer_streams": 64, "peer_memory_mb": 32, "data_samples_per_request": 100, "data_streams": 7, "data_streams_per_peer": 2}}`
 	c, err := parseJobFile([]byte(body), "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := p2p.Limits{RequestsPerSecond: 10, Burst: 20, StreamsPerPeer: 4, Strikes: 9, BanFor: time.Hour, MaxBanned: 10, ConnsPerIP: 3, ConnBurstPerIP: 5}
+	want := p2p.Limits{RequestsPerSecond: 10, Burst: 20, StreamsPerPeer: 4, Strikes: 9, BanFor: time.Hour, MaxBanned: 10, ConnsPerIP: 3, ConnBurstPerIP: 5, PeerStreams: 64, PeerMemory: 32 << 20}
 	if got := c.Limits.p2p(); got != want {
 		t.Errorf("limits %+v; want %+v", got, want)
 	}
