@@ -19,6 +19,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 	mh "github.com/multiformats/go-multihash"
 	"github.com/rs/zerolog"
+	"golang.org/x/time/rate"
 
 	"github.com/ringtrain/ringtrain/data"
 )
@@ -79,6 +80,12 @@ type DataServerConfig struct {
 	// Answer bounds reading one request and writing its answer: a client
 	// that stops reading is cut off. Default 1 min.
 	Answer time.Duration
+	// PeerBytesPerSecond paces what one peer is sent, all its streams
+	// together, so that a client asking as fast as it can — a valid one
+	// too — takes no more of a serving peer's cores than this. Default 64
+	// MiB/s: five times what a training peer of the mlp takes here, and
+	// a fetched dataset is cached (cache_dir) after its first epoch.
+	PeerBytesPerSecond int64
 	// Announce is the first pause between announcements in the DHT; it
 	// doubles up to 10 minutes. Default 1 s.
 	Announce time.Duration
@@ -104,6 +111,9 @@ func (c *DataServerConfig) fill() {
 	if c.Announce <= 0 {
 		c.Announce = time.Second
 	}
+	if c.PeerBytesPerSecond <= 0 {
+		c.PeerBytesPerSecond = 64 << 20
+	}
 }
 
 // DataServer serves datasets over DataProtocol and announces them in the
@@ -124,6 +134,7 @@ type DataServer struct {
 	sets    map[[32]byte]*servedSet
 	open    map[network.Stream]peer.ID
 	perPeer map[peer.ID]int
+	paces   map[peer.ID]*rate.Limiter // of the peers with a stream open
 }
 
 type servedSet struct {
@@ -134,7 +145,7 @@ type servedSet struct {
 // NewDataServer registers DataProtocol on h. Close it when done.
 func NewDataServer(h *Host, cfg DataServerConfig) *DataServer {
 	cfg.fill()
-	s := &DataServer{h: h, cfg: cfg, warns: newWarnLimiter(cfg.Logger), sets: map[[32]byte]*servedSet{}, open: map[network.Stream]peer.ID{}, perPeer: map[peer.ID]int{}}
+	s := &DataServer{h: h, cfg: cfg, warns: newWarnLimiter(cfg.Logger), sets: map[[32]byte]*servedSet{}, open: map[network.Stream]peer.ID{}, perPeer: map[peer.ID]int{}, paces: map[peer.ID]*rate.Limiter{}}
 	s.strike = h.Guard.Strike
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	h.SetStreamHandler(DataProtocol, s.handle)
@@ -203,9 +214,32 @@ func (s *DataServer) admit(st network.Stream, from peer.ID) bool {
 		return false
 	}
 	s.open[st] = from
-	s.perPeer[from]++
+	if s.perPeer[from]++; s.perPeer[from] == 1 {
+		s.paces[from] = rate.NewLimiter(rate.Limit(s.cfg.PeerBytesPerSecond), paceBurst)
+	}
 	s.wg.Add(1)
 	return true
+}
+
+// paceBurst is how many bytes a peer's pace lets go at once.
+const paceBurst = 1 << 20
+
+// pace waits until from may be sent n more bytes, or the server closes.
+func (s *DataServer) pace(from peer.ID, n int) error {
+	s.mu.Lock()
+	lim := s.paces[from]
+	s.mu.Unlock()
+	if lim == nil {
+		return nil
+	}
+	for n > 0 {
+		k := min(n, paceBurst)
+		if err := lim.WaitN(s.ctx, k); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
 }
 
 // streams is how many clients' streams are being served.
@@ -220,6 +254,7 @@ func (s *DataServer) release(st network.Stream, from peer.ID) {
 	delete(s.open, st)
 	if s.perPeer[from]--; s.perPeer[from] <= 0 {
 		delete(s.perPeer, from)
+		delete(s.paces, from)
 	}
 	s.mu.Unlock()
 	s.wg.Done()
@@ -284,11 +319,17 @@ func (s *DataServer) answer(op byte, br *bufio.Reader, bw *bufio.Writer, from pe
 		if err = set.check(split, *idx); err != nil {
 			return false, s.refuse(bw, from, err.Error())
 		}
+		if err := s.pace(from, set.bytes(split, *idx)); err != nil {
+			return false, err
+		}
 		return true, set.writeSamples(bw, split, *idx)
 	case set == nil:
 		return true, bw.WriteByte(statusUnknown)
 	default:
 		enc := set.m.Encoded()
+		if err := s.pace(from, len(enc)); err != nil {
+			return false, err
+		}
 		bw.WriteByte(statusOK)
 		bw.Write(binary.LittleEndian.AppendUint64(nil, uint64(len(enc))))
 		_, err = bw.Write(enc)
@@ -330,6 +371,15 @@ func (set *servedSet) check(split byte, idx []int) error {
 		}
 	}
 	return nil
+}
+
+// bytes is what writeSamples writes of idx.
+func (set *servedSet) bytes(split byte, idx []int) int {
+	n := 0
+	for _, i := range idx {
+		n += set.m.Splits[split].Samples[i].Size()
+	}
+	return n
 }
 
 func (set *servedSet) writeSamples(w *bufio.Writer, split byte, idx []int) error {

@@ -628,3 +628,42 @@ func FuzzDataReply(f *testing.F) {
 		}
 	})
 }
+
+// TestDataServerPacesAPeer: what one peer is sent is paced at
+// PeerBytesPerSecond, however fast it asks — two requests of 2,000
+// samples (3.1 MB) at 1 MiB/s, after a burst of 1 MiB, take two seconds
+// at least, where unpaced they take milliseconds.
+func TestDataServerPacesAPeer(t *testing.T) {
+	slow(t)
+	m, tr, te := testData(t)
+	hs := startHosts(t, 2, nil)
+	serveOn(t, hs[0], DataServerConfig{PeerBytesPerSecond: 1 << 20}, m, tr.Dataset, te.Dataset)
+	idx := make([]uint32, tr.Len())
+	want := 0
+	for i := range idx {
+		idx[i] = uint32(i)
+		want += len(tr.Image(i).Pix)
+	}
+	start := time.Now()
+	st, err := hs[1].NewStream(context.Background(), hs[0].ID(), DataProtocol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	st.SetDeadline(time.Now().Add(30 * time.Second))
+	for range 2 {
+		if _, err := st.Write(samplesRequest(m.ID(), 0, idx...)); err != nil {
+			t.Fatal(err)
+		}
+		var s [1]byte
+		if _, err := io.ReadFull(st, s[:]); err != nil || s[0] != statusOK {
+			t.Fatalf("status %d, %v; want OK", s[0], err)
+		}
+		if _, err := io.CopyN(io.Discard, st, int64(want)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if took, least := time.Since(start), time.Duration(float64(2*want-paceBurst)/(1<<20)*float64(time.Second))*9/10; took < least {
+		t.Errorf("%d bytes in %v; paced at 1 MiB/s after a 1 MiB burst they take at least %v", 2*want, took, least)
+	}
+}

@@ -144,6 +144,7 @@ type limitsConfig struct {
 	DataSamplesPerRequest int `json:"data_samples_per_request"`
 	DataStreams           int `json:"data_streams"`
 	DataStreamsPerPeer    int `json:"data_streams_per_peer"`
+	DataMBPerSecond       int `json:"data_mb_per_second_per_peer"`
 }
 
 func (l limitsConfig) p2p() p2p.Limits {
@@ -155,7 +156,8 @@ func (l limitsConfig) p2p() p2p.Limits {
 // dataServer is what the limits say of a data server; zero fields take
 // p2p's defaults.
 func (l limitsConfig) dataServer() p2p.DataServerConfig {
-	return p2p.DataServerConfig{MaxRequest: l.DataSamplesPerRequest, MaxStreams: l.DataStreams, MaxPerPeer: l.DataStreamsPerPeer}
+	return p2p.DataServerConfig{MaxRequest: l.DataSamplesPerRequest, MaxStreams: l.DataStreams, MaxPerPeer: l.DataStreamsPerPeer,
+		PeerBytesPerSecond: int64(l.DataMBPerSecond) << 20}
 }
 
 // check says which of the limits is out of range.
@@ -170,6 +172,8 @@ func (l limitsConfig) check() error {
 		return fmt.Errorf("data_samples_per_request %d: want 0 (default 8192) to %d", l.DataSamplesPerRequest, 1<<20)
 	case l.DataStreams < 0 || l.DataStreams > 1<<16:
 		return fmt.Errorf("data_streams %d: want 0 (default 64) to %d", l.DataStreams, 1<<16)
+	case l.DataMBPerSecond < 0 || l.DataMBPerSecond > 1<<20:
+		return fmt.Errorf("data_mb_per_second_per_peer %d: want 0 (default 64) to %d", l.DataMBPerSecond, 1<<20)
 	case l.DataStreamsPerPeer < 0 || l.DataStreamsPerPeer > 1<<16:
 		return fmt.Errorf("data_streams_per_peer %d: want 0 (default 8) to %d", l.DataStreamsPerPeer, 1<<16)
 	}

@@ -251,7 +251,7 @@ func FuzzParseJobConfig(f *testing.F) {
 func TestLimitsReachTheHost(t *testing.T) {
 	body := `{"name": "l", "world_size": 2, "epochs": 1, "batch_size": 8, "model": "mlp", "data": "` + mustAbs(t, "../../testdata/data-config.json") + `",
 		"limits": {"requests_per_second": 10, "burst": 20, "streams_per_peer": 4, "strikes": 9, "ban_for": "1h", "max_banned": 10,
-		"conns_per_ip": 3, "new_conns_per_ip": 5, "peer_streams": 64, "peer_memory_mb": 32, "data_samples_per_request": 100, "data_streams": 7, "data_streams_per_peer": 2}}`
+		"conns_per_ip": 3, "new_conns_per_ip": 5, "peer_streams": 64, "peer_memory_mb": 32, "data_samples_per_request": 100, "data_streams": 7, "data_streams_per_peer": 2, "data_mb_per_second_per_peer": 5}}`
 	c, err := parseJobFile([]byte(body), "")
 	if err != nil {
 		t.Fatal(err)
@@ -260,7 +260,7 @@ func TestLimitsReachTheHost(t *testing.T) {
 	if got := c.Limits.p2p(); got != want {
 		t.Errorf("limits %+v; want %+v", got, want)
 	}
-	if got := c.Limits.dataServer(); got.MaxRequest != 100 || got.MaxStreams != 7 || got.MaxPerPeer != 2 {
+	if got := c.Limits.dataServer(); got.MaxRequest != 100 || got.MaxStreams != 7 || got.MaxPerPeer != 2 || got.PeerBytesPerSecond != 5<<20 {
 		t.Errorf("data server limits %+v; want 100 samples a request, 7 streams, 2 a peer", got)
 	}
 }
