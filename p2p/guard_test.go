@@ -417,3 +417,30 @@ func TestPeerStreamsAreLimited(t *testing.T) {
 		t.Errorf("%d of 24 held streams reached the handler; want at most 8 (PeerStreams)", n)
 	}
 }
+
+// TestConnectionsHeldPerIPAreLimited: ConnsPerIP bounds the connections
+// one address holds at once; the burst is no bound on it.
+func TestConnectionsHeldPerIPAreLimited(t *testing.T) {
+	slow(t)
+	victim, err := NewHost(context.Background(), HostConfig{Listen: loopback, Limits: Limits{ConnsPerIP: 2, ConnBurstPerIP: 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer victim.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	connected := 0
+	for range 6 {
+		h, err := NewHost(ctx, HostConfig{Listen: []string{"/ip4/127.0.0.2/tcp/0"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close() // held: each keeps its connection
+		if h.Connect(ctx, info(victim)) == nil {
+			connected++
+		}
+	}
+	if connected == 0 || connected > 2 {
+		t.Errorf("%d of 6 peers from 127.0.0.2 hold a connection; want 1 or 2", connected)
+	}
+}
