@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -240,14 +241,10 @@ func (f *flooder) count(err error, answered int64) {
 }
 
 func helloBytes(h *Hello) []byte {
-	var b writeBuffer
+	var b bytes.Buffer
 	writeHello(&b, h)
-	return b
+	return b.Bytes()
 }
-
-type writeBuffer []byte
-
-func (w *writeBuffer) Write(p []byte) (int, error) { *w = append(*w, p...); return len(p), nil }
 
 // bigHello is a hello near maxHelloBytes of statements signed by no one.
 func bigHello(rng *mrand.Rand) []byte {

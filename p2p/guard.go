@@ -53,7 +53,7 @@ type Limits struct {
 	// PeerStreams and PeerMemory bound what one peer's streams and
 	// connections may hold with the host, all protocols together: libp2p's
 	// resource manager's per-peer limits, 0 for its defaults scaled to the
-	// machine (512 streams; 64 MiB and 128 MiB more per GiB of memory).
+	// machine (512 streams; 64 MiB of memory, more on a machine with more: libp2p's AutoScale).
 	// Taken when the host starts.
 	PeerStreams int
 	PeerMemory  int64

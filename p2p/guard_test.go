@@ -359,24 +359,10 @@ func TestMembersAreNotLimited(t *testing.T) {
 // before any handshake; without the narrowed exemption all would connect.
 func TestConnectionsPerIPAreLimited(t *testing.T) {
 	slow(t)
-	victim, err := NewHost(context.Background(), HostConfig{Listen: loopback, Limits: Limits{ConnBurstPerIP: 3}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer victim.Close()
+	victim := limitedHost(t, Limits{ConnBurstPerIP: 3})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	connected := 0
-	for range 8 {
-		h, err := NewHost(ctx, HostConfig{Listen: []string{"/ip4/127.0.0.2/tcp/0"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if h.Connect(ctx, info(victim)) == nil {
-			connected++
-		}
-		h.Close()
-	}
+	connected := connectFrom127002(ctx, t, victim, 8, false)
 	if connected == 0 || connected > 3 {
 		t.Errorf("%d of 8 peers from 127.0.0.2 connected; want 1 to 3 (the burst)", connected)
 	}
@@ -387,11 +373,7 @@ func TestConnectionsPerIPAreLimited(t *testing.T) {
 // streams past it are reset before their handler runs.
 func TestPeerStreamsAreLimited(t *testing.T) {
 	slow(t)
-	victim, err := NewHost(context.Background(), HostConfig{Listen: loopback, Limits: Limits{PeerStreams: 8, StreamsPerPeer: 1000, Burst: 1000}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer victim.Close()
+	victim := limitedHost(t, Limits{PeerStreams: 8, StreamsPerPeer: 1000, Burst: 1000})
 	hold := make(chan struct{})
 	defer close(hold)
 	var handled atomic.Int64
@@ -422,25 +404,45 @@ func TestPeerStreamsAreLimited(t *testing.T) {
 // one address holds at once; the burst is no bound on it.
 func TestConnectionsHeldPerIPAreLimited(t *testing.T) {
 	slow(t)
-	victim, err := NewHost(context.Background(), HostConfig{Listen: loopback, Limits: Limits{ConnsPerIP: 2, ConnBurstPerIP: 100}})
+	victim := limitedHost(t, Limits{ConnsPerIP: 2, ConnBurstPerIP: 100})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	connected := connectFrom127002(ctx, t, victim, 6, true)
+	if connected == 0 || connected > 2 {
+		t.Errorf("%d of 6 peers from 127.0.0.2 hold a connection; want 1 or 2", connected)
+	}
+}
+
+// limitedHost is a loopback host with lim, closed when the test ends.
+func limitedHost(t *testing.T, lim Limits) *Host {
+	t.Helper()
+	h, err := NewHost(context.Background(), HostConfig{Listen: loopback, Limits: lim})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer victim.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+// connectFrom127002 starts n peers on 127.0.0.2, one after another, each
+// connecting to victim, and says how many connected; with hold, each keeps
+// its connection until the test ends.
+func connectFrom127002(ctx context.Context, t *testing.T, victim *Host, n int, hold bool) int {
+	t.Helper()
 	connected := 0
-	for range 6 {
+	for range n {
 		h, err := NewHost(ctx, HostConfig{Listen: []string{"/ip4/127.0.0.2/tcp/0"}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer h.Close() // held: each keeps its connection
 		if h.Connect(ctx, info(victim)) == nil {
 			connected++
 		}
+		if hold {
+			t.Cleanup(func() { h.Close() })
+		} else {
+			h.Close()
+		}
 	}
-	if connected == 0 || connected > 2 {
-		t.Errorf("%d of 6 peers from 127.0.0.2 hold a connection; want 1 or 2", connected)
-	}
+	return connected
 }
