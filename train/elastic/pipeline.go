@@ -211,6 +211,7 @@ func (j *PipelineJob) Run(ctx context.Context) (PipelineSummary, error) {
 				log.Info().Msg("left the job as a spare: the others carry on")
 				return sum, fmt.Errorf("left as a spare of stage %d: %w", stage, ErrLeft)
 			case err == nil:
+				j.leave(world, log)
 				return sum, nil
 			}
 			if world, err = j.reform(wctx, world, &streak, &sum, log); err != nil {
@@ -426,6 +427,20 @@ func (j *PipelineJob) reform(ctx context.Context, world *ring.Ring, streak *int,
 	return next, nil
 }
 
+// leave drains this peer's world links after the job's last barrier. For
+// an active peer the barrier's last frames carry nothing it needs; for a
+// spare they are how it learns that the job ended, and a neighbour that
+// closed its socket at once could have its kernel answer them with a
+// reset, which throws away what the spare had received but not read — the
+// spare then takes the job's end for a lost peer.
+func (j *PipelineJob) leave(world *ring.Ring, log zerolog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), j.StepTimeout)
+	defer cancel()
+	if err := world.Leave(ctx); err != nil {
+		log.Debug().Err(err).Msg("a neighbour did not close its world link before the step timeout; the job had ended")
+	}
+}
+
 // finish ends the job on an active peer: after a stop it writes its
 // stage's checkpoint; then the first replicas gather the whole model, and
 // all leave the ring together.
@@ -447,6 +462,7 @@ func (j *PipelineJob) finish(ctx context.Context, world *ring.Ring, pipe *pipeli
 	if berr := world.Barrier(bctx); berr != nil {
 		log.Debug().Err(berr).Msg("a peer left before confirming the end of the job; this peer's results are complete")
 	}
+	j.leave(world, log)
 	switch {
 	case err == nil:
 		return nil
