@@ -17,7 +17,7 @@ import (
 // members, a ring per pipeline stage and the links between stages each
 // way, on either data plane: each link reaches the one it was opened for.
 func TestChannelsOfOneGeneration(t *testing.T) {
-	for _, plane := range []DataPlane{PlaneLibp2p, PlaneTCP} {
+	for _, plane := range []DataPlane{PlaneTLS, PlaneLibp2p, PlaneTCP} {
 		t.Run(fmt.Sprint(plane), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()

@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -1157,3 +1158,6 @@ func (n *Node) Expects(gen uint64, from peer.ID) bool {
 	}
 	return false
 }
+
+// JobDigest is the job's JobDigest, which the TLS plane's links must name.
+func (n *Node) JobDigest() [sha256.Size]byte { return JobDigest(n.job) }

@@ -363,7 +363,7 @@ func TestAllreduceOverLibp2pMatchesMemory(t *testing.T) {
 		return out
 	}
 	want := run(ring.MemRing(n))
-	for _, plane := range []DataPlane{PlaneLibp2p, PlaneTCP} {
+	for _, plane := range []DataPlane{PlaneTLS, PlaneLibp2p, PlaneTCP} {
 		ts, done, err := s.Connect(ctx, plane)
 		if err != nil {
 			t.Fatal(err)
@@ -373,7 +373,7 @@ func TestAllreduceOverLibp2pMatchesMemory(t *testing.T) {
 		for r := range n {
 			for i := range got[r] {
 				if got[r][i] != want[r][i] {
-					t.Fatalf("plane %d, rank %d element %d: %v over the network, %v in memory", plane, r, i, got[r][i], want[r][i])
+					t.Fatalf("plane %v, rank %d element %d: %v over the network, %v in memory", plane, r, i, got[r][i], want[r][i])
 				}
 			}
 		}
@@ -630,6 +630,7 @@ func TestSurvivorsReform(t *testing.T) {
 type expectNone struct{}
 
 func (expectNone) Expects(uint64, peer.ID) bool { return false }
+func (expectNone) JobDigest() [32]byte          { return [32]byte{} }
 
 // TestHostOutlivesItsStartContext: a host's DHT keeps working after the
 // context NewHost was given ends (a caller bounds the start with its join

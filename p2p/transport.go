@@ -3,6 +3,7 @@ package p2p
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/binary"
 	"errors"
@@ -28,23 +29,53 @@ import (
 
 // RingProtocol opens one ring generation's link from a rank to its
 // successor. With the stream data plane the frames then flow on that
-// stream; with the TCP data plane it only carries the one-time token for a
-// direct TCP connection.
-const RingProtocol = "/ringtrain/ring/3.0.0"
+// stream; with the TLS and TCP data planes it carries the one-time token
+// for a direct TCP connection, or, for a TLS link that cannot be direct,
+// the frames themselves.
+const RingProtocol = "/ringtrain/ring/4.0.0"
 
 // DataPlane says what carries the ring's frames.
 type DataPlane int
 
 const (
+	// PlaneTLS sends frames over a direct TCP connection between
+	// neighbours running TLS 1.3, each side proving its libp2p identity
+	// and the dialer proving that the ring named it for the link (see
+	// securelink.go); no stream multiplexer in between. Where no direct
+	// connection can be had — a relayed pair, a successor behind NAT, a
+	// dial that fails — the link is the libp2p stream instead. The
+	// default.
+	PlaneTLS DataPlane = iota
 	// PlaneLibp2p sends frames on the authenticated, encrypted libp2p
-	// stream (TLS preferred). The default.
-	PlaneLibp2p DataPlane = iota
+	// stream (TLS preferred), through yamux.
+	PlaneLibp2p
 	// PlaneTCP sends frames in the clear over a direct TCP connection that
 	// the successor admits only with a one-time token it gave over the
 	// authenticated libp2p stream — as NCCL, Gloo and MPI send gradients.
-	// For trusted networks.
+	// Anything on the path can read and alter them: for trusted networks.
 	PlaneTCP
+	maxPlane = PlaneTCP
 )
+
+var planeNames = [...]string{PlaneTLS: "tls", PlaneLibp2p: "libp2p", PlaneTCP: "tcp"}
+
+// String is the plane's name on the command line.
+func (p DataPlane) String() string {
+	if p >= 0 && p <= maxPlane {
+		return planeNames[p]
+	}
+	return fmt.Sprintf("plane(%d)", int(p))
+}
+
+// ParsePlane reads a data plane's name: tls, libp2p or tcp.
+func ParsePlane(name string) (DataPlane, error) {
+	for p, n := range planeNames {
+		if n == name {
+			return DataPlane(p), nil
+		}
+	}
+	return 0, fmt.Errorf("data plane %q; want tls, libp2p or tcp", name)
+}
 
 const (
 	linkMagic     uint32 = 0x334c5452 // "RTL3"
@@ -85,7 +116,7 @@ func parseLinkHello(b []byte) (linkHelloMsg, error) {
 	switch {
 	case m.rank >= maxHelloPeers:
 		return m, fmt.Errorf("rank %d; a ring holds at most %d peers", m.rank, maxHelloPeers)
-	case m.plane != PlaneLibp2p && m.plane != PlaneTCP:
+	case m.plane < 0 || m.plane > maxPlane:
 		return m, fmt.Errorf("unknown data plane %d", m.plane)
 	case m.ch > maxChannel:
 		return m, fmt.Errorf("unknown channel %d", m.ch)
@@ -97,15 +128,17 @@ func parseLinkHello(b []byte) (linkHelloMsg, error) {
 // members of the ring it is in or ready on.
 type Gate interface {
 	Expects(gen uint64, from peer.ID) bool
+	// JobDigest is the job's JobDigest: a TLS link must name it.
+	JobDigest() [sha256.Size]byte
 }
 
 // LinksConfig says how RingLinks carries frames.
 type LinksConfig struct {
 	// Plane is the job's data plane; a link asking for another is refused,
-	// and the TCP listener exists only when Plane is PlaneTCP.
+	// and the TCP listener exists only when Plane is PlaneTLS or PlaneTCP.
 	Plane DataPlane
-	// TCPListen is the TCP data plane's listen address (host:port); ""
-	// means every interface, a port the OS picks.
+	// TCPListen is the TLS or TCP data plane's listen address
+	// (host:port); "" means every interface, a port the OS picks.
 	TCPListen string
 	// Logger hears of peers cut off for garbage or strangeness, and of
 	// each link to a successor: direct, or through which relay.
@@ -131,9 +164,14 @@ type RingLinks struct {
 	mu     sync.Mutex
 	inbox  map[linkKey]chan inbound
 	ln     net.Listener
-	tokens map[[tokenSize]byte]chan net.Conn // one-time tokens not yet used
+	tokens map[[tokenSize]byte]*pendingLink // one-time tokens not yet used
 	wg     sync.WaitGroup
 	closed bool
+	tls    tlsIdentity
+	live   map[*secureConn]struct{} // TLS links open: Close ends them too
+	// redirect, when set, is where a dialer goes instead of the address
+	// a successor gives: tests put a man in the middle there.
+	redirect func(addr string) string
 }
 
 type linkKey struct {
@@ -171,13 +209,14 @@ func NewRingLinks(h host.Host, gate Gate, cfg LinksConfig) *RingLinks {
 	if cfg.PunchWait == 0 {
 		cfg.PunchWait = 3 * time.Second
 	}
-	l := &RingLinks{h: h, gate: gate, cfg: cfg, log: cfg.Logger, warns: newWarnLimiter(cfg.Logger), inbox: map[linkKey]chan inbound{}, tokens: map[[tokenSize]byte]chan net.Conn{}}
+	l := &RingLinks{h: h, gate: gate, cfg: cfg, log: cfg.Logger, warns: newWarnLimiter(cfg.Logger), inbox: map[linkKey]chan inbound{}, tokens: map[[tokenSize]byte]*pendingLink{}, live: map[*secureConn]struct{}{}}
 	h.SetStreamHandler(RingProtocol, l.handle)
 	return l
 }
 
-// Close stops accepting links, closes those never claimed and the TCP
-// listener, and waits for its accept loop.
+// Close stops accepting links, closes those never claimed, the TLS links
+// still open (as a process that ends would) and the listener, and waits
+// for its accept loop.
 func (l *RingLinks) Close() {
 	l.h.RemoveStreamHandler(RingProtocol)
 	l.mu.Lock()
@@ -193,8 +232,31 @@ func (l *RingLinks) Close() {
 	if l.ln != nil {
 		l.ln.Close()
 	}
+	live := l.live
+	l.live = map[*secureConn]struct{}{}
 	l.mu.Unlock()
+	for c := range live {
+		c.Close()
+	}
 	l.wg.Wait()
+}
+
+// track has Close end c, unless it is closed first; a link made after
+// Close is closed at once.
+func (l *RingLinks) track(c *secureConn) *secureConn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		c.tls.Close()
+		return c
+	}
+	l.live[c] = struct{}{}
+	c.closed = func() {
+		l.mu.Lock()
+		delete(l.live, c)
+		l.mu.Unlock()
+	}
+	return c
 }
 
 func (l *RingLinks) slot(k linkKey) chan inbound {
@@ -246,6 +308,14 @@ func (l *RingLinks) handle(s network.Stream) {
 	switch {
 	case plane == PlaneLibp2p:
 		s.SetDeadline(time.Time{})
+	case plane == PlaneTLS && (isRelayed(s.Conn()) || behindNAT(s.Conn())):
+		// No direct connection reaches us from there: a zero-length
+		// address tells the predecessor the stream is the link.
+		if _, err := s.Write([]byte{0}); err != nil {
+			s.Reset()
+			return
+		}
+		s.SetDeadline(time.Time{})
 	case plane == PlaneTCP && (isRelayed(s.Conn()) || behindNAT(s.Conn())):
 		// A zero-length address tells the predecessor (dial) it cannot
 		// reach our TCP listener; the slot gets the reason, so that this
@@ -253,18 +323,13 @@ func (l *RingLinks) handle(s network.Stream) {
 		s.Write([]byte{0})
 		s.Close()
 		in = inbound{rank: in.rank, err: fmt.Errorf("%w: the link from %s comes %s", ErrPlaneBehindNAT, k.from, natPath(s.Conn()))}
-	case plane == PlaneTCP:
-		c, err := l.admitTCP(s)
-		s.Close()
+	default: // PlaneTLS or PlaneTCP, direct
+		r, err := l.admit(s, k, m.rank)
 		if err != nil {
+			l.log.Debug().Err(err).Str("peer", k.from.String()).Msg("a ring link was not admitted")
 			return
 		}
-		in.r = c
-	default:
-		const msg = "cut off a peer that asked for an unknown data plane"
-		l.warns.Warn(s.Conn().RemotePeer().String(), msg).Msg(msg)
-		s.Reset()
-		return
+		in.r = r
 	}
 	ch := l.slot(k)
 	if ch == nil {
@@ -280,40 +345,78 @@ func (l *RingLinks) handle(s network.Stream) {
 	}
 }
 
-// admitTCP sends the predecessor, over the authenticated stream s, the TCP
-// address to dial and a fresh one-time token, and returns the connection
-// that presents that token.
-func (l *RingLinks) admitTCP(s network.Stream) (net.Conn, error) {
+// admit sends the predecessor, over the authenticated stream s, the
+// address to dial and a fresh one-time token for link k from rank, and
+// returns the connection that presents that token — or, on the TLS plane,
+// s itself if the predecessor says it could not reach the address. s is
+// closed or returned on every path.
+func (l *RingLinks) admit(s network.Stream, k linkKey, rank int) (io.ReadCloser, error) {
 	ln, err := l.tcpListener()
 	if err != nil {
+		s.Reset()
 		return nil, err
 	}
 	// Advertise the IP the predecessor already reaches us at.
 	ip, err := manet.ToIP(s.Conn().LocalMultiaddr())
 	if err != nil {
+		s.Reset()
 		return nil, err
 	}
 	addr := net.JoinHostPort(ip.String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
 	var tok [tokenSize]byte
 	rand.Read(tok[:])
-	ch := make(chan net.Conn, 1)
+	p := &pendingLink{key: k, rank: rank, conn: make(chan io.ReadCloser, 1)}
 	l.mu.Lock()
-	l.tokens[tok] = ch
+	l.tokens[tok] = p
 	l.mu.Unlock()
+	received := false
 	defer func() {
 		l.mu.Lock()
 		delete(l.tokens, tok)
+		claimed := p.claimed
 		l.mu.Unlock()
+		if claimed && !received {
+			// Claimed as we gave up: the acceptor is handing it over.
+			(<-p.conn).Close()
+		}
 	}()
 	msg := append([]byte{byte(len(addr))}, addr...)
 	if _, err := s.Write(append(msg, tok[:]...)); err != nil {
+		s.Reset()
 		return nil, err
 	}
-	select {
-	case c := <-ch:
-		return c, nil
-	case <-time.After(10 * time.Second):
-		return nil, errors.New("p2p: predecessor never presented its token")
+	// One byte back on the stream, 1, says the address could not be
+	// reached; the end of the stream says the token is on its way.
+	said := make(chan bool, 1)
+	go func() {
+		var b [1]byte
+		_, err := io.ReadFull(s, b[:])
+		said <- err == nil && b[0] == 1
+	}()
+	timeout := time.NewTimer(10 * time.Second)
+	defer timeout.Stop()
+	for reading := true; ; {
+		select {
+		case c := <-p.conn:
+			received = true
+			s.Close()
+			if reading {
+				<-said
+			}
+			return c, nil
+		case unreachable := <-said:
+			reading, said = false, nil
+			if unreachable && l.cfg.Plane == PlaneTLS {
+				s.SetDeadline(time.Time{})
+				return s, nil
+			}
+		case <-timeout.C:
+			s.Reset()
+			if reading {
+				<-said
+			}
+			return nil, errors.New("p2p: predecessor never presented its token")
+		}
 	}
 }
 
@@ -335,9 +438,10 @@ func (l *RingLinks) tcpListener() (net.Listener, error) {
 	return ln, nil
 }
 
-// acceptLoop admits a TCP connection only if the first bytes it sends are
-// a token handed out and not yet used; anything else is closed before
-// another byte is read.
+// acceptLoop admits a connection only once it has presented a token
+// handed out and not yet used — in the clear on the TCP plane; on the TLS
+// plane inside TLS, from the peer the token was given to (acceptSecure) —
+// and closes anything else before another byte is read.
 func (l *RingLinks) acceptLoop(ln net.Listener) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -355,6 +459,16 @@ func (l *RingLinks) acceptLoop(ln net.Listener) {
 		}
 		wg.Go(func() {
 			defer func() { <-pending }()
+			if l.cfg.Plane == PlaneTLS {
+				sc, p, who, err := l.acceptSecure(c)
+				if err != nil {
+					const msg = "closed a TLS data-plane connection that is no ring link of ours"
+					l.warns.Warn(hostOf(c.RemoteAddr()), msg).Str("peer", who.String()).Err(err).Msg(msg)
+					return
+				}
+				p.conn <- l.track(sc)
+				return
+			}
 			var tok [tokenSize]byte
 			c.SetReadDeadline(time.Now().Add(5 * time.Second))
 			if _, err := io.ReadFull(c, tok[:]); err != nil {
@@ -363,21 +477,22 @@ func (l *RingLinks) acceptLoop(ln net.Listener) {
 			}
 			c.SetReadDeadline(time.Time{})
 			l.mu.Lock()
-			var ch chan net.Conn
-			for t, tch := range l.tokens {
+			var p *pendingLink
+			for t, tp := range l.tokens {
 				if subtle.ConstantTimeCompare(t[:], tok[:]) == 1 {
-					ch = tch
+					p = tp
+					p.claimed = true
 					delete(l.tokens, t)
 				}
 			}
 			l.mu.Unlock()
-			if ch == nil {
+			if p == nil {
 				const msg = "closed a TCP data-plane connection without a valid token"
 				l.warns.Warn(hostOf(c.RemoteAddr()), msg).Msg(msg)
 				c.Close()
 				return
 			}
-			ch <- c
+			p.conn <- c
 		})
 	}
 }
@@ -553,7 +668,7 @@ func (l *RingLinks) dial(ctx context.Context, succ peer.ID, f *Formation, ch Cha
 	if err != nil {
 		return nil, err
 	}
-	if isRelayed(s.Conn()) && plane == PlaneLibp2p && l.cfg.PunchWait > 0 && l.awaitDirect(ctx, succ) {
+	if isRelayed(s.Conn()) && plane != PlaneTCP && l.cfg.PunchWait > 0 && l.awaitDirect(ctx, succ) {
 		// A hole punch got through: a link opened now takes the direct
 		// connection (libp2p picks direct over relayed).
 		s.Reset()
@@ -565,43 +680,94 @@ func (l *RingLinks) dial(ctx context.Context, succ peer.ID, f *Formation, ch Cha
 		s.Reset()
 		return nil, err
 	}
-	if conn := s.Conn(); isRelayed(conn) {
-		if plane == PlaneTCP {
-			// The hello is sent, so the successor learns it too (handle).
-			s.Close()
-			return nil, fmt.Errorf("%w: the link to %s goes %s", ErrPlaneBehindNAT, succ, natPath(conn))
+	conn := s.Conn()
+	if isRelayed(conn) && plane == PlaneTCP {
+		// The hello is sent, so the successor learns it too (handle).
+		s.Close()
+		return nil, fmt.Errorf("%w: the link to %s goes %s", ErrPlaneBehindNAT, succ, natPath(conn))
+	}
+	logLink := func(carrier DataPlane) {
+		e := l.log.Info().Int("rank", f.Rank).Stringer("successor", succ)
+		if isRelayed(conn) {
+			e = e.Str("link", "relayed").Stringer("relay", relayOf(conn))
+		} else {
+			e = e.Str("link", "direct").Stringer("addr", conn.RemoteMultiaddr())
 		}
-		l.log.Info().Int("rank", f.Rank).Stringer("successor", succ).Str("link", "relayed").Stringer("relay", relayOf(conn)).
-			Uint64("generation", f.Generation).Msg("ring link to the successor")
-	} else {
-		l.log.Info().Int("rank", f.Rank).Stringer("successor", succ).Str("link", "direct").Stringer("addr", conn.RemoteMultiaddr()).
-			Uint64("generation", f.Generation).Msg("ring link to the successor")
+		e.Stringer("plane", carrier).Uint64("generation", f.Generation).Uint32("channel", uint32(ch)).Msg("ring link to the successor")
 	}
 	if plane == PlaneLibp2p {
+		logLink(PlaneLibp2p)
 		return s, nil
 	}
-	defer s.Close()
 	s.SetReadDeadline(time.Now().Add(10 * time.Second))
 	var n [1]byte
 	if _, err := io.ReadFull(s, n[:]); err != nil {
-		return nil, fmt.Errorf("reading the TCP address: %w", err)
+		s.Reset()
+		return nil, fmt.Errorf("reading the link's address: %w", err)
 	}
 	if n[0] == 0 {
-		return nil, fmt.Errorf("%w: %s is behind NAT from here (we reach it %s)", ErrPlaneBehindNAT, succ, natPath(s.Conn()))
+		if plane == PlaneTLS {
+			// The successor cannot be reached directly: the stream is
+			// the link.
+			s.SetReadDeadline(time.Time{})
+			logLink(PlaneLibp2p)
+			return s, nil
+		}
+		s.Close()
+		return nil, fmt.Errorf("%w: %s is behind NAT from here (we reach it %s)", ErrPlaneBehindNAT, succ, natPath(conn))
 	}
 	buf := make([]byte, int(n[0])+tokenSize)
 	if _, err := io.ReadFull(s, buf); err != nil {
-		return nil, fmt.Errorf("reading the TCP address and token: %w", err)
+		s.Reset()
+		return nil, fmt.Errorf("reading the link's address and token: %w", err)
 	}
-	addr, tok := string(buf[:n[0]]), buf[n[0]:]
+	s.SetReadDeadline(time.Time{})
+	addr := string(buf[:n[0]])
+	var tok [tokenSize]byte
+	copy(tok[:], buf[n[0]:])
+	if l.redirect != nil {
+		addr = l.redirect(addr)
+	}
+	if plane == PlaneTLS {
+		w, err := l.dialTLS(ctx, succ, addr, secureHello{token: tok, job: l.gate.JobDigest(), gen: f.Generation, rank: f.Rank, ch: ch})
+		if err != nil {
+			// Fall back to the stream, which the successor is told of.
+			const msg = "a direct TLS ring link failed; this link goes over the libp2p stream"
+			l.warns.Warn(succ.String(), msg).Err(err).Msg(msg)
+			if _, werr := s.Write([]byte{1}); werr != nil {
+				s.Reset()
+				return nil, fmt.Errorf("%w (and telling the successor: %v)", err, werr)
+			}
+			logLink(PlaneLibp2p)
+			return s, nil
+		}
+		s.Close()
+		logLink(PlaneTLS)
+		return w, nil
+	}
+	defer s.Close()
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("TCP data plane to %s: %w", addr, err)
 	}
-	if _, err := c.Write(tok); err != nil {
+	if _, err := c.Write(tok[:]); err != nil {
 		c.Close()
 		return nil, err
 	}
+	logLink(PlaneTCP)
 	return c, nil
+}
+
+// dialTLS opens the TLS link to succ at addr.
+func (l *RingLinks) dialTLS(ctx context.Context, succ peer.ID, addr string, hello secureHello) (io.WriteCloser, error) {
+	id, err := l.tls.get(l.h.Peerstore().PrivKey(l.h.ID()))
+	if err != nil {
+		return nil, err
+	}
+	c, err := dialSecure(ctx, id, succ, addr, hello)
+	if err != nil {
+		return nil, err
+	}
+	return l.track(c), nil
 }

@@ -47,7 +47,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fs := flag.NewFlagSet("bench allreduce", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	transport := fs.String("transport", "tcp", "ring links, comma-separated: mem, tcp (plain, loopback), libp2p (TLS streams), libp2p-tcp (token-gated TCP data plane), libp2p-relay (TLS streams, every link through a circuit relay, as between peers behind NATs that hole punching cannot cross)")
+	transport := fs.String("transport", "tcp", "ring links, comma-separated: mem, tcp (plain, loopback), libp2p (TLS streams), libp2p-tcp (token-gated TCP data plane), libp2p-tls (the TLS data plane: one direct TLS connection per link), libp2p-relay (TLS streams, every link through a circuit relay, as between peers behind NATs that hole punching cannot cross)")
 	peers := fs.Int("peers", 4, "ranks in the ring, all in this process (each its own with --procs)")
 	sizes := fs.String("sizes", "1MiB,16MiB,64MiB", "comma-separated buffer sizes (B, KiB, MiB, GiB)")
 	iters := fs.Int("iters", 5, "timed calls per size; the median is reported")
@@ -84,6 +84,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	trs["libp2p-relay"] = p2p.LocalRingBehindNAT
 	trs["libp2p-tcp"] = func(ctx context.Context, n int) ([]ring.Transport, func(), error) {
 		return p2p.LocalRing(ctx, n, p2p.PlaneTCP)
+	}
+	trs["libp2p-tls"] = func(ctx context.Context, n int) ([]ring.Transport, func(), error) {
+		return p2p.LocalRing(ctx, n, p2p.PlaneTLS)
 	}
 	emit := func(r ringbench.Result) {
 		if *asJSON {

@@ -230,7 +230,7 @@ func parseJoinFlags(args []string, stderr io.Writer) (*joinFlags, error) {
 	fs.StringVar(&f.trace, "trace", "", "write this peer's timeline to FILE as Chrome trace-event JSON (open it in Perfetto; ringtrain trace merge puts several on one clock)")
 	fs.StringVar(&f.identity, "identity", "", "identity key file, created on first use (default: a fresh identity each run; see: ringtrain id)")
 	fs.StringVar(&f.swarmKey, "swarm-key", "", "private swarm key file (see: ringtrain swarm-key)")
-	plane := fs.String("data-plane", "libp2p", "what carries gradients: libp2p (encrypted) or tcp (token-gated, in the clear; trusted networks)")
+	plane := fs.String("data-plane", "tls", "what carries gradients: tls (a direct TLS 1.3 connection per ring neighbour, bound to both peers' identities; libp2p streams where none can be had), libp2p (encrypted libp2p streams, through yamux) or tcp (token-gated, in the clear: trusted networks only)")
 	fs.StringVar(&f.model, "model", "", "use this built-in model instead of the config's (mlp or cnn)")
 	fs.StringVar(&f.device, "device", "", deviceHelp+" (default: cuda if the config says gpus 1, else cpu)")
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads this peer computes with (GOMAXPROCS; 0: all cores, or what GOMAXPROCS says); with --device host, Go gets one more, for the ring")
@@ -264,10 +264,9 @@ func parseJoinFlags(args []string, stderr io.Writer) (*joinFlags, error) {
 	if f.threads < 0 {
 		return nil, fmt.Errorf("join: --threads %d; want 0 (all) or more: %w", f.threads, errUsage)
 	}
-	planes := map[string]p2p.DataPlane{"libp2p": p2p.PlaneLibp2p, "tcp": p2p.PlaneTCP}
-	var ok bool
-	if f.plane, ok = planes[*plane]; !ok {
-		return nil, fmt.Errorf("join: --data-plane %q; want libp2p or tcp: %w", *plane, errUsage)
+	var err error
+	if f.plane, err = p2p.ParsePlane(*plane); err != nil {
+		return nil, fmt.Errorf("join: --data-plane: %w: %w", err, errUsage)
 	}
 	return &f, nil
 }
@@ -506,6 +505,9 @@ func startNode(h *p2p.Host, relayFor *atomic.Pointer[p2p.Node], f *joinFlags, cf
 	}
 	relayFor.Store(node)
 	log.Info().Str("job", cfg.Name).Int("world_size", cfg.WorldSize).Str("config_hash", cfg.hash[:16]).Msg("looking for peers")
+	if f.plane == p2p.PlaneTCP {
+		log.Warn().Msg("--data-plane tcp: gradients cross the network in clear text; anything on the path can read and alter them")
+	}
 	// Ring links first: a peer that forms the ring before us dials at once.
 	links := p2p.NewRingLinks(h.Host, node, p2p.LinksConfig{Plane: f.plane, Logger: log})
 	return &peerNet{node: node, links: links, members: p2p.NewMembership(node, links, time.Duration(cfg.JoinTimeout))}, nil

@@ -32,7 +32,7 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.SetOutput(stderr)
 	n := fs.Int("n", 3, "peers to start")
 	config := fs.String("config", "", "job config (JSON)")
-	plane := fs.String("data-plane", "libp2p", "libp2p or tcp")
+	plane := fs.String("data-plane", "tls", "the peers' --data-plane: tls, libp2p or tcp")
 	logFormat := fs.String("log-format", "auto", "the peers' --log-format; auto: a live display on a terminal (the logs to --log-file), json lines otherwise")
 	logFile := fs.String("log-file", "", "with the live display, every peer's log lines (JSON, each with its peer number) and output go to this file")
 	logLevel := fs.String("log-level", "info", "the peers' --log-level")

@@ -123,7 +123,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case "join":
 		err := runJoin(ctx, args[1:], stdout, stderr)
 		if errors.Is(err, p2p.ErrPlaneBehindNAT) {
-			err = fmt.Errorf("%w (start every peer with --data-plane libp2p)", err)
+			err = fmt.Errorf("%w (start every peer with --data-plane tls, which falls back to libp2p streams where it must)", err)
 		}
 		return err
 	case "bootstrap":
