@@ -32,9 +32,15 @@ func NewStreams(next io.WriteCloser, prev io.ReadCloser) *Streams {
 // Write sends to the successor.
 func (s *Streams) Write(p []byte) (int, error) { return s.next.Write(p) }
 
-// WriteBuffers sends b to the successor in one writev where the stream is a
-// net.Conn, and write by write otherwise.
-func (s *Streams) WriteBuffers(b *net.Buffers) (int64, error) { return b.WriteTo(s.next) }
+// WriteBuffers sends b to the successor: through the stream's own
+// WriteBuffers where it has one, in one writev where it is a net.Conn,
+// and write by write otherwise.
+func (s *Streams) WriteBuffers(b *net.Buffers) (int64, error) {
+	if bw, ok := s.next.(BuffersWriter); ok {
+		return bw.WriteBuffers(b)
+	}
+	return b.WriteTo(s.next)
+}
 
 // Read receives from the predecessor.
 func (s *Streams) Read(p []byte) (int, error) { return s.prev.Read(p) }
@@ -51,7 +57,10 @@ var _ Drainer = (*Streams)(nil)
 // connections and libp2p streams can, a pipe closes whole), then reads
 // both streams to their ends — the predecessor's closing, and the
 // successor's closing of its side — discarding what comes, until ctx
-// ends; then it closes both.
+// ends; then it closes both. The stream from the predecessor is closed as
+// soon as its end is read, which tells the predecessor that all it sent
+// was read: so every rank of a ring can drain at once, each waiting only
+// on its neighbours.
 func (s *Streams) Drain(ctx context.Context) error {
 	if cw, ok := s.next.(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite()
@@ -61,7 +70,10 @@ func (s *Streams) Drain(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { s.Close() })
 	defer stop()
 	var wg sync.WaitGroup
-	wg.Go(func() { io.Copy(io.Discard, s.prev) })
+	wg.Go(func() {
+		io.Copy(io.Discard, s.prev)
+		s.prev.Close()
+	})
 	if r, ok := s.next.(io.Reader); ok {
 		wg.Go(func() { io.Copy(io.Discard, r) })
 	}

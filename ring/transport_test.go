@@ -153,3 +153,41 @@ func TestLeaveDeliversTheLastFrames(t *testing.T) {
 		t.Fatalf("Leave beside a neighbour that never closes: %v; want the deadline", err)
 	}
 }
+
+// TestEveryRankLeavesAtOnce: when all ranks of a ring leave together —
+// the end of a job, after its last barrier — each Leave returns once its
+// neighbours have read what it sent, without waiting for ctx: no rank
+// waits on one that waits on it.
+func TestEveryRankLeavesAtOnce(t *testing.T) {
+	for _, kind := range []string{"tcp", "mem"} {
+		t.Run(kind, func(t *testing.T) {
+			const n = 4
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			ts := MemRing(n)
+			if kind == "tcp" {
+				var err error
+				if ts, err = LoopbackTCP(ctx, n, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			errs := make(chan error, n)
+			for rank := range n {
+				go func() {
+					r, err := New(ts[rank], Config{Rank: rank, Size: n, Generation: 1})
+					if err == nil {
+						if err = r.Barrier(ctx); err == nil {
+							err = r.Leave(ctx)
+						}
+					}
+					errs <- err
+				}()
+			}
+			for range n {
+				if err := <-errs; err != nil {
+					t.Fatalf("a rank's barrier and leave: %v; want both done before the deadline", err)
+				}
+			}
+		})
+	}
+}
