@@ -11,7 +11,6 @@ import (
 	"io"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
@@ -20,14 +19,14 @@ import (
 )
 
 // The TLS data plane: a ring link is one direct TCP connection between
-// neighbours running TLS 1.3, with no stream multiplexer on it. Each side
-// proves its libp2p identity in the handshake the way libp2p's own TLS
-// transport does (a self-signed certificate carrying the host key's
-// signature), and the dialer then proves, inside the encrypted channel,
-// that the ring named it for this link: a one-time token the successor
-// gave it over the authenticated libp2p stream, the job's digest, the
-// generation, its rank and the channel. Nothing of a link is handed to the
-// ring before all of that holds.
+// neighbours, with no stream multiplexer on it. A TLS 1.3 handshake has
+// each side prove its libp2p identity the way libp2p's own TLS transport
+// does (a self-signed certificate carrying the host key's signature) and
+// gives the keys of the link's records (records.go). The dialer's first
+// record then proves that the ring named it for this link: a one-time
+// token the successor gave it over the authenticated libp2p stream, the
+// job's digest, the generation, its rank and the channel. Nothing of a
+// link is handed to the ring before all of that holds.
 
 // secureALPN keeps a ring link's handshake from being taken for a libp2p
 // connection's, or one for the other.
@@ -36,12 +35,8 @@ const secureALPN = "/ringtrain/link/1"
 const (
 	secureHelloMagic uint32 = 0x314c5352 // "RSL1"
 	secureHelloSize         = 4 + tokenSize + sha256.Size + 8 + 4 + 4
-	// secureHandshake bounds a dialer's TLS handshake and hello.
+	// secureHandshake bounds a link's TLS handshake and hello.
 	secureHandshake = 10 * time.Second
-	// batchSize is how many bytes of TLS records one write to the socket
-	// carries at most: crypto/tls writes each record of at most 16 KiB
-	// with its own system call, and a ring frame is megabytes.
-	batchSize = 256 << 10
 )
 
 // secureHello is what a dialer says first inside the TLS channel.
@@ -128,9 +123,6 @@ func (t *tlsIdentity) get(priv crypto.PrivKey) (*libp2ptls.Identity, error) {
 func linkTLSConfig(id *libp2ptls.Identity, remote peer.ID) (*tls.Config, <-chan crypto.PubKey) {
 	conf, keys := id.ConfigForPeer(remote)
 	conf.NextProtos = []string{secureALPN}
-	// Ring frames are megabytes: small first records would only add
-	// records and system calls.
-	conf.DynamicRecordSizingDisabled = true
 	return conf, keys
 }
 
@@ -144,16 +136,21 @@ func dialSecure(ctx context.Context, id *libp2ptls.Identity, succ peer.ID, addr 
 		return nil, fmt.Errorf("TLS data plane: dialing %s: %w", addr, err)
 	}
 	conf, _ := linkTLSConfig(id, succ)
-	sc := newSecureConn(c, func(b net.Conn) *tls.Conn { return tls.Client(b, conf) })
-	if err := sc.tls.HandshakeContext(ctx); err != nil {
-		sc.Close()
+	tc := tls.Client(&handshakeConn{Conn: c}, conf)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
 		return nil, fmt.Errorf("TLS data plane: handshake with %s at %s: %w", succ, addr, err)
 	}
-	if p := sc.tls.ConnectionState().NegotiatedProtocol; p != secureALPN {
-		sc.Close()
-		return nil, fmt.Errorf("TLS data plane: %s at %s speaks %q, not a ring link", succ, addr, p)
+	cs := tc.ConnectionState()
+	if cs.NegotiatedProtocol != secureALPN {
+		c.Close()
+		return nil, fmt.Errorf("TLS data plane: %s at %s speaks %q, not a ring link", succ, addr, cs.NegotiatedProtocol)
 	}
-	sc.batching.Store(true)
+	sc, err := newSecureConn(c, cs, true)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
 	if deadline, ok := ctx.Deadline(); ok {
 		c.SetWriteDeadline(deadline)
 	}
@@ -165,26 +162,25 @@ func dialSecure(ctx context.Context, id *libp2ptls.Identity, succ peer.ID, addr 
 	return sc, nil
 }
 
-// acceptSecure runs the server side of a TLS link on c: the handshake,
-// which proves the dialer's libp2p identity, then its hello, which must
-// name a pending link for exactly that peer. It returns the link and the
-// pending one it fills, which it has taken out of pending; on error c is
-// closed and the returned peer (if the handshake got that far) is who to
-// blame.
+// acceptSecure runs the acceptor's side of a TLS link on c: the
+// handshake, which proves the dialer's libp2p identity, then its hello,
+// which must name a pending link for exactly that peer. It returns the
+// link and the pending one it fills, which it has taken out of pending;
+// on error c is closed and the returned peer (if the handshake got that
+// far) is who to blame.
 func (l *RingLinks) acceptSecure(c net.Conn) (*secureConn, *pendingLink, peer.ID, error) {
-	id, err := l.tls.get(l.h.Peerstore().PrivKey(l.h.ID()))
-	if err != nil {
-		c.Close()
-		return nil, nil, "", err
-	}
-	conf, keys := linkTLSConfig(id, "")
-	sc := newSecureConn(c, func(b net.Conn) *tls.Conn { return tls.Server(b, conf) })
 	fail := func(who peer.ID, err error) (*secureConn, *pendingLink, peer.ID, error) {
-		sc.Close()
+		c.Close()
 		return nil, nil, who, err
 	}
+	id, err := l.tls.get(l.h.Peerstore().PrivKey(l.h.ID()))
+	if err != nil {
+		return fail("", err)
+	}
+	conf, keys := linkTLSConfig(id, "")
+	tc := tls.Server(&handshakeConn{Conn: c}, conf)
 	c.SetDeadline(time.Now().Add(secureHandshake))
-	if err := sc.tls.Handshake(); err != nil {
+	if err := tc.Handshake(); err != nil {
 		return fail("", fmt.Errorf("TLS handshake: %w", err))
 	}
 	var who peer.ID
@@ -199,13 +195,20 @@ func (l *RingLinks) acceptSecure(c net.Conn) (*secureConn, *pendingLink, peer.ID
 	default:
 		return fail("", errors.New("TLS handshake: no peer identity"))
 	}
-	if p := sc.tls.ConnectionState().NegotiatedProtocol; p != secureALPN {
-		return fail(who, fmt.Errorf("protocol %q, not a ring link", p))
+	cs := tc.ConnectionState()
+	if cs.NegotiatedProtocol != secureALPN {
+		return fail(who, fmt.Errorf("protocol %q, not a ring link", cs.NegotiatedProtocol))
 	}
+	sc, err := newSecureConn(c, cs, false)
+	if err != nil {
+		return fail(who, err)
+	}
+	sc.limit = secureHelloSize // no larger record before the hello proves the link
 	var b [secureHelloSize]byte
 	if _, err := io.ReadFull(sc, b[:]); err != nil {
 		return fail(who, fmt.Errorf("reading the link hello: %w", err))
 	}
+	sc.limit = maxRecord
 	m, err := parseSecureHello(b[:])
 	if err != nil {
 		return fail(who, err)
@@ -215,7 +218,6 @@ func (l *RingLinks) acceptSecure(c net.Conn) (*secureConn, *pendingLink, peer.ID
 	if err != nil {
 		return fail(who, err)
 	}
-	sc.batching.Store(true)
 	return sc, p, who, nil
 }
 
@@ -249,110 +251,4 @@ func (l *RingLinks) claim(who peer.ID, m secureHello) (*pendingLink, error) {
 	delete(l.tokens, tok)
 	found.claimed = true
 	return found, nil
-}
-
-// secureConn is a TLS link whose records go out in batches: one Write of a
-// ring frame becomes one system call per batchSize bytes, not one per
-// 16-KiB record.
-type secureConn struct {
-	tls      *tls.Conn
-	raw      net.Conn
-	out      *recordBatcher
-	batching *atomic.Bool
-	closed   func() // after Close: RingLinks forgets the link
-}
-
-func newSecureConn(c net.Conn, wrap func(net.Conn) *tls.Conn) *secureConn {
-	b := &recordBatcher{Conn: c}
-	return &secureConn{tls: wrap(b), raw: c, out: b, batching: &b.on}
-}
-
-// Read reads the plaintext of verified records.
-func (s *secureConn) Read(p []byte) (int, error) { return s.tls.Read(p) }
-
-// Write seals p into records and sends them before it returns.
-func (s *secureConn) Write(p []byte) (int, error) {
-	n, err := s.tls.Write(p)
-	if ferr := s.out.flush(); err == nil {
-		err = ferr
-	}
-	return n, err
-}
-
-// CloseWrite says close_notify and half-closes the connection, so the
-// successor reads to the end of what was sent.
-func (s *secureConn) CloseWrite() error {
-	err := s.tls.CloseWrite()
-	if ferr := s.out.flush(); err == nil {
-		err = ferr
-	}
-	if tc, ok := s.raw.(interface{ CloseWrite() error }); ok {
-		if cerr := tc.CloseWrite(); err == nil {
-			err = cerr
-		}
-	}
-	return err
-}
-
-// Close closes the link; it also ends a Read or Write in progress.
-func (s *secureConn) Close() error {
-	err := s.tls.Close()
-	if s.closed != nil {
-		s.closed()
-	}
-	return err
-}
-
-// recordBatcher gathers what crypto/tls writes while on, until flushed.
-type recordBatcher struct {
-	net.Conn
-	on  atomic.Bool
-	mu  sync.Mutex // Write and flush against Close's last flush
-	buf []byte
-}
-
-func (b *recordBatcher) Write(p []byte) (int, error) {
-	if !b.on.Load() {
-		return b.Conn.Write(p)
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if len(b.buf)+len(p) > batchSize {
-		if err := b.flushLocked(); err != nil {
-			return 0, err
-		}
-	}
-	if len(p) > batchSize {
-		return b.Conn.Write(p)
-	}
-	if b.buf == nil {
-		b.buf = make([]byte, 0, batchSize)
-	}
-	b.buf = append(b.buf, p...)
-	return len(p), nil
-}
-
-func (b *recordBatcher) flush() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.flushLocked()
-}
-
-func (b *recordBatcher) flushLocked() error {
-	if len(b.buf) == 0 {
-		return nil
-	}
-	_, err := b.Conn.Write(b.buf)
-	b.buf = b.buf[:0]
-	return err
-}
-
-// Close sends what is gathered (crypto/tls's close_notify) unless a Write
-// is in progress — a Close then is there to break it — and closes.
-func (b *recordBatcher) Close() error {
-	if b.mu.TryLock() {
-		b.flushLocked()
-		b.mu.Unlock()
-	}
-	return b.Conn.Close()
 }

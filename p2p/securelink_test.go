@@ -156,7 +156,7 @@ func TestTLSLinkRefusesWhatTheRingDidNotName(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: the handshake itself failed (%v); the refusal must come from the hello", c.name, err)
 		}
-		sc.tls.SetReadDeadline(time.Now().Add(10 * time.Second))
+		sc.raw.SetReadDeadline(time.Now().Add(10 * time.Second))
 		if !refused(sc) {
 			t.Errorf("%s: the link was not closed", c.name)
 		}

@@ -247,7 +247,7 @@ func (l *RingLinks) track(c *secureConn) *secureConn {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
-		c.tls.Close()
+		c.raw.Close()
 		return c
 	}
 	l.live[c] = struct{}{}
