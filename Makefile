@@ -15,7 +15,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzR
 
 MODEL ?= mlp
 
-.PHONY: check test-deps test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-overlap bench-served bench-pipeline bench-flood fashion-mnist testdata demo clean
+.PHONY: check test-deps test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-overlap bench-served bench-pipeline bench-flood bench-planes fashion-mnist testdata demo clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -315,14 +315,30 @@ bench-nat: build
 	done
 	$(BIN)/ringtrain bench allreduce --transport libp2p,libp2p-relay --peers 4 --sizes 16MiB --iters $(ITERS) $(BENCHFLAGS)
 
+# Figures: the data planes side by side, RUNS runs. On loopback in one
+# process, n = 2 and 4: plain TCP, the TLS plane, the clear TCP plane and
+# libp2p streams — CPU-bound, as two cores carry every rank and both ends
+# of every link. Then between network namespaces, each rank its own process
+# and libp2p host, every link capped at each of PLANE_RATES
+# (testdata/bench-planes.sh): the TLS plane against the clear TCP plane.
+# testdata/planes-table.py makes the table of medians (p2p/RESULTS.md).
+PLANE_RATES ?= 1gbit 4gbit 10gbit
+bench-planes: build
+	@for i in $$(seq $(RUNS)); do for n in 2 4; do \
+	  $(BIN)/ringtrain bench allreduce --transport tcp,libp2p-tls,libp2p-tcp,libp2p --peers $$n --sizes 1MiB,16MiB,64MiB --iters $(ITERS) --json; \
+	done; done
+	@for r in $(PLANE_RATES); do bash testdata/bench-planes.sh $(BIN)/ringtrain $$r $(RUNS) 1MiB,16MiB,64MiB 5; done
+
 # Allreduce with every rank its own process, as gloo's and MPI's benchmarks
-# run: ringtrain's plain TCP ring (bench allreduce --procs) and PyTorch's
-# gloo (testdata/gloo-allreduce.py; Debian's python3-torch, installed here),
-# 4 ranks on loopback, alternately, RUNS runs each, ITERS rounds a row.
+# run: ringtrain's plain TCP ring and its TLS plane (bench allreduce
+# --procs; each TLS rank its own libp2p host, forming the ring as join
+# does) and PyTorch's gloo (testdata/gloo-allreduce.py; Debian's
+# python3-torch, installed here), 4 ranks on loopback, alternately, RUNS
+# runs each, ITERS rounds a row.
 bench-procs: build
 	@/usr/bin/python3 -c 'import torch' 2>/dev/null || (apt-get install -y -qq python3-torch || (apt-get update -qq && apt-get install -y -qq python3-torch)) >/dev/null 2>&1 || echo "could not install python3-torch"
 	@for i in $$(seq $(RUNS)); do \
-	  $(BIN)/ringtrain bench allreduce --procs --peers 4 --sizes 1MiB,16MiB --iters $(ITERS) --json; \
+	  $(BIN)/ringtrain bench allreduce --procs --transport tcp,tls --peers 4 --sizes 1MiB,16MiB --iters $(ITERS) --json; \
 	  /usr/bin/python3 testdata/gloo-allreduce.py 4 $(ITERS) 1048576 16777216; \
 	done
 

@@ -7,15 +7,19 @@
 // passing on each other's signed Statements so that a star of connections
 // suffices (the decisions are Agreement's, a state machine with no I/O),
 // re-formation and admission on the same Agreement, and the ring's
-// Transport over libp2p streams or token-gated TCP, accepted only from the
-// members a Gate expects. DataServer and DataClient serve and fetch
+// Transport, accepted only from the members a Gate expects: by default
+// direct TLS links, each bound to both peers' libp2p identities and to the
+// job, generation and place in the ring, carrying large AEAD records keyed
+// from the TLS handshake (falling back to libp2p streams where no direct
+// connection can be had); or libp2p streams; or token-gated TCP in the
+// clear. DataServer and DataClient serve and fetch
 // datasets (data.Manifest) over DataProtocol, announced in the DHT; a
 // joined peer hands its job config to peers that name the job
 // (ServeJobConfig, FetchJobConfig). Peers behind NAT are reached through go-libp2p's
 // AutoNAT, circuit relay v2 (with limits for training traffic: see
 // RelayResources), AutoRelay and DCUtR hole punching; ring links log
-// whether they are direct or relayed, and the TCP plane refuses links that
-// cross a NAT (ErrPlaneBehindNAT). A link belongs to a Channel of its
+// whether they are direct or relayed, and the clear TCP plane refuses links
+// that cross a NAT (ErrPlaneBehindNAT). A link belongs to a Channel of its
 // generation, so one formation holds the ring of all members, a pipeline
 // stage's ring (RingLinks.ConnectRing) and the links between stages
 // (RingLinks.Pair) at once. Membership wraps a Node and its RingLinks as the
@@ -30,7 +34,7 @@
 //	node, err := p2p.NewNode(h, p2p.Job{Name: "fmnist", ConfigHash: hash, WorldSize: 4}, p2p.NodeConfig{Logger: log})
 //	defer node.Close()
 //	f, err := node.Join(ctxWithJoinTimeout) // ErrJoinTimeout, ErrRefused, ErrStandby
-//	links := p2p.NewRingLinks(h.Host, node, p2p.LinksConfig{Plane: p2p.PlaneLibp2p, Logger: log}) // or p2p.PlaneTCP on trusted networks
+//	links := p2p.NewRingLinks(h.Host, node, p2p.LinksConfig{Plane: p2p.PlaneTLS, Logger: log}) // or p2p.PlaneTCP on trusted networks
 //	defer links.Close()
 //	t, err := links.Connect(ctx, f)
 //	r, err := ring.New(t, ring.Config{Rank: f.Rank, Size: len(f.Members), Generation: f.Generation})

@@ -42,6 +42,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(args) > 0 && args[0] == "allreduce-rank" {
 		return runAllreduceRank(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "allreduce-peer" {
+		return runAllreducePeer(ctx, args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "allreduce" {
 		return fmt.Errorf("bench: want 'bench allreduce', 'bench form', 'bench engines', 'bench device', 'bench served', 'bench pipeline' or 'bench flood': %w", errUsage)
 	}
@@ -53,7 +56,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	iters := fs.Int("iters", 5, "timed calls per size; the median is reported")
 	chunk := fs.String("chunk", "", "pipelining chunk size (default: the ring's)")
 	asJSON := fs.Bool("json", false, "one JSON object per line instead of a table")
-	procs := fs.Bool("procs", false, "run every rank in its own process, over plain TCP on loopback (the row's transport is tcp-procs; no ceiling), as gloo's and MPI's benchmarks do")
+	procs := fs.Bool("procs", false, "run every rank in its own process, as gloo's and MPI's benchmarks do (no ceiling): --transport tcp is plain TCP on loopback (row tcp-procs); tls, libp2p and libp2p-tcp are the data planes, each peer its own libp2p host forming the ring as join does (rows tls-procs, libp2p-procs, libp2p-tcp-procs)")
+	netns := fs.String("netns", "", "with --procs and a data plane: run rank i in the network namespace PREFIXi (testdata/bench-planes.sh makes them), at --subnet.(i+1)")
+	subnet := fs.String("subnet", "10.235.0", "with --netns: the namespaces' /24")
 	if err := fs.Parse(args[1:]); err != nil {
 		return fmt.Errorf("bench allreduce: %w: %w", errUsage, err)
 	}
@@ -100,13 +105,26 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			fmt.Sprintf("%.3f", r.CeilingBusbw), fmt.Sprintf("%.2f", r.Ratio), fmt.Sprintf("%.2f", r.CPUPerGB))
 	}
 	if *procs {
-		if *transport != "tcp" {
-			return fmt.Errorf("bench allreduce: --procs runs plain TCP only, not --transport %s: %w", *transport, errUsage)
-		}
-		if err := allreduceProcs(ctx, cfg, *sizes, emit); err != nil {
-			return fmt.Errorf("bench allreduce --procs: %w", err)
+		for _, tr := range strings.Split(*transport, ",") {
+			tr = strings.TrimSpace(tr)
+			if tr == "tcp" && *netns == "" {
+				if err := allreduceProcs(ctx, cfg, *sizes, emit); err != nil {
+					return fmt.Errorf("bench allreduce --procs: %w", err)
+				}
+				continue
+			}
+			plane, err := p2p.ParsePlane(strings.TrimPrefix(tr, "libp2p-"))
+			if tr == "tcp" || err != nil {
+				return fmt.Errorf("bench allreduce --procs: --transport %s; want tcp (not with --netns), tls, libp2p or libp2p-tcp: %w", tr, errUsage)
+			}
+			if err := allreducePeers(ctx, cfg, *sizes, tr, plane, *netns, *subnet, emit); err != nil {
+				return fmt.Errorf("bench allreduce --procs --transport %s: %w", tr, err)
+			}
 		}
 		return encErr
+	}
+	if *netns != "" {
+		return fmt.Errorf("bench allreduce: --netns goes with --procs: %w", errUsage)
 	}
 	// Several transports run one after another in this process, so their
 	// figures come from the same run.

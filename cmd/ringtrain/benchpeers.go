@@ -1,0 +1,222 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	ma "github.com/multiformats/go-multiaddr"
+	"github.com/rs/zerolog"
+
+	"github.com/ringtrain/ringtrain/p2p"
+	"github.com/ringtrain/ringtrain/ring/ringbench"
+)
+
+// peerAddr is the first line a `bench allreduce-peer` prints: where the
+// others reach it.
+type peerAddr struct {
+	Addr string `json:"addr"`
+}
+
+// allreducePeers is `bench allreduce --procs` over a data plane: every
+// rank its own process (`ringtrain bench allreduce-peer`) with its own
+// libp2p host, the ring formed and linked as `join` does it, the first
+// rank the others' bootstrap peer. Rows are named transport-procs, or
+// transport-netns. With netns, rank i runs in the network
+// namespace netns+i at subnet.(i+1) (testdata/bench-planes.sh makes them);
+// otherwise all run on 127.0.0.1.
+func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport string, plane p2p.DataPlane, netns, subnet string, emit func(ringbench.Result)) error {
+	n := cfg.Peers
+	if n < 2 {
+		return fmt.Errorf("%d peers; want at least 2: %w", n, errUsage)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	var salt [8]byte
+	rand.Read(salt[:])
+	job := "bench-peers-" + hex.EncodeToString(salt[:])
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	results := make([][]ringbench.RankResult, n) // by process, by size
+	errs := make([]error, n)
+	first := make(chan string, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for i := range n {
+		ip := "127.0.0.1"
+		if netns != "" {
+			ip = fmt.Sprintf("%s.%d", subnet, i+1)
+		}
+		args := []string{"bench", "allreduce-peer", "--job", job, "--plane", plane.String(), "--peers", strconv.Itoa(n),
+			"--listen", ip, "--sizes", sizes, "--iters", strconv.Itoa(cfg.Iters), "--chunk", strconv.Itoa(cfg.ChunkBytes)}
+		if i > 0 {
+			select {
+			case a := <-first:
+				first <- a
+				args = append(args, "--bootstrap", a)
+			case <-ctx.Done():
+				return errors.Join(append(errs, ctx.Err())...)
+			}
+		}
+		var cmd *exec.Cmd
+		if netns != "" {
+			cmd = exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", fmt.Sprintf("%s%d", netns, i), exe}, args...)...)
+		} else {
+			cmd = exec.CommandContext(ctx, exe, args...)
+		}
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return err
+		}
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		wg.Go(func() {
+			defer func() {
+				if err := cmd.Wait(); err != nil && errs[i] == nil {
+					errs[i] = fmt.Errorf("peer %d: %w: %s", i, err, strings.TrimSpace(stderr.String()))
+				}
+				if errs[i] != nil {
+					cancel() // the others would wait for this one for ever
+				}
+			}()
+			dec := json.NewDecoder(bufio.NewReader(out))
+			var a peerAddr
+			if err := dec.Decode(&a); err != nil {
+				errs[i] = fmt.Errorf("peer %d's address: %w", i, err)
+				return
+			}
+			if i == 0 {
+				first <- a.Addr
+			}
+			for {
+				var r ringbench.RankResult
+				if err := dec.Decode(&r); err == io.EOF {
+					return
+				} else if err != nil {
+					errs[i] = fmt.Errorf("peer %d's output: %w", i, err)
+					return
+				}
+				results[i] = append(results[i], r)
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	name := transport + "-procs"
+	if netns != "" {
+		name = transport + "-netns"
+	}
+	for s := range cfg.Sizes {
+		rs := make([]ringbench.RankResult, n)
+		for i := range n {
+			if s >= len(results[i]) {
+				return fmt.Errorf("peer %d reported %d sizes of %d", i, len(results[i]), len(cfg.Sizes))
+			}
+			rs[i] = results[i][s]
+		}
+		row, err := ringbench.Combine(name, rs)
+		if err != nil {
+			return err
+		}
+		emit(row)
+	}
+	return nil
+}
+
+// runAllreducePeer is `ringtrain bench allreduce-peer`, one peer that
+// allreducePeers started: it prints its address, forms the ring of --peers
+// with the others of --job over --plane and prints a JSON line per size.
+func runAllreducePeer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench allreduce-peer", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	job := fs.String("job", "", "the job name the peers form a ring of")
+	planeName := fs.String("plane", "tls", "the data plane: tls, libp2p or tcp")
+	peers := fs.Int("peers", 0, "ranks in the ring")
+	listen := fs.String("listen", "127.0.0.1", "the IP address to listen on")
+	bootstrap := fs.String("bootstrap", "", "the first peer's multiaddr")
+	sizes := fs.String("sizes", "", "comma-separated buffer sizes")
+	iters := fs.Int("iters", 5, "timed calls per size")
+	chunk := fs.Int("chunk", 0, "pipelining chunk size in bytes (0: the ring's)")
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("bench allreduce-peer: %w: %w", errUsage, err)
+	}
+	plane, err := p2p.ParsePlane(*planeName)
+	if err != nil {
+		return fmt.Errorf("bench allreduce-peer: %w: %w", err, errUsage)
+	}
+	cfg := ringbench.Config{Peers: *peers, Iters: *iters, ChunkBytes: *chunk}
+	if cfg.Sizes, err = parseSizes(*sizes); err != nil {
+		return fmt.Errorf("bench allreduce-peer: --sizes: %w: %w", err, errUsage)
+	}
+	ip := net.ParseIP(*listen)
+	if ip == nil || *job == "" || *peers < 2 {
+		return fmt.Errorf("bench allreduce-peer: want --job, --peers ≥ 2 and an IP to --listen on: %w", errUsage)
+	}
+	hc := p2p.HostConfig{Listen: []string{fmt.Sprintf("/ip4/%s/tcp/0", ip)}}
+	if *bootstrap != "" {
+		a, err := ma.NewMultiaddr(*bootstrap)
+		if err != nil {
+			return fmt.Errorf("bench allreduce-peer: --bootstrap: %w: %w", err, errUsage)
+		}
+		info, err := peer.AddrInfoFromP2pAddr(a)
+		if err != nil {
+			return fmt.Errorf("bench allreduce-peer: --bootstrap: %w: %w", err, errUsage)
+		}
+		hc.Bootstrap = []peer.AddrInfo{*info}
+	}
+	jctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	h, err := p2p.NewHost(jctx, hc)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	if err := json.NewEncoder(stdout).Encode(peerAddr{Addr: fmt.Sprintf("%s/p2p/%s", h.Addrs()[0], h.ID())}); err != nil {
+		return err
+	}
+	node, err := p2p.NewNode(h, p2p.Job{Name: *job, ConfigHash: *job, WorldSize: *peers}, p2p.NodeConfig{})
+	if err != nil {
+		return err
+	}
+	defer node.Close()
+	links := p2p.NewRingLinks(h.Host, node, p2p.LinksConfig{Plane: plane, TCPListen: net.JoinHostPort(ip.String(), "0"), Logger: zerolog.Nop()})
+	defer links.Close()
+	f, err := node.Join(jctx)
+	if err != nil {
+		return fmt.Errorf("bench allreduce-peer: forming the ring: %w", err)
+	}
+	t, err := links.Connect(jctx, f)
+	if err != nil {
+		return fmt.Errorf("bench allreduce-peer: linking the ring: %w", err)
+	}
+	enc := json.NewEncoder(stdout)
+	var encErr error
+	err = ringbench.RunRank(ctx, t, f.Rank, cfg, func(r ringbench.RankResult) {
+		if err := enc.Encode(r); err != nil && encErr == nil {
+			encErr = err
+		}
+	})
+	return errors.Join(err, encErr)
+}
