@@ -138,11 +138,6 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	}
 	opts = append(opts, libp2p.ConnectionGater(gs))
 	var self atomic.Pointer[host.Host] // for the relay source, which may run before New returns
-	if cfg.Reachability == network.ReachabilityUnknown && behindNATGuess(localIPs(listen), cfg.Bootstrap) {
-		// AutoNAT would take 15 s or more to find it out.
-		cfg.Reachability = network.ReachabilityPrivate
-		cfg.Logger.Info().Msg("every address of this machine is private and a bootstrap peer's is public: behind NAT, so reserving a relay at once (--reachability overrides)")
-	}
 	opts = append(opts, natOptions(cfg, &self)...)
 	h, err := libp2p.New(opts...)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -224,71 +223,3 @@ func natPath(c network.Conn) string {
 	return fmt.Sprintf("through a NAT (we are %s, the other end %s)", c.LocalMultiaddr(), c.RemoteMultiaddr())
 }
 
-// behindNATGuess says whether a peer whose own addresses are local must
-// be behind NAT to reach its bootstrap peers: some bootstrap peer has a
-// public IPv4 address and this machine has none (and cannot reach one over
-// public IPv6 either). A private address cannot cross the internet without
-// a NAT rewriting it. A cloud machine behind a 1:1 NAT is taken for private
-// too: it then reserves a relay it may not need, and hole punching, which
-// always gets through such a NAT, gives it direct links.
-func behindNATGuess(local []net.IP, boots []peer.AddrInfo) bool {
-	public := func(ip net.IP) bool {
-		a, err := manet.FromIP(ip)
-		return err == nil && manet.IsPublicAddr(a)
-	}
-	var local4, local6 bool
-	for _, ip := range local {
-		if public(ip) {
-			if ip.To4() != nil {
-				local4 = true
-			} else {
-				local6 = true
-			}
-		}
-	}
-	var boot4, boot6 bool
-	for _, b := range boots {
-		for _, a := range b.Addrs {
-			ip, err := manet.ToIP(a)
-			if err != nil || !manet.IsPublicAddr(a) {
-				continue
-			}
-			if ip.To4() != nil {
-				boot4 = true
-			} else {
-				boot6 = true
-			}
-		}
-	}
-	return boot4 && !local4 && !(boot6 && local6)
-}
-
-// localIPs are the IP addresses a host listening on listen has: those
-// named, and for an unspecified one every interface's.
-func localIPs(listen []string) []net.IP {
-	var ips []net.IP
-	for _, l := range listen {
-		a, err := ma.NewMultiaddr(l)
-		if err != nil {
-			continue
-		}
-		ip, err := manet.ToIP(a)
-		if err != nil {
-			continue
-		}
-		if !ip.IsUnspecified() {
-			ips = append(ips, ip)
-			continue
-		}
-		addrs, err := net.InterfaceAddrs()
-		if err != nil {
-			continue
-		}
-		for _, ia := range addrs {
-			if n, ok := ia.(*net.IPNet); ok {
-				ips = append(ips, n.IP)
-			}
-		}
-	}
-	return ips
-}

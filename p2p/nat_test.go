@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -226,42 +225,3 @@ func TestRelayReservesOnlyForRelayFor(t *testing.T) {
 	}
 }
 
-// TestBehindNATGuess: a machine whose every address is private must be
-// behind NAT to reach a public bootstrap peer — unless both have public
-// IPv6 — and nothing is guessed from private or absent bootstrap peers.
-func TestBehindNATGuess(t *testing.T) {
-	boot := func(addrs ...string) []peer.AddrInfo {
-		var ai peer.AddrInfo
-		for _, a := range addrs {
-			ai.Addrs = append(ai.Addrs, ma.StringCast(a))
-		}
-		return []peer.AddrInfo{ai}
-	}
-	ips := func(s ...string) []net.IP {
-		var out []net.IP
-		for _, x := range s {
-			out = append(out, net.ParseIP(x))
-		}
-		return out
-	}
-	cases := []struct {
-		name  string
-		local []net.IP
-		boots []peer.AddrInfo
-		want  bool
-	}{
-		{"a home LAN, a public bootstrap peer", ips("127.0.0.1", "192.168.1.20"), boot("/ip4/11.0.0.2/tcp/4001"), true},
-		{"a carrier-grade NAT", ips("100.64.3.4"), boot("/ip4/11.0.0.2/tcp/4001"), true},
-		{"a public machine", ips("10.0.0.5", "11.0.0.7"), boot("/ip4/11.0.0.2/tcp/4001"), false},
-		{"a LAN job", ips("192.168.1.20"), boot("/ip4/192.168.1.2/tcp/4001"), false},
-		{"no bootstrap peer", ips("192.168.1.20"), nil, false},
-		{"public IPv6 on both sides", ips("192.168.1.20", "2a01:4f8::1"), boot("/ip4/11.0.0.2/tcp/4001", "/ip6/2a01:4f9::2/tcp/4001"), false},
-		{"public IPv6 here only", ips("192.168.1.20", "2a01:4f8::1"), boot("/ip4/11.0.0.2/tcp/4001"), true},
-		{"a bootstrap peer by DNS name only", ips("192.168.1.20"), boot("/dns4/boot.example/tcp/4001"), false},
-	}
-	for _, c := range cases {
-		if got := behindNATGuess(c.local, c.boots); got != c.want {
-			t.Errorf("%s: %v; want %v", c.name, got, c.want)
-		}
-	}
-}

@@ -175,6 +175,8 @@ fi
 echo "$name: AutoNAT verdicts: $(grep '"message":"AutoNAT' <<<"$all" | grep -o '"reachability":"[A-Za-z]*"' | sort | uniq -c | tr -s ' \n' ' ')"
 echo "$name: hole punches: $(grep -o '"message":"hole punch[^"]*"' <<<"$all" | sort | uniq -c | tr -s ' \n' ' ')"
 echo "$name: why hole punches failed: $(grep '"message":"hole punch failed' <<<"$all" | grep -o '"error":"[^"]*"' | sort | uniq -c | tr -s ' \n' ' ')"
-echo "$name: every link of every generation: $(grep '"message":"ring link to the successor"' <<<"$all" | grep -o '"link":"[a-z]*"' | sort | uniq -c | tr -s ' \n' ' ')"
+job=$(cat "$tmp"/[0123].log "$tmp"/3-killed.log | grep '"message":"ring link to the successor"')
+echo "$name: every link of every generation: $(grep -o '"link":"[a-z]*"' <<<"$job" | sort | uniq -c | tr -s ' \n' ' ')"
+echo "$name: what carried them: $(grep -o '"plane":"[a-z0-9]*"' <<<"$job" | sort | uniq -c | tr -s ' \n' ' ')"
 netns_no_refusals "$name"
 echo "$name: ok, the replacement was admitted and all 4 ended with parameter hash ${hashes:0:16}"
