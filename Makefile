@@ -300,8 +300,9 @@ bench-cpu: build fashion-mnist
 bench-elastic: fashion-mnist
 	$(GO) test -tags bench -v -count=1 -run '^TestBenchElastic$$' -timeout 60m ./cmd/ringtrain | grep -E '^bench-elastic|FAIL|ok'
 
-# Figures: the netns-nat.sh ring on a flat network and behind the NATs,
-# with default settings, alternately, NAT_RUNS runs each (each run prints
+# Figures: the netns-nat.sh ring on a flat network, behind the NATs with
+# AutoNAT finding out, and behind them with --reachability private,
+# alternately, NAT_RUNS runs each (each run prints
 # its formation time, its links, direct or relayed, and what carried them);
 # then the median formation time and the share of direct links
 # (testdata/nat-summary.awk); then allreduce busbw over relayed links
@@ -312,6 +313,7 @@ bench-nat: build
 	@for i in $$(seq $(NAT_RUNS)); do \
 	  bash testdata/netns-nat.sh --flat $(BIN)/ringtrain | grep -E 'formed in|every link|what carried|FAIL|SKIPPED'; \
 	  bash testdata/netns-nat.sh $(BIN)/ringtrain | grep -E 'formed in|hole punches:|every link|what carried|FAIL|SKIPPED'; \
+	  JOIN_FLAGS=--reachability=private bash testdata/netns-nat.sh $(BIN)/ringtrain | sed 's/^netns-nat:/netns-nat (--reachability private):/' | grep -E 'formed in|hole punches:|every link|what carried|FAIL|SKIPPED'; \
 	done | awk -f testdata/nat-summary.awk
 	$(BIN)/ringtrain bench allreduce --transport libp2p,libp2p-relay --peers 4 --sizes 16MiB --iters $(ITERS) $(BENCHFLAGS)
 

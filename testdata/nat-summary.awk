@@ -1,13 +1,13 @@
 # Reads netns-nat.sh output (make bench-nat), prints it, and then per kind
-# of run (flat or behind NAT) the median formation time and how many ring
+# of run (flat, behind NAT, behind NAT with --reachability private) the median formation time and how many ring
 # links of the training jobs were direct.
 { print }
 /formed in/ {
-	kind = ($1 ~ /flat/) ? "flat" : "NAT"
+	kind = ($1 ~ /flat/) ? "flat" : ($2 ~ /reachability/) ? "NAT, --reachability private" : "NAT"
 	for (i = 1; i <= NF; i++) if ($i == "in") t[kind, ++n[kind]] = $(i + 1)
 }
 /every link of every generation/ {
-	kind = ($1 ~ /flat/) ? "flat" : "NAT"
+	kind = ($1 ~ /flat/) ? "flat" : ($2 ~ /reachability/) ? "NAT, --reachability private" : "NAT"
 	for (i = 1; i < NF; i++) {
 		if ($(i + 1) ~ /"link":"direct"/) direct[kind] += $i
 		if ($(i + 1) ~ /"link":"(direct|relayed)"/) links[kind] += $i
