@@ -222,4 +222,3 @@ func natPath(c network.Conn) string {
 	}
 	return fmt.Sprintf("through a NAT (we are %s, the other end %s)", c.LocalMultiaddr(), c.RemoteMultiaddr())
 }
-

@@ -224,4 +224,3 @@ func TestRelayReservesOnlyForRelayFor(t *testing.T) {
 		t.Error("a peer RelayFor does not name got a reservation")
 	}
 }
-
