@@ -613,8 +613,15 @@ func TestBenchAllreduceProcs(t *testing.T) {
 			t.Errorf("row %+v", r)
 		}
 	}
-	if out, err := ringtrain(t, time.Minute, "bench", "allreduce", "--procs", "--transport", "libp2p"); err == nil || !strings.Contains(out, "plain TCP only") {
-		t.Errorf("--procs over libp2p: %v, %s; want a usage error", err, out)
+	// The TLS plane, every rank its own process and libp2p host.
+	out, err = ringtrain(t, time.Minute, "bench", "allreduce", "--procs", "--transport", "tls", "--peers", "2", "--sizes", "64KiB", "--iters", "2", "--json")
+	if err != nil || !strings.Contains(out, `"transport":"tls-procs","peers":2,"bytes":65536`) {
+		t.Errorf("--procs over the TLS plane: %v\n%s", err, tails(out))
+	}
+	for _, args := range [][]string{{"--procs", "--transport", "mem"}, {"--procs", "--netns", "x", "--transport", "tcp"}, {"--netns", "x", "--transport", "tcp"}} {
+		if out, err := ringtrain(t, time.Minute, append([]string{"bench", "allreduce"}, args...)...); err == nil || !strings.Contains(out, "usage") {
+			t.Errorf("bench allreduce %v: %v, %s; want a usage error", args, err, out)
+		}
 	}
 }
 

@@ -22,8 +22,9 @@ type RankResult struct {
 // RunRank runs, on rank of a ring of cfg.Peers over t, one untimed and then
 // cfg.Iters timed AllreduceSum calls of every size in cfg.Sizes, each after
 // a Barrier, and emits each size's times. The other ranks must run the same cfg; each call
-// waits for its neighbours, so the calls of all ranks proceed together. t
-// is closed when RunRank returns.
+// waits for its neighbours, so the calls of all ranks proceed together;
+// at the end all leave the ring together (ring.Ring.Leave). t is closed
+// when RunRank returns.
 func RunRank(ctx context.Context, t ring.Transport, rank int, cfg Config, emit func(RankResult)) error {
 	if err := cfg.check(); err != nil {
 		t.Close()
@@ -60,7 +61,13 @@ func RunRank(ctx context.Context, t ring.Transport, rank int, cfg Config, emit f
 		}
 		emit(res)
 	}
-	return nil
+	// Every rank leaves together: one that exited at once could have its
+	// kernel reset the links, losing the last frames a slower neighbour
+	// had not read yet.
+	if err := r.Barrier(ctx); err != nil {
+		return fmt.Errorf("rank %d: the last barrier: %w", rank, err)
+	}
+	return r.Leave(ctx)
 }
 
 // Combine makes one table row from every rank's result for one size. A
