@@ -123,6 +123,9 @@ func (t *tlsIdentity) get(priv crypto.PrivKey) (*libp2ptls.Identity, error) {
 func linkTLSConfig(id *libp2ptls.Identity, remote peer.ID) (*tls.Config, <-chan crypto.PubKey) {
 	conf, keys := id.ConfigForPeer(remote)
 	conf.NextProtos = []string{secureALPN}
+	// No TLS record may follow the handshake: the link's own records do,
+	// and a session ticket among them would read as a forged one.
+	conf.SessionTicketsDisabled = true
 	return conf, keys
 }
 
