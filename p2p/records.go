@@ -158,6 +158,11 @@ func (s *secureConn) WriteBuffers(b *net.Buffers) (int64, error) {
 	if s.werr != nil {
 		return 0, s.werr
 	}
+	if s.wbuf == nil {
+		// Room for a whole ring frame, its header's record and its
+		// payload's, so that it goes in one write.
+		s.wbuf = make([]byte, 0, maxRecord+4<<10)
+	}
 	var n int64
 	flush := func() error {
 		if len(s.wbuf) == 0 {
