@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -471,4 +472,67 @@ func FuzzSecureHello(f *testing.F) {
 			t.Fatal("a hello without the magic was taken")
 		}
 	})
+}
+
+// TestTLSLinkFallsBackWhenTheAddressIsUnreachable: a successor whose TLS
+// address cannot be dialled (a firewall, a port no one forwards) still
+// gets its link, over the libp2p stream, and says so on both sides.
+func TestTLSLinkFallsBackWhenTheAddressIsUnreachable(t *testing.T) {
+	r := newTLSRing(t, PlaneTLS)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close() // nothing listens there now: dials are refused
+	r.links[r.pred].redirect = func(string) string { return dead }
+	var w io.WriteCloser
+	var derr error
+	var wg sync.WaitGroup
+	wg.Go(func() { w, _, derr = r.links[r.pred].Pair(r.ctx, r.f[r.pred], ChannelRing, 1, -1) })
+	ctx, cancel := context.WithTimeout(r.ctx, 15*time.Second)
+	defer cancel()
+	_, in, err := r.links[r.succ].Pair(ctx, r.f[r.succ], ChannelRing, -1, 0)
+	wg.Wait()
+	if err != nil || derr != nil {
+		t.Fatalf("the link: %v, %v; want it over the libp2p stream", err, derr)
+	}
+	defer in.Close()
+	if _, ok := in.(network.Stream); !ok {
+		t.Fatalf("the successor got a %T; want the libp2p stream", in)
+	}
+	if _, ok := w.(network.Stream); !ok {
+		t.Fatalf("the predecessor got a %T; want the libp2p stream", w)
+	}
+	go func() { w.Write([]byte("frame")); w.Close() }()
+	got, err := io.ReadAll(in)
+	if err != nil || string(got) != "frame" {
+		t.Fatalf("over the fallback: %q, %v", got, err)
+	}
+}
+
+// TestClosingLinksEndsOpenTLSLinks: RingLinks.Close ends the TLS links it
+// made that are still open, as the end of the process would: a neighbour
+// reading one sees it end.
+func TestClosingLinksEndsOpenTLSLinks(t *testing.T) {
+	r := newTLSRing(t, PlaneTLS)
+	var w io.WriteCloser
+	var wg sync.WaitGroup
+	wg.Go(func() { w, _, _ = r.links[r.pred].Pair(r.ctx, r.f[r.pred], ChannelRing, 1, -1) })
+	_, in, err := r.links[r.succ].Pair(r.ctx, r.f[r.succ], ChannelRing, -1, 0)
+	wg.Wait()
+	if err != nil || w == nil {
+		t.Fatalf("the link: %v", err)
+	}
+	sc, ok := in.(*secureConn)
+	if !ok {
+		t.Fatalf("the successor got a %T; want a TLS link", in)
+	}
+	defer sc.Close()
+	r.links[r.pred].Close()
+	sc.raw.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := sc.Read(make([]byte, 1)); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("reading a link whose predecessor's RingLinks closed: %v; want the end of a link cut short", err)
+	}
+	runtime.KeepAlive(w) // else its socket's finalizer could close it first
 }
