@@ -58,7 +58,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	asJSON := fs.Bool("json", false, "one JSON object per line instead of a table")
 	procs := fs.Bool("procs", false, "run every rank in its own process, as gloo's and MPI's benchmarks do (no ceiling): --transport tcp is plain TCP on loopback (row tcp-procs); tls, libp2p and libp2p-tcp are the data planes, each peer its own libp2p host forming the ring as join does (rows tls-procs, libp2p-procs, libp2p-tcp-procs)")
 	netns := fs.String("netns", "", "with --procs and a data plane: run rank i in the network namespace PREFIXi (testdata/bench-planes.sh makes them), at --subnet.(i+1)")
-	subnet := fs.String("subnet", "10.235.0", "with --netns: the namespaces' /24")
+	subnet := fs.String("subnet", "", "with --netns: the first three octets of the namespaces' /24 (testdata/bench-planes.sh gives its own)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return fmt.Errorf("bench allreduce: %w: %w", errUsage, err)
 	}
@@ -103,6 +103,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stdout, row, r.Transport, strconv.Itoa(r.Peers), formatBytes(r.Bytes),
 			fmt.Sprintf("%.2f", r.Seconds*1e3), fmt.Sprintf("%.3f", r.Algbw), fmt.Sprintf("%.3f", r.Busbw),
 			fmt.Sprintf("%.3f", r.CeilingBusbw), fmt.Sprintf("%.2f", r.Ratio), fmt.Sprintf("%.2f", r.CPUPerGB))
+	}
+	if (*netns == "") != (*subnet == "") {
+		return fmt.Errorf("bench allreduce: --netns and --subnet go together: %w", errUsage)
 	}
 	if *procs {
 		for _, tr := range strings.Split(*transport, ",") {

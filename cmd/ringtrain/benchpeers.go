@@ -108,15 +108,9 @@ func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport 
 			if i == 0 {
 				first <- a.Addr
 			}
-			for {
-				var r ringbench.RankResult
-				if err := dec.Decode(&r); err == io.EOF {
-					return
-				} else if err != nil {
-					errs[i] = fmt.Errorf("peer %d's output: %w", i, err)
-					return
-				}
-				results[i] = append(results[i], r)
+			var err error
+			if results[i], err = readRankResults(dec); err != nil {
+				errs[i] = fmt.Errorf("peer %d's output: %w", i, err)
 			}
 		})
 	}
@@ -128,21 +122,7 @@ func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport 
 	if netns != "" {
 		name = transport + "-netns"
 	}
-	for s := range cfg.Sizes {
-		rs := make([]ringbench.RankResult, n)
-		for i := range n {
-			if s >= len(results[i]) {
-				return fmt.Errorf("peer %d reported %d sizes of %d", i, len(results[i]), len(cfg.Sizes))
-			}
-			rs[i] = results[i][s]
-		}
-		row, err := ringbench.Combine(name, rs)
-		if err != nil {
-			return err
-		}
-		emit(row)
-	}
-	return nil
+	return emitRows(name, results, len(cfg.Sizes), emit)
 }
 
 // runAllreducePeer is `ringtrain bench allreduce-peer`, one peer that

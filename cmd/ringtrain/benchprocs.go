@@ -76,17 +76,9 @@ func allreduceProcs(ctx context.Context, cfg ringbench.Config, sizes string, emi
 		}
 		f.Close()
 		wg.Go(func() {
-			dec := json.NewDecoder(bufio.NewReader(out))
-			for {
-				var r ringbench.RankResult
-				if err := dec.Decode(&r); err == io.EOF {
-					break
-				} else if err != nil {
-					errs[i] = fmt.Errorf("rank %d's output: %w", i, err)
-					cancel() // the others would wait for this rank for ever
-					break
-				}
-				results[i] = append(results[i], r)
+			if results[i], err = readRankResults(json.NewDecoder(bufio.NewReader(out))); err != nil {
+				errs[i] = fmt.Errorf("rank %d's output: %w", i, err)
+				cancel() // the others would wait for this rank for ever
 			}
 			if err := cmd.Wait(); err != nil && errs[i] == nil {
 				errs[i] = fmt.Errorf("rank %d: %w: %s", i, err, strings.TrimSpace(stderr.String()))
@@ -98,15 +90,35 @@ func allreduceProcs(ctx context.Context, cfg ringbench.Config, sizes string, emi
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	for s := range cfg.Sizes {
-		rs := make([]ringbench.RankResult, n)
-		for i := range n {
+	return emitRows("tcp-procs", results, len(cfg.Sizes), emit)
+}
+
+// readRankResults reads a rank process's JSON lines to their end.
+func readRankResults(dec *json.Decoder) ([]ringbench.RankResult, error) {
+	var rs []ringbench.RankResult
+	for {
+		var r ringbench.RankResult
+		if err := dec.Decode(&r); err == io.EOF {
+			return rs, nil
+		} else if err != nil {
+			return rs, err
+		}
+		rs = append(rs, r)
+	}
+}
+
+// emitRows combines, for each of sizes buffer sizes, every rank process's
+// result (results[process][size]) into a row named name.
+func emitRows(name string, results [][]ringbench.RankResult, sizes int, emit func(ringbench.Result)) error {
+	for s := range sizes {
+		rs := make([]ringbench.RankResult, len(results))
+		for i := range results {
 			if s >= len(results[i]) {
-				return fmt.Errorf("rank %d reported %d sizes of %d", i, len(results[i]), len(cfg.Sizes))
+				return fmt.Errorf("process %d reported %d sizes of %d", i, len(results[i]), sizes)
 			}
 			rs[i] = results[i][s]
 		}
-		row, err := ringbench.Combine("tcp-procs", rs)
+		row, err := ringbench.Combine(name, rs)
 		if err != nil {
 			return err
 		}

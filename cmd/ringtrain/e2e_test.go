@@ -618,7 +618,7 @@ func TestBenchAllreduceProcs(t *testing.T) {
 	if err != nil || !strings.Contains(out, `"transport":"tls-procs","peers":2,"bytes":65536`) {
 		t.Errorf("--procs over the TLS plane: %v\n%s", err, tails(out))
 	}
-	for _, args := range [][]string{{"--procs", "--transport", "mem"}, {"--procs", "--netns", "x", "--transport", "tcp"}, {"--netns", "x", "--transport", "tcp"}} {
+	for _, args := range [][]string{{"--procs", "--transport", "mem"}, {"--procs", "--netns", "x", "--subnet", "x", "--transport", "tcp"}, {"--netns", "x", "--subnet", "x", "--transport", "tcp"}, {"--procs", "--netns", "x", "--transport", "tls"}} {
 		if out, err := ringtrain(t, time.Minute, append([]string{"bench", "allreduce"}, args...)...); err == nil || !strings.Contains(out, "usage") {
 			t.Errorf("bench allreduce %v: %v, %s; want a usage error", args, err, out)
 		}
