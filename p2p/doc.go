@@ -17,7 +17,10 @@
 // joined peer hands its job config to peers that name the job
 // (ServeJobConfig, FetchJobConfig). Peers behind NAT are reached through go-libp2p's
 // AutoNAT, circuit relay v2 (with limits for training traffic: see
-// RelayResources), AutoRelay and DCUtR hole punching; ring links log
+// RelayResources), AutoRelay and DCUtR hole punching — a peer whose every
+// address is private takes itself for private at once, and a relayed ring
+// link asks for a direct connection again (Host.DirectConnect,
+// PunchProtocol) until it has one, for the next generation; ring links log
 // whether they are direct or relayed, and the clear TCP plane refuses links
 // that cross a NAT (ErrPlaneBehindNAT). A link belongs to a Channel of its
 // generation, so one formation holds the ring of all members, a pipeline

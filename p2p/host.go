@@ -67,7 +67,9 @@ type HostConfig struct {
 	// Reachability overrides AutoNAT: network.ReachabilityPublic for a
 	// host known to be reachable (a bootstrap peer on a public address),
 	// ReachabilityPrivate for one known not to be; Unknown, the zero
-	// value, lets AutoNAT find out.
+	// value, takes the host for private at once where every address of
+	// the machine is private and a bootstrap peer's is public (a NAT is
+	// the only way between them), and else lets AutoNAT find out.
 	Reachability network.Reachability
 	// Logger hears what AutoNAT concludes, the relay addresses the host
 	// gets, and how each hole punch ends.
@@ -90,12 +92,14 @@ type Host struct {
 
 	natLog event.Subscription // ends watchNAT when closed
 	natWG  sync.WaitGroup
+	punch  *puncher
 }
 
 // NewHost starts a host: TCP; TLS preferred over Noise (TLS moves bulk data
 // about 1.6× faster here); yamux; libp2p's default autoscaled resource
-// limits; AutoNAT, circuit relay v2 (the service with cfg.Relay), AutoRelay
-// and DCUtR hole punching for peers behind NAT (natOptions); a DHT in
+// limits; AutoNAT, circuit relay v2 (the service with cfg.Relay) and
+// AutoRelay for peers behind NAT (natOptions), and DCUtR hole punching
+// that can be asked again (DirectConnect, PunchProtocol); a DHT in
 // server mode with protocol prefix /ringtrain, connected to any bootstrap
 // peers it could reach. ctx bounds the start only. If NewHost fails, nothing it started
 // is left running. Close the Host when done.
@@ -138,6 +142,11 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	}
 	opts = append(opts, libp2p.ConnectionGater(gs))
 	var self atomic.Pointer[host.Host] // for the relay source, which may run before New returns
+	if cfg.Reachability == network.ReachabilityUnknown && behindNATGuess(localIPs(listen), cfg.Bootstrap) {
+		// AutoNAT would take 15 s or more to find it out.
+		cfg.Reachability = network.ReachabilityPrivate
+		cfg.Logger.Info().Msg("every address of this machine is private and a bootstrap peer's is public: behind NAT, so reserving a relay at once (--reachability overrides)")
+	}
 	opts = append(opts, natOptions(cfg, &self)...)
 	h, err := libp2p.New(opts...)
 	if err != nil {
@@ -145,9 +154,23 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		return nil, fmt.Errorf("p2p: starting host: %w", err)
 	}
 	self.Store(&h)
+	// Before the bootstrap peers are dialled: their identify tells the
+	// puncher the address our NAT gives us.
+	punch, err := newPuncher(h, cfg.Logger)
+	if err != nil {
+		h.Close()
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			punch.Close()
+		}
+	}()
 	guard.cut = func(p peer.ID) { h.Network().ClosePeer(p) }
 	// A new variable: self's goroutines read h.
 	gh := guardedHost{Host: h, g: guard}
+	punch.guard = guard
+	gh.SetStreamHandler(PunchProtocol, punch.handleAsk)
 	defer func() {
 		if err != nil {
 			h.Close()
@@ -182,7 +205,7 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		d.Close()
 		return nil, fmt.Errorf("p2p: watching reachability: %w", err)
 	}
-	out := &Host{Host: gh, DHT: d, Guard: guard, natLog: sub}
+	out := &Host{Host: gh, DHT: d, Guard: guard, natLog: sub, punch: punch}
 	out.natWG.Go(func() { watchNAT(sub, cfg.Logger) })
 	return out, nil
 }
@@ -230,7 +253,7 @@ func (h *Host) Close() error {
 		// Unsubscribing takes the event bus's lock too: inside the bound.
 		h.natLog.Close()
 		h.natWG.Wait()
-		done <- errors.Join(h.DHT.Close(), h.Host.Close())
+		done <- errors.Join(h.punch.Close(), h.DHT.Close(), h.Host.Close())
 	}()
 	t := time.NewTimer(CloseTimeout)
 	defer t.Stop()
@@ -240,6 +263,13 @@ func (h *Host) Close() error {
 	case <-t.C:
 		return fmt.Errorf("%w: %s still stopping after %v", ErrCloseTimeout, h.ID(), CloseTimeout)
 	}
+}
+
+// DirectConnect tries for a direct connection to p, a peer reached
+// through a relay: a direct dial to its public addresses, else a DCUtR
+// hole punch over the relayed connection. LinksConfig.Puncher.
+func (h *Host) DirectConnect(ctx context.Context, p peer.ID) error {
+	return h.punch.DirectConnect(ctx, p)
 }
 
 // Addrs returns the host's dialable multiaddrs with its peer ID, the form

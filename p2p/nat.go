@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -64,13 +65,13 @@ func RelayResources() relayv2.Resources {
 // natOptions are the NAT traversal parts of a host: AutoNAT's service for
 // others; relay client and AutoRelay, which reserves a slot on relays
 // among the peers it is connected to once AutoNAT (or Reachability) says
-// it is not reachable; DCUtR hole punching; and, with cfg.Relay, the relay
-// service itself, which libp2p runs only while the host is public.
+// it is not reachable; and, with cfg.Relay, the relay service itself,
+// which libp2p runs only while the host is public. DCUtR hole punching
+// NewHost starts itself (puncher), to have a handle on it.
 func natOptions(cfg HostConfig, self *atomic.Pointer[host.Host]) []libp2p.Option {
 	opts := []libp2p.Option{
 		libp2p.EnableNATService(),
 		libp2p.EnableRelay(),
-		libp2p.EnableHolePunching(holepunch.WithTracer(punchLog{cfg.Logger})),
 		// AutoRelay's defaults wait 3 minutes for 4 candidates and back off
 		// a failed relay for an hour: right for the public IPFS network,
 		// where relays abound; a job has one or two, known at once.
@@ -129,10 +130,7 @@ func (f relayACL) AllowReserve(p peer.ID, _ ma.Multiaddr) bool      { return f(p
 func (f relayACL) AllowConnect(peer.ID, ma.Multiaddr, peer.ID) bool { return true }
 
 // isRelayed says whether a connection goes through a circuit relay.
-func isRelayed(c network.Conn) bool {
-	_, err := c.RemoteMultiaddr().ValueForProtocol(ma.P_CIRCUIT)
-	return err == nil
-}
+func isRelayed(c network.Conn) bool { return isRelayAddr(c.RemoteMultiaddr()) }
 
 // relayOf is the relay a relayed connection goes through.
 func relayOf(c network.Conn) peer.ID {
@@ -221,4 +219,73 @@ func natPath(c network.Conn) string {
 		return "through relay " + relayOf(c).String()
 	}
 	return fmt.Sprintf("through a NAT (we are %s, the other end %s)", c.LocalMultiaddr(), c.RemoteMultiaddr())
+}
+
+// behindNATGuess says whether a peer whose own addresses are local must
+// be behind NAT to reach its bootstrap peers: some bootstrap peer has a
+// public IPv4 address and this machine has none (and cannot reach one over
+// public IPv6 either). A private address cannot cross the internet without
+// a NAT rewriting it. A cloud machine behind a 1:1 NAT is taken for private
+// too: it then reserves a relay it may not need, and hole punching, which
+// always gets through such a NAT, gives it direct links.
+func behindNATGuess(local []net.IP, boots []peer.AddrInfo) bool {
+	public := func(ip net.IP) bool {
+		a, err := manet.FromIP(ip)
+		return err == nil && manet.IsPublicAddr(a)
+	}
+	var local4, local6 bool
+	for _, ip := range local {
+		if public(ip) {
+			if ip.To4() != nil {
+				local4 = true
+			} else {
+				local6 = true
+			}
+		}
+	}
+	var boot4, boot6 bool
+	for _, b := range boots {
+		for _, a := range b.Addrs {
+			ip, err := manet.ToIP(a)
+			if err != nil || !manet.IsPublicAddr(a) {
+				continue
+			}
+			if ip.To4() != nil {
+				boot4 = true
+			} else {
+				boot6 = true
+			}
+		}
+	}
+	return boot4 && !local4 && !(boot6 && local6)
+}
+
+// localIPs are the IP addresses a host listening on listen has: those
+// named, and for an unspecified one every interface's.
+func localIPs(listen []string) []net.IP {
+	var ips []net.IP
+	for _, l := range listen {
+		a, err := ma.NewMultiaddr(l)
+		if err != nil {
+			continue
+		}
+		ip, err := manet.ToIP(a)
+		if err != nil {
+			continue
+		}
+		if !ip.IsUnspecified() {
+			ips = append(ips, ip)
+			continue
+		}
+		addrs, err := net.InterfaceAddrs()
+		if err != nil {
+			continue
+		}
+		for _, ia := range addrs {
+			if n, ok := ia.(*net.IPNet); ok {
+				ips = append(ips, n.IP)
+			}
+		}
+	}
+	return ips
 }

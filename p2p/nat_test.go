@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -222,5 +223,48 @@ func TestRelayReservesOnlyForRelayFor(t *testing.T) {
 	}
 	if _, err := client.Reserve(ctx, hs[1].Host, info(relay)); err == nil {
 		t.Error("a peer RelayFor does not name got a reservation")
+	}
+}
+
+// TestBehindNATGuess: a machine whose every address is private must be
+// behind NAT to reach a public bootstrap peer — unless both have public
+// IPv6 — and nothing is guessed from private or absent bootstrap peers.
+func TestBehindNATGuess(t *testing.T) {
+	boot := func(addrs ...string) []peer.AddrInfo {
+		var ai peer.AddrInfo
+		for _, a := range addrs {
+			ai.Addrs = append(ai.Addrs, ma.StringCast(a))
+		}
+		return []peer.AddrInfo{ai}
+	}
+	ips := func(s ...string) []net.IP {
+		var out []net.IP
+		for _, x := range s {
+			out = append(out, net.ParseIP(x))
+		}
+		return out
+	}
+	// Private addresses are only classified here, never dialled.
+	home, office := net.IPv4(192, 168, 1, 20), net.IPv4(10, 0, 0, 5)
+	with := func(ip net.IP, more []net.IP) []net.IP { return append([]net.IP{ip}, more...) }
+	cases := []struct {
+		name  string
+		local []net.IP
+		boots []peer.AddrInfo
+		want  bool
+	}{
+		{"a home LAN, a public bootstrap peer", with(home, ips("127.0.0.1")), boot("/ip4/11.0.0.2/tcp/4001"), true},
+		{"a carrier-grade NAT", ips("100.64.3.4"), boot("/ip4/11.0.0.2/tcp/4001"), true},
+		{"a public machine", with(office, ips("11.0.0.7")), boot("/ip4/11.0.0.2/tcp/4001"), false},
+		{"a LAN job", with(home, nil), []peer.AddrInfo{{Addrs: []ma.Multiaddr{ma.StringCast("/ip4/" + net.IPv4(192, 168, 1, 2).String() + "/tcp/4001")}}}, false},
+		{"no bootstrap peer", with(home, nil), nil, false},
+		{"public IPv6 on both sides", with(home, ips("2a01:4f8::1")), boot("/ip4/11.0.0.2/tcp/4001", "/ip6/2a01:4f9::2/tcp/4001"), false},
+		{"public IPv6 here only", with(home, ips("2a01:4f8::1")), boot("/ip4/11.0.0.2/tcp/4001"), true},
+		{"a bootstrap peer by DNS name only", with(home, nil), boot("/dns4/boot.example/tcp/4001"), false},
+	}
+	for _, c := range cases {
+		if got := behindNATGuess(c.local, c.boots); got != c.want {
+			t.Errorf("%s: %v; want %v", c.name, got, c.want)
+		}
 	}
 }

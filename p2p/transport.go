@@ -150,6 +150,17 @@ type LinksConfig struct {
 	// connection is identified and tries up to three times; a link that
 	// stays relayed costs up to PunchWait more at each formation.
 	PunchWait time.Duration
+	// Puncher, if set, tries again for a direct connection to a successor
+	// still reached through a relay: once within PunchWait, then in the
+	// background, until one exists; the ring's next generation opens its
+	// link on it. *Host is one.
+	Puncher Puncher
+}
+
+// Puncher tries for a direct connection to a peer reached through a
+// relay (DCUtR hole punching).
+type Puncher interface {
+	DirectConnect(ctx context.Context, p peer.ID) error
 }
 
 // RingLinks accepts ring links on a host — only from the peers its Gate
@@ -172,6 +183,11 @@ type RingLinks struct {
 	// redirect, when set, is where a dialer goes instead of the address
 	// a successor gives: tests put a man in the middle there.
 	redirect func(addr string) string
+	// punching are the relayed successors a background loop tries to
+	// reach directly (punchLoop); stop ends those loops at Close.
+	punching map[peer.ID]bool
+	stop     context.CancelFunc
+	stopped  context.Context
 }
 
 type linkKey struct {
@@ -209,7 +225,9 @@ func NewRingLinks(h host.Host, gate Gate, cfg LinksConfig) *RingLinks {
 	if cfg.PunchWait == 0 {
 		cfg.PunchWait = 3 * time.Second
 	}
-	l := &RingLinks{h: h, gate: gate, cfg: cfg, log: cfg.Logger, warns: newWarnLimiter(cfg.Logger), inbox: map[linkKey]chan inbound{}, tokens: map[[tokenSize]byte]*pendingLink{}, live: map[*secureConn]struct{}{}}
+	l := &RingLinks{h: h, gate: gate, cfg: cfg, log: cfg.Logger, warns: newWarnLimiter(cfg.Logger), inbox: map[linkKey]chan inbound{}, tokens: map[[tokenSize]byte]*pendingLink{}, live: map[*secureConn]struct{}{},
+		punching: map[peer.ID]bool{}}
+	l.stopped, l.stop = context.WithCancel(context.Background())
 	h.SetStreamHandler(RingProtocol, l.handle)
 	return l
 }
@@ -219,6 +237,7 @@ func NewRingLinks(h host.Host, gate Gate, cfg LinksConfig) *RingLinks {
 // for its accept loop.
 func (l *RingLinks) Close() {
 	l.h.RemoveStreamHandler(RingProtocol)
+	l.stop()
 	l.mu.Lock()
 	l.closed = true
 	for k, ch := range l.inbox {
@@ -544,24 +563,90 @@ func (l *RingLinks) open(ctx context.Context, succ peer.ID) (network.Stream, err
 
 // awaitDirect waits, at most PunchWait, for a direct connection to p
 // beside the relayed one: DCUtR starts a hole punch as soon as a relayed
-// connection opens, and a ring link lasts a whole generation.
+// connection opens, and a ring link lasts a whole generation. That first
+// punch may have come before either side knew its NAT's address for it,
+// or aimed at a NAT both sides are behind; so with a Puncher, after a
+// moment, this side tries too, again and again until the wait is over.
 func (l *RingLinks) awaitDirect(ctx context.Context, p peer.ID) bool {
-	deadline := time.Now().Add(l.cfg.PunchWait)
-	for {
-		for _, c := range l.h.Network().ConnsToPeer(p) {
-			if !isRelayed(c) {
-				return true
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.PunchWait)
+	defer cancel()
+	if l.cfg.Puncher != nil {
+		l.wg.Go(func() {
+			pause := func(d time.Duration) bool {
+				select {
+				case <-ctx.Done():
+					return false
+				case <-time.After(d):
+					return true
+				}
 			}
-		}
-		if time.Now().After(deadline) {
-			return false
+			// Twice at most: a punch is several tries already, and dials
+			// faster than libp2p's rate limit are refused.
+			for _, d := range []time.Duration{l.cfg.PunchWait / 10, l.cfg.PunchWait / 4} {
+				if !pause(d) || directTo(l.h, p) {
+					return
+				}
+				if err := l.cfg.Puncher.DirectConnect(ctx, p); err != nil {
+					l.log.Debug().Err(err).Stringer("peer", p).Msg("hole punch tried again: still relayed")
+				}
+			}
+		})
+	}
+	for {
+		if directTo(l.h, p) {
+			return true
 		}
 		select {
 		case <-ctx.Done():
-			return false
+			return directTo(l.h, p)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// punchOn keeps trying, in the background, for a direct connection to a
+// successor whose link stayed relayed, until one exists, the peer is gone
+// or the links close. The link keeps the relayed connection for its
+// generation; the next generation's opens on the direct one.
+func (l *RingLinks) punchOn(p peer.ID) {
+	if l.cfg.Puncher == nil {
+		return
+	}
+	l.mu.Lock()
+	if l.closed || l.punching[p] {
+		l.mu.Unlock()
+		return
+	}
+	l.punching[p] = true
+	l.mu.Unlock()
+	l.wg.Go(func() {
+		defer func() {
+			l.mu.Lock()
+			delete(l.punching, p)
+			l.mu.Unlock()
+		}()
+		var s punchSchedule
+		for {
+			again, after := s.next(l.h.Network().Connectedness(p) == network.Connected, directTo(l.h, p))
+			if !again {
+				if directTo(l.h, p) {
+					l.log.Info().Stringer("peer", p).Int("tries", s.tries).Msg("hole punch: direct connection; the ring link moves to it at the next generation")
+				}
+				return
+			}
+			select {
+			case <-l.stopped.Done():
+				return
+			case <-time.After(after):
+			}
+			ctx, cancel := context.WithTimeout(l.stopped, 20*time.Second)
+			err := l.cfg.Puncher.DirectConnect(ctx, p)
+			cancel()
+			if err != nil {
+				l.log.Debug().Err(err).Stringer("peer", p).Msg("hole punch tried again: still relayed")
+			}
+		}
+	})
 }
 
 // Connect opens this rank's links of the formed ring — one to its
@@ -690,6 +775,7 @@ func (l *RingLinks) dial(ctx context.Context, succ peer.ID, f *Formation, ch Cha
 		e := l.log.Info().Int("rank", f.Rank).Stringer("successor", succ)
 		if isRelayed(conn) {
 			e = e.Str("link", "relayed").Stringer("relay", relayOf(conn))
+			l.punchOn(succ)
 		} else {
 			e = e.Str("link", "direct").Stringer("addr", conn.RemoteMultiaddr())
 		}

@@ -1,5 +1,5 @@
 # Reads netns-nat.sh output (make bench-nat), prints it, and then per kind
-# of run (flat, behind NAT, behind NAT with --reachability private) the median formation time and how many ring
+# of run (flat; behind NAT; behind NAT with JOIN_FLAGS named in its lines) the median formation time and how many ring
 # links of the training jobs were direct.
 { print }
 /formed in/ {

@@ -24,7 +24,7 @@ type natFlags struct {
 func addNATFlags(fs *flag.FlagSet, reachability string) *natFlags {
 	var f natFlags
 	fs.BoolVar(&f.relay, "relay", true, "relay for peers behind NAT while this peer is publicly reachable (circuit relay v2, no per-circuit time or byte limit)")
-	fs.StringVar(&f.reachability, "reachability", reachability, "auto (AutoNAT finds out), public (this peer is reachable: relay at once), or private (behind NAT: reserve a relay at once)")
+	fs.StringVar(&f.reachability, "reachability", reachability, "auto (private at once if every address of this machine is private and a bootstrap peer's is public, else AutoNAT finds out), public (this peer is reachable: relay at once), or private (behind NAT: reserve a relay at once)")
 	return &f
 }
 

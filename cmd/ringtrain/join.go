@@ -509,7 +509,7 @@ func startNode(h *p2p.Host, relayFor *atomic.Pointer[p2p.Node], f *joinFlags, cf
 		log.Warn().Msg("--data-plane tcp: gradients cross the network in clear text; anything on the path can read and alter them")
 	}
 	// Ring links first: a peer that forms the ring before us dials at once.
-	links := p2p.NewRingLinks(h.Host, node, p2p.LinksConfig{Plane: f.plane, Logger: log})
+	links := p2p.NewRingLinks(h.Host, node, p2p.LinksConfig{Plane: f.plane, Logger: log, Puncher: h})
 	return &peerNet{node: node, links: links, members: p2p.NewMembership(node, links, time.Duration(cfg.JoinTimeout))}, nil
 }
 
