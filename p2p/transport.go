@@ -571,7 +571,7 @@ func (l *RingLinks) awaitDirect(ctx context.Context, p peer.ID) bool {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.PunchWait)
 	defer cancel()
 	if l.cfg.Puncher != nil {
-		l.wg.Go(func() {
+		l.goUnlessClosed(func() {
 			pause := func(d time.Duration) bool {
 				select {
 				case <-ctx.Done():
@@ -604,6 +604,16 @@ func (l *RingLinks) awaitDirect(ctx context.Context, p peer.ID) bool {
 	}
 }
 
+// goUnlessClosed runs f in a goroutine that Close waits for, unless the
+// links are closed.
+func (l *RingLinks) goUnlessClosed(f func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.closed {
+		l.wg.Go(f)
+	}
+}
+
 // punchOn keeps trying, in the background, for a direct connection to a
 // successor whose link stayed relayed, until one exists, the peer is gone
 // or the links close. The link keeps the relayed connection for its
@@ -613,12 +623,13 @@ func (l *RingLinks) punchOn(p peer.ID) {
 		return
 	}
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.closed || l.punching[p] {
-		l.mu.Unlock()
 		return
 	}
 	l.punching[p] = true
-	l.mu.Unlock()
+	// Under l.mu: Close, once it has marked the links closed, waits for
+	// every goroutine started before, and no other starts.
 	l.wg.Go(func() {
 		defer func() {
 			l.mu.Lock()
