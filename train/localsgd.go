@@ -3,6 +3,8 @@ package train
 import (
 	"fmt"
 	"math"
+
+	"github.com/ringtrain/ringtrain/train/sparse"
 )
 
 // LocalSGD is DiLoCo: each rank takes Every steps on its own with Inner
@@ -38,12 +40,21 @@ type LocalSGD struct {
 	// anchor − LR·v without (torch.optim.SGD's two forms).
 	LR, Momentum float32
 	Nesterov     bool
+	// Sparse, if set, sends each rank's pseudo-gradient as its top
+	// entries in a few bits (train/sparse), gathered from every rank
+	// rather than summed round the ring, with error feedback kept per
+	// rank; nil sends it whole, in the ring's encoding.
+	Sparse *sparse.Config
 
 	velocity [][]float32 // the outer momentum, shaped like the parameters
 	outer    int         // outer steps applied
 	anchor   []float32   // the parameters at the last outer step, end to end
 	open     bool        // a round is under way: anchor holds its start
 	done     int         // inner steps taken in the open round
+	// coder holds this rank's error feedback; encoded says its last
+	// Encode waits to be committed by the round's outer step.
+	coder   *sparse.Coder
+	encoded bool
 }
 
 // Step is an inner step: LocalSGD's Replica takes its inner steps itself,
@@ -65,6 +76,7 @@ func (o *LocalSGD) State() (string, int, [][]float32) {
 // restored is a state between rounds.
 func (o *LocalSGD) SetState(step int, tensors, params [][]float32) error {
 	o.open, o.done, o.outer = false, 0, step
+	o.coder, o.encoded = nil, false // the error feedback is this rank's alone: not in a checkpoint
 	o.velocity = nil
 	if len(tensors) > 0 {
 		v, err := restore(tensors, params)
@@ -85,8 +97,26 @@ func (o *LocalSGD) validate() error {
 		return fmt.Errorf("train: local SGD every %d steps; want 1 or more", o.Every)
 	case !(o.LR > 0) || !(o.Momentum >= 0 && o.Momentum < 1):
 		return fmt.Errorf("train: outer lr %v, momentum %v; want lr > 0 and momentum in [0, 1)", o.LR, o.Momentum)
+	case o.Sparse != nil:
+		return o.Sparse.Validate()
 	}
 	return nil
+}
+
+// encode codes the round's pseudo-gradient d (anchor − θ, end to end)
+// with this rank's error feedback; the feedback it leaves is kept only if
+// the round's outer step is taken.
+func (o *LocalSGD) encode(d []float32) ([]byte, error) {
+	if o.coder == nil {
+		c, err := sparse.NewCoder(*o.Sparse, len(d))
+		if err != nil {
+			return nil, err
+		}
+		o.coder = c
+	}
+	p, err := o.coder.Encode(d)
+	o.encoded = err == nil
+	return p, err
 }
 
 // begin opens a round at the parameters as they are.
@@ -140,6 +170,9 @@ func (o *LocalSGD) apply(params [][]float32, avg []float32) {
 		off += len(p)
 	}
 	o.outer++
+	if o.encoded {
+		o.coder.Commit()
+	}
 	o.back(params)
 }
 
@@ -153,7 +186,7 @@ func (o *LocalSGD) back(params [][]float32) int {
 		off += len(p)
 	}
 	done := o.done
-	o.open, o.done = false, 0
+	o.open, o.done, o.encoded = false, 0, false
 	o.Inner.SetState(0, nil, params) // empty state: always accepted
 	return done
 }

@@ -14,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/ringtrain/ringtrain/ring"
+	"github.com/ringtrain/ringtrain/train/sparse"
 )
 
 // Collective is what a training step needs of a ring. *ring.Ring has it;
@@ -505,7 +506,9 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 	if !isLocal {
 		r.traceCompute(t0, t1)
 	}
-	if r.Wire == ring.F32 {
+	if isLocal && local.Sparse != nil {
+		err = r.gatherSparse(ctx, local, flat, bad)
+	} else if r.Wire == ring.F32 {
 		err = r.Coll.AllreduceMean(ctx, flat)
 	} else if err = narrow.AllreduceMeanAs(ctx, flat[:r.nparams], r.Wire); err == nil {
 		err = r.Coll.AllreduceMean(ctx, tail)
@@ -526,6 +529,41 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 		return loss, bad, fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
 	}
 	return loss, bad, nil
+}
+
+// gatherSparse averages a LocalSGD round's pseudo-gradients, each rank's
+// coded sparse (LocalSGD.Sparse): the trailer in an allreduce, then every
+// rank's payload gathered and decoded into flat's parameters in rank
+// order, so that every rank adds up the same bits. A rank whose round is
+// not finite sends nothing; its flag in the trailer makes every rank
+// skip the round.
+func (r *Replica) gatherSparse(ctx context.Context, o *LocalSGD, flat []float32, bad int) error {
+	avg, tail := flat[:r.nparams], flat[r.nparams:]
+	var mine []byte
+	if bad < 0 {
+		var err error
+		if mine, err = o.encode(avg); err != nil {
+			return err
+		}
+	}
+	if err := r.Coll.AllreduceMean(ctx, tail); err != nil {
+		return err
+	}
+	all, err := allgatherBytes(ctx, r.Coll, mine, o.Sparse.MaxPayload(r.nparams))
+	if err != nil {
+		return err
+	}
+	clear(avg)
+	w := 1 / float32(len(all))
+	for k, p := range all {
+		if len(p) == 0 {
+			continue
+		}
+		if err := sparse.Decode(avg, p, w); err != nil {
+			return fmt.Errorf("rank %d's pseudo-gradient: %w", k, err)
+		}
+	}
+	return nil
 }
 
 // scale multiplies this rank's gradients by its share of the step's

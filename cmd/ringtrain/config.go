@@ -17,6 +17,7 @@ import (
 	"github.com/ringtrain/ringtrain/ring"
 	"github.com/ringtrain/ringtrain/train"
 	"github.com/ringtrain/ringtrain/train/pipeline"
+	"github.com/ringtrain/ringtrain/train/sparse"
 )
 
 // jobConfig is a job as this peer runs it: the job's definition, which
@@ -228,6 +229,21 @@ type syncConfig struct {
 		LR       float32 `json:"lr"`
 		Momentum float32 `json:"momentum"`
 	} `json:"outer"`
+	// Sparse is "sparse": {"fraction": 0.01, "bits": 2}: each peer's
+	// pseudo-gradient as its top entries in a few bits, with error
+	// feedback (train/sparse).
+	Sparse *struct {
+		Fraction float64 `json:"fraction"`
+		Bits     int     `json:"bits"`
+	} `json:"sparse"`
+}
+
+// sparse is the sparse section as train/sparse takes it; nil without one.
+func (s *syncConfig) sparse() *sparse.Config {
+	if s.Sparse == nil {
+		return nil
+	}
+	return &sparse.Config{Fraction: s.Sparse.Fraction, Bits: s.Sparse.Bits}
 }
 
 // check says what is wrong with a sync section.
@@ -245,6 +261,11 @@ func (s *syncConfig) check() error {
 		return fmt.Errorf("sync outer lr %v; want a positive learning rate", o.LR)
 	case !(o.Momentum >= 0 && o.Momentum < 1):
 		return fmt.Errorf("sync outer momentum %v; want [0, 1)", o.Momentum)
+	}
+	if sp := s.sparse(); sp != nil {
+		if err := sp.Validate(); err != nil {
+			return fmt.Errorf("sync sparse: %w", err)
+		}
 	}
 	return nil
 }

@@ -47,6 +47,8 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 	for _, bad := range []string{`, "grad_norm_guard": 1`, `, "grad_norm_guard": -3`, `, "compression": "zip"`, `, "bucket_mb": -1`, `, "bucket_mb": "25"`,
 		`, "sync": {"every": 0, "outer": {"lr": 0.7}}`, `, "sync": {"every": 5, "outer": {"name": "adam", "lr": 0.7}}`,
 		`, "sync": {"every": 5}`, `, "sync": {"every": 5, "outer": {"lr": 0.7, "momentum": 1}}`, `, "request_size": 9000`, `, "request_size": -1`,
+		`, "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"fraction": 0, "bits": 2}}`, `, "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"fraction": 0.01, "bits": 3}}`,
+		`, "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"fraction": 2, "bits": 2}}`, `, "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"top": 0.01}}`,
 		`, "max_world_size": 3`, `, "max_world_size": 5000`, `, "world_size": 5000`,
 		`, "limits": {"burst": -1}`, `, "limits": {"ban_for": "-1s"}`, `, "limits": {"streams_per_peer": 100000}`, `, "limits": {"strikes": "many"}`, `, "limits": {"flood": 1}`,
 		`, "limits": {"conns_per_ip": -1}`, `, "limits": {"peer_memory_mb": -1}`, `, "limits": {"data_streams": -1}`, `, "limits": {"data_samples_per_request": 2000000}`} {
@@ -85,6 +87,12 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		if got := hash(tc.extra); (got == plain) != tc.same {
 			t.Errorf("config hash with %s: same as without = %v; want %v", tc.extra, got == plain, tc.same)
 		}
+	}
+	// Peers that send pseudo-gradients sparse and peers that send them
+	// whole cannot share a ring: their outer steps call other collectives.
+	dense := `, "sync": {"every": 50, "outer": {"lr": 0.7}}`
+	if hash(dense) == hash(dense[:len(dense)-1]+`, "sparse": {"fraction": 0.01, "bits": 2}}`) {
+		t.Error("sparse and dense DiLoCo jobs have one config hash")
 	}
 }
 

@@ -1,0 +1,51 @@
+package train
+
+import (
+	"context"
+	"fmt"
+	"unsafe"
+)
+
+// maxGatherBytes bounds what allgatherBytes carries from one rank: its
+// lengths travel as float32, exact up to 2^24.
+const maxGatherBytes = 1 << 24
+
+// allgatherBytes gives every rank every rank's bytes, in rank order, over
+// a Collective: the lengths in one AllreduceSum (each rank's at its place,
+// zero elsewhere), then each rank's bytes broadcast from it — copied, not
+// added, so they arrive bit for bit. A rank sends its bytes once and
+// forwards the others' (n−1 payloads in all), as a ring allgather would.
+// limit bounds every rank's length; a rank that announces more, or a
+// length that is not a whole number, is an error before anything else is
+// read.
+func allgatherBytes(ctx context.Context, c Collective, mine []byte, limit int) ([][]byte, error) {
+	limit = min(limit, maxGatherBytes)
+	if len(mine) > limit {
+		return nil, fmt.Errorf("train: %d bytes to gather, more than %d", len(mine), limit)
+	}
+	n, me := c.Size(), c.Rank()
+	lens := make([]float32, n)
+	lens[me] = float32(len(mine))
+	if err := c.AllreduceSum(ctx, lens); err != nil {
+		return nil, err
+	}
+	for k, l := range lens {
+		if !(l >= 0 && l <= float32(limit)) || l != float32(int(l)) {
+			return nil, fmt.Errorf("train: rank %d has %v bytes to gather; want a whole number up to %d", k, l, limit)
+		}
+	}
+	out := make([][]byte, n)
+	for k := range n {
+		l := int(lens[k])
+		buf := make([]float32, (l+3)/4)
+		b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(buf))), 4*len(buf))
+		if k == me {
+			copy(b, mine)
+		}
+		if err := c.Broadcast(ctx, buf, k); err != nil {
+			return nil, err
+		}
+		out[k] = b[:l:l]
+	}
+	return out, nil
+}

@@ -1,0 +1,126 @@
+package train
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/ringtrain/ringtrain/train/sparse"
+)
+
+// TestAllgatherBytes: every rank gets every rank's bytes, in rank order
+// and bit for bit — also bytes that, read as float32, are NaN, −0 or
+// denormal, which an allreduce would not keep — and lengths that are not
+// multiples of 4, and nothing.
+func TestAllgatherBytes(t *testing.T) {
+	const n = 3
+	rings := memRings(t, n)
+	mine := [][]byte{{0, 0, 0, 0x80, 0xff, 0xff, 0xff, 0xff, 1}, nil, {1, 0, 0, 0, 7}}
+	got := make([][][]byte, n)
+	if err := onAll(n, func(i int) error {
+		var err error
+		got[i], err = allgatherBytes(context.Background(), rings[i], mine[i], 64)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		for k := range n {
+			if !slices.Equal(got[i][k], mine[k]) {
+				t.Errorf("rank %d got rank %d's bytes as %x, want %x", i, k, got[i][k], mine[k])
+			}
+		}
+	}
+}
+
+// TestAllgatherRefusesAnOversizedLength: a rank that announces more bytes
+// than the bound is refused by every rank before anything is broadcast,
+// and one that has more to send than the bound refuses at once.
+func TestAllgatherRefusesAnOversizedLength(t *testing.T) {
+	const n = 2
+	rings := memRings(t, n)
+	errs := make([]error, n)
+	onAll(n, func(i int) error {
+		lim := 64
+		if i == 1 {
+			lim = 1000 // a rank that does not keep the job's bound
+		}
+		_, errs[i] = allgatherBytes(context.Background(), rings[i], make([]byte, 100*i), lim)
+		// As a failed step would: the ring goes down, and the other
+		// rank's call with it.
+		rings[i].Close()
+		return nil
+	})
+	if errs[0] == nil {
+		t.Error("rank 0 took 100 bytes from rank 1 with a bound of 64")
+	}
+	if _, err := allgatherBytes(context.Background(), solo(t), make([]byte, 65), 64); err == nil {
+		t.Error("gathering 65 bytes with a bound of 64: no error")
+	}
+}
+
+// TestLocalSGDSparse: DiLoCo with sparse 2-bit pseudo-gradients — every
+// rank ends each round with the same bits, keeps error feedback of its
+// own, and sends a fraction of dense DiLoCo's bytes. (Whether it learns as
+// well is for make bench-slow, on the real dataset.)
+func TestLocalSGDSparse(t *testing.T) {
+	const n, h, rounds = 3, 4, 6
+	cfg := mlpCfg(12, []int{64}, 3, 4, 1)
+	sent := map[bool]int64{}
+	for _, sp := range []bool{false, true} {
+		rings := memRings(t, n)
+		end := make([][]float32, n)
+		residual := make([][]float32, n)
+		var first, last float32
+		err := onAll(n, func(i int) error {
+			o := &LocalSGD{Inner: NewAdam(0.01), Every: h, LR: 0.7, Momentum: 0.9, Nesterov: true}
+			if sp {
+				o.Sparse = &sparse.Config{Fraction: 0.05, Bits: 2}
+			}
+			rep := NewReplica(newMLP(t, cfg), o, rings[i])
+			rng := rand.New(rand.NewPCG(5, uint64(i)))
+			for s := range h * rounds {
+				x, y := randomBatch(rng, 4, 12, 3)
+				loss, err := rep.Step(context.Background(), x, y, 4)
+				if err != nil {
+					return err
+				}
+				if i == 0 && s == 0 {
+					first = loss
+				}
+				if i == 0 {
+					last = loss
+				}
+			}
+			end[i] = slices.Concat(rep.Model.Params()...)
+			if o.coder != nil {
+				residual[i] = slices.Clone(o.coder.Residual())
+			}
+			if i == 0 {
+				sent[sp] = rep.Stats.BytesSent
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("sparse %v: %v", sp, err)
+		}
+		for i := 1; i < n; i++ {
+			if !slices.Equal(end[i], end[0]) {
+				t.Errorf("sparse %v: rank %d ends with other parameters than rank 0", sp, i)
+			}
+		}
+		if sp {
+			if residual[0] == nil || slices.Equal(residual[0], residual[1]) || !slices.ContainsFunc(residual[0], func(x float32) bool { return x != 0 }) {
+				t.Error("sparse: want error feedback on every rank, each its own")
+			}
+			if math.IsNaN(float64(last)) || math.IsNaN(float64(first)) || !slices.ContainsFunc(end[0], func(x float32) bool { return x != 0 }) {
+				t.Errorf("sparse: loss %v after %d rounds, %v at the start", last, rounds, first)
+			}
+		}
+	}
+	if r := float64(sent[true]) / float64(sent[false]); r > 0.25 {
+		t.Errorf("sparse sent %d bytes, dense %d (%.2f); want under a quarter", sent[true], sent[false], r)
+	}
+}
