@@ -345,9 +345,12 @@ bench-procs: build
 # Slow-link figures: 4 peers in network namespaces, every link
 # capped at 100 Mbit/s with tbf, the mlp for 5 epochs on the full
 # Fashion-MNIST: float32, bf16 and int8 gradients and DiLoCo with rounds of
-# 50 steps, alternately, RUNS runs (about 5 minutes a run).
+# 50 steps, alternately, RUNS runs (about 5 minutes a run); then DiLoCo
+# with a plain average as its outer step, dense and with its
+# pseudo-gradients top 5% in 4 bits, for 10 epochs (about a minute a run).
 bench-slow: build fashion-mnist
 	bash testdata/netns-slow.sh $(BIN)/ringtrain none,bf16,int8,none+h50 $(RUNS) 100mbit 5
+	SLOW_OUTER='{"name": "sgd", "lr": 1, "momentum": 0}' bash testdata/netns-slow.sh $(BIN)/ringtrain none+h50,none+h50+k5+q4 $(RUNS) 100mbit 10
 
 # Gradient buckets overlapped with backward: the cnn on the own engine in
 # pure Go (--device host), the first 6,400 training samples (25 steps a

@@ -122,7 +122,7 @@ func (p *puncher) initiate(ctx context.Context, to peer.ID) error {
 }
 
 // PunchProtocol asks a peer reached through a relay for a direct
-// connection. The asker sends its private addresses (lanAddrs' encoding);
+// connection. The asker sends its private addresses (encodeLANAddrs);
 // the other side dials those of them on its own LANs, else, if the
 // relayed connection came in to it, starts a DCUtR hole punch. The answer
 // is one byte, punchOK or punchFailed.

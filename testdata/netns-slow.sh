@@ -6,7 +6,9 @@
 # variant is a compression (none, bf16, fp16, int8), optionally with
 # "+b<MB>", the gradient bucket size (bucket_mb; the default 25 else), and
 # "+h<H>", DiLoCo with H inner steps a round (outer Nesterov, lr 0.7,
-# momentum 0.9, or the JSON object SLOW_OUTER).
+# momentum 0.9, or the JSON object SLOW_OUTER), and with it "+k<P>", its
+# pseudo-gradients sparse: the top P percent of entries, in 2 bits (or
+# "+q<B>" bits).
 # Prints a JSON line per run: variant, sent_bytes and samples/s of rank 0,
 # the epoch time they imply, the wall time, the final test accuracy (the
 # same on every rank), how many parameter hashes the 4 ended with, rank
@@ -64,13 +66,20 @@ fi
 
 wait_for() { netns_wait_for netns-slow "$@"; } # wait_for <file> <regexp> <seconds>
 one() { # one <variant> <run>
-	local c=${1%%+*} bucket=25 sync="" name=slow-${1//+/-}-$2-$$ part
+	local c=${1%%+*} bucket=25 sync="" every="" sparse="" bits=2 name=slow-${1//+/-}-$2-$$ part
 	for part in ${1//+/ }; do
 		case $part in
 		b*) bucket=${part#b} ;;
-		h*) sync=", \"sync\": {\"every\": ${part#h}, \"outer\": ${SLOW_OUTER:-{\"name\": \"nesterov\", \"lr\": 0.7, \"momentum\": 0.9\}}}" ;;
+		h*) every=${part#h} ;;
+		k*) sparse=$(awk -v p="${part#k}" 'BEGIN{print p / 100}') ;;
+		q*) bits=${part#q} ;;
 		esac
 	done
+	if [ -n "$every" ]; then
+		sync=", \"sync\": {\"every\": $every, \"outer\": ${SLOW_OUTER:-{\"name\": \"nesterov\", \"lr\": 0.7, \"momentum\": 0.9\}}"
+		if [ -n "$sparse" ]; then sync="$sync, \"sparse\": {\"fraction\": $sparse, \"bits\": $bits}"; fi
+		sync="$sync}"
+	fi
 	cat >"$tmp/job.json" <<JSON
 {"name": "$name", "world_size": $peers, "epochs": $epochs, "batch_size": $batch, "seed": 1, "model": "$model", "compression": "$c", "bucket_mb": $bucket$sync,
  "optimizer": {"name": "adam", "lr": 0.001, "schedule": "cosine"},
