@@ -10,6 +10,7 @@
 # pseudo-gradients sparse: the top P percent of entries, in 2 bits (or
 # "+q<B>" bits).
 # Prints a JSON line per run: variant, sent_bytes and samples/s of rank 0,
+# the most bytes peer 0 sent in any 1 s of training (peak_1s_bytes),
 # the epoch time they imply, the wall time, the final test accuracy (the
 # same on every rank), how many parameter hashes the 4 ended with, rank
 # 0's steps and seconds of compute, wait, ring and optimizer, and its test
@@ -97,6 +98,13 @@ JSON
 			--threads "$threads" --device "$device" "${extra[@]}" --log-format json >"$tmp/$i.log" 2>&1 &
 		pids[$i]=$!
 	done
+	# What peer 0 sends, sampled every 100 ms at the bridge's end of its
+	# link from the first training step on (rank 0's broadcast of the
+	# parameters at the start is the same for every variant): the most in
+	# any 1 s.
+	wait_for "$tmp/0.log" '"message":"training"' 120
+	(while :; do echo "$EPOCHREALTIME $(cat "/sys/class/net/${p}v0/statistics/rx_bytes")"; sleep 0.1; done) >"$tmp/tx.txt" 2>/dev/null &
+	local sampler=$!
 	for ((i = 0; i < peers; i++)); do
 		if ! wait "${pids[$i]}"; then
 			echo "netns-slow: FAIL, peer $i exited non-zero; the peers' last lines:"
@@ -104,6 +112,10 @@ JSON
 			exit 1
 		fi
 	done
+	kill "$sampler" 2>/dev/null || true
+	wait "$sampler" 2>/dev/null || true
+	local peak
+	peak=$(awk '{t[NR] = $1; b[NR] = $2} END {m = 0; j = 1; for (i = 1; i <= NR; i++) {while (t[i] - t[j] > 1.0) j++; if (b[i] - b[j] > m) m = b[i] - b[j]}; print m}' "$tmp/tx.txt")
 	local wall hashes sum
 	wall=$(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME - $began}")
 	hashes=$(grep -ho '"param_hash":"[0-9a-f]*"' "$tmp"/[0-9].log | sort -u | wc -l)
@@ -117,8 +129,8 @@ JSON
 	eacc=$(grep '"message":"epoch done"' "$tmp/0.log" | grep -o '"test_accuracy":[0-9.]*' | cut -d: -f2 | paste -sd,)
 	es=$(grep '"message":"epoch done"' "$tmp/0.log" | grep -o '"elapsed_s":[0-9.]*' | cut -d: -f2 | paste -sd,)
 	awk -v c="$1" -v r="$2" -v s="$sent" -v sps="$sps" -v w="$wall" -v a="$acc" -v h="$hashes" -v e="$epochs" -v rate="$rate" -v n="$train" -v p="$peers" \
-		-v st="$(field steps)" -v cs="$(field compute_s)" -v ws="$(field wait_s)" -v rs="$(field ring_s)" -v os="$(field optimizer_s)" -v ea="$eacc" -v es="$es" \
-		'BEGIN{printf "{\"variant\":\"%s\",\"run\":%d,\"rate\":\"%s\",\"sent_bytes\":%d,\"sent_bytes_per_epoch\":%d,\"samples_per_sec\":%.1f,\"epoch_s\":%.2f,\"wall_s\":%s,\"test_accuracy\":%s,\"param_hashes\":%d,\"steps\":%d,\"compute_s\":%.3f,\"wait_s\":%.3f,\"ring_s\":%.3f,\"optimizer_s\":%.3f,\"epoch_accuracy\":[%s],\"epoch_train_s\":[%s]}\n", c, r, rate, s, s/e, sps, n/p/sps, w, a, h, st, cs, ws, rs, os, ea, es}'
+		-v pk="$peak" -v st="$(field steps)" -v cs="$(field compute_s)" -v ws="$(field wait_s)" -v rs="$(field ring_s)" -v os="$(field optimizer_s)" -v ea="$eacc" -v es="$es" \
+		'BEGIN{printf "{\"variant\":\"%s\",\"run\":%d,\"rate\":\"%s\",\"sent_bytes\":%d,\"sent_bytes_per_epoch\":%d,\"peak_1s_bytes\":%d,\"samples_per_sec\":%.1f,\"epoch_s\":%.2f,\"wall_s\":%s,\"test_accuracy\":%s,\"param_hashes\":%d,\"steps\":%d,\"compute_s\":%.3f,\"wait_s\":%.3f,\"ring_s\":%.3f,\"optimizer_s\":%.3f,\"epoch_accuracy\":[%s],\"epoch_train_s\":[%s]}\n", c, r, rate, s, s/e, pk, sps, n/p/sps, w, a, h, st, cs, ws, rs, os, ea, es}'
 }
 for r in $(seq "$runs"); do
 	for c in ${compressions//,/ }; do one "$c" "$r"; done

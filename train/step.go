@@ -462,6 +462,9 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 		return 0, -1, fmt.Errorf("train: gradients to send as %v, but the collective (%T) sends float32 only", r.Wire, r.Coll)
 	}
 	local, isLocal := r.Opt.(*LocalSGD)
+	if isLocal && local.Sparse != nil && r.Wire != ring.F32 {
+		return 0, -1, fmt.Errorf("train: sparse pseudo-gradients are coded by LocalSGD; gradients to send as %v would code them twice", r.Wire)
+	}
 	if plan := r.bucketPlan(); plan != nil && !isLocal {
 		// Buckets go round while backward computes the layers before them.
 		loss, bad, err = r.bucketed(ctx, x, y, n, flat, plan, narrow, says)

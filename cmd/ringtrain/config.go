@@ -562,6 +562,9 @@ func (c *jobConfig) resolveSpec() error {
 		if err := c.Sync.check(); err != nil {
 			return err
 		}
+		if c.Sync.Sparse != nil && wire != ring.F32 {
+			return fmt.Errorf("sync sparse codes the pseudo-gradients itself; compression %q would code them twice: leave it out", c.Compression)
+		}
 	}
 	if c.Pipeline != nil {
 		if err := c.checkPipeline(); err != nil {

@@ -49,6 +49,7 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		`, "sync": {"every": 5}`, `, "sync": {"every": 5, "outer": {"lr": 0.7, "momentum": 1}}`, `, "request_size": 9000`, `, "request_size": -1`,
 		`, "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"fraction": 0, "bits": 2}}`, `, "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"fraction": 0.01, "bits": 3}}`,
 		`, "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"fraction": 2, "bits": 2}}`, `, "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"top": 0.01}}`,
+		`, "compression": "int8", "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"fraction": 0.01, "bits": 2}}`,
 		`, "max_world_size": 3`, `, "max_world_size": 5000`, `, "world_size": 5000`,
 		`, "limits": {"burst": -1}`, `, "limits": {"ban_for": "-1s"}`, `, "limits": {"streams_per_peer": 100000}`, `, "limits": {"strikes": "many"}`, `, "limits": {"flood": 1}`,
 		`, "limits": {"conns_per_ip": -1}`, `, "limits": {"peer_memory_mb": -1}`, `, "limits": {"data_streams": -1}`, `, "limits": {"data_samples_per_request": 2000000}`} {
