@@ -266,8 +266,9 @@ func (h *Host) Close() error {
 }
 
 // DirectConnect tries for a direct connection to p, a peer reached
-// through a relay: a direct dial to its public addresses, else a DCUtR
-// hole punch over the relayed connection. LinksConfig.Puncher.
+// through a relay: at its private address if it is behind our NAT, else
+// by a DCUtR hole punch over the relayed connection, started here or
+// asked of p (PunchProtocol). It is LinksConfig.Puncher.
 func (h *Host) DirectConnect(ctx context.Context, p peer.ID) error {
 	return h.punch.DirectConnect(ctx, p)
 }

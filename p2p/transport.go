@@ -151,7 +151,7 @@ type LinksConfig struct {
 	// stays relayed costs up to PunchWait more at each formation.
 	PunchWait time.Duration
 	// Puncher, if set, tries again for a direct connection to a successor
-	// still reached through a relay: once within PunchWait, then in the
+	// still reached through a relay: twice within PunchWait, then in the
 	// background, until one exists; the ring's next generation opens its
 	// link on it. *Host is one.
 	Puncher Puncher
@@ -184,7 +184,7 @@ type RingLinks struct {
 	// a successor gives: tests put a man in the middle there.
 	redirect func(addr string) string
 	// punching are the relayed successors a background loop tries to
-	// reach directly (punchLoop); stop ends those loops at Close.
+	// reach directly (punchOn); stop ends those loops at Close.
 	punching map[peer.ID]bool
 	stop     context.CancelFunc
 	stopped  context.Context
@@ -565,8 +565,8 @@ func (l *RingLinks) open(ctx context.Context, succ peer.ID) (network.Stream, err
 // beside the relayed one: DCUtR starts a hole punch as soon as a relayed
 // connection opens, and a ring link lasts a whole generation. That first
 // punch may have come before either side knew its NAT's address for it,
-// or aimed at a NAT both sides are behind; so with a Puncher, after a
-// moment, this side tries too, again and again until the wait is over.
+// or aimed at a NAT both sides are behind; so with a Puncher this side
+// asks too, twice within the wait.
 func (l *RingLinks) awaitDirect(ctx context.Context, p peer.ID) bool {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.PunchWait)
 	defer cancel()
