@@ -99,10 +99,10 @@ JSON
 		pids[$i]=$!
 	done
 	# What peer 0 sends, sampled every 100 ms at the bridge's end of its
-	# link from the first training step on (rank 0's broadcast of the
-	# parameters at the start is the same for every variant): the most in
-	# any 1 s.
-	wait_for "$tmp/0.log" '"message":"training"' 120
+	# link from its first progress line on — after rank 0's broadcast of
+	# the parameters at the start, the same for every variant, which the
+	# line that says training begins comes before: the most in any 1 s.
+	wait_for "$tmp/0.log" '"step":[0-9]*,.*"message":"training"' 120
 	(while :; do echo "$EPOCHREALTIME $(cat "/sys/class/net/${p}v0/statistics/rx_bytes")"; sleep 0.1; done) >"$tmp/tx.txt" 2>/dev/null &
 	local sampler=$!
 	for ((i = 0; i < peers; i++)); do
