@@ -221,7 +221,10 @@ const maxRequestSize = 8192
 
 // syncConfig is "sync": {"every": H, "outer": {"name": "nesterov", "lr":
 // 0.7, "momentum": 0.9}} — DiLoCo's published settings are those, with H
-// in the hundreds for large models.
+// in the hundreds for large models. Without "outer" the outer step is a
+// plain average (sgd, lr 1, no momentum): on the mlp here it reached
+// synchronous training's accuracy where Nesterov's settings fell short
+// and then fell (train/RESULTS.md).
 type syncConfig struct {
 	Every int `json:"every"`
 	Outer struct {
@@ -249,6 +252,9 @@ func (s *syncConfig) sparse() *sparse.Config {
 // check says what is wrong with a sync section.
 func (s *syncConfig) check() error {
 	o := &s.Outer
+	if o.Name == "" && o.LR == 0 && o.Momentum == 0 {
+		o.Name, o.LR = "sgd", 1
+	}
 	if o.Name == "" {
 		o.Name = "nesterov"
 	}

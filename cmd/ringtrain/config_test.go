@@ -46,7 +46,7 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 	}
 	for _, bad := range []string{`, "grad_norm_guard": 1`, `, "grad_norm_guard": -3`, `, "compression": "zip"`, `, "bucket_mb": -1`, `, "bucket_mb": "25"`,
 		`, "sync": {"every": 0, "outer": {"lr": 0.7}}`, `, "sync": {"every": 5, "outer": {"name": "adam", "lr": 0.7}}`,
-		`, "sync": {"every": 5}`, `, "sync": {"every": 5, "outer": {"lr": 0.7, "momentum": 1}}`, `, "request_size": 9000`, `, "request_size": -1`,
+		`, "sync": {"every": 5, "outer": {"momentum": 0.9}}`, `, "sync": {"every": 5, "outer": {"lr": 0.7, "momentum": 1}}`, `, "request_size": 9000`, `, "request_size": -1`,
 		`, "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"fraction": 0, "bits": 2}}`, `, "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"fraction": 0.01, "bits": 3}}`,
 		`, "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"fraction": 2, "bits": 2}}`, `, "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"top": 0.01}}`,
 		`, "compression": "int8", "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"fraction": 0.01, "bits": 2}}`,
@@ -88,6 +88,12 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		if got := hash(tc.extra); (got == plain) != tc.same {
 			t.Errorf("config hash with %s: same as without = %v; want %v", tc.extra, got == plain, tc.same)
 		}
+	}
+	// Without "outer", the outer step is the plain average: the same job
+	// as one that says so, another than DiLoCo's published settings.
+	if hash(`, "sync": {"every": 50}`) != hash(`, "sync": {"every": 50, "outer": {"name": "sgd", "lr": 1, "momentum": 0}}`) ||
+		hash(`, "sync": {"every": 50}`) == hash(`, "sync": {"every": 50, "outer": {"lr": 0.7, "momentum": 0.9}}`) {
+		t.Error("sync without outer: want the plain average's hash, not Nesterov's")
 	}
 	// Peers that send pseudo-gradients sparse and peers that send them
 	// whole cannot share a ring: their outer steps call other collectives.
