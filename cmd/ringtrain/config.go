@@ -270,7 +270,7 @@ func (s *syncConfig) check() error {
 	}
 	if sp := s.sparse(); sp != nil {
 		if err := sp.Validate(); err != nil {
-			return fmt.Errorf("sync sparse: %w", err)
+			return fmt.Errorf("sync: %w", err)
 		}
 	}
 	return nil
