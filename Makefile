@@ -347,10 +347,16 @@ bench-procs: build
 # Fashion-MNIST: float32, bf16 and int8 gradients and DiLoCo with rounds of
 # 50 steps, alternately, RUNS runs (about 5 minutes a run); then DiLoCo
 # with a plain average as its outer step, dense and with its
-# pseudo-gradients top 5% in 4 bits, for 10 epochs (about a minute a run).
+# pseudo-gradients top 5% in 4 bits, for 10 epochs (about a minute a run);
+# then each variant's test accuracy per epoch in one plot
+# (bin/slow-curves.png, from the first run of each).
 bench-slow: build fashion-mnist
-	bash testdata/netns-slow.sh $(BIN)/ringtrain none,bf16,int8,none+h50 $(RUNS) 100mbit 5
-	SLOW_OUTER='{"name": "sgd", "lr": 1, "momentum": 0}' bash testdata/netns-slow.sh $(BIN)/ringtrain none+h50,none+h50+k5+q4 $(RUNS) 100mbit 10
+	rm -rf $(BIN)/slow-logs
+	SLOW_LOGS=$(BIN)/slow-logs/5 bash testdata/netns-slow.sh $(BIN)/ringtrain none,bf16,int8,none+h50 $(RUNS) 100mbit 5
+	SLOW_LOGS=$(BIN)/slow-logs/10 SLOW_OUTER='{"name": "sgd", "lr": 1, "momentum": 0}' bash testdata/netns-slow.sh $(BIN)/ringtrain none+h50,none+h50+k5+q4 $(RUNS) 100mbit 10
+	$(BIN)/ringtrain plot --by file -o $(BIN)/slow-curves.png "float32=$(BIN)/slow-logs/5/none-1.jsonl" "int8=$(BIN)/slow-logs/5/int8-1.jsonl" \
+	  "DiLoCo H=50, Nesterov=$(BIN)/slow-logs/5/none+h50-1.jsonl" "DiLoCo H=50, average=$(BIN)/slow-logs/10/none+h50-1.jsonl" \
+	  "DiLoCo H=50, average, top 5% in 4 bits=$(BIN)/slow-logs/10/none+h50+k5+q4-1.jsonl"
 
 # Gradient buckets overlapped with backward: the cnn on the own engine in
 # pure Go (--device host), the first 6,400 training samples (25 steps a

@@ -20,7 +20,9 @@
 # host is the own engine), SLOW_TRAIN (all; else the first that many
 # training samples, and a tenth as many test samples, written to a
 # temporary copy of the dataset), SLOW_BATCH (64), SLOW_PEERS (4; 2 to 4)
-# SLOW_THREADS (1, each peer's --threads) and SLOW_ARGS (more join flags).
+# SLOW_THREADS (1, each peer's --threads), SLOW_ARGS (more join flags) and
+# SLOW_LOGS (a folder to keep peer 0's JSON log of each run in, as
+# <variant>-<run>.jsonl, for ringtrain plot --by file).
 # Addresses are 10.232.0.1–4, inside the namespaces only; everything made
 # here is removed on exit.
 #
@@ -112,6 +114,7 @@ JSON
 			exit 1
 		fi
 	done
+	if [ -n "${SLOW_LOGS:-}" ]; then mkdir -p "$SLOW_LOGS" && cp "$tmp/0.log" "$SLOW_LOGS/$1-$2.jsonl"; fi
 	kill "$sampler" 2>/dev/null || true
 	wait "$sampler" 2>/dev/null || true
 	local peak

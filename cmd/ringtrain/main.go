@@ -18,7 +18,7 @@
 //	ringtrain id [--identity FILE]
 //	ringtrain predict --checkpoint FILE --image FILE.png|jpg
 //	ringtrain export --checkpoint FILE --onnx OUT.onnx
-//	ringtrain plot LOG.jsonl... -o curves.png
+//	ringtrain plot [--by rank|file] [LABEL=]LOG.jsonl... -o curves.png
 //	ringtrain trace merge -o trace.json PEER.json...
 package main
 
@@ -96,7 +96,7 @@ commands:
   data              load a data config's datasets and say what they hold
   predict           class and top probabilities of a PNG/JPEG from a checkpoint
   export            write a checkpoint's model as an ONNX file (opset 13)
-  plot              draw loss, test accuracy and samples/s per rank from JSON logs
+  plot              draw loss, test accuracy and samples/s per rank (or per log file) from JSON logs
   trace merge       put several peers' --trace timelines on one clock, for Perfetto
   swarm-key         print a new private-swarm key (give the file to every peer)
   id                create or show this machine's peer ID (--identity FILE)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -56,11 +57,14 @@ func parseWithFiles(fs *flag.FlagSet, args []string) ([]string, error) {
 
 // runPlot is `ringtrain plot LOG... -o curves.png`: loss, test accuracy
 // and samples/s of every rank, from the JSON logs of `join --log-file` (or
-// `local --log-dir`), drawn side by side with gonum/plot.
+// `local --log-dir`), drawn side by side with gonum/plot. With --by file,
+// a line per log file instead, named after the file (or LABEL=LOG): one
+// peer's log of each of several jobs, to compare them.
 func runPlot(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("plot", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	out := fs.String("o", "curves.png", "the PNG to write")
+	by := fs.String("by", "rank", "a line per rank (of one job's logs) or per file (one log of each of several jobs; LABEL=LOG names its line)")
 	files, err := parseWithFiles(fs, args)
 	if err != nil {
 		return fmt.Errorf("plot: %w: %w", errUsage, err)
@@ -68,25 +72,42 @@ func runPlot(args []string, stdout, stderr io.Writer) error {
 	if len(files) == 0 {
 		return fmt.Errorf("plot: name the JSON log files (join --log-file, local --log-dir): %w", errUsage)
 	}
-	ranks := map[int]*curves{}
-	for _, path := range files {
-		if err := readCurves(path, ranks); err != nil {
+	if *by != "rank" && *by != "file" {
+		return fmt.Errorf("plot: --by %q; want rank or file: %w", *by, errUsage)
+	}
+	series := map[int]*curves{}
+	labels := map[int]string{}
+	for i, arg := range files {
+		path, key := arg, func(rank int) int { return rank }
+		if *by == "file" {
+			label := strings.TrimSuffix(filepath.Base(arg), filepath.Ext(arg))
+			if i := strings.LastIndex(arg, "="); i >= 0 { // a label may hold "=", as "H=50"
+				label, path = arg[:i], arg[i+1:]
+			}
+			labels[i], key = label, func(int) int { return i }
+		}
+		if err := readCurves(path, series, key); err != nil {
 			return fmt.Errorf("plot: %w", err)
 		}
 	}
-	if len(ranks) == 0 {
+	if len(series) == 0 {
 		return fmt.Errorf("plot: %v: %w", files, errNoCurves)
 	}
-	if err := drawCurves(ranks, *out); err != nil {
+	name := func(k int) string { return fmt.Sprintf("rank %d", k) }
+	if *by == "file" {
+		name = func(k int) string { return labels[k] }
+	}
+	if err := drawCurves(series, name, *out); err != nil {
 		return fmt.Errorf("plot: %w", err)
 	}
-	fmt.Fprintf(stdout, "%s: loss, test accuracy and samples/s of %d ranks\n", *out, len(ranks))
+	fmt.Fprintf(stdout, "%s: loss, test accuracy and samples/s of %d %ss\n", *out, len(series), *by)
 	return nil
 }
 
-// readCurves adds a log file's progress lines to ranks. Lines that are not
-// JSON objects (a console log, a panic) are an error naming the line.
-func readCurves(path string, ranks map[int]*curves) error {
+// readCurves adds a log file's progress lines to series, each line to the
+// series key gives its rank. Lines that are not JSON objects (a console
+// log, a panic) are an error naming the line.
+func readCurves(path string, series map[int]*curves, key func(rank int) int) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
@@ -102,10 +123,11 @@ func readCurves(path string, ranks map[int]*curves) error {
 		if l.Rank == nil || (l.Message != "training" && l.Message != "epoch done") || l.Steps <= 0 || l.Epoch < 1 {
 			continue
 		}
-		c := ranks[*l.Rank]
+		k := key(*l.Rank)
+		c := series[k]
 		if c == nil {
 			c = &curves{}
-			ranks[*l.Rank] = c
+			series[k] = c
 		}
 		x := float64((l.Epoch-1)*l.Steps + l.Step)
 		c.loss = append(c.loss, plotter.XY{X: x, Y: l.Loss}) // an epoch's end: the mean since the last report
@@ -120,8 +142,9 @@ func readCurves(path string, ranks map[int]*curves) error {
 	return nil
 }
 
-// drawCurves draws three panels side by side, a line per rank.
-func drawCurves(ranks map[int]*curves, out string) error {
+// drawCurves draws three panels side by side, a line per series, named
+// in the legend by name.
+func drawCurves(ranks map[int]*curves, name func(int) string, out string) error {
 	titles := [3][2]string{{"training loss", "step"}, {"test accuracy", "epoch"}, {"samples/s per rank, since its epoch began", "step"}}
 	var ps [3]*plot.Plot
 	for i := range ps {
@@ -151,7 +174,7 @@ func drawCurves(ranks map[int]*curves, out string) error {
 			points.Radius = vg.Points(1.5)
 			ps[i].Add(line, points)
 			if i == 0 {
-				ps[i].Legend.Add(fmt.Sprintf("rank %d", r), line)
+				ps[i].Legend.Add(name(r), line)
 			}
 		}
 	}

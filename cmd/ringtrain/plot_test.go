@@ -76,3 +76,42 @@ func TestPlot(t *testing.T) {
 		t.Errorf("plot of nothing = %v; want a usage error", err)
 	}
 }
+
+// TestPlotByFile: with --by file, one log of each of several jobs — each
+// of rank 0 — draws a line per file, named after it or by LABEL=; a
+// rank-0 log per job drawn by rank would be one line.
+func TestPlotByFile(t *testing.T) {
+	dir := t.TempDir()
+	var files []string
+	for j, name := range []string{"sync", "diloco"} {
+		var b strings.Builder
+		for e := 1; e <= 3; e++ {
+			fmt.Fprintf(&b, `{"level":"info","rank":0,"epoch":%d,"step":20,"steps":20,"loss":0.5,"samples_per_sec":1000,"test_accuracy":%g,"message":"epoch done"}`+"\n",
+				e, 0.6+0.1*float64(e)-0.05*float64(j))
+		}
+		p := filepath.Join(dir, name+".jsonl")
+		os.WriteFile(p, []byte(b.String()), 0o644)
+		files = append(files, p)
+	}
+	out := filepath.Join(dir, "variants.png")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--by", "file", files[0], files[1]}, "of 2 files"},
+		{[]string{"--by", "file", "float32=" + files[0], "DiLoCo H=50=" + files[1]}, "of 2 files"},
+		{[]string{files[0], files[1]}, "of 1 ranks"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if err := run(context.Background(), append([]string{"plot", "-o", out}, c.args...), &stdout, &stderr); err != nil {
+			t.Fatalf("plot %v: %v (%s)", c.args, err, stderr.String())
+		}
+		if !strings.Contains(stdout.String(), c.want) {
+			t.Errorf("plot %v said %q; want %q", c.args, stdout.String(), c.want)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if err := run(context.Background(), []string{"plot", "--by", "peer", files[0]}, &stdout, &stderr); !errors.Is(err, errUsage) {
+		t.Errorf("plot --by peer = %v; want a usage error", err)
+	}
+}
