@@ -70,7 +70,9 @@ fi
 wait_for() { netns_wait_for netns-slow "$@"; } # wait_for <file> <regexp> <seconds>
 one() { # one <variant> <run>
 	local c=${1%%+*} bucket=25 sync="" every="" sparse="" bits=2 name=slow-${1//+/-}-$2-$$ part
-	for part in ${1//+/ }; do
+	local rest=""
+	if [[ $1 == *+* ]]; then rest=${1#*+}; fi # what follows the compression: "bf16" is no bucket size
+	for part in ${rest//+/ }; do
 		case $part in
 		b*) bucket=${part#b} ;;
 		h*) every=${part#h} ;;
