@@ -116,7 +116,7 @@ JSON
 			exit 1
 		fi
 	done
-	if [ -n "${SLOW_LOGS:-}" ]; then mkdir -p "$SLOW_LOGS" && cp "$tmp/0.log" "$SLOW_LOGS/$1-$2.jsonl"; fi
+	if [ -n "${SLOW_LOGS:-}" ]; then mkdir -p "$SLOW_LOGS" && grep "^{" "$tmp/0.log" >"$SLOW_LOGS/$1-$2.jsonl"; fi # the JSON lines: plot reads no others
 	kill "$sampler" 2>/dev/null || true
 	wait "$sampler" 2>/dev/null || true
 	local peak

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"image/color"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -31,9 +33,31 @@ type progressLine struct {
 	Epoch         int      `json:"epoch"`
 	Step          int      `json:"step"`
 	Steps         int      `json:"steps"`
-	Loss          float64  `json:"loss"`
+	Loss          logFloat `json:"loss"`
 	SamplesPerSec float64  `json:"samples_per_sec"`
 	TestAccuracy  *float64 `json:"test_accuracy"`
+}
+
+// logFloat is a number as zerolog writes it: a JSON number, or the
+// strings "NaN", "+Inf" and "-Inf" that JSON has no numbers for.
+type logFloat float64
+
+func (f *logFloat) UnmarshalJSON(b []byte) error {
+	var s string
+	if json.Unmarshal(b, &s) == nil {
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil || !(math.IsNaN(v) || math.IsInf(v, 0)) {
+			return fmt.Errorf("a number as the string %q", s)
+		}
+		*f = logFloat(v)
+		return nil
+	}
+	var v float64
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*f = logFloat(v)
+	return nil
 }
 
 // curves are one rank's series: loss and samples/s by step (counted over
@@ -130,7 +154,9 @@ func readCurves(path string, series map[int]*curves, key func(rank int) int) err
 			series[k] = c
 		}
 		x := float64((l.Epoch-1)*l.Steps + l.Step)
-		c.loss = append(c.loss, plotter.XY{X: x, Y: l.Loss}) // an epoch's end: the mean since the last report
+		if loss := float64(l.Loss); !math.IsNaN(loss) && !math.IsInf(loss, 0) { // a diverged step draws no point
+			c.loss = append(c.loss, plotter.XY{X: x, Y: loss}) // an epoch's end: the mean since the last report
+		}
 		c.rate = append(c.rate, plotter.XY{X: x, Y: l.SamplesPerSec})
 		if l.Message == "epoch done" && l.TestAccuracy != nil {
 			c.acc = append(c.acc, plotter.XY{X: float64(l.Epoch), Y: *l.TestAccuracy})
@@ -152,7 +178,18 @@ func drawCurves(ranks map[int]*curves, name func(int) string, out string) error 
 		ps[i].Title.Text, ps[i].X.Label.Text = titles[i][0], titles[i][1]
 		ps[i].Add(plotter.NewGrid())
 	}
+	// Accuracy from a little under the lowest drawn to a little over the
+	// highest: curves that differ by a point stay apart.
+	lo, hi := 1.0, 0.0
+	for _, c := range ranks {
+		for _, xy := range c.acc {
+			lo, hi = min(lo, xy.Y), max(hi, xy.Y)
+		}
+	}
 	ps[1].Y.Min, ps[1].Y.Max = 0, 1
+	if lo <= hi {
+		ps[1].Y.Min, ps[1].Y.Max = max(0, lo-0.02), min(1, hi+0.01)
+	}
 	ps[0].Legend.Top = true
 	order := make([]int, 0, len(ranks))
 	for r := range ranks {
