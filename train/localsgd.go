@@ -23,7 +23,8 @@ import (
 // momentum, and an inner optimizer started afresh each round — so
 // checkpoints, the parameter-hash check, admission and resuming work as
 // in synchronous training; as its State, LocalSGD offers the outer
-// momentum. (DiLoCo's paper keeps each worker's own inner Adam state across
+// momentum. (With Sparse each rank also keeps error feedback of its own,
+// which no checkpoint holds: a restored or admitted rank starts without.) (DiLoCo's paper keeps each worker's own inner Adam state across
 // rounds; that would need a checkpoint per rank and a way to hand a lost
 // rank's to its successor, so here each round starts its inner optimizer
 // afresh.)
