@@ -277,14 +277,8 @@ func localIPs(listen []string) []net.IP {
 			ips = append(ips, ip)
 			continue
 		}
-		addrs, err := net.InterfaceAddrs()
-		if err != nil {
-			continue
-		}
-		for _, ia := range addrs {
-			if n, ok := ia.(*net.IPNet); ok {
-				ips = append(ips, n.IP)
-			}
+		for _, n := range interfaceNets() {
+			ips = append(ips, n.IP)
 		}
 	}
 	return ips

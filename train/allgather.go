@@ -38,7 +38,7 @@ func allgatherBytes(ctx context.Context, c Collective, mine []byte, limit int) (
 	for k := range n {
 		l := int(lens[k])
 		buf := make([]float32, (l+3)/4)
-		b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(buf))), 4*len(buf))
+		b := f32Bytes(buf)
 		if k == me {
 			copy(b, mine)
 		}
@@ -48,4 +48,9 @@ func allgatherBytes(ctx context.Context, c Collective, mine []byte, limit int) (
 		out[k] = b[:l:l]
 	}
 	return out, nil
+}
+
+// f32Bytes views f as its bytes (the machine's order), without copying.
+func f32Bytes(f []float32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), 4*len(f))
 }

@@ -11,7 +11,6 @@ import (
 	"math"
 	"slices"
 	"time"
-	"unsafe"
 
 	"github.com/ringtrain/ringtrain/ring"
 	"github.com/ringtrain/ringtrain/train/sparse"
@@ -919,9 +918,7 @@ func (r *Replica) Restore(c *Checkpoint) error {
 func (r *Replica) ParamHash() [32]byte {
 	h := sha256.New()
 	for _, p := range r.Model.Params() {
-		if len(p) > 0 {
-			h.Write(unsafe.Slice((*byte)(unsafe.Pointer(&p[0])), 4*len(p)))
-		}
+		h.Write(f32Bytes(p))
 	}
 	var out [32]byte
 	h.Sum(out[:0])
