@@ -162,6 +162,15 @@ func TestSurvivorsFinish(t *testing.T) {
 			return &LocalSGD{Inner: NewAdam(0.003), Every: 4, LR: 0.7, Momentum: 0.9, Nesterov: true}
 		})
 	})
+	// Streaming, two fragments of rounds of 8 overlapping a step:
+	// exchanges begin after steps 4 and 8; rank 2 dies in the second, the
+	// others find it failed at step 9, take back steps 8 and 9, bring
+	// every fragment back to its anchor and go on from step 7.
+	t.Run("streaming local SGD: in an exchange", func(t *testing.T) {
+		survivorsFinish(t, dying{n: 2}, 0, Position{Epochs: 0, Steps: 7, Skip: 7 * 4 * 8}, func() Optimizer {
+			return &LocalSGD{Inner: NewAdam(0.003), Every: 8, LR: 1, Fragments: 2, Overlap: 1}
+		})
+	})
 }
 
 func survivorsFinish(t *testing.T, kill dying, fault int, wantAt Position, newOpt func() Optimizer) {
@@ -278,7 +287,22 @@ func TestLeaverGoesOthersStay(t *testing.T) {
 // optimizer state, position) from the others through it, and the rest of
 // the epoch is shared out among four: every sample of every epoch is
 // trained exactly once, and all four finish with the same parameters.
+//
+// With streaming DiLoCo the newcomer's knock rides the exchange that
+// begins at that step and is heard when it ends, a step later; every
+// rank settles at its anchors, which the newcomer takes.
 func TestNewcomerIsAdmitted(t *testing.T) {
+	t.Run("adam", func(t *testing.T) {
+		newcomerIsAdmitted(t, func() Optimizer { return NewAdam(0.01) }, 0)
+	})
+	t.Run("streaming local SGD", func(t *testing.T) {
+		newcomerIsAdmitted(t, func() Optimizer {
+			return &LocalSGD{Inner: NewAdam(0.01), Every: 8, LR: 1, Fragments: 2, Overlap: 1}
+		}, 1)
+	})
+}
+
+func newcomerIsAdmitted(t *testing.T, newOpt func() Optimizer, heardAfter int) {
 	const batch, epochs, knockAt = 8, 2, 20
 	rings := memRings(t, 3)
 	grown := ring.MemRing(4)
@@ -309,7 +333,7 @@ func TestNewcomerIsAdmitted(t *testing.T) {
 		m := newMLP(t, mlpCfg(784, []int{16}, 10, batch, uint64(1+i)))
 		cfg := RunConfig{Train: loader(t, "train", batch, true), Epochs: epochs, Classes: 10, Trained: count}
 		if i == 3 { // the newcomer
-			cfg.Replica = NewReplica(m, NewAdam(0.01), newRing(3))
+			cfg.Replica = NewReplica(m, newOpt(), newRing(3))
 			pos, err := cfg.Replica.Admitted(context.Background())
 			if err != nil {
 				errs[i] = err
@@ -319,7 +343,7 @@ func TestNewcomerIsAdmitted(t *testing.T) {
 			sums[i], errs[i] = Run(context.Background(), cfg)
 			return nil
 		}
-		cfg.Replica = NewReplica(m, NewAdam(0.01), rings[i])
+		cfg.Replica = NewReplica(m, newOpt(), rings[i])
 		if i == 0 {
 			cfg.Replica.Waiting = func() bool { return cfg.Replica.Steps == knockAt }
 		}
@@ -342,7 +366,7 @@ func TestNewcomerIsAdmitted(t *testing.T) {
 	if sums[3].Steps != sums[0].Steps {
 		t.Errorf("the newcomer counts %d steps, the others %d", sums[3].Steps, sums[0].Steps)
 	}
-	want := Position{Epochs: 0, Steps: knockAt, Skip: knockAt * 3 * batch}
+	want := Position{Epochs: 0, Steps: knockAt + heardAfter, Skip: (knockAt + heardAfter) * 3 * batch}
 	if len(grewAt) != 3 || slices.ContainsFunc(grewAt, func(p Position) bool { return p != want }) {
 		t.Errorf("the ring grew at %+v; want at %+v on each of the three", grewAt, want)
 	}

@@ -46,16 +46,36 @@ type LocalSGD struct {
 	// rather than summed round the ring, with error feedback kept per
 	// rank; nil sends it whole, in the ring's encoding.
 	Sparse *sparse.Config
+	// Fragments, if above 1, streams the outer sync (Streaming DiLoCo,
+	// arXiv 2501.18512): the parameters, end to end, in this many equal
+	// ranges, each with an outer step of its own every Every steps,
+	// staggered — fragment k's at steps (k+1)·Every/Fragments of each
+	// cycle — so that a round's bytes go out in Fragments pieces spread
+	// over it rather than in one burst. A streaming round lasts the
+	// epoch: at its end (Run's last step of an epoch) every fragment
+	// goes at once and every rank holds the same bits again.
+	Fragments int
+	// Overlap is how many inner steps a fragment's exchange runs beside:
+	// it goes out in the background, the inner steps go on, and its outer
+	// step is applied Overlap steps later, keeping what those steps did
+	// to the fragment (θ ← new anchor + their change). 0 waits for it.
+	// Under Every/Fragments, so that one exchange is in flight at a time.
+	Overlap int
 
 	velocity [][]float32 // the outer momentum, shaped like the parameters
 	outer    int         // outer steps applied
 	anchor   []float32   // the parameters at the last outer step, end to end
 	open     bool        // a round is under way: anchor holds its start
 	done     int         // inner steps taken in the open round
-	// coder holds this rank's error feedback; encoded says its last
-	// Encode waits to be committed by the round's outer step.
-	coder   *sparse.Coder
-	encoded bool
+	// coders hold this rank's error feedback, one per fragment; encoded
+	// says which wait for their last Encode to be committed by an outer
+	// step.
+	coders  []*sparse.Coder
+	encoded []bool
+	// inflight is a streaming round's exchange under way, if any; began
+	// is done when the last exchange began.
+	inflight *exchange
+	began    int
 }
 
 // Step is an inner step: LocalSGD's Replica takes its inner steps itself,
@@ -77,7 +97,7 @@ func (o *LocalSGD) State() (string, int, [][]float32) {
 // restored is a state between rounds.
 func (o *LocalSGD) SetState(step int, tensors, params [][]float32) error {
 	o.open, o.done, o.outer = false, 0, step
-	o.coder, o.encoded = nil, false // the error feedback is this rank's alone: not in a checkpoint
+	o.coders, o.encoded = nil, nil // the error feedback is this rank's alone: not in a checkpoint
 	o.velocity = nil
 	if len(tensors) > 0 {
 		v, err := restore(tensors, params)
@@ -99,25 +119,93 @@ func (o *LocalSGD) validate() error {
 	case !(o.LR > 0) || !(o.Momentum >= 0 && o.Momentum < 1):
 		return fmt.Errorf("train: outer lr %v, momentum %v; want lr > 0 and momentum in [0, 1)", o.LR, o.Momentum)
 	case o.Sparse != nil:
-		return o.Sparse.Validate()
+		if err := o.Sparse.Validate(); err != nil {
+			return err
+		}
+	}
+	if err := CheckStreaming(o.Every, o.Fragments, o.Overlap); err != nil {
+		return fmt.Errorf("train: local SGD: %w", err)
 	}
 	return nil
 }
 
-// encode codes the round's pseudo-gradient d (anchor − θ, end to end)
-// with this rank's error feedback; the feedback it leaves is kept only if
-// the round's outer step is taken.
-func (o *LocalSGD) encode(d []float32) ([]byte, error) {
-	if o.coder == nil {
+// CheckStreaming says what is wrong with a streaming outer sync of
+// fragments every steps, each exchange overlapping overlap inner steps
+// (LocalSGD's Every, Fragments and Overlap; 0 and 0 do not stream).
+func CheckStreaming(every, fragments, overlap int) error {
+	switch {
+	case fragments < 0 || overlap < 0:
+		return fmt.Errorf("%d fragments, overlapping %d steps; want neither below 0", fragments, overlap)
+	case fragments > every:
+		return fmt.Errorf("%d fragments with an outer step every %d steps; want no more fragments than steps", fragments, every)
+	case (fragments > 1 || overlap > 0) && overlap >= every/max(fragments, 1):
+		return fmt.Errorf("a fragment's exchange overlapping %d steps, with one beginning every %d; want fewer, so that one is in flight at a time",
+			overlap, every/max(fragments, 1))
+	}
+	return nil
+}
+
+// streaming reports whether the outer sync goes in fragments, or beside
+// inner steps.
+func (o *LocalSGD) streaming() bool { return o.Fragments > 1 || o.Overlap > 0 }
+
+// fragments is how many fragments the parameters are in: 1 unless
+// streaming.
+func (o *LocalSGD) fragments() int { return max(o.Fragments, 1) }
+
+// fragment is fragment k's range of the n parameters, end to end.
+func (o *LocalSGD) fragment(k, n int) (lo, hi int) {
+	f := o.fragments()
+	return k * n / f, (k + 1) * n / f
+}
+
+// due is the fragment whose exchange begins after done inner steps of a
+// streaming round: fragment k at (k+1)·Every/Fragments steps into each
+// cycle of Every.
+func (o *LocalSGD) due(done int) (k int, ok bool) {
+	if done <= 0 {
+		return 0, false
+	}
+	s, f := done%o.Every, o.fragments()
+	if s == 0 {
+		s = o.Every
+	}
+	for k := range f {
+		if (k+1)*o.Every/f == s {
+			return k, true
+		}
+	}
+	return 0, false
+}
+
+// encode codes fragment k's pseudo-gradient d with this rank's error
+// feedback for it; the feedback it leaves is kept only if the fragment's
+// outer step is taken.
+func (o *LocalSGD) encode(k int, d []float32) ([]byte, error) {
+	if len(o.coders) != o.fragments() {
+		o.coders, o.encoded = make([]*sparse.Coder, o.fragments()), make([]bool, o.fragments())
+	}
+	if o.coders[k] == nil {
 		c, err := sparse.NewCoder(*o.Sparse, len(d))
 		if err != nil {
 			return nil, err
 		}
-		o.coder = c
+		o.coders[k] = c
 	}
-	p, err := o.coder.Encode(d)
-	o.encoded = err == nil
+	p, err := o.coders[k].Encode(d)
+	o.encoded[k] = err == nil
 	return p, err
+}
+
+// commit keeps the error feedback of fragments [from, to): their outer
+// step was taken.
+func (o *LocalSGD) commit(from, to int) {
+	for k := from; k < to && k < len(o.encoded); k++ {
+		if o.encoded[k] {
+			o.coders[k].Commit()
+			o.encoded[k] = false
+		}
+	}
 }
 
 // begin opens a round at the parameters as they are.
@@ -149,13 +237,21 @@ func (o *LocalSGD) delta(dst []float32, params [][]float32) int {
 // apply takes the outer step with the averaged pseudo-gradient avg and
 // closes the round: every rank's parameters become the new anchor.
 func (o *LocalSGD) apply(params [][]float32, avg []float32) {
+	o.outerStep(params, 0, len(o.anchor), avg)
+	o.outer++
+	o.commit(0, o.fragments())
+	o.back(params)
+}
+
+// outerStep moves the anchor's range [lo, hi) by the outer step for its
+// averaged pseudo-gradient avg (hi − lo values).
+func (o *LocalSGD) outerStep(params [][]float32, lo, hi int, avg []float32) {
 	if o.Momentum != 0 && o.velocity == nil {
 		o.velocity = zerosLike(params)
 	}
-	off := 0
-	for k, p := range params {
-		for i := range p {
-			d := avg[off+i]
+	eachSpan(params, lo, hi, func(k, a, b, off int) {
+		for i := a; i < b; i++ {
+			d := avg[off+i-a-lo]
 			upd := d
 			if o.Momentum != 0 {
 				v := o.Momentum*o.velocity[k][i] + d
@@ -166,15 +262,25 @@ func (o *LocalSGD) apply(params [][]float32, avg []float32) {
 					upd = v
 				}
 			}
-			o.anchor[off+i] -= o.LR * upd
+			o.anchor[off+i-a] -= o.LR * upd
 		}
-		off += len(p)
+	})
+}
+
+// eachSpan calls f with each tensor's part of the flat range [lo, hi) of
+// ts end to end: tensor k's entries [a, b), the first at flat index off.
+func eachSpan(ts [][]float32, lo, hi int, f func(k, a, b, off int)) {
+	start := 0
+	for k, t := range ts {
+		end := start + len(t)
+		if a, b := max(lo, start), min(hi, end); a < b {
+			f(k, a-start, b-start, a)
+		}
+		if end >= hi {
+			return
+		}
+		start = end
 	}
-	o.outer++
-	if o.encoded {
-		o.coder.Commit()
-	}
-	o.back(params)
 }
 
 // back closes the round without an outer step: every rank returns to the
@@ -187,7 +293,8 @@ func (o *LocalSGD) back(params [][]float32) int {
 		off += len(p)
 	}
 	done := o.done
-	o.open, o.done, o.encoded = false, 0, false
+	o.open, o.done = false, 0
+	clear(o.encoded)
 	o.Inner.SetState(0, nil, params) // empty state: always accepted
 	return done
 }

@@ -262,6 +262,9 @@ func (e *epochRun) train(ctx context.Context) (Position, error) {
 		// This rank has no samples in the last block; it still takes part.
 		err = e.stepOn(ctx, &data.Batch{})
 	}
+	if o, ok := e.r.Opt.(*LocalSGD); ok && err != nil {
+		o.abandonExchange() // its goroutine is owned here; Level settles the round
+	}
 	var leave *LeaveError
 	switch {
 	case errors.As(err, &leave):
@@ -421,6 +424,7 @@ func (e *epochRun) end(ctx context.Context, s *Summary) error {
 // is at the same step. Liars are named in a *LiarError; a failed
 // collective is an ErrCollective: the ring must change again.
 func (r *Replica) Level(ctx context.Context, at Position, lost bool) (Position, error) {
+	r.settle()
 	ahead := 0
 	if lost {
 		ahead = r.maxAhead()
@@ -461,9 +465,27 @@ func (r *Replica) local() bool {
 
 // roundOpen reports whether a LocalSGD round is under way: its state is
 // no checkpoint, and the ranks' parameters differ.
+//
+// A streaming round lasts the epoch, but what every rank holds alike —
+// the anchors — is a checkpoint between its exchanges (Snapshot), and only
+// the steps since the exchange in flight began can be taken back.
 func (r *Replica) roundOpen() bool {
 	o, ok := r.Opt.(*LocalSGD)
+	if ok && o.streaming() {
+		return o.inflight != nil
+	}
 	return ok && o.open
+}
+
+// settle brings a streaming LocalSGD round to what every rank holds
+// alike: the exchange in flight dropped, every fragment at its anchor,
+// the inner optimizer afresh. What the inner steps did since each
+// fragment's last outer step is lost: the price of a ring change there.
+func (r *Replica) settle() {
+	if o, ok := r.Opt.(*LocalSGD); ok && o.streaming() && o.open {
+		o.abandonExchange()
+		o.back(r.Model.Params())
+	}
 }
 
 // maxAhead is how many steps a survivor of a failed step may be ahead of

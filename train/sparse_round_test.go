@@ -95,8 +95,8 @@ func TestLocalSGDSparse(t *testing.T) {
 				}
 			}
 			end[i] = slices.Concat(rep.Model.Params()...)
-			if o.coder != nil {
-				residual[i] = slices.Clone(o.coder.Residual())
+			if o.coders != nil {
+				residual[i] = slices.Clone(o.coders[0].Residual())
 			}
 			if i == 0 {
 				sent[sp] = rep.Stats.BytesSent

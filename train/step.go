@@ -358,6 +358,13 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	if !talk {
 		return loss, err
 	}
+	if o, ok := r.Opt.(*LocalSGD); ok && o.streaming() {
+		loss, err := r.streamStep(ctx, o, loss)
+		if errors.Is(err, ErrCollective) {
+			r.undoStep(o)
+		}
+		return loss, err
+	}
 	t0 := time.Now()
 	if dev, ok := r.Opt.(DeviceOptimizer); ok && r.Coll.Size() == 1 {
 		loss, err := r.stepAlone(dev, x, y, n)
@@ -447,6 +454,9 @@ func (r *Replica) stepBegin(x []float32, y []int, n int) (loss float32, talk boo
 	// Until the round ends there is no word with the others; then the
 	// outer step's outcome, not the inner step's skip, is what this step
 	// reports.
+	if local.streaming() {
+		return loss, local.dueExchange(r.closeRound), nil
+	}
 	return loss, local.done >= local.Every || r.closeRound, nil
 }
 
@@ -509,7 +519,7 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 		r.traceCompute(t0, t1)
 	}
 	if isLocal && local.Sparse != nil {
-		err = r.gatherSparse(ctx, local, flat, bad)
+		err = r.gatherSparse(ctx, local, flat[:r.nparams], tail, 0, 1, bad)
 	} else if r.Wire == ring.F32 {
 		err = r.Coll.AllreduceMean(ctx, flat)
 	} else if err = narrow.AllreduceMeanAs(ctx, flat[:r.nparams], r.Wire); err == nil {
@@ -533,25 +543,34 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 	return loss, bad, nil
 }
 
-// gatherSparse averages a LocalSGD round's pseudo-gradients, each rank's
-// coded sparse (LocalSGD.Sparse): the trailer in an allreduce, then every
-// rank's payload gathered and decoded into flat's parameters in rank
-// order, so that every rank adds up the same bits. A rank whose round is
-// not finite sends nothing; its flag in the trailer makes every rank
-// skip the round.
-func (r *Replica) gatherSparse(ctx context.Context, o *LocalSGD, flat []float32, bad int) error {
-	avg, tail := flat[:r.nparams], flat[r.nparams:]
+// gatherSparse averages the pseudo-gradients of a LocalSGD round's
+// fragments [from, to) — avg, the flat range they cover end to end — each
+// rank's coded sparse (LocalSGD.Sparse), a part per fragment: the trailer
+// tail in an allreduce, then every rank's payload gathered and decoded
+// into avg in rank order, so that every rank adds up the same bits. A
+// rank whose round is not finite sends nothing; its flag in the trailer
+// makes every rank skip the round.
+func (r *Replica) gatherSparse(ctx context.Context, o *LocalSGD, avg, tail []float32, from, to, bad int) error {
+	parts, sizes := make([][]float32, 0, to-from), make([]int, 0, to-from)
+	base, _ := o.fragment(from, r.nparams)
+	for k := from; k < to; k++ {
+		lo, hi := o.fragment(k, r.nparams)
+		parts, sizes = append(parts, avg[lo-base:hi-base]), append(sizes, hi-lo)
+	}
 	var mine []byte
 	if bad < 0 {
-		var err error
-		if mine, err = o.encode(avg); err != nil {
-			return err
+		for i, d := range parts {
+			p, err := o.encode(from+i, d)
+			if err != nil {
+				return err
+			}
+			mine = sparse.AppendPart(mine, p)
 		}
 	}
 	if err := r.Coll.AllreduceMean(ctx, tail); err != nil {
 		return err
 	}
-	all, err := allgatherBytes(ctx, r.Coll, mine, o.Sparse.MaxPayload(r.nparams))
+	all, err := allgatherBytes(ctx, r.Coll, mine, o.Sparse.MaxParts(sizes))
 	if err != nil {
 		return err
 	}
@@ -561,7 +580,7 @@ func (r *Replica) gatherSparse(ctx context.Context, o *LocalSGD, flat []float32,
 		if len(p) == 0 {
 			continue
 		}
-		if err := sparse.Decode(avg, p, w); err != nil {
+		if err := sparse.DecodeParts(parts, p, w); err != nil {
 			return fmt.Errorf("rank %d's pseudo-gradient: %w", k, err)
 		}
 	}
@@ -708,7 +727,16 @@ func (r *Replica) innerStep(o *LocalSGD, x []float32, y []int, n int) (float32, 
 // again with the same dropout masks; with LocalSGD, the whole round: the
 // rank returns to the anchor. r.undone says how many steps were undone.
 func (r *Replica) undoStep(local *LocalSGD) {
-	if local != nil && local.open {
+	switch {
+	case local != nil && local.open && local.streaming():
+		// Every fragment goes back to its anchor; the steps since the
+		// failed exchange began run again — their samples are in no
+		// anchor — and what the others did since their fragments' last
+		// outer steps is dropped, as at any ring change (Level).
+		local.abandonExchange()
+		r.undone = local.done - local.began + 1
+		local.back(r.Model.Params())
+	case local != nil && local.open:
 		r.undone = local.back(r.Model.Params())
 	}
 	r.Steps -= r.undone
@@ -891,7 +919,7 @@ func (r *Replica) stepAlone(dev DeviceOptimizer, x []float32, y []int, n int) (f
 func (r *Replica) Snapshot(base Checkpoint) *Checkpoint {
 	c := base
 	c.Params = nil
-	for _, p := range r.Model.Params() {
+	for _, p := range r.agreedParams() {
 		c.Params = append(c.Params, slices.Clone(p))
 	}
 	name, step, state := r.Opt.State()
@@ -914,10 +942,28 @@ func (r *Replica) Restore(c *Checkpoint) error {
 	return r.Opt.SetState(c.OptStep, c.OptState, r.Model.Params())
 }
 
-// ParamHash is the SHA-256 of the parameters' bytes, to compare replicas.
+// agreedParams is what every rank holds alike: the parameters, or in a
+// streaming LocalSGD round, whose ranks' parameters never coincide, the
+// anchors of their fragments — what every rank applied.
+func (r *Replica) agreedParams() [][]float32 {
+	params := r.Model.Params()
+	o, ok := r.Opt.(*LocalSGD)
+	if !ok || !o.open || !o.streaming() {
+		return params
+	}
+	out, off := make([][]float32, len(params)), 0
+	for k, p := range params {
+		out[k] = o.anchor[off : off+len(p) : off+len(p)]
+		off += len(p)
+	}
+	return out
+}
+
+// ParamHash is the SHA-256 of the parameters' bytes, to compare replicas;
+// in a streaming LocalSGD round, of their anchors (agreedParams).
 func (r *Replica) ParamHash() [32]byte {
 	h := sha256.New()
-	for _, p := range r.Model.Params() {
+	for _, p := range r.agreedParams() {
 		h.Write(f32Bytes(p))
 	}
 	var out [32]byte

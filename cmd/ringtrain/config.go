@@ -239,6 +239,12 @@ type syncConfig struct {
 		Fraction float64 `json:"fraction"`
 		Bits     int     `json:"bits"`
 	} `json:"sparse"`
+	// Fragments and Overlap stream the outer sync (train.LocalSGD): the
+	// parameters in this many fragments, each with its outer step every
+	// Every steps in turn, each exchange running beside Overlap inner
+	// steps. Left out, the whole model syncs at once and is waited for.
+	Fragments int `json:"fragments,omitempty"`
+	Overlap   int `json:"overlap,omitempty"`
 }
 
 // sparse is the sparse section as train/sparse takes it; nil without one.
@@ -272,6 +278,9 @@ func (s *syncConfig) check() error {
 		if err := sp.Validate(); err != nil {
 			return fmt.Errorf("sync: %w", err)
 		}
+	}
+	if err := train.CheckStreaming(s.Every, s.Fragments, s.Overlap); err != nil {
+		return fmt.Errorf("sync: %w", err)
 	}
 	return nil
 }
@@ -570,6 +579,9 @@ func (c *jobConfig) resolveSpec() error {
 		}
 		if c.Sync.Sparse != nil && wire != ring.F32 {
 			return fmt.Errorf("sync sparse codes the pseudo-gradients itself; compression %q would code them twice: leave it out", c.Compression)
+		}
+		if (c.Sync.Fragments > 1 || c.Sync.Overlap > 0) && wire != ring.F32 {
+			return fmt.Errorf("a streaming sync (fragments, overlap) sends float32 or, with sparse, its own code; compression %q: leave it out", c.Compression)
 		}
 	}
 	if c.Pipeline != nil {

@@ -50,6 +50,8 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		`, "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"fraction": 0, "bits": 2}}`, `, "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"fraction": 0.01, "bits": 3}}`,
 		`, "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"fraction": 2, "bits": 2}}`, `, "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"top": 0.01}}`,
 		`, "compression": "int8", "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"fraction": 0.01, "bits": 2}}`,
+		`, "sync": {"every": 5, "fragments": 6}`, `, "sync": {"every": 8, "fragments": 4, "overlap": 2}`, `, "sync": {"every": 8, "overlap": -1}`,
+		`, "compression": "bf16", "sync": {"every": 8, "fragments": 4}`,
 		`, "max_world_size": 3`, `, "max_world_size": 5000`, `, "world_size": 5000`,
 		`, "limits": {"burst": -1}`, `, "limits": {"ban_for": "-1s"}`, `, "limits": {"streams_per_peer": 100000}`, `, "limits": {"strikes": "many"}`, `, "limits": {"flood": 1}`,
 		`, "limits": {"conns_per_ip": -1}`, `, "limits": {"peer_memory_mb": -1}`, `, "limits": {"data_streams": -1}`, `, "limits": {"data_samples_per_request": 2000000}`} {
@@ -100,6 +102,19 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 	dense := `, "sync": {"every": 50, "outer": {"lr": 0.7}}`
 	if hash(dense) == hash(dense[:len(dense)-1]+`, "sparse": {"fraction": 0.01, "bits": 2}}`) {
 		t.Error("sparse and dense DiLoCo jobs have one config hash")
+	}
+	// Nor can peers that stream the outer sync and peers that do not, or
+	// that stream it otherwise; a sync section without them is as before.
+	streams := map[string]bool{hash(dense): true}
+	for _, s := range []string{`, "fragments": 4}`, `, "fragments": 4, "overlap": 2}`, `, "overlap": 2}`} {
+		h := hash(dense[:len(dense)-1] + s)
+		if streams[h] {
+			t.Errorf("sync with %s: a config hash another sync section has", s)
+		}
+		streams[h] = true
+	}
+	if hash(dense) != hash(dense[:len(dense)-1]+`, "fragments": 0, "overlap": 0}`) {
+		t.Error("sync with fragments and overlap 0, written out: another hash than without")
 	}
 }
 

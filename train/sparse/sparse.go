@@ -175,6 +175,49 @@ func Decode(dst []float32, payload []byte, weight float32) error {
 	return nil
 }
 
+// AppendPart appends payload to dst as one part of a payload in parts:
+// its length as a uvarint, then its bytes. A vector sent in pieces, each
+// with a Coder of its own, travels as one message of parts in order.
+func AppendPart(dst, payload []byte) []byte {
+	return append(binary.AppendUvarint(dst, uint64(len(payload))), payload...)
+}
+
+// MaxParts bounds a payload in parts for vectors of these sizes.
+func (c Config) MaxParts(sizes []int) int {
+	n := 0
+	for _, s := range sizes {
+		n += binary.MaxVarintLen64 + c.MaxPayload(s)
+	}
+	return n
+}
+
+// DecodeParts is Decode for a payload in parts (AppendPart): part k adds
+// weight times its vector to dst[k]. Nothing is added unless every part
+// decodes and no byte is left over.
+func DecodeParts(dst [][]float32, payload []byte, weight float32) error {
+	parts := make([][]byte, len(dst))
+	r := payload
+	for k := range dst {
+		l, w := binary.Uvarint(r)
+		if w <= 0 || l > uint64(len(r)-w) {
+			return fmt.Errorf("%w: part %d of %d: its length is missing or runs past the payload's %d bytes", ErrBadPayload, k+1, len(dst), len(payload))
+		}
+		parts[k], r = r[w:w+int(l)], r[w+int(l):]
+		if _, err := parse(parts[k], len(dst[k])); err != nil {
+			return fmt.Errorf("part %d of %d: %w", k+1, len(dst), err)
+		}
+	}
+	if len(r) > 0 {
+		return fmt.Errorf("%w: %d bytes after the last of %d parts", ErrBadPayload, len(r), len(dst))
+	}
+	for k, p := range parts {
+		if err := Decode(dst[k], p, weight); err != nil {
+			return err // parsed above: cannot happen
+		}
+	}
+	return nil
+}
+
 type header struct {
 	bits, k int
 	scale   float32

@@ -232,3 +232,94 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestDecodeParts: parts decode each into its own vector, as their own
+// payloads would; a part cut short, a length past the end, bytes left
+// over or too few parts add nothing.
+func TestDecodeParts(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	cfg := Config{Fraction: 0.25, Bits: 4}
+	sizes := []int{7, 16, 1}
+	var payload []byte
+	want := make([][]float32, len(sizes))
+	for k, n := range sizes {
+		c, err := NewCoder(cfg, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := c.Encode(randVec(rng, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[k] = make([]float32, n)
+		if err := Decode(want[k], p, 0.5); err != nil {
+			t.Fatal(err)
+		}
+		payload = AppendPart(payload, p)
+	}
+	if len(payload) > cfg.MaxParts(sizes) {
+		t.Errorf("%d bytes, more than MaxParts's %d", len(payload), cfg.MaxParts(sizes))
+	}
+	got := make([][]float32, len(sizes))
+	for k, n := range sizes {
+		got[k] = make([]float32, n)
+	}
+	if err := DecodeParts(got, payload, 0.5); err != nil {
+		t.Fatal(err)
+	}
+	for k := range sizes {
+		if !slices.Equal(got[k], want[k]) {
+			t.Errorf("part %d: %v, want %v", k, got[k], want[k])
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		payload []byte
+		parts   int
+	}{
+		{"cut short", payload[:len(payload)-1], 3},
+		{"a byte left over", append(slices.Clone(payload), 0), 3},
+		{"a length past the end", append([]byte{0xff, 0x7f}, payload...), 3},
+		{"no length", nil, 1},
+		{"more parts than sent", payload, 4},
+	} {
+		dst := make([][]float32, tc.parts)
+		for k := range dst {
+			n := 1
+			if k < len(sizes) {
+				n = sizes[k]
+			}
+			dst[k] = make([]float32, n)
+		}
+		err := DecodeParts(dst, tc.payload, 1)
+		if !errors.Is(err, ErrBadPayload) {
+			t.Errorf("%s: %v; want ErrBadPayload", tc.name, err)
+		}
+		for k := range dst {
+			if slices.ContainsFunc(dst[k], func(x float32) bool { return x != 0 }) {
+				t.Errorf("%s: refused, yet part %d added", tc.name, k)
+			}
+		}
+	}
+}
+
+// FuzzDecodeParts: any bytes decode in parts or are refused, without
+// panic, and a refused payload adds nothing.
+func FuzzDecodeParts(f *testing.F) {
+	c, _ := NewCoder(Config{Fraction: 0.2, Bits: 2}, 16)
+	p, _ := c.Encode(randVec(rand.New(rand.NewPCG(11, 12)), 16))
+	f.Add(AppendPart(AppendPart(nil, p), p), uint8(16), uint8(2))
+	f.Fuzz(func(t *testing.T, p []byte, n, parts uint8) {
+		dst := make([][]float32, parts%8)
+		for k := range dst {
+			dst[k] = make([]float32, n)
+		}
+		if err := DecodeParts(dst, p, 1); err != nil {
+			for _, d := range dst {
+				if slices.ContainsFunc(d, func(x float32) bool { return x != 0 }) {
+					t.Fatalf("refused (%v), yet added", err)
+				}
+			}
+		}
+	})
+}
