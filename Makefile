@@ -346,17 +346,31 @@ bench-procs: build
 # capped at 100 Mbit/s with tbf, the mlp for 5 epochs on the full
 # Fashion-MNIST: float32, bf16 and int8 gradients and DiLoCo with rounds of
 # 50 steps, alternately, RUNS runs (about 5 minutes a run); then DiLoCo
-# with a plain average as its outer step, dense and with its
-# pseudo-gradients top 5% in 4 bits, for 10 epochs (about a minute a run);
+# with a plain average as its outer step, dense, with its
+# pseudo-gradients top 5% in 4 bits, and those streamed (4 fragments, each
+# exchange beside 11 inner steps), for 10 epochs (about a minute a run);
 # then each variant's test accuracy per epoch in one plot
 # (bin/slow-curves.png, from the first run of each).
+#
+# Then the slow peer: the last peer's link at 25 Mbit/s, a quarter of the
+# others', runs with and without it alternating (DiLoCo dense, sparse, and
+# sparse streamed in 4 fragments each beside 11 inner steps); and the
+# figures of all of it (testdata/slow-summary.py: medians, time to the
+# float32 run's final accuracy, the others' throughput with the slow peer
+# against without).
+SLOW_AVG = SLOW_OUTER='{"name": "sgd", "lr": 1, "momentum": 0}'
 bench-slow: build fashion-mnist
-	rm -rf $(BIN)/slow-logs
-	SLOW_LOGS=$(BIN)/slow-logs/5 bash testdata/netns-slow.sh $(BIN)/ringtrain none,bf16,int8,none+h50 $(RUNS) 100mbit 5
-	SLOW_LOGS=$(BIN)/slow-logs/10 SLOW_OUTER='{"name": "sgd", "lr": 1, "momentum": 0}' bash testdata/netns-slow.sh $(BIN)/ringtrain none+h50,none+h50+k5+q4 $(RUNS) 100mbit 10
+	rm -rf $(BIN)/slow-logs $(BIN)/slow-*.txt
+	SLOW_LOGS=$(BIN)/slow-logs/5 bash testdata/netns-slow.sh $(BIN)/ringtrain none,bf16,int8,none+h50 $(RUNS) 100mbit 5 | tee $(BIN)/slow-5.txt
+	SLOW_LOGS=$(BIN)/slow-logs/10 $(SLOW_AVG) bash testdata/netns-slow.sh $(BIN)/ringtrain none+h50,none+h50+k5+q4,none+h50+k5+q4+f4+o11 $(RUNS) 100mbit 10 | tee $(BIN)/slow-10.txt
+	for r in $$(seq $(RUNS)); do for last in "" 25mbit; do \
+	  SLOW_LAST_RATE=$$last $(SLOW_AVG) bash testdata/netns-slow.sh $(BIN)/ringtrain none+h50,none+h50+k5+q4,none+h50+k5+q4+f4+o11 1 100mbit 5; \
+	done; done | tee $(BIN)/slow-peer.txt
+	python3 testdata/slow-summary.py $(BIN)/slow-5.txt $(BIN)/slow-10.txt $(BIN)/slow-peer.txt
 	$(BIN)/ringtrain plot --by file -o $(BIN)/slow-curves.png "float32=$(BIN)/slow-logs/5/none-1.jsonl" "int8=$(BIN)/slow-logs/5/int8-1.jsonl" \
 	  "DiLoCo H=50, Nesterov=$(BIN)/slow-logs/5/none+h50-1.jsonl" "DiLoCo H=50, average=$(BIN)/slow-logs/10/none+h50-1.jsonl" \
-	  "DiLoCo H=50, average, top 5% in 4 bits=$(BIN)/slow-logs/10/none+h50+k5+q4-1.jsonl"
+	  "DiLoCo H=50, average, top 5% in 4 bits=$(BIN)/slow-logs/10/none+h50+k5+q4-1.jsonl" \
+	  "the same, streamed: 4 fragments, overlap 11=$(BIN)/slow-logs/10/none+h50+k5+q4+f4+o11-1.jsonl"
 
 # Gradient buckets overlapped with backward: the cnn on the own engine in
 # pure Go (--device host), the first 6,400 training samples (25 steps a

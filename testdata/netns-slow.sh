@@ -8,7 +8,8 @@
 # "+h<H>", DiLoCo with H inner steps a round (outer Nesterov, lr 0.7,
 # momentum 0.9, or the JSON object SLOW_OUTER), and with it "+k<P>", its
 # pseudo-gradients sparse: the top P percent of entries, in 2 bits (or
-# "+q<B>" bits).
+# "+q<B>" bits), and "+f<F>" "+o<S>", the outer sync streamed in F
+# fragments, each exchange beside S inner steps.
 # Prints a JSON line per run: variant, sent_bytes and samples/s of rank 0,
 # the most bytes peer 0 sent in any 1 s of training (peak_1s_bytes),
 # the epoch time they imply, the wall time, the final test accuracy (the
@@ -22,7 +23,9 @@
 # temporary copy of the dataset), SLOW_BATCH (64), SLOW_PEERS (4; 2 to 4)
 # SLOW_THREADS (1, each peer's --threads), SLOW_ARGS (more join flags) and
 # SLOW_LOGS (a folder to keep peer 0's JSON log of each run in, as
-# <variant>-<run>.jsonl, for ringtrain plot --by file).
+# <variant>-<run>.jsonl, for ringtrain plot --by file) and SLOW_LAST_RATE
+# (the last peer's link at this rate instead, each way: a slow peer; the
+# figures are peer 0's, one of the others).
 # Addresses are 10.232.0.1–4, inside the namespaces only; everything made
 # here is removed on exit.
 #
@@ -50,6 +53,11 @@ tmp=$(mktemp -d)
 pids=()
 trap 'netns_cleanup "$p"' EXIT
 netns_bridge "$p" 10.232.0 "$rate" 64kb
+if [ -n "${SLOW_LAST_RATE:-}" ]; then
+	last=$((peers - 1))
+	tc qdisc change dev "${p}v$last" root tbf rate "$SLOW_LAST_RATE" burst 64kb latency 50ms
+	ip netns exec "$p$last" tc qdisc change dev eth0 root handle 1: tbf rate "$SLOW_LAST_RATE" burst 64kb latency 50ms
+fi
 if [ -n "${SLOW_TRAIN:-}" ]; then # a subset: the first SLOW_TRAIN samples
 	python3 - "$data" "$tmp/data" "$SLOW_TRAIN" <<'PY'
 import gzip, os, struct, sys
@@ -69,7 +77,7 @@ fi
 
 wait_for() { netns_wait_for netns-slow "$@"; } # wait_for <file> <regexp> <seconds>
 one() { # one <variant> <run>
-	local c=${1%%+*} bucket=25 sync="" every="" sparse="" bits=2 name=slow-${1//+/-}-$2-$$ part
+	local c=${1%%+*} bucket=25 sync="" every="" sparse="" bits=2 fragments=0 overlap=0 name=slow-${1//+/-}-$2-$$ part
 	local rest=""
 	if [[ $1 == *+* ]]; then rest=${1#*+}; fi # what follows the compression: "bf16" is no bucket size
 	for part in ${rest//+/ }; do
@@ -78,12 +86,14 @@ one() { # one <variant> <run>
 		h*) every=${part#h} ;;
 		k*) sparse=$(awk -v p="${part#k}" 'BEGIN{print p / 100}') ;;
 		q*) bits=${part#q} ;;
+		f*) fragments=${part#f} ;;
+		o*) overlap=${part#o} ;;
 		esac
 	done
 	if [ -n "$every" ]; then
 		sync=", \"sync\": {\"every\": $every, \"outer\": ${SLOW_OUTER:-{\"name\": \"nesterov\", \"lr\": 0.7, \"momentum\": 0.9\}}"
 		if [ -n "$sparse" ]; then sync="$sync, \"sparse\": {\"fraction\": $sparse, \"bits\": $bits}"; fi
-		sync="$sync}"
+		sync="$sync, \"fragments\": $fragments, \"overlap\": $overlap}"
 	fi
 	cat >"$tmp/job.json" <<JSON
 {"name": "$name", "world_size": $peers, "epochs": $epochs, "batch_size": $batch, "seed": 1, "model": "$model", "compression": "$c", "bucket_mb": $bucket$sync,
@@ -135,7 +145,8 @@ JSON
 	es=$(grep '"message":"epoch done"' "$tmp/0.log" | grep -o '"elapsed_s":[0-9.]*' | cut -d: -f2 | paste -sd,)
 	awk -v c="$1" -v r="$2" -v s="$sent" -v sps="$sps" -v w="$wall" -v a="$acc" -v h="$hashes" -v e="$epochs" -v rate="$rate" -v n="$train" -v p="$peers" \
 		-v pk="$peak" -v st="$(field steps)" -v cs="$(field compute_s)" -v ws="$(field wait_s)" -v rs="$(field ring_s)" -v os="$(field optimizer_s)" -v ea="$eacc" -v es="$es" \
-		'BEGIN{printf "{\"variant\":\"%s\",\"run\":%d,\"rate\":\"%s\",\"sent_bytes\":%d,\"sent_bytes_per_epoch\":%d,\"peak_1s_bytes\":%d,\"samples_per_sec\":%.1f,\"epoch_s\":%.2f,\"wall_s\":%s,\"test_accuracy\":%s,\"param_hashes\":%d,\"steps\":%d,\"compute_s\":%.3f,\"wait_s\":%.3f,\"ring_s\":%.3f,\"optimizer_s\":%.3f,\"epoch_accuracy\":[%s],\"epoch_train_s\":[%s]}\n", c, r, rate, s, s/e, pk, sps, n/p/sps, w, a, h, st, cs, ws, rs, os, ea, es}'
+		-v last="${SLOW_LAST_RATE:-}" \
+		'BEGIN{printf "{\"variant\":\"%s\",\"run\":%d,\"rate\":\"%s\",\"last_rate\":\"%s\",\"sent_bytes\":%d,\"sent_bytes_per_epoch\":%d,\"peak_1s_bytes\":%d,\"samples_per_sec\":%.1f,\"epoch_s\":%.2f,\"wall_s\":%s,\"test_accuracy\":%s,\"param_hashes\":%d,\"steps\":%d,\"compute_s\":%.3f,\"wait_s\":%.3f,\"ring_s\":%.3f,\"optimizer_s\":%.3f,\"epoch_accuracy\":[%s],\"epoch_train_s\":[%s]}\n", c, r, rate, last, s, s/e, pk, sps, n/p/sps, w, a, h, st, cs, ws, rs, os, ea, es}'
 }
 for r in $(seq "$runs"); do
 	for c in ${compressions//,/ }; do one "$c" "$r"; done

@@ -19,7 +19,8 @@
 // the engine's — and narrowed to bf16, fp16 or int8 with error feedback),
 // DiLoCo's local steps with an outer step every few (LocalSGD; its
 // pseudo-gradients whole, or sparse and low-bit with error feedback, coded
-// by train/sparse and gathered from every rank), rank 0's
+// by train/sparse and gathered from every rank; the outer sync streamed in
+// fragments, each exchange beside inner steps), rank 0's
 // parameters broadcast at
 // start, a parameter-hash comparison across ranks (with the straggler
 // report), sharded

@@ -53,6 +53,10 @@ type ModelConfig struct {
 	Spec  Spec   `json:"spec"`
 	Batch int    `json:"batch"`
 	Seed  uint64 `json:"seed"`
+	// Threads, if above 0, is how many goroutines the model's products
+	// split over; 0 means GOMAXPROCS at each call. A setting of this
+	// machine, not of the model: no checkpoint holds it.
+	Threads int `json:"-"`
 }
 
 // graphModel is a gorgonia graph run by one TapeMachine, built once; Reset
@@ -107,7 +111,7 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	m := &graphModel{cfg: cfg, g: G.NewGraph(), inputs: 1, classes: shapes[len(shapes)-1][0],
-		masks: rand.NewPCG(cfg.Seed, 0x64726f70), blas: gemm.New(0)}
+		masks: rand.NewPCG(cfg.Seed, 0x64726f70), blas: gemm.New(cfg.Threads)}
 	for _, d := range cfg.Spec.Input {
 		m.inputs *= d
 	}

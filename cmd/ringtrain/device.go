@@ -27,8 +27,9 @@ type deviceOptions struct {
 	TF32 bool
 	// NoGraph turns off replaying a captured step (CUDA graphs).
 	NoGraph bool
-	// hostThreads, if above 0, is the host engine's thread budget for its
-	// matrix products (join sets it to leave the ring a thread).
+	// hostThreads, if above 0, is the thread budget of the host engine's
+	// or the CPU model's matrix products (join sets it to leave the ring
+	// a thread of its own).
 	hostThreads int
 }
 
@@ -56,6 +57,7 @@ func (o deviceOptions) args() []string {
 func newModel(device string, cfg train.ModelConfig, opt deviceOptions) (train.Model, error) {
 	switch device {
 	case "", "cpu":
+		cfg.Threads = opt.hostThreads
 		return train.NewModel(cfg)
 	case "host":
 		var h engine.Host

@@ -161,10 +161,13 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return runPipeline(ctx, cfg, device, trainSplit, testSplit, peer.members, stdout, status, tracerOf(tracer), log)
 	}
 	devOpt := *f.engine
-	if device == "host" {
-		// The engine computes on the threads it had (train/gemm's
-		// products, as gorgonia's); Go gets one more, for the ring to
-		// send gradient buckets on while backward computes.
+	if device == "host" || device == "cpu" && cfg.Sync != nil && cfg.Sync.Overlap > 0 {
+		// The model computes on the threads it had (train/gemm's
+		// products); Go gets one more, for the ring to send on while it
+		// computes: gradient buckets beside backward, or a streaming
+		// sync's exchange beside inner steps. Without a thread of its own
+		// the ring's goroutine waits for the scheduler to preempt the
+		// computation (up to 10 ms) at every hop.
 		devOpt.hostThreads = runtime.GOMAXPROCS(0)
 		runtime.GOMAXPROCS(devOpt.hostThreads + 1)
 	}
