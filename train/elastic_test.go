@@ -238,7 +238,21 @@ func survivorsFinish(t *testing.T, kill dying, fault int, wantAt Position, newOp
 // (MinSize 3), it stops after the step that told the others, and they
 // re-form without it, from the position after that step, and finish in
 // step. With MinSize 4 everyone stops instead (TestOneRankStopsAll).
+//
+// With streaming DiLoCo the request rides the next exchange (beginning
+// after step 8) and is heard when it ends, after step 9.
 func TestLeaverGoesOthersStay(t *testing.T) {
+	t.Run("sgd", func(t *testing.T) {
+		leaverGoesOthersStay(t, func() Optimizer { return &SGD{LR: 0.05} }, 6)
+	})
+	t.Run("streaming local SGD", func(t *testing.T) {
+		leaverGoesOthersStay(t, func() Optimizer {
+			return &LocalSGD{Inner: &SGD{LR: 0.05}, Every: 8, LR: 1, Fragments: 2, Overlap: 1}
+		}, 9)
+	})
+}
+
+func leaverGoesOthersStay(t *testing.T, newOpt func() Optimizer, stopsAfter int) {
 	const world, batch = 4, 8
 	rings := memRings(t, world)
 	z := &rendezvous{t: t, want: world - 1, waiting: map[int]chan Collective{}}
@@ -246,7 +260,7 @@ func TestLeaverGoesOthersStay(t *testing.T) {
 	sums := make([]Summary, world)
 	errs := make([]error, world)
 	onAll(world, func(i int) error {
-		rep := NewReplica(newMLP(t, mlpCfg(784, []int{16}, 10, batch, 1)), &SGD{LR: 0.05}, rings[i])
+		rep := NewReplica(newMLP(t, mlpCfg(784, []int{16}, 10, batch, 1)), newOpt(), rings[i])
 		cfg := RunConfig{Replica: rep, Train: loader(t, "train", batch, true), Epochs: 2, Classes: 10}
 		change := func(cause error, at Position) (Collective, error) {
 			var leave *LeaveError
@@ -266,11 +280,11 @@ func TestLeaverGoesOthersStay(t *testing.T) {
 		sums[i], errs[i] = carryOn(context.Background(), cfg, 3, change)
 		return nil
 	})
-	if !errors.Is(errs[1], ErrStopped) || sums[1].Steps != 6 {
-		t.Errorf("the leaver: %v after %d steps; want ErrStopped after 6", errs[1], sums[1].Steps)
+	if !errors.Is(errs[1], ErrStopped) || sums[1].Steps != stopsAfter {
+		t.Errorf("the leaver: %v after %d steps; want ErrStopped after %d", errs[1], sums[1].Steps, stopsAfter)
 	}
 	for _, at := range z.at {
-		if want := (Position{Steps: 6, Skip: 6 * world * batch}); at != want {
+		if want := (Position{Steps: stopsAfter, Skip: stopsAfter * world * batch}); at != want {
 			t.Errorf("re-formed at %+v; want %+v (after the leaver's last step)", at, want)
 		}
 	}
