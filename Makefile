@@ -288,10 +288,18 @@ bench-train-cnn: build fashion-mnist
 # Figures: the CPU engine against PyTorch on this CPU (Debian's
 # python3-torch, installed here), alternately, RUNS runs each, medians and
 # ratios: mlp and cnn at 1 and 2 threads, two mlp peers against DDP (gloo).
+# Debian's PyTorch calls whatever libblas.so.3 is installed: without
+# OpenBLAS that is the reference BLAS, 20× slower, and the ratios would
+# mean nothing — so OpenBLAS first, and the run stops if libblas.so.3 is
+# still another.
 TORCH_CPU_BENCH ?= ../shared/bench/torch_fmnist_cpu.py
 RUNS ?= 3
 bench-cpu: build fashion-mnist
+	@dpkg -s libopenblas0-pthread >/dev/null 2>&1 || (apt-get install -y -qq libopenblas0-pthread || (apt-get update -qq && apt-get install -y -qq libopenblas0-pthread)) >/dev/null 2>&1 || echo "could not install libopenblas0-pthread"
 	@/usr/bin/python3 -c 'import torch' 2>/dev/null || (apt-get install -y -qq python3-torch || (apt-get update -qq && apt-get install -y -qq python3-torch)) >/dev/null 2>&1 || echo "could not install python3-torch"
+	@blas=$$(readlink -f "$$(/sbin/ldconfig -p | awk '/libblas\.so\.3 /{print $$NF; exit}')"); \
+	  case $$blas in *openblas*) echo "bench-cpu: PyTorch's libblas.so.3 is $$blas" ;; \
+	  *) echo "bench-cpu: libblas.so.3 is $$blas, not OpenBLAS: PyTorch would run on the reference BLAS"; exit 1 ;; esac
 	bash testdata/bench-cpu.sh $(BIN)/ringtrain $(TORCH_CPU_BENCH) $(RUNS)
 
 # Figures: SIGKILL of one of 4 peers to the survivors' first step
