@@ -71,15 +71,17 @@ type graphModel struct {
 	x, y    *tensor.Dense // inputs, refilled in place every step
 	invN    *G.Node
 	learn   G.Nodes
-	params  [][]float32
-	grads   [][]float32
-	names   []string
-	costVal G.Value
-	outVal  G.Value // logits, batch × classes
-	drops   []dropout
-	masks   *rand.PCG
-	blas    *gemm.BLAS // the linear and conv layers' products
-	clock   phaseClock
+	// gradNodes are learn's gradients, in its order (G.Grad's).
+	gradNodes G.Nodes
+	params    [][]float32
+	grads     [][]float32
+	names     []string
+	costVal   G.Value
+	outVal    G.Value // logits, batch × classes
+	drops     []dropout
+	masks     *rand.PCG
+	blas      *gemm.BLAS // the linear and conv layers' products
+	clock     phaseClock
 }
 
 // dropout is a layer's mask: an input of the graph multiplied into its
@@ -150,10 +152,16 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 	// The forward machine runs the part of the graph the two reads need,
 	// which holds no gradient node; it is compiled before Grad adds them.
 	m.fwd = G.NewTapeMachine(m.g.SubgraphRoots(readOut, readCost))
-	if _, err := G.Grad(cost, m.learn...); err != nil {
+	grads, err := G.Grad(cost, m.learn...)
+	if err != nil {
 		return nil, fmt.Errorf("train: gradients: %w", err)
 	}
-	m.vm = G.NewTapeMachine(m.g, G.BindDualValues(m.learn...))
+	// The gradients are read from their nodes' values after each run.
+	// Bound as dual values instead, gorgonia adds each into a tensor of
+	// its own, which the step must clear first: two more passes over
+	// every gradient, a sixth of the mlp's step.
+	m.gradNodes = grads
+	m.vm = G.NewTapeMachine(m.g)
 	for _, n := range m.learn {
 		m.params = append(m.params, n.Value().Data().([]float32))
 		m.names = append(m.names, n.Name())
@@ -225,24 +233,20 @@ func (m *graphModel) ForwardBackward(x []float32, y []int, n int) (loss float32,
 	if err := m.feed(x, y, n, true); err != nil {
 		return 0, err
 	}
-	// Backward adds into the gradient tensors, and neither Reset nor
-	// RunAll clears them (gorgonia's own solvers do, in Step): without
-	// this, every step's gradient would carry all the earlier ones.
-	for _, g := range m.grads {
-		clear(g)
-	}
 	m.clock.arm()
 	loss, err = m.run(m.vm)
-	if err != nil || m.grads != nil {
+	if err != nil {
 		return loss, err
 	}
-	// Gradient storage is allocated by the first run and stays put.
-	for _, n := range m.learn {
-		gv, err := n.Grad()
-		if err != nil {
-			return 0, err
+	// Read each run: an op of gorgonia's may put its result elsewhere
+	// from one run to the next (ours keep theirs).
+	m.grads = m.grads[:0]
+	for i, n := range m.gradNodes {
+		d, ok := n.Value().Data().([]float32)
+		if !ok || len(d) != len(m.params[i]) {
+			return 0, fmt.Errorf("train: the gradient of %s: %d values, want %d", m.names[i], len(d), len(m.params[i]))
 		}
-		m.grads = append(m.grads, gv.Data().([]float32))
+		m.grads = append(m.grads, d)
 	}
 	return loss, nil
 }

@@ -1,6 +1,10 @@
 package engine
 
-import "math"
+import (
+	"math"
+
+	"github.com/ringtrain/ringtrain/train/vec"
+)
 
 // The bodies of the CUDA kernels in ptx/kernels.cu, one thread each, in Go.
 // Host runs them for every thread index; keep each in step with its kernel
@@ -220,7 +224,7 @@ func sgdThread(i int, p, g, v, hyper, skip []float32) {
 		p[i] = w - float32(lr*float32(g[i]+float32(wd*w)))
 		return
 	}
-	m := float32(mu*v[i]) + float32(g[i]+float32(wd*w))
+	m := vec.Flush(float32(mu*v[i]) + float32(g[i]+float32(wd*w)))
 	v[i] = m
 	p[i] = w - float32(lr*m)
 }
@@ -233,8 +237,8 @@ func adamThread(i int, p, g, m, v, hyper, skip []float32) {
 	}
 	step, sq, wd, b1, b2, eps := hyper[0], hyper[1], hyper[2], hyper[3], hyper[4], hyper[5]
 	d := g[i] + float32(wd*p[i])
-	mi := float32(b1*m[i]) + float32((1-b1)*d)
-	vi := float32(b2*v[i]) + float32(float32((1-b2)*d)*d)
+	mi := vec.Flush(float32(b1*m[i]) + float32((1-b1)*d))
+	vi := vec.Flush(float32(b2*v[i]) + float32(float32((1-b2)*d)*d))
 	m[i] = mi
 	v[i] = vi
 	p[i] = p[i] - float32(step*mi)/(float32(math.Sqrt(float64(vi)))/sq+eps)

@@ -3,6 +3,32 @@
 // The AVX2 twins of vec_amd64.s's kernels: 8 lanes, the same operations in
 // the same order. n is a positive multiple of 8.
 
+
+// The flush's constants: |x| as x AND absMask, and the smallest normal
+// float32; eight of each for adam8, which has no register to spare.
+DATA absMask<>+0(SB)/4, $0x7fffffff
+GLOBL absMask<>(SB), RODATA|NOPTR, $4
+DATA minNormal<>+0(SB)/4, $0x00800000
+GLOBL minNormal<>(SB), RODATA|NOPTR, $4
+DATA absMask8<>+0(SB)/4, $0x7fffffff
+DATA absMask8<>+4(SB)/4, $0x7fffffff
+DATA absMask8<>+8(SB)/4, $0x7fffffff
+DATA absMask8<>+12(SB)/4, $0x7fffffff
+DATA absMask8<>+16(SB)/4, $0x7fffffff
+DATA absMask8<>+20(SB)/4, $0x7fffffff
+DATA absMask8<>+24(SB)/4, $0x7fffffff
+DATA absMask8<>+28(SB)/4, $0x7fffffff
+GLOBL absMask8<>(SB), RODATA|NOPTR, $32
+DATA minNormal8<>+0(SB)/4, $0x00800000
+DATA minNormal8<>+4(SB)/4, $0x00800000
+DATA minNormal8<>+8(SB)/4, $0x00800000
+DATA minNormal8<>+12(SB)/4, $0x00800000
+DATA minNormal8<>+16(SB)/4, $0x00800000
+DATA minNormal8<>+20(SB)/4, $0x00800000
+DATA minNormal8<>+24(SB)/4, $0x00800000
+DATA minNormal8<>+28(SB)/4, $0x00800000
+GLOBL minNormal8<>(SB), RODATA|NOPTR, $32
+
 // func sgdMomentum8(p, grad, v *float32, n int, lr, mu, wd float32)
 TEXT ·sgdMomentum8(SB), NOSPLIT, $0-44
 	MOVQ p+0(FP), DI
@@ -12,12 +38,18 @@ TEXT ·sgdMomentum8(SB), NOSPLIT, $0-44
 	VBROADCASTSS lr+32(FP), Y10
 	VBROADCASTSS mu+36(FP), Y11
 	VBROADCASTSS wd+40(FP), Y12
+	VBROADCASTSS absMask<>(SB), Y13
+	VBROADCASTSS minNormal<>(SB), Y14
 sgd8loop:
 	VMOVUPS (DI), Y0
 	VMULPS Y0, Y12, Y1
 	VADDPS (SI), Y1, Y1
 	VMULPS (DX), Y11, Y2
 	VADDPS Y1, Y2, Y2
+	// |m| < 2⁻¹²⁶ (ordered: not NaN) → +0
+	VANDPS Y2, Y13, Y4
+	VCMPPS $0x11, Y14, Y4, Y4
+	VANDNPS Y2, Y4, Y2
 	VMOVUPS Y2, (DX)
 	VMULPS Y2, Y10, Y3
 	VSUBPS Y3, Y0, Y0
@@ -53,11 +85,17 @@ adam8loop:
 	VMULPS (R8), Y10, Y2
 	VMULPS Y1, Y11, Y3
 	VADDPS Y3, Y2, Y2
+	VANDPS absMask8<>(SB), Y2, Y3
+	VCMPPS $0x11, minNormal8<>(SB), Y3, Y3
+	VANDNPS Y2, Y3, Y2
 	VMOVUPS Y2, (R8)
 	VMULPS (R9), Y12, Y4
 	VMULPS Y1, Y13, Y5
 	VMULPS Y1, Y5, Y5
 	VADDPS Y5, Y4, Y4
+	VANDPS absMask8<>(SB), Y4, Y5
+	VCMPPS $0x11, minNormal8<>(SB), Y5, Y5
+	VANDNPS Y4, Y5, Y4
 	VMOVUPS Y4, (R9)
 	VSQRTPS Y4, Y6
 	VDIVPS Y9, Y6, Y6

@@ -71,7 +71,7 @@ func TestKernelsMatchTheGoLoops(t *testing.T) {
 }
 
 // TestGoLoopsAreTorchsFormulas: the Go loops against the formulas written
-// out plainly, one rounding per operation.
+// out plainly, one rounding per operation, a subnormal momentum made +0.
 func TestGoLoopsAreTorchsFormulas(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 9))
 	p, g, v := values(rng, 100), values(rng, 100), values(rng, 100)
@@ -80,11 +80,46 @@ func TestGoLoopsAreTorchsFormulas(t *testing.T) {
 	for j := range want {
 		d := g[j] + float32(wd*want[j])
 		wantV[j] = float32(mu*wantV[j]) + d
+		if math.Abs(float64(wantV[j])) < 0x1p-126 {
+			wantV[j] = 0
+		}
 		want[j] -= float32(lr * wantV[j])
 	}
 	SGD(p, g, v, lr, mu, wd)
 	sameBits(t, "p", p, want)
 	sameBits(t, "v", v, wantV)
+}
+
+// TestOptimizerStateIsFlushed: on every path (the vector kernels for the
+// first 16 values, the Go loop for the rest), a momentum or moment that
+// would be subnormal is stored as +0 — a weight with no gradient does not
+// keep one forever — while the smallest normal, NaN and Inf are kept.
+func TestOptimizerStateIsFlushed(t *testing.T) {
+	const n = 35
+	tiny := float32(math.Float32frombits(1)) // the smallest subnormal
+	cases := []struct {
+		v    float32
+		want float32
+	}{
+		{tiny, 0}, {-tiny, 0}, {0x1p-130, 0}, {float32(math.Copysign(0, -1)), 0},
+		{0x1p-126 / 0.9, 0x1p-126}, {float32(math.NaN()), float32(math.NaN())}, {float32(math.Inf(1)), float32(math.Inf(1))},
+	}
+	for _, tc := range cases {
+		p, q, g, v := make([]float32, n), make([]float32, n), make([]float32, n), make([]float32, n)
+		m, v2 := make([]float32, n), make([]float32, n)
+		for i := range v {
+			v[i], m[i], v2[i], p[i], q[i] = tc.v, tc.v, tc.v, 1, 1
+		}
+		SGD(p, g, v, 0.01, 0.9, 0)
+		Adam(q, g, m, v2, 0.001, 1, 0.9, 0.9, 0, 1e-8)
+		for i := range n {
+			for what, got := range map[string]float32{"sgd v": v[i], "adam m": m[i], "adam v": v2[i]} {
+				if math.Float32bits(got) != math.Float32bits(tc.want) && !(got != got && tc.want != tc.want) {
+					t.Errorf("%s from %g, value %d: %g (bits %#x); want %g", what, tc.v, i, got, math.Float32bits(got), tc.want)
+				}
+			}
+		}
+	}
 }
 
 func BenchmarkSGD(b *testing.B) {

@@ -190,6 +190,10 @@ extern "C" __global__ void nonfinite(const float* g, float* flag, i64 n) {
   if (!isfinite(g[i])) flag[0] = 1.f;
 }
 
+// flush is x, or +0 where x is subnormal or ±0 (train/vec.Flush): the
+// optimizers' state never holds a subnormal.
+__device__ float flush(float x) { return fabsf(x) < 1.17549435e-38f ? 0.f : x; }
+
 // sgd is train.SGD's update, value by value, skipped when skip[0] is not 0;
 // hyper is (lr, momentum, weight decay), read from device memory so that a
 // captured step picks up a new learning rate.
@@ -202,7 +206,7 @@ extern "C" __global__ void sgd(float* p, const float* g, float* v, const float* 
     p[i] = w - lr * (g[i] + wd * w);
     return;
   }
-  float m = mu * v[i] + (g[i] + wd * w);
+  float m = flush(mu * v[i] + (g[i] + wd * w));
   v[i] = m;
   p[i] = w - lr * m;
 }
@@ -216,8 +220,8 @@ extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, co
   if (i >= n || skip[0] != 0.f) return;
   float step = hyper[0], sq = hyper[1], wd = hyper[2], b1 = hyper[3], b2 = hyper[4], eps = hyper[5];
   float d = g[i] + wd * p[i];
-  float mi = b1 * m[i] + (1.f - b1) * d;
-  float vi = b2 * v[i] + (1.f - b2) * d * d;
+  float mi = flush(b1 * m[i] + (1.f - b1) * d);
+  float vi = flush(b2 * v[i] + (1.f - b2) * d * d);
   m[i] = mi;
   v[i] = vi;
   p[i] = p[i] - step * mi / (sqrtf(vi) / sq + eps);
