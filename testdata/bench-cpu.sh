@@ -17,6 +17,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
 num() { grep -oE "\"$1\": ?[0-9.]+" | head -1 | grep -oE '[0-9.]+$'; }
+"$rt" bench cpu # the kernels this CPU gets, and why
 for run in $(seq "$runs"); do
   for threads in 1 2; do
     v=$(GOMAXPROCS=$threads "$rt" bench device --device cpu --model mlp --optimizer sgd --steps 900 --warmup 50 --runs 1 2>/dev/null | num samples_per_s)

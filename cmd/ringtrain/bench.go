@@ -27,6 +27,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(args) > 0 && args[0] == "device" {
 		return runBenchDevice(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "cpu" {
+		return runBenchCPU(args[1:], stdout, stderr)
+	}
 	if len(args) > 0 && args[0] == "served" {
 		return runBenchServed(ctx, args[1:], stdout, stderr)
 	}
@@ -46,7 +49,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return runAllreducePeer(ctx, args[1:], stdout, stderr)
 	}
 	if len(args) == 0 || args[0] != "allreduce" {
-		return fmt.Errorf("bench: want 'bench allreduce', 'bench form', 'bench engines', 'bench device', 'bench served', 'bench pipeline' or 'bench flood': %w", errUsage)
+		return fmt.Errorf("bench: want 'bench allreduce', 'bench form', 'bench engines', 'bench device', 'bench cpu', 'bench served', 'bench pipeline' or 'bench flood': %w", errUsage)
 	}
 	fs := flag.NewFlagSet("bench allreduce", flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -53,6 +53,31 @@ func TestBenchEngines(t *testing.T) {
 	}
 }
 
+// TestBenchCPU: one JSON line naming this CPU's kernels and why, the
+// matrix kernel the fastest of its trial where there was one.
+func TestBenchCPU(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"bench", "cpu"}, &out, &errOut); err != nil {
+		t.Fatalf("bench cpu: %v (%s)", err, errOut.String())
+	}
+	var r cpuReport
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil || r.GEMM == "" || r.GEMMWhy == "" || r.Vector == "" || r.Cores < 1 || r.Arch == "" {
+		t.Fatalf("bench cpu printed %s (%v)", out.String(), err)
+	}
+	best := -1
+	for i, rate := range r.GEMMRates {
+		if best < 0 || rate.GFLOPS > r.GEMMRates[best].GFLOPS {
+			best = i
+		}
+	}
+	if best >= 0 && r.GEMMRates[best].Kernel != r.GEMM {
+		t.Errorf("bench cpu chose %s though %s measured fastest: %+v", r.GEMM, r.GEMMRates[best].Kernel, r.GEMMRates)
+	}
+	if err := run(context.Background(), []string{"bench", "cpu", "now"}, &out, &out); !errors.Is(err, errUsage) {
+		t.Errorf("bench cpu now = %v; want a usage error", err)
+	}
+}
+
 // TestBenchDevice: one JSON line per run and a median line, on the host
 // engine (whose steps take the device path: the optimizer bound to the
 // net, whole steps on a ring of one) and on gorgonia's.

@@ -20,9 +20,9 @@ type BLAS struct {
 
 // New returns a BLAS that splits a product over at most threads
 // goroutines (runtime.GOMAXPROCS(0) at each call when threads ≤ 0), with
-// the fastest kernel this CPU runs.
+// the kernel Chosen for this CPU.
 func New(threads int) *BLAS {
-	return &BLAS{ker: kernels()[0], threads: threads}
+	return &BLAS{ker: Chosen().ker, threads: threads}
 }
 
 // Kernel names the micro-kernel in use: avx512, avx2 or go.

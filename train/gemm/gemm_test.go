@@ -327,3 +327,35 @@ func BenchmarkSgemm(b *testing.B) {
 		}
 	}
 }
+
+// TestChoose: the fastest of the fast kernels is chosen, whatever their
+// order; the exact Go kernel only where nothing else runs; and the trial
+// of every kernel this CPU runs gives a rate.
+func TestChoose(t *testing.T) {
+	k := func(name string) kernel { return kernel{name: name, mr: 4, nr: 16} }
+	for _, tc := range []struct {
+		ks    []kernel
+		rates map[string]float64
+		want  string
+	}{
+		{[]kernel{k("avx512"), k("avx2"), k("go")}, map[string]float64{"avx512": 90, "avx2": 60}, "avx512"},
+		// A CPU that halves its 512-bit operations: the AVX2 kernel wins.
+		{[]kernel{k("avx512"), k("avx2"), k("go")}, map[string]float64{"avx512": 40, "avx2": 55}, "avx2"},
+		{[]kernel{k("go-fma"), k("go")}, nil, "go-fma"},
+		{[]kernel{k("go")}, nil, "go"},
+	} {
+		tried := map[string]int{}
+		c := choose(tc.ks, func(k kernel) float64 { tried[k.name]++; return tc.rates[k.name] })
+		if c.Kernel != tc.want || c.ker.name != tc.want || c.Why == "" {
+			t.Errorf("rates %v: chose %q (%s); want %q", tc.rates, c.Kernel, c.Why, tc.want)
+		}
+		if tried["go"] > 0 || (tc.rates == nil) != (len(tried) == 0) || (tc.rates != nil && len(c.Rates) != len(tc.rates)) {
+			t.Errorf("rates %v: tried %v, reported %v", tc.rates, tried, c.Rates)
+		}
+	}
+	for _, ker := range kernels() {
+		if r := trialRate(ker); !(r > 0) {
+			t.Errorf("%s: a trial rate of %v", ker.name, r)
+		}
+	}
+}

@@ -20,6 +20,19 @@ var level = func() int {
 	return levelGo
 }()
 
+// Kernel names the optimizers' and ReLU's kernels on this CPU — avx512,
+// avx2 or go — and says why. They stream memory rather than compute, so
+// the widest vectors this CPU has are taken without a trial.
+func Kernel() (name, why string) {
+	switch level {
+	case levelAVX512:
+		return "avx512", "AVX-512F present: 16 lanes"
+	case levelAVX2:
+		return "avx2", "AVX2 present, no AVX-512F: 8 lanes"
+	}
+	return "go", "neither AVX2 nor AVX-512F: Go loops"
+}
+
 // lanes is how many values one vector of a level holds (0: none).
 func lanes(lv int) int { return [...]int{0, 8, 16}[lv] }
 

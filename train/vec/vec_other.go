@@ -2,6 +2,10 @@
 
 package vec
 
+// Kernel names the optimizers' and ReLU's kernels on this CPU, and says
+// why: Go loops, which the compiler may vectorize.
+func Kernel() (name, why string) { return "go", "no assembly for this architecture: Go loops" }
+
 func sgdMomentumAsm(p, g, v []float32, lr, mu, wd float32) int { return 0 }
 
 func adamAsm(p, g, m, v []float32, c *AdamConsts) int { return 0 }

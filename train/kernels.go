@@ -1,0 +1,30 @@
+package train
+
+import (
+	"github.com/ringtrain/ringtrain/train/gemm"
+	"github.com/ringtrain/ringtrain/train/vec"
+)
+
+// KernelReport says which kernels training on this machine's CPU uses,
+// and why.
+type KernelReport struct {
+	// GEMM is the matrix products' micro-kernel (the linear layers', and
+	// the convolutions' after im2col), GEMMRates the trial it won.
+	GEMM      string      `json:"gemm"`
+	GEMMWhy   string      `json:"gemm_why"`
+	GEMMRates []gemm.Rate `json:"gemm_rates,omitempty"`
+	// Vector is the optimizers' and ReLU's kernels.
+	Vector    string `json:"vector"`
+	VectorWhy string `json:"vector_why"`
+	// Conv is how a convolution is computed.
+	Conv string `json:"conv"`
+}
+
+// Kernels reports this machine's choices; the first call may run the
+// matrix kernel's trial (gemm.Chosen).
+func Kernels() KernelReport {
+	c := gemm.Chosen()
+	v, why := vec.Kernel()
+	return KernelReport{GEMM: c.Kernel, GEMMWhy: c.Why, GEMMRates: c.Rates, Vector: v, VectorWhy: why,
+		Conv: "im2col, then one product per direction with the matrix kernel (the only algorithm built)"}
+}
