@@ -242,11 +242,11 @@ func (m *graphModel) ForwardBackward(x []float32, y []int, n int) (loss float32,
 	// from one run to the next (ours keep theirs).
 	m.grads = m.grads[:0]
 	for i, n := range m.gradNodes {
-		d, ok := n.Value().Data().([]float32)
-		if !ok || len(d) != len(m.params[i]) {
-			return 0, fmt.Errorf("train: the gradient of %s: %d values, want %d", m.names[i], len(d), len(m.params[i]))
+		d, err := nodeFloats(n, len(m.params[i]))
+		if err != nil {
+			return 0, fmt.Errorf("train: the gradient of %s: %w", m.names[i], err)
 		}
-		m.grads = append(m.grads, d)
+		m.grads = append(m.grads, d[:len(m.params[i])])
 	}
 	return loss, nil
 }
@@ -427,4 +427,17 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 		in = lg.shapes[i]
 	}
 	return h, nil
+}
+
+// nodeFloats is a node's value as float32s, at least want of them.
+func nodeFloats(n *G.Node, want int) ([]float32, error) {
+	v := n.Value()
+	if v == nil {
+		return nil, fmt.Errorf("no value")
+	}
+	d, ok := v.Data().([]float32)
+	if !ok || len(d) < want {
+		return nil, fmt.Errorf("%d values, want %d", len(d), want)
+	}
+	return d, nil
 }

@@ -72,10 +72,13 @@ type Stage struct {
 	learn   G.Nodes
 	params  [][]float32
 	grads   [][]float32 // the graph's, one micro-batch's
-	acc     [][]float32 // summed over micro-batches
-	names   []string
-	costVal G.Value
-	outVal  G.Value
+	// gradNodes are the gradients of the learnables, then of the inputs
+	// (for all but the first stage), in that order (G.Grad's).
+	gradNodes G.Nodes
+	acc       [][]float32 // summed over micro-batches
+	names     []string
+	costVal   G.Value
+	outVal    G.Value
 
 	drops  []dropout
 	dropAt []int
@@ -215,11 +218,15 @@ func NewStage(cfg StageConfig) (_ *Stage, err error) {
 		wrt = append(wrt, s.inNodes...)
 	}
 	if len(wrt) > 0 {
-		if _, err := G.Grad(cost, wrt...); err != nil {
+		// Read from their nodes after each run, as graphModel's are: bound
+		// as dual values, each would be added into a tensor cleared first.
+		grads, err := G.Grad(cost, wrt...)
+		if err != nil {
 			return nil, fmt.Errorf("train: stage gradients: %w", err)
 		}
+		s.gradNodes = grads
 	}
-	s.vm = G.NewTapeMachine(s.g, G.BindDualValues(wrt...))
+	s.vm = G.NewTapeMachine(s.g)
 	for _, n := range s.learn {
 		p := n.Value().Data().([]float32)
 		s.params = append(s.params, p)
@@ -347,28 +354,16 @@ func (s *Stage) Backward(mb int, in [][]float32, y []int, rows int, gout [][]flo
 		copy(d, gout[k])
 		clear(d[len(gout[k]):])
 	}
-	// gorgonia adds into the gradient tensors and nothing clears them.
-	for _, g := range s.grads {
-		clear(g)
-	}
-	if !s.first {
-		for _, n := range s.inNodes {
-			if gv, err := n.Grad(); err == nil && gv != nil {
-				clear(gv.Data().([]float32))
-			}
-		}
-	}
 	if loss, err = s.run(s.vm); err != nil {
 		return nil, 0, err
 	}
-	if s.grads == nil {
-		for _, n := range s.learn {
-			gv, err := n.Grad()
-			if err != nil {
-				return nil, 0, err
-			}
-			s.grads = append(s.grads, gv.Data().([]float32))
+	s.grads = s.grads[:0]
+	for i := range s.learn {
+		g, err := nodeFloats(s.gradNodes[i], len(s.params[i]))
+		if err != nil {
+			return nil, 0, fmt.Errorf("train: stage [%d, %d): the gradient of %s: %w", s.cfg.Lo, s.cfg.Hi, s.names[i], err)
 		}
+		s.grads = append(s.grads, g)
 	}
 	for i, g := range s.grads {
 		a := s.acc[i]
@@ -379,12 +374,12 @@ func (s *Stage) Backward(mb int, in [][]float32, y []int, rows int, gout [][]flo
 	if s.first {
 		return nil, loss, nil
 	}
-	for k, n := range s.inNodes {
-		gv, err := n.Grad()
+	for k := range s.inNodes {
+		g, err := nodeFloats(s.gradNodes[len(s.learn)+k], rows*s.in[k].Values())
 		if err != nil {
 			return nil, 0, fmt.Errorf("train: stage [%d, %d): gradient of input %d: %w", s.cfg.Lo, s.cfg.Hi, k, err)
 		}
-		gin = append(gin, gv.Data().([]float32)[:rows*s.in[k].Values()])
+		gin = append(gin, g[:rows*s.in[k].Values()])
 	}
 	return gin, loss, nil
 }
