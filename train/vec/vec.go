@@ -84,6 +84,29 @@ func adamGo(p, g, m, v []float32, c *AdamConsts) {
 	}
 }
 
+// Finite reports whether every value of x is finite: no NaN, no ±Inf.
+func Finite(x []float32) bool {
+	done, ok := finiteAsm(x)
+	return ok && finiteGo(x[done:])
+}
+
+// finiteGo: x − x is 0 for a finite x and NaN otherwise; four sums keep
+// the loop free of branches and dependencies.
+func finiteGo(x []float32) bool {
+	var s0, s1, s2, s3 float32
+	j := 0
+	for ; j+4 <= len(x); j += 4 {
+		s0 += x[j] - x[j]
+		s1 += x[j+1] - x[j+1]
+		s2 += x[j+2] - x[j+2]
+		s3 += x[j+3] - x[j+3]
+	}
+	for ; j < len(x); j++ {
+		s0 += x[j] - x[j]
+	}
+	return s0+s1+s2+s3 == 0
+}
+
 // Relu sets y = x where x > 0 or x is NaN (so a NaN stays visible to the
 // step's finite check), else 0. y must be as long as x.
 func Relu(x, y []float32) {

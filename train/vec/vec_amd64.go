@@ -99,6 +99,28 @@ func reluGradAt(lv int, y, dy, dx []float32) int {
 
 // vectorPart is the longest prefix of n values whole vectors of level lv
 // cover.
+func finiteAsm(x []float32) (int, bool) { return finiteAt(level, x) }
+
+// finiteAt checks the longest prefix of x the level's vectors cover: its
+// length, and whether all of it is finite.
+func finiteAt(lv int, x []float32) (int, bool) {
+	n := vectorPart(lv, len(x))
+	switch {
+	case n == 0:
+		return 0, true
+	case lv == levelAVX512:
+		return n, finite16(&x[0], n)
+	default:
+		return n, finite8(&x[0], n)
+	}
+}
+
+//go:noescape
+func finite16(x *float32, n int) bool
+
+//go:noescape
+func finite8(x *float32, n int) bool
+
 func vectorPart(lv, n int) int {
 	if l := lanes(lv); l > 0 {
 		return n / l * l

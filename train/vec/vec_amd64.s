@@ -137,3 +137,26 @@ relugradloop:
 	JNZ relugradloop
 	VZEROUPPER
 	RET
+
+// func finite16(x *float32, n int) bool
+// A value is NaN or ±Inf when its exponent bits are all ones.
+TEXT ·finite16(SB), NOSPLIT, $0-17
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	MOVL $0x7f800000, AX
+	VPBROADCASTD AX, Z1
+finiteloop:
+	VPANDD (SI), Z1, Z0
+	VPCMPEQD Z1, Z0, K1
+	KORTESTW K1, K1
+	JNZ notfinite
+	ADDQ $64, SI
+	SUBQ $16, CX
+	JNZ finiteloop
+	MOVB $1, ret+16(FP)
+	VZEROUPPER
+	RET
+notfinite:
+	MOVB $0, ret+16(FP)
+	VZEROUPPER
+	RET

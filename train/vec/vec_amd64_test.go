@@ -69,3 +69,33 @@ func sameBitsNaN(t *testing.T, lv int, what string, got, want []float32) {
 		}
 	}
 }
+
+// TestFiniteAtEveryLevel: at every level this CPU runs, one NaN, +Inf or
+// −Inf anywhere — in the vector part or the Go tail — makes x not finite,
+// and the largest float32, subnormals and −0 do not.
+func TestFiniteAtEveryLevel(t *testing.T) {
+	for lv := levelGo; lv <= level; lv++ {
+		for _, n := range []int{0, 1, 15, 16, 17, 40, 67} {
+			x := make([]float32, n)
+			for i := range x {
+				x[i] = [...]float32{math.MaxFloat32, -math.MaxFloat32, 0x1p-149, float32(math.Copysign(0, -1)), 1}[i%5]
+			}
+			check := func(x []float32) bool {
+				k, ok := finiteAt(lv, x)
+				return ok && finiteGo(x[k:])
+			}
+			if !check(x) {
+				t.Fatalf("level %d, %d values: finite ones reported not finite", lv, n)
+			}
+			for i := range n {
+				for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
+					y := slices.Clone(x)
+					y[i] = bad
+					if check(y) || Finite(y) {
+						t.Fatalf("level %d, %d values: %v at %d reported finite", lv, n, bad, i)
+					}
+				}
+			}
+		}
+	}
+}

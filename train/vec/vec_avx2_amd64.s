@@ -153,3 +153,27 @@ relugrad8loop:
 	JNZ relugrad8loop
 	VZEROUPPER
 	RET
+
+// func finite8(x *float32, n int) bool
+TEXT ·finite8(SB), NOSPLIT, $0-17
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	VBROADCASTSS expMask<>(SB), Y1
+finite8loop:
+	VPAND (SI), Y1, Y0
+	VPCMPEQD Y1, Y0, Y0
+	VPTEST Y0, Y0
+	JNZ notfinite8
+	ADDQ $32, SI
+	SUBQ $8, CX
+	JNZ finite8loop
+	MOVB $1, ret+16(FP)
+	VZEROUPPER
+	RET
+notfinite8:
+	MOVB $0, ret+16(FP)
+	VZEROUPPER
+	RET
+
+DATA expMask<>+0(SB)/4, $0x7f800000
+GLOBL expMask<>(SB), RODATA|NOPTR, $4

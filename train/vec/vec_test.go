@@ -173,3 +173,24 @@ func TestReluMatchesGo(t *testing.T) {
 		}
 	}
 }
+
+// TestFinite: one NaN or ±Inf anywhere makes a vector not finite; the
+// largest float32, subnormals and −0 do not.
+func TestFinite(t *testing.T) {
+	x := make([]float32, 37)
+	for i := range x {
+		x[i] = [...]float32{math.MaxFloat32, 0x1p-149, float32(math.Copysign(0, -1)), -3}[i%4]
+	}
+	if !Finite(x) || !Finite(nil) {
+		t.Fatal("finite values reported not finite")
+	}
+	for i := range x {
+		for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
+			y := slices.Clone(x)
+			y[i] = bad
+			if Finite(y) {
+				t.Fatalf("%v at %d reported finite", bad, i)
+			}
+		}
+	}
+}
