@@ -5,9 +5,11 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
@@ -1045,7 +1047,13 @@ func (n *Node) sayHello(ctx context.Context, p peer.ID, strict bool) error {
 	resp, err := readHello(s)
 	if err != nil {
 		s.Reset()
-		n.warns.Warn(p.String(), msgBadHello).Err(err).Msg(msgBadHello)
+		if hungUp(err) {
+			// A peer that is going (Ctrl-C'd, restarting) closes its
+			// streams under this one: nothing was malformed.
+			n.cfg.Logger.Debug().Stringer("peer", p).Err(err).Msg("a peer hung up before answering a hello")
+		} else {
+			n.warns.Warn(p.String(), msgBadHello).Err(err).Msg(msgBadHello)
+		}
 		return err
 	}
 	n.sent(p, v)
@@ -1093,9 +1101,13 @@ func (n *Node) handleHello(s network.Stream) {
 	from := s.Conn().RemotePeer()
 	h, err := readHello(s)
 	if err != nil {
+		s.Reset()
+		if hungUp(err) {
+			n.cfg.Logger.Debug().Stringer("peer", from).Err(err).Msg("a peer hung up before its hello")
+			return
+		}
 		n.warns.Warn(from.String(), msgBadHello).Err(err).Msg(msgBadHello)
 		n.h.Guard.Strike(from, msgBadHello)
-		s.Reset()
 		return
 	}
 	var resp *Hello
@@ -1161,3 +1173,11 @@ func (n *Node) Expects(gen uint64, from peer.ID) bool {
 
 // JobDigest is the job's JobDigest, which the TLS plane's links must name.
 func (n *Node) JobDigest() [sha256.Size]byte { return JobDigest(n.job) }
+
+// hungUp reports whether a hello failed because the other side went: its
+// stream ended before a byte of the hello came, or its stream or
+// connection was reset — what an exiting peer's are. A hello cut short,
+// one that does not parse and one held past its deadline are struck.
+func hungUp(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, network.ErrReset) || errors.Is(err, syscall.ECONNRESET)
+}

@@ -243,7 +243,7 @@ func (n *Node) readJobHello(s network.Stream) (*Hello, peer.ID, bool) {
 	s.SetDeadline(time.Now().Add(n.cfg.HelloTimeout))
 	from := s.Conn().RemotePeer()
 	h, err := readHello(s)
-	if err != nil {
+	if err != nil && !hungUp(err) {
 		n.h.Guard.Strike(from, msgBadHello)
 	}
 	if err != nil || h.Version != ProtocolVersion || !proves(n.key, h.Proof, from, n.h.ID()) {
