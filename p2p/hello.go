@@ -19,8 +19,13 @@ const HelloProtocol = "/ringtrain/hello/3.0.0"
 
 // ProtocolVersion is what peers must share to form a ring. Version 2
 // proves the job instead of naming it; version 3 passes signed statements
-// on, so that a ring forms without every pair of peers connected.
-const ProtocolVersion = 3
+// on, so that a ring forms without every pair of peers connected; version
+// 4 keeps no subnormal optimizer state (train/vec.Flush), so a version-3
+// replica of the same job would apply other bits and be taken for a liar
+// at the first hash check — it is refused at the hello instead, by name.
+// The hello's wire form is unchanged, so the two still understand the
+// refusal.
+const ProtocolVersion = 4
 
 // Bounds on a hello: a peer list of hundreds of members with a few
 // addresses each fits in maxHelloBytes with room to spare.
