@@ -3,31 +3,13 @@
 // The AVX2 twins of vec_amd64.s's kernels: 8 lanes, the same operations in
 // the same order. n is a positive multiple of 8.
 
-
 // The flush's constants: |x| as x AND absMask, and the smallest normal
-// float32; eight of each for adam8, which has no register to spare.
+// float32 (adam8, which has no register to spare for them, broadcasts them
+// into its temporaries each time).
 DATA absMask<>+0(SB)/4, $0x7fffffff
 GLOBL absMask<>(SB), RODATA|NOPTR, $4
 DATA minNormal<>+0(SB)/4, $0x00800000
 GLOBL minNormal<>(SB), RODATA|NOPTR, $4
-DATA absMask8<>+0(SB)/4, $0x7fffffff
-DATA absMask8<>+4(SB)/4, $0x7fffffff
-DATA absMask8<>+8(SB)/4, $0x7fffffff
-DATA absMask8<>+12(SB)/4, $0x7fffffff
-DATA absMask8<>+16(SB)/4, $0x7fffffff
-DATA absMask8<>+20(SB)/4, $0x7fffffff
-DATA absMask8<>+24(SB)/4, $0x7fffffff
-DATA absMask8<>+28(SB)/4, $0x7fffffff
-GLOBL absMask8<>(SB), RODATA|NOPTR, $32
-DATA minNormal8<>+0(SB)/4, $0x00800000
-DATA minNormal8<>+4(SB)/4, $0x00800000
-DATA minNormal8<>+8(SB)/4, $0x00800000
-DATA minNormal8<>+12(SB)/4, $0x00800000
-DATA minNormal8<>+16(SB)/4, $0x00800000
-DATA minNormal8<>+20(SB)/4, $0x00800000
-DATA minNormal8<>+24(SB)/4, $0x00800000
-DATA minNormal8<>+28(SB)/4, $0x00800000
-GLOBL minNormal8<>(SB), RODATA|NOPTR, $32
 
 // func sgdMomentum8(p, grad, v *float32, n int, lr, mu, wd float32)
 TEXT ·sgdMomentum8(SB), NOSPLIT, $0-44
@@ -85,16 +67,20 @@ adam8loop:
 	VMULPS (R8), Y10, Y2
 	VMULPS Y1, Y11, Y3
 	VADDPS Y3, Y2, Y2
-	VANDPS absMask8<>(SB), Y2, Y3
-	VCMPPS $0x11, minNormal8<>(SB), Y3, Y3
+	VBROADCASTSS absMask<>(SB), Y3
+	VANDPS Y2, Y3, Y3
+	VBROADCASTSS minNormal<>(SB), Y6
+	VCMPPS $0x11, Y6, Y3, Y3
 	VANDNPS Y2, Y3, Y2
 	VMOVUPS Y2, (R8)
 	VMULPS (R9), Y12, Y4
 	VMULPS Y1, Y13, Y5
 	VMULPS Y1, Y5, Y5
 	VADDPS Y5, Y4, Y4
-	VANDPS absMask8<>(SB), Y4, Y5
-	VCMPPS $0x11, minNormal8<>(SB), Y5, Y5
+	VBROADCASTSS absMask<>(SB), Y5
+	VANDPS Y4, Y5, Y5
+	VBROADCASTSS minNormal<>(SB), Y6
+	VCMPPS $0x11, Y6, Y5, Y5
 	VANDNPS Y4, Y5, Y4
 	VMOVUPS Y4, (R9)
 	VSQRTPS Y4, Y6
