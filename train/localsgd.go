@@ -76,6 +76,8 @@ type LocalSGD struct {
 	// is done when the last exchange began.
 	inflight *exchange
 	began    int
+	// xbuf and xat are the exchange's scratch (exchange.buf and .at).
+	xbuf, xat []float32
 }
 
 // Step is an inner step: LocalSGD's Replica takes its inner steps itself,

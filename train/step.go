@@ -734,7 +734,6 @@ func (r *Replica) undoStep(local *LocalSGD) {
 		// failed exchange began run again — their samples are in no
 		// anchor — and what the others did since their fragments' last
 		// outer steps is dropped, as at any ring change (Level).
-		local.abandonExchange()
 		r.undone = local.done - local.began + 1
 		local.back(r.Model.Params())
 	case local != nil && local.open:

@@ -16,27 +16,34 @@ import (
 type exchange struct {
 	from, to int
 	lo, hi   int
-	began    int       // the round's inner steps when it began
 	buf      []float32 // the pseudo-gradients, then the trailer; the averages after
 	at       []float32 // the parameters' range when it began, with Overlap
 	bad      int       // this rank's first non-finite tensor, or -1
 	leave    bool      // this rank asked to leave in it
 
-	done chan struct{} // closed when the exchange has ended, err and the figures set
+	done chan struct{} // closed when the exchange has ended, err and sent set
 	err  error
-	sent int64         // bytes this rank sent in it, where the collective counts them
-	comm time.Duration // how long it ran
+	sent int64 // bytes this rank sent in it, where the collective counts them
 }
 
 // dueExchange says whether this streaming step talks to the ring: to end
 // the exchange in flight, whose Overlap is up or whose round closes, or
 // to begin a fragment's.
 func (o *LocalSGD) dueExchange(closing bool) bool {
-	if x := o.inflight; x != nil && (closing || o.done-x.began >= o.Overlap) {
+	if o.ending(closing) != nil {
 		return true
 	}
 	_, ok := o.due(o.done)
 	return ok || closing
+}
+
+// ending is the exchange in flight if this step ends it: its Overlap is
+// up, or the round closes.
+func (o *LocalSGD) ending(closing bool) *exchange {
+	if x := o.inflight; x != nil && (closing || o.done-o.began >= o.Overlap) {
+		return x
+	}
+	return nil
 }
 
 // streamStep is a streaming LocalSGD step's talk with the ring: it ends
@@ -47,7 +54,7 @@ func (o *LocalSGD) dueExchange(closing bool) bool {
 // does not is waited for here.
 func (r *Replica) streamStep(ctx context.Context, o *LocalSGD, loss float32) (float32, error) {
 	var skipped error
-	if x := o.inflight; x != nil && (r.closeRound || o.done-x.began >= o.Overlap) {
+	if x := o.ending(r.closeRound); x != nil {
 		if err := r.endExchange(ctx, o, x); Skipped(err) {
 			skipped = err
 		} else if err != nil {
@@ -92,9 +99,12 @@ func (r *Replica) beginExchange(o *LocalSGD, from, to int) (*exchange, error) {
 	}
 	lo, _ := o.fragment(from, r.nparams)
 	_, hi := o.fragment(to-1, r.nparams)
-	x := &exchange{from: from, to: to, lo: lo, hi: hi, began: o.done, bad: -1, done: make(chan struct{})}
+	x := &exchange{from: from, to: to, lo: lo, hi: hi, bad: -1, done: make(chan struct{})}
 	size := r.Coll.Size()
-	x.buf = make([]float32, hi-lo+stepTrailer(size, r.NormGuard > 0))
+	// One exchange is in flight at a time: its buffers are the round's,
+	// reused from one to the next.
+	o.xbuf = grow(o.xbuf, hi-lo+stepTrailer(size, r.NormGuard > 0))
+	x.buf = o.xbuf
 	avg, tail := x.buf[:hi-lo], x.buf[hi-lo:]
 	params := r.Model.Params()
 	eachSpan(params, lo, hi, func(k, a, b, off int) {
@@ -104,7 +114,8 @@ func (r *Replica) beginExchange(o *LocalSGD, from, to int) (*exchange, error) {
 	})
 	x.bad = firstNonFinite(params, avg, lo)
 	if o.Overlap > 0 {
-		x.at = make([]float32, hi-lo)
+		o.xat = grow(o.xat, hi-lo)
+		x.at = o.xat
 		gatherRange(x.at, params, lo, hi)
 	}
 	x.leave = r.leaving()
@@ -121,7 +132,6 @@ func (r *Replica) beginExchange(o *LocalSGD, from, to int) (*exchange, error) {
 // user of the collective while it runs.
 func (r *Replica) runExchange(ctx context.Context, o *LocalSGD, x *exchange) {
 	defer close(x.done)
-	t0 := time.Now()
 	counter, counts := r.Coll.(byteCounter)
 	var sent0 int64
 	if counts {
@@ -133,7 +143,6 @@ func (r *Replica) runExchange(ctx context.Context, o *LocalSGD, x *exchange) {
 	} else {
 		x.err = r.Coll.AllreduceMean(ctx, x.buf)
 	}
-	x.comm = time.Since(t0)
 	switch size := int64(r.Coll.Size()); {
 	case counts:
 		x.sent = counter.Stats().BytesSent - sent0
@@ -227,4 +236,12 @@ func firstNonFinite(params [][]float32, d []float32, lo int) int {
 // gatherRange copies the flat range [lo, hi) of ts end to end into dst.
 func gatherRange(dst []float32, ts [][]float32, lo, hi int) {
 	eachSpan(ts, lo, hi, func(k, a, b, off int) { copy(dst[off-lo:], ts[k][a:b]) })
+}
+
+// grow is buf with length n, its array reused where it is long enough.
+func grow(buf []float32, n int) []float32 {
+	if cap(buf) < n {
+		return make([]float32, n)
+	}
+	return buf[:n]
 }
