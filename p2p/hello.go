@@ -22,10 +22,12 @@ const HelloProtocol = "/ringtrain/hello/3.0.0"
 // on, so that a ring forms without every pair of peers connected; version
 // 4 keeps no subnormal optimizer state (train/vec.Flush), so a version-3
 // replica of the same job would apply other bits and be taken for a liar
-// at the first hash check — it is refused at the hello instead, by name.
+// at the first hash check — it is refused at the hello instead, by name;
+// version 5 sums a conv layer's weight gradient sample by sample
+// (train/conv.go), other bits again.
 // The hello's wire form is unchanged, so the two still understand the
 // refusal.
-const ProtocolVersion = 4
+const ProtocolVersion = 5
 
 // Bounds on a hello: a peer list of hundreds of members with a few
 // addresses each fits in maxHelloBytes with room to spare.

@@ -10,6 +10,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/ringtrain/ringtrain/train/gemm"
+	"github.com/ringtrain/ringtrain/train/vec"
 )
 
 // A conv2d layer (stride 1, square kernel, zero padding, bias) as gorgonia
@@ -35,81 +36,89 @@ type convGeom struct {
 func (g convGeom) p() int   { return g.oh * g.ow } // output positions per sample
 func (g convGeom) ckk() int { return g.c * g.k * g.k }
 
-// convState is what a layer's forward op and its gradient ops share: the
-// im2col matrix of the last forward run, which the weight gradient needs,
-// and scratch that lives as long as the model.
+// convState is what a layer's forward op and its gradient ops share:
+// scratch that lives as long as the model.
 type convState struct {
 	g     convGeom
 	needX bool // whether the layer's input needs a gradient (not for the first layer)
 	blas  *gemm.BLAS
 	clock *phaseClock
-	col   []float32 // ckk × (b·p): row (ci, ky, kx), column s·p + position
-	colOf *float32  // the input col was made from
-	dyT   []float32 // o × (b·p), the output gradient sample-major → filter-major
-	dcol  [][]float32
-	out   [4]*tensor.Dense // each op's result, by layerKind, reused
+	// cols are one sample's im2col matrix per thread (ckk × p: row
+	// (ci, ky, kx), column position), made just before a product reads
+	// it: small enough to stay in cache, where a whole batch's (50 MB
+	// for the cnn's second layer) went to memory and back, which took
+	// longer than the products.
+	cols [][]float32
+	dcol [][]float32      // gradX's per-thread scratch, ckk × p
+	w    gemm.PackedA     // W (forward) or Wᵀ (gradX), packed once for every sample
+	out  [4]*tensor.Dense // each op's result, by layerKind, reused
 }
 
 func newConvState(g convGeom, needX bool, b *gemm.BLAS, clock *phaseClock) *convState {
-	return &convState{g: g, needX: needX, blas: b, clock: clock,
-		col: make([]float32, g.ckk()*g.b*g.p()), dyT: make([]float32, g.o*g.b*g.p())}
+	return &convState{g: g, needX: needX, blas: b, clock: clock}
 }
 
-// forEach runs f(lo, hi) over [0, n) cut into the BLAS's thread budget.
-func (st *convState) forEach(n int, f func(lo, hi int)) {
+// scratch returns n matrices of ckk × p, zeroed when made and kept in
+// *bufs; what a caller writes stays for its next call.
+func (st *convState) scratch(bufs *[][]float32, n int) [][]float32 {
+	for len(*bufs) < n {
+		*bufs = append(*bufs, make([]float32, st.g.ckk()*st.g.p()))
+	}
+	return *bufs
+}
+
+// forEach runs f(t, lo, hi) over [0, n) cut into the BLAS's thread
+// budget, t numbering the parts.
+func (st *convState) forEach(n int, f func(t, lo, hi int)) {
 	threads := max(1, min(st.blas.Threads(), n))
 	done := make(chan struct{}, threads)
 	for t := range threads - 1 {
 		go func() {
 			defer func() { done <- struct{}{} }()
-			f(t*n/threads, (t+1)*n/threads)
+			f(t, t*n/threads, (t+1)*n/threads)
 		}()
 	}
-	f((threads-1)*n/threads, n)
+	f(threads-1, (threads-1)*n/threads, n)
 	for range threads - 1 {
 		<-done
 	}
 }
 
-// im2col fills st.col from x (b × c × h × w).
-func (st *convState) im2col(x []float32) {
+// im2col writes sample s's im2col matrix into col (ckk × p: its rows p
+// apart, so that a product reads it in place). Only the taps that fall
+// inside the image are written: the padding's are zeros, the same for
+// every sample, left from the matrix's making.
+func (st *convState) im2col(col, x []float32, s int) {
 	g := st.g
-	P, BP := g.p(), g.b*g.p()
-	st.forEach(g.ckk(), func(lo, hi int) {
-		for r := lo; r < hi; r++ {
-			kx, ky, ci := r%g.k, (r/g.k)%g.k, r/(g.k*g.k)
-			// Output columns whose input column ox+kx−pad lies inside.
-			x0, x1 := max(0, g.pad-kx), min(g.ow, g.w+g.pad-kx)
-			row := st.col[r*BP : (r+1)*BP]
-			for s := range g.b {
-				img := x[(s*g.c+ci)*g.h*g.w : (s*g.c+ci+1)*g.h*g.w]
-				out := row[s*P : (s+1)*P]
-				for oy := range g.oh {
-					dst := out[oy*g.ow : (oy+1)*g.ow]
-					iy := oy + ky - g.pad
-					if iy < 0 || iy >= g.h || x0 >= x1 {
-						clear(dst)
-						continue
-					}
-					clear(dst[:x0])
-					copy(dst[x0:x1], img[iy*g.w+x0+kx-g.pad:iy*g.w+x1+kx-g.pad])
-					clear(dst[x1:])
-				}
-			}
+	P, CKK := g.p(), g.ckk()
+	for r := range CKK {
+		kx, ky, ci := r%g.k, (r/g.k)%g.k, r/(g.k*g.k)
+		// Output columns whose input column ox+kx−pad lies inside.
+		x0, x1 := max(0, g.pad-kx), min(g.ow, g.w+g.pad-kx)
+		if x0 >= x1 {
+			continue
 		}
-	})
-	st.colOf = &x[0]
+		img := x[(s*g.c+ci)*g.h*g.w : (s*g.c+ci+1)*g.h*g.w]
+		out := col[r*P : (r+1)*P]
+		for oy := max(0, g.pad-ky); oy < min(g.oh, g.h+g.pad-ky); oy++ {
+			iy := oy + ky - g.pad
+			copy(out[oy*g.ow+x0:oy*g.ow+x1], img[iy*g.w+x0+kx-g.pad:])
+		}
+	}
 }
 
-// forward: y[s] = W · col[:, s] + bias, sample by sample.
+// forward: y[s] = W · col(s) + bias, sample by sample.
 func (st *convState) forward(x, w, bias, y []float32) {
 	g := st.g
-	P, BP, CKK := g.p(), g.b*g.p(), g.ckk()
-	st.im2col(x)
-	st.forEach(g.b, func(lo, hi int) {
+	P, CKK := g.p(), g.ckk()
+	cols := st.scratch(&st.cols, max(1, min(st.blas.Threads(), g.b)))
+	st.blas.PackA(&st.w, blas.NoTrans, g.o, CKK, w, CKK)
+	st.forEach(g.b, func(t, lo, hi int) {
+		col := cols[t]
 		for s := lo; s < hi; s++ {
+			st.im2col(col, x, s)
 			ys := y[s*g.o*P : (s+1)*g.o*P]
-			st.blas.SgemmSerial(blas.NoTrans, blas.NoTrans, g.o, P, CKK, 1, w, CKK, st.col[s*P:], BP, 0, ys, P)
+			st.blas.SgemmPackedSerial(&st.w, blas.NoTrans, P, col, P, 0, ys, P)
 			for o := range g.o {
 				bo := bias[o]
 				row := ys[o*P : (o+1)*P]
@@ -121,21 +130,21 @@ func (st *convState) forward(x, w, bias, y []float32) {
 	})
 }
 
-// gradW: dW = dyᵀ-by-filter · colᵀ, one product over the whole batch.
+// gradW: dW = Σ over samples, in order, of dy[s] · col(s)ᵀ; each product
+// is split over the threads by its tiles, so the bits do not depend on
+// how many there are.
 func (st *convState) gradW(x, dy, dw []float32) {
 	g := st.g
-	P, BP := g.p(), g.b*g.p()
-	if st.colOf != &x[0] {
-		st.im2col(x) // the forward run was of other data; not seen in training
-	}
-	st.forEach(g.o, func(lo, hi int) {
-		for o := lo; o < hi; o++ {
-			for s := range g.b {
-				copy(st.dyT[o*BP+s*P:o*BP+(s+1)*P], dy[(s*g.o+o)*P:(s*g.o+o+1)*P])
-			}
+	P, CKK := g.p(), g.ckk()
+	col := st.scratch(&st.cols, 1)[0]
+	for s := range g.b {
+		st.im2col(col, x, s)
+		beta := float32(1)
+		if s == 0 {
+			beta = 0
 		}
-	})
-	st.blas.Sgemm(blas.NoTrans, blas.Trans, g.o, g.ckk(), BP, 1, st.dyT, BP, st.col, BP, 0, dw, g.ckk())
+		st.blas.Sgemm(blas.NoTrans, blas.Trans, g.o, CKK, P, 1, dy[s*g.o*P:], P, col, P, beta, dw, CKK)
+	}
 }
 
 // gradB: db[o] = Σ over samples, then positions, of dy.
@@ -158,19 +167,12 @@ func (st *convState) gradB(dy, db []float32) {
 func (st *convState) gradX(w, dy, dx []float32) {
 	g := st.g
 	P, CKK := g.p(), g.ckk()
-	threads := max(1, min(st.blas.Threads(), g.b))
-	for len(st.dcol) < threads {
-		st.dcol = append(st.dcol, make([]float32, CKK*P))
-	}
-	// Each range of samples takes a scratch matrix of its own.
-	parts := make(chan int, threads)
-	for i := range threads {
-		parts <- i
-	}
-	st.forEach(g.b, func(lo, hi int) {
-		dcol := st.dcol[<-parts]
+	dcols := st.scratch(&st.dcol, max(1, min(st.blas.Threads(), g.b)))
+	st.blas.PackA(&st.w, blas.Trans, CKK, g.o, w, CKK)
+	st.forEach(g.b, func(t, lo, hi int) {
+		dcol := dcols[t]
 		for s := lo; s < hi; s++ {
-			st.blas.SgemmSerial(blas.Trans, blas.NoTrans, CKK, P, g.o, 1, w, CKK, dy[s*g.o*P:(s+1)*g.o*P], P, 0, dcol, P)
+			st.blas.SgemmPackedSerial(&st.w, blas.NoTrans, P, dy[s*g.o*P:(s+1)*g.o*P], P, 0, dcol, P)
 			img := dx[s*g.c*g.h*g.w : (s+1)*g.c*g.h*g.w]
 			clear(img)
 			for r := range CKK {
@@ -179,16 +181,11 @@ func (st *convState) gradX(w, dy, dx []float32) {
 				if x0 >= x1 {
 					continue
 				}
-				for oy := range g.oh {
-					iy := oy + ky - g.pad
-					if iy < 0 || iy >= g.h {
-						continue
-					}
-					src := dcol[r*P+oy*g.ow+x0 : r*P+oy*g.ow+x1]
-					dst := img[(ci*g.h+iy)*g.w+x0+kx-g.pad:]
-					for i, v := range src {
-						dst[i] += v
-					}
+				// The output rows whose input row oy+ky−pad lies inside.
+				oy0, oy1 := max(0, g.pad-ky), min(g.oh, g.h+g.pad-ky)
+				if oy0 < oy1 {
+					vec.AddRows(img[(ci*g.h+oy0+ky-g.pad)*g.w+x0+kx-g.pad:], g.w,
+						dcol[r*P+oy0*g.ow+x0:], g.ow, oy1-oy0, x1-x0)
 				}
 			}
 		}

@@ -397,7 +397,7 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 			learned = true
 			lg.learn = append(lg.learn, wn, bn)
 		case LayerMaxPool2D:
-			h, err = G.MaxPool2D(h, tensor.Shape{l.Kernel, l.Kernel}, []int{0, 0}, []int{l.Kernel, l.Kernel})
+			h, err = maxPool2d(h, poolGeom{b: b, c: in[0], h: in[1], w: in[2], k: l.Kernel})
 		case LayerReLU:
 			h, err = relu(h)
 		case LayerSigmoid:

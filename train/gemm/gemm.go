@@ -69,16 +69,60 @@ func (im *BLAS) sgemm(threads int, tA, tB blas.Transpose, m, n, k int, alpha flo
 		scale(m, n, beta, c, ldc)
 		return
 	}
-	im.gemm(threads, tA != blas.NoTrans, tB != blas.NoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+	im.gemm(threads, tA != blas.NoTrans, tB != blas.NoTrans, m, n, k, alpha, a, lda, nil, b, ldb, beta, c, ldc)
 }
 
-func (im *BLAS) gemm(maxThreads int, tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+// PackedA is an A packed once for several products with it (PackA,
+// SgemmPackedSerial): a layer's weights, multiplied by each sample of a
+// batch in turn, were packed again for every sample.
+type PackedA struct {
+	m, k, mr int
+	buf      []float32
+}
+
+// PackA packs op(A), m × k, into p, whose memory is reused from call to
+// call; p then stands for A until the next PackA.
+func (im *BLAS) PackA(p *PackedA, tA blas.Transpose, m, k int, a []float32, lda int) {
+	checkMat("A", tA, m, k, a, lda)
+	mr := im.ker.mr
+	mt := (m + mr - 1) / mr
+	if cap(p.buf) < mt*mr*k {
+		p.buf = make([]float32, mt*mr*k)
+	}
+	p.m, p.k, p.mr, p.buf = m, k, mr, p.buf[:mt*mr*k]
+	packA(tA != blas.NoTrans, a, lda, m, k, mr, 0, mt, p.buf)
+}
+
+// SgemmPackedSerial is SgemmSerial with alpha 1 and A packed by PackA
+// (the same bits): C = A·op(B) + beta·C, C being p.m × n.
+func (im *BLAS) SgemmPackedSerial(p *PackedA, tB blas.Transpose, n int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	m, k := p.m, p.k
+	if p.mr != im.ker.mr && m > 0 {
+		panic("gemm: A was packed for another kernel")
+	}
+	checkMat("B", tB, k, n, b, ldb)
+	checkMat("C", blas.NoTrans, m, n, c, ldc)
+	switch {
+	case m == 0 || n == 0:
+		return
+	case k == 0:
+		scale(m, n, beta, c, ldc)
+		return
+	}
+	im.gemm(1, false, tB != blas.NoTrans, m, n, k, 1, nil, 0, p.buf, b, ldb, beta, c, ldc)
+}
+
+// gemm multiplies, packing A unless packed is A packed already.
+func (im *BLAS) gemm(maxThreads int, tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, packed []float32, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	ker := im.ker
 	mr, nr := ker.mr, ker.nr
 	mt, nt := (m+mr-1)/mr, (n+nr-1)/nr
-	pa := im.get(mt * mr * k)
+	pa := &packed
+	if packed == nil {
+		pa = im.get(mt * mr * k)
+		defer im.put(pa)
+	}
 	pb := im.get(nt * nr * k)
-	defer im.put(pa)
 	defer im.put(pb)
 	tiles := mt * nt
 	threads := min(maxThreads, tiles, max(1, m*n*k/minWorkPerThread))
@@ -91,7 +135,9 @@ func (im *BLAS) gemm(maxThreads int, tA, tB bool, m, n, k int, alpha float32, a 
 		packFrom = n / nr
 	}
 	// Packing is split like the tiles: by A strips and B panels.
-	parallel(threads, mt, func(lo, hi int) { packA(tA, a, lda, m, k, mr, lo, hi, *pa) })
+	if packed == nil {
+		parallel(threads, mt, func(lo, hi int) { packA(tA, a, lda, m, k, mr, lo, hi, *pa) })
+	}
 	parallel(threads, nt-packFrom, func(lo, hi int) { packB(tB, b, ldb, n, k, nr, packFrom+lo, packFrom+hi, *pb) })
 	direct := alpha == 1 && beta == 0
 	parallel(threads, tiles, func(lo, hi int) {
@@ -170,19 +216,53 @@ func packA(t bool, a []float32, lda, m, k, mr, lo, hi int, dst []float32) {
 
 // packB copies B's panels lo…hi-1 (nr columns each) k-major, zero-padded.
 func packB(t bool, b []float32, ldb, n, k, nr, lo, hi int, dst []float32) {
-	for j := lo; j < hi; j++ {
-		panel := dst[j*nr*k : (j+1)*nr*k]
-		cols := min(nr, n-j*nr)
-		for p := range k {
-			out := panel[p*nr : (p+1)*nr]
-			if t { // B is stored n × k
-				for q := range cols {
-					out[q] = b[(j*nr+q)*ldb+p]
-				}
-			} else {
-				copy(out[:cols], b[p*ldb+j*nr:p*ldb+j*nr+cols])
-			}
+	if t {
+		for j := lo; j < hi; j++ {
+			packBT(b[j*nr*ldb:], ldb, min(nr, n-j*nr), k, nr, dst[j*nr*k:(j+1)*nr*k])
+		}
+		return
+	}
+	// Row by row of B, each row's part of every panel: B's rows are far
+	// apart (else it is read in place), and panel by panel every row
+	// would be a TLB miss once per panel.
+	for p := range k {
+		row := b[p*ldb : p*ldb+n]
+		for j := lo; j < hi; j++ {
+			cols := min(nr, n-j*nr)
+			out := dst[j*nr*k+p*nr : j*nr*k+(p+1)*nr]
+			copy(out[:cols], row[j*nr:j*nr+cols])
 			clear(out[cols:])
+		}
+	}
+}
+
+// packBT packs a panel of a B stored n × k: its cols rows (ldb apart)
+// become the panel's first cols columns, the rest zeros. Blocks of 16 × 16
+// go through the CPU's transpose where it has one; each remaining row is
+// read along and written down the panel, which (nr·k floats) stays in L1.
+func packBT(b []float32, ldb, cols, k, nr int, panel []float32) {
+	q := 0
+	for ; q+16 <= cols; q += 16 {
+		rows := b[q*ldb:]
+		p := 0
+		for ; p+16 <= k && transposeBlock(rows[p:], ldb, panel[p*nr+q:], nr); p += 16 {
+		}
+		if p < k {
+			for r := range 16 {
+				for pp, v := range rows[r*ldb+p : r*ldb+k] {
+					panel[(p+pp)*nr+q+r] = v
+				}
+			}
+		}
+	}
+	for ; q < cols; q++ {
+		for p, v := range b[q*ldb : q*ldb+k] {
+			panel[p*nr+q] = v
+		}
+	}
+	if cols < nr {
+		for p := range k {
+			clear(panel[p*nr+cols : (p+1)*nr])
 		}
 	}
 }
@@ -228,6 +308,26 @@ func (im *BLAS) get(n int) *[]float32 {
 }
 
 func (im *BLAS) put(p *[]float32) { im.bufs.Put(p) }
+
+// checkMat panics unless x, with leading dimension ld, holds op(X) of
+// rows × cols.
+func checkMat(name string, t blas.Transpose, rows, cols int, x []float32, ld int) {
+	if t != blas.NoTrans && t != blas.Trans && t != blas.ConjTrans {
+		panic("blas: illegal transpose")
+	}
+	if rows < 0 || cols < 0 {
+		panic("blas: negative dimension of " + name)
+	}
+	if t != blas.NoTrans {
+		rows, cols = cols, rows
+	}
+	if ld < max(1, cols) {
+		panic("blas: bad leading dimension of " + name)
+	}
+	if rows > 0 && cols > 0 && len(x) < ld*(rows-1)+cols {
+		panic("blas: insufficient length of " + name)
+	}
+}
 
 // checkSgemm panics as gonum's Sgemm does on arguments that do not
 // describe the matrices given.

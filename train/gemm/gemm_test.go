@@ -286,6 +286,9 @@ func BenchmarkSgemm(b *testing.B) {
 		{"cnn-fc1-fwd", false, false, 64, 1024, 3136},
 		{"cnn-conv2-fwd", false, false, 12544, 64, 800},
 		{"square-512", false, false, 512, 512, 512},
+		{"conv2-fwd-sample", false, false, 64, 196, 800},
+		{"conv2-dW-sample", false, true, 64, 800, 196},
+		{"conv2-dX-sample", true, false, 800, 196, 64},
 	}
 	// "gonum" is gonum's own Sgemm on one thread: what the product would
 	// take without this package.

@@ -143,3 +143,26 @@ func reluGradGo(y, dy, dx []float32) {
 		dx[i] = g
 	}
 }
+
+// AddRows adds rows of src into dst: dst[r·ldd + i] += src[r·lds + i] for
+// r < rows and i < n, each sum rounded once as a Go loop's — the scatter
+// of a convolution's input gradient, whose rows are a few values long.
+func AddRows(dst []float32, ldd int, src []float32, lds int, rows, n int) {
+	if rows <= 0 || n <= 0 {
+		return
+	}
+	_ = dst[(rows-1)*ldd+n-1]
+	_ = src[(rows-1)*lds+n-1]
+	if !addRowsAsm(dst, ldd, src, lds, rows, n) {
+		addRowsGo(dst, ldd, src, lds, rows, n)
+	}
+}
+
+func addRowsGo(dst []float32, ldd int, src []float32, lds int, rows, n int) {
+	for r := range rows {
+		d := dst[r*ldd : r*ldd+n]
+		for i, v := range src[r*lds : r*lds+n] {
+			d[i] += v
+		}
+	}
+}

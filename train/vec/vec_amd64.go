@@ -97,6 +97,24 @@ func reluGradAt(lv int, y, dy, dx []float32) int {
 	return n
 }
 
+func addRowsAsm(dst []float32, ldd int, src []float32, lds int, rows, n int) bool {
+	return addRowsAt(level, dst, ldd, src, lds, rows, n)
+}
+
+// addRowsAt does AddRows where level lv has masked vectors (AVX-512, whose
+// masks take a row's ragged end in one instruction) and reports whether it
+// did; the caller has checked the bounds.
+func addRowsAt(lv int, dst []float32, ldd int, src []float32, lds int, rows, n int) bool {
+	if lv != levelAVX512 {
+		return false
+	}
+	addRows16(&dst[0], ldd, &src[0], lds, rows, n)
+	return true
+}
+
+//go:noescape
+func addRows16(dst *float32, ldd int, src *float32, lds, rows, n int)
+
 // vectorPart is the longest prefix of n values whole vectors of level lv
 // cover.
 func finiteAsm(x []float32) (int, bool) { return finiteAt(level, x) }

@@ -160,3 +160,50 @@ notfinite:
 	MOVB $0, ret+16(FP)
 	VZEROUPPER
 	RET
+
+// func addRows16(dst *float32, ldd int, src *float32, lds, rows, n int)
+// Each row: whole vectors, then the rest under a mask (K1 = 2^rest − 1),
+// whose lanes outside it are neither read nor written.
+TEXT ·addRows16(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ ldd+8(FP), R8
+	SHLQ $2, R8
+	MOVQ src+16(FP), SI
+	MOVQ lds+24(FP), R9
+	SHLQ $2, R9
+	MOVQ rows+32(FP), R10
+	MOVQ n+40(FP), R11
+	MOVQ R11, CX
+	ANDQ $15, CX
+	MOVL $1, AX
+	SHLL CX, AX
+	DECL AX
+	KMOVW AX, K1
+addrowsrow:
+	MOVQ DI, DX
+	MOVQ SI, BX
+	MOVQ R11, CX
+addrowsvec:
+	CMPQ CX, $16
+	JLT addrowstail
+	VMOVUPS (BX), Z0
+	VADDPS (DX), Z0, Z0
+	VMOVUPS Z0, (DX)
+	ADDQ $64, BX
+	ADDQ $64, DX
+	SUBQ $16, CX
+	JMP addrowsvec
+addrowstail:
+	TESTQ CX, CX
+	JZ addrowsnext
+	VMOVUPS.Z (BX), K1, Z0
+	VMOVUPS.Z (DX), K1, Z1
+	VADDPS Z1, Z0, Z0
+	VMOVUPS Z0, K1, (DX)
+addrowsnext:
+	ADDQ R8, DI
+	ADDQ R9, SI
+	DECQ R10
+	JNZ addrowsrow
+	VZEROUPPER
+	RET

@@ -99,3 +99,25 @@ func TestFiniteAtEveryLevel(t *testing.T) {
 		}
 	}
 }
+
+// TestAddRowsAtEveryLevel: the masked rows add what the Go loop adds,
+// bit for bit, and touch nothing between or after the rows — for row
+// lengths under, at and over a vector, with NaN and subnormals among them.
+func TestAddRowsAtEveryLevel(t *testing.T) {
+	if level < levelAVX512 {
+		t.Skip("AVX-512 rows only; the Go loop everywhere else")
+	}
+	for _, c := range []struct{ rows, n, ldd, lds int }{{1, 1, 1, 1}, {3, 14, 18, 14}, {5, 16, 16, 20}, {2, 33, 40, 33}, {4, 28, 32, 30}} {
+		rng := rand.New(rand.NewPCG(uint64(c.n), uint64(c.rows)))
+		src := values(rng, (c.rows-1)*c.lds+c.n+5)
+		src[0], src[len(src)/2] = float32(math.NaN()), 1e-40
+		dst := values(rng, (c.rows-1)*c.ldd+c.n+5)
+		want := slices.Clone(dst)
+		addRowsGo(want, c.ldd, src, c.lds, c.rows, c.n)
+		got := slices.Clone(dst)
+		if !addRowsAt(levelAVX512, got, c.ldd, src, c.lds, c.rows, c.n) {
+			t.Fatal("no AVX-512 rows on a CPU with AVX-512")
+		}
+		sameBitsNaN(t, levelAVX512, "AddRows", got, want)
+	}
+}

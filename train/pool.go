@@ -1,0 +1,212 @@
+package train
+
+import (
+	"fmt"
+	"hash"
+	"math"
+
+	"github.com/chewxy/hm"
+
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+)
+
+// poolOp is a k×k max-pool with stride k and no padding, over a b × c × h
+// × w tensor, as a gorgonia op that writes into an output it keeps.
+// gorgonia's MaxPool2D walked every window through a general loop with
+// padding and a mask of ints, and on the cnn took an eighth of the step.
+//
+// A window's value is its first largest (scanned row by row) starting
+// from its first value, as the engine's maxpool does, so a NaN at a
+// window's start stays NaN (the step's finite check sees it) and a
+// window of −Inf gives −Inf. grad: (x, dy) → dx, each window's gradient
+// to the position of its value and 0 elsewhere (torch's choice for ties),
+// found again from x rather than kept from the forward run, which may have
+// been of other data.
+type poolOp struct {
+	grad bool
+	g    poolGeom
+	out  **tensor.Dense // the result, reused run to run (see convOp.Do)
+}
+
+// poolGeom is a max-pool's shapes: b·c planes of h × w, a k × k window,
+// output h/k × w/k.
+type poolGeom struct{ b, c, h, w, k int }
+
+func (g poolGeom) oh() int { return g.h / g.k }
+func (g poolGeom) ow() int { return g.w / g.k }
+
+func (op poolOp) Arity() int {
+	if op.grad {
+		return 2
+	}
+	return 1
+}
+
+func (op poolOp) Type() hm.Type {
+	if op.grad {
+		return hm.NewFnType(tensor4, tensor4, tensor4)
+	}
+	return hm.NewFnType(tensor4, tensor4)
+}
+
+func (op poolOp) shape() tensor.Shape {
+	g := op.g
+	if op.grad {
+		return tensor.Shape{g.b, g.c, g.h, g.w}
+	}
+	return tensor.Shape{g.b, g.c, g.oh(), g.ow()}
+}
+
+func (op poolOp) InferShape(...G.DimSizer) (tensor.Shape, error) { return op.shape(), nil }
+
+func (op poolOp) Do(inputs ...G.Value) (G.Value, error) {
+	return op.UsePreallocDo(kept(op.out, op.shape()), inputs...)
+}
+
+func (op poolOp) UsePreallocDo(prealloc G.Value, inputs ...G.Value) (G.Value, error) {
+	g := op.g
+	x, y := g.b*g.c*g.h*g.w, g.b*g.c*g.oh()*g.ow()
+	if !op.grad {
+		data, err := floatsOf(op, []int{x, y}, prealloc, inputs)
+		if err != nil {
+			return nil, err
+		}
+		maxPool(g, data[0], data[1])
+		return prealloc, nil
+	}
+	data, err := floatsOf(op, []int{x, y, x}, prealloc, inputs)
+	if err != nil {
+		return nil, err
+	}
+	maxPoolGrad(g, data[0], data[1], data[2])
+	return prealloc, nil
+}
+
+// maxPool writes each window's value of x into y.
+func maxPool(g poolGeom, x, y []float32) {
+	oh, ow := g.oh(), g.ow()
+	for p := range g.b * g.c {
+		plane := x[p*g.h*g.w : (p+1)*g.h*g.w]
+		out := y[p*oh*ow : (p+1)*oh*ow]
+		for oy := range oh {
+			row := out[oy*ow : (oy+1)*ow]
+			if g.k == 2 {
+				r0 := plane[2*oy*g.w : 2*oy*g.w+2*ow]
+				r1 := plane[(2*oy+1)*g.w : (2*oy+1)*g.w+2*ow]
+				for ox := range row {
+					a := arg4(r0[2*ox], r0[2*ox+1], r1[2*ox], r1[2*ox+1])
+					row[ox] = plane[(2*oy+a>>1)*g.w+2*ox+a&1]
+				}
+				continue
+			}
+			for ox := range row {
+				row[ox] = plane[windowArg(g, plane, oy, ox)]
+			}
+		}
+	}
+}
+
+// maxPoolGrad writes dx: dy of each window at its value's position, 0
+// elsewhere (and where no window reaches).
+func maxPoolGrad(g poolGeom, x, dy, dx []float32) {
+	oh, ow := g.oh(), g.ow()
+	clear(dx)
+	for p := range g.b * g.c {
+		plane := x[p*g.h*g.w : (p+1)*g.h*g.w]
+		d := dy[p*oh*ow : (p+1)*oh*ow]
+		out := dx[p*g.h*g.w : (p+1)*g.h*g.w]
+		for oy := range oh {
+			drow := d[oy*ow : (oy+1)*ow]
+			if g.k == 2 {
+				r0 := plane[2*oy*g.w : 2*oy*g.w+2*ow]
+				r1 := plane[(2*oy+1)*g.w : (2*oy+1)*g.w+2*ow]
+				for ox, v := range drow {
+					a := arg4(r0[2*ox], r0[2*ox+1], r1[2*ox], r1[2*ox+1])
+					out[(2*oy+a>>1)*g.w+2*ox+a&1] = v
+				}
+				continue
+			}
+			for ox, v := range drow {
+				out[windowArg(g, plane, oy, ox)] = v
+			}
+		}
+	}
+}
+
+// windowArg is the index in plane of window (oy, ox)'s value: its first
+// largest, starting from its first.
+func windowArg(g poolGeom, plane []float32, oy, ox int) int {
+	at := oy*g.k*g.w + ox*g.k
+	arg, best := at, plane[at]
+	for ky := range g.k {
+		row := at + ky*g.w
+		for kx, v := range plane[row : row+g.k] {
+			if v > best {
+				arg, best = row+kx, v
+			}
+		}
+	}
+	return arg
+}
+
+func (op poolOp) ReturnsPtr() bool     { return false }
+func (op poolOp) CallsExtern() bool    { return true } // see convOp.CallsExtern
+func (op poolOp) OverwritesInput() int { return -1 }
+
+func (op poolOp) WriteHash(h hash.Hash) { fmt.Fprintf(h, "ringtrain.%v@%p", op, op.out) }
+
+func (op poolOp) Hashcode() uint32 { return hashOf(op) }
+
+func (op poolOp) String() string {
+	name := "maxpool2d"
+	if op.grad {
+		name = "maxpool2dGrad"
+	}
+	return fmt.Sprintf("%s<%dx%d, %dx%d>", name, op.g.k, op.g.k, op.g.h, op.g.w)
+}
+
+func (op poolOp) DiffWRT(n int) []bool {
+	if op.grad {
+		return make([]bool, n)
+	}
+	return []bool{true}
+}
+
+func (op poolOp) SymDiff(inputs G.Nodes, _, grad *G.Node) (G.Nodes, error) {
+	if op.grad || len(inputs) != 1 {
+		return nil, fmt.Errorf("%v: no second derivative", op)
+	}
+	dx, err := G.ApplyOp(poolOp{grad: true, g: op.g, out: new(*tensor.Dense)}, inputs[0], grad)
+	return G.Nodes{dx}, err
+}
+
+// maxPool2d adds a k×k max-pool with stride k to a graph; x is b × c × h
+// × w.
+func maxPool2d(x *G.Node, g poolGeom) (*G.Node, error) {
+	return G.ApplyOp(poolOp{g: g, out: new(*tensor.Dense)}, x)
+}
+
+// arg4 is the place (0 to 3; row, column as bits 1, 0) of a 2×2 window's
+// value, a b over c d: windowArg's compares in its order, without branches —
+// which of four is largest is a coin toss that a branch predictor loses
+// half the time, and mispredictions were most of a pool's time.
+func arg4(a, b, c, d float32) int {
+	m := -b2u(b > a) // all ones where b wins
+	best := math.Float32bits(b)&m | math.Float32bits(a)&^m
+	arg := 1 & m
+	m = -b2u(c > math.Float32frombits(best))
+	best = math.Float32bits(c)&m | best&^m
+	arg = 2&m | arg&^m
+	m = -b2u(d > math.Float32frombits(best))
+	return int(3&m | arg&^m)
+}
+
+// b2u is 1 for true, 0 for false.
+func b2u(b bool) uint32 {
+	var u uint32
+	if b {
+		u = 1
+	}
+	return u
+}
