@@ -98,11 +98,11 @@ func (st *convState) im2col(col, x []float32, s int) {
 		if x0 >= x1 {
 			continue
 		}
-		img := x[(s*g.c+ci)*g.h*g.w : (s*g.c+ci+1)*g.h*g.w]
-		out := col[r*P : (r+1)*P]
-		for oy := max(0, g.pad-ky); oy < min(g.oh, g.h+g.pad-ky); oy++ {
-			iy := oy + ky - g.pad
-			copy(out[oy*g.ow+x0:oy*g.ow+x1], img[iy*g.w+x0+kx-g.pad:])
+		// The output rows whose input row oy+ky−pad lies inside.
+		oy0, oy1 := max(0, g.pad-ky), min(g.oh, g.h+g.pad-ky)
+		if oy0 < oy1 {
+			img := x[(s*g.c+ci)*g.h*g.w : (s*g.c+ci+1)*g.h*g.w]
+			vec.CopyRows(col[r*P+oy0*g.ow+x0:], g.ow, img[(oy0+ky-g.pad)*g.w+x0+kx-g.pad:], g.w, oy1-oy0, x1-x0)
 		}
 	}
 }

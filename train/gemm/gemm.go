@@ -6,6 +6,8 @@ import (
 
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
+
+	"github.com/ringtrain/ringtrain/train/vec"
 )
 
 // BLAS is gonum's pure-Go BLAS with Sgemm replaced by this package's. It
@@ -158,6 +160,13 @@ func (im *BLAS) gemm(maxThreads int, tA, tB bool, m, n, k int, alpha float32, a 
 				continue
 			}
 			ker.run(k, as, bs, tile, nr, bstride)
+			if alpha == 1 && beta == 1 {
+				// C += A·B, a sum over products taken in turn (a conv
+				// layer's weight gradient, sample by sample): the same
+				// roundings as the loop below, in vectors.
+				vec.AddRows(c[at:], ldc, tile, nr, rows, cols)
+				continue
+			}
 			for r := range rows {
 				dst := c[at+r*ldc : at+r*ldc+cols]
 				src := tile[r*nr : r*nr+cols]

@@ -112,6 +112,7 @@ func gemmCases() []gemmCase {
 				gemmCase{tA: tA, tB: tB, m: 1000, n: 33, k: 1000, alpha: 1},
 				gemmCase{tA: tA, tB: tB, m: 64, n: 1000, k: 17, alpha: 0.5, beta: 2, pad: 1},
 				gemmCase{tA: tA, tB: tB, m: 40, n: 50, k: 60, alpha: -1.5, beta: 0, pad: 2},
+				gemmCase{tA: tA, tB: tB, m: 30, n: 45, k: 33, alpha: 1, beta: 1, pad: 1}, // C += A·B
 				gemmCase{tA: tA, tB: tB, m: 13, n: 70, k: 0, alpha: 1, beta: 0.5},
 				gemmCase{tA: tA, tB: tB, m: 13, n: 70, k: 9, alpha: 0, beta: 0},
 			)

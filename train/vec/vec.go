@@ -166,3 +166,19 @@ func addRowsGo(dst []float32, ldd int, src []float32, lds int, rows, n int) {
 		}
 	}
 }
+
+// CopyRows copies rows of src into dst: dst[r·ldd + i] = src[r·lds + i]
+// for r < rows and i < n — the gather of a convolution's im2col, whose
+// rows are a few values long, shorter than a call to memmove is worth.
+func CopyRows(dst []float32, ldd int, src []float32, lds int, rows, n int) {
+	if rows <= 0 || n <= 0 {
+		return
+	}
+	_ = dst[(rows-1)*ldd+n-1]
+	_ = src[(rows-1)*lds+n-1]
+	if !copyRowsAsm(dst, ldd, src, lds, rows, n) {
+		for r := range rows {
+			copy(dst[r*ldd:r*ldd+n], src[r*lds:r*lds+n])
+		}
+	}
+}

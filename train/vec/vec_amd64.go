@@ -112,6 +112,17 @@ func addRowsAt(lv int, dst []float32, ldd int, src []float32, lds int, rows, n i
 	return true
 }
 
+func copyRowsAsm(dst []float32, ldd int, src []float32, lds int, rows, n int) bool {
+	if level != levelAVX512 {
+		return false
+	}
+	copyRows16(&dst[0], ldd, &src[0], lds, rows, n)
+	return true
+}
+
+//go:noescape
+func copyRows16(dst *float32, ldd int, src *float32, lds, rows, n int)
+
 //go:noescape
 func addRows16(dst *float32, ldd int, src *float32, lds, rows, n int)
 

@@ -207,3 +207,46 @@ addrowsnext:
 	JNZ addrowsrow
 	VZEROUPPER
 	RET
+
+// func copyRows16(dst *float32, ldd int, src *float32, lds, rows, n int)
+// addRows16's walk, copying.
+TEXT ·copyRows16(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ ldd+8(FP), R8
+	SHLQ $2, R8
+	MOVQ src+16(FP), SI
+	MOVQ lds+24(FP), R9
+	SHLQ $2, R9
+	MOVQ rows+32(FP), R10
+	MOVQ n+40(FP), R11
+	MOVQ R11, CX
+	ANDQ $15, CX
+	MOVL $1, AX
+	SHLL CX, AX
+	DECL AX
+	KMOVW AX, K1
+copyrowsrow:
+	MOVQ DI, DX
+	MOVQ SI, BX
+	MOVQ R11, CX
+copyrowsvec:
+	CMPQ CX, $16
+	JLT copyrowstail
+	VMOVUPS (BX), Z0
+	VMOVUPS Z0, (DX)
+	ADDQ $64, BX
+	ADDQ $64, DX
+	SUBQ $16, CX
+	JMP copyrowsvec
+copyrowstail:
+	TESTQ CX, CX
+	JZ copyrowsnext
+	VMOVUPS.Z (BX), K1, Z0
+	VMOVUPS Z0, K1, (DX)
+copyrowsnext:
+	ADDQ R8, DI
+	ADDQ R9, SI
+	DECQ R10
+	JNZ copyrowsrow
+	VZEROUPPER
+	RET

@@ -100,8 +100,9 @@ func TestFiniteAtEveryLevel(t *testing.T) {
 	}
 }
 
-// TestAddRowsAtEveryLevel: the masked rows add what the Go loop adds,
-// bit for bit, and touch nothing between or after the rows — for row
+// TestAddRowsAtEveryLevel: the masked rows add what the Go loop adds, and
+// copy what copy copies, bit for bit, and touch nothing between or after
+// the rows — for row
 // lengths under, at and over a vector, with NaN and subnormals among them.
 func TestAddRowsAtEveryLevel(t *testing.T) {
 	if level < levelAVX512 {
@@ -119,5 +120,15 @@ func TestAddRowsAtEveryLevel(t *testing.T) {
 			t.Fatal("no AVX-512 rows on a CPU with AVX-512")
 		}
 		sameBitsNaN(t, levelAVX512, "AddRows", got, want)
+
+		want = slices.Clone(dst)
+		for r := range c.rows {
+			copy(want[r*c.ldd:r*c.ldd+c.n], src[r*c.lds:r*c.lds+c.n])
+		}
+		got = slices.Clone(dst)
+		if !copyRowsAsm(got, c.ldd, src, c.lds, c.rows, c.n) {
+			t.Fatal("no AVX-512 rows on a CPU with AVX-512")
+		}
+		sameBits(t, "CopyRows", got, want)
 	}
 }

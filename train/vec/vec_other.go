@@ -17,3 +17,5 @@ func reluGradAsm(y, dy, dx []float32) int { return 0 }
 func finiteAsm(x []float32) (int, bool) { return 0, true }
 
 func addRowsAsm(dst []float32, ldd int, src []float32, lds int, rows, n int) bool { return false }
+
+func copyRowsAsm(dst []float32, ldd int, src []float32, lds int, rows, n int) bool { return false }
