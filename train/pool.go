@@ -3,12 +3,13 @@ package train
 import (
 	"fmt"
 	"hash"
-	"math"
 
 	"github.com/chewxy/hm"
 
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
+
+	"github.com/ringtrain/ringtrain/train/vec"
 )
 
 // poolOp is a k×k max-pool with stride k and no padding, over a b × c × h
@@ -89,19 +90,13 @@ func maxPool(g poolGeom, x, y []float32) {
 	for p := range g.b * g.c {
 		plane := x[p*g.h*g.w : (p+1)*g.h*g.w]
 		out := y[p*oh*ow : (p+1)*oh*ow]
+		if g.k == 2 {
+			vec.MaxPool2(plane, g.w, out, ow, oh)
+			continue
+		}
 		for oy := range oh {
-			row := out[oy*ow : (oy+1)*ow]
-			if g.k == 2 {
-				r0 := plane[2*oy*g.w : 2*oy*g.w+2*ow]
-				r1 := plane[(2*oy+1)*g.w : (2*oy+1)*g.w+2*ow]
-				for ox := range row {
-					a := arg4(r0[2*ox], r0[2*ox+1], r1[2*ox], r1[2*ox+1])
-					row[ox] = plane[(2*oy+a>>1)*g.w+2*ox+a&1]
-				}
-				continue
-			}
-			for ox := range row {
-				row[ox] = plane[windowArg(g, plane, oy, ox)]
+			for ox := range ow {
+				out[oy*ow+ox] = plane[windowArg(g, plane, oy, ox)]
 			}
 		}
 	}
@@ -111,24 +106,20 @@ func maxPool(g poolGeom, x, y []float32) {
 // elsewhere (and where no window reaches).
 func maxPoolGrad(g poolGeom, x, dy, dx []float32) {
 	oh, ow := g.oh(), g.ow()
-	clear(dx)
+	if g.k != 2 || g.h%2 != 0 || g.w%2 != 0 {
+		clear(dx) // vec.MaxPool2Grad writes every input of a window and only those
+	}
 	for p := range g.b * g.c {
 		plane := x[p*g.h*g.w : (p+1)*g.h*g.w]
 		d := dy[p*oh*ow : (p+1)*oh*ow]
 		out := dx[p*g.h*g.w : (p+1)*g.h*g.w]
+		if g.k == 2 {
+			vec.MaxPool2Grad(plane, g.w, d, out, ow, oh)
+			continue
+		}
 		for oy := range oh {
-			drow := d[oy*ow : (oy+1)*ow]
-			if g.k == 2 {
-				r0 := plane[2*oy*g.w : 2*oy*g.w+2*ow]
-				r1 := plane[(2*oy+1)*g.w : (2*oy+1)*g.w+2*ow]
-				for ox, v := range drow {
-					a := arg4(r0[2*ox], r0[2*ox+1], r1[2*ox], r1[2*ox+1])
-					out[(2*oy+a>>1)*g.w+2*ox+a&1] = v
-				}
-				continue
-			}
-			for ox, v := range drow {
-				out[windowArg(g, plane, oy, ox)] = v
+			for ox := range ow {
+				out[windowArg(g, plane, oy, ox)] = d[oy*ow+ox]
 			}
 		}
 	}
@@ -185,28 +176,4 @@ func (op poolOp) SymDiff(inputs G.Nodes, _, grad *G.Node) (G.Nodes, error) {
 // × w.
 func maxPool2d(x *G.Node, g poolGeom) (*G.Node, error) {
 	return G.ApplyOp(poolOp{g: g, out: new(*tensor.Dense)}, x)
-}
-
-// arg4 is the place (0 to 3; row, column as bits 1, 0) of a 2×2 window's
-// value, a b over c d: windowArg's compares in its order, without branches —
-// which of four is largest is a coin toss that a branch predictor loses
-// half the time, and mispredictions were most of a pool's time.
-func arg4(a, b, c, d float32) int {
-	m := -b2u(b > a) // all ones where b wins
-	best := math.Float32bits(b)&m | math.Float32bits(a)&^m
-	arg := 1 & m
-	m = -b2u(c > math.Float32frombits(best))
-	best = math.Float32bits(c)&m | best&^m
-	arg = 2&m | arg&^m
-	m = -b2u(d > math.Float32frombits(best))
-	return int(3&m | arg&^m)
-}
-
-// b2u is 1 for true, 0 for false.
-func b2u(b bool) uint32 {
-	var u uint32
-	if b {
-		u = 1
-	}
-	return u
 }

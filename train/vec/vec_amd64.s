@@ -250,3 +250,241 @@ copyrowsnext:
 	JNZ copyrowsrow
 	VZEROUPPER
 	RET
+
+// The 2×2 max-pool: lanes i of a, b, c, d are window i's four values (a b
+// over c d), taken from two rows of 32 by VPERMI2PS with the even and odd
+// indices; the gradient interleaves four zero-masked copies of dy back.
+DATA poolEven<>+0(SB)/4, $0
+DATA poolEven<>+4(SB)/4, $2
+DATA poolEven<>+8(SB)/4, $4
+DATA poolEven<>+12(SB)/4, $6
+DATA poolEven<>+16(SB)/4, $8
+DATA poolEven<>+20(SB)/4, $10
+DATA poolEven<>+24(SB)/4, $12
+DATA poolEven<>+28(SB)/4, $14
+DATA poolEven<>+32(SB)/4, $16
+DATA poolEven<>+36(SB)/4, $18
+DATA poolEven<>+40(SB)/4, $20
+DATA poolEven<>+44(SB)/4, $22
+DATA poolEven<>+48(SB)/4, $24
+DATA poolEven<>+52(SB)/4, $26
+DATA poolEven<>+56(SB)/4, $28
+DATA poolEven<>+60(SB)/4, $30
+GLOBL poolEven<>(SB), RODATA|NOPTR, $64
+DATA poolOdd<>+0(SB)/4, $1
+DATA poolOdd<>+4(SB)/4, $3
+DATA poolOdd<>+8(SB)/4, $5
+DATA poolOdd<>+12(SB)/4, $7
+DATA poolOdd<>+16(SB)/4, $9
+DATA poolOdd<>+20(SB)/4, $11
+DATA poolOdd<>+24(SB)/4, $13
+DATA poolOdd<>+28(SB)/4, $15
+DATA poolOdd<>+32(SB)/4, $17
+DATA poolOdd<>+36(SB)/4, $19
+DATA poolOdd<>+40(SB)/4, $21
+DATA poolOdd<>+44(SB)/4, $23
+DATA poolOdd<>+48(SB)/4, $25
+DATA poolOdd<>+52(SB)/4, $27
+DATA poolOdd<>+56(SB)/4, $29
+DATA poolOdd<>+60(SB)/4, $31
+GLOBL poolOdd<>(SB), RODATA|NOPTR, $64
+DATA poolLo<>+0(SB)/4, $0
+DATA poolLo<>+4(SB)/4, $16
+DATA poolLo<>+8(SB)/4, $1
+DATA poolLo<>+12(SB)/4, $17
+DATA poolLo<>+16(SB)/4, $2
+DATA poolLo<>+20(SB)/4, $18
+DATA poolLo<>+24(SB)/4, $3
+DATA poolLo<>+28(SB)/4, $19
+DATA poolLo<>+32(SB)/4, $4
+DATA poolLo<>+36(SB)/4, $20
+DATA poolLo<>+40(SB)/4, $5
+DATA poolLo<>+44(SB)/4, $21
+DATA poolLo<>+48(SB)/4, $6
+DATA poolLo<>+52(SB)/4, $22
+DATA poolLo<>+56(SB)/4, $7
+DATA poolLo<>+60(SB)/4, $23
+GLOBL poolLo<>(SB), RODATA|NOPTR, $64
+DATA poolHi<>+0(SB)/4, $8
+DATA poolHi<>+4(SB)/4, $24
+DATA poolHi<>+8(SB)/4, $9
+DATA poolHi<>+12(SB)/4, $25
+DATA poolHi<>+16(SB)/4, $10
+DATA poolHi<>+20(SB)/4, $26
+DATA poolHi<>+24(SB)/4, $11
+DATA poolHi<>+28(SB)/4, $27
+DATA poolHi<>+32(SB)/4, $12
+DATA poolHi<>+36(SB)/4, $28
+DATA poolHi<>+40(SB)/4, $13
+DATA poolHi<>+44(SB)/4, $29
+DATA poolHi<>+48(SB)/4, $14
+DATA poolHi<>+52(SB)/4, $30
+DATA poolHi<>+56(SB)/4, $15
+DATA poolHi<>+60(SB)/4, $31
+GLOBL poolHi<>(SB), RODATA|NOPTR, $64
+
+// func maxPool2x16(x *float32, w int, y *float32, ow, rows int)
+TEXT ·maxPool2x16(SB), NOSPLIT, $0-40
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), R8
+	SHLQ $2, R8
+	MOVQ y+16(FP), DI
+	MOVQ ow+24(FP), R9
+	MOVQ rows+32(FP), R10
+	VMOVUPS poolEven<>(SB), Z30
+	VMOVUPS poolOdd<>(SB), Z31
+mpfrow:
+	LEAQ (SI)(R8*1), BX
+	XORQ R12, R12
+	MOVQ R9, R11
+mpfchunk:
+	MOVQ R11, CX
+	CMPQ CX, $16
+	JLE mpfr
+	MOVQ $16, CX
+mpfr:
+	MOVL $1, AX
+	SHLL CX, AX
+	DECL AX
+	KMOVW AX, K1
+	ADDQ CX, CX
+	MOVQ CX, R13
+	CMPQ CX, $16
+	JLE mpflo
+	MOVQ $16, CX
+mpflo:
+	MOVL $1, AX
+	SHLL CX, AX
+	DECL AX
+	KMOVW AX, K2
+	SUBQ CX, R13
+	MOVQ R13, CX
+	MOVL $1, AX
+	SHLL CX, AX
+	DECL AX
+	KMOVW AX, K3
+	VMOVUPS.Z (SI)(R12*2), K2, Z0
+	VMOVUPS.Z 64(SI)(R12*2), K3, Z1
+	VMOVUPS.Z (BX)(R12*2), K2, Z2
+	VMOVUPS.Z 64(BX)(R12*2), K3, Z3
+	VMOVAPS Z30, Z4
+	VPERMI2PS Z1, Z0, Z4
+	VMOVAPS Z31, Z5
+	VPERMI2PS Z1, Z0, Z5
+	VMOVAPS Z30, Z6
+	VPERMI2PS Z3, Z2, Z6
+	VMOVAPS Z31, Z7
+	VPERMI2PS Z3, Z2, Z7
+	VCMPPS $0x1e, Z4, Z5, K4
+	VMOVAPS Z5, K4, Z4
+	VCMPPS $0x1e, Z4, Z6, K5
+	VMOVAPS Z6, K5, Z4
+	VCMPPS $0x1e, Z4, Z7, K6
+	VMOVAPS Z7, K6, Z4
+	VMOVUPS Z4, K1, (DI)(R12*1)
+	ADDQ $64, R12
+	SUBQ $16, R11
+	JGT mpfchunk
+	LEAQ (SI)(R8*2), SI
+	LEAQ (DI)(R9*4), DI
+	DECQ R10
+	JNZ mpfrow
+	VZEROUPPER
+	RET
+
+// func maxPool2Grad16(x *float32, w int, dy, dx *float32, ow, rows int)
+// Window i's winner: d where K6, c where K5 and not K6, b where K4 and
+// neither, a where none.
+TEXT ·maxPool2Grad16(SB), NOSPLIT, $0-48
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), R8
+	SHLQ $2, R8
+	MOVQ dy+16(FP), DX
+	MOVQ dx+24(FP), DI
+	MOVQ ow+32(FP), R9
+	MOVQ rows+40(FP), R10
+	VMOVUPS poolEven<>(SB), Z30
+	VMOVUPS poolOdd<>(SB), Z31
+	VMOVUPS poolLo<>(SB), Z28
+	VMOVUPS poolHi<>(SB), Z29
+mpgrow:
+	LEAQ (SI)(R8*1), BX
+	XORQ R12, R12
+	MOVQ R9, R11
+mpgchunk:
+	MOVQ R11, CX
+	CMPQ CX, $16
+	JLE mpgr
+	MOVQ $16, CX
+mpgr:
+	MOVL $1, AX
+	SHLL CX, AX
+	DECL AX
+	KMOVW AX, K1
+	ADDQ CX, CX
+	MOVQ CX, R13
+	CMPQ CX, $16
+	JLE mpglo
+	MOVQ $16, CX
+mpglo:
+	MOVL $1, AX
+	SHLL CX, AX
+	DECL AX
+	KMOVW AX, K2
+	SUBQ CX, R13
+	MOVQ R13, CX
+	MOVL $1, AX
+	SHLL CX, AX
+	DECL AX
+	KMOVW AX, K3
+	VMOVUPS.Z (SI)(R12*2), K2, Z0
+	VMOVUPS.Z 64(SI)(R12*2), K3, Z1
+	VMOVUPS.Z (BX)(R12*2), K2, Z2
+	VMOVUPS.Z 64(BX)(R12*2), K3, Z3
+	VMOVAPS Z30, Z4
+	VPERMI2PS Z1, Z0, Z4
+	VMOVAPS Z31, Z5
+	VPERMI2PS Z1, Z0, Z5
+	VMOVAPS Z30, Z6
+	VPERMI2PS Z3, Z2, Z6
+	VMOVAPS Z31, Z7
+	VPERMI2PS Z3, Z2, Z7
+	VCMPPS $0x1e, Z4, Z5, K4
+	VMOVAPS Z5, K4, Z4
+	VCMPPS $0x1e, Z4, Z6, K5
+	VMOVAPS Z6, K5, Z4
+	VCMPPS $0x1e, Z4, Z7, K6
+	VMOVAPS Z7, K6, Z4
+	VMOVUPS.Z (DX)(R12*1), K1, Z8
+	KORW K5, K6, K7
+	KANDNW K5, K6, K5
+	KANDNW K4, K7, K4
+	KORW K4, K7, K7
+	KNOTW K7, K7
+	VMOVAPS.Z Z8, K7, Z9
+	VMOVAPS.Z Z8, K4, Z10
+	VMOVAPS.Z Z8, K5, Z11
+	VMOVAPS.Z Z8, K6, Z12
+	VMOVAPS Z28, Z13
+	VPERMI2PS Z10, Z9, Z13
+	VMOVAPS Z29, Z14
+	VPERMI2PS Z10, Z9, Z14
+	VMOVAPS Z28, Z15
+	VPERMI2PS Z12, Z11, Z15
+	VMOVAPS Z29, Z16
+	VPERMI2PS Z12, Z11, Z16
+	LEAQ (DI)(R8*1), AX
+	VMOVUPS Z13, K2, (DI)(R12*2)
+	VMOVUPS Z14, K3, 64(DI)(R12*2)
+	VMOVUPS Z15, K2, (AX)(R12*2)
+	VMOVUPS Z16, K3, 64(AX)(R12*2)
+	ADDQ $64, R12
+	SUBQ $16, R11
+	JGT mpgchunk
+	LEAQ (SI)(R8*2), SI
+	LEAQ (DI)(R8*2), DI
+	LEAQ (DX)(R9*4), DX
+	DECQ R10
+	JNZ mpgrow
+	VZEROUPPER
+	RET

@@ -132,3 +132,37 @@ func TestAddRowsAtEveryLevel(t *testing.T) {
 		sameBits(t, "CopyRows", got, want)
 	}
 }
+
+// TestMaxPool2AtEveryLevel: the AVX-512 pool gives the Go loop's values
+// and gradients bit for bit — ties, NaN first and later, −Inf windows —
+// for rows shorter than, as long as and longer than a vector, and writes
+// nothing outside the windows.
+func TestMaxPool2AtEveryLevel(t *testing.T) {
+	if level < levelAVX512 {
+		t.Skip("AVX-512 pool only; the Go loop everywhere else")
+	}
+	for _, c := range []struct{ ow, rows, w int }{{1, 1, 2}, {7, 7, 14}, {14, 3, 28}, {16, 2, 33}, {17, 3, 35}, {33, 2, 66}} {
+		rng := rand.New(rand.NewPCG(uint64(c.ow), uint64(c.w)))
+		x := make([]float32, 2*c.rows*c.w+3)
+		for i := range x {
+			x[i] = float32(rng.IntN(4)) // ties
+			switch rng.IntN(16) {
+			case 0:
+				x[i] = float32(math.NaN())
+			case 1:
+				x[i] = float32(math.Inf(-1))
+			}
+		}
+		dy := values(rng, c.rows*c.ow+2)
+		y1, y2 := values(rng, len(dy)), values(rng, len(dy))
+		copy(y2, y1)
+		maxPool2Asm(x, c.w, y1, c.ow, c.rows)
+		maxPool2Go(x, c.w, y2, c.ow, c.rows)
+		sameBits(t, "MaxPool2", y1, y2)
+		d1, d2 := values(rng, len(x)), values(rng, len(x))
+		copy(d2, d1)
+		maxPool2GradAsm(x, c.w, dy, d1, c.ow, c.rows)
+		maxPool2GradGo(x, c.w, dy, d2, c.ow, c.rows)
+		sameBits(t, "MaxPool2Grad", d1, d2)
+	}
+}

@@ -19,3 +19,7 @@ func finiteAsm(x []float32) (int, bool) { return 0, true }
 func addRowsAsm(dst []float32, ldd int, src []float32, lds int, rows, n int) bool { return false }
 
 func copyRowsAsm(dst []float32, ldd int, src []float32, lds int, rows, n int) bool { return false }
+
+func maxPool2Asm(x []float32, w int, y []float32, ow, rows int) {}
+
+func maxPool2GradAsm(x []float32, w int, dy, dx []float32, ow, rows int) {}
