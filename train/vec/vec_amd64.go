@@ -121,18 +121,18 @@ func copyRowsAsm(dst []float32, ldd int, src []float32, lds int, rows, n int) bo
 }
 
 func maxPool2Asm(x []float32, w int, y []float32, ow, rows int) {
-	maxPool2x16(&x[0], w, &y[0], ow, rows)
+	maxPool2x16(&x[0], w, &y[0], nil, nil, ow, rows)
 }
 
 func maxPool2GradAsm(x []float32, w int, dy, dx []float32, ow, rows int) {
-	maxPool2Grad16(&x[0], w, &dy[0], &dx[0], ow, rows)
+	maxPool2x16(&x[0], w, nil, &dy[0], &dx[0], ow, rows)
 }
 
+// maxPool2x16 is both of MaxPool2's passes: the values into y when dx is
+// nil, else the gradient dy into dx.
+//
 //go:noescape
-func maxPool2x16(x *float32, w int, y *float32, ow, rows int)
-
-//go:noescape
-func maxPool2Grad16(x *float32, w int, dy, dx *float32, ow, rows int)
+func maxPool2x16(x *float32, w int, y, dy, dx *float32, ow, rows int)
 
 //go:noescape
 func copyRows16(dst *float32, ldd int, src *float32, lds, rows, n int)

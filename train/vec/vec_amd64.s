@@ -323,100 +323,33 @@ DATA poolHi<>+56(SB)/4, $15
 DATA poolHi<>+60(SB)/4, $31
 GLOBL poolHi<>(SB), RODATA|NOPTR, $64
 
-// func maxPool2x16(x *float32, w int, y *float32, ow, rows int)
-TEXT ·maxPool2x16(SB), NOSPLIT, $0-40
+// func maxPool2x16(x *float32, w int, y, dy, dx *float32, ow, rows int)
+// With dx nil, the values into y (rows ow apart); else the gradient: dy
+// (rows ow apart) into dx (rows w apart, as x). Window i's winner: d where
+// K6, c where K5 and not K6, b where K4 and neither, a where none.
+TEXT ·maxPool2x16(SB), NOSPLIT, $0-56
 	MOVQ x+0(FP), SI
 	MOVQ w+8(FP), R8
 	SHLQ $2, R8
 	MOVQ y+16(FP), DI
-	MOVQ ow+24(FP), R9
-	MOVQ rows+32(FP), R10
-	VMOVUPS poolEven<>(SB), Z30
-	VMOVUPS poolOdd<>(SB), Z31
-mpfrow:
-	LEAQ (SI)(R8*1), BX
-	XORQ R12, R12
-	MOVQ R9, R11
-mpfchunk:
-	MOVQ R11, CX
-	CMPQ CX, $16
-	JLE mpfr
-	MOVQ $16, CX
-mpfr:
-	MOVL $1, AX
-	SHLL CX, AX
-	DECL AX
-	KMOVW AX, K1
-	ADDQ CX, CX
-	MOVQ CX, R13
-	CMPQ CX, $16
-	JLE mpflo
-	MOVQ $16, CX
-mpflo:
-	MOVL $1, AX
-	SHLL CX, AX
-	DECL AX
-	KMOVW AX, K2
-	SUBQ CX, R13
-	MOVQ R13, CX
-	MOVL $1, AX
-	SHLL CX, AX
-	DECL AX
-	KMOVW AX, K3
-	VMOVUPS.Z (SI)(R12*2), K2, Z0
-	VMOVUPS.Z 64(SI)(R12*2), K3, Z1
-	VMOVUPS.Z (BX)(R12*2), K2, Z2
-	VMOVUPS.Z 64(BX)(R12*2), K3, Z3
-	VMOVAPS Z30, Z4
-	VPERMI2PS Z1, Z0, Z4
-	VMOVAPS Z31, Z5
-	VPERMI2PS Z1, Z0, Z5
-	VMOVAPS Z30, Z6
-	VPERMI2PS Z3, Z2, Z6
-	VMOVAPS Z31, Z7
-	VPERMI2PS Z3, Z2, Z7
-	VCMPPS $0x1e, Z4, Z5, K4
-	VMOVAPS Z5, K4, Z4
-	VCMPPS $0x1e, Z4, Z6, K5
-	VMOVAPS Z6, K5, Z4
-	VCMPPS $0x1e, Z4, Z7, K6
-	VMOVAPS Z7, K6, Z4
-	VMOVUPS Z4, K1, (DI)(R12*1)
-	ADDQ $64, R12
-	SUBQ $16, R11
-	JGT mpfchunk
-	LEAQ (SI)(R8*2), SI
-	LEAQ (DI)(R9*4), DI
-	DECQ R10
-	JNZ mpfrow
-	VZEROUPPER
-	RET
-
-// func maxPool2Grad16(x *float32, w int, dy, dx *float32, ow, rows int)
-// Window i's winner: d where K6, c where K5 and not K6, b where K4 and
-// neither, a where none.
-TEXT ·maxPool2Grad16(SB), NOSPLIT, $0-48
-	MOVQ x+0(FP), SI
-	MOVQ w+8(FP), R8
-	SHLQ $2, R8
-	MOVQ dy+16(FP), DX
-	MOVQ dx+24(FP), DI
-	MOVQ ow+32(FP), R9
-	MOVQ rows+40(FP), R10
+	MOVQ dy+24(FP), DX
+	MOVQ dx+32(FP), R14
+	MOVQ ow+40(FP), R9
+	MOVQ rows+48(FP), R10
 	VMOVUPS poolEven<>(SB), Z30
 	VMOVUPS poolOdd<>(SB), Z31
 	VMOVUPS poolLo<>(SB), Z28
 	VMOVUPS poolHi<>(SB), Z29
-mpgrow:
+mprow:
 	LEAQ (SI)(R8*1), BX
 	XORQ R12, R12
 	MOVQ R9, R11
-mpgchunk:
+mpchunk:
 	MOVQ R11, CX
 	CMPQ CX, $16
-	JLE mpgr
+	JLE mpr
 	MOVQ $16, CX
-mpgr:
+mpr:
 	MOVL $1, AX
 	SHLL CX, AX
 	DECL AX
@@ -424,9 +357,9 @@ mpgr:
 	ADDQ CX, CX
 	MOVQ CX, R13
 	CMPQ CX, $16
-	JLE mpglo
+	JLE mplo
 	MOVQ $16, CX
-mpglo:
+mplo:
 	MOVL $1, AX
 	SHLL CX, AX
 	DECL AX
@@ -455,6 +388,11 @@ mpglo:
 	VMOVAPS Z6, K5, Z4
 	VCMPPS $0x1e, Z4, Z7, K6
 	VMOVAPS Z7, K6, Z4
+	TESTQ R14, R14
+	JNZ mpgrad
+	VMOVUPS Z4, K1, (DI)(R12*1)
+	JMP mpnext
+mpgrad:
 	VMOVUPS.Z (DX)(R12*1), K1, Z8
 	KORW K5, K6, K7
 	KANDNW K5, K6, K5
@@ -473,18 +411,23 @@ mpglo:
 	VPERMI2PS Z12, Z11, Z15
 	VMOVAPS Z29, Z16
 	VPERMI2PS Z12, Z11, Z16
-	LEAQ (DI)(R8*1), AX
-	VMOVUPS Z13, K2, (DI)(R12*2)
-	VMOVUPS Z14, K3, 64(DI)(R12*2)
+	LEAQ (R14)(R8*1), AX
+	VMOVUPS Z13, K2, (R14)(R12*2)
+	VMOVUPS Z14, K3, 64(R14)(R12*2)
 	VMOVUPS Z15, K2, (AX)(R12*2)
 	VMOVUPS Z16, K3, 64(AX)(R12*2)
+mpnext:
 	ADDQ $64, R12
 	SUBQ $16, R11
-	JGT mpgchunk
+	JGT mpchunk
 	LEAQ (SI)(R8*2), SI
-	LEAQ (DI)(R8*2), DI
+	LEAQ (DI)(R9*4), DI
 	LEAQ (DX)(R9*4), DX
+	TESTQ R14, R14
+	JZ mprownext
+	LEAQ (R14)(R8*2), R14
+mprownext:
 	DECQ R10
-	JNZ mpgrow
+	JNZ mprow
 	VZEROUPPER
 	RET
