@@ -201,10 +201,18 @@ func packA(t bool, a []float32, lda, m, k, mr, lo, hi int, dst []float32) {
 			}
 			continue
 		}
+		from := 0
+		if rows := min(mr, m-i*mr); !t {
+			// A is stored m × k: blocks of 16 k go through the CPU's
+			// transpose where it has one, the strip's missing rows
+			// written as zeros.
+			for ; from+16 <= k && transposeBlock(a[i*mr*lda+from:], lda, strip[from*mr:], mr, rows, mr); from += 16 {
+			}
+		}
 		for r := range mr {
 			row := i*mr + r
 			if row >= m {
-				for p := range k {
+				for p := from; p < k; p++ {
 					strip[p*mr+r] = 0
 				}
 				continue
@@ -214,9 +222,8 @@ func packA(t bool, a []float32, lda, m, k, mr, lo, hi int, dst []float32) {
 					strip[p*mr+r] = a[p*lda+row]
 				}
 			} else {
-				src := a[row*lda : row*lda+k]
-				for p, v := range src {
-					strip[p*mr+r] = v
+				for p, v := range a[row*lda+from : row*lda+k] {
+					strip[(from+p)*mr+r] = v
 				}
 			}
 		}
@@ -254,7 +261,7 @@ func packBT(b []float32, ldb, cols, k, nr int, panel []float32) {
 	for ; q+16 <= cols; q += 16 {
 		rows := b[q*ldb:]
 		p := 0
-		for ; p+16 <= k && transposeBlock(rows[p:], ldb, panel[p*nr+q:], nr); p += 16 {
+		for ; p+16 <= k && transposeBlock(rows[p:], ldb, panel[p*nr+q:], nr, 16, 16); p += 16 {
 		}
 		if p < k {
 			for r := range 16 {

@@ -3,17 +3,18 @@ package gemm
 import "golang.org/x/sys/cpu"
 
 //go:noescape
-func transpose16AVX512(src *float32, lds int, dst *float32, ldd int)
+func transposeAVX512(src *float32, lds int, dst *float32, ldd, rows, cols int)
 
-// transposeBlock writes the 16 × 16 block at src (rows lds apart)
-// transposed at dst (rows ldd apart) and reports true, where this CPU has
-// an instruction sequence for it; else it writes nothing.
-func transposeBlock(src []float32, lds int, dst []float32, ldd int) bool {
-	if !cpu.X86.HasAVX512F {
+// transposeBlock writes the rows × 16 block at src (rows lds apart; the
+// rows past rows, up to 16, taken as zeros) transposed at dst: 16 rows
+// ldd apart, cols values each. It reports true where this CPU has an
+// instruction sequence for it; else it writes nothing.
+func transposeBlock(src []float32, lds int, dst []float32, ldd, rows, cols int) bool {
+	if !cpu.X86.HasAVX512F || rows < 1 || rows > 16 || cols < 1 || cols > 16 {
 		return false
 	}
-	_ = src[15*lds+15]
-	_ = dst[15*ldd+15]
-	transpose16AVX512(&src[0], lds, &dst[0], ldd)
+	_ = src[(rows-1)*lds+15]
+	_ = dst[15*ldd+cols-1]
+	transposeAVX512(&src[0], lds, &dst[0], ldd, rows, cols)
 	return true
 }

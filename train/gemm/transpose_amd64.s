@@ -1,47 +1,102 @@
 #include "textflag.h"
 
-// transpose16AVX512(src *float32, lds int, dst *float32, ldd int): the
-// 16 × 16 block at src (rows lds floats apart) written transposed at dst
-// (rows ldd floats apart): rows in Z0–Z15, then unpacks of pairs of
-// floats, of pairs of pairs, and two rounds of 128-bit lane shuffles.
-TEXT ·transpose16AVX512(SB), NOSPLIT, $0-32
+// transposeAVX512(src *float32, lds int, dst *float32, ldd, rows, cols int):
+// the rows × 16 block at src (rows lds floats apart; 1 ≤ rows ≤ 16, the
+// block read as 16 rows, the missing ones zeros) written transposed at
+// dst: 16 rows ldd floats apart, each its first cols values (≤ 16). The
+// rows go into Z0–Z15, then unpacks of pairs of floats, of pairs of
+// pairs, and two rounds of 128-bit lane shuffles.
+TEXT ·transposeAVX512(SB), NOSPLIT, $0-48
 	MOVQ src+0(FP), SI
 	MOVQ lds+8(FP), AX
 	SHLQ $2, AX
 	MOVQ dst+16(FP), DI
 	MOVQ ldd+24(FP), DX
 	SHLQ $2, DX
+	MOVQ rows+32(FP), R8
+	MOVQ cols+40(FP), CX
+	MOVL $1, BX
+	SHLL CX, BX
+	DECL BX
+	KMOVW BX, K1
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	VPXORD Z12, Z12, Z12
+	VPXORD Z13, Z13, Z13
+	VPXORD Z14, Z14, Z14
+	VPXORD Z15, Z15, Z15
 	VMOVUPS (SI), Z0
+	CMPQ R8, $2
+	JLT loaded
 	ADDQ AX, SI
 	VMOVUPS (SI), Z1
+	CMPQ R8, $3
+	JLT loaded
 	ADDQ AX, SI
 	VMOVUPS (SI), Z2
+	CMPQ R8, $4
+	JLT loaded
 	ADDQ AX, SI
 	VMOVUPS (SI), Z3
+	CMPQ R8, $5
+	JLT loaded
 	ADDQ AX, SI
 	VMOVUPS (SI), Z4
+	CMPQ R8, $6
+	JLT loaded
 	ADDQ AX, SI
 	VMOVUPS (SI), Z5
+	CMPQ R8, $7
+	JLT loaded
 	ADDQ AX, SI
 	VMOVUPS (SI), Z6
+	CMPQ R8, $8
+	JLT loaded
 	ADDQ AX, SI
 	VMOVUPS (SI), Z7
+	CMPQ R8, $9
+	JLT loaded
 	ADDQ AX, SI
 	VMOVUPS (SI), Z8
+	CMPQ R8, $10
+	JLT loaded
 	ADDQ AX, SI
 	VMOVUPS (SI), Z9
+	CMPQ R8, $11
+	JLT loaded
 	ADDQ AX, SI
 	VMOVUPS (SI), Z10
+	CMPQ R8, $12
+	JLT loaded
 	ADDQ AX, SI
 	VMOVUPS (SI), Z11
+	CMPQ R8, $13
+	JLT loaded
 	ADDQ AX, SI
 	VMOVUPS (SI), Z12
+	CMPQ R8, $14
+	JLT loaded
 	ADDQ AX, SI
 	VMOVUPS (SI), Z13
+	CMPQ R8, $15
+	JLT loaded
 	ADDQ AX, SI
 	VMOVUPS (SI), Z14
+	CMPQ R8, $16
+	JLT loaded
 	ADDQ AX, SI
 	VMOVUPS (SI), Z15
+loaded:
 	VUNPCKLPS Z1, Z0, Z16
 	VUNPCKHPS Z1, Z0, Z17
 	VUNPCKLPS Z3, Z2, Z18
@@ -106,36 +161,36 @@ TEXT ·transpose16AVX512(SB), NOSPLIT, $0-32
 	VSHUFF32X4 $0xdd, Z29, Z21, Z13
 	VSHUFF32X4 $0xdd, Z30, Z22, Z14
 	VSHUFF32X4 $0xdd, Z31, Z23, Z15
-	VMOVUPS Z0, (DI)
+	VMOVUPS Z0, K1, (DI)
 	ADDQ DX, DI
-	VMOVUPS Z1, (DI)
+	VMOVUPS Z1, K1, (DI)
 	ADDQ DX, DI
-	VMOVUPS Z2, (DI)
+	VMOVUPS Z2, K1, (DI)
 	ADDQ DX, DI
-	VMOVUPS Z3, (DI)
+	VMOVUPS Z3, K1, (DI)
 	ADDQ DX, DI
-	VMOVUPS Z4, (DI)
+	VMOVUPS Z4, K1, (DI)
 	ADDQ DX, DI
-	VMOVUPS Z5, (DI)
+	VMOVUPS Z5, K1, (DI)
 	ADDQ DX, DI
-	VMOVUPS Z6, (DI)
+	VMOVUPS Z6, K1, (DI)
 	ADDQ DX, DI
-	VMOVUPS Z7, (DI)
+	VMOVUPS Z7, K1, (DI)
 	ADDQ DX, DI
-	VMOVUPS Z8, (DI)
+	VMOVUPS Z8, K1, (DI)
 	ADDQ DX, DI
-	VMOVUPS Z9, (DI)
+	VMOVUPS Z9, K1, (DI)
 	ADDQ DX, DI
-	VMOVUPS Z10, (DI)
+	VMOVUPS Z10, K1, (DI)
 	ADDQ DX, DI
-	VMOVUPS Z11, (DI)
+	VMOVUPS Z11, K1, (DI)
 	ADDQ DX, DI
-	VMOVUPS Z12, (DI)
+	VMOVUPS Z12, K1, (DI)
 	ADDQ DX, DI
-	VMOVUPS Z13, (DI)
+	VMOVUPS Z13, K1, (DI)
 	ADDQ DX, DI
-	VMOVUPS Z14, (DI)
+	VMOVUPS Z14, K1, (DI)
 	ADDQ DX, DI
-	VMOVUPS Z15, (DI)
+	VMOVUPS Z15, K1, (DI)
 	VZEROUPPER
 	RET

@@ -9,29 +9,36 @@ import (
 )
 
 // TestTransposeBlock: the block comes out transposed, every value in its
-// place, and nothing outside the block is written.
+// place, the rows past the block's as zeros, and nothing outside the cols
+// of each output row written — for full blocks and for a packed strip's
+// shapes (12 and 6 lanes, a ragged last strip).
 func TestTransposeBlock(t *testing.T) {
 	const lds, ldd = 21, 19
 	rng := rand.New(rand.NewPCG(4, 4))
-	src := make([]float32, 16*lds)
-	for i := range src {
-		src[i] = rng.Float32()
-	}
-	dst := make([]float32, 16*ldd)
-	for i := range dst {
-		dst[i] = -1
-	}
-	if !transposeBlock(src, lds, dst, ldd) {
-		t.Skip("no block transpose on this CPU")
-	}
-	for i := range 16 {
-		for j := range ldd {
-			want := float32(-1)
-			if j < 16 {
-				want = src[j*lds+i]
-			}
-			if got := dst[i*ldd+j]; got != want {
-				t.Fatalf("dst[%d][%d] = %v, want %v", i, j, got, want)
+	for _, c := range []struct{ rows, cols int }{{16, 16}, {12, 12}, {5, 12}, {6, 6}, {1, 4}, {16, 3}} {
+		src := make([]float32, (c.rows-1)*lds+16)
+		for i := range src {
+			src[i] = rng.Float32()
+		}
+		dst := make([]float32, 16*ldd)
+		for i := range dst {
+			dst[i] = -1
+		}
+		if !transposeBlock(src, lds, dst, ldd, c.rows, c.cols) {
+			t.Skip("no block transpose on this CPU")
+		}
+		for i := range 16 {
+			for j := range ldd {
+				want := float32(-1)
+				switch {
+				case j < min(c.rows, c.cols):
+					want = src[j*lds+i]
+				case j < c.cols:
+					want = 0
+				}
+				if got := dst[i*ldd+j]; got != want {
+					t.Fatalf("%+v: dst[%d][%d] = %v, want %v", c, i, j, got, want)
+				}
 			}
 		}
 	}
