@@ -36,6 +36,11 @@ type convGeom struct {
 func (g convGeom) p() int   { return g.oh * g.ow } // output positions per sample
 func (g convGeom) ckk() int { return g.c * g.k * g.k }
 
+// convGroups is how many sums of consecutive samples a conv layer's weight
+// gradient is made of: as many threads as that can share the work, and
+// the number may not depend on the thread count.
+const convGroups = 4
+
 // convState is what a layer's forward op and its gradient ops share:
 // scratch that lives as long as the model.
 type convState struct {
@@ -49,9 +54,11 @@ type convState struct {
 	// for the cnn's second layer) went to memory and back, which took
 	// longer than the products.
 	cols [][]float32
-	dcol [][]float32      // gradX's per-thread scratch, ckk × p
-	w    gemm.PackedA     // W (forward) or Wᵀ (gradX), packed once for every sample
-	out  [4]*tensor.Dense // each op's result, by layerKind, reused
+	dcol [][]float32  // gradX's per-thread scratch, ckk × p
+	w    gemm.PackedA // W (forward) or Wᵀ (gradX), packed once for every sample
+	// dwParts are gradW's group sums after the first.
+	dwParts [][]float32
+	out     [4]*tensor.Dense // each op's result, by layerKind, reused
 }
 
 func newConvState(g convGeom, needX bool, b *gemm.BLAS, clock *phaseClock) *convState {
@@ -67,21 +74,9 @@ func (st *convState) scratch(bufs *[][]float32, n int) [][]float32 {
 	return *bufs
 }
 
-// forEach runs f(t, lo, hi) over [0, n) cut into the BLAS's thread
-// budget, t numbering the parts.
+// forEach is parallelFor over the BLAS's thread budget.
 func (st *convState) forEach(n int, f func(t, lo, hi int)) {
-	threads := max(1, min(st.blas.Threads(), n))
-	done := make(chan struct{}, threads)
-	for t := range threads - 1 {
-		go func() {
-			defer func() { done <- struct{}{} }()
-			f(t, t*n/threads, (t+1)*n/threads)
-		}()
-	}
-	f(threads-1, (threads-1)*n/threads, n)
-	for range threads - 1 {
-		<-done
-	}
+	parallelFor(st.blas.Threads(), n, f)
 }
 
 // im2col writes sample s's im2col matrix into col (ckk × p: its rows p
@@ -130,36 +125,56 @@ func (st *convState) forward(x, w, bias, y []float32) {
 	})
 }
 
-// gradW: dW = Σ over samples, in order, of dy[s] · col(s)ᵀ; each product
-// is split over the threads by its tiles, so the bits do not depend on
-// how many there are.
+// gradW: dW = Σ over samples of dy[s] · col(s)ᵀ, summed in convGroups
+// groups of consecutive samples, each in order, then the groups' sums in
+// order: the groups run on as many threads as there are (each product on
+// one), and since their number is fixed the bits are the same whatever
+// that is.
 func (st *convState) gradW(x, dy, dw []float32) {
 	g := st.g
 	P, CKK := g.p(), g.ckk()
-	col := st.scratch(&st.cols, 1)[0]
-	for s := range g.b {
-		st.im2col(col, x, s)
-		beta := float32(1)
-		if s == 0 {
-			beta = 0
+	groups := min(convGroups, g.b)
+	cols := st.scratch(&st.cols, max(1, min(st.blas.Threads(), groups)))
+	for len(st.dwParts) < groups-1 {
+		st.dwParts = append(st.dwParts, make([]float32, len(dw)))
+	}
+	st.forEach(groups, func(t, lo, hi int) {
+		for grp := lo; grp < hi; grp++ {
+			sum := dw
+			if grp > 0 {
+				sum = st.dwParts[grp-1]
+			}
+			for s := grp * g.b / groups; s < (grp+1)*g.b/groups; s++ {
+				st.im2col(cols[t], x, s)
+				beta := float32(1)
+				if s == grp*g.b/groups {
+					beta = 0
+				}
+				st.blas.SgemmSerial(blas.NoTrans, blas.Trans, g.o, CKK, P, 1, dy[s*g.o*P:], P, cols[t], P, beta, sum, CKK)
+			}
 		}
-		st.blas.Sgemm(blas.NoTrans, blas.Trans, g.o, CKK, P, 1, dy[s*g.o*P:], P, col, P, beta, dw, CKK)
+	})
+	for _, part := range st.dwParts[:groups-1] {
+		vec.AddRows(dw, len(dw), part, len(part), 1, len(dw))
 	}
 }
 
-// gradB: db[o] = Σ over samples, then positions, of dy.
+// gradB: db[o] = Σ over samples, then positions, of dy; filters split
+// over the threads.
 func (st *convState) gradB(dy, db []float32) {
 	g := st.g
 	P := g.p()
-	for o := range g.o {
-		sum := float32(0)
-		for s := range g.b {
-			for _, v := range dy[(s*g.o+o)*P : (s*g.o+o+1)*P] {
-				sum += v
+	st.forEach(g.o, func(_, lo, hi int) {
+		for o := lo; o < hi; o++ {
+			sum := float32(0)
+			for s := range g.b {
+				for _, v := range dy[(s*g.o+o)*P : (s*g.o+o+1)*P] {
+					sum += v
+				}
 			}
+			db[o] = sum
 		}
-		db[o] = sum
-	}
+	})
 }
 
 // gradX: per sample, dcol = Wᵀ · dy[s], then col2im adds each tap back

@@ -101,3 +101,23 @@ func (c *phaseClock) grad() {
 
 // ForwardEnd is when the forward pass of the last ForwardBackward ended.
 func (m *graphModel) ForwardEnd() time.Time { return m.clock.backward }
+
+// parallelFor runs f(t, lo, hi) over [0, n) cut into at most threads
+// contiguous parts, t numbering them, the last on the calling goroutine,
+// and returns when all are done. Element-wise work only, or sums whose
+// order does not follow the cut: what a part computes may not depend on
+// how many there are.
+func parallelFor(threads, n int, f func(t, lo, hi int)) {
+	threads = max(1, min(threads, n))
+	done := make(chan struct{}, threads)
+	for t := range threads - 1 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			f(t, t*n/threads, (t+1)*n/threads)
+		}()
+	}
+	f(threads-1, (threads-1)*n/threads, n)
+	for range threads - 1 {
+		<-done
+	}
+}

@@ -397,9 +397,9 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 			learned = true
 			lg.learn = append(lg.learn, wn, bn)
 		case LayerMaxPool2D:
-			h, err = maxPool2d(h, poolGeom{b: b, c: in[0], h: in[1], w: in[2], k: l.Kernel})
+			h, err = maxPool2d(h, poolGeom{b: b, c: in[0], h: in[1], w: in[2], k: l.Kernel}, lg.blas)
 		case LayerReLU:
-			h, err = relu(h)
+			h, err = relu(h, lg.blas)
 		case LayerSigmoid:
 			h, err = G.Sigmoid(h)
 		case LayerTanh:

@@ -3,6 +3,7 @@ package train
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 
 	"github.com/ringtrain/ringtrain/train/vec"
@@ -57,7 +58,14 @@ func (o *SGD) Step(params, grads [][]float32) {
 		if o.Momentum != 0 {
 			v = o.velocity[i]
 		}
-		vec.SGD(p, grads[i], v, o.LR, o.Momentum, o.WeightDecay)
+		g := grads[i]
+		split(len(p), func(lo, hi int) {
+			var vv []float32
+			if v != nil {
+				vv = v[lo:hi]
+			}
+			vec.SGD(p[lo:hi], g[lo:hi], vv, o.LR, o.Momentum, o.WeightDecay)
+		})
 	}
 }
 
@@ -100,7 +108,10 @@ func (o *Adam) Step(params, grads [][]float32) {
 	step := o.LR / float32(bc1)
 	sq := float32(math.Sqrt(bc2))
 	for i, p := range params {
-		vec.Adam(p, grads[i], o.m[i], o.v[i], step, sq, o.Beta1, o.Beta2, o.WeightDecay, o.Eps)
+		g, m, v := grads[i], o.m[i], o.v[i]
+		split(len(p), func(lo, hi int) {
+			vec.Adam(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], step, sq, o.Beta1, o.Beta2, o.WeightDecay, o.Eps)
+		})
 	}
 }
 
@@ -137,4 +148,11 @@ func zerosLike(params [][]float32) [][]float32 {
 		out[i] = make([]float32, len(p))
 	}
 	return out
+}
+
+// split runs f over [0, n) in parts, one per thread Go has where n is
+// worth it (reluSplit): each value's update is its own, so the bits do
+// not depend on the cut.
+func split(n int, f func(lo, hi int)) {
+	parallelFor(min(runtime.GOMAXPROCS(0), n/reluSplit), n, func(_, lo, hi int) { f(lo, hi) })
 }

@@ -9,6 +9,7 @@ import (
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 
+	"github.com/ringtrain/ringtrain/train/gemm"
 	"github.com/ringtrain/ringtrain/train/vec"
 )
 
@@ -28,6 +29,7 @@ type poolOp struct {
 	grad bool
 	g    poolGeom
 	out  **tensor.Dense // the result, reused run to run (see convOp.Do)
+	blas *gemm.BLAS     // whose thread budget the planes are split over
 }
 
 // poolGeom is a max-pool's shapes: b·c planes of h × w, a k × k window,
@@ -73,15 +75,47 @@ func (op poolOp) UsePreallocDo(prealloc G.Value, inputs ...G.Value) (G.Value, er
 		if err != nil {
 			return nil, err
 		}
-		maxPool(g, data[0], data[1])
+		op.each(func(lo, hi int) { maxPool(op.part(lo, hi), op.planes(data[0], lo, hi), op.outPlanes(data[1], lo, hi)) })
 		return prealloc, nil
 	}
 	data, err := floatsOf(op, []int{x, y, x}, prealloc, inputs)
 	if err != nil {
 		return nil, err
 	}
-	maxPoolGrad(g, data[0], data[1], data[2])
+	op.each(func(lo, hi int) {
+		maxPoolGrad(op.part(lo, hi), op.planes(data[0], lo, hi), op.outPlanes(data[1], lo, hi), op.planes(data[2], lo, hi))
+	})
 	return prealloc, nil
+}
+
+// each runs f over the b·c planes in parts, one per thread where there
+// are values enough (reluSplit) to be worth it.
+func (op poolOp) each(f func(lo, hi int)) {
+	g := op.g
+	n := g.b * g.c
+	threads := 1
+	if op.blas != nil {
+		threads = min(op.blas.Threads(), n*g.h*g.w/reluSplit)
+	}
+	parallelFor(threads, n, func(_, lo, hi int) { f(lo, hi) })
+}
+
+// part is the geometry of planes [lo, hi), as one sample of hi − lo
+// channels.
+func (op poolOp) part(lo, hi int) poolGeom {
+	g := op.g
+	g.b, g.c = 1, hi-lo
+	return g
+}
+
+// planes and outPlanes are planes [lo, hi) of an input-shaped and an
+// output-shaped tensor.
+func (op poolOp) planes(x []float32, lo, hi int) []float32 {
+	return x[lo*op.g.h*op.g.w : hi*op.g.h*op.g.w]
+}
+
+func (op poolOp) outPlanes(y []float32, lo, hi int) []float32 {
+	return y[lo*op.g.oh()*op.g.ow() : hi*op.g.oh()*op.g.ow()]
 }
 
 // maxPool writes each window's value of x into y.
@@ -168,12 +202,12 @@ func (op poolOp) SymDiff(inputs G.Nodes, _, grad *G.Node) (G.Nodes, error) {
 	if op.grad || len(inputs) != 1 {
 		return nil, fmt.Errorf("%v: no second derivative", op)
 	}
-	dx, err := G.ApplyOp(poolOp{grad: true, g: op.g, out: new(*tensor.Dense)}, inputs[0], grad)
+	dx, err := G.ApplyOp(poolOp{grad: true, g: op.g, out: new(*tensor.Dense), blas: op.blas}, inputs[0], grad)
 	return G.Nodes{dx}, err
 }
 
-// maxPool2d adds a k×k max-pool with stride k to a graph; x is b × c × h
-// × w.
-func maxPool2d(x *G.Node, g poolGeom) (*G.Node, error) {
-	return G.ApplyOp(poolOp{g: g, out: new(*tensor.Dense)}, x)
+// maxPool2d adds a k×k max-pool with stride k to a graph, split over b's
+// threads (nil: one); x is b × c × h × w.
+func maxPool2d(x *G.Node, g poolGeom, b *gemm.BLAS) (*G.Node, error) {
+	return G.ApplyOp(poolOp{g: g, out: new(*tensor.Dense), blas: b}, x)
 }
