@@ -207,8 +207,8 @@ func (st *convState) gradX(w, dy, dx []float32) {
 	})
 }
 
-// The gorgonia ops. Each writes into the tensor the tape machine
-// preallocated for its node (UsePreallocDo), which stays from run to run.
+// The gorgonia ops. Each writes into a tensor it keeps (Do), or one a
+// caller preallocated (UsePreallocDo), which stays from run to run.
 
 type convOp struct {
 	kind layerKind
@@ -236,12 +236,10 @@ func (op convOp) shape() tensor.Shape {
 
 func (op convOp) InferShape(...G.DimSizer) (tensor.Shape, error) { return op.shape(), nil }
 
-// Do writes into a tensor the op keeps: the tape machine preallocates
-// only a node's first use of a register (and only for ops that "call an
-// extern", hence CallsExtern), and a fresh tensor per step, faulted in
-// anew, cost more than the arithmetic. The value is rewritten whole each
-// run and nothing holds it past its consumers (gradients are added into
-// the learnables' own tensors).
+// Do writes into a tensor the op keeps: a fresh tensor per step, faulted
+// in anew, cost more than the arithmetic. The value is rewritten whole
+// each run and nothing holds it past its consumers (gradients are read
+// before the next run).
 func (op convOp) Do(inputs ...G.Value) (G.Value, error) {
 	return op.UsePreallocDo(kept(&op.st.out[op.kind], op.shape()), inputs...)
 }
@@ -314,7 +312,7 @@ func floatsOf(op fmt.Stringer, sizes []int, out G.Value, inputs []G.Value) ([][]
 }
 
 func (op convOp) ReturnsPtr() bool     { return false }
-func (op convOp) CallsExtern() bool    { return true } // so the tape machine preallocates our output
+func (op convOp) CallsExtern() bool    { return true } // so gorgonia's TapeMachine would preallocate our output
 func (op convOp) OverwritesInput() int { return -1 }
 
 func (op convOp) WriteHash(h hash.Hash) { fmt.Fprintf(h, "ringtrain.%v@%p", op, op.st) }

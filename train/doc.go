@@ -3,9 +3,11 @@
 // and then applies its optimizer, so every replica applies the same bits.
 //
 // Models are built from a Spec (BuiltinSpec's mlp and cnn, or a layer list
-// with residual connections and dropout) by NewModel: a gorgonia graph,
-// run by a TapeMachine, that gorgonia differentiates. Its linear, conv2d
-// and ReLU layers are ops of this package (linear.go, conv.go, relu.go)
+// with residual connections and dropout) by NewModel: a gorgonia graph
+// that gorgonia differentiates, run op by op on the caller's goroutine by
+// a tape of this package (tape.go; gorgonia's TapeMachine hands each run
+// to another thread). Its linear, conv2d, ReLU and max-pool layers are ops
+// of this package (linear.go, conv.go, relu.go, pool.go)
 // that multiply with train/gemm and keep their outputs from step to step;
 // gorgonia's own products use train/gemm too once the program calls
 // InstallBLAS (gorgonia's BLAS is the process's). The CUDA and Host

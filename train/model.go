@@ -59,15 +59,17 @@ type ModelConfig struct {
 	Threads int `json:"-"`
 }
 
-// graphModel is a gorgonia graph run by one TapeMachine, built once; Reset
-// before every run (without it RunAll silently does nothing).
+// graphModel is a gorgonia graph, built once, run by a tape of its own.
 type graphModel struct {
 	cfg     ModelConfig
 	inputs  int // values per sample
 	classes int
 	g       *G.ExprGraph
-	vm      G.VM          // forward and backward
-	fwd     G.VM          // forward alone, for evaluation
+	vm      *tape   // forward and backward
+	fwd     *tape   // forward alone, for evaluation
+	out     *G.Node // the logits
+	cost    *G.Node
+	last    *tape         // the tape that ran last, whose logits Logits reads
 	x, y    *tensor.Dense // inputs, refilled in place every step
 	invN    *G.Node
 	learn   G.Nodes
@@ -76,8 +78,6 @@ type graphModel struct {
 	params    [][]float32
 	grads     [][]float32
 	names     []string
-	costVal   G.Value
-	outVal    G.Value // logits, batch × classes
 	drops     []dropout
 	masks     *rand.PCG
 	blas      *gemm.BLAS // the linear and conv layers' products
@@ -145,13 +145,12 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 		saved: map[string]*G.Node{}, savedLearned: map[string]bool{}}
 	h := G.Must(lg.build(x, 0, len(cfg.Spec.Layers), false))
 	m.learn, m.drops = lg.learn, lg.drops
-	readOut := G.Read(h, &m.outVal)
 	logp := G.Must(G.LogSoftMax(h))
 	cost := G.Must(G.Neg(G.Must(G.Mul(G.Must(G.Sum(G.Must(G.HadamardProd(logp, y)))), m.invN))))
-	readCost := G.Read(cost, &m.costVal)
-	// The forward machine runs the part of the graph the two reads need,
-	// which holds no gradient node; it is compiled before Grad adds them.
-	m.fwd = G.NewTapeMachine(m.g.SubgraphRoots(readOut, readCost))
+	m.out, m.cost = h, cost
+	// The forward tape runs what the logits and the loss need, which holds
+	// no gradient node.
+	m.fwd = newTape(h, cost)
 	grads, err := G.Grad(cost, m.learn...)
 	if err != nil {
 		return nil, fmt.Errorf("train: gradients: %w", err)
@@ -161,7 +160,7 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 	// its own, which the step must clear first: two more passes over
 	// every gradient, a sixth of the mlp's step.
 	m.gradNodes = grads
-	m.vm = G.NewTapeMachine(m.g)
+	m.vm = newTape(append(G.Nodes{h, cost}, grads...)...)
 	for _, n := range m.learn {
 		m.params = append(m.params, n.Value().Data().([]float32))
 		m.names = append(m.names, n.Name())
@@ -242,7 +241,7 @@ func (m *graphModel) ForwardBackward(x []float32, y []int, n int) (loss float32,
 	// from one run to the next (ours keep theirs).
 	m.grads = m.grads[:0]
 	for i, n := range m.gradNodes {
-		d, err := nodeFloats(n, len(m.params[i]))
+		d, err := nodeFloats(m.vm.value(n), len(m.params[i]))
 		if err != nil {
 			return 0, fmt.Errorf("train: the gradient of %s: %w", m.names[i], err)
 		}
@@ -310,21 +309,16 @@ func (d dropout) fill(src *rand.PCG) {
 	}
 }
 
-// run runs a machine and returns the loss.
-func (m *graphModel) run(vm G.VM) (loss float32, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("train: forward/backward: %v", r)
-		}
-	}()
-	vm.Reset()
-	if err := vm.RunAll(); err != nil {
+// run runs a tape and returns the loss.
+func (m *graphModel) run(t *tape) (loss float32, err error) {
+	if err := t.run(); err != nil {
 		return 0, fmt.Errorf("train: forward/backward: %w", err)
 	}
-	c, ok := m.costVal.Data().(float32)
+	c, ok := t.value(m.cost).Data().(float32)
 	if !ok {
 		return 0, errors.New("train: loss is not a float32 scalar")
 	}
+	m.last = t
 	return c, nil
 }
 
@@ -334,8 +328,8 @@ func (m *graphModel) SeedMasks(seed uint64) { m.masks.Seed(m.cfg.Seed, seed^0x64
 func (m *graphModel) Params() [][]float32  { return m.params }
 func (m *graphModel) Grads() [][]float32   { return m.grads }
 func (m *graphModel) ParamNames() []string { return m.names }
-func (m *graphModel) Close() error         { return errors.Join(m.vm.Close(), m.fwd.Close()) }
-func (m *graphModel) Logits() []float32    { return m.outVal.Data().([]float32) }
+func (m *graphModel) Close() error         { return nil }
+func (m *graphModel) Logits() []float32    { return m.last.value(m.out).Data().([]float32) }
 
 // layerGraph adds a spec's layers to a gorgonia graph: the whole model's,
 // or one pipeline stage's.
@@ -430,8 +424,7 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 }
 
 // nodeFloats is a node's value as float32s, at least want of them.
-func nodeFloats(n *G.Node, want int) ([]float32, error) {
-	v := n.Value()
+func nodeFloats(v G.Value, want int) ([]float32, error) {
 	if v == nil {
 		return nil, fmt.Errorf("no value")
 	}

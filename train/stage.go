@@ -61,8 +61,8 @@ type Stage struct {
 	classes int
 
 	g       *G.ExprGraph
-	vm      G.VM // forward and backward
-	fwd     G.VM // forward alone
+	vm      *tape // forward and backward
+	fwd     *tape // forward alone
 	inputs  []*tensor.Dense
 	inNodes G.Nodes
 	outs    G.Nodes         // output nodes, in the order of out
@@ -77,8 +77,9 @@ type Stage struct {
 	gradNodes G.Nodes
 	acc       [][]float32 // summed over micro-batches
 	names     []string
-	costVal   G.Value
-	outVal    G.Value
+	logits    *G.Node // the last stage's
+	cost      *G.Node // the last stage's loss
+	ran       *tape   // the tape that ran last
 
 	drops  []dropout
 	dropAt []int
@@ -186,10 +187,10 @@ func NewStage(cfg StageConfig) (_ *Stage, err error) {
 	if s.last {
 		s.y = tensor.New(tensor.WithShape(b, s.classes), tensor.Of(tensor.Float32))
 		y := G.NewMatrix(s.g, G.Float32, G.WithShape(b, s.classes), G.WithName("y"), G.WithValue(s.y))
-		roots = append(roots, G.Read(h, &s.outVal))
 		logp := G.Must(G.LogSoftMax(h))
 		cost = G.Must(G.Neg(G.Must(G.Mul(G.Must(G.Sum(G.Must(G.HadamardProd(logp, y)))), s.invN))))
-		roots = append(roots, G.Read(cost, &s.costVal))
+		s.logits, s.cost = h, cost
+		roots = append(roots, h, cost)
 	} else {
 		// Backward's objective is Σ out ⊙ ∂L/∂out over the outputs: its
 		// gradient with respect to anything before them is the loss's,
@@ -212,7 +213,7 @@ func NewStage(cfg StageConfig) (_ *Stage, err error) {
 		}
 		roots = append(roots, s.outs...)
 	}
-	s.fwd = G.NewTapeMachine(s.g.SubgraphRoots(roots...))
+	s.fwd = newTape(roots...)
 	wrt := append(G.Nodes{}, s.learn...)
 	if !s.first {
 		wrt = append(wrt, s.inNodes...)
@@ -226,7 +227,7 @@ func NewStage(cfg StageConfig) (_ *Stage, err error) {
 		}
 		s.gradNodes = grads
 	}
-	s.vm = G.NewTapeMachine(s.g)
+	s.vm = newTape(append(roots, s.gradNodes...)...)
 	for _, n := range s.learn {
 		p := n.Value().Data().([]float32)
 		s.params = append(s.params, p)
@@ -296,21 +297,16 @@ func (s *Stage) feed(mb int, in [][]float32, y []int, rows int, training bool) e
 	return nil
 }
 
-// run runs a machine and returns the loss on the last stage.
-func (s *Stage) run(vm G.VM) (loss float32, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("train: stage [%d, %d): %v", s.cfg.Lo, s.cfg.Hi, r)
-		}
-	}()
-	vm.Reset()
-	if err := vm.RunAll(); err != nil {
+// run runs a tape and returns the loss on the last stage.
+func (s *Stage) run(t *tape) (loss float32, err error) {
+	if err := t.run(); err != nil {
 		return 0, fmt.Errorf("train: stage [%d, %d): %w", s.cfg.Lo, s.cfg.Hi, err)
 	}
+	s.ran = t
 	if !s.last {
 		return 0, nil
 	}
-	c, ok := s.costVal.Data().(float32)
+	c, ok := t.value(s.cost).Data().(float32)
 	if !ok {
 		return 0, errors.New("train: loss is not a float32 scalar")
 	}
@@ -329,7 +325,7 @@ func (s *Stage) Forward(mb int, in [][]float32, y []int, rows int, training bool
 		return nil, 0, err
 	}
 	for k, n := range s.outs {
-		out = append(out, n.Value().Data().([]float32)[:rows*s.out[k].Values()])
+		out = append(out, s.fwd.value(n).Data().([]float32)[:rows*s.out[k].Values()])
 	}
 	return out, loss, nil
 }
@@ -359,7 +355,7 @@ func (s *Stage) Backward(mb int, in [][]float32, y []int, rows int, gout [][]flo
 	}
 	s.grads = s.grads[:0]
 	for i := range s.learn {
-		g, err := nodeFloats(s.gradNodes[i], len(s.params[i]))
+		g, err := nodeFloats(s.vm.value(s.gradNodes[i]), len(s.params[i]))
 		if err != nil {
 			return nil, 0, fmt.Errorf("train: stage [%d, %d): the gradient of %s: %w", s.cfg.Lo, s.cfg.Hi, s.names[i], err)
 		}
@@ -375,7 +371,7 @@ func (s *Stage) Backward(mb int, in [][]float32, y []int, rows int, gout [][]flo
 		return nil, loss, nil
 	}
 	for k := range s.inNodes {
-		g, err := nodeFloats(s.gradNodes[len(s.learn)+k], rows*s.in[k].Values())
+		g, err := nodeFloats(s.vm.value(s.gradNodes[len(s.learn)+k]), rows*s.in[k].Values())
 		if err != nil {
 			return nil, 0, fmt.Errorf("train: stage [%d, %d): gradient of input %d: %w", s.cfg.Lo, s.cfg.Hi, k, err)
 		}
@@ -404,11 +400,11 @@ func (s *Stage) ParamNames() []string { return s.names }
 // Logits returns the last Forward's or Backward's micro-batch × classes
 // outputs on the last stage.
 func (s *Stage) Logits() []float32 {
-	if s.outVal == nil {
+	if s.logits == nil || s.ran == nil {
 		return nil
 	}
-	return s.outVal.Data().([]float32)
+	return s.ran.value(s.logits).Data().([]float32)
 }
 
-// Close frees the stage's machines.
-func (s *Stage) Close() error { return errors.Join(s.vm.Close(), s.fwd.Close()) }
+// Close frees what the stage holds: nothing beyond memory, now.
+func (s *Stage) Close() error { return nil }
