@@ -13,7 +13,8 @@ type KernelReport struct {
 	GEMM      string      `json:"gemm"`
 	GEMMWhy   string      `json:"gemm_why"`
 	GEMMRates []gemm.Rate `json:"gemm_rates,omitempty"`
-	// Vector is the optimizers' and ReLU's kernels.
+	// Vector is the optimizers', ReLU's, the max-pool's and the conv
+	// layers' row copies and sums' kernels.
 	Vector    string `json:"vector"`
 	VectorWhy string `json:"vector_why"`
 	// Conv is how a convolution is computed.
@@ -26,5 +27,5 @@ func Kernels() KernelReport {
 	c := gemm.Chosen()
 	v, why := vec.Kernel()
 	return KernelReport{GEMM: c.Kernel, GEMMWhy: c.Why, GEMMRates: c.Rates, Vector: v, VectorWhy: why,
-		Conv: "im2col, then one product per direction with the matrix kernel (the only algorithm built)"}
+		Conv: "im2col sample by sample into a per-thread scratch, each product with the matrix kernel; the weight gradient summed in 4 fixed groups of samples (one per thread); the input gradient's columns added back in vector rows (the only algorithm built)"}
 }

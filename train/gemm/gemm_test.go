@@ -285,6 +285,8 @@ func BenchmarkSgemm(b *testing.B) {
 		{"mlp-fc1-dW", true, false, 784, 256, 64},
 		{"mlp-fc1-dX", false, true, 64, 784, 256},
 		{"cnn-fc1-fwd", false, false, 64, 1024, 3136},
+		{"cnn-fc1-dW", true, false, 3136, 1024, 64},
+		{"cnn-fc1-dX", false, true, 64, 3136, 1024},
 		{"cnn-conv2-fwd", false, false, 12544, 64, 800},
 		{"square-512", false, false, 512, 512, 512},
 		{"conv2-fwd-sample", false, false, 64, 196, 800},
