@@ -206,7 +206,8 @@ func packA(t bool, a []float32, lda, m, k, mr, lo, hi int, dst []float32) {
 			// A is stored m × k: blocks of 16 k go through the CPU's
 			// transpose where it has one, the strip's missing rows
 			// written as zeros.
-			for ; from+16 <= k && transposeBlock(a[i*mr*lda+from:], lda, strip[from*mr:], mr, rows, mr); from += 16 {
+			if transposeBlocks(a[i*mr*lda:], lda, strip, mr, rows, mr, k/16) {
+				from = k / 16 * 16
 			}
 		}
 		for r := range mr {
@@ -261,7 +262,8 @@ func packBT(b []float32, ldb, cols, k, nr int, panel []float32) {
 	for ; q+16 <= cols; q += 16 {
 		rows := b[q*ldb:]
 		p := 0
-		for ; p+16 <= k && transposeBlock(rows[p:], ldb, panel[p*nr+q:], nr, 16, 16); p += 16 {
+		if transposeBlocks(rows, ldb, panel[q:], nr, 16, 16, k/16) {
+			p = k / 16 * 16
 		}
 		if p < k {
 			for r := range 16 {

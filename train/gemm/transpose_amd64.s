@@ -1,24 +1,32 @@
 #include "textflag.h"
 
-// transposeAVX512(src *float32, lds int, dst *float32, ldd, rows, cols int):
-// the rows × 16 block at src (rows lds floats apart; 1 ≤ rows ≤ 16, the
-// block read as 16 rows, the missing ones zeros) written transposed at
-// dst: 16 rows ldd floats apart, each its first cols values (≤ 16). The
-// rows go into Z0–Z15, then unpacks of pairs of floats, of pairs of
-// pairs, and two rounds of 128-bit lane shuffles.
-TEXT ·transposeAVX512(SB), NOSPLIT, $0-48
-	MOVQ src+0(FP), SI
+// transposeAVX512(src *float32, lds int, dst *float32, ldd, rows, cols, blocks int):
+// blocks side by side along src's rows (16 floats apart in src, 16 rows
+// apart in dst), each a rows × 16 block at src (rows lds floats apart;
+// 1 ≤ rows ≤ 16, the block read as 16 rows, the missing ones zeros)
+// written transposed at dst: 16 rows ldd floats apart, each its first
+// cols values (≤ 16). A block's rows go into Z0–Z15, then unpacks of
+// pairs of floats, of pairs of pairs, and two rounds of 128-bit lane
+// shuffles.
+TEXT ·transposeAVX512(SB), NOSPLIT, $0-56
+	MOVQ src+0(FP), R10
 	MOVQ lds+8(FP), AX
 	SHLQ $2, AX
-	MOVQ dst+16(FP), DI
+	MOVQ dst+16(FP), R11
 	MOVQ ldd+24(FP), DX
 	SHLQ $2, DX
 	MOVQ rows+32(FP), R8
 	MOVQ cols+40(FP), CX
+	MOVQ blocks+48(FP), R9
 	MOVL $1, BX
 	SHLL CX, BX
 	DECL BX
 	KMOVW BX, K1
+	MOVQ DX, R12
+	SHLQ $4, R12
+block:
+	MOVQ R10, SI
+	MOVQ R11, DI
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -192,5 +200,9 @@ loaded:
 	VMOVUPS Z14, K1, (DI)
 	ADDQ DX, DI
 	VMOVUPS Z15, K1, (DI)
+	ADDQ $64, R10
+	ADDQ R12, R11
+	DECQ R9
+	JNZ block
 	VZEROUPPER
 	RET

@@ -8,26 +8,26 @@ import (
 	"gonum.org/v1/gonum/blas"
 )
 
-// TestTransposeBlock: the block comes out transposed, every value in its
-// place, the rows past the block's as zeros, and nothing outside the cols
-// of each output row written — for full blocks and for a packed strip's
-// shapes (12 and 6 lanes, a ragged last strip).
-func TestTransposeBlock(t *testing.T) {
-	const lds, ldd = 21, 19
+// TestTransposeBlocks: each block comes out transposed, every value in
+// its place, the rows past the block's as zeros, and nothing outside the
+// cols of each output row written — for full blocks and a packed strip's
+// shapes (12 and 6 lanes, a ragged last strip), one block or a run.
+func TestTransposeBlocks(t *testing.T) {
+	const lds, ldd = 53, 19
 	rng := rand.New(rand.NewPCG(4, 4))
-	for _, c := range []struct{ rows, cols int }{{16, 16}, {12, 12}, {5, 12}, {6, 6}, {1, 4}, {16, 3}} {
-		src := make([]float32, (c.rows-1)*lds+16)
+	for _, c := range []struct{ rows, cols, blocks int }{{16, 16, 1}, {12, 12, 3}, {5, 12, 2}, {6, 6, 1}, {1, 4, 3}, {16, 3, 2}} {
+		src := make([]float32, (c.rows-1)*lds+16*c.blocks)
 		for i := range src {
 			src[i] = rng.Float32()
 		}
-		dst := make([]float32, 16*ldd)
+		dst := make([]float32, 16*c.blocks*ldd)
 		for i := range dst {
 			dst[i] = -1
 		}
-		if !transposeBlock(src, lds, dst, ldd, c.rows, c.cols) {
+		if !transposeBlocks(src, lds, dst, ldd, c.rows, c.cols, c.blocks) {
 			t.Skip("no block transpose on this CPU")
 		}
-		for i := range 16 {
+		for i := range 16 * c.blocks {
 			for j := range ldd {
 				want := float32(-1)
 				switch {
