@@ -15,6 +15,12 @@
 // without FMA units computes the same bits, only slower. `make test` runs
 // the arm64 build under qemu to hold its fused loop to those bits.
 //
+// Packing: A's strips and B's panels are copied k-major before the kernel
+// reads them (unless B's rows lie close enough to be read in place); a
+// matrix stored the other way round is transposed 16 × 16 at a time in
+// AVX-512 where the CPU has it. PackA packs an A once for several
+// products (a conv layer's weights, for every sample of a batch).
+//
 // Threads: a BLAS splits each large product over its thread budget
 // (runtime.GOMAXPROCS when zero), by output tiles, never along k.
 package gemm

@@ -1,7 +1,11 @@
 // Package vec holds the element-wise loops a training step runs over every
 // parameter — the optimizers' updates and ReLU — in AVX-512 or AVX2
 // assembly where the CPU has it, with Go loops of exactly the same
-// arithmetic elsewhere and for the tails.
+// arithmetic elsewhere and for the tails; and, in AVX-512 with Go loops
+// elsewhere, the 2×2 max-pool and its gradient, the NaN/Inf check, and the
+// row copies and sums of a convolution's im2col and its input gradient,
+// whose rows are a few values long (AVX-512's masks take a row's ragged
+// end in one instruction).
 //
 // Vectors matter here less for width than for denormals: a dead unit's
 // momentum decays through the subnormal range, and this CPU takes a slow
