@@ -393,6 +393,25 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 		case LayerMaxPool2D:
 			h, err = maxPool2d(h, poolGeom{b: b, c: in[0], h: in[1], w: in[2], k: l.Kernel}, lg.blas)
 		case LayerReLU:
+			if j := i + 1; j < hi && layers[j].Type == LayerMaxPool2D && l.Save == "" {
+				// ReLU then a max-pool is the pool then ReLU, bit for bit,
+				// gradients too (both keep order, and a window whose
+				// largest is not above 0 passes back 0 either way), on a
+				// quarter of the values. The pool's layer is done here.
+				pool := layers[j]
+				h, err = maxPool2d(h, poolGeom{b: b, c: in[0], h: in[1], w: in[2], k: pool.Kernel}, lg.blas)
+				if err == nil {
+					h, err = relu(h, lg.blas)
+				}
+				if err != nil {
+					return nil, fmt.Errorf("layers %d and %d (%s, %s): %w", i, j, l.Type, pool.Type, err)
+				}
+				if pool.Save != "" {
+					lg.saved[pool.Save], lg.savedLearned[pool.Save] = h, learned
+				}
+				i, in = j, lg.shapes[j]
+				continue
+			}
 			h, err = relu(h, lg.blas)
 		case LayerSigmoid:
 			h, err = G.Sigmoid(h)

@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/ringtrain/ringtrain/train/vec"
 )
 
 // TestMaxPoolMatchesItsDefinition: each window's value is its first
@@ -80,6 +82,52 @@ func TestMaxPoolMatchesItsDefinition(t *testing.T) {
 		}
 		if !math.IsNaN(float64(y[0])) || (g.k > 1 && !(y[ow] == -inf)) {
 			t.Errorf("%+v: a window starting with NaN gave %v; a window of −Inf %v", g, y[0], y[ow])
+		}
+	}
+}
+
+// TestReluThenPoolIsPoolThenRelu: the model builds a ReLU followed by a
+// max-pool as the pool followed by the ReLU, on a quarter of the values;
+// on windows of negatives, zeros of both signs, ties and NaNs the two
+// give the same values and the same input gradients, bit for bit.
+func TestReluThenPoolIsPoolThenRelu(t *testing.T) {
+	g := poolGeom{b: 2, c: 3, h: 8, w: 6, k: 2}
+	rng := rand.New(rand.NewPCG(8, 8))
+	specials := []float32{0, float32(math.Copysign(0, -1)), -1, 1, -2, float32(math.NaN()), float32(math.Inf(-1))}
+	x := make([]float32, g.b*g.c*g.h*g.w)
+	for i := range x {
+		x[i] = specials[rng.IntN(len(specials))]
+	}
+	dy := make([]float32, g.b*g.c*g.oh()*g.ow())
+	for i := range dy {
+		dy[i] = float32(i + 1)
+	}
+	// ReLU, then the pool.
+	r := make([]float32, len(x))
+	vec.Relu(x, r)
+	y1 := make([]float32, len(dy))
+	maxPool(g, r, y1)
+	dr := make([]float32, len(x))
+	maxPoolGrad(g, r, dy, dr)
+	dx1 := make([]float32, len(x))
+	vec.ReluGrad(r, dr, dx1)
+	// The pool, then ReLU.
+	p := make([]float32, len(dy))
+	maxPool(g, x, p)
+	y2 := make([]float32, len(dy))
+	vec.Relu(p, y2)
+	dp := make([]float32, len(dy))
+	vec.ReluGrad(y2, dy, dp)
+	dx2 := make([]float32, len(x))
+	maxPoolGrad(g, x, dp, dx2)
+	for i := range y1 {
+		if math.Float32bits(y1[i]) != math.Float32bits(y2[i]) {
+			t.Fatalf("value %d: %v (ReLU first), %v (pool first)", i, y1[i], y2[i])
+		}
+	}
+	for i := range dx1 {
+		if math.Float32bits(dx1[i]) != math.Float32bits(dx2[i]) {
+			t.Fatalf("gradient %d (x = %v): %v (ReLU first), %v (pool first)", i, x[i], dx1[i], dx2[i])
 		}
 	}
 }

@@ -12,11 +12,9 @@ func MaxPool2(x []float32, w int, y []float32, ow, rows int) {
 	}
 	_ = x[(2*rows-1)*w+2*ow-1]
 	_ = y[(rows-1)*ow+ow-1]
-	if level == levelAVX512 {
-		maxPool2Asm(x, w, y, ow, rows)
-		return
+	if !maxPool2Asm(x, w, y, ow, rows) {
+		maxPool2Go(x, w, y, ow, rows)
 	}
-	maxPool2Go(x, w, y, ow, rows)
 }
 
 func maxPool2Go(x []float32, w int, y []float32, ow, rows int) {
@@ -41,11 +39,9 @@ func MaxPool2Grad(x []float32, w int, dy, dx []float32, ow, rows int) {
 	_ = x[(2*rows-1)*w+2*ow-1]
 	_ = dx[(2*rows-1)*w+2*ow-1]
 	_ = dy[(rows-1)*ow+ow-1]
-	if level == levelAVX512 {
-		maxPool2GradAsm(x, w, dy, dx, ow, rows)
-		return
+	if !maxPool2GradAsm(x, w, dy, dx, ow, rows) {
+		maxPool2GradGo(x, w, dy, dx, ow, rows)
 	}
-	maxPool2GradGo(x, w, dy, dx, ow, rows)
 }
 
 func maxPool2GradGo(x []float32, w int, dy, dx []float32, ow, rows int) {

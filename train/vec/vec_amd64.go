@@ -120,12 +120,22 @@ func copyRowsAsm(dst []float32, ldd int, src []float32, lds int, rows, n int) bo
 	return true
 }
 
-func maxPool2Asm(x []float32, w int, y []float32, ow, rows int) {
+// maxPool2Asm and maxPool2GradAsm do MaxPool2's passes in AVX-512 and
+// report true, or report false where this CPU has no AVX-512.
+func maxPool2Asm(x []float32, w int, y []float32, ow, rows int) bool {
+	if level != levelAVX512 {
+		return false
+	}
 	maxPool2x16(&x[0], w, &y[0], nil, nil, ow, rows)
+	return true
 }
 
-func maxPool2GradAsm(x []float32, w int, dy, dx []float32, ow, rows int) {
+func maxPool2GradAsm(x []float32, w int, dy, dx []float32, ow, rows int) bool {
+	if level != levelAVX512 {
+		return false
+	}
 	maxPool2x16(&x[0], w, nil, &dy[0], &dx[0], ow, rows)
+	return true
 }
 
 // maxPool2x16 is both of MaxPool2's passes: the values into y when dx is

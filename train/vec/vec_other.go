@@ -20,6 +20,6 @@ func addRowsAsm(dst []float32, ldd int, src []float32, lds int, rows, n int) boo
 
 func copyRowsAsm(dst []float32, ldd int, src []float32, lds int, rows, n int) bool { return false }
 
-func maxPool2Asm(x []float32, w int, y []float32, ow, rows int) {}
+func maxPool2Asm(x []float32, w int, y []float32, ow, rows int) bool { return false }
 
-func maxPool2GradAsm(x []float32, w int, dy, dx []float32, ow, rows int) {}
+func maxPool2GradAsm(x []float32, w int, dy, dx []float32, ow, rows int) bool { return false }
