@@ -178,7 +178,8 @@ func (st *convState) gradB(dy, db []float32) {
 }
 
 // gradX: per sample, dcol = Wᵀ · dy[s], then col2im adds each tap back
-// where it was taken from, taps in (ci, ky, kx) order.
+// where it was taken from, taps in (ky, kx) order within each channel
+// (vec.Col2im).
 func (st *convState) gradX(w, dy, dx []float32) {
 	g := st.g
 	P, CKK := g.p(), g.ckk()
@@ -188,20 +189,9 @@ func (st *convState) gradX(w, dy, dx []float32) {
 		dcol := dcols[t]
 		for s := lo; s < hi; s++ {
 			st.blas.SgemmPackedSerial(&st.w, blas.NoTrans, P, dy[s*g.o*P:(s+1)*g.o*P], P, 0, dcol, P)
-			img := dx[s*g.c*g.h*g.w : (s+1)*g.c*g.h*g.w]
-			clear(img)
-			for r := range CKK {
-				kx, ky, ci := r%g.k, (r/g.k)%g.k, r/(g.k*g.k)
-				x0, x1 := max(0, g.pad-kx), min(g.ow, g.w+g.pad-kx)
-				if x0 >= x1 {
-					continue
-				}
-				// The output rows whose input row oy+ky−pad lies inside.
-				oy0, oy1 := max(0, g.pad-ky), min(g.oh, g.h+g.pad-ky)
-				if oy0 < oy1 {
-					vec.AddRows(img[(ci*g.h+oy0+ky-g.pad)*g.w+x0+kx-g.pad:], g.w,
-						dcol[r*P+oy0*g.ow+x0:], g.ow, oy1-oy0, x1-x0)
-				}
+			for ci := range g.c {
+				kk := g.k * g.k
+				vec.Col2im(dx[(s*g.c+ci)*g.h*g.w:(s*g.c+ci+1)*g.h*g.w], g.h, g.w, dcol[ci*kk*P:(ci+1)*kk*P], g.oh, g.ow, g.k, g.pad)
 			}
 		}
 	})

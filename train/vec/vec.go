@@ -182,3 +182,56 @@ func CopyRows(dst []float32, ldd int, src []float32, lds int, rows, n int) {
 		}
 	}
 }
+
+// Col2im adds a convolution's column gradients back into one input
+// channel: img (h × w) = Σ over taps (ky, kx) of the tap's row of cols
+// (k·k rows of oh × ow, tap (ky, kx) at row ky·k + kx), each shifted to
+// where the tap read from (stride 1, zero padding pad). Every value of
+// img is the sum from +0 of its taps in (ky, kx) order, as clearing img
+// and adding each tap's rows in turn would make it; where the CPU has
+// AVX-512 each is summed in a register and stored once.
+func Col2im(img []float32, h, w int, cols []float32, oh, ow, k, pad int) {
+	P := oh * ow
+	_ = img[h*w-1]
+	_ = cols[k*k*P-1]
+	if !col2imAsm(img, h, w, cols, oh, ow, k, pad) {
+		col2imGo(img, h, w, cols, oh, ow, k, pad)
+	}
+}
+
+func col2imGo(img []float32, h, w int, cols []float32, oh, ow, k, pad int) {
+	P := oh * ow
+	clear(img[:h*w])
+	for r := range k * k {
+		ky, kx := r/k, r%k
+		// The output columns and rows whose input lies inside.
+		x0, x1 := max(0, pad-kx), min(ow, w+pad-kx)
+		oy0, oy1 := max(0, pad-ky), min(oh, h+pad-ky)
+		if x0 < x1 && oy0 < oy1 {
+			AddRows(img[(oy0+ky-pad)*w+x0+kx-pad:], w, cols[r*P+oy0*ow+x0:], ow, oy1-oy0, x1-x0)
+		}
+	}
+}
+
+// col2imMasks are Col2im's lane masks for 16-wide chunks of an input row:
+// per chunk, for each kx the lanes whose tap column ix − kx + pad lies in
+// [0, ow) (and ix in [0, w)), then the lanes inside the row.
+func col2imMasks(w, ow, k, pad int) []uint16 {
+	chunks := (w + 15) / 16
+	m := make([]uint16, chunks*(k+1))
+	for c := range chunks {
+		for lane := range 16 {
+			ix := 16*c + lane
+			if ix >= w {
+				continue
+			}
+			for kx := range k {
+				if ox := ix - kx + pad; ox >= 0 && ox < ow {
+					m[c*(k+1)+kx] |= 1 << lane
+				}
+			}
+			m[c*(k+1)+k] |= 1 << lane
+		}
+	}
+	return m
+}

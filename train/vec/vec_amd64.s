@@ -431,3 +431,74 @@ mprownext:
 	JNZ mprow
 	VZEROUPPER
 	RET
+
+// func col2im16(img, cols *float32, w, h, ow, oh, k, pad, p int, masks *uint16, chunks int)
+// Per input row iy and chunk c of 16 columns: Z0 = +0, then for each tap
+// (ky, kx) whose output row oy = iy − ky + pad lies in [0, oh), Z0 += the
+// tap's row oy from column 16c − kx + pad, merge-masked by the chunk's
+// mask for kx (lanes off it neither read nor added); then Z0 is stored
+// under the chunk's row mask. masks: per chunk, k tap masks then the row
+// mask.
+TEXT ·col2im16(SB), NOSPLIT, $0-88
+	MOVQ img+0(FP), DI
+	MOVQ cols+8(FP), SI
+	XORQ R8, R8
+c2irow:
+	XORQ R9, R9
+	MOVQ masks+72(FP), DX
+c2ichunk:
+	VPXORD Z0, Z0, Z0
+	XORQ R10, R10
+c2iky:
+	MOVQ R8, R12
+	SUBQ R10, R12
+	ADDQ pad+56(FP), R12
+	CMPQ R12, $0
+	JLT c2iskip
+	CMPQ R12, oh+40(FP)
+	JGE c2iskip
+	MOVQ R10, AX
+	IMULQ k+48(FP), AX
+	IMULQ p+64(FP), AX
+	MOVQ R12, CX
+	IMULQ ow+32(FP), CX
+	ADDQ CX, AX
+	MOVQ R9, CX
+	SHLQ $4, CX
+	ADDQ CX, AX
+	ADDQ pad+56(FP), AX
+	LEAQ (SI)(AX*4), R13
+	XORQ R11, R11
+c2ikx:
+	KMOVW (DX)(R11*2), K1
+	MOVQ R11, AX
+	IMULQ p+64(FP), AX
+	SUBQ R11, AX
+	LEAQ (R13)(AX*4), BX
+	VADDPS (BX), Z0, K1, Z0
+	INCQ R11
+	CMPQ R11, k+48(FP)
+	JLT c2ikx
+c2iskip:
+	INCQ R10
+	CMPQ R10, k+48(FP)
+	JLT c2iky
+	MOVQ k+48(FP), AX
+	KMOVW (DX)(AX*2), K2
+	MOVQ R8, AX
+	IMULQ w+16(FP), AX
+	MOVQ R9, CX
+	SHLQ $4, CX
+	ADDQ CX, AX
+	VMOVUPS Z0, K2, (DI)(AX*4)
+	MOVQ k+48(FP), AX
+	INCQ AX
+	LEAQ (DX)(AX*2), DX
+	INCQ R9
+	CMPQ R9, chunks+80(FP)
+	JLT c2ichunk
+	INCQ R8
+	CMPQ R8, h+24(FP)
+	JLT c2irow
+	VZEROUPPER
+	RET
