@@ -56,9 +56,11 @@ type convState struct {
 	cols [][]float32
 	dcol [][]float32  // gradX's per-thread scratch, ckk × p
 	w    gemm.PackedA // W (forward) or Wᵀ (gradX), packed once for every sample
-	// dwParts are gradW's group sums after the first.
-	dwParts [][]float32
-	out     [4]*tensor.Dense // each op's result, by layerKind, reused
+	// dwParts are gradW's group sums, its columns in (ky, kx, ci) order;
+	// patches and chLast its per-thread scratch (patchRows).
+	dwParts         [][]float32
+	patches, chLast [][]float32
+	out             [4]*tensor.Dense // each op's result, by layerKind, reused
 }
 
 func newConvState(g convGeom, needX bool, b *gemm.BLAS, clock *phaseClock) *convState {
@@ -130,32 +132,77 @@ func (st *convState) forward(x, w, bias, y []float32) {
 // order: the groups run on as many threads as there are (each product on
 // one), and since their number is fixed the bits are the same whatever
 // that is.
+//
+// col(s)ᵀ is made directly, p × ckk with its columns in (ky, kx, ci)
+// order (patches), from the sample transposed to channels last: a
+// position's taps for one ky are then k·c values side by side in both,
+// one row copy, and the product reads the matrix in place. Made as
+// im2col's ckk × p, it had to be transposed for the product, which took
+// longer than making it. Each dW value is the same sum as from im2col's
+// matrix; the columns go back to (ci, ky, kx) order at the end.
 func (st *convState) gradW(x, dy, dw []float32) {
 	g := st.g
 	P, CKK := g.p(), g.ckk()
 	groups := min(convGroups, g.b)
-	cols := st.scratch(&st.cols, max(1, min(st.blas.Threads(), groups)))
-	for len(st.dwParts) < groups-1 {
+	threads := max(1, min(st.blas.Threads(), groups))
+	for len(st.patches) < threads {
+		st.patches = append(st.patches, make([]float32, P*CKK))
+		st.chLast = append(st.chLast, make([]float32, g.c*g.h*g.w))
+	}
+	for len(st.dwParts) < groups {
 		st.dwParts = append(st.dwParts, make([]float32, len(dw)))
 	}
 	st.forEach(groups, func(t, lo, hi int) {
 		for grp := lo; grp < hi; grp++ {
-			sum := dw
-			if grp > 0 {
-				sum = st.dwParts[grp-1]
-			}
 			for s := grp * g.b / groups; s < (grp+1)*g.b/groups; s++ {
-				st.im2col(cols[t], x, s)
+				st.patchRows(st.patches[t], st.chLast[t], x, s)
 				beta := float32(1)
 				if s == grp*g.b/groups {
 					beta = 0
 				}
-				st.blas.SgemmSerial(blas.NoTrans, blas.Trans, g.o, CKK, P, 1, dy[s*g.o*P:], P, cols[t], P, beta, sum, CKK)
+				st.blas.SgemmSerial(blas.NoTrans, blas.NoTrans, g.o, CKK, P, 1, dy[s*g.o*P:], P, st.patches[t], CKK, beta, st.dwParts[grp], CKK)
 			}
 		}
 	})
-	for _, part := range st.dwParts[:groups-1] {
-		vec.AddRows(dw, len(dw), part, len(part), 1, len(dw))
+	sum := st.dwParts[0]
+	for _, part := range st.dwParts[1:groups] {
+		vec.AddRows(sum, len(sum), part, len(part), 1, len(sum))
+	}
+	kk := g.k * g.k
+	for o := range g.o {
+		for ci := range g.c {
+			for tap := range kk {
+				dw[(o*g.c+ci)*kk+tap] = sum[o*CKK+tap*g.c+ci]
+			}
+		}
+	}
+}
+
+// patchRows writes sample s's patches into rows (p × ckk, each position's
+// taps in (ky, kx, ci) order), through xt, the sample channels last
+// (h × w × c). Only the taps inside the image are written: the padding's
+// are zeros, the same for every sample, left from the matrix's making.
+func (st *convState) patchRows(rows, xt, x []float32, s int) {
+	g := st.g
+	hw := g.h * g.w
+	img := x[s*g.c*hw : (s+1)*g.c*hw]
+	for ci := range g.c {
+		for i, v := range img[ci*hw : (ci+1)*hw] {
+			xt[i*g.c+ci] = v
+		}
+	}
+	CKK := g.ckk()
+	for oy := range g.oh {
+		ky0, ky1 := max(0, g.pad-oy), min(g.k, g.h+g.pad-oy)
+		for ox := range g.ow {
+			kx0, kx1 := max(0, g.pad-ox), min(g.k, g.w+g.pad-ox)
+			if ky0 >= ky1 || kx0 >= kx1 {
+				continue
+			}
+			dst := rows[(oy*g.ow+ox)*CKK+(ky0*g.k+kx0)*g.c:]
+			src := xt[((oy+ky0-g.pad)*g.w+ox+kx0-g.pad)*g.c:]
+			vec.CopyRows(dst, g.k*g.c, src, g.w*g.c, ky1-ky0, (kx1-kx0)*g.c)
+		}
 	}
 }
 
