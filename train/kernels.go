@@ -27,5 +27,5 @@ func Kernels() KernelReport {
 	c := gemm.Chosen()
 	v, why := vec.Kernel()
 	return KernelReport{GEMM: c.Kernel, GEMMWhy: c.Why, GEMMRates: c.Rates, Vector: v, VectorWhy: why,
-		Conv: "im2col sample by sample into a per-thread scratch, each product with the matrix kernel; the weight gradient summed in 4 fixed groups of samples (one per thread); the input gradient's columns added back in vector rows (the only algorithm built)"}
+		Conv: "im2col sample by sample into a per-thread scratch, each product with the matrix kernel; the weight gradient from patches made channels last, summed in 4 fixed groups of samples (one per thread); the input gradient's columns summed back 16 at a time in registers (the only algorithm built)"}
 }
