@@ -51,8 +51,8 @@ type convState struct {
 	// cols are one sample's im2col matrix per thread (ckk × p: row
 	// (ci, ky, kx), column position), made just before a product reads
 	// it: small enough to stay in cache, where a whole batch's (50 MB
-	// for the cnn's second layer) went to memory and back, which took
-	// longer than the products.
+	// for the cnn's second layer) would go to memory and back, which
+	// costs more than the products.
 	cols [][]float32
 	dcol [][]float32  // gradX's per-thread scratch, ckk × p
 	w    gemm.PackedA // W (forward) or Wᵀ (gradX), packed once for every sample
@@ -137,16 +137,16 @@ func (st *convState) forward(x, w, bias, y []float32) {
 // order (patches), from the sample transposed to channels last: a
 // position's taps for one ky are then k·c values side by side in both,
 // one row copy, and the product reads the matrix in place. Made as
-// im2col's ckk × p, it had to be transposed for the product, which took
-// longer than making it. Each dW value is the same sum as from im2col's
+// im2col's ckk × p, it would have to be transposed for the product, which
+// costs more than making it. Each dW value is the same sum as from im2col's
 // matrix; the columns go back to (ci, ky, kx) order at the end.
 func (st *convState) gradW(x, dy, dw []float32) {
 	g := st.g
 	P, CKK := g.p(), g.ckk()
 	groups := min(convGroups, g.b)
 	threads := max(1, min(st.blas.Threads(), groups))
-	for len(st.patches) < threads {
-		st.patches = append(st.patches, make([]float32, P*CKK))
+	patches := st.scratch(&st.patches, threads)
+	for len(st.chLast) < threads {
 		st.chLast = append(st.chLast, make([]float32, g.c*g.h*g.w))
 	}
 	for len(st.dwParts) < groups {
@@ -155,12 +155,12 @@ func (st *convState) gradW(x, dy, dw []float32) {
 	st.forEach(groups, func(t, lo, hi int) {
 		for grp := lo; grp < hi; grp++ {
 			for s := grp * g.b / groups; s < (grp+1)*g.b/groups; s++ {
-				st.patchRows(st.patches[t], st.chLast[t], x, s)
+				st.patchRows(patches[t], st.chLast[t], x, s)
 				beta := float32(1)
 				if s == grp*g.b/groups {
 					beta = 0
 				}
-				st.blas.SgemmSerial(blas.NoTrans, blas.NoTrans, g.o, CKK, P, 1, dy[s*g.o*P:], P, st.patches[t], CKK, beta, st.dwParts[grp], CKK)
+				st.blas.SgemmSerial(blas.NoTrans, blas.NoTrans, g.o, CKK, P, 1, dy[s*g.o*P:], P, patches[t], CKK, beta, st.dwParts[grp], CKK)
 			}
 		}
 	})
@@ -236,10 +236,7 @@ func (st *convState) gradX(w, dy, dx []float32) {
 		dcol := dcols[t]
 		for s := lo; s < hi; s++ {
 			st.blas.SgemmPackedSerial(&st.w, blas.NoTrans, P, dy[s*g.o*P:(s+1)*g.o*P], P, 0, dcol, P)
-			for ci := range g.c {
-				kk := g.k * g.k
-				vec.Col2im(dx[(s*g.c+ci)*g.h*g.w:(s*g.c+ci+1)*g.h*g.w], g.h, g.w, dcol[ci*kk*P:(ci+1)*kk*P], g.oh, g.ow, g.k, g.pad)
-			}
+			vec.Col2im(dx[s*g.c*g.h*g.w:(s+1)*g.c*g.h*g.w], g.c, g.h, g.w, dcol, g.oh, g.ow, g.k, g.pad)
 		}
 	})
 }

@@ -7,6 +7,9 @@ import (
 
 	"github.com/chewxy/hm"
 	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+
+	"github.com/ringtrain/ringtrain/train/gemm"
 )
 
 // What conv.go's and linear.go's ops share: a layer of (x, w, b) is four
@@ -120,4 +123,54 @@ func parallelFor(threads, n int, f func(t, lo, hi int)) {
 	for range threads - 1 {
 		<-done
 	}
+}
+
+// pairOp is what the ReLU and max-pool ops share: one type for a
+// forward op (x → y) and its gradient (x or y, dy → dx), a result kept
+// from run to run (see convOp.Do), and the BLAS whose thread budget
+// their loops split over.
+type pairOp struct {
+	grad bool
+	out  **tensor.Dense
+	blas *gemm.BLAS // nil: one thread
+}
+
+func (op pairOp) Arity() int {
+	if op.grad {
+		return 2
+	}
+	return 1
+}
+
+// fnType is t → t, or (t, t) → t for the gradient.
+func (op pairOp) fnType(t hm.Type) hm.Type {
+	if op.grad {
+		return hm.NewFnType(t, t, t)
+	}
+	return hm.NewFnType(t, t)
+}
+
+func (op pairOp) DiffWRT(n int) []bool {
+	if op.grad {
+		return make([]bool, n)
+	}
+	return []bool{true}
+}
+
+func (op pairOp) ReturnsPtr() bool     { return false }
+func (op pairOp) CallsExtern() bool    { return true } // see convOp.CallsExtern
+func (op pairOp) OverwritesInput() int { return -1 }
+
+// splitValues is the fewest values worth a thread of their own: about
+// 30 µs of one core's streaming.
+const splitValues = 1 << 17
+
+// each runs f over [0, n) in parts, one per thread where the values it
+// touches (values) are worth it.
+func (op pairOp) each(n, values int, f func(lo, hi int)) {
+	threads := 1
+	if op.blas != nil {
+		threads = min(op.blas.Threads(), values/splitValues)
+	}
+	parallelFor(threads, n, func(_, lo, hi int) { f(lo, hi) })
 }

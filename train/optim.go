@@ -151,8 +151,8 @@ func zerosLike(params [][]float32) [][]float32 {
 }
 
 // split runs f over [0, n) in parts, one per thread Go has where n is
-// worth it (reluSplit): each value's update is its own, so the bits do
+// worth it (splitValues): each value's update is its own, so the bits do
 // not depend on the cut.
 func split(n int, f func(lo, hi int)) {
-	parallelFor(min(runtime.GOMAXPROCS(0), n/reluSplit), n, func(_, lo, hi int) { f(lo, hi) })
+	parallelFor(min(runtime.GOMAXPROCS(0), n/splitValues), n, func(_, lo, hi int) { f(lo, hi) })
 }

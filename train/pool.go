@@ -15,8 +15,8 @@ import (
 
 // poolOp is a k×k max-pool with stride k and no padding, over a b × c × h
 // × w tensor, as a gorgonia op that writes into an output it keeps.
-// gorgonia's MaxPool2D walked every window through a general loop with
-// padding and a mask of ints, and on the cnn took an eighth of the step.
+// gorgonia's MaxPool2D walks every window through a general loop with
+// padding and a mask of ints: an eighth of the cnn's step.
 //
 // A window's value is its first largest (scanned row by row) starting
 // from its first value, as the engine's maxpool does, so a NaN at a
@@ -26,10 +26,8 @@ import (
 // found again from x rather than kept from the forward run, which may have
 // been of other data.
 type poolOp struct {
-	grad bool
-	g    poolGeom
-	out  **tensor.Dense // the result, reused run to run (see convOp.Do)
-	blas *gemm.BLAS     // whose thread budget the planes are split over
+	pairOp
+	g poolGeom
 }
 
 // poolGeom is a max-pool's shapes: b·c planes of h × w, a k × k window,
@@ -39,19 +37,7 @@ type poolGeom struct{ b, c, h, w, k int }
 func (g poolGeom) oh() int { return g.h / g.k }
 func (g poolGeom) ow() int { return g.w / g.k }
 
-func (op poolOp) Arity() int {
-	if op.grad {
-		return 2
-	}
-	return 1
-}
-
-func (op poolOp) Type() hm.Type {
-	if op.grad {
-		return hm.NewFnType(tensor4, tensor4, tensor4)
-	}
-	return hm.NewFnType(tensor4, tensor4)
-}
+func (op poolOp) Type() hm.Type { return op.fnType(tensor4) }
 
 func (op poolOp) shape() tensor.Shape {
 	g := op.g
@@ -75,29 +61,23 @@ func (op poolOp) UsePreallocDo(prealloc G.Value, inputs ...G.Value) (G.Value, er
 		if err != nil {
 			return nil, err
 		}
-		op.each(func(lo, hi int) { maxPool(op.part(lo, hi), op.planes(data[0], lo, hi), op.outPlanes(data[1], lo, hi)) })
+		op.planesEach(func(lo, hi int) { maxPool(op.part(lo, hi), op.planes(data[0], lo, hi), op.outPlanes(data[1], lo, hi)) })
 		return prealloc, nil
 	}
 	data, err := floatsOf(op, []int{x, y, x}, prealloc, inputs)
 	if err != nil {
 		return nil, err
 	}
-	op.each(func(lo, hi int) {
+	op.planesEach(func(lo, hi int) {
 		maxPoolGrad(op.part(lo, hi), op.planes(data[0], lo, hi), op.outPlanes(data[1], lo, hi), op.planes(data[2], lo, hi))
 	})
 	return prealloc, nil
 }
 
-// each runs f over the b·c planes in parts, one per thread where there
-// are values enough (reluSplit) to be worth it.
-func (op poolOp) each(f func(lo, hi int)) {
+// planesEach runs f over the b·c planes in parts (pairOp.each).
+func (op poolOp) planesEach(f func(lo, hi int)) {
 	g := op.g
-	n := g.b * g.c
-	threads := 1
-	if op.blas != nil {
-		threads = min(op.blas.Threads(), n*g.h*g.w/reluSplit)
-	}
-	parallelFor(threads, n, func(_, lo, hi int) { f(lo, hi) })
+	op.each(g.b*g.c, g.b*g.c*g.h*g.w, f)
 }
 
 // part is the geometry of planes [lo, hi), as one sample of hi − lo
@@ -175,10 +155,6 @@ func windowArg(g poolGeom, plane []float32, oy, ox int) int {
 	return arg
 }
 
-func (op poolOp) ReturnsPtr() bool     { return false }
-func (op poolOp) CallsExtern() bool    { return true } // see convOp.CallsExtern
-func (op poolOp) OverwritesInput() int { return -1 }
-
 func (op poolOp) WriteHash(h hash.Hash) { fmt.Fprintf(h, "ringtrain.%v@%p", op, op.out) }
 
 func (op poolOp) Hashcode() uint32 { return hashOf(op) }
@@ -191,23 +167,16 @@ func (op poolOp) String() string {
 	return fmt.Sprintf("%s<%dx%d, %dx%d>", name, op.g.k, op.g.k, op.g.h, op.g.w)
 }
 
-func (op poolOp) DiffWRT(n int) []bool {
-	if op.grad {
-		return make([]bool, n)
-	}
-	return []bool{true}
-}
-
 func (op poolOp) SymDiff(inputs G.Nodes, _, grad *G.Node) (G.Nodes, error) {
 	if op.grad || len(inputs) != 1 {
 		return nil, fmt.Errorf("%v: no second derivative", op)
 	}
-	dx, err := G.ApplyOp(poolOp{grad: true, g: op.g, out: new(*tensor.Dense), blas: op.blas}, inputs[0], grad)
+	dx, err := G.ApplyOp(poolOp{pairOp{grad: true, out: new(*tensor.Dense), blas: op.blas}, op.g}, inputs[0], grad)
 	return G.Nodes{dx}, err
 }
 
 // maxPool2d adds a k×k max-pool with stride k to a graph, split over b's
 // threads (nil: one); x is b × c × h × w.
 func maxPool2d(x *G.Node, g poolGeom, b *gemm.BLAS) (*G.Node, error) {
-	return G.ApplyOp(poolOp{g: g, out: new(*tensor.Dense), blas: b}, x)
+	return G.ApplyOp(poolOp{pairOp{out: new(*tensor.Dense), blas: b}, g}, x)
 }

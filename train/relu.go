@@ -18,27 +18,11 @@ import (
 // memory, faulted in each time) took about an eighth of the step.
 // A NaN input stays NaN, so the step's finite check still sees it.
 // grad: (y, dy) → dy where y > 0, else 0 — torch's choice at 0.
-type reluOp struct {
-	grad bool
-	out  **tensor.Dense // the result, reused run to run (see convOp.Do)
-	blas *gemm.BLAS     // whose thread budget the values are split over
-}
+type reluOp struct{ pairOp }
 
 var anyTensor = hm.TypeVariable('a')
 
-func (op reluOp) Arity() int {
-	if op.grad {
-		return 2
-	}
-	return 1
-}
-
-func (op reluOp) Type() hm.Type {
-	if op.grad {
-		return hm.NewFnType(anyTensor, anyTensor, anyTensor)
-	}
-	return hm.NewFnType(anyTensor, anyTensor)
-}
+func (op reluOp) Type() hm.Type { return op.fnType(anyTensor) }
 
 func (op reluOp) InferShape(shapes ...G.DimSizer) (tensor.Shape, error) {
 	if len(shapes) == 0 {
@@ -68,33 +52,16 @@ func (op reluOp) UsePreallocDo(prealloc G.Value, inputs ...G.Value) (G.Value, er
 		return nil, fmt.Errorf("%v: want float32 tensors of one size, got %v and %v", op, inputs[0].Shape(), prealloc.Shape())
 	}
 	if !op.grad {
-		op.each(len(x), func(lo, hi int) { vec.Relu(x[lo:hi], out[lo:hi]) })
+		op.each(len(x), len(x), func(lo, hi int) { vec.Relu(x[lo:hi], out[lo:hi]) })
 		return prealloc, nil
 	}
 	dy, ok := inputs[1].Data().([]float32)
 	if !ok || len(dy) != len(out) {
 		return nil, fmt.Errorf("%v: gradient %v does not match %v", op, inputs[1].Shape(), inputs[0].Shape())
 	}
-	op.each(len(x), func(lo, hi int) { vec.ReluGrad(x[lo:hi], dy[lo:hi], out[lo:hi]) })
+	op.each(len(x), len(x), func(lo, hi int) { vec.ReluGrad(x[lo:hi], dy[lo:hi], out[lo:hi]) })
 	return prealloc, nil
 }
-
-// reluSplit is the fewest values worth a thread of their own: about
-// 30 µs of one core's streaming.
-const reluSplit = 1 << 17
-
-// each runs f over [0, n) in parts, one per thread where n is worth it.
-func (op reluOp) each(n int, f func(lo, hi int)) {
-	threads := 1
-	if op.blas != nil {
-		threads = min(op.blas.Threads(), n/reluSplit)
-	}
-	parallelFor(threads, n, func(_, lo, hi int) { f(lo, hi) })
-}
-
-func (op reluOp) ReturnsPtr() bool     { return false }
-func (op reluOp) CallsExtern() bool    { return true } // see convOp.CallsExtern
-func (op reluOp) OverwritesInput() int { return -1 }
 
 func (op reluOp) WriteHash(h hash.Hash) { fmt.Fprintf(h, "ringtrain.%v@%p", op, op.out) }
 
@@ -107,22 +74,15 @@ func (op reluOp) String() string {
 	return "relu"
 }
 
-func (op reluOp) DiffWRT(n int) []bool {
-	if op.grad {
-		return make([]bool, n)
-	}
-	return []bool{true}
-}
-
 func (op reluOp) SymDiff(_ G.Nodes, output, grad *G.Node) (G.Nodes, error) {
 	if op.grad {
 		return nil, fmt.Errorf("%v: no second derivative", op)
 	}
-	dx, err := G.ApplyOp(reluOp{grad: true, out: new(*tensor.Dense), blas: op.blas}, output, grad)
+	dx, err := G.ApplyOp(reluOp{pairOp{grad: true, out: new(*tensor.Dense), blas: op.blas}}, output, grad)
 	return G.Nodes{dx}, err
 }
 
 // relu adds a ReLU to a graph, split over b's threads (nil: one).
 func relu(x *G.Node, b *gemm.BLAS) (*G.Node, error) {
-	return G.ApplyOp(reluOp{out: new(*tensor.Dense), blas: b}, x)
+	return G.ApplyOp(reluOp{pairOp{out: new(*tensor.Dense), blas: b}}, x)
 }

@@ -22,7 +22,7 @@ func maxPool2Go(x []float32, w int, y []float32, ow, rows int) {
 		r0, r1 := x[2*r*w:2*r*w+2*ow], x[(2*r+1)*w:(2*r+1)*w+2*ow]
 		out := y[r*ow : r*ow+ow]
 		for i := range out {
-			a := Arg4(r0[2*i], r0[2*i+1], r1[2*i], r1[2*i+1])
+			a := arg4(r0[2*i], r0[2*i+1], r1[2*i], r1[2*i+1])
 			out[i] = [4]float32{r0[2*i], r0[2*i+1], r1[2*i], r1[2*i+1]}[a]
 		}
 	}
@@ -49,18 +49,18 @@ func maxPool2GradGo(x []float32, w int, dy, dx []float32, ow, rows int) {
 		r0, r1 := x[2*r*w:2*r*w+2*ow], x[(2*r+1)*w:(2*r+1)*w+2*ow]
 		d0, d1 := dx[2*r*w:2*r*w+2*ow], dx[(2*r+1)*w:(2*r+1)*w+2*ow]
 		for i, v := range dy[r*ow : r*ow+ow] {
-			a := Arg4(r0[2*i], r0[2*i+1], r1[2*i], r1[2*i+1])
+			a := arg4(r0[2*i], r0[2*i+1], r1[2*i], r1[2*i+1])
 			d0[2*i], d0[2*i+1], d1[2*i], d1[2*i+1] = 0, 0, 0, 0
 			[2][]float32{d0, d1}[a>>1][2*i+a&1] = v
 		}
 	}
 }
 
-// Arg4 is the place (0 to 3; row and column as bits 1 and 0) of a 2×2
+// arg4 is the place (0 to 3; row and column as bits 1 and 0) of a 2×2
 // window's value, a b over c d: its first largest, starting from a,
 // without branches — which of four is largest is a coin toss that a
 // branch predictor loses half the time.
-func Arg4(a, b, c, d float32) int {
+func arg4(a, b, c, d float32) int {
 	m := -b2u(b > a) // all ones where b wins
 	best := math.Float32bits(b)&m | math.Float32bits(a)&^m
 	arg := 1 & m

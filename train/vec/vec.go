@@ -148,54 +148,59 @@ func reluGradGo(y, dy, dx []float32) {
 // r < rows and i < n, each sum rounded once as a Go loop's — the scatter
 // of a convolution's input gradient, whose rows are a few values long.
 func AddRows(dst []float32, ldd int, src []float32, lds int, rows, n int) {
-	if rows <= 0 || n <= 0 {
-		return
-	}
-	_ = dst[(rows-1)*ldd+n-1]
-	_ = src[(rows-1)*lds+n-1]
-	if !addRowsAsm(dst, ldd, src, lds, rows, n) {
-		addRowsGo(dst, ldd, src, lds, rows, n)
-	}
-}
-
-func addRowsGo(dst []float32, ldd int, src []float32, lds int, rows, n int) {
-	for r := range rows {
-		d := dst[r*ldd : r*ldd+n]
-		for i, v := range src[r*lds : r*lds+n] {
-			d[i] += v
-		}
-	}
+	eachRow(true, dst, ldd, src, lds, rows, n)
 }
 
 // CopyRows copies rows of src into dst: dst[r·ldd + i] = src[r·lds + i]
 // for r < rows and i < n — the gather of a convolution's im2col, whose
 // rows are a few values long, shorter than a call to memmove is worth.
 func CopyRows(dst []float32, ldd int, src []float32, lds int, rows, n int) {
+	eachRow(false, dst, ldd, src, lds, rows, n)
+}
+
+// eachRow is AddRows (add) or CopyRows: the bounds checked once, then the
+// CPU's masked vectors where it has them, else the Go loop.
+func eachRow(add bool, dst []float32, ldd int, src []float32, lds int, rows, n int) {
 	if rows <= 0 || n <= 0 {
 		return
 	}
 	_ = dst[(rows-1)*ldd+n-1]
 	_ = src[(rows-1)*lds+n-1]
-	if !copyRowsAsm(dst, ldd, src, lds, rows, n) {
-		for r := range rows {
-			copy(dst[r*ldd:r*ldd+n], src[r*lds:r*lds+n])
+	if !rowsAsm(add, dst, ldd, src, lds, rows, n) {
+		rowsGo(add, dst, ldd, src, lds, rows, n)
+	}
+}
+
+func rowsGo(add bool, dst []float32, ldd int, src []float32, lds int, rows, n int) {
+	for r := range rows {
+		d := dst[r*ldd : r*ldd+n]
+		if !add {
+			copy(d, src[r*lds:r*lds+n])
+			continue
+		}
+		for i, v := range src[r*lds : r*lds+n] {
+			d[i] += v
 		}
 	}
 }
 
-// Col2im adds a convolution's column gradients back into one input
-// channel: img (h × w) = Σ over taps (ky, kx) of the tap's row of cols
-// (k·k rows of oh × ow, tap (ky, kx) at row ky·k + kx), each shifted to
-// where the tap read from (stride 1, zero padding pad). Every value of
+// Col2im adds a convolution's column gradients back into c input
+// channels: channel ci of img (c × h × w) = Σ over taps (ky, kx) of the
+// tap's row of cols (c·k·k rows of oh × ow, tap (ci, ky, kx) at row
+// (ci·k + ky)·k + kx), each shifted to where the tap read from (stride 1,
+// zero padding pad). Every value of
 // img is the sum from +0 of its taps in (ky, kx) order, as clearing img
 // and adding each tap's rows in turn would make it; where the CPU has
 // AVX-512 each is summed in a register and stored once.
-func Col2im(img []float32, h, w int, cols []float32, oh, ow, k, pad int) {
+func Col2im(img []float32, c, h, w int, cols []float32, oh, ow, k, pad int) {
 	P := oh * ow
-	_ = img[h*w-1]
-	_ = cols[k*k*P-1]
-	if !col2imAsm(img, h, w, cols, oh, ow, k, pad) {
-		col2imGo(img, h, w, cols, oh, ow, k, pad)
+	_ = img[c*h*w-1]
+	_ = cols[c*k*k*P-1]
+	if col2imAsm(img, c, h, w, cols, oh, ow, k, pad) {
+		return
+	}
+	for ci := range c {
+		col2imGo(img[ci*h*w:], h, w, cols[ci*k*k*P:], oh, ow, k, pad)
 	}
 }
 

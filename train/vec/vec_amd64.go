@@ -97,37 +97,31 @@ func reluGradAt(lv int, y, dy, dx []float32) int {
 	return n
 }
 
-func addRowsAsm(dst []float32, ldd int, src []float32, lds int, rows, n int) bool {
-	return addRowsAt(level, dst, ldd, src, lds, rows, n)
-}
-
-// addRowsAt does AddRows where level lv has masked vectors (AVX-512, whose
-// masks take a row's ragged end in one instruction) and reports whether it
-// did; the caller has checked the bounds.
-func addRowsAt(lv int, dst []float32, ldd int, src []float32, lds int, rows, n int) bool {
-	if lv != levelAVX512 {
-		return false
-	}
-	addRows16(&dst[0], ldd, &src[0], lds, rows, n)
-	return true
-}
-
-func copyRowsAsm(dst []float32, ldd int, src []float32, lds int, rows, n int) bool {
+// rowsAsm does AddRows (add) or CopyRows where this CPU has masked vectors
+// (AVX-512, whose masks take a row's ragged end in one instruction) and
+// reports whether it did; the caller has checked the bounds.
+func rowsAsm(add bool, dst []float32, ldd int, src []float32, lds int, rows, n int) bool {
 	if level != levelAVX512 {
 		return false
 	}
-	copyRows16(&dst[0], ldd, &src[0], lds, rows, n)
+	op := 0
+	if add {
+		op = 1
+	}
+	rows16(&dst[0], ldd, &src[0], lds, rows, n, op)
 	return true
 }
 
 // col2imAsm does Col2im in AVX-512 and reports true, or reports false
 // where this CPU has no AVX-512.
-func col2imAsm(img []float32, h, w int, cols []float32, oh, ow, k, pad int) bool {
-	if level != levelAVX512 || h < 1 || w < 1 || k < 1 {
+func col2imAsm(img []float32, c, h, w int, cols []float32, oh, ow, k, pad int) bool {
+	if level != levelAVX512 || c < 1 || h < 1 || w < 1 || k < 1 {
 		return false
 	}
 	m := col2imMasks(w, ow, k, pad)
-	col2im16(&img[0], &cols[0], w, h, ow, oh, k, pad, oh*ow, &m[0], (w+15)/16)
+	for ci := range c {
+		col2im16(&img[ci*h*w], &cols[ci*k*k*oh*ow], w, h, ow, oh, k, pad, oh*ow, &m[0], (w+15)/16)
+	}
 	return true
 }
 
@@ -159,10 +153,7 @@ func maxPool2GradAsm(x []float32, w int, dy, dx []float32, ow, rows int) bool {
 func maxPool2x16(x *float32, w int, y, dy, dx *float32, ow, rows int)
 
 //go:noescape
-func copyRows16(dst *float32, ldd int, src *float32, lds, rows, n int)
-
-//go:noescape
-func addRows16(dst *float32, ldd int, src *float32, lds, rows, n int)
+func rows16(dst *float32, ldd int, src *float32, lds, rows, n, add int)
 
 // vectorPart is the longest prefix of n values whole vectors of level lv
 // cover.

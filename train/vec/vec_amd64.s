@@ -161,10 +161,11 @@ notfinite:
 	VZEROUPPER
 	RET
 
-// func addRows16(dst *float32, ldd int, src *float32, lds, rows, n int)
+// func rows16(dst *float32, ldd int, src *float32, lds, rows, n, add int)
 // Each row: whole vectors, then the rest under a mask (K1 = 2^rest − 1),
-// whose lanes outside it are neither read nor written.
-TEXT ·addRows16(SB), NOSPLIT, $0-48
+// whose lanes outside it are neither read nor written; with add ≠ 0 the
+// row of src is added into dst's, else copied over it.
+TEXT ·rows16(SB), NOSPLIT, $0-56
 	MOVQ dst+0(FP), DI
 	MOVQ ldd+8(FP), R8
 	SHLQ $2, R8
@@ -173,81 +174,45 @@ TEXT ·addRows16(SB), NOSPLIT, $0-48
 	SHLQ $2, R9
 	MOVQ rows+32(FP), R10
 	MOVQ n+40(FP), R11
+	MOVQ add+48(FP), R12
 	MOVQ R11, CX
 	ANDQ $15, CX
 	MOVL $1, AX
 	SHLL CX, AX
 	DECL AX
 	KMOVW AX, K1
-addrowsrow:
+rowsrow:
 	MOVQ DI, DX
 	MOVQ SI, BX
 	MOVQ R11, CX
-addrowsvec:
+rowsvec:
 	CMPQ CX, $16
-	JLT addrowstail
+	JLT rowstail
 	VMOVUPS (BX), Z0
+	TESTQ R12, R12
+	JZ rowsstore
 	VADDPS (DX), Z0, Z0
+rowsstore:
 	VMOVUPS Z0, (DX)
 	ADDQ $64, BX
 	ADDQ $64, DX
 	SUBQ $16, CX
-	JMP addrowsvec
-addrowstail:
+	JMP rowsvec
+rowstail:
 	TESTQ CX, CX
-	JZ addrowsnext
+	JZ rowsnext
 	VMOVUPS.Z (BX), K1, Z0
+	TESTQ R12, R12
+	JZ rowstailstore
 	VMOVUPS.Z (DX), K1, Z1
 	VADDPS Z1, Z0, Z0
+rowstailstore:
 	VMOVUPS Z0, K1, (DX)
-addrowsnext:
+rowsnext:
 	ADDQ R8, DI
 	ADDQ R9, SI
 	DECQ R10
-	JNZ addrowsrow
-	VZEROUPPER
-	RET
-
-// func copyRows16(dst *float32, ldd int, src *float32, lds, rows, n int)
-// addRows16's walk, copying.
-TEXT ·copyRows16(SB), NOSPLIT, $0-48
-	MOVQ dst+0(FP), DI
-	MOVQ ldd+8(FP), R8
-	SHLQ $2, R8
-	MOVQ src+16(FP), SI
-	MOVQ lds+24(FP), R9
-	SHLQ $2, R9
-	MOVQ rows+32(FP), R10
-	MOVQ n+40(FP), R11
-	MOVQ R11, CX
-	ANDQ $15, CX
-	MOVL $1, AX
-	SHLL CX, AX
-	DECL AX
-	KMOVW AX, K1
-copyrowsrow:
-	MOVQ DI, DX
-	MOVQ SI, BX
-	MOVQ R11, CX
-copyrowsvec:
-	CMPQ CX, $16
-	JLT copyrowstail
-	VMOVUPS (BX), Z0
-	VMOVUPS Z0, (DX)
-	ADDQ $64, BX
-	ADDQ $64, DX
-	SUBQ $16, CX
-	JMP copyrowsvec
-copyrowstail:
-	TESTQ CX, CX
-	JZ copyrowsnext
-	VMOVUPS.Z (BX), K1, Z0
-	VMOVUPS Z0, K1, (DX)
-copyrowsnext:
-	ADDQ R8, DI
-	ADDQ R9, SI
-	DECQ R10
-	JNZ copyrowsrow
+	JNZ rowsrow
 	VZEROUPPER
 	RET
 

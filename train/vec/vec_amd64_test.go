@@ -103,8 +103,8 @@ func TestFiniteAtEveryLevel(t *testing.T) {
 
 // TestAddRowsAtEveryLevel: the masked rows add what the Go loop adds, and
 // copy what copy copies, bit for bit, and touch nothing between or after
-// the rows — for row
-// lengths under, at and over a vector, with NaN and subnormals among them.
+// the rows — for row lengths under, at and over a vector, with NaN and
+// subnormals among them.
 func TestAddRowsAtEveryLevel(t *testing.T) {
 	if level < levelAVX512 {
 		t.Skip("AVX-512 rows only; the Go loop everywhere else")
@@ -115,9 +115,9 @@ func TestAddRowsAtEveryLevel(t *testing.T) {
 		src[0], src[len(src)/2] = float32(math.NaN()), 1e-40
 		dst := values(rng, (c.rows-1)*c.ldd+c.n+5)
 		want := slices.Clone(dst)
-		addRowsGo(want, c.ldd, src, c.lds, c.rows, c.n)
+		rowsGo(true, want, c.ldd, src, c.lds, c.rows, c.n)
 		got := slices.Clone(dst)
-		if !addRowsAt(levelAVX512, got, c.ldd, src, c.lds, c.rows, c.n) {
+		if !rowsAsm(true, got, c.ldd, src, c.lds, c.rows, c.n) {
 			t.Fatal("no AVX-512 rows on a CPU with AVX-512")
 		}
 		sameBitsNaN(t, levelAVX512, "AddRows", got, want)
@@ -127,7 +127,7 @@ func TestAddRowsAtEveryLevel(t *testing.T) {
 			copy(want[r*c.ldd:r*c.ldd+c.n], src[r*c.lds:r*c.lds+c.n])
 		}
 		got = slices.Clone(dst)
-		if !copyRowsAsm(got, c.ldd, src, c.lds, c.rows, c.n) {
+		if !rowsAsm(false, got, c.ldd, src, c.lds, c.rows, c.n) {
 			t.Fatal("no AVX-512 rows on a CPU with AVX-512")
 		}
 		sameBits(t, "CopyRows", got, want)
@@ -171,7 +171,8 @@ func TestMaxPool2AtEveryLevel(t *testing.T) {
 // TestCol2imAtEveryLevel: the AVX-512 col2im gives the Go loops' sums
 // bit for bit — each value's taps from +0 in (ky, kx) order, NaNs and
 // signed zeros among them — for rows within one chunk and across several,
-// with and without padding, and writes nothing past the image.
+// with and without padding, over two channels, and writes nothing past
+// the image.
 func TestCol2imAtEveryLevel(t *testing.T) {
 	if level < levelAVX512 {
 		t.Skip("AVX-512 col2im only; the Go loops everywhere else")
@@ -179,14 +180,17 @@ func TestCol2imAtEveryLevel(t *testing.T) {
 	for _, c := range []struct{ h, w, k, pad int }{{14, 14, 5, 2}, {28, 28, 5, 2}, {7, 17, 3, 1}, {9, 33, 3, 0}, {4, 4, 1, 0}, {3, 5, 5, 2}} {
 		oh, ow := c.h+2*c.pad-c.k+1, c.w+2*c.pad-c.k+1
 		rng := rand.New(rand.NewPCG(uint64(c.w), uint64(c.k)))
-		cols := values(rng, c.k*c.k*oh*ow)
+		const ch = 2
+		cols := values(rng, ch*c.k*c.k*oh*ow)
 		cols[0], cols[len(cols)/2], cols[len(cols)/3] = float32(math.NaN()), float32(math.Copysign(0, -1)), 1e-40
-		got, want := values(rng, c.h*c.w+7), values(rng, c.h*c.w+7)
+		got, want := values(rng, ch*c.h*c.w+7), values(rng, ch*c.h*c.w+7)
 		copy(want, got)
-		if !col2imAsm(got, c.h, c.w, cols, oh, ow, c.k, c.pad) {
+		if !col2imAsm(got, ch, c.h, c.w, cols, oh, ow, c.k, c.pad) {
 			t.Fatal("no AVX-512 col2im on a CPU with AVX-512")
 		}
-		col2imGo(want, c.h, c.w, cols, oh, ow, c.k, c.pad)
+		for ci := range ch {
+			col2imGo(want[ci*c.h*c.w:], c.h, c.w, cols[ci*c.k*c.k*oh*ow:], oh, ow, c.k, c.pad)
+		}
 		sameBits(t, fmt.Sprintf("Col2im %+v", c), got, want)
 	}
 }

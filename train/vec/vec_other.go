@@ -16,12 +16,12 @@ func reluGradAsm(y, dy, dx []float32) int { return 0 }
 
 func finiteAsm(x []float32) (int, bool) { return 0, true }
 
-func addRowsAsm(dst []float32, ldd int, src []float32, lds int, rows, n int) bool { return false }
-
-func copyRowsAsm(dst []float32, ldd int, src []float32, lds int, rows, n int) bool { return false }
+func rowsAsm(add bool, dst []float32, ldd int, src []float32, lds int, rows, n int) bool {
+	return false
+}
 
 func maxPool2Asm(x []float32, w int, y []float32, ow, rows int) bool { return false }
 
 func maxPool2GradAsm(x []float32, w int, dy, dx []float32, ow, rows int) bool { return false }
 
-func col2imAsm(img []float32, h, w int, cols []float32, oh, ow, k, pad int) bool { return false }
+func col2imAsm(img []float32, c, h, w int, cols []float32, oh, ow, k, pad int) bool { return false }
