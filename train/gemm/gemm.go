@@ -50,6 +50,10 @@ const (
 	maxInPlaceSpan   = 1 << 20
 )
 
+// lazyPackFloats is the packed B size (floats) above which B is packed a
+// panel at a time: a quarter of a 2 MB L2.
+const lazyPackFloats = 1 << 17
+
 // Sgemm computes C = alpha·op(A)·op(B) + beta·C for row-major matrices,
 // with gonum's argument checks and panics.
 func (im *BLAS) Sgemm(tA, tB blas.Transpose, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
@@ -124,8 +128,6 @@ func (im *BLAS) gemm(maxThreads int, tA, tB bool, m, n, k int, alpha float32, a 
 		pa = im.get(mt * mr * k)
 		defer im.put(pa)
 	}
-	pb := im.get(nt * nr * k)
-	defer im.put(pb)
 	tiles := mt * nt
 	threads := min(maxThreads, tiles, max(1, m*n*k/minWorkPerThread))
 	// A B stored k × n whose rows are near each other is read in place:
@@ -140,50 +142,76 @@ func (im *BLAS) gemm(maxThreads int, tA, tB bool, m, n, k int, alpha float32, a 
 	if packed == nil {
 		parallel(threads, mt, func(lo, hi int) { packA(tA, a, lda, m, k, mr, lo, hi, *pa) })
 	}
-	parallel(threads, nt-packFrom, func(lo, hi int) { packB(tB, b, ldb, n, k, nr, packFrom+lo, packFrom+hi, *pb) })
 	direct := alpha == 1 && beta == 0
+	// tileOf computes C's tile (i, j) from A's strip i and B's panel j.
+	tileOf := func(i, j int, bs []float32, bstride int, tile []float32) {
+		as := (*pa)[i*mr*k : (i+1)*mr*k]
+		rows, cols := min(mr, m-i*mr), min(nr, n-j*nr)
+		at := i*mr*ldc + j*nr
+		if direct && rows == mr && cols == nr {
+			ker.run(k, as, bs, c[at:], ldc, bstride)
+			return
+		}
+		ker.run(k, as, bs, tile, nr, bstride)
+		if alpha == 1 && beta == 1 {
+			// C += A·B, a sum over products taken in turn (a conv
+			// layer's weight gradient, sample by sample): the same
+			// roundings as the loop below, in vectors.
+			vec.AddRows(c[at:], ldc, tile, nr, rows, cols)
+			return
+		}
+		for r := range rows {
+			dst := c[at+r*ldc : at+r*ldc+cols]
+			src := tile[r*nr : r*nr+cols]
+			switch {
+			case direct:
+				copy(dst, src)
+			case beta == 0:
+				for q, v := range src {
+					dst[q] = alpha * v
+				}
+			default:
+				for q, v := range src {
+					// The conversions round each product on its own,
+					// so no compiler fuses them into an FMA.
+					dst[q] = float32(alpha*v) + float32(beta*dst[q])
+				}
+			}
+		}
+	}
+	if packFrom == 0 && nt*nr*k > lazyPackFloats && nt >= 2*threads {
+		// A packed B larger than the cache is packed a panel at a time,
+		// just before its tiles, each thread taking whole panels: packed
+		// all at once it went to memory and was read back (the cnn's fc1,
+		// 12.8 MB, twice a step). The same bits either way.
+		parallel(threads, nt, func(lo, hi int) {
+			tile := make([]float32, mr*nr)
+			panel := im.get(nr * k)
+			defer im.put(panel)
+			for j := lo; j < hi; j++ {
+				packB(tB, b, ldb, n, k, nr, j, j+1, *panel)
+				for i := range mt {
+					tileOf(i, j, *panel, nr, tile)
+				}
+			}
+		})
+		return
+	}
+	pb := im.get((nt - packFrom) * nr * k)
+	defer im.put(pb)
+	parallel(threads, nt-packFrom, func(lo, hi int) {
+		packB(tB, b, ldb, n, k, nr, packFrom+lo, packFrom+hi, (*pb)[lo*nr*k:])
+	})
 	parallel(threads, tiles, func(lo, hi int) {
 		tile := make([]float32, mr*nr)
 		// Tiles run panel by panel (j outer), so a B panel stays in cache
 		// while the A strips stream past it.
 		for t := lo; t < hi; t++ {
 			j, i := t/mt, t%mt
-			as := (*pa)[i*mr*k : (i+1)*mr*k]
-			bs, bstride := (*pb)[j*nr*k:(j+1)*nr*k], nr
 			if j < packFrom {
-				bs, bstride = b[j*nr:], ldb
-			}
-			rows, cols := min(mr, m-i*mr), min(nr, n-j*nr)
-			at := i*mr*ldc + j*nr
-			if direct && rows == mr && cols == nr {
-				ker.run(k, as, bs, c[at:], ldc, bstride)
-				continue
-			}
-			ker.run(k, as, bs, tile, nr, bstride)
-			if alpha == 1 && beta == 1 {
-				// C += A·B, a sum over products taken in turn (a conv
-				// layer's weight gradient, sample by sample): the same
-				// roundings as the loop below, in vectors.
-				vec.AddRows(c[at:], ldc, tile, nr, rows, cols)
-				continue
-			}
-			for r := range rows {
-				dst := c[at+r*ldc : at+r*ldc+cols]
-				src := tile[r*nr : r*nr+cols]
-				switch {
-				case direct:
-					copy(dst, src)
-				case beta == 0:
-					for q, v := range src {
-						dst[q] = alpha * v
-					}
-				default:
-					for q, v := range src {
-						// The conversions round each product on its own,
-						// so no compiler fuses them into an FMA.
-						dst[q] = float32(alpha*v) + float32(beta*dst[q])
-					}
-				}
+				tileOf(i, j, b[j*nr:], ldb, tile)
+			} else {
+				tileOf(i, j, (*pb)[(j-packFrom)*nr*k:(j-packFrom+1)*nr*k], nr, tile)
 			}
 		}
 	})
@@ -231,11 +259,23 @@ func packA(t bool, a []float32, lda, m, k, mr, lo, hi int, dst []float32) {
 	}
 }
 
-// packB copies B's panels lo…hi-1 (nr columns each) k-major, zero-padded.
+// packB copies B's panels lo…hi-1 (nr columns each) k-major, zero-padded,
+// into dst, panel lo first.
 func packB(t bool, b []float32, ldb, n, k, nr, lo, hi int, dst []float32) {
 	if t {
 		for j := lo; j < hi; j++ {
-			packBT(b[j*nr*ldb:], ldb, min(nr, n-j*nr), k, nr, dst[j*nr*k:(j+1)*nr*k])
+			packBT(b[j*nr*ldb:], ldb, min(nr, n-j*nr), k, nr, dst[(j-lo)*nr*k:(j-lo+1)*nr*k])
+		}
+		return
+	}
+	if hi-lo == 1 {
+		// One panel (packed lazily): its rows of nr values in vectors.
+		cols := min(nr, n-lo*nr)
+		vec.CopyRows(dst, nr, b[lo*nr:], ldb, k, cols)
+		if cols < nr {
+			for p := range k {
+				clear(dst[p*nr+cols : (p+1)*nr])
+			}
 		}
 		return
 	}
@@ -246,7 +286,7 @@ func packB(t bool, b []float32, ldb, n, k, nr, lo, hi int, dst []float32) {
 		row := b[p*ldb : p*ldb+n]
 		for j := lo; j < hi; j++ {
 			cols := min(nr, n-j*nr)
-			out := dst[j*nr*k+p*nr : j*nr*k+(p+1)*nr]
+			out := dst[(j-lo)*nr*k+p*nr : (j-lo)*nr*k+(p+1)*nr]
 			copy(out[:cols], row[j*nr:j*nr+cols])
 			clear(out[cols:])
 		}

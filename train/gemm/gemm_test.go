@@ -115,6 +115,10 @@ func gemmCases() []gemmCase {
 				gemmCase{tA: tA, tB: tB, m: 30, n: 45, k: 33, alpha: 1, beta: 1, pad: 1}, // C += A·B
 				gemmCase{tA: tA, tB: tB, m: 13, n: 70, k: 0, alpha: 1, beta: 0.5},
 				gemmCase{tA: tA, tB: tB, m: 13, n: 70, k: 9, alpha: 0, beta: 0},
+				// A packed B over lazyPackFloats (for every kernel's nr),
+				// packed a panel at a time; the last panel ragged.
+				gemmCase{tA: tA, tB: tB, m: 7, n: 1100, k: 120, alpha: 1, pad: 1},
+				gemmCase{tA: tA, tB: tB, m: 40, n: 1100, k: 120, alpha: 1, beta: 1},
 			)
 		}
 	}
