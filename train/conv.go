@@ -54,8 +54,11 @@ type convState struct {
 	// for the cnn's second layer) would go to memory and back, which
 	// costs more than the products.
 	cols [][]float32
-	dcol [][]float32  // gradX's per-thread scratch, ckk × p
-	w    gemm.PackedA // W (forward) or Wᵀ (gradX), packed once for every sample
+	dcol [][]float32 // gradX's per-thread scratch, ckk × p
+	// W's two forms, each packed once for every sample: Wᵀ as the
+	// forward's B, and Wᵀ as gradX's A.
+	w  gemm.PackedB
+	wt gemm.PackedA
 	// dwParts are gradW's group sums, its columns in (ky, kx, ci) order;
 	// patches and chLast its per-thread scratch (patchRows).
 	dwParts         [][]float32
@@ -104,18 +107,20 @@ func (st *convState) im2col(col, x []float32, s int) {
 	}
 }
 
-// forward: y[s] = W · col(s) + bias, sample by sample.
+// forward: y[s] = W · col(s) + bias, sample by sample, computed as
+// (col(s)ᵀ · Wᵀ)ᵀ: the cnn's second layer is 64 filters × 196 positions,
+// which fills the kernel's tiles (12 × 32) far better the other way round.
 func (st *convState) forward(x, w, bias, y []float32) {
 	g := st.g
 	P, CKK := g.p(), g.ckk()
 	cols := st.scratch(&st.cols, max(1, min(st.blas.Threads(), g.b)))
-	st.blas.PackA(&st.w, blas.NoTrans, g.o, CKK, w, CKK)
+	st.blas.PackB(&st.w, blas.Trans, CKK, g.o, w, CKK)
 	st.forEach(g.b, func(t, lo, hi int) {
 		col := cols[t]
 		for s := lo; s < hi; s++ {
 			st.im2col(col, x, s)
 			ys := y[s*g.o*P : (s+1)*g.o*P]
-			st.blas.SgemmPackedSerial(&st.w, blas.NoTrans, P, col, P, 0, ys, P)
+			st.blas.SgemmTSerial(blas.Trans, P, col, P, &st.w, ys, P)
 			for o := range g.o {
 				bo := bias[o]
 				row := ys[o*P : (o+1)*P]
@@ -231,11 +236,11 @@ func (st *convState) gradX(w, dy, dx []float32) {
 	g := st.g
 	P, CKK := g.p(), g.ckk()
 	dcols := st.scratch(&st.dcol, max(1, min(st.blas.Threads(), g.b)))
-	st.blas.PackA(&st.w, blas.Trans, CKK, g.o, w, CKK)
+	st.blas.PackA(&st.wt, blas.Trans, CKK, g.o, w, CKK)
 	st.forEach(g.b, func(t, lo, hi int) {
 		dcol := dcols[t]
 		for s := lo; s < hi; s++ {
-			st.blas.SgemmPackedSerial(&st.w, blas.NoTrans, P, dy[s*g.o*P:(s+1)*g.o*P], P, 0, dcol, P)
+			st.blas.SgemmPackedSerial(&st.wt, blas.NoTrans, P, dy[s*g.o*P:(s+1)*g.o*P], P, 0, dcol, P)
 			vec.Col2im(dx[s*g.c*g.h*g.w:(s+1)*g.c*g.h*g.w], g.c, g.h, g.w, dcol, g.oh, g.ow, g.k, g.pad)
 		}
 	})

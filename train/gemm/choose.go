@@ -100,7 +100,7 @@ func trialRate(k kernel) float64 {
 	t0 := time.Now()
 	for time.Since(t0) < time.Millisecond {
 		for range 8 {
-			k.run(depth, a, b, c, k.nr, k.nr)
+			k.run(depth, a, b, c, k.nr, k.nr, k.mr)
 		}
 		calls += 8
 	}

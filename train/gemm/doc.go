@@ -16,10 +16,13 @@
 // the arm64 build under qemu to hold its fused loop to those bits.
 //
 // Packing: A's strips and B's panels are copied k-major before the kernel
-// reads them (unless B's rows lie close enough to be read in place); a
-// matrix stored the other way round is transposed 16 × 16 at a time in
-// AVX-512 where the CPU has it. PackA packs an A once for several
-// products (a conv layer's weights, for every sample of a batch).
+// reads them, unless the matrix is stored k-major with rows close enough
+// to be read in place; a matrix stored the other way round is transposed
+// 16 × 16 at a time in AVX-512 where the CPU has it. A B too large for
+// the cache is packed a panel at a time, just before its tiles. PackB
+// packs a B once for several products (a conv layer's weights, for every
+// sample of a batch), and SgemmTSerial writes such a product transposed,
+// so that a C of few rows and many columns fills the kernel's tiles.
 //
 // Threads: a BLAS splits each large product over its thread budget
 // (runtime.GOMAXPROCS when zero), by output tiles, never along k.

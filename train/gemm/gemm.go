@@ -75,7 +75,8 @@ func (im *BLAS) sgemm(threads int, tA, tB blas.Transpose, m, n, k int, alpha flo
 		scale(m, n, beta, c, ldc)
 		return
 	}
-	im.gemm(threads, tA != blas.NoTrans, tB != blas.NoTrans, m, n, k, alpha, a, lda, nil, b, ldb, beta, c, ldc)
+	im.gemm(threads, product{tA: tA != blas.NoTrans, tB: tB != blas.NoTrans, m: m, n: n, k: k,
+		alpha: alpha, a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc})
 }
 
 // PackedA is an A packed once for several products with it (PackA,
@@ -115,44 +116,133 @@ func (im *BLAS) SgemmPackedSerial(p *PackedA, tB blas.Transpose, n int, b []floa
 		scale(m, n, beta, c, ldc)
 		return
 	}
-	im.gemm(1, false, tB != blas.NoTrans, m, n, k, 1, nil, 0, p.buf, b, ldb, beta, c, ldc)
+	im.gemm(1, product{tB: tB != blas.NoTrans, m: m, n: n, k: k, alpha: 1, a: p.buf, aPacked: true,
+		b: b, ldb: ldb, beta: beta, c: c, ldc: ldc})
 }
 
-// gemm multiplies, packing A unless packed is A packed already.
-func (im *BLAS) gemm(maxThreads int, tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, packed []float32, b []float32, ldb int, beta float32, c []float32, ldc int) {
+// PackedB is a B packed once for several products with it (PackB,
+// SgemmTSerial): a layer's weights, multiplied by each sample of a batch
+// in turn, would be packed again for every sample.
+type PackedB struct {
+	k, n, nr int
+	buf      []float32
+}
+
+// PackB packs op(B), k × n, into p, whose memory is reused from call to
+// call; p then stands for B until the next PackB.
+func (im *BLAS) PackB(p *PackedB, tB blas.Transpose, k, n int, b []float32, ldb int) {
+	checkMat("B", tB, k, n, b, ldb)
+	nr := im.ker.nr
+	nt := (n + nr - 1) / nr
+	if cap(p.buf) < nt*nr*k {
+		p.buf = make([]float32, nt*nr*k)
+	}
+	p.k, p.n, p.nr, p.buf = k, n, nr, p.buf[:nt*nr*k]
+	packB(tB != blas.NoTrans, b, ldb, n, k, nr, 0, nt, p.buf)
+}
+
+// SgemmTSerial writes the product op(A)·B (m × p.n, B packed by PackB)
+// transposed into C: C = (op(A)·B)ᵀ, p.n × m, its rows ldc apart, on the
+// calling goroutine. Each element is the same sum, in the same order, as
+// SgemmSerial's (the same bits); the transposed form lets a product whose
+// C has few rows and many columns (a conv layer's 64 filters × 196
+// positions) fill the kernel's tiles.
+func (im *BLAS) SgemmTSerial(tA blas.Transpose, m int, a []float32, lda int, p *PackedB, c []float32, ldc int) {
+	n, k := p.n, p.k
+	if p.nr != im.ker.nr && n > 0 {
+		panic("gemm: B was packed for another kernel")
+	}
+	checkMat("A", tA, m, k, a, lda)
+	checkMat("C", blas.NoTrans, n, m, c, ldc)
+	switch {
+	case m == 0 || n == 0:
+		return
+	case k == 0:
+		scale(n, m, 0, c, ldc)
+		return
+	}
+	im.gemm(1, product{tA: tA != blas.NoTrans, m: m, n: n, k: k, alpha: 1, a: a, lda: lda,
+		b: p.buf, bPacked: true, c: c, ldc: ldc, cT: true})
+}
+
+// product is one C = alpha·op(A)·op(B) + beta·C: A or B may come packed
+// (aPacked, bPacked: strips or panels side by side, as packA and packB
+// write them), and C may be
+// stored transposed (cT: element (i, j) at c[j·ldc+i]; alpha 1, beta 0
+// only).
+type product struct {
+	tA, tB      bool
+	m, n, k     int
+	alpha, beta float32
+	a           []float32
+	lda         int
+	aPacked     bool
+	b           []float32
+	ldb         int
+	bPacked     bool
+	c           []float32
+	ldc         int
+	cT          bool
+}
+
+// gemm multiplies: the kernel's tiles, panel by panel of B, its operands
+// packed or read in place.
+func (im *BLAS) gemm(maxThreads int, pr product) {
 	ker := im.ker
 	mr, nr := ker.mr, ker.nr
+	m, n, k, a, lda, b, ldb, c, ldc := pr.m, pr.n, pr.k, pr.a, pr.lda, pr.b, pr.ldb, pr.c, pr.ldc
+	alpha, beta := pr.alpha, pr.beta
 	mt, nt := (m+mr-1)/mr, (n+nr-1)/nr
-	pa := &packed
-	if packed == nil {
-		pa = im.get(mt * mr * k)
-		defer im.put(pa)
-	}
 	tiles := mt * nt
 	threads := min(maxThreads, tiles, max(1, m*n*k/minWorkPerThread))
-	// A B stored k × n whose rows are near each other is read in place:
-	// its full panels need no copy (only the last, ragged one is packed).
-	// Far-apart rows are packed, as each would cost a TLB miss per k.
-	inPlace := !tB && ldb <= maxInPlaceStride && ldb*k <= maxInPlaceSpan
-	packFrom := 0
-	if inPlace {
+	// An operand stored k-major (A stored k × m, B stored k × n) whose
+	// rows are near each other is read in place: its full strips or
+	// panels need no copy (only the last, ragged one is packed). Far-apart
+	// rows are packed, as each would cost a TLB miss per k.
+	near := func(kMajor bool, ld int) bool { return kMajor && ld <= maxInPlaceStride && ld*k <= maxInPlaceSpan }
+	// An A read in place costs more per strip than a packed one (its
+	// rows straddle cache lines, and the kernel reads it at a stride), so
+	// it is read in place only where each strip is read once or twice.
+	aFrom, packFrom := 0, 0
+	if near(pr.tA, lda) && nt <= 2 && !pr.aPacked {
+		aFrom = m / mr
+	}
+	if pr.bPacked {
+		packFrom = nt
+	} else if near(!pr.tB, ldb) {
 		packFrom = n / nr
 	}
 	// Packing is split like the tiles: by A strips and B panels.
-	if packed == nil {
-		parallel(threads, mt, func(lo, hi int) { packA(tA, a, lda, m, k, mr, lo, hi, *pa) })
+	pa := &pr.a
+	if !pr.aPacked {
+		pa = im.get((mt - aFrom) * mr * k)
+		defer im.put(pa)
+		parallel(threads, mt-aFrom, func(lo, hi int) {
+			packA(pr.tA, a, lda, m, k, mr, aFrom+lo, aFrom+hi, (*pa)[lo*mr*k:])
+		})
 	}
 	direct := alpha == 1 && beta == 0
 	// tileOf computes C's tile (i, j) from A's strip i and B's panel j.
 	tileOf := func(i, j int, bs []float32, bstride int, tile []float32) {
-		as := (*pa)[i*mr*k : (i+1)*mr*k]
+		var as []float32
+		astride := mr
+		if i < aFrom {
+			as, astride = a[i*mr:], lda
+		} else {
+			as = (*pa)[(i-aFrom)*mr*k : (i-aFrom+1)*mr*k]
+		}
 		rows, cols := min(mr, m-i*mr), min(nr, n-j*nr)
-		at := i*mr*ldc + j*nr
-		if direct && rows == mr && cols == nr {
-			ker.run(k, as, bs, c[at:], ldc, bstride)
+		if pr.cT {
+			ker.run(k, as, bs, tile, nr, bstride, astride)
+			storeT(c[j*nr*ldc+i*mr:], ldc, tile, nr, rows, cols)
 			return
 		}
-		ker.run(k, as, bs, tile, nr, bstride)
+		at := i*mr*ldc + j*nr
+		if direct && rows == mr && cols == nr {
+			ker.run(k, as, bs, c[at:], ldc, bstride, astride)
+			return
+		}
+		ker.run(k, as, bs, tile, nr, bstride, astride)
 		if alpha == 1 && beta == 1 {
 			// C += A·B, a sum over products taken in turn (a conv
 			// layer's weight gradient, sample by sample): the same
@@ -189,7 +279,7 @@ func (im *BLAS) gemm(maxThreads int, tA, tB bool, m, n, k int, alpha float32, a 
 			panel := im.get(nr * k)
 			defer im.put(panel)
 			for j := lo; j < hi; j++ {
-				packB(tB, b, ldb, n, k, nr, j, j+1, *panel)
+				packB(pr.tB, b, ldb, n, k, nr, j, j+1, *panel)
 				for i := range mt {
 					tileOf(i, j, *panel, nr, tile)
 				}
@@ -197,30 +287,52 @@ func (im *BLAS) gemm(maxThreads int, tA, tB bool, m, n, k int, alpha float32, a 
 		})
 		return
 	}
-	pb := im.get((nt - packFrom) * nr * k)
-	defer im.put(pb)
-	parallel(threads, nt-packFrom, func(lo, hi int) {
-		packB(tB, b, ldb, n, k, nr, packFrom+lo, packFrom+hi, (*pb)[lo*nr*k:])
-	})
+	var pb *[]float32
+	if !pr.bPacked {
+		pb = im.get((nt - packFrom) * nr * k)
+		defer im.put(pb)
+		parallel(threads, nt-packFrom, func(lo, hi int) {
+			packB(pr.tB, b, ldb, n, k, nr, packFrom+lo, packFrom+hi, (*pb)[lo*nr*k:])
+		})
+	}
 	parallel(threads, tiles, func(lo, hi int) {
 		tile := make([]float32, mr*nr)
 		// Tiles run panel by panel (j outer), so a B panel stays in cache
 		// while the A strips stream past it.
 		for t := lo; t < hi; t++ {
 			j, i := t/mt, t%mt
-			if j < packFrom {
+			switch {
+			case pr.bPacked:
+				tileOf(i, j, b[j*nr*k:(j+1)*nr*k], nr, tile)
+			case j < packFrom:
 				tileOf(i, j, b[j*nr:], ldb, tile)
-			} else {
+			default:
 				tileOf(i, j, (*pb)[(j-packFrom)*nr*k:(j-packFrom+1)*nr*k], nr, tile)
 			}
 		}
 	})
 }
 
-// packA copies A's strips lo…hi-1 (mr rows each) k-major, zero-padded.
+// storeT writes a tile's first rows × cols values (rows nr apart)
+// transposed at c: c[q·ldc+r] = tile[r·nr+q].
+func storeT(c []float32, ldc int, tile []float32, nr, rows, cols int) {
+	q := 0
+	if blocks := cols / 16; blocks > 0 && transposeBlocks(tile, nr, c, ldc, rows, rows, blocks) {
+		q = blocks * 16
+	}
+	for ; q < cols; q++ {
+		dst := c[q*ldc : q*ldc+rows]
+		for r := range dst {
+			dst[r] = tile[r*nr+q]
+		}
+	}
+}
+
+// packA copies A's strips lo…hi-1 (mr rows each) k-major, zero-padded,
+// into dst, strip lo first.
 func packA(t bool, a []float32, lda, m, k, mr, lo, hi int, dst []float32) {
 	for i := lo; i < hi; i++ {
-		strip := dst[i*mr*k : (i+1)*mr*k]
+		strip := dst[(i-lo)*mr*k : (i-lo+1)*mr*k]
 		if t && (i+1)*mr <= m {
 			// A is stored k × m: each k holds the strip's mr values side
 			// by side.

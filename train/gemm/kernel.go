@@ -3,26 +3,27 @@ package gemm
 import "math"
 
 // kernel is a micro-kernel: it computes one mr × nr tile of a product from
-// k steps of a packed A strip (k × mr, k-major) and a B panel (k rows of
-// nr values, ldb apart: nr when packed, B's own row stride when read in
-// place) and stores the tile at c with row stride ldc, overwriting it.
-// The caller guarantees the slices are long enough.
+// k steps of an A strip (k rows of mr values, lda apart: mr when packed,
+// A's own row stride when A is stored k × m and read in place) and a B
+// panel (k rows of nr values, ldb apart, likewise) and stores the tile at
+// c with row stride ldc, overwriting it. The caller guarantees the slices
+// are long enough.
 type kernel struct {
 	name   string
 	mr, nr int
-	run    func(k int, a, b, c []float32, ldc, ldb int)
+	run    func(k int, a, b, c []float32, ldc, ldb, lda int)
 }
 
 // goKernel is the portable kernel: the same arithmetic as the assembly
 // ones, element by element.
 func goKernel(mr, nr int) kernel {
-	return kernel{name: "go", mr: mr, nr: nr, run: func(k int, a, b, c []float32, ldc, ldb int) {
+	return kernel{name: "go", mr: mr, nr: nr, run: func(k int, a, b, c []float32, ldc, ldb, lda int) {
 		for r := range mr {
 			row := c[r*ldc : r*ldc+nr]
 			for q := range row {
 				acc := float32(0)
 				for p := range k {
-					acc = fma32(a[p*mr+r], b[p*ldb+q], acc)
+					acc = fma32(a[p*lda+r], b[p*ldb+q], acc)
 				}
 				row[q] = acc
 			}

@@ -8,23 +8,23 @@ import "golang.org/x/sys/cpu"
 // broadcast A value.
 
 //go:noescape
-func kernelAVX512(k int, a, b, c *float32, ldc, ldb int)
+func kernelAVX512(k int, a, b, c *float32, ldc, ldb, lda int)
 
 //go:noescape
-func kernelAVX2(k int, a, b, c *float32, ldc, ldb int)
+func kernelAVX2(k int, a, b, c *float32, ldc, ldb, lda int)
 
 // kernels lists the kernels this CPU can run, fastest first; the Go kernel
 // is always last.
 func kernels() []kernel {
 	var ks []kernel
 	if cpu.X86.HasAVX512F {
-		ks = append(ks, kernel{name: "avx512", mr: 12, nr: 32, run: func(k int, a, b, c []float32, ldc, ldb int) {
-			kernelAVX512(k, &a[0], &b[0], &c[0], ldc, ldb)
+		ks = append(ks, kernel{name: "avx512", mr: 12, nr: 32, run: func(k int, a, b, c []float32, ldc, ldb, lda int) {
+			kernelAVX512(k, &a[0], &b[0], &c[0], ldc, ldb, lda)
 		}})
 	}
 	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
-		ks = append(ks, kernel{name: "avx2", mr: 6, nr: 16, run: func(k int, a, b, c []float32, ldc, ldb int) {
-			kernelAVX2(k, &a[0], &b[0], &c[0], ldc, ldb)
+		ks = append(ks, kernel{name: "avx2", mr: 6, nr: 16, run: func(k int, a, b, c []float32, ldc, ldb, lda int) {
+			kernelAVX2(k, &a[0], &b[0], &c[0], ldc, ldb, lda)
 		}})
 	}
 	return append(ks, goKernel(4, 16))

@@ -1,10 +1,11 @@
 #include "textflag.h"
 
-// kernelAVX512(k int, a, b, c *float32, ldc, ldb int): a 12 × 32 tile;
-// B's rows are ldb floats apart (nr when packed).
+// kernelAVX512(k int, a, b, c *float32, ldc, ldb, lda int): a 12 × 32
+// tile; B's rows are ldb floats apart (nr when packed), A's k-steps lda
+// (mr when packed).
 // Accumulators Z0–Z23 (row r in Z(2r), Z(2r+1)); B vectors Z24, Z25;
 // the broadcast A value Z26. One FMA per element per k, in order of k.
-TEXT ·kernelAVX512(SB), NOSPLIT, $0-48
+TEXT ·kernelAVX512(SB), NOSPLIT, $0-56
 	MOVQ k+0(FP), CX
 	MOVQ a+8(FP), SI
 	MOVQ b+16(FP), BX
@@ -13,6 +14,8 @@ TEXT ·kernelAVX512(SB), NOSPLIT, $0-48
 	SHLQ $2, DX
 	MOVQ ldb+40(FP), R9
 	SHLQ $2, R9
+	MOVQ lda+48(FP), R10
+	SHLQ $2, R10
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -78,7 +81,7 @@ avx512loop:
 	VBROADCASTSS 44(SI), Z26
 	VFMADD231PS Z24, Z26, Z22
 	VFMADD231PS Z25, Z26, Z23
-	ADDQ $48, SI
+	ADDQ R10, SI
 	ADDQ R9, BX
 	DECQ CX
 	JNZ avx512loop
@@ -121,9 +124,9 @@ avx512store:
 	VZEROUPPER
 	RET
 
-// kernelAVX2(k int, a, b, c *float32, ldc, ldb int): a 6 × 16 tile.
+// kernelAVX2(k int, a, b, c *float32, ldc, ldb, lda int): a 6 × 16 tile.
 // Accumulators Y0–Y11; B vectors Y12, Y13; the broadcast A value Y14.
-TEXT ·kernelAVX2(SB), NOSPLIT, $0-48
+TEXT ·kernelAVX2(SB), NOSPLIT, $0-56
 	MOVQ k+0(FP), CX
 	MOVQ a+8(FP), SI
 	MOVQ b+16(FP), BX
@@ -132,6 +135,8 @@ TEXT ·kernelAVX2(SB), NOSPLIT, $0-48
 	SHLQ $2, DX
 	MOVQ ldb+40(FP), R9
 	SHLQ $2, R9
+	MOVQ lda+48(FP), R10
+	SHLQ $2, R10
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -167,7 +172,7 @@ avx2loop:
 	VBROADCASTSS 20(SI), Y14
 	VFMADD231PS Y12, Y14, Y10
 	VFMADD231PS Y13, Y14, Y11
-	ADDQ $24, SI
+	ADDQ R10, SI
 	ADDQ R9, BX
 	DECQ CX
 	JNZ avx2loop

@@ -9,13 +9,13 @@ package gemm
 // goKernel on the machine that runs the tests, which is what would catch
 // a compiler that stopped fusing.
 func fusedKernel(mr, nr int) kernel {
-	return kernel{name: "go-fma", mr: mr, nr: nr, run: func(k int, a, b, c []float32, ldc, ldb int) {
+	return kernel{name: "go-fma", mr: mr, nr: nr, run: func(k int, a, b, c []float32, ldc, ldb, lda int) {
 		for r := range mr {
 			row := c[r*ldc : r*ldc+nr]
 			for q := range row {
 				acc := float32(0)
 				for p := range k {
-					acc = a[p*mr+r]*b[p*ldb+q] + acc
+					acc = a[p*lda+r]*b[p*ldb+q] + acc
 				}
 				row[q] = acc
 			}

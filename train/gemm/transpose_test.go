@@ -44,6 +44,54 @@ func TestTransposeBlocks(t *testing.T) {
 	}
 }
 
+// TestSgemmTMatchesSgemm: a product with B packed once and C written
+// transposed gives the bits of the same product from SgemmSerial, for
+// every kernel, either form of A and B (A read in place or packed, a
+// ragged last strip and panel), and a PackedB reused across shapes; C's
+// values outside the product are left alone.
+func TestSgemmTMatchesSgemm(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	for _, ker := range kernels() {
+		im := withKernel(ker, 1)
+		var p PackedB
+		for _, c := range []struct{ m, n, k int }{{196, 64, 800}, {196, 800, 64}, {13, 70, 9}, {1, 1, 1}, {30, 33, 17}, {5, 3, 0}, {40, 20, 2000}} {
+			for _, tA := range []blas.Transpose{blas.NoTrans, blas.Trans} {
+				for _, tB := range []blas.Transpose{blas.NoTrans, blas.Trans} {
+					a, b := randMat(rng, (c.m+1)*(c.k+1)), randMat(rng, (c.k+1)*(c.n+1))
+					lda, ldb := max(c.k, 1), c.n
+					if tA == blas.Trans {
+						lda = c.m
+					}
+					if tB == blas.Trans {
+						ldb = max(c.k, 1)
+					}
+					want := make([]float32, c.m*c.n)
+					im.SgemmSerial(tA, tB, c.m, c.n, c.k, 1, a, lda, b, ldb, 0, want, c.n)
+					ldc := c.m + 1
+					got := randMat(rng, c.n*ldc)
+					pad := make([]float32, c.n)
+					for q := range pad {
+						pad[q] = got[q*ldc+c.m]
+					}
+					im.PackB(&p, tB, c.k, c.n, b, ldb)
+					im.SgemmTSerial(tA, c.m, a, lda, &p, got, ldc)
+					for i := range c.m {
+						for q := range c.n {
+							if g, w := got[q*ldc+i], want[i*c.n+q]; math.Float32bits(g) != math.Float32bits(w) {
+								t.Fatalf("%s %+v tA %v tB %v: C[%d][%d] = %v, want %v", ker.name, c, tA, tB, q, i, g, w)
+							}
+						}
+					}
+					for q, v := range pad {
+						if got[q*ldc+c.m] != v {
+							t.Fatalf("%s %+v tA %v tB %v: C[%d][%d], outside the product, was written", ker.name, c, tA, tB, q, c.m)
+						}
+					}
+				}
+			}
+		}
+	}
+}
 // TestPackedAMatchesSgemm: a product with A packed once gives the bits of
 // the same product packing A itself, for every kernel, either form of A
 // and B, beta 0 or 1, and a PackedA reused across shapes.
