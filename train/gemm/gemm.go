@@ -295,12 +295,20 @@ func (im *BLAS) gemm(maxThreads int, pr product) {
 			packB(pr.tB, b, ldb, n, k, nr, packFrom+lo, packFrom+hi, (*pb)[lo*nr*k:])
 		})
 	}
+	// Where all of B fits in the cache, tiles run strip by strip (i
+	// outer): an A strip stays in L1 while B's panels pass, and C is
+	// written a band of rows at a time, where panel by panel its rows
+	// were written a few lines each, far apart (the cnn's fc1 weight
+	// gradient, 12.8 MB). Else panel by panel (j outer), so a B panel
+	// stays in cache while the A strips stream past it.
+	byStrip := nt*nr*k <= lazyPackFloats
 	parallel(threads, tiles, func(lo, hi int) {
 		tile := make([]float32, mr*nr)
-		// Tiles run panel by panel (j outer), so a B panel stays in cache
-		// while the A strips stream past it.
 		for t := lo; t < hi; t++ {
 			j, i := t/mt, t%mt
+			if byStrip {
+				i, j = t/nt, t%nt
+			}
 			switch {
 			case pr.bPacked:
 				tileOf(i, j, b[j*nr*k:(j+1)*nr*k], nr, tile)
