@@ -100,7 +100,7 @@ func trialRate(k kernel) float64 {
 	t0 := time.Now()
 	for time.Since(t0) < time.Millisecond {
 		for range 8 {
-			k.run(depth, a, b, c, k.nr, k.nr, k.mr)
+			k.run(depth, a, b, c, k.nr, k.nr, k.mr, false)
 		}
 		calls += 8
 	}

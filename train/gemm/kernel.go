@@ -6,22 +6,27 @@ import "math"
 // k steps of an A strip (k rows of mr values, lda apart: mr when packed,
 // A's own row stride when A is stored k × m and read in place) and a B
 // panel (k rows of nr values, ldb apart, likewise) and stores the tile at
-// c with row stride ldc, overwriting it. The caller guarantees the slices
-// are long enough.
+// c with row stride ldc, overwriting it; with load, each sum starts from
+// the tile's value in c instead of zero (a product taken k in blocks: the
+// same bits as in one go). The caller guarantees the slices are long
+// enough.
 type kernel struct {
 	name   string
 	mr, nr int
-	run    func(k int, a, b, c []float32, ldc, ldb, lda int)
+	run    func(k int, a, b, c []float32, ldc, ldb, lda int, load bool)
 }
 
 // goKernel is the portable kernel: the same arithmetic as the assembly
 // ones, element by element.
 func goKernel(mr, nr int) kernel {
-	return kernel{name: "go", mr: mr, nr: nr, run: func(k int, a, b, c []float32, ldc, ldb, lda int) {
+	return kernel{name: "go", mr: mr, nr: nr, run: func(k int, a, b, c []float32, ldc, ldb, lda int, load bool) {
 		for r := range mr {
 			row := c[r*ldc : r*ldc+nr]
 			for q := range row {
 				acc := float32(0)
+				if load {
+					acc = row[q]
+				}
 				for p := range k {
 					acc = fma32(a[p*lda+r], b[p*ldb+q], acc)
 				}

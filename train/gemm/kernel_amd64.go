@@ -8,24 +8,32 @@ import "golang.org/x/sys/cpu"
 // broadcast A value.
 
 //go:noescape
-func kernelAVX512(k int, a, b, c *float32, ldc, ldb, lda int)
+func kernelAVX512(k int, a, b, c *float32, ldc, ldb, lda, load int)
 
 //go:noescape
-func kernelAVX2(k int, a, b, c *float32, ldc, ldb, lda int)
+func kernelAVX2(k int, a, b, c *float32, ldc, ldb, lda, load int)
 
 // kernels lists the kernels this CPU can run, fastest first; the Go kernel
 // is always last.
 func kernels() []kernel {
 	var ks []kernel
 	if cpu.X86.HasAVX512F {
-		ks = append(ks, kernel{name: "avx512", mr: 12, nr: 32, run: func(k int, a, b, c []float32, ldc, ldb, lda int) {
-			kernelAVX512(k, &a[0], &b[0], &c[0], ldc, ldb, lda)
+		ks = append(ks, kernel{name: "avx512", mr: 12, nr: 32, run: func(k int, a, b, c []float32, ldc, ldb, lda int, load bool) {
+			kernelAVX512(k, &a[0], &b[0], &c[0], ldc, ldb, lda, flag(load))
 		}})
 	}
 	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
-		ks = append(ks, kernel{name: "avx2", mr: 6, nr: 16, run: func(k int, a, b, c []float32, ldc, ldb, lda int) {
-			kernelAVX2(k, &a[0], &b[0], &c[0], ldc, ldb, lda)
+		ks = append(ks, kernel{name: "avx2", mr: 6, nr: 16, run: func(k int, a, b, c []float32, ldc, ldb, lda int, load bool) {
+			kernelAVX2(k, &a[0], &b[0], &c[0], ldc, ldb, lda, flag(load))
 		}})
 	}
 	return append(ks, goKernel(4, 16))
+}
+
+// flag is 1 for true, 0 for false: the assembly's form of a bool.
+func flag(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -1,11 +1,12 @@
 #include "textflag.h"
 
-// kernelAVX512(k int, a, b, c *float32, ldc, ldb, lda int): a 12 × 32
-// tile; B's rows are ldb floats apart (nr when packed), A's k-steps lda
-// (mr when packed).
+// kernelAVX512(k int, a, b, c *float32, ldc, ldb, lda, load int): a
+// 12 × 32 tile; B's rows are ldb floats apart (nr when packed), A's
+// k-steps lda (mr when packed); with load ≠ 0 the sums go on from C's
+// values, else from zero.
 // Accumulators Z0–Z23 (row r in Z(2r), Z(2r+1)); B vectors Z24, Z25;
 // the broadcast A value Z26. One FMA per element per k, in order of k.
-TEXT ·kernelAVX512(SB), NOSPLIT, $0-56
+TEXT ·kernelAVX512(SB), NOSPLIT, $0-64
 	MOVQ k+0(FP), CX
 	MOVQ a+8(FP), SI
 	MOVQ b+16(FP), BX
@@ -16,6 +17,47 @@ TEXT ·kernelAVX512(SB), NOSPLIT, $0-56
 	SHLQ $2, R9
 	MOVQ lda+48(FP), R10
 	SHLQ $2, R10
+	MOVQ load+56(FP), AX
+	TESTQ AX, AX
+	JZ avx512zero
+	MOVQ DI, AX
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	ADDQ DX, AX
+	VMOVUPS (AX), Z2
+	VMOVUPS 64(AX), Z3
+	ADDQ DX, AX
+	VMOVUPS (AX), Z4
+	VMOVUPS 64(AX), Z5
+	ADDQ DX, AX
+	VMOVUPS (AX), Z6
+	VMOVUPS 64(AX), Z7
+	ADDQ DX, AX
+	VMOVUPS (AX), Z8
+	VMOVUPS 64(AX), Z9
+	ADDQ DX, AX
+	VMOVUPS (AX), Z10
+	VMOVUPS 64(AX), Z11
+	ADDQ DX, AX
+	VMOVUPS (AX), Z12
+	VMOVUPS 64(AX), Z13
+	ADDQ DX, AX
+	VMOVUPS (AX), Z14
+	VMOVUPS 64(AX), Z15
+	ADDQ DX, AX
+	VMOVUPS (AX), Z16
+	VMOVUPS 64(AX), Z17
+	ADDQ DX, AX
+	VMOVUPS (AX), Z18
+	VMOVUPS 64(AX), Z19
+	ADDQ DX, AX
+	VMOVUPS (AX), Z20
+	VMOVUPS 64(AX), Z21
+	ADDQ DX, AX
+	VMOVUPS (AX), Z22
+	VMOVUPS 64(AX), Z23
+	JMP avx512go
+avx512zero:
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -40,6 +82,7 @@ TEXT ·kernelAVX512(SB), NOSPLIT, $0-56
 	VPXORD Z21, Z21, Z21
 	VPXORD Z22, Z22, Z22
 	VPXORD Z23, Z23, Z23
+avx512go:
 	TESTQ CX, CX
 	JZ avx512store
 avx512loop:
@@ -124,9 +167,10 @@ avx512store:
 	VZEROUPPER
 	RET
 
-// kernelAVX2(k int, a, b, c *float32, ldc, ldb, lda int): a 6 × 16 tile.
+// kernelAVX2(k int, a, b, c *float32, ldc, ldb, lda, load int): a 6 × 16
+// tile, the same arguments.
 // Accumulators Y0–Y11; B vectors Y12, Y13; the broadcast A value Y14.
-TEXT ·kernelAVX2(SB), NOSPLIT, $0-56
+TEXT ·kernelAVX2(SB), NOSPLIT, $0-64
 	MOVQ k+0(FP), CX
 	MOVQ a+8(FP), SI
 	MOVQ b+16(FP), BX
@@ -137,6 +181,29 @@ TEXT ·kernelAVX2(SB), NOSPLIT, $0-56
 	SHLQ $2, R9
 	MOVQ lda+48(FP), R10
 	SHLQ $2, R10
+	MOVQ load+56(FP), AX
+	TESTQ AX, AX
+	JZ avx2zero
+	MOVQ DI, AX
+	VMOVUPS (AX), Y0
+	VMOVUPS 32(AX), Y1
+	ADDQ DX, AX
+	VMOVUPS (AX), Y2
+	VMOVUPS 32(AX), Y3
+	ADDQ DX, AX
+	VMOVUPS (AX), Y4
+	VMOVUPS 32(AX), Y5
+	ADDQ DX, AX
+	VMOVUPS (AX), Y6
+	VMOVUPS 32(AX), Y7
+	ADDQ DX, AX
+	VMOVUPS (AX), Y8
+	VMOVUPS 32(AX), Y9
+	ADDQ DX, AX
+	VMOVUPS (AX), Y10
+	VMOVUPS 32(AX), Y11
+	JMP avx2go
+avx2zero:
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -149,6 +216,7 @@ TEXT ·kernelAVX2(SB), NOSPLIT, $0-56
 	VXORPS Y9, Y9, Y9
 	VXORPS Y10, Y10, Y10
 	VXORPS Y11, Y11, Y11
+avx2go:
 	TESTQ CX, CX
 	JZ avx2store
 avx2loop:

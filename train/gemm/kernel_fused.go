@@ -9,11 +9,14 @@ package gemm
 // goKernel on the machine that runs the tests, which is what would catch
 // a compiler that stopped fusing.
 func fusedKernel(mr, nr int) kernel {
-	return kernel{name: "go-fma", mr: mr, nr: nr, run: func(k int, a, b, c []float32, ldc, ldb, lda int) {
+	return kernel{name: "go-fma", mr: mr, nr: nr, run: func(k int, a, b, c []float32, ldc, ldb, lda int, load bool) {
 		for r := range mr {
 			row := c[r*ldc : r*ldc+nr]
 			for q := range row {
 				acc := float32(0)
+				if load {
+					acc = row[q]
+				}
 				for p := range k {
 					acc = a[p*lda+r]*b[p*ldb+q] + acc
 				}

@@ -54,13 +54,24 @@ func TestSgemmTMatchesSgemm(t *testing.T) {
 	for _, ker := range kernels() {
 		im := withKernel(ker, 1)
 		var p PackedB
-		for _, c := range []struct{ m, n, k int }{{196, 64, 800}, {196, 800, 64}, {13, 70, 9}, {1, 1, 1}, {30, 33, 17}, {5, 3, 0}, {40, 20, 2000}} {
+		// pad: A stored k × m has rows RowMultiple-rounded m + pad long,
+		// NaNs past m, which a ragged last strip read in place must not
+		// carry into C.
+		for _, c := range []struct{ m, n, k, pad int }{{196, 64, 800, 0}, {196, 64, 800, 1}, {196, 800, 64, 0}, {13, 70, 9, 0}, {1, 1, 1, 0}, {30, 33, 17, 0}, {30, 33, 17, 1}, {5, 3, 0, 0}, {40, 20, 2000, 0}} {
 			for _, tA := range []blas.Transpose{blas.NoTrans, blas.Trans} {
 				for _, tB := range []blas.Transpose{blas.NoTrans, blas.Trans} {
-					a, b := randMat(rng, (c.m+1)*(c.k+1)), randMat(rng, (c.k+1)*(c.n+1))
+					a, b := randMat(rng, (c.m+RowMultiple+1)*(c.k+1)), randMat(rng, (c.k+1)*(c.n+1))
 					lda, ldb := max(c.k, 1), c.n
 					if tA == blas.Trans {
 						lda = c.m
+						if c.pad > 0 {
+							lda = (c.m+RowMultiple-1)/RowMultiple*RowMultiple + c.pad - 1
+							for p := range c.k {
+								for i := c.m; i < lda; i++ {
+									a[p*lda+i] = float32(math.NaN())
+								}
+							}
+						}
 					}
 					if tB == blas.Trans {
 						ldb = max(c.k, 1)
