@@ -119,6 +119,10 @@ func gemmCases() []gemmCase {
 				// packed a panel at a time; the last panel ragged.
 				gemmCase{tA: tA, tB: tB, m: 7, n: 1100, k: 120, alpha: 1, pad: 1},
 				gemmCase{tA: tA, tB: tB, m: 40, n: 1100, k: 120, alpha: 1, beta: 1},
+				// With k over kBlock, a B stored k × n is packed kBlock
+				// rows at a time and the sums go on from C.
+				gemmCase{tA: tA, tB: tB, m: 5, n: 1100, k: 300, alpha: 1, pad: 1},
+				gemmCase{tA: tA, tB: tB, m: 13, n: 1100, k: 300, alpha: 0.5, beta: 2},
 			)
 		}
 	}
