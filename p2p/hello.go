@@ -24,10 +24,11 @@ const HelloProtocol = "/ringtrain/hello/3.0.0"
 // replica of the same job would apply other bits and be taken for a liar
 // at the first hash check — it is refused at the hello instead, by name;
 // version 5 sums a conv layer's weight gradient sample by sample
-// (train/conv.go), other bits again.
+// (train/conv.go), other bits again; version 6 sums its bias gradient in
+// vec.Sum's order, and other bits again.
 // The hello's wire form is unchanged, so the two still understand the
 // refusal.
-const ProtocolVersion = 5
+const ProtocolVersion = 6
 
 // Bounds on a hello: a peer list of hundreds of members with a few
 // addresses each fits in maxHelloBytes with room to spare.

@@ -248,8 +248,8 @@ func (st *convState) patchRows(rows, xt, x []float32, s int) {
 	}
 }
 
-// gradB: db[o] = Σ over samples, then positions, of dy; filters split
-// over the threads.
+// gradB: db[o] = Σ over samples, in order, of each sample's sum over
+// positions (vec.Sum's order); filters split over the threads.
 func (st *convState) gradB(dy, db []float32) {
 	g := st.g
 	P := g.p()
@@ -257,9 +257,7 @@ func (st *convState) gradB(dy, db []float32) {
 		for o := lo; o < hi; o++ {
 			sum := float32(0)
 			for s := range g.b {
-				for _, v := range dy[(s*g.o+o)*P : (s*g.o+o+1)*P] {
-					sum += v
-				}
+				sum += vec.Sum(dy[(s*g.o+o)*P : (s*g.o+o+1)*P])
 			}
 			db[o] = sum
 		}

@@ -10,6 +10,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/ringtrain/ringtrain/train/gemm"
+	"github.com/ringtrain/ringtrain/train/vec"
 )
 
 // A linear layer, y = x·W + b, as gorgonia ops of our own, for the reasons
@@ -71,22 +72,13 @@ func (op linearOp) UsePreallocDo(prealloc G.Value, inputs ...G.Value) (G.Value, 
 	case layerFwd:
 		x, w, b, y := data[0], data[1], data[2], data[3]
 		st.blas.Sgemm(blas.NoTrans, blas.NoTrans, B, O, I, 1, x, I, w, O, 0, y, O)
-		for s := range B {
-			row := y[s*O : (s+1)*O]
-			for j, v := range b {
-				row[j] += v
-			}
-		}
+		vec.AddRows(y, O, b, 0, B, O) // b onto every row
 	case layerDW:
 		st.blas.Sgemm(blas.Trans, blas.NoTrans, I, O, B, 1, data[0], I, data[1], O, 0, data[2], O)
 	case layerDB:
 		dy, db := data[0], data[1]
 		clear(db)
-		for s := range B {
-			for j, v := range dy[s*O : (s+1)*O] {
-				db[j] += v
-			}
-		}
+		vec.AddRows(db, 0, dy, O, B, O) // every row of dy onto db, in order
 	case layerDX:
 		st.blas.Sgemm(blas.NoTrans, blas.Trans, B, I, O, 1, data[1], O, data[0], O, 0, data[2], I)
 	}

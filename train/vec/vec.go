@@ -84,6 +84,36 @@ func adamGo(p, g, m, v []float32, c *AdamConsts) {
 	}
 }
 
+// Sum returns the sum of x in a fixed order that vectors can follow: 64
+// running sums, x[i] going to sum i mod 64 in turn, then halved pairwise
+// (sum l plus sum l+32, then l+16, …, l+1). The same bits at every
+// level; more accurate, and several times faster, than one running sum.
+func Sum(x []float32) float32 {
+	if s, ok := sumAsm(x); ok {
+		return s
+	}
+	return sumGo(x)
+}
+
+func sumGo(x []float32) float32 {
+	var s [64]float32
+	for len(x) >= 64 {
+		for l, v := range x[:64] {
+			s[l] += v
+		}
+		x = x[64:]
+	}
+	for l, v := range x {
+		s[l] += v
+	}
+	for w := 32; w >= 1; w /= 2 {
+		for l := range w {
+			s[l] += s[l+w]
+		}
+	}
+	return s[0]
+}
+
 // Finite reports whether every value of x is finite: no NaN, no ±Inf.
 func Finite(x []float32) bool {
 	done, ok := finiteAsm(x)

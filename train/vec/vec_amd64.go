@@ -159,6 +159,24 @@ func rows16(dst *float32, ldd int, src *float32, lds, rows, n, add int)
 // cover.
 func finiteAsm(x []float32) (int, bool) { return finiteAt(level, x) }
 
+// sumAsm is Sum in AVX-512, reporting false where this CPU has none: the
+// 64 sums in four vectors, the last values under masks that leave the
+// other lanes' sums untouched, as sumGo leaves them.
+func sumAsm(x []float32) (float32, bool) {
+	if level != levelAVX512 {
+		return 0, false
+	}
+	if len(x) == 0 {
+		return 0, true
+	}
+	rest := len(x) % 64
+	var m [4]int
+	for v := range m {
+		m[v] = 1<<min(16, max(0, rest-16*v)) - 1
+	}
+	return sum16(&x[0], len(x)/64, m[0], m[1], m[2], m[3]), true
+}
+
 // finiteAt checks the longest prefix of x the level's vectors cover: its
 // length, and whether all of it is finite.
 func finiteAt(lv int, x []float32) (int, bool) {
@@ -209,3 +227,6 @@ func relu8(x, y *float32, n int)
 
 //go:noescape
 func reluGrad8(y, dy, dx *float32, n int)
+
+//go:noescape
+func sum16(x *float32, blocks, m0, m1, m2, m3 int) float32

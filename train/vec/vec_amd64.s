@@ -467,3 +467,57 @@ c2iskip:
 	JLT c2irow
 	VZEROUPPER
 	RET
+
+// func sum16(x *float32, blocks, m0, m1, m2, m3 int) float32
+// Z0–Z3 are the 64 running sums; blocks of 64 values, then the rest under
+// masks m0–m3 (merge-masked: a lane past the end keeps its sum); then
+// halved: Z0+Z2, Z1+Z3 (l and l+32), their sum (l+16), and within a
+// vector l+8, l+4, l+2, l+1.
+TEXT ·sum16(SB), NOSPLIT, $0-52
+	MOVQ x+0(FP), SI
+	MOVQ blocks+8(FP), CX
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	TESTQ CX, CX
+	JZ sumrest
+sumloop:
+	VADDPS (SI), Z0, Z0
+	VADDPS 64(SI), Z1, Z1
+	VADDPS 128(SI), Z2, Z2
+	VADDPS 192(SI), Z3, Z3
+	ADDQ $256, SI
+	DECQ CX
+	JNZ sumloop
+sumrest:
+	MOVQ m0+16(FP), AX
+	KMOVW AX, K1
+	VMOVUPS.Z (SI), K1, Z4
+	VADDPS Z4, Z0, K1, Z0
+	MOVQ m1+24(FP), AX
+	KMOVW AX, K1
+	VMOVUPS.Z 64(SI), K1, Z4
+	VADDPS Z4, Z1, K1, Z1
+	MOVQ m2+32(FP), AX
+	KMOVW AX, K1
+	VMOVUPS.Z 128(SI), K1, Z4
+	VADDPS Z4, Z2, K1, Z2
+	MOVQ m3+40(FP), AX
+	KMOVW AX, K1
+	VMOVUPS.Z 192(SI), K1, Z4
+	VADDPS Z4, Z3, K1, Z3
+	VADDPS Z2, Z0, Z0
+	VADDPS Z3, Z1, Z1
+	VADDPS Z1, Z0, Z0
+	VEXTRACTF32X8 $1, Z0, Y1
+	VADDPS Y1, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VMOVHLPS X0, X0, X1
+	VADDPS X1, X0, X0
+	VMOVSHDUP X0, X1
+	VADDSS X1, X0, X0
+	MOVSS X0, ret+48(FP)
+	VZEROUPPER
+	RET

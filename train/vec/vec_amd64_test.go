@@ -194,3 +194,42 @@ func TestCol2imAtEveryLevel(t *testing.T) {
 		sameBits(t, fmt.Sprintf("Col2im %+v", c), got, want)
 	}
 }
+
+// TestSumAtEveryLevel: the AVX-512 sum is sumGo's, bit for bit, for
+// lengths under, at and over its 64 lanes, with NaN, infinities, signed
+// zeros and subnormals among the values.
+func TestSumAtEveryLevel(t *testing.T) {
+	if level < levelAVX512 {
+		t.Skip("AVX-512 sum only; the Go loop everywhere else")
+	}
+	for _, n := range []int{0, 1, 15, 16, 17, 63, 64, 65, 127, 196, 784, 1001} {
+		for trial := range 4 {
+			rng := rand.New(rand.NewPCG(uint64(n), uint64(trial)))
+			x := values(rng, n)
+			for i := range x {
+				switch rng.IntN(40) {
+				case 0:
+					x[i] = float32(math.Copysign(0, -1))
+				case 1:
+					x[i] = 1e-40
+				case 2:
+					if trial == 3 {
+						x[i] = float32(math.Inf(1 - 2*rng.IntN(2)))
+					}
+				case 3:
+					if trial == 2 {
+						x[i] = float32(math.NaN())
+					}
+				}
+			}
+			got, ok := sumAsm(x)
+			if !ok {
+				t.Fatal("no AVX-512 sum on a CPU with AVX-512")
+			}
+			want := sumGo(x)
+			if math.Float32bits(got) != math.Float32bits(want) && !(got != got && want != want) {
+				t.Fatalf("n %d trial %d: Sum %v (%#x), sumGo %v (%#x)", n, trial, got, math.Float32bits(got), want, math.Float32bits(want))
+			}
+		}
+	}
+}

@@ -194,3 +194,32 @@ func TestFinite(t *testing.T) {
 		}
 	}
 }
+
+// TestSumOrder: Sum adds in its stated order — 64 running sums, then
+// halved pairwise — and is within float32 rounding of the exact sum.
+func TestSumOrder(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	for _, n := range []int{0, 1, 5, 64, 100, 196, 5000} {
+		x := values(rng, n)
+		var s [64]float32
+		for i, v := range x {
+			s[i%64] += v
+		}
+		for w := 32; w >= 1; w /= 2 {
+			for l := range w {
+				s[l] += s[l+w]
+			}
+		}
+		if got := Sum(x); math.Float32bits(got) != math.Float32bits(s[0]) {
+			t.Fatalf("n %d: Sum %v, the stated order %v", n, got, s[0])
+		}
+		exact, mag := 0.0, 0.0
+		for _, v := range x {
+			exact += float64(v)
+			mag += math.Abs(float64(v))
+		}
+		if d := math.Abs(float64(Sum(x)) - exact); d > 1e-6*float64(n)*mag+1e-30 {
+			t.Fatalf("n %d: Sum %v, exact %v", n, Sum(x), exact)
+		}
+	}
+}
