@@ -50,10 +50,10 @@ const (
 	maxInPlaceSpan   = 1 << 20
 )
 
-// RowMultiple is a multiple of every kernel's strip height (12, 6 or 4
-// rows): an A stored k × m read in place, whose rows are a multiple of it
-// long, has no ragged strip to pack.
-const RowMultiple = 12
+// RowMultiple is a multiple of every kernel's strip height (12, 8, 6 or
+// 4 rows): an A stored k × m read in place, whose rows are a multiple of
+// it long, has no ragged strip to pack.
+const RowMultiple = 24
 
 // maxInPlaceStrideA is the farthest apart an A's rows may be for it to
 // be read in place.
@@ -202,9 +202,12 @@ type product struct {
 // gemm multiplies: the kernel's tiles, panel by panel of B, its operands
 // packed or read in place.
 func (im *BLAS) gemm(maxThreads int, pr product) {
-	ker := im.ker
-	mr, nr := ker.mr, ker.nr
 	m, n, k, a, lda, b, ldb, c, ldc := pr.m, pr.n, pr.k, pr.a, pr.lda, pr.b, pr.ldb, pr.c, pr.ldc
+	ker := im.ker
+	if !pr.aPacked && !pr.bPacked {
+		ker = ker.shapeFor(m, n)
+	}
+	mr, nr := ker.mr, ker.nr
 	alpha, beta := pr.alpha, pr.beta
 	mt, nt := (m+mr-1)/mr, (n+nr-1)/nr
 	tiles := mt * nt

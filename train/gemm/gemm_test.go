@@ -15,6 +15,21 @@ import (
 // withKernel is a BLAS forced onto one kernel and thread count.
 func withKernel(k kernel, threads int) *BLAS { return &BLAS{ker: k, threads: threads} }
 
+// testKernels is every kernel this CPU runs, as Chosen would give it (the
+// shape picked per product), then each of their other shapes alone, named
+// by it; the exact Go kernel stays last.
+func testKernels() []kernel {
+	ks := kernels()
+	var alts []kernel
+	for _, k := range ks {
+		for _, a := range k.alt {
+			a.name = fmt.Sprintf("%s-%dx%d", a.name, a.mr, a.nr)
+			alts = append(alts, a)
+		}
+	}
+	return append(alts, ks...)
+}
+
 func randMat(rng *rand.Rand, n int) []float32 {
 	s := make([]float32, n)
 	for i := range s {
@@ -137,7 +152,7 @@ func TestSgemmMatchesFloat64(t *testing.T) {
 	if testing.Short() {
 		cases = cases[:len(cases):len(cases)]
 	}
-	for _, ker := range kernels() {
+	for _, ker := range testKernels() {
 		t.Run(ker.name, func(t *testing.T) {
 			for ci, c := range cases {
 				if ker.name == "go" && c.m*c.n*c.k > 1<<20 {
@@ -161,7 +176,7 @@ func TestSgemmMatchesFloat64(t *testing.T) {
 // TestSameBitsEverywhere: every kernel and thread count gives the same
 // bits, which is what lets replicas on different CPUs agree.
 func TestSameBitsEverywhere(t *testing.T) {
-	ks := kernels()
+	ks := testKernels()
 	if len(ks) < 2 {
 		t.Skip("this CPU has only the Go kernel")
 	}
@@ -262,7 +277,7 @@ func FuzzSgemmEdges(f *testing.F) {
 		if flags&4 != 0 {
 			c.alpha, c.beta = 0.75, -0.5
 		}
-		ks := kernels()
+		ks := testKernels()
 		ref, want, ldc := c.run(t, withKernel(ks[len(ks)-1], 1), seed)
 		for i := range c.m {
 			for j := range c.n {
@@ -308,7 +323,7 @@ func BenchmarkSgemm(b *testing.B) {
 		blas.Float32
 	}
 	impls := []impl{{"gonum", gonum.Implementation{}}}
-	for _, ker := range kernels() {
+	for _, ker := range testKernels() {
 		if ker.name != "go" { // far slower; checked for bits, not speed
 			impls = append(impls, impl{ker.name, withKernel(ker, 1)})
 		}

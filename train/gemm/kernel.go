@@ -14,6 +14,22 @@ type kernel struct {
 	name   string
 	mr, nr int
 	run    func(k int, a, b, c []float32, ldc, ldb, lda int, load bool)
+	// alt are the same instructions in other tile shapes: a product
+	// takes the shape that pads it least (shapeFor).
+	alt []kernel
+}
+
+// shapeFor is the shape of k (k itself or one of its alt) whose tiles
+// cover an m × n product with the fewest padded values; k on a tie.
+func (k kernel) shapeFor(m, n int) kernel {
+	padded := func(s kernel) int { return (m + s.mr - 1) / s.mr * s.mr * ((n + s.nr - 1) / s.nr * s.nr) }
+	best := k
+	for _, s := range k.alt {
+		if padded(s) < padded(best) {
+			best = s
+		}
+	}
+	return best
 }
 
 // goKernel is the portable kernel: the same arithmetic as the assembly

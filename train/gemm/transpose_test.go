@@ -51,7 +51,7 @@ func TestTransposeBlocks(t *testing.T) {
 // values outside the product are left alone.
 func TestSgemmTMatchesSgemm(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 5))
-	for _, ker := range kernels() {
+	for _, ker := range testKernels() {
 		im := withKernel(ker, 1)
 		var p PackedB
 		// pad: A stored k × m has rows RowMultiple-rounded m + pad long,
@@ -108,7 +108,7 @@ func TestSgemmTMatchesSgemm(t *testing.T) {
 // and B, beta 0 or 1, and a PackedA reused across shapes.
 func TestPackedAMatchesSgemm(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 5))
-	for _, ker := range kernels() {
+	for _, ker := range testKernels() {
 		im := withKernel(ker, 1)
 		var p PackedA
 		for _, c := range []struct{ m, n, k int }{{64, 196, 800}, {13, 70, 9}, {1, 1, 1}, {30, 33, 17}, {5, 3, 0}} {
