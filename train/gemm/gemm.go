@@ -380,6 +380,29 @@ func (pr *product) put(c, t []float32, ldt, rows, cols int) {
 	}
 }
 
+// Transpose writes src (rows × cols, its rows lds apart) transposed into
+// dst (cols × rows, its rows ldd apart), 16 × 16 blocks at a time in
+// AVX-512 where the CPU has it.
+func Transpose(dst []float32, ldd int, src []float32, lds int, rows, cols int) {
+	if rows <= 0 || cols <= 0 {
+		return
+	}
+	_ = src[(rows-1)*lds+cols-1]
+	_ = dst[(cols-1)*ldd+rows-1]
+	for r0 := 0; r0 < rows; r0 += 16 {
+		n := min(16, rows-r0)
+		q := 0
+		if blocks := cols / 16; blocks > 0 && transposeBlocks(src[r0*lds:], lds, dst[r0:], ldd, n, n, blocks) {
+			q = blocks * 16
+		}
+		for ; q < cols; q++ {
+			for r := range n {
+				dst[q*ldd+r0+r] = src[(r0+r)*lds+q]
+			}
+		}
+	}
+}
+
 // storeT writes a tile's first rows × cols values (rows nr apart)
 // transposed at c: c[q·ldc+r] = tile[r·nr+q].
 func storeT(c []float32, ldc int, tile []float32, nr, rows, cols int) {
@@ -403,9 +426,7 @@ func packA(t bool, a []float32, lda, m, k, mr, lo, hi int, dst []float32) {
 		if t && (i+1)*mr <= m {
 			// A is stored k × m: each k holds the strip's mr values side
 			// by side.
-			for p := range k {
-				copy(strip[p*mr:(p+1)*mr], a[p*lda+i*mr:p*lda+(i+1)*mr])
-			}
+			vec.CopyRows(strip, mr, a[i*mr:], lda, k, mr)
 			continue
 		}
 		from := 0

@@ -315,6 +315,7 @@ func BenchmarkSgemm(b *testing.B) {
 		{"conv2-fwd-sample", false, false, 64, 196, 800},
 		{"conv2-dW-sample", false, true, 64, 800, 196},
 		{"conv2-dX-sample", true, false, 800, 196, 64},
+		{"conv2-dXT-sample", true, false, 196, 800, 64},
 	}
 	// "gonum" is gonum's own Sgemm on one thread: what the product would
 	// take without this package.

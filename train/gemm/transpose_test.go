@@ -103,6 +103,7 @@ func TestSgemmTMatchesSgemm(t *testing.T) {
 		}
 	}
 }
+
 // TestPackedAMatchesSgemm: a product with A packed once gives the bits of
 // the same product packing A itself, for every kernel, either form of A
 // and B, beta 0 or 1, and a PackedA reused across shapes.
@@ -135,6 +136,29 @@ func TestPackedAMatchesSgemm(t *testing.T) {
 						}
 					}
 				}
+			}
+		}
+	}
+}
+
+// TestTranspose: Transpose against the definition, for sizes under, at
+// and over the 16 × 16 blocks, with strides wider than the matrices, and
+// nothing written outside dst's matrix.
+func TestTranspose(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	for _, c := range []struct{ rows, cols, lds, ldd int }{{1, 1, 1, 1}, {196, 32, 32, 196}, {17, 33, 40, 20}, {16, 16, 16, 16}, {5, 48, 50, 7}, {33, 7, 7, 40}} {
+		src := randMat(rng, c.rows*c.lds)
+		dst := randMat(rng, c.cols*c.ldd)
+		want := append([]float32(nil), dst...)
+		for r := range c.rows {
+			for q := range c.cols {
+				want[q*c.ldd+r] = src[r*c.lds+q]
+			}
+		}
+		Transpose(dst, c.ldd, src, c.lds, c.rows, c.cols)
+		for i := range want {
+			if math.Float32bits(dst[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%+v: dst[%d] = %v, want %v", c, i, dst[i], want[i])
 			}
 		}
 	}
