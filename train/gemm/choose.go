@@ -43,6 +43,16 @@ type Rate struct {
 // operations in two, has not been measured.
 func Chosen() Choice { return chosen() }
 
+// Shapes names the chosen kernel's tile shapes, rows × columns, the
+// first its own.
+func (c Choice) Shapes() []string {
+	s := []string{fmt.Sprintf("%d×%d", c.ker.mr, c.ker.nr)}
+	for _, a := range c.ker.alt {
+		s = append(s, fmt.Sprintf("%d×%d", a.mr, a.nr))
+	}
+	return s
+}
+
 // chosen memoizes choose: the CPU does not change under a process.
 var chosen = sync.OnceValue(func() Choice { return choose(kernels(), trialRate) })
 

@@ -112,22 +112,6 @@ func rowsAsm(add bool, dst []float32, ldd int, src []float32, lds int, rows, n i
 	return true
 }
 
-// col2imAsm does Col2im in AVX-512 and reports true, or reports false
-// where this CPU has no AVX-512.
-func col2imAsm(img []float32, c, h, w int, cols []float32, oh, ow, k, pad int) bool {
-	if level != levelAVX512 || c < 1 || h < 1 || w < 1 || k < 1 {
-		return false
-	}
-	m := col2imMasks(w, ow, k, pad)
-	for ci := range c {
-		col2im16(&img[ci*h*w], &cols[ci*k*k*oh*ow], w, h, ow, oh, k, pad, oh*ow, &m[0], (w+15)/16)
-	}
-	return true
-}
-
-//go:noescape
-func col2im16(img, cols *float32, w, h, ow, oh, k, pad, p int, masks *uint16, chunks int)
-
 // maxPool2Asm and maxPool2GradAsm do MaxPool2's passes in AVX-512 and
 // report true, or report false where this CPU has no AVX-512.
 func maxPool2Asm(x []float32, w int, y []float32, ow, rows int) bool {

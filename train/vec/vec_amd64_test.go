@@ -1,7 +1,6 @@
 package vec
 
 import (
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -165,33 +164,6 @@ func TestMaxPool2AtEveryLevel(t *testing.T) {
 		maxPool2GradAsm(x, c.w, dy, d1, c.ow, c.rows)
 		maxPool2GradGo(x, c.w, dy, d2, c.ow, c.rows)
 		sameBits(t, "MaxPool2Grad", d1, d2)
-	}
-}
-
-// TestCol2imAtEveryLevel: the AVX-512 col2im gives the Go loops' sums
-// bit for bit — each value's taps from +0 in (ky, kx) order, NaNs and
-// signed zeros among them — for rows within one chunk and across several,
-// with and without padding, over two channels, and writes nothing past
-// the image.
-func TestCol2imAtEveryLevel(t *testing.T) {
-	if level < levelAVX512 {
-		t.Skip("AVX-512 col2im only; the Go loops everywhere else")
-	}
-	for _, c := range []struct{ h, w, k, pad int }{{14, 14, 5, 2}, {28, 28, 5, 2}, {7, 17, 3, 1}, {9, 33, 3, 0}, {4, 4, 1, 0}, {3, 5, 5, 2}} {
-		oh, ow := c.h+2*c.pad-c.k+1, c.w+2*c.pad-c.k+1
-		rng := rand.New(rand.NewPCG(uint64(c.w), uint64(c.k)))
-		const ch = 2
-		cols := values(rng, ch*c.k*c.k*oh*ow)
-		cols[0], cols[len(cols)/2], cols[len(cols)/3] = float32(math.NaN()), float32(math.Copysign(0, -1)), 1e-40
-		got, want := values(rng, ch*c.h*c.w+7), values(rng, ch*c.h*c.w+7)
-		copy(want, got)
-		if !col2imAsm(got, ch, c.h, c.w, cols, oh, ow, c.k, c.pad) {
-			t.Fatal("no AVX-512 col2im on a CPU with AVX-512")
-		}
-		for ci := range ch {
-			col2imGo(want[ci*c.h*c.w:], c.h, c.w, cols[ci*c.k*c.k*oh*ow:], oh, ow, c.k, c.pad)
-		}
-		sameBits(t, fmt.Sprintf("Col2im %+v", c), got, want)
 	}
 }
 

@@ -25,5 +25,3 @@ func rowsAsm(add bool, dst []float32, ldd int, src []float32, lds int, rows, n i
 func maxPool2Asm(x []float32, w int, y []float32, ow, rows int) bool { return false }
 
 func maxPool2GradAsm(x []float32, w int, dy, dx []float32, ow, rows int) bool { return false }
-
-func col2imAsm(img []float32, c, h, w int, cols []float32, oh, ow, k, pad int) bool { return false }
