@@ -228,12 +228,7 @@ func (st *convState) gradW(x, dy, dw []float32) {
 func (st *convState) patchRows(rows, xt, x []float32, s int) {
 	g := st.g
 	hw := g.h * g.w
-	img := x[s*g.c*hw : (s+1)*g.c*hw]
-	for ci := range g.c {
-		for i, v := range img[ci*hw : (ci+1)*hw] {
-			xt[i*g.c+ci] = v
-		}
-	}
+	gemm.Transpose(xt, g.c, x[s*g.c*hw:(s+1)*g.c*hw], hw, g.c, hw)
 	CKK := g.ckk()
 	for oy := range g.oh {
 		ky0, ky1 := max(0, g.pad-oy), min(g.k, g.h+g.pad-oy)
