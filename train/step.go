@@ -632,6 +632,13 @@ func (r *Replica) skipped(avg, tail []float32, bad, badRanks int) error {
 	return nil
 }
 
+// alone reports whether the average is this rank's own gradients, known
+// finite (bad < 0) when gathered, on a ring of one with float32 on the
+// wire: checking them again would be a second pass over every gradient.
+func (r *Replica) alone(bad int) bool {
+	return bad < 0 && r.Coll.Size() == 1 && r.Wire == ring.F32
+}
+
 // errDevice marks a device optimizer's failure to apply a step: not a
 // skip, the run's end.
 var errDevice = errors.New("train: the device failed to apply the step")
@@ -657,7 +664,7 @@ func (r *Replica) apply(flat []float32, bad, badRanks int) error {
 		if applied, err = dev.StepFlat(avg); err != nil {
 			return fmt.Errorf("%w: %w", errDevice, err)
 		}
-	case finite(avg):
+	case r.alone(bad) || finite(avg):
 		r.Opt.Step(r.Model.Params(), r.views)
 		applied = true
 	}
@@ -1082,15 +1089,13 @@ func oddOnes[K comparable](ranks []int, key func(int) K) ([]int, bool) {
 }
 
 // gatherFinite copies the tensors into flat end to end and returns the
-// index of the first that holds a NaN or an Inf, or -1: a copy and a
-// vector check per tensor (vec.Finite), faster than one scalar pass that
-// does both.
+// index of the first that holds a NaN or an Inf, or -1: one vector pass
+// per tensor that does both (vec.CopyFinite).
 func gatherFinite(flat []float32, ts [][]float32) int {
 	bad := -1
 	o := 0
 	for i, t := range ts {
-		copy(flat[o:o+len(t)], t)
-		if bad < 0 && !vec.Finite(t) {
+		if !vec.CopyFinite(flat[o:o+len(t)], t) && bad < 0 {
 			bad = i
 		}
 		o += len(t)

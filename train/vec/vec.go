@@ -120,6 +120,16 @@ func Finite(x []float32) bool {
 	return ok && finiteGo(x[done:])
 }
 
+// CopyFinite copies src into dst (at least as long) and reports whether
+// every value of src is finite: Finite and copy in one pass over memory,
+// for gradients gathered into a buffer of tens of megabytes.
+func CopyFinite(dst, src []float32) bool {
+	dst = dst[:len(src)]
+	done, ok := copyFiniteAsm(dst, src)
+	copy(dst[done:], src[done:])
+	return finiteGo(src[done:]) && ok
+}
+
 // finiteGo: x − x is 0 for a finite x and NaN otherwise; four sums keep
 // the loop free of branches and dependencies.
 func finiteGo(x []float32) bool {

@@ -178,6 +178,31 @@ func finiteAt(lv int, x []float32) (int, bool) {
 //go:noescape
 func finite16(x *float32, n int) bool
 
+func copyFiniteAsm(dst, src []float32) (int, bool) { return copyFiniteAt(level, dst, src) }
+
+// copyFiniteAt copies the longest prefix of src the level's vectors cover
+// into dst: its length, and whether all of it is finite. Every value is
+// copied, finite or not.
+func copyFiniteAt(lv int, dst, src []float32) (int, bool) {
+	n := vectorPart(lv, len(src))
+	switch {
+	case n == 0:
+		return 0, true
+	case lv == levelAVX512:
+		_ = dst[n-1]
+		return n, copyFinite16(&dst[0], &src[0], n)
+	default:
+		_ = dst[n-1]
+		return n, copyFinite8(&dst[0], &src[0], n)
+	}
+}
+
+//go:noescape
+func copyFinite16(dst, src *float32, n int) bool
+
+//go:noescape
+func copyFinite8(dst, src *float32, n int) bool
+
 //go:noescape
 func finite8(x *float32, n int) bool
 

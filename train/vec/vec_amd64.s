@@ -450,3 +450,28 @@ sumrest:
 	MOVSS X0, ret+48(FP)
 	VZEROUPPER
 	RET
+
+// func copyFinite16(dst, src *float32, n int) bool
+// n is a positive multiple of 16. Each vector is stored, and its lanes
+// whose exponent is all ones (NaN, ±Inf) are ORed into K2.
+TEXT ·copyFinite16(SB), NOSPLIT, $0-25
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVL $0x7f800000, AX
+	VPBROADCASTD AX, Z1
+	KXORW K2, K2, K2
+copyfiniteloop:
+	VMOVUPS (SI), Z0
+	VMOVUPS Z0, (DI)
+	VPANDD Z0, Z1, Z2
+	VPCMPEQD Z1, Z2, K1
+	KORW K1, K2, K2
+	ADDQ $64, SI
+	ADDQ $64, DI
+	SUBQ $16, CX
+	JNZ copyfiniteloop
+	KORTESTW K2, K2
+	SETEQ ret+24(FP)
+	VZEROUPPER
+	RET

@@ -1,6 +1,7 @@
 package vec
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -201,6 +202,43 @@ func TestSumAtEveryLevel(t *testing.T) {
 			want := sumGo(x)
 			if math.Float32bits(got) != math.Float32bits(want) && !(got != got && want != want) {
 				t.Fatalf("n %d trial %d: Sum %v (%#x), sumGo %v (%#x)", n, trial, got, math.Float32bits(got), want, math.Float32bits(want))
+			}
+		}
+	}
+}
+
+// TestCopyFiniteAtEveryLevel: each level copies every value, NaN and
+// infinities included, writes nothing past src's length, and reports
+// finiteness as Finite does — a bad value first, last, in the vector
+// part, in the tail, or none.
+func TestCopyFiniteAtEveryLevel(t *testing.T) {
+	for lv := levelAVX2; lv <= level; lv++ {
+		for _, n := range []int{0, 7, 8, 9, 16, 33, 1001} {
+			for _, at := range []int{-1, 0, n - 1, n / 2} {
+				if n == 0 && at >= 0 {
+					continue
+				}
+				rng := rand.New(rand.NewPCG(uint64(n), uint64(at+2)))
+				src := values(rng, n)
+				if at >= 0 {
+					src[at] = [...]float32{float32(math.NaN()), float32(math.Inf(-1))}[rng.IntN(2)]
+				}
+				dst := values(rng, n+3)
+				want := slices.Clone(dst)
+				copy(want, src)
+				got := slices.Clone(dst)
+				k, ok := copyFiniteAt(lv, got, src)
+				copy(got[k:n], src[k:])
+				ok = finiteGo(src[k:]) && ok
+				sameBitsNaN(t, lv, fmt.Sprintf("CopyFinite n %d bad at %d", n, at), got, want)
+				if ok != Finite(src) || ok != (at < 0) {
+					t.Fatalf("level %d, n %d, bad at %d: CopyFinite says finite %v", lv, n, at, ok)
+				}
+				got = slices.Clone(dst)
+				if CopyFinite(got, src) != (at < 0) {
+					t.Fatalf("n %d, bad at %d: CopyFinite wrong", n, at)
+				}
+				sameBitsNaN(t, level, "CopyFinite", got, want)
 			}
 		}
 	}

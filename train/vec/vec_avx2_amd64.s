@@ -163,3 +163,27 @@ notfinite8:
 
 DATA expMask<>+0(SB)/4, $0x7f800000
 GLOBL expMask<>(SB), RODATA|NOPTR, $4
+
+// func copyFinite8(dst, src *float32, n int) bool
+// n is a positive multiple of 8: copyFinite16 in eight lanes, the
+// non-finite lanes ORed into Y3.
+TEXT ·copyFinite8(SB), NOSPLIT, $0-25
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSS expMask<>(SB), Y1
+	VPXOR Y3, Y3, Y3
+copyfinite8loop:
+	VMOVUPS (SI), Y0
+	VMOVUPS Y0, (DI)
+	VPAND Y0, Y1, Y2
+	VPCMPEQD Y1, Y2, Y2
+	VPOR Y2, Y3, Y3
+	ADDQ $32, SI
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JNZ copyfinite8loop
+	VPTEST Y3, Y3
+	SETEQ ret+24(FP)
+	VZEROUPPER
+	RET

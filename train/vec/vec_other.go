@@ -16,6 +16,8 @@ func reluGradAsm(y, dy, dx []float32) int { return 0 }
 
 func finiteAsm(x []float32) (int, bool) { return 0, true }
 
+func copyFiniteAsm(dst, src []float32) (int, bool) { return 0, true }
+
 func sumAsm(x []float32) (float32, bool) { return 0, false }
 
 func rowsAsm(add bool, dst []float32, ldd int, src []float32, lds int, rows, n int) bool {
