@@ -129,14 +129,7 @@ func (st *convState) forward(x, w, bias, y []float32) {
 	g := st.g
 	P, CKK := g.p(), g.ckk()
 	stride := g.colStride()
-	threads := max(1, min(st.blas.Threads(), g.b))
-	for len(st.cols) < threads {
-		col := make([]float32, (CKK+1)*stride)
-		for i := range P {
-			col[CKK*stride+i] = 1
-		}
-		st.cols = append(st.cols, col)
-	}
+	st.colBufs(max(1, min(st.blas.Threads(), g.b)))
 	if len(st.wb) != g.o*(CKK+1) {
 		st.wb = make([]float32, g.o*(CKK+1))
 	}
@@ -164,6 +157,20 @@ func (st *convState) forward(x, w, bias, y []float32) {
 	})
 }
 
+// colBufs makes sure of n im2col matrices in st.cols, each with its row
+// of ones under it.
+func (st *convState) colBufs(n int) {
+	g := st.g
+	P, CKK, stride := g.p(), g.ckk(), g.colStride()
+	for len(st.cols) < n {
+		col := make([]float32, (CKK+1)*stride)
+		for i := range P {
+			col[CKK*stride+i] = 1
+		}
+		st.cols = append(st.cols, col)
+	}
+}
+
 // minTransposedDepth is the shortest sum (ckk) for which the forward's
 // product is taken transposed: over fewer steps, writing each tile
 // transposed costs more than the fuller tiles save (the cnn's first
@@ -181,8 +188,9 @@ const minTransposedDepth = 64
 // position's taps for one ky are then k·c values side by side in both,
 // one row copy, and the product reads the matrix in place. Made as
 // im2col's ckk × p, it would have to be transposed for the product, which
-// costs more than making it. Each dW value is the same sum as from im2col's
-// matrix; the columns go back to (ci, ky, kx) order at the end.
+// costs more than making it — except where k·c is short of a vector
+// (chLastPatches). Each dW value is the same sum as from im2col's matrix;
+// the columns go back to (ci, ky, kx) order at the end.
 func (st *convState) gradW(x, dy, dw []float32) {
 	g := st.g
 	P, CKK := g.p(), g.ckk()
@@ -195,10 +203,19 @@ func (st *convState) gradW(x, dy, dw []float32) {
 	for len(st.dwParts) < groups {
 		st.dwParts = append(st.dwParts, make([]float32, len(dw)))
 	}
+	chLast := g.chLastPatches()
+	if !chLast {
+		st.colBufs(threads)
+	}
 	st.forEach(groups, func(t, lo, hi int) {
 		for grp := lo; grp < hi; grp++ {
 			for s := grp * g.b / groups; s < (grp+1)*g.b/groups; s++ {
-				st.patchRows(patches[t], st.chLast[t], x, s)
+				if chLast {
+					st.patchRows(patches[t], st.chLast[t], x, s)
+				} else {
+					st.im2col(st.cols[t], x, s)
+					gemm.Transpose(patches[t], CKK, st.cols[t], g.colStride(), CKK, P)
+				}
 				beta := float32(1)
 				if s == grp*g.b/groups {
 					beta = 0
@@ -211,6 +228,10 @@ func (st *convState) gradW(x, dy, dw []float32) {
 	for _, part := range st.dwParts[1:groups] {
 		vec.AddRows(sum, len(sum), part, len(part), 1, len(sum))
 	}
+	if !chLast {
+		copy(dw, sum)
+		return
+	}
 	kk := g.k * g.k
 	for o := range g.o {
 		for ci := range g.c {
@@ -220,6 +241,13 @@ func (st *convState) gradW(x, dy, dw []float32) {
 		}
 	}
 }
+
+// chLastPatches reports whether gradW makes its patches channels last
+// (patchRows: a position's taps for one ky are k·c values, one row copy)
+// or as im2col's matrix transposed, taps in (ci, ky, kx) order: where k·c
+// is short of a vector (the first layer: one channel, rows of 5), row
+// copies that short cost more than the transpose.
+func (g convGeom) chLastPatches() bool { return g.k*g.c >= 16 }
 
 // patchRows writes sample s's patches into rows (p × ckk, each position's
 // taps in (ky, kx, ci) order), through xt, the sample channels last

@@ -56,13 +56,17 @@ func close32(t *testing.T, what string, got []float32, want []float64) {
 }
 
 // TestConvMatchesItsDefinition: the conv ops' forward and three gradients
-// against the layer written out, for odd shapes, paddings and kernels.
+// against the layer written out, for odd shapes, paddings and kernels,
+// each of the forward's and the weight gradient's two ways taken.
 func TestConvMatchesItsDefinition(t *testing.T) {
 	for _, g := range []convGeom{
 		{b: 3, c: 2, h: 7, w: 5, o: 5, k: 3, pad: 1},
 		{b: 2, c: 1, h: 6, w: 6, o: 4, k: 5, pad: 2},
 		{b: 1, c: 3, h: 4, w: 9, o: 13, k: 2, pad: 0},
 		{b: 5, c: 2, h: 3, w: 3, o: 33, k: 3, pad: 2},
+		// 100 taps: the forward's product transposed, and the weight
+		// gradient's patches channels last (k·c = 20).
+		{b: 3, c: 4, h: 6, w: 7, o: 9, k: 5, pad: 2},
 	} {
 		g.oh, g.ow = g.h+2*g.pad-g.k+1, g.w+2*g.pad-g.k+1
 		rng := rand.New(rand.NewPCG(uint64(g.o), 1))
