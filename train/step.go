@@ -155,6 +155,9 @@ type Replica struct {
 	closeRound bool
 	// newcomer is whether the last Step's trailer said a newcomer waits.
 	newcomer bool
+	// inModel is whether this step's gradients were left in the model
+	// (solo), not gathered into the ring's buffer.
+	inModel bool
 	// share is this rank's part of the next step's samples times the
 	// world size: 1 when every rank has a full batch, less or more at an
 	// epoch's uneven end, 0 for a rank with none. Its gradients are scaled
@@ -484,6 +487,7 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 		return loss, bad, err
 	}
 	bad = -1
+	r.inModel = false
 	switch res, ok := r.Model.(Resident); {
 	case isLocal:
 		loss, bad = innerLoss, local.delta(flat[:r.nparams], r.Model.Params())
@@ -492,7 +496,9 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 	case ok:
 		loss, bad, err = res.ForwardBackwardFlat(x, y, n, flat)
 	default:
-		if loss, err = r.Model.ForwardBackward(x, y, n); err == nil {
+		if loss, err = r.Model.ForwardBackward(x, y, n); err == nil && r.solo() {
+			bad, r.inModel = nonFinite(r.Model.Grads()), true
+		} else if err == nil {
 			bad = gatherFinite(flat, r.Model.Grads())
 		}
 	}
@@ -632,11 +638,18 @@ func (r *Replica) skipped(avg, tail []float32, bad, badRanks int) error {
 	return nil
 }
 
-// alone reports whether the average is this rank's own gradients, known
-// finite (bad < 0) when gathered, on a ring of one with float32 on the
-// wire: checking them again would be a second pass over every gradient.
-func (r *Replica) alone(bad int) bool {
-	return bad < 0 && r.Coll.Size() == 1 && r.Wire == ring.F32
+// solo reports whether this step's gradients stay where the model keeps
+// them: on a ring of one, with float32 on the wire, no norm guard, and
+// neither LocalSGD nor a model that computes into the buffer itself, the
+// average is the rank's own gradients, and gathering them into the ring's
+// buffer (tens of megabytes for the cnn) would only copy them. They are
+// checked for NaN and Inf where they are, and applied from there.
+func (r *Replica) solo() bool {
+	if _, local := r.Opt.(*LocalSGD); local {
+		return false
+	}
+	_, resident := r.Model.(Resident)
+	return r.Coll.Size() == 1 && r.Wire == ring.F32 && r.NormGuard <= 0 && !resident && (r.share == 0 || r.share == 1)
 }
 
 // errDevice marks a device optimizer's failure to apply a step: not a
@@ -664,7 +677,11 @@ func (r *Replica) apply(flat []float32, bad, badRanks int) error {
 		if applied, err = dev.StepFlat(avg); err != nil {
 			return fmt.Errorf("%w: %w", errDevice, err)
 		}
-	case r.alone(bad) || finite(avg):
+	case r.inModel:
+		if applied = bad < 0; applied {
+			r.Opt.Step(r.Model.Params(), r.Model.Grads())
+		}
+	case finite(avg):
 		r.Opt.Step(r.Model.Params(), r.views)
 		applied = true
 	}
@@ -1101,6 +1118,17 @@ func gatherFinite(flat []float32, ts [][]float32) int {
 		o += len(t)
 	}
 	return bad
+}
+
+// nonFinite returns the index of the first tensor that holds a NaN or an
+// Inf, or -1.
+func nonFinite(ts [][]float32) int {
+	for i, t := range ts {
+		if !vec.Finite(t) {
+			return i
+		}
+	}
+	return -1
 }
 
 // finite reports whether every value of v is finite.

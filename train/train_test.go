@@ -3,6 +3,7 @@ package train
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -377,4 +378,62 @@ func TestUnevenEpochEndEqualsBigBatch(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestRingOfOneStepsOnTheModelsGradients: on a ring of one the gradients
+// are applied where the model keeps them, not gathered first; the step is
+// still, bit for bit, the optimizer's on those gradients, a NaN still
+// skips it without moving a parameter, and a step with no samples still
+// applies zeros (momentum carries on).
+func TestRingOfOneStepsOnTheModelsGradients(t *testing.T) {
+	ctx := context.Background()
+	cfg := tiny
+	cfg.Batch = 8
+	one, err := ring.New(nil, ring.Config{Size: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewReplica(newMLP(t, cfg), &SGD{LR: 0.1, Momentum: 0.9}, one)
+	ref, opt := newMLP(t, cfg), &SGD{LR: 0.1, Momentum: 0.9}
+	rng := rand.New(rand.NewPCG(5, 6))
+	same := func(when string) {
+		t.Helper()
+		got, want := r.Model.Params(), ref.Params()
+		for ti := range want {
+			for j := range want[ti] {
+				if math.Float32bits(got[ti][j]) != math.Float32bits(want[ti][j]) {
+					t.Fatalf("%s: %s[%d] = %v, the optimizer's own step gives %v", when, ref.ParamNames()[ti], j, got[ti][j], want[ti][j])
+				}
+			}
+		}
+	}
+	for step := range 3 {
+		x, y := randomBatch(rng, 8, tinyIn, tinyClasses)
+		if _, err := r.Step(ctx, x, y, 8); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ref.ForwardBackward(x, y, 8); err != nil {
+			t.Fatal(err)
+		}
+		opt.Step(ref.Params(), ref.Grads())
+		same(fmt.Sprintf("step %d", step))
+	}
+	x, y := randomBatch(rng, 8, tinyIn, tinyClasses)
+	x[3] = float32(math.NaN())
+	before := r.ParamHash()
+	if _, err := r.Step(ctx, x, y, 8); !errors.Is(err, ErrNonFinite) {
+		t.Fatalf("a NaN input: Step = %v, want ErrNonFinite", err)
+	}
+	if r.ParamHash() != before {
+		t.Fatal("parameters moved on a skipped step")
+	}
+	if _, err := r.Step(ctx, nil, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	zero := make([][]float32, len(ref.Grads()))
+	for i, g := range ref.Grads() {
+		zero[i] = make([]float32, len(g))
+	}
+	opt.Step(ref.Params(), zero)
+	same("a step with no samples")
 }
