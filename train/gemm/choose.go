@@ -37,6 +37,7 @@ type Rate struct {
 //
 //	CPU                                        avx512  avx2   chosen
 //	Intel Xeon, 2-core VM, AVX-512 (2026-11)   179.6   106.5  avx512
+//	the same, another day                      206.0   126.1  avx512
 //
 // The AMD EPYC (Zen 5) VM the kernels were first tuned on ran the
 // AVX-512 kernel before the trial existed; Zen 4, which splits 512-bit
