@@ -107,10 +107,7 @@ func (im *BLAS) PackA(p *PackedA, tA blas.Transpose, m, k int, a []float32, lda 
 	checkMat("A", tA, m, k, a, lda)
 	mr := im.ker.mr
 	mt := (m + mr - 1) / mr
-	if cap(p.buf) < mt*mr*k {
-		p.buf = make([]float32, mt*mr*k)
-	}
-	p.m, p.k, p.mr, p.buf = m, k, mr, p.buf[:mt*mr*k]
+	p.m, p.k, p.mr, p.buf = m, k, mr, sized(p.buf, mt*mr*k)
 	packA(tA != blas.NoTrans, a, lda, m, k, mr, 0, mt, p.buf)
 }
 
@@ -148,10 +145,7 @@ func (im *BLAS) PackB(p *PackedB, tB blas.Transpose, k, n int, b []float32, ldb 
 	checkMat("B", tB, k, n, b, ldb)
 	nr := im.ker.nr
 	nt := (n + nr - 1) / nr
-	if cap(p.buf) < nt*nr*k {
-		p.buf = make([]float32, nt*nr*k)
-	}
-	p.k, p.n, p.nr, p.buf = k, n, nr, p.buf[:nt*nr*k]
+	p.k, p.n, p.nr, p.buf = k, n, nr, sized(p.buf, nt*nr*k)
 	packB(tB != blas.NoTrans, b, ldb, n, k, nr, 0, nt, p.buf)
 }
 
@@ -560,6 +554,15 @@ func scale(m, n int, beta float32, c []float32, ldc int) {
 			row[j] *= beta
 		}
 	}
+}
+
+// sized is buf with length n, in new memory only where buf's capacity is
+// short of it.
+func sized(buf []float32, n int) []float32 {
+	if cap(buf) < n {
+		return make([]float32, n)
+	}
+	return buf[:n]
 }
 
 func (im *BLAS) get(n int) *[]float32 {
