@@ -247,15 +247,17 @@ func (im *BLAS) gemm(maxThreads int, pr product) {
 		})
 	}
 	direct := alpha == 1 && beta == 0
+	// strip is A's strip i from step kb of k on, and how far apart its
+	// steps are.
+	strip := func(i, kb int) ([]float32, int) {
+		if i < aFrom {
+			return a[kb*lda+i*mr:], lda
+		}
+		return (*pa)[(i-aFrom)*mr*k+kb*mr : (i-aFrom+1)*mr*k], mr
+	}
 	// tileOf computes C's tile (i, j) from A's strip i and B's panel j.
 	tileOf := func(i, j int, bs []float32, bstride int, tile []float32) {
-		var as []float32
-		astride := mr
-		if i < aFrom {
-			as, astride = a[i*mr:], lda
-		} else {
-			as = (*pa)[(i-aFrom)*mr*k : (i-aFrom+1)*mr*k]
-		}
+		as, astride := strip(i, 0)
 		rows, cols := min(mr, m-i*mr), min(nr, n-j*nr)
 		if pr.cT {
 			ker.run(k, as, bs, tile, nr, bstride, astride, false)
@@ -285,13 +287,7 @@ func (im *BLAS) gemm(maxThreads int, pr product) {
 		for kb := 0; kb < k; kb += kc {
 			kk := min(kc, k-kb)
 			for i := range mt {
-				var as []float32
-				astride := mr
-				if i < aFrom {
-					as, astride = a[kb*lda+i*mr:], lda
-				} else {
-					as = (*pa)[(i-aFrom)*mr*k+kb*mr:]
-				}
+				as, astride := strip(i, kb)
 				for j := range nt {
 					ker.run(kk, as, b[j*nr*k+kb*nr:], (*cp)[i*mr*ldp+j*nr:], ldp, nr, astride, kb > 0)
 				}
@@ -322,7 +318,8 @@ func (im *BLAS) gemm(maxThreads int, pr product) {
 				packB(false, b[kb*ldb:], ldb, n, kk, nr, lo, hi, *blk)
 				for j := lo; j < hi; j++ {
 					for i := range mt {
-						ker.run(kk, (*pa)[i*mr*k+kb*mr:], (*blk)[(j-lo)*nr*kk:], (*cp)[i*mr*ldp+j*nr:], ldp, nr, mr, kb > 0)
+						as, astride := strip(i, kb)
+						ker.run(kk, as, (*blk)[(j-lo)*nr*kk:], (*cp)[i*mr*ldp+j*nr:], ldp, nr, astride, kb > 0)
 					}
 				}
 			}

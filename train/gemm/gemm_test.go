@@ -138,6 +138,9 @@ func gemmCases() []gemmCase {
 				// rows at a time and the sums go on from C.
 				gemmCase{tA: tA, tB: tB, m: 5, n: 1100, k: 300, alpha: 1, pad: 1},
 				gemmCase{tA: tA, tB: tB, m: 13, n: 1100, k: 300, alpha: 0.5, beta: 2},
+				// B's rows far apart, packed in blocks of k, with an A
+				// stored k × m near enough to be read in place.
+				gemmCase{tA: tA, tB: tB, m: 13, n: 90, k: 1850, alpha: 1, pad: 490},
 			)
 		}
 	}
