@@ -19,7 +19,8 @@ import (
 // bias, and on the cnn it spent more time allocating, faulting in and
 // shuffling those tensors than multiplying (shared/FACTS.md §2). These ops
 // keep their scratch from step to step, multiply with train/gemm, write
-// NCHW directly and add the bias in place. gorgonia still builds the graph
+// NCHW directly and add the bias as the product's last step. gorgonia
+// still builds the graph
 // and chains the gradients: convOp's SymDiff returns the three gradient
 // ops below.
 //
@@ -55,9 +56,10 @@ type convState struct {
 	// to memory and back, which costs more than the products.
 	cols [][]float32
 	wb   []float32   // W with the bias as a last column, o × (ckk+1)
-	dcol [][]float32 // gradX's per-thread scratch, ckk × p
-	// W's forms, each packed once for every sample: (W | bias)ᵀ as the
-	// forward's B, or W | bias as its A (forward), and Wᵀ as gradX's A.
+	dcol [][]float32 // gradX's per-thread scratch: the patches' gradient, p × ckk
+	// The forward's W | bias, packed once for every sample: transposed
+	// as the product's B (w) where the product is taken transposed, else
+	// as its A (wt).
 	w  gemm.PackedB
 	wt gemm.PackedA
 	// dwParts are gradW's group sums, its columns in (ky, kx, ci) order;
@@ -171,6 +173,14 @@ func (st *convState) colBufs(n int) {
 	}
 }
 
+// chLastBufs makes sure of n samples' worth of channels-last scratch in
+// st.chLast (c × h × w values each).
+func (st *convState) chLastBufs(n int) {
+	for len(st.chLast) < n {
+		st.chLast = append(st.chLast, make([]float32, st.g.c*st.g.h*st.g.w))
+	}
+}
+
 // minTransposedDepth is the shortest sum (ckk) for which the forward's
 // product is taken transposed: over fewer steps, writing each tile
 // transposed costs more than the fuller tiles save (the cnn's first
@@ -197,14 +207,13 @@ func (st *convState) gradW(x, dy, dw []float32) {
 	groups := min(convGroups, g.b)
 	threads := max(1, min(st.blas.Threads(), groups))
 	patches := st.scratch(&st.patches, threads)
-	for len(st.chLast) < threads {
-		st.chLast = append(st.chLast, make([]float32, g.c*g.h*g.w))
-	}
 	for len(st.dwParts) < groups {
 		st.dwParts = append(st.dwParts, make([]float32, len(dw)))
 	}
 	chLast := g.chLastPatches()
-	if !chLast {
+	if chLast {
+		st.chLastBufs(threads)
+	} else {
 		st.colBufs(threads)
 	}
 	st.forEach(groups, func(t, lo, hi int) {
@@ -292,18 +301,17 @@ func (st *convState) gradB(dy, db []float32) {
 // position's taps in (ky, kx, ci) order, as patchRows makes them), then
 // each tap's values added back channels last, where a position's c values
 // are side by side in both, taps in (ky, kx) order from +0, and the sum
-// transposed to c × h × w. Every value is the sum vec.Col2im would make
-// of im2col's matrix Wᵀ · dy[s], in the same order; the product taken
-// this way round fills the kernel's tiles (196 positions × 800 taps,
-// where 800 × 196 left an eighth of every tile empty).
+// transposed to c × h × w. Every value is the sum that col2im of
+// im2col's matrix Wᵀ · dy[s] makes, in the same order (its taps from +0
+// in (ky, kx) order); the product taken this way round fills the
+// kernel's tiles (196 positions × 800 taps, where 800 × 196 left an
+// eighth of every tile empty).
 func (st *convState) gradX(w, dy, dx []float32) {
 	g := st.g
 	P, CKK, kk, hw := g.p(), g.ckk(), g.k*g.k, g.h*g.w
 	threads := max(1, min(st.blas.Threads(), g.b))
 	dps := st.scratch(&st.dcol, threads)
-	for len(st.chLast) < threads {
-		st.chLast = append(st.chLast, make([]float32, g.c*hw))
-	}
+	st.chLastBufs(threads)
 	if len(st.wp) != len(w) {
 		st.wp = make([]float32, len(w))
 	}
