@@ -20,9 +20,8 @@ import (
 // shuffling those tensors than multiplying (shared/FACTS.md §2). These ops
 // keep their scratch from step to step, multiply with train/gemm, write
 // NCHW directly and add the bias as the product's last step. gorgonia
-// still builds the graph
-// and chains the gradients: convOp's SymDiff returns the three gradient
-// ops below.
+// still builds the graph and chains the gradients: convOp's SymDiff
+// returns the three gradient ops below.
 //
 // Every sum has a fixed order whatever the thread count — products are
 // split by output tiles or samples, never along a sum — so replicas with
