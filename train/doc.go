@@ -1,6 +1,8 @@
 // Package train computes gradients and keeps replicas in step: after every
 // backward pass a Replica averages its gradients over a Collective (a ring)
 // and then applies its optimizer, so every replica applies the same bits.
+// On a ring of one there is nothing to average: the gradients are checked
+// and applied where the model keeps them.
 //
 // Models are built from a Spec (BuiltinSpec's mlp and cnn, or a layer list
 // with residual connections and dropout) by NewModel: a gorgonia graph
