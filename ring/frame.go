@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"sync"
 )
 
 // HeaderSize is the size in bytes of a frame header on the wire.
@@ -144,8 +145,53 @@ func (h *Header) check(want *Header) error {
 // It never allocates: the header goes into a fixed array and the payload into
 // a slice the caller sized, after the header has been checked.
 type frameReader struct {
-	r   io.Reader
+	r   *heldReader
 	hdr [HeaderSize]byte
+}
+
+// heldReader is the predecessor's stream with room for one byte read
+// ahead: AwaitIncoming reads a collective's first byte before the
+// collective itself runs, and the collective's first read gets it back.
+// Its lock orders those two readers: a collective's reads come from one
+// goroutine, and an AwaitIncoming left blocked (its caller went on to
+// call the collective) finishes once the predecessor sends, after which
+// the collective reads on.
+type heldReader struct {
+	mu   sync.Mutex
+	r    io.Reader
+	held [1]byte
+	n    int   // 1 when held holds the next byte
+	err  error // the error that ended the read ahead, returned to the next reader
+}
+
+func (h *heldReader) Read(p []byte) (int, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case len(p) == 0:
+		return 0, nil
+	case h.n > 0:
+		p[0], h.n = h.held[0], 0
+		return 1, nil
+	case h.err != nil:
+		return 0, h.err
+	}
+	return h.r.Read(p)
+}
+
+// await blocks until the next byte has arrived, or the stream has ended
+// (whose error it returns), and keeps it for the next Read.
+func (h *heldReader) await() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for h.n == 0 && h.err == nil {
+		n, err := h.r.Read(h.held[:])
+		h.n = n
+		if n == 0 && err != nil {
+			h.err = err
+		}
+	}
+	return h.err
 }
 
 // readHeader reads one frame header and checks it against want. The

@@ -119,7 +119,7 @@ func New(t Transport, cfg Config) (*Ring, error) {
 	if t == nil && cfg.Size > 1 {
 		return nil, fmt.Errorf("ring: rank %d of %d has no transport", cfg.Rank, cfg.Size)
 	}
-	return &Ring{cfg: cfg, t: t, chunk: cfg.ChunkBytes / 4, fr: frameReader{r: t}}, nil
+	return &Ring{cfg: cfg, t: t, chunk: cfg.ChunkBytes / 4, fr: frameReader{r: &heldReader{r: t}}}, nil
 }
 
 // Rank returns this peer's rank.
@@ -200,6 +200,35 @@ func (r *Ring) AllreduceMeanAs(ctx context.Context, buf []float32, enc Encoding)
 		return fmt.Errorf("ring: unknown encoding %v", enc)
 	}
 	return r.call(ctx, func(seq uint64) error { return r.ringAllreduceAs(seq, OpAllreduceMean, enc, buf) })
+}
+
+// AwaitIncoming returns once the first byte of the next collective has
+// come from the predecessor: some rank has begun it. It reads that byte
+// ahead and keeps it for the collective, and it may run beside a
+// collective call (one goroutine may wait here while another, finding
+// it has its own part ready, calls the collective): the collective's
+// reads wait until it returns, which they need not, as the collective
+// brings the byte. If ctx ends first, or the ring is closed, it returns
+// that error; an AwaitIncoming left blocked returns when the ring closes.
+// A ring of one has no predecessor: it waits for ctx.
+func (r *Ring) AwaitIncoming(ctx context.Context) error {
+	if r.cfg.Size == 1 {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.fr.r.await() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("ring: rank %d: awaiting a collective from rank %d: %w", r.cfg.Rank, mod(r.cfg.Rank-1, r.cfg.Size), readErr(err))
+		}
+		return nil
+	case <-ctx.Done():
+		// The read goes on until a byte comes or the ring closes; what it
+		// reads is kept for the next collective.
+		return ctx.Err()
+	}
 }
 
 // Stats are what a ring has done, for metrics.

@@ -3,6 +3,7 @@ package train
 import (
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/ringtrain/ringtrain/train/sparse"
 )
@@ -61,6 +62,18 @@ type LocalSGD struct {
 	// to the fragment (θ ← new anchor + their change). 0 waits for it.
 	// Under Every/Fragments, so that one exchange is in flight at a time.
 	Overlap int
+	// Deadline, if above 0, lets a round close without a rank slow to
+	// compute (a quorum round, DiLoCo's asynchronous variants): once a
+	// rank has begun round k, a rank not yet at its step k·Every posts
+	// the pseudo-gradient it has at its next step and computes on; if
+	// that step is not done within Deadline, the round closes without it
+	// and what it did goes into the next round. See Replica.quorumStep.
+	// Not with Fragments or Overlap.
+	Deadline time.Duration
+	// Quorum is the fewest ranks a round with a Deadline closes with (the
+	// job's min_world_size); a round with fewer in is skipped on every
+	// rank (ErrNoQuorum), and each carries its pseudo-gradient on. 0 is 1.
+	Quorum int
 
 	velocity [][]float32 // the outer momentum, shaped like the parameters
 	outer    int         // outer steps applied
@@ -78,6 +91,16 @@ type LocalSGD struct {
 	began    int
 	// xbuf and xat are the exchange's scratch (exchange.buf and .at).
 	xbuf, xat []float32
+	// qx is a round with a Deadline under way; qround the rounds closed in
+	// the epoch part; qpos the steps in it, where Run does not say; qat
+	// the parameters when this rank posted early, and qdone its inner
+	// steps then.
+	qx           *quorumRound
+	qround, qpos int
+	qat          []float32
+	qdone        int
+	// after is the Deadline's timer: time.After, or a test's fake.
+	after func(time.Duration) <-chan time.Time
 }
 
 // Step is an inner step: LocalSGD's Replica takes its inner steps itself,
@@ -99,7 +122,8 @@ func (o *LocalSGD) State() (string, int, [][]float32) {
 // restored is a state between rounds.
 func (o *LocalSGD) SetState(step int, tensors, params [][]float32) error {
 	o.open, o.done, o.outer = false, 0, step
-	o.coders, o.encoded = nil, nil // the error feedback is this rank's alone: not in a checkpoint
+	o.qx, o.qround, o.qpos = nil, 0, 0 // Level drops a round under way first (settle)
+	o.coders, o.encoded = nil, nil     // the error feedback is this rank's alone: not in a checkpoint
 	o.velocity = nil
 	if len(tensors) > 0 {
 		v, err := restore(tensors, params)
@@ -127,6 +151,19 @@ func (o *LocalSGD) validate() error {
 	}
 	if err := CheckStreaming(o.Every, o.Fragments, o.Overlap); err != nil {
 		return fmt.Errorf("train: local SGD: %w", err)
+	}
+	return CheckDeadline(o.Deadline, o.Quorum, o.streaming())
+}
+
+// CheckDeadline says what is wrong with outer rounds closing by deadline
+// with a quorum of quorum ranks, streaming or not (LocalSGD's Deadline and
+// Quorum).
+func CheckDeadline(deadline time.Duration, quorum int, streaming bool) error {
+	switch {
+	case deadline < 0 || quorum < 0:
+		return fmt.Errorf("train: local SGD with a deadline of %v and a quorum of %d; want neither below 0", deadline, quorum)
+	case deadline > 0 && streaming:
+		return fmt.Errorf("train: local SGD: a deadline with fragments or overlap; a round with a deadline is the whole model, and a rank behind computes on beside it already")
 	}
 	return nil
 }

@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"sync"
 	"testing"
 
 	"github.com/ringtrain/ringtrain/ring"
@@ -260,26 +259,19 @@ func (w twin) AllreduceSum(ctx context.Context, buf []float32) error {
 func TestLocalSGDReportsEverySampleOnce(t *testing.T) {
 	const world, batch = 2, 8
 	rings := memRings(t, world)
-	var mu sync.Mutex
-	seen := map[int]int{}
+	seen := &seenCount{n: map[int]int{}}
 	err := onAll(world, func(i int) error {
 		rep := NewReplica(newMLP(t, mlpCfg(784, []int{8}, 10, batch, 1)), &LocalSGD{Inner: &SGD{LR: 0.1}, Every: 4, LR: 1}, rings[i])
 		_, err := Run(context.Background(), RunConfig{Replica: rep, Train: loader(t, "train", batch, true), Epochs: 1, Classes: 10,
-			Trained: func(_ int, index []int) {
-				mu.Lock()
-				defer mu.Unlock()
-				for _, k := range index {
-					seen[k]++
-				}
-			}})
+			Trained: seen.add})
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for k := range 2000 {
-		if seen[k] != 1 {
-			t.Fatalf("sample %d reported %d times", k, seen[k])
+		if seen.n[k] != 1 {
+			t.Fatalf("sample %d reported %d times", k, seen.n[k])
 		}
 	}
 }

@@ -246,6 +246,8 @@ func (e *epochRun) train(ctx context.Context) (Position, error) {
 		return e.at, err
 	}
 	e.fetched = time.Now()
+	e.r.partSteps, e.r.partMax = e.steps, e.steps
+	defer func() { e.r.partStep, e.r.partSteps = 0, 0 }()
 	err = ep.Each(func(b *data.Batch) error {
 		r := e.r
 		if r.Trace == nil {
@@ -262,8 +264,15 @@ func (e *epochRun) train(ctx context.Context) (Position, error) {
 		// This rank has no samples in the last block; it still takes part.
 		err = e.stepOn(ctx, &data.Batch{})
 	}
+	if errors.Is(err, errEpochEnd) {
+		// This rank was behind when the epoch's last outer round closed:
+		// the rest of its share is not trained this epoch.
+		err = nil
+		e.step = e.steps
+	}
 	if o, ok := e.r.Opt.(*LocalSGD); ok && err != nil {
 		o.abandonExchange() // its goroutine is owned here; Level settles the round
+		o.dropQuorum()
 	}
 	var leave *LeaveError
 	switch {
@@ -290,6 +299,7 @@ func (e *epochRun) train(ctx context.Context) (Position, error) {
 func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 	r, cfg := e.r, e.cfg
 	r.closeRound = e.step+1 == e.steps // a LocalSGD round ends with the epoch
+	r.partStep = e.step + 1
 	if block := min(e.block, e.left-e.step*e.block); block > 0 && !e.cfg.Train.Sampler.DropLast {
 		r.share = float32(b.N*r.Coll.Size()) / float32(block)
 	}
@@ -310,6 +320,9 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 		if *e.skips++; *e.skips >= cfg.MaxSkips {
 			return fmt.Errorf("train: %d steps in a row skipped, the last at epoch %d step %d: %w", *e.skips, e.at.Epochs+1, e.step, err)
 		}
+		if r.epochEnd && !r.newcomer {
+			return errEpochEnd
+		}
 		return e.newcomer()
 	case errors.Is(err, ErrCollective):
 		e.step -= r.undone // not applied here: it runs again (a LocalSGD round, all of it)
@@ -318,6 +331,10 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 		return fmt.Errorf("train: epoch %d step %d: %w", e.at.Epochs+1, e.step, err)
 	}
 	*e.skips = 0
+	if r.epochEnd {
+		e.samples += b.N
+		return errEpochEnd
+	}
 	if r.InnerSkip != nil && cfg.OnSkip != nil {
 		cfg.OnSkip(r.InnerSkip)
 	}
@@ -345,6 +362,10 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 	}
 	return e.newcomer()
 }
+
+// errEpochEnd ends an epoch part early on a rank that was behind when its
+// last outer round closed (LocalSGD with a Deadline).
+var errEpochEnd = errors.New("train: the epoch's last outer round has closed")
 
 // trained reports a step's indices once the step cannot be taken back.
 func (e *epochRun) trained(index []int) {
@@ -485,6 +506,11 @@ func (r *Replica) settle() {
 	if o, ok := r.Opt.(*LocalSGD); ok && o.streaming() && o.open {
 		o.abandonExchange()
 		o.back(r.Model.Params())
+	} else if ok && o.Deadline > 0 && (o.open || o.qx != nil) {
+		// A rank that was late or computed on holds steps no other rank
+		// has: they are lost, as a streaming round's are.
+		o.dropQuorum()
+		o.back(r.Model.Params())
 	}
 }
 
@@ -492,6 +518,10 @@ func (r *Replica) settle() {
 // the others: one, or with LocalSGD a round — the ranks that finished its
 // outer step are at its end, the others went back to its start.
 func (r *Replica) maxAhead() int {
+	if o, ok := r.Opt.(*LocalSGD); ok && o.Deadline > 0 {
+		// A rank that was behind may be anywhere in the epoch part.
+		return max(o.Every, r.partMax, 1)
+	}
 	if o, ok := r.Opt.(*LocalSGD); ok {
 		return max(o.Every, 1)
 	}

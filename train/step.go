@@ -53,7 +53,7 @@ var ErrGradientNorm = errors.New("train: gradient norm guard")
 // Skipped reports whether err is a step that every rank skipped together
 // (ErrNonFinite or ErrGradientNorm): training goes on with the next one.
 func Skipped(err error) bool {
-	return errors.Is(err, ErrNonFinite) || errors.Is(err, ErrGradientNorm)
+	return errors.Is(err, ErrNonFinite) || errors.Is(err, ErrGradientNorm) || errors.Is(err, ErrNoQuorum)
 }
 
 // Replica is one rank's copy of the model, kept in step with the others:
@@ -153,6 +153,15 @@ type Replica struct {
 	undone     int
 	outerDone  bool
 	closeRound bool
+	// partStep and partSteps are the step under way in Run's epoch part
+	// and the part's steps (0 when Step is driven otherwise); epochEnd
+	// says that the last Step closed the part's last outer round of a
+	// LocalSGD with a Deadline while this rank was behind: its part of
+	// the epoch ends there.
+	partStep, partSteps int
+	epochEnd            bool
+	partMax             int // the last part's steps, for Level after it
+
 	// newcomer is whether the last Step's trailer said a newcomer waits.
 	newcomer bool
 	// inModel is whether this step's gradients were left in the model
@@ -362,8 +371,13 @@ func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float3
 	if !talk {
 		return loss, err
 	}
-	if o, ok := r.Opt.(*LocalSGD); ok && o.streaming() {
-		loss, err := r.streamStep(ctx, o, loss)
+	if o, ok := r.Opt.(*LocalSGD); ok && (o.streaming() || o.Deadline > 0) {
+		var err error
+		if o.Deadline > 0 {
+			loss, err = r.quorumStep(ctx, o, loss)
+		} else {
+			loss, err = r.streamStep(ctx, o, loss)
+		}
 		if errors.Is(err, ErrCollective) {
 			r.undoStep(o)
 		}
@@ -440,7 +454,7 @@ func (r *Replica) stepBegin(x []float32, y []int, n int) (loss float32, talk boo
 	}
 	r.Steps++
 	r.Stats.Steps++
-	r.undone, r.outerDone, r.InnerSkip, r.newcomer = 1, false, nil, false
+	r.undone, r.outerDone, r.InnerSkip, r.newcomer, r.epochEnd = 1, false, nil, false, false
 	local, ok := r.Opt.(*LocalSGD)
 	if !ok {
 		return 0, true, nil
@@ -460,6 +474,9 @@ func (r *Replica) stepBegin(x []float32, y []int, n int) (loss float32, talk boo
 	// reports.
 	if local.streaming() {
 		return loss, local.dueExchange(r.closeRound), nil
+	}
+	if local.Deadline > 0 {
+		return loss, true, nil // quorumStep decides
 	}
 	return loss, local.done >= local.Every || r.closeRound, nil
 }
@@ -972,7 +989,7 @@ func (r *Replica) Restore(c *Checkpoint) error {
 func (r *Replica) agreedParams() [][]float32 {
 	params := r.Model.Params()
 	o, ok := r.Opt.(*LocalSGD)
-	if !ok || !o.open || !o.streaming() {
+	if !ok || !o.open || !o.streaming() && o.Deadline <= 0 {
 		return params
 	}
 	out, off := make([][]float32, len(params)), 0

@@ -132,23 +132,32 @@ func (r *Replica) beginExchange(o *LocalSGD, from, to int) (*exchange, error) {
 // user of the collective while it runs.
 func (r *Replica) runExchange(ctx context.Context, o *LocalSGD, x *exchange) {
 	defer close(x.done)
+	x.sent, x.err = r.countSent(len(x.buf), func() error {
+		avg, tail := x.buf[:x.hi-x.lo], x.buf[x.hi-x.lo:]
+		if o.Sparse != nil {
+			return r.gatherSparse(ctx, o, avg, tail, x.from, x.to, x.bad)
+		}
+		return r.Coll.AllreduceMean(ctx, x.buf)
+	})
+}
+
+// countSent runs an exchange of n values and returns the bytes this rank
+// sent in it — the collective's count where it keeps one, else a ring
+// allreduce's 2(size−1)/size of the values — and the exchange's error.
+func (r *Replica) countSent(n int, run func() error) (int64, error) {
 	counter, counts := r.Coll.(byteCounter)
 	var sent0 int64
 	if counts {
 		sent0 = counter.Stats().BytesSent
 	}
-	avg, tail := x.buf[:x.hi-x.lo], x.buf[x.hi-x.lo:]
-	if o.Sparse != nil {
-		x.err = r.gatherSparse(ctx, o, avg, tail, x.from, x.to, x.bad)
-	} else {
-		x.err = r.Coll.AllreduceMean(ctx, x.buf)
-	}
+	err := run()
 	switch size := int64(r.Coll.Size()); {
 	case counts:
-		x.sent = counter.Stats().BytesSent - sent0
+		return counter.Stats().BytesSent - sent0, err
 	case size > 1:
-		x.sent = 2 * (size - 1) * int64(4*len(x.buf)) / size
+		return 2 * (size - 1) * int64(4*n) / size, err
 	}
+	return 0, err
 }
 
 // endExchange waits for x and takes its outer step on every fragment it
@@ -157,15 +166,8 @@ func (r *Replica) runExchange(ctx context.Context, o *LocalSGD, x *exchange) {
 // trailer says — leave requests, a newcomer — counts as after any step.
 // A failed exchange is an ErrCollective; the caller takes the step back.
 func (r *Replica) endExchange(ctx context.Context, o *LocalSGD, x *exchange) error {
-	t0 := time.Now()
-	<-x.done
+	r.awaitExchange(x.done, &x.sent)
 	o.inflight = nil
-	waited := time.Since(t0)
-	r.Stats.Ring += waited
-	r.Stats.BytesSent += x.sent
-	if r.Trace != nil {
-		r.Trace.Span("allreduce", t0, t0.Add(waited), r.Steps, -1)
-	}
 	if x.err != nil {
 		return fmt.Errorf("%w: averaging the pseudo-gradients of fragments %d to %d of %d: %w", ErrCollective, x.from+1, x.to, o.fragments(), x.err)
 	}
@@ -203,6 +205,12 @@ func (r *Replica) endExchange(ctx context.Context, o *LocalSGD, x *exchange) err
 			p[i] = v
 		}
 	})
+	return withLeavers(err, leaving)
+}
+
+// withLeavers is a round's outcome err with the leave requests it
+// carried, if any: a *LeaveError, joined to err where there is one.
+func withLeavers(err error, leaving []int) error {
 	switch {
 	case leaving == nil:
 		return err
@@ -210,6 +218,19 @@ func (r *Replica) endExchange(ctx context.Context, o *LocalSGD, x *exchange) err
 		return errors.Join(err, &LeaveError{Ranks: leaving})
 	}
 	return &LeaveError{Ranks: leaving}
+}
+
+// awaitExchange waits for an exchange in the background to be done and
+// counts the wait as time on the ring, and the bytes it sent.
+func (r *Replica) awaitExchange(done <-chan struct{}, sent *int64) {
+	t0 := time.Now()
+	<-done
+	waited := time.Since(t0)
+	r.Stats.Ring += waited
+	r.Stats.BytesSent += *sent
+	if r.Trace != nil {
+		r.Trace.Span("allreduce", t0, t0.Add(waited), r.Steps, -1)
+	}
 }
 
 // abandonExchange waits for the exchange in flight, if any, and drops it:

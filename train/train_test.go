@@ -346,26 +346,19 @@ func TestUnevenEpochEndEqualsBigBatch(t *testing.T) {
 		}
 		rings := memRings(t, world)
 		reps := make([]*Replica, world)
-		seen := map[int]int{}
-		var mu sync.Mutex
+		seen := &seenCount{n: map[int]int{}}
 		err := onAll(world, func(i int) error {
 			reps[i] = NewReplica(newMLP(t, mlpCfg(784, []int{16}, 10, batch, uint64(1+i))), &SGD{LR: 0.1}, rings[i])
 			_, err := Run(context.Background(), RunConfig{Replica: reps[i], Train: loader(t, "train", batch, true), Epochs: 1, Classes: 10,
-				Trained: func(_ int, index []int) {
-					mu.Lock()
-					defer mu.Unlock()
-					for _, k := range index {
-						seen[k]++
-					}
-				}})
+				Trained: seen.add})
 			return err
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
 		for k := range 2000 {
-			if seen[k] != 1 {
-				t.Fatalf("batch %d: sample %d trained %d times", batch, k, seen[k])
+			if seen.n[k] != 1 {
+				t.Fatalf("batch %d: sample %d trained %d times", batch, k, seen.n[k])
 			}
 		}
 		want := big.Model.Params()
@@ -436,4 +429,19 @@ func TestRingOfOneStepsOnTheModelsGradients(t *testing.T) {
 	}
 	opt.Step(ref.Params(), zero)
 	same("a step with no samples")
+}
+
+// seenCount counts the times each sample is reported trained (RunConfig.Trained),
+// from any goroutine.
+type seenCount struct {
+	mu sync.Mutex
+	n  map[int]int
+}
+
+func (t *seenCount) add(_ int, index []int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, k := range index {
+		t.n[k]++
+	}
 }

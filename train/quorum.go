@@ -1,0 +1,347 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ringtrain/ringtrain/ring"
+)
+
+// ErrNoQuorum means an outer round with a deadline closed with fewer ranks
+// in than the quorum (LocalSGD.Quorum): every rank skipped its outer step
+// and carries its pseudo-gradient into the next round.
+var ErrNoQuorum = errors.New("train: outer round below its quorum")
+
+// incomingAwaiter is a Collective that can say when some rank has begun
+// the next collective (ring.Ring: AwaitIncoming).
+type incomingAwaiter interface {
+	AwaitIncoming(ctx context.Context) error
+}
+
+// Where a round with a deadline stands on this rank.
+const (
+	roundOpen   = iota // this rank computes; its part is not decided
+	roundPosted        // its pseudo-gradient is in
+	roundLate          // the round goes on without it
+)
+
+// quorumRound is one outer round of a LocalSGD with a Deadline, as this
+// rank sees it. Its exchange runs in a goroutine of its own (watch) from
+// the round's first step on: it begins when this rank's pseudo-gradient
+// is posted, or, once another rank has begun the round, when the deadline
+// passes without it — then this rank sends zeros and an "in" flag of 0.
+// mu orders that decision against the main goroutine's post.
+type quorumRound struct {
+	k       int  // the round's number in the epoch part, from 1
+	closing bool // the part's last round: every rank is in, none late
+	buf     []float32
+	arrived atomic.Bool // another rank began the round while this one computed
+	overdue atomic.Bool // the closing round's deadline has passed on this rank
+
+	mu    sync.Mutex
+	state int
+	early bool // posted before its step: this rank computes on (LocalSGD.qat)
+	bad   int  // this rank's first non-finite tensor, or -1
+	leave bool // this rank asked to leave in it
+
+	posted chan struct{} // closed by post
+	quit   chan struct{} // closed to drop the round (abandonExchange)
+	done   chan struct{} // closed when the exchange has ended, err and sent set
+	err    error
+	sent   int64
+}
+
+// stateOf is where the round stands.
+func (x *quorumRound) stateOf() int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.state
+}
+
+// quorum is the fewest ranks a round closes with.
+func (o *LocalSGD) quorum() int { return max(o.Quorum, 1) }
+
+// timer is the deadline's clock: a test's fake where one is set.
+func (o *LocalSGD) timer(d time.Duration) <-chan time.Time {
+	if o.after != nil {
+		return o.after(d)
+	}
+	return time.After(d)
+}
+
+// quorumStep is a step's talk with the ring in LocalSGD with a Deadline.
+// Round k of an epoch part is this rank's to close at the part's step
+// k·Every (the part's last step for its last round): there it posts its
+// pseudo-gradient and waits for the round's outcome. A rank that is not
+// there when another has begun the round posts what it has at its next
+// step and computes on (its later steps go into the next round); if that
+// step is not done by the Deadline, it is late: the round closes without
+// it, and at a later step it catches up — it takes the round's outer step
+// and keeps all it did since it was last in, which goes into the next
+// round. The last round of a part has every rank in: one behind has the
+// Deadline to reach the part's end, then posts at its next step and
+// skips the rest of its part of the epoch (epochEnd), so that every rank
+// ends the epoch with the same bits.
+func (r *Replica) quorumStep(ctx context.Context, o *LocalSGD, loss float32) (float32, error) {
+	switch {
+	case r.NormGuard > 0:
+		return loss, fmt.Errorf("train: outer rounds with a deadline do not take the gradient norm guard: a late rank's zeros would move the median")
+	case r.Wire != ring.F32:
+		return loss, fmt.Errorf("train: outer rounds with a deadline send float32 or, with Sparse, its own code; not %v", r.Wire)
+	}
+	pos := r.partStep
+	if r.partSteps == 0 { // driven step by step, not by Run: one long part
+		o.qpos++
+		pos = o.qpos
+	} else if pos == 1 {
+		o.qround = 0
+	}
+	due := (o.qround + 1) * o.Every
+	closing := r.partSteps > 0 && due >= r.partSteps
+	if closing {
+		due = r.partSteps
+	}
+	x := o.qx
+	if x == nil {
+		x = r.openQuorum(ctx, o, closing)
+	}
+	if x.stateOf() == roundOpen {
+		switch {
+		case pos >= due:
+			r.postQuorum(o, x, false)
+		case x.arrived.Load() && (!closing || x.overdue.Load()):
+			r.postQuorum(o, x, !closing)
+		default:
+			return loss, nil
+		}
+	}
+	// A rank at its round's step waits for the round, late or not: it is
+	// never a round ahead of itself.
+	x.mu.Lock()
+	wait := pos >= due || x.state == roundPosted && !x.early
+	x.mu.Unlock()
+	if !wait {
+		select {
+		case <-x.done:
+		default:
+			return loss, nil // late, or posted early: computes on
+		}
+	}
+	return loss, r.endQuorum(ctx, o, x, pos)
+}
+
+// openQuorum begins the round's exchange goroutine.
+func (r *Replica) openQuorum(ctx context.Context, o *LocalSGD, closing bool) *quorumRound {
+	o.xbuf = grow(o.xbuf, r.nparams+stepTrailer(r.Coll.Size(), false)+1)
+	x := &quorumRound{k: o.qround + 1, closing: closing, buf: o.xbuf, bad: -1,
+		posted: make(chan struct{}), quit: make(chan struct{}), done: make(chan struct{})}
+	o.qx = x
+	go r.watchQuorum(ctx, o, x)
+	return x
+}
+
+// postQuorum puts this rank's pseudo-gradient and trailer in the round,
+// unless it has gone on without it. early keeps the parameters as they
+// are, so that the steps after this one are told apart at the round's end.
+func (r *Replica) postQuorum(o *LocalSGD, x *quorumRound, early bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.state != roundOpen {
+		return
+	}
+	n, params := r.nparams, r.Model.Params()
+	tail := x.buf[n:]
+	x.bad = o.delta(x.buf[:n], params)
+	x.leave = r.leaving()
+	says := stepSays{leave: x.leave, newcomer: r.Waiting != nil && r.Waiting(), nonFinite: x.bad >= 0}
+	says.put(tail[:len(tail)-1], r.Coll.Rank(), r.Coll.Size())
+	tail[len(tail)-1] = 1
+	if early {
+		o.qat = grow(o.qat, n)
+		gather(o.qat, params)
+		o.qdone = o.done
+	}
+	x.state, x.early = roundPosted, early
+	close(x.posted)
+}
+
+// late puts zeros and an "in" flag of 0 in the round for this rank, unless
+// it has posted; it says whether it did. Its leave request still rides.
+func (r *Replica) late(x *quorumRound) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.state != roundOpen {
+		return false
+	}
+	n := r.nparams
+	clear(x.buf[:n])
+	x.leave = r.leaving()
+	tail := x.buf[n:]
+	stepSays{leave: x.leave}.put(tail[:len(tail)-1], r.Coll.Rank(), r.Coll.Size())
+	tail[len(tail)-1] = 0
+	x.state = roundLate
+	return true
+}
+
+// errDropped is a round's exchange dropped before it ran.
+var errDropped = errors.New("train: the outer round was dropped")
+
+// watchQuorum runs round x's exchange once this rank's part is decided:
+// posted, or late once another rank has begun the round and the deadline
+// has passed.
+func (r *Replica) watchQuorum(ctx context.Context, o *LocalSGD, x *quorumRound) {
+	defer close(x.done)
+	var arrived chan error
+	if aw, ok := r.Coll.(incomingAwaiter); ok && r.Coll.Size() > 1 {
+		actx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		arrived = make(chan error, 1)
+		go func() { arrived <- aw.AwaitIncoming(actx) }()
+	}
+	var deadline <-chan time.Time
+	for x.stateOf() == roundOpen {
+		select {
+		case <-x.posted:
+		case err := <-arrived:
+			arrived = nil
+			if err != nil {
+				// The ring failed: the exchange below fails with it.
+				r.late(x)
+				break
+			}
+			x.arrived.Store(true)
+			deadline = o.timer(o.Deadline)
+		case <-deadline:
+			if x.closing {
+				// Not late: every rank is in the part's last round, the
+				// one behind with the steps it has at its next.
+				x.overdue.Store(true)
+				deadline = nil
+				break
+			}
+			r.late(x)
+		case <-x.quit:
+			r.late(x)
+			x.err = errDropped
+			return
+		case <-ctx.Done():
+			r.late(x)
+			x.err = ctx.Err()
+			return
+		}
+	}
+	x.sent, x.err = r.countSent(len(x.buf), func() error {
+		if o.Sparse == nil {
+			return r.Coll.AllreduceMean(ctx, x.buf)
+		}
+		n, bad := r.nparams, x.bad
+		if x.state == roundLate {
+			bad = 0 // sends no payload
+		}
+		return r.gatherSparse(ctx, o, x.buf[:n], x.buf[n:], 0, 1, bad)
+	})
+}
+
+// endQuorum waits for round x and takes its outer step with the average
+// of the pseudo-gradients that were in — every rank the same — or says
+// why every rank skips it. A rank that posted and waited returns to the
+// new anchor; one that was late or computed on keeps what it did since,
+// on top of the new anchor. A failed exchange is an ErrCollective; the
+// caller takes the round back.
+func (r *Replica) endQuorum(ctx context.Context, o *LocalSGD, x *quorumRound, pos int) error {
+	r.awaitExchange(x.done, &x.sent)
+	o.qx = nil
+	o.qround++
+	if x.err != nil {
+		return fmt.Errorf("%w: averaging the pseudo-gradients of outer round %d: %w", ErrCollective, x.k, x.err)
+	}
+	size, n := r.Coll.Size(), r.nparams
+	avg, tail := x.buf[:n], x.buf[n:len(x.buf)-1]
+	in := int(math.Round(float64(x.buf[len(x.buf)-1]) * float64(size)))
+	badRanks, newcomer, leaving := stepFlagsOf(tail, size)
+	r.newcomer = r.newcomer || newcomer
+	leaving, err := r.leavers(ctx, leaving, x.leave)
+	if err != nil {
+		return err
+	}
+	mine := x.state == roundPosted
+	switch {
+	case badRanks > 0:
+		err = r.skipped(avg, tail, x.bad, badRanks)
+	case in < o.quorum():
+		err = fmt.Errorf("train: outer round %d closed with %d of %d ranks in, under the quorum of %d; skipped on all, each carries its pseudo-gradient on: %w",
+			x.k, in, size, o.quorum(), ErrNoQuorum)
+	default:
+		if in < size {
+			f := float32(size) / float32(in)
+			for i := range avg {
+				avg[i] *= f
+			}
+		}
+		if !finite(avg) {
+			err = fmt.Errorf("train: the averaged pseudo-gradients of outer round %d hold a NaN or Inf though all %d ranks in flagged theirs finite (a rank hid its own, or the sum overflowed); skipped on all: %w",
+				x.k, in, ErrNonFinite)
+		}
+	}
+	params := r.Model.Params()
+	switch {
+	case err == nil && mine && !x.early:
+		o.outerStep(params, 0, n, avg)
+		o.outer++
+		o.commit(0, 1)
+		o.back(params)
+		r.outerDone = true
+	case err == nil:
+		// What this rank did since it posted (or, late, since it was last
+		// in) goes on top of the new anchor, into the next round.
+		from := o.anchor
+		if mine {
+			from = o.qat
+		}
+		eachSpan(params, 0, n, func(k, a, b, off int) {
+			p := params[k][a:b]
+			for i := range p {
+				p[i] -= from[off+i]
+			}
+		})
+		o.outerStep(params, 0, n, avg)
+		o.outer++
+		if mine {
+			o.commit(0, 1)
+			o.done -= o.qdone
+		}
+		eachSpan(params, 0, n, func(k, a, b, off int) {
+			p := params[k][a:b]
+			for i := range p {
+				p[i] += o.anchor[off+i]
+			}
+		})
+		r.outerDone = true
+	case errors.Is(err, ErrNoQuorum) && !x.closing:
+		clear(o.encoded) // nothing was taken: every rank carries on
+	default:
+		o.back(params) // skipped on every rank, as a synchronous round is
+	}
+	if Skipped(err) {
+		r.Stats.Skipped++
+	}
+	if x.closing && pos < r.partSteps {
+		r.epochEnd = true
+	}
+	return withLeavers(err, leaving)
+}
+
+// dropQuorum drops the round under way, if any: its goroutine stops
+// waiting, the exchange if it ran is waited for, and nothing is applied.
+func (o *LocalSGD) dropQuorum() {
+	if x := o.qx; x != nil {
+		close(x.quit)
+		<-x.done
+		o.qx = nil
+	}
+}
