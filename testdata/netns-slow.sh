@@ -9,7 +9,9 @@
 # momentum 0.9, or the JSON object SLOW_OUTER), and with it "+k<P>", its
 # pseudo-gradients sparse: the top P percent of entries, in 2 bits (or
 # "+q<B>" bits), and "+f<F>" "+o<S>", the outer sync streamed in F
-# fragments, each exchange beside S inner steps.
+# fragments, each exchange beside S inner steps, or "+d<MS>", rounds that
+# close by a deadline of MS milliseconds without a peer slow to compute
+# (sync.deadline, with min_world_size 3 of 4).
 # Prints a JSON line per run: variant, sent_bytes and samples/s of rank 0,
 # the most bytes peer 0 sent in any 1 s of training (peak_1s_bytes),
 # the epoch time they imply, the wall time, the final test accuracy (the
@@ -25,7 +27,9 @@
 # SLOW_LOGS (a folder to keep peer 0's JSON log of each run in, as
 # <variant>-<run>.jsonl, for ringtrain plot --by file) and SLOW_LAST_RATE
 # (the last peer's link at this rate instead, each way: a slow peer; the
-# figures are peer 0's, one of the others).
+# figures are peer 0's, one of the others) and SLOW_LAST_CPU (the last
+# peer's processes held to this percent of one CPU, by a cgroup's CPU
+# quota: a peer slow to compute).
 # Addresses are 10.232.0.1–4, inside the namespaces only; everything made
 # here is removed on exit.
 #
@@ -51,12 +55,19 @@ if [ ! -e "$data/train-images-idx3-ubyte.gz" ]; then echo "netns-slow: SKIPPED, 
 p=rts$$
 tmp=$(mktemp -d)
 pids=()
-trap 'netns_cleanup "$p"' EXIT
+cg=""
+trap 'netns_cleanup "$p"; if [ -n "$cg" ]; then rmdir "$cg" 2>/dev/null || true; fi' EXIT
 netns_bridge "$p" 10.232.0 "$rate" 64kb
 if [ -n "${SLOW_LAST_RATE:-}" ]; then
 	last=$((peers - 1))
 	tc qdisc change dev "${p}v$last" root tbf rate "$SLOW_LAST_RATE" burst 64kb latency 50ms
 	ip netns exec "$p$last" tc qdisc change dev eth0 root handle 1: tbf rate "$SLOW_LAST_RATE" burst 64kb latency 50ms
+fi
+if [ -n "${SLOW_LAST_CPU:-}" ]; then
+	cg=/sys/fs/cgroup/cpu/$p
+	if ! mkdir "$cg" 2>/dev/null; then echo "netns-slow: SKIPPED, no cgroup v1 cpu controller at /sys/fs/cgroup/cpu for SLOW_LAST_CPU"; cg=""; exit 0; fi
+	echo 100000 >"$cg/cpu.cfs_period_us"
+	echo $((SLOW_LAST_CPU * 1000)) >"$cg/cpu.cfs_quota_us"
 fi
 if [ -n "${SLOW_TRAIN:-}" ]; then # a subset: the first SLOW_TRAIN samples
 	python3 - "$data" "$tmp/data" "$SLOW_TRAIN" <<'PY'
@@ -77,7 +88,7 @@ fi
 
 wait_for() { netns_wait_for netns-slow "$@"; } # wait_for <file> <regexp> <seconds>
 one() { # one <variant> <run>
-	local c=${1%%+*} bucket=25 sync="" every="" sparse="" bits=2 fragments=0 overlap=0 name=slow-${1//+/-}-$2-$$ part
+	local c=${1%%+*} bucket=25 sync="" every="" sparse="" bits=2 fragments=0 overlap=0 deadline="" minw=$peers name=slow-${1//+/-}-$2-$$ part
 	local rest=""
 	if [[ $1 == *+* ]]; then rest=${1#*+}; fi # what follows the compression: "bf16" is no bucket size
 	for part in ${rest//+/ }; do
@@ -88,15 +99,18 @@ one() { # one <variant> <run>
 		q*) bits=${part#q} ;;
 		f*) fragments=${part#f} ;;
 		o*) overlap=${part#o} ;;
+		d*) deadline=${part#d} minw=$((peers > 3 ? peers - 1 : peers)) ;;
 		esac
 	done
 	if [ -n "$every" ]; then
 		sync=", \"sync\": {\"every\": $every, \"outer\": ${SLOW_OUTER:-{\"name\": \"nesterov\", \"lr\": 0.7, \"momentum\": 0.9\}}"
 		if [ -n "$sparse" ]; then sync="$sync, \"sparse\": {\"fraction\": $sparse, \"bits\": $bits}"; fi
-		sync="$sync, \"fragments\": $fragments, \"overlap\": $overlap}"
+		sync="$sync, \"fragments\": $fragments, \"overlap\": $overlap"
+		if [ -n "$deadline" ]; then sync="$sync, \"deadline\": \"${deadline}ms\""; fi
+		sync="$sync}"
 	fi
 	cat >"$tmp/job.json" <<JSON
-{"name": "$name", "world_size": $peers, "epochs": $epochs, "batch_size": $batch, "seed": 1, "model": "$model", "compression": "$c", "bucket_mb": $bucket$sync,
+{"name": "$name", "world_size": $peers, "min_world_size": $minw, "epochs": $epochs, "batch_size": $batch, "seed": 1, "model": "$model", "compression": "$c", "bucket_mb": $bucket$sync,
  "optimizer": {"name": "adam", "lr": 0.001, "schedule": "cosine"},
  "data": {"transforms": [{"name": "ToTensor", "args": []}, {"name": "Normalize", "args": [[0.5], [0.5]]}],
           "dataset_path": {"train": "$data", "test": "$data"}}}
@@ -111,6 +125,7 @@ JSON
 		ip netns exec "$p$i" "$bin" join --config "$tmp/job.json" --listen "/ip4/10.232.0.$((i + 1))/tcp/4001" --bootstrap "$boot" \
 			--threads "$threads" --device "$device" "${extra[@]}" --log-format json >"$tmp/$i.log" 2>&1 &
 		pids[$i]=$!
+		if [ -n "$cg" ] && [ "$i" = $((peers - 1)) ]; then echo "${pids[$i]}" >"$cg/cgroup.procs"; fi
 	done
 	# What peer 0 sends, sampled every 100 ms at the bridge's end of its
 	# link from its first progress line on — after rank 0's broadcast of
@@ -145,8 +160,8 @@ JSON
 	es=$(grep '"message":"epoch done"' "$tmp/0.log" | grep -o '"elapsed_s":[0-9.]*' | cut -d: -f2 | paste -sd,)
 	awk -v c="$1" -v r="$2" -v s="$sent" -v sps="$sps" -v w="$wall" -v a="$acc" -v h="$hashes" -v e="$epochs" -v rate="$rate" -v n="$train" -v p="$peers" \
 		-v pk="$peak" -v st="$(field steps)" -v cs="$(field compute_s)" -v ws="$(field wait_s)" -v rs="$(field ring_s)" -v os="$(field optimizer_s)" -v ea="$eacc" -v es="$es" \
-		-v last="${SLOW_LAST_RATE:-}" \
-		'BEGIN{printf "{\"variant\":\"%s\",\"run\":%d,\"rate\":\"%s\",\"last_rate\":\"%s\",\"sent_bytes\":%d,\"sent_bytes_per_epoch\":%d,\"peak_1s_bytes\":%d,\"samples_per_sec\":%.1f,\"epoch_s\":%.2f,\"wall_s\":%s,\"test_accuracy\":%s,\"param_hashes\":%d,\"steps\":%d,\"compute_s\":%.3f,\"wait_s\":%.3f,\"ring_s\":%.3f,\"optimizer_s\":%.3f,\"epoch_accuracy\":[%s],\"epoch_train_s\":[%s]}\n", c, r, rate, last, s, s/e, pk, sps, n/p/sps, w, a, h, st, cs, ws, rs, os, ea, es}'
+		-v last="${SLOW_LAST_RATE:-}" -v lastcpu="${SLOW_LAST_CPU:-}" \
+		'BEGIN{printf "{\"variant\":\"%s\",\"run\":%d,\"rate\":\"%s\",\"last_rate\":\"%s\",\"last_cpu\":\"%s\",\"sent_bytes\":%d,\"sent_bytes_per_epoch\":%d,\"peak_1s_bytes\":%d,\"samples_per_sec\":%.1f,\"epoch_s\":%.2f,\"wall_s\":%s,\"test_accuracy\":%s,\"param_hashes\":%d,\"steps\":%d,\"compute_s\":%.3f,\"wait_s\":%.3f,\"ring_s\":%.3f,\"optimizer_s\":%.3f,\"epoch_accuracy\":[%s],\"epoch_train_s\":[%s]}\n", c, r, rate, last, lastcpu, s, s/e, pk, sps, n/p/sps, w, a, h, st, cs, ws, rs, os, ea, es}'
 }
 for r in $(seq "$runs"); do
 	for c in ${compressions//,/ }; do one "$c" "$r"; done

@@ -338,8 +338,9 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 	if r.InnerSkip != nil && cfg.OnSkip != nil {
 		cfg.OnSkip(r.InnerSkip)
 	}
-	if r.outerDone && e.step < e.steps {
-		// Every outer step is checked, as every epoch is.
+	if r.outerDone && !r.outerChecked && e.step < e.steps {
+		// Every outer step is checked, as every epoch is (a round with a
+		// Deadline checks the one before it itself).
 		if err := r.CheckInSync(ctx); err != nil {
 			return err
 		}

@@ -39,7 +39,10 @@ const (
 type quorumRound struct {
 	k       int  // the round's number in the epoch part, from 1
 	closing bool // the part's last round: every rank is in, none late
+	// buf is the pseudo-gradient, the step's trailer, two hash slots per
+	// rank (hashSlots) and this rank's "in" flag, averaged over the ring.
 	buf     []float32
+	hash    [2]float32  // the anchor's hash as it goes in this rank's slots
 	arrived atomic.Bool // another rank began the round while this one computed
 	overdue atomic.Bool // the closing round's deadline has passed on this rank
 
@@ -137,8 +140,9 @@ func (r *Replica) quorumStep(ctx context.Context, o *LocalSGD, loss float32) (fl
 
 // openQuorum begins the round's exchange goroutine.
 func (r *Replica) openQuorum(ctx context.Context, o *LocalSGD, closing bool) *quorumRound {
-	o.xbuf = grow(o.xbuf, r.nparams+stepTrailer(r.Coll.Size(), false)+1)
-	x := &quorumRound{k: o.qround + 1, closing: closing, buf: o.xbuf, bad: -1,
+	size := r.Coll.Size()
+	o.xbuf = grow(o.xbuf, r.nparams+stepTrailer(size, false)+2*size+1)
+	x := &quorumRound{k: o.qround + 1, closing: closing, buf: o.xbuf, bad: -1, hash: hashSlots(r.ParamHash()),
 		posted: make(chan struct{}), quit: make(chan struct{}), done: make(chan struct{})}
 	o.qx = x
 	go r.watchQuorum(ctx, o, x)
@@ -155,12 +159,9 @@ func (r *Replica) postQuorum(o *LocalSGD, x *quorumRound, early bool) {
 		return
 	}
 	n, params := r.nparams, r.Model.Params()
-	tail := x.buf[n:]
 	x.bad = o.delta(x.buf[:n], params)
 	x.leave = r.leaving()
-	says := stepSays{leave: x.leave, newcomer: r.Waiting != nil && r.Waiting(), nonFinite: x.bad >= 0}
-	says.put(tail[:len(tail)-1], r.Coll.Rank(), r.Coll.Size())
-	tail[len(tail)-1] = 1
+	r.putQuorum(x, stepSays{leave: x.leave, newcomer: r.Waiting != nil && r.Waiting(), nonFinite: x.bad >= 0}, 1)
 	if early {
 		o.qat = grow(o.qat, n)
 		gather(o.qat, params)
@@ -178,14 +179,67 @@ func (r *Replica) late(x *quorumRound) bool {
 	if x.state != roundOpen {
 		return false
 	}
-	n := r.nparams
-	clear(x.buf[:n])
+	clear(x.buf[:r.nparams])
 	x.leave = r.leaving()
-	tail := x.buf[n:]
-	stepSays{leave: x.leave}.put(tail[:len(tail)-1], r.Coll.Rank(), r.Coll.Size())
-	tail[len(tail)-1] = 0
+	r.putQuorum(x, stepSays{leave: x.leave}, 0)
 	x.state = roundLate
 	return true
+}
+
+// putQuorum writes this rank's trailer after the pseudo-gradient: what
+// it says, the hash of its anchor, and whether it is in.
+func (r *Replica) putQuorum(x *quorumRound, says stepSays, in float32) {
+	rank, size := r.Coll.Rank(), r.Coll.Size()
+	tail := x.buf[r.nparams:]
+	t := stepTrailer(size, false)
+	says.put(tail[:t], rank, size)
+	slots := tail[t : t+2*size]
+	clear(slots)
+	slots[2*rank], slots[2*rank+1] = x.hash[0], x.hash[1]
+	tail[len(tail)-1] = in
+}
+
+// hashSlots is the first 32 bits of a parameter hash as a rank's two hash
+// slots: 16 bits each, plus 1, so that an empty slot reads 0. Each rank
+// writes only its own, so an averaged slot times the size is the value
+// again, exactly.
+func hashSlots(h [32]byte) [2]float32 {
+	return [2]float32{float32(uint32(h[0])<<8|uint32(h[1])) + 1, float32(uint32(h[2])<<8|uint32(h[3])) + 1}
+}
+
+// checkAnchors compares the ranks' hash slots from an averaged trailer: at
+// each round every rank says what its anchor — the last round's outcome —
+// hashes to, so a round checks the one before it without a collective of
+// its own, which would wait for a rank that is behind. The ranks whose
+// hash differs from most are named, as by CheckInSync; a slot that holds
+// no hash is a lie too.
+func checkAnchors(slots []float32, size int) error {
+	keys := make([]uint32, size)
+	var bad []int
+	for k := range size {
+		hi, lo := float64(slots[2*k])*float64(size), float64(slots[2*k+1])*float64(size)
+		rh, rl := math.Round(hi), math.Round(lo)
+		if !(math.Abs(hi-rh) < 0.25 && math.Abs(lo-rl) < 0.25 && rh >= 1 && rh <= 1<<16 && rl >= 1 && rl <= 1<<16) {
+			bad = append(bad, k)
+			continue
+		}
+		keys[k] = uint32(rh-1)<<16 | uint32(rl-1)
+	}
+	if len(bad) > 0 {
+		return &LiarError{Ranks: bad, Why: "their anchor hashes in the outer round are missing or malformed"}
+	}
+	all := make([]int, size)
+	for k := range all {
+		all[k] = k
+	}
+	odd, majority := oddOnes(all, func(k int) uint32 { return keys[k] })
+	switch {
+	case len(odd) > 0 && majority:
+		return &LiarError{Ranks: odd, Why: "replicas out of step: their anchors differ from most ranks'"}
+	case len(odd) > 0:
+		return fmt.Errorf("train: replicas out of step: ranks %v hold other anchors than rank 0, and no majority tells which are right", odd)
+	}
+	return nil
 }
 
 // errDropped is a round's exchange dropped before it ran.
@@ -261,8 +315,13 @@ func (r *Replica) endQuorum(ctx context.Context, o *LocalSGD, x *quorumRound, po
 		return fmt.Errorf("%w: averaging the pseudo-gradients of outer round %d: %w", ErrCollective, x.k, x.err)
 	}
 	size, n := r.Coll.Size(), r.nparams
-	avg, tail := x.buf[:n], x.buf[n:len(x.buf)-1]
+	t := stepTrailer(size, false)
+	avg, tail, slots := x.buf[:n], x.buf[n:n+t], x.buf[n+t:n+t+2*size]
 	in := int(math.Round(float64(x.buf[len(x.buf)-1]) * float64(size)))
+	if err := checkAnchors(slots, size); err != nil {
+		return err
+	}
+	r.outerChecked = true
 	badRanks, newcomer, leaving := stepFlagsOf(tail, size)
 	r.newcomer = r.newcomer || newcomer
 	leaving, err := r.leavers(ctx, leaving, x.leave)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"testing"
@@ -208,4 +209,50 @@ func quorumRunWithSlowRank(t *testing.T, sp *sparse.Config) {
 		t.Errorf("the slow rank trained %d samples, rank 0 %d; want fewer", sums[3].Trained, sums[0].Trained)
 	}
 	t.Logf("samples trained by rank: %d %d %d %d", sums[0].Trained, sums[1].Trained, sums[2].Trained, sums[3].Trained)
+}
+
+// TestCheckAnchors: each rank's two hash slots, averaged over the ring,
+// give back its anchor's hash; a rank whose hash differs from most is
+// named, and so is one whose slots hold no hash or a value no rank can
+// write. Without a majority the error names no liar.
+func TestCheckAnchors(t *testing.T) {
+	h := func(b byte) [2]float32 { return hashSlots([32]byte{b, 0xff, 0x00, b}) }
+	averaged := func(hs ...[2]float32) []float32 {
+		slots := make([]float32, 2*len(hs))
+		for k, s := range hs {
+			slots[2*k] += s[0] / float32(len(hs))
+			slots[2*k+1] += s[1] / float32(len(hs))
+		}
+		return slots
+	}
+	nan := float32(math.NaN())
+	for _, tc := range []struct {
+		name  string
+		slots []float32
+		liars []int // nil: no LiarError
+		fails bool
+	}{
+		{"all alike, four", averaged(h(7), h(7), h(7), h(7)), nil, false},
+		{"all alike, three", averaged(h(0xff), h(0xff), h(0xff)), nil, false},
+		{"rank 2 differs", averaged(h(7), h(7), h(8), h(7)), []int{2}, true},
+		{"rank 0 differs", averaged(h(9), h(7), h(7)), []int{0}, true},
+		{"no majority", averaged(h(1), h(2)), nil, true},
+		{"an empty slot", averaged(h(7), [2]float32{}, h(7)), []int{1}, true},
+		{"past 16 bits", averaged(h(7), h(7), [2]float32{70000, 1}), []int{2}, true},
+		{"not whole", averaged(h(7), [2]float32{3.5, 1}, h(7)), []int{1}, true},
+		{"NaN", averaged(h(7), h(7), [2]float32{nan, 1}), []int{2}, true},
+	} {
+		err := checkAnchors(tc.slots, len(tc.slots)/2)
+		var liar *LiarError
+		switch {
+		case !tc.fails && err != nil:
+			t.Errorf("%s: %v; want nil", tc.name, err)
+		case tc.fails && err == nil:
+			t.Errorf("%s: nil; want an error", tc.name)
+		case tc.liars != nil && (!errors.As(err, &liar) || !slices.Equal(liar.Ranks, tc.liars)):
+			t.Errorf("%s: %v; want ranks %v named", tc.name, err, tc.liars)
+		case tc.liars == nil && errors.As(err, &liar):
+			t.Errorf("%s: %v; want no rank named", tc.name, err)
+		}
+	}
 }

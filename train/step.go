@@ -161,6 +161,9 @@ type Replica struct {
 	partStep, partSteps int
 	epochEnd            bool
 	partMax             int // the last part's steps, for Level after it
+	// outerChecked says that the last Step's outer round compared the
+	// ranks' anchors itself (a LocalSGD with a Deadline).
+	outerChecked bool
 
 	// newcomer is whether the last Step's trailer said a newcomer waits.
 	newcomer bool
@@ -454,7 +457,7 @@ func (r *Replica) stepBegin(x []float32, y []int, n int) (loss float32, talk boo
 	}
 	r.Steps++
 	r.Stats.Steps++
-	r.undone, r.outerDone, r.InnerSkip, r.newcomer, r.epochEnd = 1, false, nil, false, false
+	r.undone, r.outerDone, r.InnerSkip, r.newcomer, r.epochEnd, r.outerChecked = 1, false, nil, false, false, false
 	local, ok := r.Opt.(*LocalSGD)
 	if !ok {
 		return 0, true, nil

@@ -245,6 +245,9 @@ type syncConfig struct {
 	// steps. Left out, the whole model syncs at once and is waited for.
 	Fragments int `json:"fragments,omitempty"`
 	Overlap   int `json:"overlap,omitempty"`
+	// Deadline, if set, closes each round without a peer slow to compute
+	// (train.LocalSGD's Deadline), with at least min_world_size peers in.
+	Deadline duration `json:"deadline,omitempty"`
 }
 
 // sparse is the sparse section as train/sparse takes it; nil without one.
@@ -282,14 +285,21 @@ func (s *syncConfig) check() error {
 	if err := train.CheckStreaming(s.Every, s.Fragments, s.Overlap); err != nil {
 		return fmt.Errorf("sync: %w", err)
 	}
+	if err := train.CheckDeadline(time.Duration(s.Deadline), 0, s.Fragments > 1 || s.Overlap > 0); err != nil {
+		return fmt.Errorf("sync: %w", err)
+	}
 	return nil
 }
 
 // defaultBucketMB is PyTorch DDP's bucket_cap_mb.
 const defaultBucketMB = 25
 
-// duration reads "30s", "2m" and the like.
+// duration reads "30s", "2m" and the like, and writes itself so.
 type duration time.Duration
+
+// MarshalJSON writes the duration as UnmarshalJSON reads it: a handed-out
+// job config parses back into the same job.
+func (d duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
 
 func (d *duration) UnmarshalJSON(b []byte) error {
 	var s string
@@ -582,6 +592,12 @@ func (c *jobConfig) resolveSpec() error {
 		}
 		if (c.Sync.Fragments > 1 || c.Sync.Overlap > 0) && wire != ring.F32 {
 			return fmt.Errorf("a streaming sync (fragments, overlap) sends float32 or, with sparse, its own code; compression %q: leave it out", c.Compression)
+		}
+		if c.Sync.Deadline > 0 && wire != ring.F32 {
+			return fmt.Errorf("a sync with a deadline sends float32 or, with sparse, its own code; compression %q: leave it out", c.Compression)
+		}
+		if c.Sync.Deadline > 0 && c.GradNormGuard != 0 {
+			return errors.New("a sync with a deadline does not take grad_norm_guard: a late peer's zeros would move the median norm; leave one out")
 		}
 	}
 	if c.Pipeline != nil {

@@ -52,6 +52,8 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		`, "compression": "int8", "sync": {"every": 5, "outer": {"lr": 0.7}, "sparse": {"fraction": 0.01, "bits": 2}}`,
 		`, "sync": {"every": 5, "fragments": 6}`, `, "sync": {"every": 8, "fragments": 4, "overlap": 2}`, `, "sync": {"every": 8, "overlap": -1}`,
 		`, "compression": "bf16", "sync": {"every": 8, "fragments": 4}`,
+		`, "sync": {"every": 8, "deadline": "-1s"}`, `, "sync": {"every": 8, "deadline": 50}`, `, "sync": {"every": 8, "deadline": "50ms", "fragments": 4}`,
+		`, "compression": "int8", "sync": {"every": 8, "deadline": "50ms"}`, `, "grad_norm_guard": 3, "sync": {"every": 8, "deadline": "50ms"}`,
 		`, "max_world_size": 3`, `, "max_world_size": 5000`, `, "world_size": 5000`,
 		`, "limits": {"burst": -1}`, `, "limits": {"ban_for": "-1s"}`, `, "limits": {"streams_per_peer": 100000}`, `, "limits": {"strikes": "many"}`, `, "limits": {"flood": 1}`,
 		`, "limits": {"conns_per_ip": -1}`, `, "limits": {"peer_memory_mb": -1}`, `, "limits": {"data_streams": -1}`, `, "limits": {"data_samples_per_request": 2000000}`} {
@@ -106,7 +108,7 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 	// Nor can peers that stream the outer sync and peers that do not, or
 	// that stream it otherwise; a sync section without them is as before.
 	streams := map[string]bool{hash(dense): true}
-	for _, s := range []string{`, "fragments": 4}`, `, "fragments": 4, "overlap": 2}`, `, "overlap": 2}`} {
+	for _, s := range []string{`, "fragments": 4}`, `, "fragments": 4, "overlap": 2}`, `, "overlap": 2}`, `, "deadline": "50ms"}`, `, "deadline": "80ms"}`} {
 		h := hash(dense[:len(dense)-1] + s)
 		if streams[h] {
 			t.Errorf("sync with %s: a config hash another sync section has", s)
@@ -124,6 +126,29 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 // served dataset, and for local files once --data says where they are —
 // and a served dataset's ID stands in the hash for its transforms and
 // classes.
+// TestHandedOutDeadline: a sync deadline is written out as it is read, so
+// a config fetched with --job parses into the same job.
+func TestHandedOutDeadline(t *testing.T) {
+	body := `{"name": "h", "world_size": 4, "min_world_size": 3, "epochs": 2, "batch_size": 8, "seed": 4, "model": "mlp",
+		"sync": {"every": 50, "outer": {"lr": 1}, "sparse": {"fraction": 0.05, "bits": 4}, "deadline": "40ms"},
+		"optimizer": {"name": "adam", "lr": 0.001}, "data": {"served": "` + strings.Repeat("cd", 32) + `"}}`
+	orig, err := parseJobFile([]byte(body), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := orig.handedOut()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := parseHandedOut(b, "h", orig.hash, localSettings{}, "")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	if got.hash != orig.hash || time.Duration(got.Sync.Deadline) != 40*time.Millisecond {
+		t.Fatalf("handed out and read back: hash %s deadline %v; want %s and 40ms\n%s", got.hash, time.Duration(got.Sync.Deadline), orig.hash, b)
+	}
+}
+
 func TestHandedOutConfigHasTheHash(t *testing.T) {
 	dataCfg := mustAbs(t, "../../testdata/data-config.json")
 	id := strings.Repeat("ab", 32)

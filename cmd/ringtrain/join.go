@@ -537,7 +537,7 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 	}
 	if s := cfg.Sync; s != nil {
 		opt = &train.LocalSGD{Inner: opt, Every: s.Every, LR: s.Outer.LR, Momentum: s.Outer.Momentum, Nesterov: s.Outer.Name == "nesterov", Sparse: s.sparse(),
-			Fragments: s.Fragments, Overlap: s.Overlap}
+			Fragments: s.Fragments, Overlap: s.Overlap, Deadline: time.Duration(s.Deadline), Quorum: cfg.MinWorldSize}
 	}
 	job := &elastic.Job{Members: members, WorldSize: cfg.WorldSize, MinWorldSize: cfg.MinWorldSize, MaxWorldSize: cfg.MaxWorldSize,
 		StepTimeout: time.Duration(cfg.StepTimeout), AdmitTimeout: time.Duration(cfg.AdmissionTimeout), Logger: log, Out: stdout}
