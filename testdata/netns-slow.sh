@@ -66,8 +66,10 @@ fi
 if [ -n "${SLOW_LAST_CPU:-}" ]; then
 	cg=/sys/fs/cgroup/cpu/$p
 	if ! mkdir "$cg" 2>/dev/null; then echo "netns-slow: SKIPPED, no cgroup v1 cpu controller at /sys/fs/cgroup/cpu for SLOW_LAST_CPU"; cg=""; exit 0; fi
-	echo 100000 >"$cg/cpu.cfs_period_us"
-	echo $((SLOW_LAST_CPU * 1000)) >"$cg/cpu.cfs_quota_us"
+	# A 10 ms period: the peer runs slower throughout, not in bursts with
+	# long stops between them (the default period is 100 ms).
+	echo 10000 >"$cg/cpu.cfs_period_us"
+	echo $((SLOW_LAST_CPU * 100)) >"$cg/cpu.cfs_quota_us"
 fi
 if [ -n "${SLOW_TRAIN:-}" ]; then # a subset: the first SLOW_TRAIN samples
 	python3 - "$data" "$tmp/data" "$SLOW_TRAIN" <<'PY'

@@ -166,6 +166,13 @@ func TestSurvivorsFinish(t *testing.T) {
 	// exchanges begin after steps 4 and 8; rank 2 dies in the second, the
 	// others find it failed at step 9, take back steps 8 and 9, bring
 	// every fragment back to its anchor and go on from step 7.
+	// With a deadline the same: no rank is behind, so no round closes
+	// without one, and the survivors redo the round from its start.
+	t.Run("local SGD with a deadline: in an outer step", func(t *testing.T) {
+		survivorsFinish(t, dying{n: 2}, 0, Position{Epochs: 0, Steps: 4, Skip: 4 * 4 * 8}, func() Optimizer {
+			return &LocalSGD{Inner: NewAdam(0.003), Every: 4, LR: 0.7, Momentum: 0.9, Nesterov: true, Deadline: time.Hour, Quorum: 3}
+		})
+	})
 	t.Run("streaming local SGD: in an exchange", func(t *testing.T) {
 		survivorsFinish(t, dying{n: 2}, 0, Position{Epochs: 0, Steps: 7, Skip: 7 * 4 * 8}, func() Optimizer {
 			return &LocalSGD{Inner: NewAdam(0.003), Every: 8, LR: 1, Fragments: 2, Overlap: 1}
@@ -245,6 +252,11 @@ func TestLeaverGoesOthersStay(t *testing.T) {
 	t.Run("sgd", func(t *testing.T) {
 		leaverGoesOthersStay(t, func() Optimizer { return &SGD{LR: 0.05} }, 6)
 	})
+	t.Run("local SGD with a deadline", func(t *testing.T) {
+		leaverGoesOthersStay(t, func() Optimizer {
+			return &LocalSGD{Inner: &SGD{LR: 0.05}, Every: 8, LR: 1, Deadline: time.Hour, Quorum: 3}
+		}, 8)
+	})
 	t.Run("streaming local SGD", func(t *testing.T) {
 		leaverGoesOthersStay(t, func() Optimizer {
 			return &LocalSGD{Inner: &SGD{LR: 0.05}, Every: 8, LR: 1, Fragments: 2, Overlap: 1}
@@ -304,10 +316,16 @@ func leaverGoesOthersStay(t *testing.T, newOpt func() Optimizer, stopsAfter int)
 //
 // With streaming DiLoCo the newcomer's knock rides the exchange that
 // begins at that step and is heard when it ends, a step later; every
-// rank settles at its anchors, which the newcomer takes.
+// rank settles at its anchors, which the newcomer takes. With rounds by
+// deadline it rides the round that closes at step 24.
 func TestNewcomerIsAdmitted(t *testing.T) {
 	t.Run("adam", func(t *testing.T) {
 		newcomerIsAdmitted(t, func() Optimizer { return NewAdam(0.01) }, 0)
+	})
+	t.Run("local SGD with a deadline", func(t *testing.T) {
+		newcomerIsAdmitted(t, func() Optimizer {
+			return &LocalSGD{Inner: NewAdam(0.01), Every: 8, LR: 1, Deadline: time.Hour}
+		}, 4)
 	})
 	t.Run("streaming local SGD", func(t *testing.T) {
 		newcomerIsAdmitted(t, func() Optimizer {
@@ -359,7 +377,13 @@ func newcomerIsAdmitted(t *testing.T, newOpt func() Optimizer, heardAfter int) {
 		}
 		cfg.Replica = NewReplica(m, newOpt(), rings[i])
 		if i == 0 {
-			cfg.Replica.Waiting = func() bool { return cfg.Replica.Steps == knockAt }
+			// The first step at knockAt or after that talks to the ring
+			// (a round's, with LocalSGD) carries the knock.
+			knocked := false
+			cfg.Replica.Waiting = func() bool {
+				knocked = knocked || cfg.Replica.Steps >= knockAt
+				return knocked && cfg.Replica.Coll.Size() == 3
+			}
 		}
 		sums[i], errs[i] = carryOn(context.Background(), cfg, 3, func(cause error, at Position) (Collective, error) {
 			if !errors.Is(cause, ErrNewcomer) {

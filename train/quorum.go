@@ -44,7 +44,7 @@ type quorumRound struct {
 	buf     []float32
 	hash    [2]float32  // the anchor's hash as it goes in this rank's slots
 	arrived atomic.Bool // another rank began the round while this one computed
-	overdue atomic.Bool // the closing round's deadline has passed on this rank
+	overdue atomic.Bool // the round's deadline has passed on this rank
 
 	mu    sync.Mutex
 	state int
@@ -80,16 +80,18 @@ func (o *LocalSGD) timer(d time.Duration) <-chan time.Time {
 // quorumStep is a step's talk with the ring in LocalSGD with a Deadline.
 // Round k of an epoch part is this rank's to close at the part's step
 // k·Every (the part's last step for its last round): there it posts its
-// pseudo-gradient and waits for the round's outcome. A rank that is not
-// there when another has begun the round posts what it has at its next
-// step and computes on (its later steps go into the next round); if that
-// step is not done by the Deadline, it is late: the round closes without
+// pseudo-gradient and waits for the round's outcome. Once another rank
+// has begun the round, a rank not yet there has the Deadline to reach it;
+// past that it is overdue, and posts what it has at its next step and
+// computes on (its later steps go into the next round). If that step is
+// not done within another Deadline, it is late: the round closes without
 // it, and at a later step it catches up — it takes the round's outer step
 // and keeps all it did since it was last in, which goes into the next
-// round. The last round of a part has every rank in: one behind has the
-// Deadline to reach the part's end, then posts at its next step and
-// skips the rest of its part of the epoch (epochEnd), so that every rank
-// ends the epoch with the same bits.
+// round. So no rank waits more than twice the Deadline for another. The
+// last round of a part has every rank in: one overdue there posts at its
+// next step however long that takes, and skips the rest of its part of
+// the epoch (epochEnd), so that every rank ends the epoch with the same
+// bits.
 func (r *Replica) quorumStep(ctx context.Context, o *LocalSGD, loss float32) (float32, error) {
 	switch {
 	case r.NormGuard > 0:
@@ -117,7 +119,7 @@ func (r *Replica) quorumStep(ctx context.Context, o *LocalSGD, loss float32) (fl
 		switch {
 		case pos >= due:
 			r.postQuorum(o, x, false)
-		case x.arrived.Load() && (!closing || x.overdue.Load()):
+		case x.overdue.Load():
 			r.postQuorum(o, x, !closing)
 		default:
 			return loss, nil
@@ -271,14 +273,18 @@ func (r *Replica) watchQuorum(ctx context.Context, o *LocalSGD, x *quorumRound) 
 			x.arrived.Store(true)
 			deadline = o.timer(o.Deadline)
 		case <-deadline:
-			if x.closing {
-				// Not late: every rank is in the part's last round, the
-				// one behind with the steps it has at its next.
+			switch {
+			case !x.overdue.Load():
+				// Posts what it has at its next step, if that comes
+				// within another Deadline.
 				x.overdue.Store(true)
-				deadline = nil
-				break
+				deadline = o.timer(o.Deadline)
+				if x.closing {
+					deadline = nil // every rank is in the part's last round
+				}
+			default:
+				r.late(x)
 			}
-			r.late(x)
 		case <-x.quit:
 			r.late(x)
 			x.err = errDropped

@@ -59,7 +59,7 @@ func (f *fakeTimer) after(time.Duration) <-chan time.Time {
 
 // TestQuorumLateRankFoldsIntoNextRound: four ranks, a round every 4 steps,
 // rank 3 held in its third step when the others close round 1. Its
-// deadline passes, so round 1 closes with ranks 0–2 (the average of their
+// deadline passes twice (overdue, then late), so round 1 closes with ranks 0–2 (the average of their
 // 4, 8 and 12); rank 3 catches up from that round's result and, in round
 // 2, sends all 8 of its steps (32) beside the others' 4, 8 and 12. Every
 // rank ends at the same bits: 0 − 8 − 14. With a quorum of 4, round 1 is
@@ -85,7 +85,8 @@ func TestQuorumLateRankFoldsIntoNextRound(t *testing.T) {
 		in4, in8 := newBarrier(3), newBarrier(4)
 		othersIn5 := make(chan struct{}, n)
 		go func() {
-			close(<-timer.armed) // round 1's deadline passes on rank 3, held in step 3
+			close(<-timer.armed) // round 1's deadline passes on rank 3, held in step 3: overdue
+			close(<-timer.armed) // and the next: late
 			for range 3 {
 				<-othersIn5 // round 1 has closed on ranks 0–2: rank 3 is late
 			}
