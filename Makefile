@@ -15,7 +15,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzR
 
 MODEL ?= mlp
 
-.PHONY: check test-deps test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-overlap bench-served bench-pipeline bench-flood bench-planes fashion-mnist testdata demo clean
+.PHONY: check test-deps test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes fashion-mnist testdata demo clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -374,11 +374,26 @@ bench-slow: build fashion-mnist
 	for r in $$(seq $(RUNS)); do for last in "" 25mbit; do \
 	  SLOW_LAST_RATE=$$last $(SLOW_AVG) bash testdata/netns-slow.sh $(BIN)/ringtrain none+h50,none+h50+k5+q4,none+h50+k5+q4+f4+o11 1 100mbit 5; \
 	done; done | tee $(BIN)/slow-peer.txt
-	python3 testdata/slow-summary.py $(BIN)/slow-5.txt $(BIN)/slow-10.txt $(BIN)/slow-peer.txt
+	$(MAKE) --no-print-directory bench-deadline
+	python3 testdata/slow-summary.py $(BIN)/slow-5.txt $(BIN)/slow-10.txt $(BIN)/slow-peer.txt $(BIN)/slow-deadline.txt
 	$(BIN)/ringtrain plot --by file -o $(BIN)/slow-curves.png "float32=$(BIN)/slow-logs/5/none-1.jsonl" "int8=$(BIN)/slow-logs/5/int8-1.jsonl" \
 	  "DiLoCo H=50, Nesterov=$(BIN)/slow-logs/5/none+h50-1.jsonl" "DiLoCo H=50, average=$(BIN)/slow-logs/10/none+h50-1.jsonl" \
 	  "DiLoCo H=50, average, top 5% in 4 bits=$(BIN)/slow-logs/10/none+h50+k5+q4-1.jsonl" \
 	  "the same, streamed: 4 fragments, overlap 11=$(BIN)/slow-logs/10/none+h50+k5+q4+f4+o11-1.jsonl"
+
+# A peer slow to compute: the last of the four peers held to 15% of one
+# CPU (a cgroup's CPU quota; the others share the 2 cores), sparse DiLoCo
+# with and without rounds that close by a 5 ms deadline, each run in turn
+# with and without the slow peer, RUNS times; then the same two with the
+# slow link instead (the last peer's at 25 Mbit/s).
+bench-deadline: build fashion-mnist
+	for r in $$(seq $(RUNS)); do for cpu in "" 15; do \
+	  SLOW_LAST_CPU=$$cpu $(SLOW_AVG) bash testdata/netns-slow.sh $(BIN)/ringtrain none+h50+k5+q4,none+h50+k5+q4+d5 1 100mbit 5; \
+	done; done | tee $(BIN)/slow-deadline.txt
+	for r in $$(seq $(RUNS)); do for last in "" 25mbit; do \
+	  SLOW_LAST_RATE=$$last $(SLOW_AVG) bash testdata/netns-slow.sh $(BIN)/ringtrain none+h50+k5+q4+d5 1 100mbit 5; \
+	done; done | tee -a $(BIN)/slow-deadline.txt
+	python3 testdata/slow-summary.py $(BIN)/slow-deadline.txt
 
 # Gradient buckets overlapped with backward: the cnn on the own engine in
 # pure Go (--device host), the first 6,400 training samples (25 steps a

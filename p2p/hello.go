@@ -25,10 +25,12 @@ const HelloProtocol = "/ringtrain/hello/3.0.0"
 // at the first hash check — it is refused at the hello instead, by name;
 // version 5 sums a conv layer's weight gradient sample by sample
 // (train/conv.go), other bits again; version 6 sums its bias gradient in
-// vec.Sum's order, and other bits again.
+// vec.Sum's order, and other bits again; version 7 sends a sparse
+// outer round's payload lengths in its trailer's allreduce, one
+// collective fewer, which a version-6 peer would not follow.
 // The hello's wire form is unchanged, so the two still understand the
 // refusal.
-const ProtocolVersion = 6
+const ProtocolVersion = 7
 
 // Bounds on a hello: a peer list of hundreds of members with a few
 // addresses each fits in maxHelloBytes with room to spare.

@@ -1,7 +1,10 @@
 // Package ring implements the collectives of one ring generation —
 // AllreduceSum, AllreduceMean (also with bf16, fp16 or blockwise int8 on
 // the wire: AllreduceMeanAs), Broadcast and Barrier — over a Transport that
-// carries bytes to the successor and from the predecessor.
+// carries bytes to the successor and from the predecessor. AwaitIncoming
+// says when the predecessor has begun the next collective, for a rank
+// that decides what to send once another rank has started (train's outer
+// rounds with a deadline).
 //
 // It knows nothing of libp2p or of training: a Transport is two byte streams,
 // and the package frames, checks and pipelines what goes over them. MemRing

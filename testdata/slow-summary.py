@@ -8,13 +8,23 @@ median over its runs of: bytes sent per epoch, peak bytes in any 1 s,
 samples/s, final test accuracy, and the training seconds until the test
 accuracy after an epoch first reached the target — the final accuracy of
 the float32 synchronous variant ("none") among the files, or ACC. Then,
-for every variant run both with and without a slow peer, the other
-peers' throughput with it against without.
+for every variant run both with and without a slow peer (a slow link,
+last_rate, or a slow CPU, last_cpu), the other peers' throughput with it
+against without.
 """
 import json
 import statistics
 import sys
 from collections import defaultdict
+
+
+def slow_peer(d):
+    """What makes the last peer slow in a run, or "" for none."""
+    if d.get("last_rate"):
+        return "link at " + d["last_rate"]
+    if d.get("last_cpu"):
+        return "CPU at %s%% of one core" % d["last_cpu"]
+    return ""
 
 
 def main(args):
@@ -28,7 +38,7 @@ def main(args):
             for line in f:
                 if line.startswith("{"):
                     d = json.loads(line)
-                    runs[(d["variant"], len(d["epoch_accuracy"]), d.get("last_rate", ""))].append(d)
+                    runs[(d["variant"], len(d["epoch_accuracy"]), slow_peer(d))].append(d)
     if not runs:
         sys.exit("slow-summary: no runs in " + " ".join(paths))
     sync = [d for (v, _, last), ds in runs.items() if v == "none" and not last for d in ds]
@@ -62,7 +72,7 @@ def main(args):
             continue
         slow_sps = statistics.median(d["samples_per_sec"] for d in ds)
         fast_sps = statistics.median(d["samples_per_sec"] for d in fast)
-        print("%s, %d epochs: one peer's link at %s: the others' samples/s %.0f against %.0f without (%.3fx, medians of %d and %d)" % (
+        print("%s, %d epochs: one peer's %s: the others' samples/s %.0f against %.0f without (%.3fx, medians of %d and %d)" % (
             variant, epochs, last, slow_sps, fast_sps, slow_sps / fast_sps, len(ds), len(fast)))
 
 

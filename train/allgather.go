@@ -3,6 +3,7 @@ package train
 import (
 	"context"
 	"fmt"
+	"math"
 	"unsafe"
 )
 
@@ -23,20 +24,35 @@ func allgatherBytes(ctx context.Context, c Collective, mine []byte, limit int) (
 	if len(mine) > limit {
 		return nil, fmt.Errorf("train: %d bytes to gather, more than %d", len(mine), limit)
 	}
-	n, me := c.Size(), c.Rank()
-	lens := make([]float32, n)
-	lens[me] = float32(len(mine))
+	lens := make([]float32, c.Size())
+	lens[c.Rank()] = float32(len(mine))
 	if err := c.AllreduceSum(ctx, lens); err != nil {
 		return nil, err
 	}
-	for k, l := range lens {
-		if !(l >= 0 && l <= float32(limit)) || l != float32(int(l)) {
-			return nil, fmt.Errorf("train: rank %d has %v bytes to gather; want a whole number up to %d", k, l, limit)
+	return broadcastEach(ctx, c, mine, lens, 1, limit)
+}
+
+// broadcastEach is allgatherBytes once the lengths are known: sums[k]/f
+// is rank k's, sent in an allreduce that had more to carry (f is the
+// size for a mean, 1 for a sum), which saves the ring a collective.
+func broadcastEach(ctx context.Context, c Collective, mine []byte, sums []float32, f float64, limit int) ([][]byte, error) {
+	limit = min(limit, maxGatherBytes)
+	n, me := c.Size(), c.Rank()
+	lens := make([]int, n)
+	for k, s := range sums {
+		v := float64(s) * f
+		l := math.Round(v)
+		if !(l >= 0 && l <= float64(limit) && math.Abs(v-l) < 0.25) {
+			return nil, fmt.Errorf("train: rank %d has %v bytes to gather; want a whole number up to %d", k, v, limit)
 		}
+		lens[k] = int(l)
+	}
+	if lens[me] != len(mine) {
+		return nil, fmt.Errorf("train: this rank has %d bytes to gather and the sum says %d", len(mine), lens[me])
 	}
 	out := make([][]byte, n)
 	for k := range n {
-		l := int(lens[k])
+		l := lens[k]
 		buf := make([]float32, (l+3)/4)
 		b := f32Bytes(buf)
 		if k == me {

@@ -24,7 +24,9 @@
 // DiLoCo's local steps with an outer step every few (LocalSGD; its
 // pseudo-gradients whole, or sparse and low-bit with error feedback, coded
 // by train/sparse and gathered from every rank; the outer sync streamed in
-// fragments, each exchange beside inner steps), rank 0's
+// fragments, each exchange beside inner steps; or rounds that close by a
+// deadline without a rank slow to compute, whose work goes into the next
+// round — quorum.go), rank 0's
 // parameters broadcast at
 // start, a parameter-hash comparison across ranks (with the straggler
 // report), sharded

@@ -1,6 +1,7 @@
 package train
 
 import (
+	"bytes"
 	"context"
 	"math"
 	"math/rand/v2"
@@ -122,5 +123,34 @@ func TestLocalSGDSparse(t *testing.T) {
 	}
 	if r := float64(sent[true]) / float64(sent[false]); r > 0.25 {
 		t.Errorf("sparse sent %d bytes, dense %d (%.2f); want under a quarter", sent[true], sent[false], r)
+	}
+}
+
+// TestBroadcastEachChecksLengths: lengths that come in another
+// collective's sum are checked before anything is read — a share that is
+// no whole number of bytes, one below 0 or over the limit, or one that is
+// not what this rank sends is an error.
+func TestBroadcastEachChecksLengths(t *testing.T) {
+	mine := []byte{1, 2, 3}
+	for _, tc := range []struct {
+		sum   float32
+		f     float64
+		valid bool
+	}{
+		{3, 1, true},
+		{0.75, 4, true}, // a mean of 4 ranks
+		{2.5, 1, false},
+		{-3, 1, false},
+		{float32(math.NaN()), 1, false},
+		{65, 1, false},
+		{4, 1, false},
+	} {
+		got, err := broadcastEach(context.Background(), solo(t), mine, []float32{tc.sum}, tc.f, 64)
+		if tc.valid != (err == nil) {
+			t.Errorf("a length of %v × %v: %v; want valid %v", tc.sum, tc.f, err, tc.valid)
+		}
+		if err == nil && !bytes.Equal(got[0], mine) {
+			t.Errorf("a length of %v × %v: got %v; want %v", tc.sum, tc.f, got[0], mine)
+		}
 	}
 }

@@ -594,10 +594,17 @@ func (r *Replica) gatherSparse(ctx context.Context, o *LocalSGD, avg, tail []flo
 			mine = sparse.AppendPart(mine, p)
 		}
 	}
-	if err := r.Coll.AllreduceMean(ctx, tail); err != nil {
+	// The payloads' lengths ride with the trailer, one slot per rank: a
+	// collective the fewer, which a slow rank on the ring makes dear.
+	size := r.Coll.Size()
+	withLens := make([]float32, len(tail)+size)
+	copy(withLens, tail)
+	withLens[len(tail)+r.Coll.Rank()] = float32(len(mine))
+	if err := r.Coll.AllreduceMean(ctx, withLens); err != nil {
 		return err
 	}
-	all, err := allgatherBytes(ctx, r.Coll, mine, o.Sparse.MaxParts(sizes))
+	copy(tail, withLens)
+	all, err := broadcastEach(ctx, r.Coll, mine, withLens[len(tail):], float64(size), o.Sparse.MaxParts(sizes))
 	if err != nil {
 		return err
 	}
