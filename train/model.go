@@ -145,7 +145,7 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 		saved: map[string]*G.Node{}, savedLearned: map[string]bool{}}
 	h := G.Must(lg.build(x, 0, len(cfg.Spec.Layers), false))
 	m.learn, m.drops = lg.learn, lg.drops
-	logp := G.Must(G.LogSoftMax(h))
+	logp := G.Must(logSoftMax(h))
 	cost := G.Must(G.Neg(G.Must(G.Mul(G.Must(G.Sum(G.Must(G.HadamardProd(logp, y)))), m.invN))))
 	m.out, m.cost = h, cost
 	// The forward tape runs what the logits and the loss need, which holds
@@ -166,6 +166,38 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 		m.names = append(m.names, n.Name())
 	}
 	return m, nil
+}
+
+// logSoftMax is log softmax along each row of h, as s − log Σ exp(s) with
+// s = h − the row's max, so that every sum is between 1 and the row's
+// length. gorgonia's own LogSoftMax (gorgonia.org/tensor v0.9.23) takes
+// each row's max from the first row's first element and the row's others,
+// so a row far from that value overflows or underflows to ±Inf: a NaN loss
+// once a model grows confident. The max needs no gradient of its own (log
+// softmax is the same for every shift of a row), and the one gorgonia
+// gives it cancels.
+func logSoftMax(h *G.Node) (*G.Node, error) {
+	top, err := G.Max(h, 1)
+	if err != nil {
+		return nil, err
+	}
+	s, err := G.BroadcastSub(h, top, nil, []byte{1})
+	if err != nil {
+		return nil, err
+	}
+	e, err := G.Exp(s)
+	if err != nil {
+		return nil, err
+	}
+	sum, err := G.Sum(e, 1)
+	if err != nil {
+		return nil, err
+	}
+	lse, err := G.Log(sum)
+	if err != nil {
+		return nil, err
+	}
+	return G.BroadcastSub(s, lse, nil, []byte{1})
 }
 
 // Param is one parameter tensor of a model: its name, shape and values.
