@@ -370,7 +370,7 @@ SLOW_AVG = SLOW_OUTER='{"name": "sgd", "lr": 1, "momentum": 0}'
 bench-slow: build fashion-mnist
 	rm -rf $(BIN)/slow-logs $(BIN)/slow-*.txt
 	SLOW_LOGS=$(BIN)/slow-logs/5 bash testdata/netns-slow.sh $(BIN)/ringtrain none,bf16,int8,none+h50 $(RUNS) 100mbit 5 | tee $(BIN)/slow-5.txt
-	SLOW_LOGS=$(BIN)/slow-logs/10 $(SLOW_AVG) bash testdata/netns-slow.sh $(BIN)/ringtrain none+h50,none+h50+k5+q4,none+h50+k5+q4+f4+o11 $(RUNS) 100mbit 10 | tee $(BIN)/slow-10.txt
+	SLOW_LOGS=$(BIN)/slow-logs/10 $(SLOW_AVG) bash testdata/netns-slow.sh $(BIN)/ringtrain none+h50,none+h50+k5+q4,none+h50+k5+q4+f4+o11,none+h50+k5+q4+d5 $(RUNS) 100mbit 10 | tee $(BIN)/slow-10.txt
 	for r in $$(seq $(RUNS)); do for last in "" 25mbit; do \
 	  SLOW_LAST_RATE=$$last $(SLOW_AVG) bash testdata/netns-slow.sh $(BIN)/ringtrain none+h50,none+h50+k5+q4,none+h50+k5+q4+f4+o11 1 100mbit 5; \
 	done; done | tee $(BIN)/slow-peer.txt
@@ -379,7 +379,8 @@ bench-slow: build fashion-mnist
 	$(BIN)/ringtrain plot --by file -o $(BIN)/slow-curves.png "float32=$(BIN)/slow-logs/5/none-1.jsonl" "int8=$(BIN)/slow-logs/5/int8-1.jsonl" \
 	  "DiLoCo H=50, Nesterov=$(BIN)/slow-logs/5/none+h50-1.jsonl" "DiLoCo H=50, average=$(BIN)/slow-logs/10/none+h50-1.jsonl" \
 	  "DiLoCo H=50, average, top 5% in 4 bits=$(BIN)/slow-logs/10/none+h50+k5+q4-1.jsonl" \
-	  "the same, streamed: 4 fragments, overlap 11=$(BIN)/slow-logs/10/none+h50+k5+q4+f4+o11-1.jsonl"
+	  "the same, streamed: 4 fragments, overlap 11=$(BIN)/slow-logs/10/none+h50+k5+q4+f4+o11-1.jsonl" \
+	  "top 5% in 4 bits, rounds by a 5 ms deadline=$(BIN)/slow-logs/10/none+h50+k5+q4+d5-1.jsonl"
 
 # A peer slow to compute: the last of the four peers held to 15% of one
 # CPU (a cgroup's CPU quota; the others share the 2 cores), sparse DiLoCo

@@ -187,7 +187,7 @@ func NewStage(cfg StageConfig) (_ *Stage, err error) {
 	if s.last {
 		s.y = tensor.New(tensor.WithShape(b, s.classes), tensor.Of(tensor.Float32))
 		y := G.NewMatrix(s.g, G.Float32, G.WithShape(b, s.classes), G.WithName("y"), G.WithValue(s.y))
-		logp := G.Must(G.LogSoftMax(h))
+		logp := G.Must(logSoftMax(h))
 		cost = G.Must(G.Neg(G.Must(G.Mul(G.Must(G.Sum(G.Must(G.HadamardProd(logp, y)))), s.invN))))
 		s.logits, s.cost = h, cost
 		roots = append(roots, h, cost)
