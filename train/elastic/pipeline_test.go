@@ -281,7 +281,10 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 			Checkpoint: ckpt, CheckpointBase: train.Checkpoint{Seed: 3, Classes: split.Classes},
 			Logger: zerolog.New(&log).With().Int("peer", i).Logger(), Out: &log,
 			NewReplica: func(m train.Model) (*train.Replica, error) {
-				return train.NewReplica(m, &train.SGD{LR: 0.05, Momentum: 0.9}, nil), nil
+				// At LR 0.05 this small job's second epoch swung between
+				// 0.14 and 0.36 accuracy with a change in the last bits
+				// of the loss; at 0.02 it learns steadily.
+				return train.NewReplica(m, &train.SGD{LR: 0.02, Momentum: 0.9}, nil), nil
 			}}
 		job.Training = train.RunConfig{Epochs: 2, Classes: 10, ProgressEvery: 1,
 			Train: &data.Loader{Split: split, BatchSize: 16, Seed: 1, Sampler: data.Sampler{N: split.Len(), World: 1, Seed: 1, Shuffle: true}},
