@@ -51,7 +51,8 @@ type NarrowAllreducer interface {
 var ErrGradientNorm = errors.New("train: gradient norm guard")
 
 // Skipped reports whether err is a step that every rank skipped together
-// (ErrNonFinite or ErrGradientNorm): training goes on with the next one.
+// (ErrNonFinite, ErrGradientNorm, or an outer round below its quorum,
+// ErrNoQuorum): training goes on with the next one.
 func Skipped(err error) bool {
 	return errors.Is(err, ErrNonFinite) || errors.Is(err, ErrGradientNorm) || errors.Is(err, ErrNoQuorum)
 }
