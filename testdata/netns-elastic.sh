@@ -73,7 +73,7 @@ echo "netns-elastic: the peer left and the others carry on; starting it again wi
 mv "$tmp/2.log" "$tmp/2-left.log"
 start 2 "$boot"
 for i in 0 1 2 3; do
-	if ! wait "${pids[$i]}"; then echo "netns-elastic: FAIL, peer $i exited non-zero:"; cat "$tmp/$i.log"; exit 1; fi
+	if ! wait "${pids[$i]}"; then echo "netns-elastic: FAIL, peer $i exited non-zero:"; cat "$tmp/$i.log"; for j in 0 1 3; do echo "--- peer $j, its last lines"; tail -5 "$tmp/$j.log"; done; exit 1; fi
 done
 hashes=$(for i in 0 1 2 3; do grep -o '"world_size":4,"epochs":12,[^}]*"param_hash":"[0-9a-f]*"' "$tmp/$i.log" | grep -o '[0-9a-f]\{64\}'; done | sort -u)
 summaries=$(cat "$tmp"/[0123].log | grep -c '"message":"summary"' || true)
