@@ -174,18 +174,17 @@ func (r *Replica) postQuorum(o *LocalSGD, x *quorumRound, early bool) {
 }
 
 // late puts zeros and an "in" flag of 0 in the round for this rank, unless
-// it has posted; it says whether it did. Its leave request still rides.
-func (r *Replica) late(x *quorumRound) bool {
+// it has posted. Its leave request still rides.
+func (r *Replica) late(x *quorumRound) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.state != roundOpen {
-		return false
+		return
 	}
 	clear(x.buf[:r.nparams])
 	x.leave = r.leaving()
 	r.putQuorum(x, stepSays{leave: x.leave}, 0)
 	x.state = roundLate
-	return true
 }
 
 // putQuorum writes this rank's trailer after the pseudo-gradient: what

@@ -120,35 +120,40 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 	}
 }
 
+// handOutAndBack parses a job file's body, hands the job out as `join
+// --job` does, and parses that back as a peer with dataFile would.
+func handOutAndBack(t *testing.T, body, dataFile string) (orig, got *jobConfig, b []byte) {
+	t.Helper()
+	orig, err := parseJobFile([]byte(body), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err = orig.handedOut(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err = parseHandedOut(b, "h", orig.hash, localSettings{}, dataFile); err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	return orig, got, b
+}
+
+// TestHandedOutDeadline: a sync deadline is written out as it is read, so
+// a config fetched with --job parses into the same job.
+func TestHandedOutDeadline(t *testing.T) {
+	orig, got, b := handOutAndBack(t, `{"name": "h", "world_size": 4, "min_world_size": 3, "epochs": 2, "batch_size": 8, "seed": 4, "model": "mlp",
+		"sync": {"every": 50, "outer": {"lr": 1}, "sparse": {"fraction": 0.05, "bits": 4}, "deadline": "40ms"},
+		"optimizer": {"name": "adam", "lr": 0.001}, "data": {"served": "`+strings.Repeat("cd", 32)+`"}}`, "")
+	if got.hash != orig.hash || time.Duration(got.Sync.Deadline) != 40*time.Millisecond {
+		t.Fatalf("handed out and read back: hash %s deadline %v; want %s and 40ms\n%s", got.hash, time.Duration(got.Sync.Deadline), orig.hash, b)
+	}
+}
+
 // TestHandedOutConfigHasTheHash: the config a peer hands to those that
 // join with --job is the job's spec, whose SHA-256 is the job's hash; on a
 // machine with none of its paths it parses into the same job — for a
 // served dataset, and for local files once --data says where they are —
 // and a served dataset's ID stands in the hash for its transforms and
 // classes.
-// TestHandedOutDeadline: a sync deadline is written out as it is read, so
-// a config fetched with --job parses into the same job.
-func TestHandedOutDeadline(t *testing.T) {
-	body := `{"name": "h", "world_size": 4, "min_world_size": 3, "epochs": 2, "batch_size": 8, "seed": 4, "model": "mlp",
-		"sync": {"every": 50, "outer": {"lr": 1}, "sparse": {"fraction": 0.05, "bits": 4}, "deadline": "40ms"},
-		"optimizer": {"name": "adam", "lr": 0.001}, "data": {"served": "` + strings.Repeat("cd", 32) + `"}}`
-	orig, err := parseJobFile([]byte(body), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := orig.handedOut()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := parseHandedOut(b, "h", orig.hash, localSettings{}, "")
-	if err != nil {
-		t.Fatalf("%v\n%s", err, b)
-	}
-	if got.hash != orig.hash || time.Duration(got.Sync.Deadline) != 40*time.Millisecond {
-		t.Fatalf("handed out and read back: hash %s deadline %v; want %s and 40ms\n%s", got.hash, time.Duration(got.Sync.Deadline), orig.hash, b)
-	}
-}
-
 func TestHandedOutConfigHasTheHash(t *testing.T) {
 	dataCfg := mustAbs(t, "../../testdata/data-config.json")
 	id := strings.Repeat("ab", 32)
@@ -161,20 +166,9 @@ func TestHandedOutConfigHasTheHash(t *testing.T) {
 				"optimizer": {"name": "adam", "lr": 0.001, "schedule": "cosine"}, "compression": "bf16", "bucket_mb": 3.3,
 				"sync": {"every": 4, "outer": {"lr": 0.7, "momentum": 0.9}}, "grad_norm_guard": 5, "min_world_size": 2,
 				"checkpoint_dir": "/somewhere", "join_timeout": "9s", "request_size": 17, "data": ` + c.data + `}`
-			orig, err := parseJobFile([]byte(body), "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, err := orig.handedOut()
-			if err != nil {
-				t.Fatal(err)
-			}
+			orig, got, b := handOutAndBack(t, body, c.dataFlag)
 			if sum := sha256.Sum256(b); hex.EncodeToString(sum[:]) != orig.hash {
 				t.Fatalf("the handed-out bytes hash to %x; the job's hash is %s", sum, orig.hash)
-			}
-			got, err := parseHandedOut(b, "h", orig.hash, localSettings{}, c.dataFlag)
-			if err != nil {
-				t.Fatalf("%v\n%s", err, b)
 			}
 			if got.hash != orig.hash || got.jobRef() != orig.jobRef() {
 				t.Fatalf("handed-out config hashes to %s; want %s\n%s", got.hash, orig.hash, b)
