@@ -1,7 +1,9 @@
 package p2p
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -54,14 +56,22 @@ func (n *Node) Admit(ctx context.Context, p peer.ID, prev *Formation, members []
 	return nil
 }
 
+// ErrClaimGone means the ring a standby waited for never showed itself:
+// none of its members could be reached for NodeConfig.ClaimTimeout. The
+// claim is forgotten, and the peer forms again.
+var ErrClaimGone = errors.New("p2p: the ring this standby waited for is gone")
+
 // WaitAdmission waits, as a standby, until a member of the formed ring
 // admits this node, and returns the formation to Reform from: the ring to
 // be, in the generation before. It gives up when no peer of the job has
-// been connected for idle (the job has ended, most likely).
+// been connected for idle (the job has ended, most likely), and with
+// ErrClaimGone when no member of the ring it waits for has been for
+// ClaimTimeout — a liar's claim, or a ring that ended.
 func (n *Node) WaitAdmission(ctx context.Context, idle time.Duration) (*Formation, error) {
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
-	last := time.Now()
+	last, shown := time.Now(), time.Now()
+	var claim *Proposal
 	for {
 		select {
 		case f := <-n.admitted:
@@ -72,11 +82,27 @@ func (n *Node) WaitAdmission(ctx context.Context, idle time.Duration) (*Formatio
 		}
 		n.mu.Lock()
 		n.greetMembersLocked()
+		if c := n.join.Claim(); c != nil {
+			claim = c // a claim passing from one generation to the next is briefly none
+		}
 		for p, pi := range n.peers {
 			if pi.verified && n.h.Network().Connectedness(p) == network.Connected {
 				last = time.Now()
-				break
+				if claim != nil && slices.Contains(claim.Members, p) {
+					shown = time.Now()
+				}
 			}
+		}
+		if time.Since(shown) > n.cfg.ClaimTimeout {
+			// Its members unreachable, or the claim no longer proved (a
+			// member found gone is no longer counted for it).
+			c := cmp.Or(claim, &Proposal{})
+			n.join.Disprove(claim)
+			n.learnt = time.Now()
+			n.mu.Unlock()
+			n.cfg.Logger.Warn().Uint64("generation", c.Gen).Stringers("members", peerStringers(c.Members)).Dur("unreachable_for", n.cfg.ClaimTimeout).
+				Msg("the ring this standby waited for has not shown itself: its claim is taken for a lie, forming again")
+			return nil, fmt.Errorf("%w: no member of the ring of generation %d it claimed was reachable for %v", ErrClaimGone, c.Gen, n.cfg.ClaimTimeout)
 		}
 		n.mu.Unlock()
 		if time.Since(last) > idle {

@@ -377,3 +377,82 @@ func FuzzLinkHello(f *testing.F) {
 		}
 	})
 }
+
+// TestFormedClaimCannotHoldAJob: peers that know the job (its name, config
+// hash and world size, all on the join command) claim that a ring of a far
+// later generation trains without the honest peers — one liar of a ring of
+// itself at generation 2^62, and three sybils of a ring of themselves —
+// and then go. The honest peers form their ring all the same: the lone
+// liar's claim is refused, the sybils' is taken back once their ring never
+// shows itself. Before claims were proved, one such hello held every
+// honest peer as a standby past its join timeout.
+func TestFormedClaimCannotHoldAJob(t *testing.T) {
+	slow(t)
+	for _, tc := range []struct {
+		name   string
+		sybils int
+		gen    uint64
+	}{
+		{"one liar, generation 2^62", 1, 1 << 62},
+		{"three sybils, generation 5", 3, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := job
+			j.WorldSize, j.MinWorldSize = 3, 3
+			if tc.sybils == 1 {
+				j.MinWorldSize = 1 // the liar's ring of one is of an allowed size: only its generation gives it away
+			}
+			hs := startHosts(t, 3, nil)
+			nodes := make([]*Node, 3)
+			for i, h := range hs {
+				n, err := NewNode(h, j, NodeConfig{ClaimTimeout: time.Second})
+				if err != nil {
+					t.Fatal(err)
+				}
+				nodes[i] = n
+				t.Cleanup(n.Close)
+			}
+			liars := make([]member, tc.sybils)
+			var fake []peer.ID
+			for i := range liars {
+				liars[i] = member{outsider(t, hs[0]), jobKey(j)}
+				fake = append(fake, liars[i].ID())
+			}
+			slices.Sort(fake)
+			for _, l := range liars {
+				for _, h := range hs {
+					l.Peerstore().AddAddrs(h.ID(), h.Addrs(), time.Minute)
+					req := &Hello{Version: ProtocolVersion, Proof: proof(l.key, l.ID(), h.ID())}
+					req.setProposal(Proposal{Gen: tc.gen, Members: fake, Ready: true, Formed: true}, &idNames{})
+					if resp, _ := rawHello(t, l.Host, h.ID(), HelloProtocol, req); resp == nil || resp.Refused != "" {
+						t.Fatalf("a peer of the job refuses the liar's hello: %+v", resp)
+					}
+				}
+			}
+			for _, l := range liars {
+				l.Close() // the liars go
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			rings := make([]*ring.Ring, 3)
+			errs := make([]error, 3)
+			var wg sync.WaitGroup
+			for i, h := range hs {
+				links := NewRingLinks(h, nodes[i], LinksConfig{Logger: zerolog.Nop()})
+				t.Cleanup(links.Close)
+				m := NewMembership(nodes[i], links, 20*time.Second)
+				wg.Go(func() { rings[i], _, errs[i] = m.Form(ctx) })
+			}
+			wg.Wait()
+			for i, err := range errs {
+				if err != nil {
+					t.Fatalf("peer %d: %v; want the honest ring formed", i, err)
+				}
+				if rings[i].Size() != 3 {
+					t.Errorf("peer %d is in a ring of %d; want the 3 honest peers", i, rings[i].Size())
+				}
+				rings[i].Close()
+			}
+		})
+	}
+}

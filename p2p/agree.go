@@ -38,6 +38,7 @@ const (
 	alive                   // a verified peer of the job that answers
 	dead                    // unreachable; may answer again
 	out                     // left or dropped: never part of this generation
+	doubted                 // named in a claim taken back: only its own hello makes it alive again
 )
 
 // Agreement decides one generation of a ring among peers, in two phases:
@@ -66,18 +67,34 @@ type Agreement struct {
 	views    map[peer.ID]Proposal
 	lock     []peer.ID // the ring this peer is ready on
 	formed   bool
+	// First formation only: minLater is the smallest ring of a later
+	// generation that may claim to train (the job's min_world_size); seen
+	// is the latest generation of a proven claim; disproved, per peer, the
+	// latest generation of a claim of its that was taken back (its ring
+	// never showed itself), so that the same claim passed on again is not
+	// believed twice.
+	minLater  int
+	seen      uint64
+	disproved map[peer.ID]uint64
 }
 
+// maxGenLead bounds how far past the latest generation this peer has seen a
+// claim of a formed ring may be: a job re-forms a few times a minute at
+// most, so a million generations ahead is a lie, whoever signs it.
+const maxGenLead = 1 << 20
+
 // NewJoinAgreement is the agreement on a job's first ring (generation 1)
-// of exactly worldSize peers. It remembers at most limit peers (zero: 64 or
-// four times the world size, whichever is more), so that a swarm of
+// of exactly worldSize peers. A ring of a later generation that claims to
+// train without this peer must hold at least minSize members (the job's
+// min_world_size; zero: one). It remembers at most limit peers (zero: 64
+// or four times the world size, whichever is more), so that a swarm of
 // strangers cannot grow its state without bound.
-func NewJoinAgreement(self peer.ID, worldSize, limit int) *Agreement {
+func NewJoinAgreement(self peer.ID, worldSize, minSize, limit int) *Agreement {
 	if limit <= 0 {
 		limit = max(64, 4*worldSize)
 	}
-	a := &Agreement{self: self, gen: 1, min: worldSize, max: worldSize, limit: limit,
-		peers: map[peer.ID]liveness{self: alive}, views: map[peer.ID]Proposal{}}
+	a := &Agreement{self: self, gen: 1, min: worldSize, max: worldSize, limit: limit, minLater: max(minSize, 1), seen: 1,
+		peers: map[peer.ID]liveness{self: alive}, views: map[peer.ID]Proposal{}, disproved: map[peer.ID]uint64{}}
 	return a
 }
 
@@ -107,7 +124,7 @@ func (a *Agreement) Generation() uint64 { return a.gen }
 // Candidate reports whether p may be a member of the ring decided here.
 func (a *Agreement) Candidate(p peer.ID) bool {
 	l, ok := a.peers[p]
-	return ok && l != out
+	return ok && l != out && l != doubted
 }
 
 // Members are the peers that may still be part of the ring (for a
@@ -130,7 +147,7 @@ func (a *Agreement) Members() []peer.ID {
 func (a *Agreement) Verified(p peer.ID) bool {
 	l, ok := a.peers[p]
 	switch {
-	case ok && l == out:
+	case ok && (l == out || l == doubted):
 		return false
 	case ok:
 		a.peers[p] = alive
@@ -142,13 +159,17 @@ func (a *Agreement) Verified(p peer.ID) bool {
 	return true
 }
 
-// Unreachable records that p could not be reached. In a re-formation it
-// is left out of this peer's proposal until it answers again; in a first
-// formation, where a slow hello is no sign of death, nothing changes.
+// Unreachable records that p could not be reached: it is left out of this
+// peer's proposal until it answers again. In a first formation the caller
+// says so only of a peer it holds no connection to — a slow hello is no
+// sign of death, but a verified peer that went before the ring formed
+// would otherwise hold its place in every proposal until forgotten.
 func (a *Agreement) Unreachable(p peer.ID) {
-	if l, ok := a.peers[p]; a.fixed && ok && l != out && p != a.self {
+	if l, ok := a.peers[p]; ok && (l == alive || l == unknown) && p != a.self {
 		a.peers[p] = dead
-		delete(a.views, p)
+		if a.fixed {
+			delete(a.views, p)
+		}
 	}
 }
 
@@ -170,14 +191,22 @@ func (a *Agreement) Step(from peer.ID, m Proposal) error {
 	if from == a.self {
 		return nil
 	}
-	if l, ok := a.peers[from]; !ok || l == out {
+	if l, ok := a.peers[from]; !ok || l == out || l == doubted {
 		return nil
 	}
 	if !a.fixed && m.Gen > a.gen && m.Formed {
 		// A ring of a later generation trains: the job's first ring has
 		// formed and re-formed since. It is never one to form — its
-		// generation has moved on — but says whether this peer is in it.
-		if err := checkRing(m.Members, 1, a.max); err != nil {
+		// generation has moved on — but says whether this peer is in it,
+		// once every member it names says so too (see claim).
+		if m.Gen <= a.disproved[from] {
+			return nil
+		}
+		if m.Gen > a.seen && m.Gen-a.seen > maxGenLead {
+			return fmt.Errorf("%w from %s: a ring of generation %d, more than %d past generation %d, the latest this peer has seen",
+				ErrBadProposal, from, m.Gen, maxGenLead, a.seen)
+		}
+		if err := checkRing(m.Members, a.minLater, a.max); err != nil {
 			return fmt.Errorf("%w from %s for generation %d: %w", ErrBadProposal, from, m.Gen, err)
 		}
 		a.peers[from] = alive
@@ -304,18 +333,82 @@ func (a *Agreement) Decide() Decision {
 		}
 		return Decision{}
 	}
-	if !a.fixed {
-		for _, p := range a.viewers() {
-			v := a.views[p]
-			if len(v.Members) > 0 && !slices.Contains(v.Members, a.self) && (v.Formed || a.othersOn(v.Members, true)) {
-				// A ring is training (or all but ready) without this peer
-				// — perhaps smaller than it began, having lost members:
-				// wait to be admitted.
-				return Decision{Err: fmt.Errorf("%w: the job's ring of %d formed without this peer", ErrStandby, len(v.Members))}
-			}
-		}
+	if c := a.claim(); c != nil {
+		// A ring is training (or all but ready) without this peer —
+		// perhaps smaller than it began, having lost members: wait to be
+		// admitted.
+		a.seen = max(a.seen, c.Gen)
+		return Decision{Err: fmt.Errorf("%w: the job's ring of %d (generation %d) formed without this peer", ErrStandby, len(c.Members), c.Gen)}
 	}
 	return Decision{}
+}
+
+// claim is the ring that makes this peer a standby in a first formation,
+// or nil: one without this peer that every member it names claims alike —
+// ready on it in this generation, or formed in a later one — each a
+// verified peer of the job that answers. One member's word is not enough:
+// a liar that knows the job could otherwise claim a ring of itself alone,
+// of a generation far ahead, and hold every honest peer as a standby.
+func (a *Agreement) claim() *Proposal {
+	if a.fixed {
+		return nil
+	}
+	for _, p := range a.viewers() {
+		v := a.views[p]
+		if len(v.Members) == 0 || slices.Contains(v.Members, a.self) || v.Gen < a.gen || v.Gen > a.gen && !v.Formed {
+			continue
+		}
+		proven := true
+		for _, q := range v.Members {
+			w, ok := a.views[q]
+			if !ok || a.peers[q] != alive || w.Gen != v.Gen || !w.Ready || w.Formed != v.Formed && v.Gen > a.gen || !slices.Equal(w.Members, v.Members) {
+				proven = false
+				break
+			}
+		}
+		if proven {
+			return &Proposal{Gen: v.Gen, Members: slices.Clone(v.Members), Ready: true, Formed: v.Formed}
+		}
+	}
+	return nil
+}
+
+// Claim is the ring this peer waits as a standby for (see Decide), or
+// nil.
+func (a *Agreement) Claim() *Proposal { return a.claim() }
+
+// Disprove takes back a claim that made this peer a standby and never
+// showed itself — no member of the ring it names could be reached: what
+// its members said is forgotten, the same claim, passed on again, is not
+// believed, and its members are no candidates until each says hello
+// itself (Answered).
+func (a *Agreement) Disprove(c *Proposal) {
+	if a.fixed || c == nil {
+		return
+	}
+	for _, p := range c.Members {
+		if p == a.self {
+			continue
+		}
+		if _, ok := a.disproved[p]; ok || len(a.disproved) < a.limit {
+			a.disproved[p] = max(a.disproved[p], c.Gen)
+		}
+		if _, ok := a.peers[p]; ok {
+			a.peers[p] = doubted
+		}
+		delete(a.views, p)
+	}
+	if a.lock != nil && slices.ContainsFunc(a.lock, func(p peer.ID) bool { return a.peers[p] != alive }) {
+		a.lock = nil
+	}
+}
+
+// Answered records that p, named in a claim taken back, said hello itself:
+// it is a candidate again (its disproved claim stays disbelieved).
+func (a *Agreement) Answered(p peer.ID) {
+	if a.peers[p] == doubted {
+		a.peers[p] = alive
+	}
 }
 
 // acceptable: a ring this peer may be ready on — of the right shape, with

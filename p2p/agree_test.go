@@ -53,6 +53,7 @@ func TestAgreementJoin(t *testing.T) {
 		self     peer.ID
 		verified []peer.ID
 		msgs     []msg
+		minSize  int       // the job's min_world_size
 		bad      int       // how many messages ErrBadProposal refuses
 		formed   []peer.ID // nil: not formed
 		standby  bool
@@ -88,13 +89,29 @@ func TestAgreementJoin(t *testing.T) {
 		// never forms the first ring again.
 		{name: "a later generation trains without this peer: standby, not the ended ring", self: pc, verified: abc,
 			msgs: []msg{{from: pa, prop: abc, ready: true, formed: true}, {from: pb, prop: abc, ready: true, formed: true},
-				{from: pb, prop: []peer.ID{pa, pb}, ready: true, formed: true, gen: 2}},
+				{from: pb, prop: []peer.ID{pa, pb}, ready: true, formed: true, gen: 2}, {from: pa, prop: []peer.ID{pa, pb}, ready: true, formed: true, gen: 2}},
 			standby: true, proposal: abc},
+		// A peer that knows the job claims a ring of a later generation
+		// that trains without the others. Before claims were proved, one
+		// such hello held every honest peer as a standby.
+		{name: "one member's word that a later ring trains is not enough", self: pc, verified: abc,
+			msgs:     []msg{{from: pb, prop: []peer.ID{pa, pb}, ready: true, formed: true, gen: 2}},
+			proposal: abc},
+		{name: "a liar's ring of itself alone is refused below min_world_size", self: pc, verified: abc, minSize: 2,
+			msgs: []msg{{from: pb, prop: []peer.ID{pb}, ready: true, formed: true, gen: 7}}, bad: 1, proposal: abc},
+		{name: "a ring of a generation far ahead is refused", self: pc, verified: abc,
+			msgs: []msg{{from: pb, prop: []peer.ID{pb}, ready: true, formed: true, gen: 1 << 62}}, bad: 1, proposal: abc},
+		{name: "one peer's word that the first ring formed is not enough", self: pd, verified: []peer.ID{pa, pb, pc, pd},
+			msgs:     []msg{{from: pa, prop: abc, ready: true, formed: true}},
+			proposal: abc},
+		{name: "a first ring naming a peer never verified is no claim", self: pd, verified: []peer.ID{pa, pb, pd},
+			msgs:     []msg{{from: pa, prop: abc, ready: true, formed: true}, {from: pb, prop: abc, ready: true, formed: true}},
+			proposal: []peer.ID{pa, pb, pd}},
 		{name: "a later generation's ring of the wrong shape is refused", self: pc, verified: abc,
 			msgs: []msg{{from: pb, prop: []peer.ID{pb, pa}, ready: true, formed: true, gen: 3}}, bad: 1, proposal: abc},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a := NewJoinAgreement(tc.self, 3, 0)
+			a := NewJoinAgreement(tc.self, 3, tc.minSize, 0)
 			for _, p := range tc.verified {
 				a.Verified(p)
 			}
@@ -126,7 +143,7 @@ func TestAgreementJoin(t *testing.T) {
 // TestAgreementGivesUpARingAMemberLeft: ready on a ring, a peer sees one of
 // its members ready on another; it gives its own up.
 func TestAgreementGivesUpARingAMemberLeft(t *testing.T) {
-	a := NewJoinAgreement(pa, 2, 0)
+	a := NewJoinAgreement(pa, 2, 0, 0)
 	for _, p := range []peer.ID{pb, pc} {
 		a.Verified(p)
 	}
@@ -141,10 +158,45 @@ func TestAgreementGivesUpARingAMemberLeft(t *testing.T) {
 	}
 }
 
+// TestAgreementDisprovedClaim: a standby whose claimed ring never showed
+// itself takes the claim back: no longer a standby, the claim's members
+// forgotten, and the same claim said again not believed.
+func TestAgreementDisprovedClaim(t *testing.T) {
+	a := NewJoinAgreement(pc, 2, 2, 0)
+	for _, p := range []peer.ID{pa, pb, pd} {
+		a.Verified(p)
+	}
+	ab := []peer.ID{pa, pb}
+	lie := []msg{{from: pa, prop: ab, ready: true, formed: true, gen: 9}, {from: pb, prop: ab, ready: true, formed: true, gen: 9}}
+	feed(t, a, lie)
+	if d := a.Decide(); !errors.Is(d.Err, ErrStandby) {
+		t.Fatalf("Decide = %+v; want standby on the claim", d)
+	}
+	c := a.Claim()
+	if c == nil || c.Gen != 9 || !slices.Equal(c.Members, ab) {
+		t.Fatalf("Claim = %+v; want generation 9 of %v", c, ab)
+	}
+	a.Disprove(c)
+	if a.Verified(pa) || a.Candidate(pb) {
+		t.Error("a member of a disproved claim is a candidate again without a hello of its own")
+	}
+	feed(t, a, lie) // passed on again
+	feed(t, a, []msg{{from: pd, prop: []peer.ID{pc, pd}}})
+	if d := a.Decide(); d.Err != nil || a.Claim() != nil || !slices.Equal(a.Ready(), []peer.ID{pc, pd}) {
+		t.Errorf("after the claim was disproved and passed on again: %+v, claim %+v, ready on %v; want no standby, ready on [c d]", d, a.Claim(), a.Ready())
+	}
+	a.Answered(pa) // it says hello itself, and the same lie
+	a.Answered(pb)
+	feed(t, a, lie)
+	if c := a.Claim(); c != nil {
+		t.Errorf("a disproved claim said again by its makers is believed: %+v", c)
+	}
+}
+
 // TestAgreementJoinBounded: a first formation remembers at most its limit
 // of peers.
 func TestAgreementJoinBounded(t *testing.T) {
-	a := NewJoinAgreement(pa, 2, 3)
+	a := NewJoinAgreement(pa, 2, 0, 3)
 	got := []bool{a.Verified(pb), a.Verified(pc), a.Verified(pd)}
 	if !slices.Equal(got, []bool{true, true, false}) {
 		t.Errorf("Verified over a limit of 3 = %v; want the third refused", got)

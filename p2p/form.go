@@ -41,6 +41,10 @@ type Job struct {
 	// MaxWorldSize is how large a ring admissions may grow it to; zero
 	// means WorldSize.
 	MaxWorldSize int
+	// MinWorldSize is the smallest ring the job trains on: a claim that a
+	// smaller ring trains without this peer is a lie. Zero means one. It
+	// is not part of the job's proof (ConfigHash covers it).
+	MinWorldSize int
 }
 
 // maxSize is how many members a ring of the job may have.
@@ -82,6 +86,10 @@ type NodeConfig struct {
 	// on (see Statement) directly — a relaying peer may have died or may
 	// be holding statements back. Default 2 s.
 	Stall time.Duration
+	// ClaimTimeout is how long a standby waits while no member of the
+	// ring it waits for can be reached before it takes the claim that
+	// the ring trains for a lie and forms again. Default 10 s.
+	ClaimTimeout time.Duration
 }
 
 func (c *NodeConfig) fill(worldSize int) {
@@ -105,6 +113,9 @@ func (c *NodeConfig) fill(worldSize int) {
 	}
 	if c.Stall <= 0 {
 		c.Stall = 2 * time.Second
+	}
+	if c.ClaimTimeout <= 0 {
+		c.ClaimTimeout = 10 * time.Second
 	}
 }
 
@@ -223,7 +234,7 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 		relay:       make(chan struct{}, 1),
 		peers:       map[peer.ID]*peerInfo{},
 		busy:        map[peer.ID]bool{},
-		join:        NewJoinAgreement(h.ID(), job.WorldSize, cfg.MaxPeers),
+		join:        NewJoinAgreement(h.ID(), job.WorldSize, job.MinWorldSize, cfg.MaxPeers),
 		admitted:    make(chan *Formation, 1),
 		seq0:        uint64(time.Now().UnixNano()),
 		incarnation: rand.Uint64() | 1, // never 0, which says nothing
@@ -709,6 +720,9 @@ func (n *Node) unreachable(p peer.ID) {
 	d := min(max(2*pi.deadFor, 2*time.Second), time.Minute)
 	pi.deadFor = d
 	pi.deadUntil = time.Now().Add(d)
+	if n.h.Network().Connectedness(p) != network.Connected {
+		n.join.Unreachable(p)
+	}
 }
 
 // exchange starts a hello to every verified peer with something new to be
@@ -895,6 +909,7 @@ func (n *Node) learn(from peer.ID, h *Hello) (changed bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	pi := n.trackLocked(from)
+	n.join.Answered(from)
 	if pi == nil || !n.join.Verified(from) {
 		n.cfg.Logger.Debug().Stringer("peer", from).Msg("too many peers remembered: ignored one")
 		return false

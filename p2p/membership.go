@@ -37,18 +37,26 @@ func NewMembership(node *Node, links *RingLinks, timeout time.Duration) *Members
 // without this peer, it waits as a standby until a member admits it, then
 // re-forms with the ring it is admitted to, and says so with admitted.
 func (m *Membership) Form(ctx context.Context) (r *ring.Ring, admitted bool, err error) {
-	jctx, cancel := context.WithTimeout(ctx, m.timeout)
-	f, err := m.node.Join(jctx)
-	cancel()
-	if errors.Is(err, ErrStandby) {
-		m.node.cfg.Logger.Info().Msg("the ring has formed without this peer; waiting as a standby to be admitted at its next step")
+	var f *Formation
+	for {
+		jctx, cancel := context.WithTimeout(ctx, m.timeout)
+		f, err = m.node.Join(jctx)
+		cancel()
+		if !errors.Is(err, ErrStandby) {
+			break
+		}
+		m.node.cfg.Logger.Info().Err(err).Msg("the ring has formed without this peer; waiting as a standby to be admitted at its next step")
 		var prev *Formation
-		if prev, err = m.node.WaitAdmission(ctx, m.timeout); err == nil {
+		if prev, err = m.node.WaitAdmission(ctx, m.timeout); errors.Is(err, ErrClaimGone) {
+			continue // a liar's ring, or one that ended: form again
+		}
+		if err == nil {
 			rctx, cancel := context.WithTimeout(ctx, m.timeout)
 			f, err = m.node.Reform(rctx, prev, 1)
 			cancel()
 			admitted = true
 		}
+		break
 	}
 	if err != nil {
 		return nil, false, err

@@ -502,7 +502,7 @@ func printAddrs(stdout io.Writer, h *p2p.Host) {
 
 // startNode starts the job's node and ring links on h.
 func startNode(h *p2p.Host, relayFor *atomic.Pointer[p2p.Node], f *joinFlags, cfg *jobConfig, log zerolog.Logger) (*peerNet, error) {
-	node, err := p2p.NewNode(h, p2p.Job{Name: cfg.Name, ConfigHash: cfg.hash, WorldSize: cfg.WorldSize, MaxWorldSize: cfg.MaxWorldSize}, p2p.NodeConfig{Logger: log})
+	node, err := p2p.NewNode(h, p2p.Job{Name: cfg.Name, ConfigHash: cfg.hash, WorldSize: cfg.WorldSize, MaxWorldSize: cfg.MaxWorldSize, MinWorldSize: cfg.MinWorldSize}, p2p.NodeConfig{Logger: log})
 	if err != nil {
 		return nil, err
 	}
