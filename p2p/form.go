@@ -228,7 +228,7 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 	}
 	n := &Node{
 		h: h, job: job, key: jobKey(job), cfg: cfg, priv: priv, stmts: map[peer.ID]*signed{}, learnt: time.Now(), dhtOn: make(chan struct{}),
-		warns:       newWarnLimiter(cfg.Logger),
+		warns:       newWarnLimiter(cfg.Logger).byAddress(h),
 		ns:          "ringtrain/job/" + job.Name,
 		kick:        make(chan struct{}, 1),
 		relay:       make(chan struct{}, 1),

@@ -57,6 +57,13 @@ type Limits struct {
 	// Taken when the host starts.
 	PeerStreams int
 	PeerMemory  int64
+	// DHTMessagesPerSecond is how many DHT messages one peer may send a
+	// second, on all its streams together, on average; DHTMessageBurst how
+	// many at once above that. One address may send four times as many,
+	// whatever identities it holds (127.0.0.1 and ::1 are exempt).
+	// Defaults 100 and 400.
+	DHTMessagesPerSecond float64
+	DHTMessageBurst      int
 }
 
 // Defaults of Limits.
@@ -105,6 +112,12 @@ func (l Limits) WithDefaults() Limits {
 	if l.ConnBurstPerIP <= 0 {
 		l.ConnBurstPerIP = DefaultConnBurstPerIP
 	}
+	if l.DHTMessagesPerSecond <= 0 {
+		l.DHTMessagesPerSecond = DefaultDHTMessagesPerSecond
+	}
+	if l.DHTMessageBurst <= 0 {
+		l.DHTMessageBurst = DefaultDHTMessageBurst
+	}
 	return l
 }
 
@@ -117,10 +130,11 @@ const (
 	overStreams         // StreamsPerPeer of its streams are being handled
 	banned              // the peer is cut off
 	full                // no room to remember the pair: refused, not held against the peer
+	overMessages        // more DHT messages a second than its peer or address may send
 )
 
 func (v verdict) String() string {
-	return [...]string{"admitted", "over its rate of streams", "over its streams at once", "cut off", "no room"}[v]
+	return [...]string{"admitted", "over its rate of streams", "over its streams at once", "cut off", "no room", "over its rate of DHT messages"}[v]
 }
 
 type guardKey struct {
@@ -146,13 +160,14 @@ type strikes struct {
 type guard struct {
 	lim     Limits
 	buckets map[guardKey]*bucket
+	msgs    map[msgKey]*bucket // DHT messages, per peer and per address
 	strikes map[peer.ID]*strikes
 	banned  map[peer.ID]time.Time // until
 	swept   time.Time             // the last sweep: at most one a second, since each costs a pass over every pair
 }
 
 func newGuard(l Limits) *guard {
-	return &guard{lim: l.WithDefaults(), buckets: map[guardKey]*bucket{}, strikes: map[peer.ID]*strikes{}, banned: map[peer.ID]time.Time{}}
+	return &guard{lim: l.WithDefaults(), buckets: map[guardKey]*bucket{}, msgs: map[msgKey]*bucket{}, strikes: map[peer.ID]*strikes{}, banned: map[peer.ID]time.Time{}}
 }
 
 // open decides on a stream of p on proto at now; admitted streams are
@@ -210,6 +225,12 @@ func (g *guard) sweep(now time.Time) {
 		g.refill(now, b)
 		if b.open == 0 && b.tokens >= float64(g.lim.Burst) {
 			delete(g.buckets, k)
+		}
+	}
+	for k, b := range g.msgs {
+		full := float64(g.lim.DHTMessageBurst) * scale(k)
+		if b.tokens+now.Sub(b.at).Seconds()*g.lim.DHTMessagesPerSecond*scale(k) >= full {
+			delete(g.msgs, k)
 		}
 	}
 	for p, s := range g.strikes {
@@ -534,6 +555,9 @@ func (l Limits) Check() error {
 		return fmt.Errorf("%w: new_conns_per_ip %d: want 0 (default %d) to %d", ErrBadLimits, l.ConnBurstPerIP, DefaultConnBurstPerIP, 1<<16)
 	case l.PeerStreams < 0 || l.PeerMemory < 0:
 		return fmt.Errorf("%w: peer_streams %d, peer_memory %d: want 0 (libp2p's defaults) or more", ErrBadLimits, l.PeerStreams, l.PeerMemory)
+	case l.DHTMessagesPerSecond < 0 || l.DHTMessagesPerSecond > 1e6 || l.DHTMessageBurst < 0 || l.DHTMessageBurst > 1e6:
+		return fmt.Errorf("%w: dht_messages_per_second %v, dht_message_burst %d: want 0 (defaults %d, %d) to 1e6",
+			ErrBadLimits, l.DHTMessagesPerSecond, l.DHTMessageBurst, DefaultDHTMessagesPerSecond, DefaultDHTMessageBurst)
 	case l.MaxBanned < 0 || l.MaxBanned > 1<<20:
 		return fmt.Errorf("%w: max_banned %d: want 0 (default %d) to %d", ErrBadLimits, l.MaxBanned, DefaultMaxBanned, 1<<20)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/libp2p/go-libp2p"
 	dht "github.com/libp2p/go-libp2p-kad-dht"
+	dhtpb "github.com/libp2p/go-libp2p-kad-dht/pb"
 	"github.com/libp2p/go-libp2p/core/connmgr"
 	"github.com/libp2p/go-libp2p/core/control"
 	"github.com/libp2p/go-libp2p/core/crypto"
@@ -167,6 +168,7 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		}
 	}()
 	guard.cut = func(p peer.ID) { h.Network().ClosePeer(p) }
+	guard.warns.byAddress(h)
 	// A new variable: self's goroutines read h.
 	gh := guardedHost{Host: h, g: guard}
 	punch.guard = guard
@@ -186,7 +188,13 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	// formation. The table fills from the peers this host talks to, which
 	// is all a job's rendezvous needs (see Node's discoverLoop), and
 	// lookups still walk from whatever it holds.
-	d, err := dht.New(context.WithoutCancel(ctx), gh, dht.Mode(dht.ModeServer), dht.ProtocolPrefix(ProtocolPrefix), dht.DisableAutoRefresh())
+	//
+	// Every message is counted against its peer and address (Guard.Message),
+	// the provider records are held in a bounded store, and the routing
+	// table is kad-dht's k-buckets (20 peers a bucket).
+	d, err := dht.New(context.WithoutCancel(ctx), gh, dht.Mode(dht.ModeServer), dht.ProtocolPrefix(ProtocolPrefix), dht.DisableAutoRefresh(),
+		dht.ProviderStore(newProviderStore()),
+		dht.OnRequestHook(func(_ context.Context, s network.Stream, _ *dhtpb.Message) { guard.Message(s) }))
 	if err != nil {
 		return nil, fmt.Errorf("p2p: starting DHT: %w", err)
 	}

@@ -146,7 +146,7 @@ type servedSet struct {
 // NewDataServer registers DataProtocol on h. Close it when done.
 func NewDataServer(h *Host, cfg DataServerConfig) *DataServer {
 	cfg.fill()
-	s := &DataServer{h: h, cfg: cfg, warns: newWarnLimiter(cfg.Logger), sets: map[[32]byte]*servedSet{}, open: map[network.Stream]peer.ID{}, perPeer: map[peer.ID]int{}, paces: map[peer.ID]*rate.Limiter{}}
+	s := &DataServer{h: h, cfg: cfg, warns: newWarnLimiter(cfg.Logger).byAddress(h), sets: map[[32]byte]*servedSet{}, open: map[network.Stream]peer.ID{}, perPeer: map[peer.ID]int{}, paces: map[peer.ID]*rate.Limiter{}}
 	s.strike = h.Guard.Strike
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	h.SetStreamHandler(DataProtocol, s.handle)

@@ -225,7 +225,7 @@ func NewRingLinks(h host.Host, gate Gate, cfg LinksConfig) *RingLinks {
 	if cfg.PunchWait == 0 {
 		cfg.PunchWait = 3 * time.Second
 	}
-	l := &RingLinks{h: h, gate: gate, cfg: cfg, log: cfg.Logger, warns: newWarnLimiter(cfg.Logger), inbox: map[linkKey]chan inbound{}, tokens: map[[tokenSize]byte]*pendingLink{}, live: map[*secureConn]struct{}{},
+	l := &RingLinks{h: h, gate: gate, cfg: cfg, log: cfg.Logger, warns: newWarnLimiter(cfg.Logger).byAddress(h), inbox: map[linkKey]chan inbound{}, tokens: map[[tokenSize]byte]*pendingLink{}, live: map[*secureConn]struct{}{},
 		punching: map[peer.ID]bool{}}
 	l.stopped, l.stop = context.WithCancel(context.Background())
 	h.SetStreamHandler(RingProtocol, l.handle)

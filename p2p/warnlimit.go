@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/rs/zerolog"
 )
 
@@ -21,6 +23,11 @@ type warnLimiter struct {
 	burst  int
 	window time.Duration
 	now    func() time.Time
+	// addrOf says where a peer connects from ("" where unknown or exempt):
+	// a line about a peer is written only while its address, too, has
+	// room (perIPWarns times a peer's), so a thousand identities from one
+	// address write no more than a few.
+	addrOf func(peer string) string
 
 	mu     sync.Mutex
 	seen   map[warnKey]*warnCount
@@ -43,8 +50,29 @@ const (
 	maxWarnKeys = 4096
 )
 
+// perIPWarns is how many times a peer's lines one address may have.
+const perIPWarns = 4
+
 func newWarnLimiter(log zerolog.Logger) *warnLimiter {
 	return &warnLimiter{log: log, burst: warnBurst, window: warnWindow, now: time.Now, seen: map[warnKey]*warnCount{}}
+}
+
+// byAddress makes w key its lines by the address a peer connects from on
+// h too.
+func (w *warnLimiter) byAddress(h host.Host) *warnLimiter {
+	w.addrOf = func(s string) string {
+		p, err := peer.Decode(s)
+		if err != nil {
+			return ""
+		}
+		for _, c := range h.Network().ConnsToPeer(p) {
+			if ip := exemptIP(c.RemoteMultiaddr()); ip.IsValid() {
+				return ip.String()
+			}
+		}
+		return ""
+	}
+	return w
 }
 
 // Warn returns the warning event for msg about peer (its "peer" field
@@ -65,10 +93,40 @@ func (w *warnLimiter) Warn(peer, msg string) *zerolog.Event {
 // allow decides whether a line about peer of kind msg is written, and how
 // many were left out before it.
 func (w *warnLimiter) allow(peer, msg string) (leftOut int, ok bool) {
+	addr := ""
+	if w.addrOf != nil {
+		addr = w.addrOf(peer) // before the lock: it asks the host
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	now := w.now()
-	k := warnKey{peer, msg}
+	if addr != "" && addr != peer {
+		a := w.countLocked(now, warnKey{"addr " + addr, msg})
+		if a == nil || a.n >= perIPWarns*w.burst {
+			if a != nil {
+				a.leftOut++
+			}
+			return 0, false
+		}
+		a.n++
+	}
+	c := w.countLocked(now, warnKey{peer, msg})
+	if c == nil {
+		return 0, false
+	}
+	if c.n >= w.burst {
+		c.leftOut++
+		return 0, false
+	}
+	c.n++
+	leftOut, c.leftOut = c.leftOut+w.others, 0
+	w.others = 0
+	return leftOut, true
+}
+
+// countLocked is the count of k in its window, made if new; nil (and
+// counted among the others) when there is no room. w.mu held.
+func (w *warnLimiter) countLocked(now time.Time, k warnKey) *warnCount {
 	c := w.seen[k]
 	if c == nil {
 		if len(w.seen) >= maxWarnKeys {
@@ -80,7 +138,7 @@ func (w *warnLimiter) allow(peer, msg string) (leftOut int, ok bool) {
 		}
 		if len(w.seen) >= maxWarnKeys {
 			w.others++
-			return 0, false
+			return nil
 		}
 		c = &warnCount{since: now}
 		w.seen[k] = c
@@ -88,14 +146,7 @@ func (w *warnLimiter) allow(peer, msg string) (leftOut int, ok bool) {
 	if now.Sub(c.since) >= w.window {
 		c.since, c.n = now, 0
 	}
-	if c.n >= w.burst {
-		c.leftOut++
-		return 0, false
-	}
-	c.n++
-	leftOut, c.leftOut = c.leftOut+w.others, 0
-	w.others = 0
-	return leftOut, true
+	return c
 }
 
 // msgBadHello is the warning about a peer whose hello does not parse.
