@@ -125,12 +125,12 @@ func (l Limits) WithDefaults() Limits {
 type verdict int
 
 const (
-	admitted    verdict = iota
-	overRate            // more streams a second than RequestsPerSecond and Burst allow
-	overStreams         // StreamsPerPeer of its streams are being handled
-	banned              // the peer is cut off
-	full                // no room to remember the pair: refused, not held against the peer
-	overMessages        // more DHT messages a second than its peer or address may send
+	admitted     verdict = iota
+	overRate             // more streams a second than RequestsPerSecond and Burst allow
+	overStreams          // StreamsPerPeer of its streams are being handled
+	banned               // the peer is cut off
+	full                 // no room to remember the pair: refused, not held against the peer
+	overMessages         // more DHT messages a second than its peer or address may send
 )
 
 func (v verdict) String() string {
