@@ -39,7 +39,7 @@ func (n *Node) Admit(ctx context.Context, p peer.ID, prev *Formation, members []
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.HelloTimeout)
 	defer cancel()
 	prepareDial(n.h, p)
-	s, err := n.h.NewStream(ctx, p, AdmitProtocol)
+	s, err := n.h.NewStream(network.WithAllowLimitedConn(ctx, "ringtrain admission"), p, AdmitProtocol)
 	if err != nil {
 		return fmt.Errorf("p2p: admitting %s: %w", p, err)
 	}

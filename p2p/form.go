@@ -1048,7 +1048,8 @@ func (n *Node) sayHello(ctx context.Context, p peer.ID, strict bool) error {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.HelloTimeout)
 	defer cancel()
 	prepareDial(n.h, p)
-	s, err := n.h.NewStream(ctx, p, HelloProtocol)
+	// Hellos are small: they may cross a relay that limits strangers' circuits.
+	s, err := n.h.NewStream(network.WithAllowLimitedConn(ctx, "ringtrain hello"), p, HelloProtocol)
 	if err != nil {
 		return err
 	}

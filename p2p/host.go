@@ -65,6 +65,12 @@ type HostConfig struct {
 	// every peer that can connect, which in a private swarm means the
 	// holders of its key.
 	RelayFor func(peer.ID) bool
+	// RelayUnlimited, with RelayFor nil, relays every peer that can
+	// connect without time or byte limits, as RelayFor's peers are; else
+	// such a relay serves strangers under StrangerRelayResources. Set it
+	// only where strangers cannot connect (a private swarm) or are
+	// welcome to the bandwidth.
+	RelayUnlimited bool
 	// Reachability overrides AutoNAT: network.ReachabilityPublic for a
 	// host known to be reachable (a bootstrap peer on a public address),
 	// ReachabilityPrivate for one known not to be; Unknown, the zero

@@ -62,6 +62,20 @@ func RelayResources() relayv2.Resources {
 	return rc
 }
 
+// StrangerRelayResources are the limits of a relay that knows no job
+// (bootstrap, serve) and so cannot tell a job's peers from strangers:
+// libp2p's own, which let two peers meet and hole-punch — a circuit ends
+// after 2 minutes or 128 KiB each way, at most 128 reservations, 8 an
+// address — and not carry a stranger's traffic for free. Without it two
+// strangers relayed 256 MiB through a bootstrap peer in under a second,
+// and kept the circuit for minutes. HostConfig.RelayUnlimited lifts it,
+// for a relay that only the job's peers reach (a swarm key).
+func StrangerRelayResources() relayv2.Resources {
+	rc := relayv2.DefaultResources()
+	rc.BufferSize = 64 << 10
+	return rc
+}
+
 // natOptions are the NAT traversal parts of a host: AutoNAT's service for
 // others; relay client and AutoRelay, which reserves a slot on relays
 // among the peers it is connected to once AutoNAT (or Reachability) says
@@ -87,7 +101,11 @@ func natOptions(cfg HostConfig, self *atomic.Pointer[host.Host]) []libp2p.Option
 		opts = append(opts, libp2p.ForceReachabilityPrivate())
 	}
 	if cfg.Relay {
-		ropts := []relayv2.Option{relayv2.WithResources(RelayResources())}
+		rc := RelayResources()
+		if cfg.RelayFor == nil && !cfg.RelayUnlimited {
+			rc = StrangerRelayResources()
+		}
+		ropts := []relayv2.Option{relayv2.WithResources(rc)}
 		if cfg.RelayFor != nil {
 			ropts = append(ropts, relayv2.WithACL(relayACL(cfg.RelayFor)))
 		}

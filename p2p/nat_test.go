@@ -3,6 +3,7 @@ package p2p
 import (
 	"context"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -265,6 +266,76 @@ func TestBehindNATGuess(t *testing.T) {
 	for _, c := range cases {
 		if got := behindNATGuess(c.local, c.boots); got != c.want {
 			t.Errorf("%s: %v; want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestStrangerRelayIsLimited: a relay that knows no job (bootstrap,
+// serve) relays two strangers within libp2p's limits — a reservation and
+// a circuit, but not 1 MiB through it — unless told to be unlimited.
+// Before, it relayed 256 MiB between strangers in under a second.
+func TestStrangerRelayIsLimited(t *testing.T) {
+	slow(t)
+	for _, unlimited := range []bool{false, true} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		relay, err := NewHost(ctx, HostConfig{Listen: loopback, Relay: true, RelayUnlimited: unlimited, Reachability: network.ReachabilityPublic})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { relay.Close() })
+		hs := make([]*Host, 2)
+		for i := range hs {
+			if hs[i], err = NewHost(ctx, HostConfig{Listen: loopback, Bootstrap: []peer.AddrInfo{info(relay)}}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { hs[i].Close() })
+		}
+		for ok := []protocol.ID(nil); len(ok) == 0; ok, _ = hs[0].Peerstore().SupportsProtocols(relay.ID(), circuitproto.ProtoIDv2Hop) {
+			select {
+			case <-ctx.Done():
+				t.Fatal("the relay never spoke the hop protocol")
+			case <-time.After(20 * time.Millisecond):
+			}
+			hs[0].Connect(ctx, info(relay))
+		}
+		if _, err := client.Reserve(ctx, hs[0].Host, info(relay)); err != nil {
+			t.Fatalf("unlimited %v: a stranger got no reservation: %v", unlimited, err)
+		}
+		got := make(chan int64, 1)
+		hs[0].SetStreamHandler("/ringtrain/test-sink", func(s network.Stream) {
+			n, _ := io.Copy(io.Discard, s)
+			got <- n
+			s.Close()
+		})
+		circuit := ma.StringCast("/p2p/" + relay.ID().String() + "/p2p-circuit")
+		hs[1].Peerstore().AddAddrs(hs[0].ID(), []ma.Multiaddr{relay.Addrs()[0].Encapsulate(circuit)}, time.Minute)
+		s, err := hs[1].NewStream(network.WithAllowLimitedConn(ctx, "test"), hs[0].ID(), "/ringtrain/test-sink")
+		if err != nil {
+			t.Fatalf("unlimited %v: no circuit between two strangers: %v", unlimited, err)
+		}
+		if c := s.Conn(); !isRelayed(c) {
+			t.Fatalf("the strangers' stream goes over %v, not the relay", c.RemoteMultiaddr())
+		}
+		s.SetDeadline(time.Now().Add(3 * time.Second)) // a limited circuit stops carrying, and the writer waits
+		chunk := make([]byte, 64<<10)
+		var sent int64
+		for sent < 1<<20 {
+			n, err := s.Write(chunk)
+			sent += int64(n)
+			if err != nil {
+				break
+			}
+		}
+		s.CloseWrite()
+		var n int64
+		select {
+		case n = <-got:
+		case <-time.After(5 * time.Second):
+		}
+		s.Reset()
+		if through := n >= 1<<20; through != unlimited {
+			t.Errorf("unlimited %v: %d bytes went through the relay between strangers; want 1 MiB only when unlimited", unlimited, n)
 		}
 	}
 }

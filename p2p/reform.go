@@ -177,7 +177,7 @@ func (n *Node) reformHello(ctx context.Context, p peer.ID, a *Agreement) (*Hello
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.ReformTimeout)
 	defer cancel()
 	prepareDial(n.h, p)
-	s, err := n.h.NewStream(ctx, p, ReformProtocol)
+	s, err := n.h.NewStream(network.WithAllowLimitedConn(ctx, "ringtrain re-formation"), p, ReformProtocol)
 	if err != nil {
 		return nil, err
 	}

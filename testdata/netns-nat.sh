@@ -103,7 +103,7 @@ cat >"$tmp/job.json" <<EOF
           "dataset_path": {"train": "$here/fashion-mnist", "test": "$here/fashion-mnist"}}}
 EOF
 
-ip netns exec "${p}boot" "$bin" bootstrap --listen /ip4/11.0.0.1/tcp/4001 --log-format json >"$tmp/boot.log" 2>&1 &
+ip netns exec "${p}boot" "$bin" bootstrap --relay-unlimited --listen /ip4/11.0.0.1/tcp/4001 --log-format json >"$tmp/boot.log" 2>&1 &
 pids[4]=$!
 disown "${pids[4]}" # killed at exit, with no "Killed" report from bash
 NETNS_LOGS="$tmp/*.log" # a failed wait shows every peer's last lines

@@ -23,7 +23,7 @@ type natFlags struct {
 // behind NAT (libp2p's AutoNAT service answers only from public peers).
 func addNATFlags(fs *flag.FlagSet, reachability string) *natFlags {
 	var f natFlags
-	fs.BoolVar(&f.relay, "relay", true, "relay for peers behind NAT while this peer is publicly reachable (circuit relay v2, no per-circuit time or byte limit)")
+	fs.BoolVar(&f.relay, "relay", true, "relay for peers behind NAT while this peer is publicly reachable (circuit relay v2: a job's verified peers without a per-circuit time or byte limit, strangers within libp2p's)")
 	fs.StringVar(&f.reachability, "reachability", reachability, "auto (private at once if every address of this machine is private and a bootstrap peer's is public, else AutoNAT finds out), public (this peer is reachable: relay at once), or private (behind NAT: reserve a relay at once)")
 	return &f
 }
@@ -58,6 +58,7 @@ func runHostOnly(ctx context.Context, name string, args []string, stdout, stderr
 	identity := fs.String("identity", "", "identity key file, created on first use, so that the address stays the same across restarts")
 	swarmKey := fs.String("swarm-key", "", "private swarm key file: only its holders can connect, and so be relayed")
 	nat := addNATFlags(fs, "public")
+	unlimited := fs.Bool("relay-unlimited", false, "relay whole ring links (no time or byte limit per circuit) for every peer that can connect; without it, strangers get libp2p's limits (2 minutes or 128 KiB a circuit), enough to meet and hole-punch. Use it with --swarm-key, or where only the job's peers reach this one")
 	lf := addLogFlags(fs)
 	var dataConfig *string
 	if name == "serve" {
@@ -78,6 +79,8 @@ func runHostOnly(ctx context.Context, name string, args []string, stdout, stderr
 	if err != nil {
 		return fmt.Errorf("%s: %w", name, err)
 	}
+	// A private swarm's peers all hold its key: none is a stranger.
+	cfg.RelayUnlimited = *unlimited || *swarmKey != ""
 	h, err := p2p.NewHost(ctx, cfg)
 	if err != nil {
 		return err
@@ -101,7 +104,7 @@ func runHostOnly(ctx context.Context, name string, args []string, stdout, stderr
 			log.Debug().Stringer("peer", c.RemotePeer()).Stringer("addr", c.RemoteMultiaddr()).Msg("disconnected")
 		},
 	})
-	log.Info().Bool("relay", cfg.Relay).Str("reachability", nat.reachability).Msg(name + " peer up; stop it with Ctrl-C")
+	log.Info().Bool("relay", cfg.Relay).Bool("relay_unlimited", cfg.RelayUnlimited).Str("reachability", nat.reachability).Msg(name + " peer up; stop it with Ctrl-C")
 	<-ctx.Done()
 	return nil
 }

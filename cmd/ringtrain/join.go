@@ -237,7 +237,7 @@ func parseJoinFlags(args []string, stderr io.Writer) (*joinFlags, error) {
 	fs.StringVar(&f.model, "model", "", "use this built-in model instead of the config's (mlp or cnn)")
 	fs.StringVar(&f.device, "device", "", deviceHelp+" (default: cuda if the config says gpus 1, else cpu)")
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads this peer computes with (GOMAXPROCS; 0: all cores, or what GOMAXPROCS says); with --device host, Go gets one more, for the ring")
-	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100; port 0 picks one)")
+	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics (e.g. 9100 or :9100, on 127.0.0.1; 0.0.0.0:9100 for every interface; port 0 picks one)")
 	f.engine = addDeviceFlags(fs)
 	f.nat = addNATFlags(fs, "auto")
 	f.log = addLogFlags(fs)

@@ -92,16 +92,104 @@ func (m *metrics) observe(p train.Progress, hasTest bool) {
 	}
 }
 
+// Bounds of the metrics server: a scraper opens one connection every few
+// seconds, and 20,000 idle keep-alive connections once took every file
+// descriptor the process had (a partner peer's join then timed out).
+const (
+	metricsMaxConns = 64
+	metricsPerIP    = 8
+	metricsIdle     = 30 * time.Second
+)
+
+// boundedListener closes at once what it accepts over maxConns at once,
+// or over perIP from one address — so that a flood neither takes the
+// process's descriptors nor queues ahead of a scraper from elsewhere (a
+// listener that blocks at its bound, as x/net's LimitListener does, left
+// the scrape waiting behind the flood).
+type boundedListener struct {
+	net.Listener
+	maxConns, perIP int
+
+	mu    sync.Mutex
+	total int
+	byIP  map[string]int
+}
+
+func (l *boundedListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		ip := c.RemoteAddr().String()
+		if host, _, err := net.SplitHostPort(ip); err == nil {
+			ip = host
+		}
+		l.mu.Lock()
+		ok := l.total < l.maxConns && l.byIP[ip] < l.perIP
+		if ok {
+			l.total++
+			l.byIP[ip]++
+		}
+		l.mu.Unlock()
+		if !ok {
+			c.Close()
+			continue
+		}
+		return &boundedConn{Conn: c, release: func() {
+			l.mu.Lock()
+			l.total--
+			if l.byIP[ip]--; l.byIP[ip] == 0 {
+				delete(l.byIP, ip)
+			}
+			l.mu.Unlock()
+		}}, nil
+	}
+}
+
+type boundedConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *boundedConn) Close() error {
+	c.once.Do(c.release)
+	return c.Conn.Close()
+}
+
+// metricsAddr is where --metrics listens: on loopback unless the address
+// names a host ("9100" and ":9100" are 127.0.0.1:9100; "0.0.0.0:9100"
+// serves every interface, as asked).
+func metricsAddr(addr string) string {
+	if _, err := strconv.Atoi(addr); err == nil {
+		return net.JoinHostPort("127.0.0.1", addr)
+	}
+	if host, port, err := net.SplitHostPort(addr); err == nil && host == "" {
+		return net.JoinHostPort("127.0.0.1", port)
+	}
+	return addr
+}
+
 // serve serves /metrics on addr until ctx ends or stop is called, and
 // returns the address it listens on (addr may ask for port 0).
 func (m *metrics) serve(ctx context.Context, addr string) (bound string, stop func(), err error) {
-	ln, err := net.Listen("tcp", addr)
+	return m.serveBounded(ctx, addr, metricsMaxConns, metricsIdle)
+}
+
+// serveBounded is serve with at most maxConns connections at once,
+// metricsPerIP from one address (the rest closed as they come), and idle
+// ones closed after idle.
+func (m *metrics) serveBounded(ctx context.Context, addr string, maxConns int, idle time.Duration) (bound string, stop func(), err error) {
+	raw, err := net.Listen("tcp", metricsAddr(addr))
 	if err != nil {
 		return "", nil, err
 	}
+	ln := &boundedListener{Listener: raw, maxConns: maxConns, perIP: min(metricsPerIP, maxConns), byIP: map[string]int{}}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: min(10*time.Second, idle), ReadTimeout: min(10*time.Second, idle), WriteTimeout: 30 * time.Second,
+		IdleTimeout: idle, MaxHeaderBytes: 16 << 10, BaseContext: func(net.Listener) context.Context { return ctx }}
 	var wg sync.WaitGroup
 	// Serve returns http.ErrServerClosed once stopped; the listener is
 	// ours and fails only with it.

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"net"
 	"net/http"
+	"os"
 	"testing"
 	"time"
 
@@ -78,5 +80,68 @@ func TestMetricsScrape(t *testing.T) {
 	}
 	for _, name := range []string{"ringtrain_skipped_steps_total", "ringtrain_reformations_total", "ringtrain_sent_bytes_total"} {
 		value(name, nil)
+	}
+}
+
+// TestMetricsConnectionsBounded: idle connections to /metrics hold at most
+// the server's bound of descriptors, are closed once idle, and a scrape
+// still gets through. Before the bound, 20,000 of them took every file
+// descriptor of the process.
+func TestMetricsConnectionsBounded(t *testing.T) {
+	m := newMetrics()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, stop, err := m.serveBounded(ctx, "127.0.0.1:0", 16, 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	fds := func() int {
+		es, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Skip("no /proc/self/fd")
+		}
+		return len(es)
+	}
+	before := fds()
+	var idle []net.Conn
+	defer func() {
+		for _, c := range idle {
+			c.Close()
+		}
+	}()
+	// From 127.0.0.2, as a stranger's would come from elsewhere.
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	for range 200 {
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			break
+		}
+		idle = append(idle, c)
+	}
+	time.Sleep(100 * time.Millisecond) // for the server to accept what it will
+	// Each idle connection is a descriptor of this test's own; the
+	// server's are what is over that.
+	if server := fds() - before - len(idle); server > metricsPerIP+2 {
+		t.Errorf("200 idle connections from one address hold %d of the server's descriptors; want at most %d", server, metricsPerIP)
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("a scrape behind 200 idle connections: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("scrape: %s", resp.Status)
+	}
+}
+
+// TestMetricsAddrIsLoopback: an address without a host is served on
+// loopback; one that names a host, as named.
+func TestMetricsAddrIsLoopback(t *testing.T) {
+	for in, want := range map[string]string{"9100": "127.0.0.1:9100", ":9100": "127.0.0.1:9100", "0.0.0.0:9100": "0.0.0.0:9100", "[::1]:0": "[::1]:0"} {
+		if got := metricsAddr(in); got != want {
+			t.Errorf("metricsAddr(%q) = %q; want %q", in, got, want)
+		}
 	}
 }
