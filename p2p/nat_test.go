@@ -194,31 +194,10 @@ func TestRelayReservesOnlyForRelayFor(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var allowed atomic.Pointer[peer.ID] // set once the hosts exist
-	relay, err := NewHost(ctx, HostConfig{Listen: loopback, Relay: true, Reachability: network.ReachabilityPublic,
-		RelayFor: func(p peer.ID) bool { a := allowed.Load(); return a != nil && p == *a }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { relay.Close() })
-	hs := make([]*Host, 2)
-	for i := range hs {
-		if hs[i], err = NewHost(ctx, HostConfig{Listen: loopback, Bootstrap: []peer.AddrInfo{info(relay)}}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { hs[i].Close() })
-	}
-	id := hs[0].ID()
-	allowed.Store(&id)
-	// libp2p starts the relay service once it hears it is public, just
-	// after the host starts.
-	for ok := []protocol.ID(nil); len(ok) == 0; ok, _ = hs[0].Peerstore().SupportsProtocols(relay.ID(), circuitproto.ProtoIDv2Hop) {
-		select {
-		case <-ctx.Done():
-			t.Fatal("the relay never spoke the hop protocol")
-		case <-time.After(20 * time.Millisecond):
-		}
-		hs[0].Connect(ctx, info(relay))
-	}
+	relay, hs := relayAndTwo(ctx, t, HostConfig{RelayFor: func(p peer.ID) bool { a := allowed.Load(); return a != nil && p == *a }}, func(hs []*Host) {
+		id := hs[0].ID()
+		allowed.Store(&id)
+	})
 	if _, err := client.Reserve(ctx, hs[0].Host, info(relay)); err != nil {
 		t.Errorf("the allowed peer got no reservation: %v", err)
 	}
@@ -270,6 +249,39 @@ func TestBehindNATGuess(t *testing.T) {
 	}
 }
 
+// relayAndTwo starts a public relay of cfg's relay settings and two hosts
+// that know it, calls ready (if set) with them, and waits until the first
+// hears the relay speak the hop protocol — libp2p starts the relay
+// service once it hears it is public, just after the host starts.
+func relayAndTwo(ctx context.Context, t *testing.T, cfg HostConfig, ready func([]*Host)) (*Host, []*Host) {
+	t.Helper()
+	cfg.Listen, cfg.Relay, cfg.Reachability = loopback, true, network.ReachabilityPublic
+	relay, err := NewHost(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { relay.Close() })
+	hs := make([]*Host, 2)
+	for i := range hs {
+		if hs[i], err = NewHost(ctx, HostConfig{Listen: loopback, Bootstrap: []peer.AddrInfo{info(relay)}}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { hs[i].Close() })
+	}
+	if ready != nil {
+		ready(hs)
+	}
+	for ok := []protocol.ID(nil); len(ok) == 0; ok, _ = hs[0].Peerstore().SupportsProtocols(relay.ID(), circuitproto.ProtoIDv2Hop) {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the relay never spoke the hop protocol")
+		case <-time.After(20 * time.Millisecond):
+		}
+		hs[0].Connect(ctx, info(relay))
+	}
+	return relay, hs
+}
+
 // TestStrangerRelayIsLimited: a relay that knows no job (bootstrap,
 // serve) relays two strangers within libp2p's limits — a reservation and
 // a circuit, but not 1 MiB through it — unless told to be unlimited.
@@ -279,26 +291,7 @@ func TestStrangerRelayIsLimited(t *testing.T) {
 	for _, unlimited := range []bool{false, true} {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		relay, err := NewHost(ctx, HostConfig{Listen: loopback, Relay: true, RelayUnlimited: unlimited, Reachability: network.ReachabilityPublic})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { relay.Close() })
-		hs := make([]*Host, 2)
-		for i := range hs {
-			if hs[i], err = NewHost(ctx, HostConfig{Listen: loopback, Bootstrap: []peer.AddrInfo{info(relay)}}); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { hs[i].Close() })
-		}
-		for ok := []protocol.ID(nil); len(ok) == 0; ok, _ = hs[0].Peerstore().SupportsProtocols(relay.ID(), circuitproto.ProtoIDv2Hop) {
-			select {
-			case <-ctx.Done():
-				t.Fatal("the relay never spoke the hop protocol")
-			case <-time.After(20 * time.Millisecond):
-			}
-			hs[0].Connect(ctx, info(relay))
-		}
+		relay, hs := relayAndTwo(ctx, t, HostConfig{RelayUnlimited: unlimited}, nil)
 		if _, err := client.Reserve(ctx, hs[0].Host, info(relay)); err != nil {
 			t.Fatalf("unlimited %v: a stranger got no reservation: %v", unlimited, err)
 		}
