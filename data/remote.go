@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+
+	"github.com/pbnjay/memory"
 )
 
 // Fetcher gets samples of a served dataset from the peers that serve it.
@@ -34,8 +36,13 @@ type RemoteConfig struct {
 	// MaxBytes bounds the split's pixels, all of which a client holds in
 	// memory, as it does a local dataset's: a manifest that announces more
 	// is refused before any memory is taken for it. Default
-	// DefaultMaxBytes.
+	// DefaultMaxBytes. Whatever it says, a split over three quarters of
+	// the machine's memory is refused too: a budget of 100 GiB on a
+	// 24 GiB machine took a stranger's manifest at its word, and the
+	// process died "out of memory" before a sample came.
 	MaxBytes int64
+	// Memory is the machine's memory in bytes; zero asks the system.
+	Memory uint64
 }
 
 // DefaultMaxBytes is RemoteConfig.MaxBytes's default: 8 GiB, 170 times
@@ -82,10 +89,17 @@ func (m *Manifest) Remote(split string, f Fetcher, cfg RemoteConfig) (*Split, er
 	if cfg.MaxBytes <= 0 {
 		cfg.MaxBytes = DefaultMaxBytes
 	}
+	if cfg.Memory == 0 {
+		cfg.Memory = memory.TotalMemory()
+	}
 	total := sm.TotalBytes()
 	if total > cfg.MaxBytes {
 		return nil, fmt.Errorf("data: served dataset %s: its %s split is %d bytes (%d samples), over this machine's budget of %d bytes: %w",
 			short(m.id), split, total, len(sm.Samples), cfg.MaxBytes, ErrTooLarge)
+	}
+	if room := cfg.Memory / 4 * 3; cfg.Memory > 0 && uint64(total) > room {
+		return nil, fmt.Errorf("data: served dataset %s: its %s split is %d bytes (%d samples), over three quarters of this machine's %d bytes of memory: %w",
+			short(m.id), split, total, len(sm.Samples), cfg.Memory, ErrTooLarge)
 	}
 	d := &Dataset{Source: fmt.Sprintf("served dataset %s (%s)", short(m.id), split), Classes: m.Classes,
 		pix: make([]uint8, total), index: make([]imageRef, len(sm.Samples)), labels: make([]int32, len(sm.Samples))}

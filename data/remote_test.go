@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"strings"
 	"testing"
 	"time"
 )
@@ -226,6 +227,12 @@ func TestRemoteRefusesADatasetOverItsBudget(t *testing.T) {
 	}
 	if _, err := small.Remote("train", nil, RemoteConfig{MaxBytes: 1000 * 784}); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("2,000 samples of 784 bytes in a budget of 1,000: %v; want ErrTooLarge", err)
+	}
+	// A budget larger than the machine (join --data-memory 100GiB on a
+	// 24 GiB machine) does not make room that is not there: the 64 GiB
+	// split is refused, not allocated until the process dies.
+	if _, err := m.Remote("train", nil, RemoteConfig{MaxBytes: 100 << 30, Memory: 24 << 30}); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "memory") {
+		t.Fatalf("64 GiB with a budget of 100 GiB on a 24 GiB machine: %v; want ErrTooLarge naming the machine's memory", err)
 	}
 }
 

@@ -67,9 +67,9 @@ type HostConfig struct {
 	RelayFor func(peer.ID) bool
 	// RelayUnlimited, with RelayFor nil, relays every peer that can
 	// connect without time or byte limits, as RelayFor's peers are; else
-	// such a relay serves strangers under StrangerRelayResources. Set it
-	// only where strangers cannot connect (a private swarm) or are
-	// welcome to the bandwidth.
+	// such a relay serves strangers under StrangerRelayResources — unless
+	// SwarmKey is set, where only its holders connect. Set it only where
+	// strangers cannot connect or are welcome to the bandwidth.
 	RelayUnlimited bool
 	// Reachability overrides AutoNAT: network.ReachabilityPublic for a
 	// host known to be reachable (a bootstrap peer on a public address),

@@ -77,7 +77,7 @@ func startBehindNAT(ctx context.Context, n int, job Job, key pnet.PSK) (_ *local
 			s.Close()
 		}
 	}()
-	if s.Relay, err = NewHost(ctx, HostConfig{Listen: []string{"/ip4/127.0.0.1/tcp/0"}, SwarmKey: key, Relay: true, Reachability: network.ReachabilityPublic}); err != nil {
+	if s.Relay, err = NewHost(ctx, HostConfig{Listen: []string{"/ip4/127.0.0.1/tcp/0"}, SwarmKey: key, Relay: true, RelayUnlimited: true, Reachability: network.ReachabilityPublic}); err != nil {
 		return nil, err
 	}
 	boot := []peer.AddrInfo{{ID: s.Relay.ID(), Addrs: s.Relay.Addrs()}}

@@ -102,7 +102,8 @@ func natOptions(cfg HostConfig, self *atomic.Pointer[host.Host]) []libp2p.Option
 	}
 	if cfg.Relay {
 		rc := RelayResources()
-		if cfg.RelayFor == nil && !cfg.RelayUnlimited {
+		// A private swarm's peers all hold its key: none is a stranger.
+		if cfg.RelayFor == nil && !cfg.RelayUnlimited && cfg.SwarmKey == nil {
 			rc = StrangerRelayResources()
 		}
 		ropts := []relayv2.Option{relayv2.WithResources(rc)}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -75,8 +76,19 @@ type DataServerConfig struct {
 	// MaxPerPeer is how many of those one peer may hold, so that one client
 	// cannot starve the others. Default 8.
 	MaxPerPeer int
-	// Idle closes a stream with no request for this long. Default 2 min.
+	// MaxPerIP is how many one address may hold (an IPv6 /56), whatever
+	// identities it holds: eight sybils once took all 64 slots from one
+	// address. 127.0.0.1 and ::1, a machine's own peers, are exempt.
+	// Default 16: a few workers behind one NAT.
+	MaxPerIP int
+	// Idle closes a stream that has made no progress — samples served, or
+	// its first manifest — for this long; requests that make none (the
+	// manifest again and again) do not keep it open. Default 2 min.
 	Idle time.Duration
+	// Stale is how long a stream may make no progress before a new
+	// stream, when every slot is taken, may have its slot: a fair share
+	// for peers that train over peers that hold slots. Default 10 s.
+	Stale time.Duration
 	// Answer bounds reading one request and writing its answer: a client
 	// that stops reading is cut off. Default 1 min.
 	Answer time.Duration
@@ -102,6 +114,12 @@ func (c *DataServerConfig) fill() {
 	}
 	if c.MaxPerPeer <= 0 {
 		c.MaxPerPeer = 8
+	}
+	if c.MaxPerIP <= 0 {
+		c.MaxPerIP = 16
+	}
+	if c.Stale <= 0 {
+		c.Stale = 10 * time.Second
 	}
 	if c.Idle <= 0 {
 		c.Idle = 2 * time.Minute
@@ -133,9 +151,19 @@ type DataServer struct {
 
 	mu      sync.Mutex
 	sets    map[[32]byte]*servedSet
-	open    map[network.Stream]peer.ID
+	open    map[network.Stream]*servedStream
 	perPeer map[peer.ID]int
+	perIP   map[netip.Addr]int
 	paces   map[peer.ID]*rate.Limiter // of the peers with a stream open
+}
+
+// servedStream is a stream being served: whose, from where, and when it
+// last made progress.
+type servedStream struct {
+	from     peer.ID
+	ip       netip.Addr // zero where exempt
+	progress time.Time
+	evicted  bool // its slot was given to another: released already
 }
 
 type servedSet struct {
@@ -146,7 +174,8 @@ type servedSet struct {
 // NewDataServer registers DataProtocol on h. Close it when done.
 func NewDataServer(h *Host, cfg DataServerConfig) *DataServer {
 	cfg.fill()
-	s := &DataServer{h: h, cfg: cfg, warns: newWarnLimiter(cfg.Logger).byAddress(h), sets: map[[32]byte]*servedSet{}, open: map[network.Stream]peer.ID{}, perPeer: map[peer.ID]int{}, paces: map[peer.ID]*rate.Limiter{}}
+	s := &DataServer{h: h, cfg: cfg, warns: newWarnLimiter(cfg.Logger).byAddress(h), sets: map[[32]byte]*servedSet{},
+		open: map[network.Stream]*servedStream{}, perPeer: map[peer.ID]int{}, perIP: map[netip.Addr]int{}, paces: map[peer.ID]*rate.Limiter{}}
 	s.strike = h.Guard.Strike
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	h.SetStreamHandler(DataProtocol, s.handle)
@@ -207,19 +236,68 @@ func announce(ctx context.Context, h *Host, key cid.Cid, first time.Duration) {
 	}
 }
 
-// admit takes a stream slot for from, or says the limits are reached.
-func (s *DataServer) admit(st network.Stream, from peer.ID) bool {
+// admit takes a stream slot for st, or says the limits are reached. With
+// every slot taken, the stream that has made no progress the longest, if
+// for Stale, gives its slot up.
+func (s *DataServer) admit(st network.Stream, from peer.ID, ip netip.Addr) (*servedStream, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ctx.Err() != nil || len(s.open) >= s.cfg.MaxStreams || s.perPeer[from] >= s.cfg.MaxPerPeer {
-		return false
+	now := time.Now()
+	if s.ctx.Err() != nil || s.perPeer[from] >= s.cfg.MaxPerPeer || ip.IsValid() && s.perIP[ip] >= s.cfg.MaxPerIP {
+		return nil, false
 	}
-	s.open[st] = from
+	if len(s.open) >= s.cfg.MaxStreams {
+		var stale network.Stream
+		for o, ss := range s.open {
+			if stale == nil || ss.progress.Before(s.open[stale].progress) {
+				stale = o
+			}
+		}
+		if now.Sub(s.open[stale].progress) < s.cfg.Stale {
+			return nil, false
+		}
+		s.evictLocked(stale)
+	}
+	ss := &servedStream{from: from, ip: ip, progress: now}
+	s.open[st] = ss
 	if s.perPeer[from]++; s.perPeer[from] == 1 {
 		s.paces[from] = rate.NewLimiter(rate.Limit(s.cfg.PeerBytesPerSecond), paceBurst)
 	}
+	if ip.IsValid() {
+		s.perIP[ip]++
+	}
 	s.wg.Add(1)
-	return true
+	return ss, true
+}
+
+// evictLocked gives st's slot up: its handler ends as the reset reaches
+// it. s.mu held.
+func (s *DataServer) evictLocked(st network.Stream) {
+	ss := s.open[st]
+	s.dropLocked(st, ss)
+	ss.evicted = true
+	st.Reset()
+	s.warns.Warn(ss.from.String(), "gave a data stream that made no progress to another").Msg("gave a data stream that made no progress to another")
+}
+
+func (s *DataServer) dropLocked(st network.Stream, ss *servedStream) {
+	delete(s.open, st)
+	if s.perPeer[ss.from]--; s.perPeer[ss.from] <= 0 {
+		delete(s.perPeer, ss.from)
+		delete(s.paces, ss.from)
+	}
+	if ss.ip.IsValid() {
+		if s.perIP[ss.ip]--; s.perIP[ss.ip] <= 0 {
+			delete(s.perIP, ss.ip)
+		}
+	}
+}
+
+// progressed notes that ss made progress now.
+func (s *DataServer) progressed(ss *servedStream) {
+	s.mu.Lock()
+	ss.progress = time.Now()
+	s.mu.Unlock()
 }
 
 // paceBurst is how many bytes a peer's pace lets go at once.
@@ -250,12 +328,10 @@ func (s *DataServer) streams() int {
 	return len(s.open)
 }
 
-func (s *DataServer) release(st network.Stream, from peer.ID) {
+func (s *DataServer) release(st network.Stream, ss *servedStream) {
 	s.mu.Lock()
-	delete(s.open, st)
-	if s.perPeer[from]--; s.perPeer[from] <= 0 {
-		delete(s.perPeer, from)
-		delete(s.paces, from)
+	if !ss.evicted {
+		s.dropLocked(st, ss)
 	}
 	s.mu.Unlock()
 	s.wg.Done()
@@ -263,22 +339,28 @@ func (s *DataServer) release(st network.Stream, from peer.ID) {
 
 func (s *DataServer) handle(st network.Stream) {
 	from := st.Conn().RemotePeer()
-	if !s.admit(st, from) {
+	ss, ok := s.admit(st, from, remoteIP(st))
+	if !ok {
+		s.warns.Warn(from.String(), "refused a data stream: this peer's or its address's slots, or all, are taken").
+			Msg("refused a data stream: this peer's or its address's slots, or all, are taken")
 		st.SetDeadline(time.Now().Add(time.Second))
 		st.Write([]byte{statusBusy})
 		st.Close()
 		return
 	}
-	defer s.release(st, from)
+	defer s.release(st, ss)
 	defer st.Close()
 	br := bufio.NewReaderSize(st, 64<<10)
 	bw := bufio.NewWriterSize(st, 256<<10)
 	var idx []int
+	manifests := 0
 	for {
-		st.SetDeadline(time.Now().Add(s.cfg.Idle))
+		s.mu.Lock()
+		st.SetDeadline(ss.progress.Add(s.cfg.Idle))
+		s.mu.Unlock()
 		op, err := br.ReadByte()
 		if err != nil {
-			return // the client is done (or gone)
+			return // the client is done (or gone), or made no progress for Idle
 		}
 		st.SetDeadline(time.Now().Add(s.cfg.Answer))
 		more, err := s.answer(op, br, bw, from, &idx)
@@ -291,6 +373,12 @@ func (s *DataServer) handle(st network.Stream) {
 		}
 		if !more {
 			return
+		}
+		if op == opSamples || manifests == 0 {
+			s.progressed(ss)
+		}
+		if op == opManifest {
+			manifests++
 		}
 	}
 }
@@ -315,7 +403,7 @@ func (s *DataServer) answer(op byte, br *bufio.Reader, bw *bufio.Writer, from pe
 			return false, s.refuse(bw, from, err.Error())
 		}
 		if set == nil {
-			return true, bw.WriteByte(statusUnknown)
+			return false, s.unknown(bw, from, id)
 		}
 		if err = set.check(split, *idx); err != nil {
 			return false, s.refuse(bw, from, err.Error())
@@ -325,7 +413,7 @@ func (s *DataServer) answer(op byte, br *bufio.Reader, bw *bufio.Writer, from pe
 		}
 		return true, set.writeSamples(bw, split, *idx)
 	case set == nil:
-		return true, bw.WriteByte(statusUnknown)
+		return false, s.unknown(bw, from, id)
 	default:
 		enc := set.m.Encoded()
 		if err := s.pace(from, len(enc)); err != nil {
@@ -392,6 +480,16 @@ func (set *servedSet) writeSamples(w *bufio.Writer, split byte, idx []int) error
 		}
 	}
 	return nil
+}
+
+// unknown answers a request for a dataset this server does not serve, and
+// ends the stream: a strike, so that asking for nothing cannot hold a slot.
+func (s *DataServer) unknown(w *bufio.Writer, from peer.ID, id [32]byte) error {
+	s.warns.Warn(from.String(), "a data request for a dataset not served here").Str("dataset", fmt.Sprintf("%x", id[:8])).
+		Msg("a data request for a dataset not served here")
+	s.strike(from, "a data request for a dataset not served here")
+	w.WriteByte(statusUnknown)
+	return w.Flush()
 }
 
 // refuse answers a request the server will not serve, and says so (a few

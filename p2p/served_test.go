@@ -667,3 +667,97 @@ func TestDataServerPacesAPeer(t *testing.T) {
 		t.Errorf("%d bytes in %v; paced at 1 MiB/s after a 1 MiB burst they take at least %v", 2*want, took, least)
 	}
 }
+
+// TestSybilsCannotLockOutADataServer: eight identities from one address
+// hold at most MaxPerIP slots; streams that make no progress give their
+// slots up to a peer that asks once every slot is taken; asking for a
+// dataset not served ends the stream with a strike; and asking for the
+// manifest again and again does not keep a stream open. Before, eight
+// sybils from one address held all 64 slots, and honest workers were
+// told "busy" for as long as they kept asking.
+func TestSybilsCannotLockOutADataServer(t *testing.T) {
+	slow(t)
+	m, tr, te := testData(t)
+	server := startHosts(t, 1, nil)[0]
+	srv := serveOn(t, server, DataServerConfig{MaxStreams: 6, MaxPerPeer: 2, MaxPerIP: 4, Idle: time.Second, Stale: 300 * time.Millisecond},
+		m, tr.Dataset, te.Dataset)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	manifest := append([]byte{opManifest}, func() []byte { id, _ := data.ParseID(m.ID()); return id[:] }()...)
+	hold := func(from string) (held int, streams []network.Stream) {
+		for range 8 {
+			h, err := NewHost(ctx, HostConfig{Listen: []string{"/ip4/" + from + "/tcp/0"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { h.Close() })
+			h.Peerstore().AddAddrs(server.ID(), server.Addrs(), time.Minute)
+			for range 2 {
+				st, s := rawRequest(t, h, server.ID(), manifest)
+				if s == statusOK {
+					held++
+					streams = append(streams, st)
+				} else {
+					st.Reset()
+				}
+			}
+		}
+		return held, streams
+	}
+	if held, _ := hold("127.0.0.2"); held != 4 {
+		t.Errorf("8 identities × 2 streams from one address hold %d slots; want MaxPerIP, 4", held)
+	}
+	hold("127.0.0.3") // every slot taken now
+	if n := srv.streams(); n != 6 {
+		t.Fatalf("%d streams served; want all 6 slots taken", n)
+	}
+	time.Sleep(400 * time.Millisecond) // past Stale: the sybils made no progress since
+	honest := startHosts(t, 1, nil)[0]
+	honest.Peerstore().AddAddrs(server.ID(), server.Addrs(), time.Minute)
+	st, s := rawRequest(t, honest, server.ID(), samplesRequest(m.ID(), 0, 1, 2))
+	if s != statusOK {
+		t.Fatalf("an honest peer with every slot held by sybils that make no progress: status %d; want OK", s)
+	}
+	st.Reset()
+	// Asking for the manifest again and again makes no progress: the
+	// stream ends at Idle all the same.
+	st, _ = rawRequest(t, honest, server.ID(), manifest)
+	st.SetDeadline(time.Now().Add(5 * time.Second))
+	start := time.Now()
+	br := bufio.NewReader(st)
+	for {
+		if _, err := io.CopyN(io.Discard, br, 8+int64(len(m.Encoded()))); err != nil {
+			break
+		}
+		if _, err := st.Write(manifest); err != nil {
+			break
+		}
+		if _, err := br.ReadByte(); err != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("a stream asking for the manifest again and again stayed open %v; want it closed at Idle (1 s)", d)
+	}
+	st.Reset()
+	strikes := func() int {
+		server.Guard.mu.Lock()
+		defer server.Guard.mu.Unlock()
+		if s := server.Guard.g.strikes[honest.ID()]; s != nil {
+			return s.n
+		}
+		return 0
+	}
+	before := strikes()
+	st, s = rawRequest(t, honest, server.ID(), samplesRequest(strings.Repeat("1", 64), 0, 1))
+	if s != statusUnknown {
+		t.Fatalf("a dataset not served: status %d; want unknown", s)
+	}
+	if _, err := st.Read(make([]byte, 1)); err == nil {
+		t.Error("the stream of a request for a dataset not served stays open")
+	}
+	if strikes() <= before {
+		t.Error("a request for a dataset not served is no strike")
+	}
+}

@@ -12,6 +12,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
+
+	"github.com/pbnjay/memory"
 
 	"github.com/ringtrain/ringtrain/data"
 )
@@ -131,8 +134,30 @@ func (c *Checkpoint) Save(path string) (err error) {
 
 // LoadCheckpoint reads and verifies a checkpoint: magic, header size, the
 // tensors' lengths against the file's, and the checksum.
+//
+// Only a regular file is read, and only one that fits in this machine's
+// memory: a FIFO would block the reader for good (and it ignored SIGTERM),
+// /dev/zero would be read until memory ran out.
 func LoadCheckpoint(path string) (*Checkpoint, error) {
-	b, err := os.ReadFile(path)
+	// Opened without blocking, then checked: a FIFO put in the file's
+	// place after a Stat would block the open itself.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("train: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("train: %w", err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("train: checkpoint %s is not a regular file (%v): %w", path, st.Mode().Type(), ErrCheckpoint)
+	}
+	if mem := memory.TotalMemory(); mem > 0 && uint64(st.Size()) > mem {
+		return nil, fmt.Errorf("train: checkpoint %s of %d bytes is larger than this machine's %d bytes of memory: %w", path, st.Size(), mem, ErrCheckpoint)
+	}
+	// What the file held when asked, and not a byte more should it grow.
+	b, err := io.ReadAll(io.LimitReader(f, st.Size()))
 	if err != nil {
 		return nil, fmt.Errorf("train: %w", err)
 	}

@@ -10,7 +10,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/ringtrain/ringtrain/ring"
 )
@@ -198,4 +200,27 @@ func FuzzCheckpoint(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestCheckpointNotARegularFile: a FIFO, a directory and /dev/zero are
+// refused at once, saying why. Before, /dev/zero was read until memory
+// ran out, and a FIFO blocked the reader for good.
+func TestCheckpointNotARegularFile(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Skipf("no FIFO here: %v", err)
+	}
+	for _, path := range []string{fifo, dir, "/dev/zero"} {
+		done := make(chan error, 1)
+		go func() { _, err := LoadCheckpoint(path); done <- err }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrCheckpoint) || !strings.Contains(err.Error(), "not a regular file") {
+				t.Errorf("%s: %v; want ErrCheckpoint saying it is not a regular file", path, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: LoadCheckpoint still reading after 10 s", path)
+		}
+	}
 }

@@ -79,8 +79,7 @@ func runHostOnly(ctx context.Context, name string, args []string, stdout, stderr
 	if err != nil {
 		return fmt.Errorf("%s: %w", name, err)
 	}
-	// A private swarm's peers all hold its key: none is a stranger.
-	cfg.RelayUnlimited = *unlimited || *swarmKey != ""
+	cfg.RelayUnlimited = *unlimited
 	h, err := p2p.NewHost(ctx, cfg)
 	if err != nil {
 		return err

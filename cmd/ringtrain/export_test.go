@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ringtrain/ringtrain/data"
 	"github.com/ringtrain/ringtrain/train"
 )
 
@@ -56,5 +57,35 @@ func TestExportCommand(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"export", "--checkpoint", ckpt}, &stdout, &stderr); !errors.Is(err, errUsage) {
 		t.Errorf("export without --onnx: %v; want a usage error", err)
+	}
+}
+
+// TestPredictRefusesAModelTooLargeForTheMachine: a checkpoint of a few
+// hundred bytes whose model takes an input of 1×16384×16384 is refused
+// before the model is built, saying how much memory it needs. Before, predict was killed
+// at 24 GB.
+func TestPredictRefusesAModelTooLargeForTheMachine(t *testing.T) {
+	dir := t.TempDir()
+	spec := train.Spec{Input: []int{1, 16384, 16384}, Layers: []train.Layer{
+		{Type: train.LayerConv2D, Out: 1, Kernel: 3, Pad: 1}, {Type: train.LayerReLU},
+		{Type: train.LayerMaxPool2D, Kernel: 16384}, {Type: train.LayerFlatten}, {Type: train.LayerLinear, Out: 2}}}
+	cfg := train.ModelConfig{Spec: spec, Batch: 1, Seed: 1}
+	sizes, err := spec.ParamSizes()
+	if err != nil {
+		t.Fatalf("the crafted spec: %v", err)
+	}
+	c := &train.Checkpoint{Model: cfg, Input: [3]int{1, 16384, 16384}, Classes: []string{"a", "b"}, Transforms: []data.TransformSpec{{Name: "ToTensor"}}}
+	for _, n := range sizes {
+		c.Params = append(c.Params, make([]float32, n))
+	}
+	ckpt := filepath.Join(dir, "huge.ckpt")
+	if err := c.Save(ckpt); err != nil {
+		t.Fatal(err)
+	}
+	img := "../../testdata/fashion-folder/test/Trouser/9965.png" // never read: the model is refused first
+	var stdout, stderr bytes.Buffer
+	err = run(context.Background(), []string{"predict", "--checkpoint", ckpt, "--image", img}, &stdout, &stderr)
+	if !errors.Is(err, train.ErrSpec) || !strings.Contains(err.Error(), "memory") {
+		t.Errorf("predict with a model of input 1×16384×16384: %v; want ErrSpec naming the memory it needs", err)
 	}
 }

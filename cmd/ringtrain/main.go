@@ -65,8 +65,26 @@ func startProfile(prefix string) func() {
 // exits 2, as flag does.
 var errUsage = errors.New("usage")
 
+// ctxFree are the commands that never wait on the network or on peers, and
+// take no context: SIGTERM and Ctrl-C end them as they end any program
+// (caught, they were ignored: plot spinning on a bad log, predict reading a
+// FIFO).
+func ctxFree(command string) bool {
+	switch command {
+	case "predict", "export", "plot", "trace", "id", "swarm-key":
+		return true
+	}
+	return false
+}
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	if len(os.Args) > 1 && ctxFree(os.Args[1]) {
+		stop()
+	}
+	// A second signal ends any command at once, one that is leaving
+	// gracefully too.
+	context.AfterFunc(ctx, stop)
 	stopProfile := startProfile(os.Getenv("RINGTRAIN_CPUPROFILE"))
 	train.InstallBLAS()
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)

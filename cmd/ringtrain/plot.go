@@ -153,12 +153,17 @@ func readCurves(path string, series map[int]*curves, key func(rank int) int) err
 			c = &curves{}
 			series[k] = c
 		}
-		x := float64((l.Epoch-1)*l.Steps + l.Step)
-		if loss := float64(l.Loss); !math.IsNaN(loss) && !math.IsInf(loss, 0) { // a diverged step draws no point
+		x := float64(l.Epoch-1)*float64(l.Steps) + float64(l.Step)
+		if !drawable(x) {
+			continue
+		}
+		if loss := float64(l.Loss); drawable(loss) { // a diverged step draws no point
 			c.loss = append(c.loss, plotter.XY{X: x, Y: loss}) // an epoch's end: the mean since the last report
 		}
-		c.rate = append(c.rate, plotter.XY{X: x, Y: l.SamplesPerSec})
-		if l.Message == "epoch done" && l.TestAccuracy != nil {
+		if drawable(l.SamplesPerSec) {
+			c.rate = append(c.rate, plotter.XY{X: x, Y: l.SamplesPerSec})
+		}
+		if l.Message == "epoch done" && l.TestAccuracy != nil && *l.TestAccuracy >= 0 && *l.TestAccuracy <= 1 {
 			c.acc = append(c.acc, plotter.XY{X: float64(l.Epoch), Y: *l.TestAccuracy})
 		}
 	}
@@ -167,6 +172,11 @@ func readCurves(path string, series map[int]*curves, key func(rank int) int) err
 	}
 	return nil
 }
+
+// drawable: a value a float32 can hold. Training writes no other (its
+// losses are float32), and an axis from -1.7e308 to 1.7e308 has an
+// infinite span, whose ticks gonum's plot counted for 12 minutes and more.
+func drawable(v float64) bool { return math.Abs(v) <= math.MaxFloat32 }
 
 // drawCurves draws three panels side by side, a line per series, named
 // in the legend by name.

@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"image/png"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // TestPlot: two ranks' JSON logs make one PNG of three panels with
@@ -115,5 +118,62 @@ func TestPlotByFile(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if err := run(context.Background(), []string{"plot", "--by", "peer", files[0]}, &stdout, &stderr); !errors.Is(err, errUsage) {
 		t.Errorf("plot --by peer = %v; want a usage error", err)
+	}
+}
+
+// TestPlotHugeValues: a log whose losses and rates are ±1.7e308 is drawn
+// without them, at once. Before, the axis spanned an infinite range and
+// plot spun for 12 minutes and more.
+func TestPlotHugeValues(t *testing.T) {
+	dir := t.TempDir()
+	var b strings.Builder
+	for s := 1; s <= 20; s++ {
+		loss, rate := float64(s), 100.0
+		if s%2 == 0 {
+			loss, rate = 1.7e308*float64(1-2*(s%4/2)), -1.7e308
+		}
+		fmt.Fprintf(&b, `{"rank":0,"epoch":1,"step":%d,"steps":20,"loss":%g,"samples_per_sec":%g,"message":"training"}`+"\n", s, loss, rate)
+	}
+	fmt.Fprintf(&b, `{"rank":0,"epoch":1,"step":20,"steps":20,"loss":1,"samples_per_sec":1,"test_accuracy":1.7e308,"message":"epoch done"}`+"\n")
+	log := filepath.Join(dir, "huge.jsonl")
+	os.WriteFile(log, []byte(b.String()), 0o644)
+	out := filepath.Join(dir, "curves.png")
+	done := make(chan error, 1)
+	go func() { done <- run(context.Background(), []string{"plot", log, "-o", out}, io.Discard, io.Discard) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("plot: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("plot of a log with losses of ±1.7e308 still drawing after 30 s")
+	}
+}
+
+// TestPlotEndsOnSIGTERM: plot waiting on a FIFO that nothing writes ends
+// at SIGTERM, as any program does. Before, main caught the signal for a
+// context plot does not watch, and plot went on.
+func TestPlotEndsOnSIGTERM(t *testing.T) {
+	skipShort(t)
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "log")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Skipf("no FIFO here: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := peerCommand(ctx, t, "plot", fifo, "-o", filepath.Join(dir, "c.png"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // for it to reach the open
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("plot still running 10 s after SIGTERM")
 	}
 }

@@ -8,9 +8,25 @@ import (
 	"math"
 	"slices"
 
+	"github.com/pbnjay/memory"
+
 	"github.com/ringtrain/ringtrain/data"
 	"github.com/ringtrain/ringtrain/train"
 )
+
+// fitsMemory refuses a model that would not fit in this machine's memory
+// (a crafted checkpoint's input of 16384×16384 was killed at 24 GB).
+func fitsMemory(spec train.ModelConfig) error {
+	need, err := spec.MemoryBytes()
+	if err != nil {
+		return err
+	}
+	if mem := memory.TotalMemory(); mem > 0 && uint64(need) > mem/2 {
+		return fmt.Errorf("a model of input %v needs about %d MiB, more than half this machine's %d MiB of memory: %w",
+			spec.Spec.Input, need>>20, mem>>20, train.ErrSpec)
+	}
+	return nil
+}
 
 // runPredict is `ringtrain predict --checkpoint FILE --image FILE`: the
 // class and the top probabilities for one PNG or JPEG of any size, colour
@@ -34,6 +50,11 @@ func runPredict(args []string, stdout, stderr io.Writer) error {
 	if err := c.Whole(); err != nil {
 		return fmt.Errorf("predict: %s: %w", *ckpt, err)
 	}
+	spec := c.Model
+	spec.Batch = 1
+	if err := fitsMemory(spec); err != nil {
+		return fmt.Errorf("predict: %s: %w", *ckpt, err)
+	}
 	im, err := data.ReadImageFile(*imgPath)
 	if err != nil {
 		return fmt.Errorf("predict: %w", err)
@@ -42,8 +63,6 @@ func runPredict(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("predict: %s: %w", *imgPath, err)
 	}
-	spec := c.Model
-	spec.Batch = 1
 	model, err := train.NewModel(spec)
 	if err != nil {
 		return err
