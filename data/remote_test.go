@@ -10,8 +10,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"sync"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
