@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"sync"
@@ -100,6 +101,18 @@ func exemptIP(a ma.Multiaddr) netip.Addr {
 	if err != nil {
 		return netip.Addr{}
 	}
+	return exemptNetIP(ip)
+}
+
+// exemptAddr is exemptIP of a net.Addr.
+func exemptAddr(a net.Addr) netip.Addr {
+	if t, ok := a.(*net.TCPAddr); ok {
+		return exemptNetIP(t.IP)
+	}
+	return netip.Addr{}
+}
+
+func exemptNetIP(ip net.IP) netip.Addr {
 	addr, ok := netip.AddrFromSlice(ip)
 	if !ok {
 		return netip.Addr{}

@@ -330,7 +330,18 @@ func ReadSwarmKey(path string) (pnet.PSK, error) {
 
 // WriteSwarmKey writes a new random swarm key in the format ReadSwarmKey
 // (and IPFS's ipfs-swarm-key-gen) uses. Give the same file to every peer.
+//
+// Where w is a regular file (swarm-key > FILE), it is made readable by its
+// owner alone first: the shell creates it as the umask says, 0644 mostly,
+// and anyone who reads a swarm key can join the swarm.
 func WriteSwarmKey(w io.Writer) error {
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
+			if err := f.Chmod(0o600); err != nil {
+				return fmt.Errorf("p2p: making the swarm key's file private: %w", err)
+			}
+		}
+	}
 	k := make([]byte, 32)
 	if _, err := rand.Read(k); err != nil {
 		return err

@@ -404,6 +404,74 @@ func TestTCPPlaneRefusesWrongToken(t *testing.T) {
 	}
 }
 
+// TestStrangerCannotHoldThePlaneSlots: a stranger that opens every slot
+// of the clear TCP plane's listener from one address and sends nothing
+// holds at most maxPendingPerIP of them: a connection from elsewhere is
+// still taken and waited on for its token. Before, it was closed at once
+// until the stranger stopped.
+func TestStrangerCannotHoldThePlaneSlots(t *testing.T) {
+	hs := startHosts(t, 1, nil)
+	links := NewRingLinks(hs[0], expectNone{}, LinksConfig{Plane: PlaneTCP, TCPListen: "127.0.0.1:0"})
+	defer links.Close()
+	ln, err := links.tcpListener()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	for range 2 * maxPendingTCP {
+		c, err := d.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	time.Sleep(100 * time.Millisecond) // for the listener to take them
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	_, err = c.Read(make([]byte, 1))
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Errorf("a connection beside a stranger's %d: read = %v; want it waited on for its token (a timeout here)", 2*maxPendingTCP, err)
+	}
+}
+
+// TestPlaneListensWhereTheHostDoes: the data plane listens on the one IP
+// the host listens on, and on every interface only where the host does.
+func TestPlaneListensWhereTheHostDoes(t *testing.T) {
+	for _, c := range []struct {
+		addrs []string
+		want  string
+	}{
+		{[]string{"/ip4/127.0.0.1/tcp/4001"}, "127.0.0.1:0"},
+		{[]string{"/ip4/127.0.0.1/tcp/4001", "/ip4/127.0.0.1/udp/4001/quic-v1", "/p2p-circuit"}, "127.0.0.1:0"},
+		{[]string{"/ip4/0.0.0.0/tcp/4001"}, ":0"},
+		{[]string{"/ip4/127.0.0.1/tcp/4001", "/ip4/192.0.2.1/tcp/4001"}, ":0"},
+		{nil, ":0"},
+	} {
+		var addrs []ma.Multiaddr
+		for _, a := range c.addrs {
+			addrs = append(addrs, ma.StringCast(a))
+		}
+		if got := planeListen(addrs); got != c.want {
+			t.Errorf("planeListen(%v) = %q; want %q", c.addrs, got, c.want)
+		}
+	}
+	hs := startHosts(t, 1, nil)
+	links := NewRingLinks(hs[0], expectNone{}, LinksConfig{Plane: PlaneTLS})
+	defer links.Close()
+	ln, err := links.tcpListener()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ip := ln.Addr().(*net.TCPAddr).IP; !ip.IsLoopback() {
+		t.Errorf("a host on 127.0.0.1 has its TLS plane on %v; want loopback only", ln.Addr())
+	}
+}
+
 func TestIdentityPersists(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys", "identity.key")
 	k1, err := LoadOrCreateIdentity(path)
@@ -423,9 +491,34 @@ func TestIdentityPersists(t *testing.T) {
 	if id1 != id2 {
 		t.Errorf("reloaded identity %s; want %s", id2, id1)
 	}
+	os.Chmod(path, 0o644)
+	if _, err := LoadOrCreateIdentity(path); !errors.Is(err, ErrOpenKey) || !strings.Contains(err.Error(), "chmod 600") {
+		t.Errorf("an identity readable by others: %v; want ErrOpenKey saying chmod 600", err)
+	}
+	os.Chmod(path, 0o600)
 	os.WriteFile(path, []byte("not a key"), 0o600)
 	if _, err := LoadOrCreateIdentity(path); err == nil {
 		t.Error("a corrupt identity file loaded; want an error")
+	}
+}
+
+// TestSwarmKeyFileIsPrivate: swarm-key > FILE leaves FILE readable by its
+// owner alone, whatever the umask made it.
+func TestSwarmKeyFileIsPrivate(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "swarm.key")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o644) // as the shell makes it
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteSwarmKey(f); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("swarm key file: %v, mode %v; want 0600", err, st.Mode().Perm())
+	}
+	if _, err := ReadSwarmKey(path); err != nil {
+		t.Errorf("the key written does not load: %v", err)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"io"
 	mrand "math/rand/v2"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	ma "github.com/multiformats/go-multiaddr"
 	manet "github.com/multiformats/go-multiaddr/net"
 	msmux "github.com/multiformats/go-multistream"
 	"github.com/rs/zerolog"
@@ -83,6 +85,7 @@ const (
 	tokenSize            = 32
 	maxInbox             = 64 // links waiting to be claimed, all generations together
 	maxPendingTCP        = 16 // TCP connections not yet past their token
+	maxPendingPerIP      = 4  // of those, from one address (127.0.0.1 and ::1 exempt)
 )
 
 // linkHelloMsg is what a ring link's opener says first: who it is in the
@@ -138,7 +141,9 @@ type LinksConfig struct {
 	// and the TCP listener exists only when Plane is PlaneTLS or PlaneTCP.
 	Plane DataPlane
 	// TCPListen is the TLS or TCP data plane's listen address
-	// (host:port); "" means every interface, a port the OS picks.
+	// (host:port); "" means the one IP the host's libp2p listeners are
+	// bound to, if they are bound to one, else every interface, and a
+	// port the OS picks.
 	TCPListen string
 	// Logger hears of peers cut off for garbage or strangeness, and of
 	// each link to a successor: direct, or through which relay.
@@ -216,11 +221,33 @@ type inbound struct {
 	err  error // the link cannot be: the predecessor learns why from its own side
 }
 
+// planeListen is where the data plane listens unless told: on the one IP
+// the host's libp2p listeners are bound to, if there is one — a peer told
+// to listen on 127.0.0.1 alone opened its TLS plane on every interface —
+// else on every interface.
+func planeListen(addrs []ma.Multiaddr) string {
+	var ip net.IP
+	for _, a := range addrs {
+		x, err := manet.ToIP(a)
+		switch {
+		case err != nil:
+			continue // a relay's, say
+		case x.IsUnspecified() || ip != nil && !ip.Equal(x):
+			return ":0"
+		}
+		ip = x
+	}
+	if ip == nil {
+		return ":0"
+	}
+	return net.JoinHostPort(ip.String(), "0")
+}
+
 // NewRingLinks registers RingProtocol on h, accepting links that gate
 // expects over cfg.Plane. Close it when done.
 func NewRingLinks(h host.Host, gate Gate, cfg LinksConfig) *RingLinks {
 	if cfg.TCPListen == "" {
-		cfg.TCPListen = ":0"
+		cfg.TCPListen = planeListen(h.Network().ListenAddresses())
 	}
 	if cfg.PunchWait == 0 {
 		cfg.PunchWait = 3 * time.Second
@@ -465,19 +492,45 @@ func (l *RingLinks) acceptLoop(ln net.Listener) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	pending := make(chan struct{}, maxPendingTCP)
+	var mu sync.Mutex
+	perIP := map[netip.Addr]int{}
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
-		select {
-		case pending <- struct{}{}:
-		default: // a flood of connections that send no token: turn them away at once
+		// One address holds at most maxPendingPerIP of the slots: a
+		// stranger that opens them all and sends nothing would turn every
+		// link away until it stopped.
+		ip := exemptAddr(c.RemoteAddr())
+		mu.Lock()
+		full := ip.IsValid() && perIP[ip] >= maxPendingPerIP
+		if !full {
+			select {
+			case pending <- struct{}{}:
+				if ip.IsValid() {
+					perIP[ip]++
+				}
+			default: // a flood of connections that send no token: turn them away at once
+				full = true
+			}
+		}
+		mu.Unlock()
+		if full {
 			c.Close()
 			continue
 		}
 		wg.Go(func() {
-			defer func() { <-pending }()
+			defer func() {
+				mu.Lock()
+				if ip.IsValid() {
+					if perIP[ip]--; perIP[ip] == 0 {
+						delete(perIP, ip)
+					}
+				}
+				mu.Unlock()
+				<-pending
+			}()
 			if l.cfg.Plane == PlaneTLS {
 				sc, p, who, err := l.acceptSecure(c)
 				if err != nil {
