@@ -80,12 +80,12 @@ func ParsePlane(name string) (DataPlane, error) {
 }
 
 const (
-	linkMagic     uint32 = 0x334c5452 // "RTL3"
-	linkHello            = 24         // magic u32 | rank u32 | generation u64 | plane u32 | channel u32
-	tokenSize            = 32
-	maxInbox             = 64 // links waiting to be claimed, all generations together
-	maxPendingTCP        = 16 // TCP connections not yet past their token
-	maxPendingPerIP      = 4  // of those, from one address (127.0.0.1 and ::1 exempt)
+	linkMagic       uint32 = 0x334c5452 // "RTL3"
+	linkHello              = 24         // magic u32 | rank u32 | generation u64 | plane u32 | channel u32
+	tokenSize              = 32
+	maxInbox               = 64 // links waiting to be claimed, all generations together
+	maxPendingTCP          = 16 // TCP connections not yet past their token
+	maxPendingPerIP        = 4  // of those, from one address (127.0.0.1 and ::1 exempt)
 )
 
 // linkHelloMsg is what a ring link's opener says first: who it is in the
