@@ -26,7 +26,7 @@ func (n *Node) Standbys(members []peer.ID) []peer.ID {
 	for p, pi := range n.peers {
 		// Connected: a peer that said hello and is still there (the
 		// verified set also holds members lost since).
-		if pi.verified && !pi.refused && !slices.Contains(members, p) && n.h.Network().Connectedness(p) == network.Connected {
+		if pi.verified && !pi.refused && !pi.lied && !slices.Contains(members, p) && n.h.Network().Connectedness(p) == network.Connected {
 			out = append(out, p)
 		}
 	}

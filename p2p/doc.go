@@ -16,8 +16,8 @@
 // datasets (data.Manifest) over DataProtocol, announced in the DHT; a
 // joined peer hands its job config to peers that name the job
 // (ServeJobConfig, FetchJobConfig). Peers behind NAT are reached through go-libp2p's
-// AutoNAT, circuit relay v2 (with limits for training traffic: see
-// RelayResources), AutoRelay and DCUtR hole punching — a peer whose every
+// AutoNAT, circuit relay v2 (a job's verified peers under RelayResources,
+// strangers under libp2p's own limits, StrangerRelayResources), AutoRelay and DCUtR hole punching — a peer whose every
 // address is private takes itself for private at once, and a relayed ring
 // link asks for a direct connection again (Host.DirectConnect,
 // PunchProtocol) until it has one, for the next generation; ring links log
@@ -28,7 +28,12 @@
 // (RingLinks.Pair) at once. Membership wraps a Node and its RingLinks as the
 // train/elastic.Membership (and StageNet) the elastic runner drives.
 // Every handler set on a Host passes through its Guard, which enforces
-// Limits per peer and protocol and cuts off peers that break them.
+// Limits per peer and protocol — and every DHT message, per peer and
+// address — and cuts off peers that break them; the DHT's provider records
+// are held in a bounded store. A claim that the job's ring formed without
+// this peer counts only when every member it names makes it, and a
+// standby whose claimed ring never shows itself forms again
+// (ErrClaimGone).
 //
 // # Usage
 //

@@ -127,6 +127,10 @@ type peerInfo struct {
 	relayed bool
 	refused bool // refused us
 	strange bool // its hello did not prove the job (logged once)
+	// lied: it proposed, itself, what no honest peer could (ErrBadProposal):
+	// it proves the job, but is no longer exempt from the guard's limits,
+	// relayed or admitted.
+	lied bool
 	seen    time.Time
 	// deadUntil: a peer whose hello failed (a stale DHT record of a peer
 	// that is gone, mostly; a member that died) is skipped until then, so
@@ -336,7 +340,7 @@ func (n *Node) Verified(p peer.ID) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	pi := n.peers[p]
-	return pi != nil && pi.verified
+	return pi != nil && pi.verified && !pi.lied
 }
 
 // Close stops answering hellos and advertising, and waits for both.
@@ -906,6 +910,12 @@ func (n *Node) sent(p peer.ID, v told) {
 // members it vouches for, whose addresses go to the peerstore so that the
 // next round dials them. It reports whether anything changed.
 func (n *Node) learn(from peer.ID, h *Hello) (changed bool) {
+	lied := false
+	defer func() { // after the unlock: the guard asks Verified
+		if lied {
+			n.h.Guard.Strike(from, "a proposal no honest peer could make")
+		}
+	}()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	pi := n.trackLocked(from)
@@ -939,7 +949,8 @@ func (n *Node) learn(from peer.ID, h *Hello) (changed bool) {
 	} else if h.Seq < pi.heard {
 		// Overtaken by a newer one from the same peer.
 	} else if err := n.join.Step(from, m); err != nil {
-		n.cfg.Logger.Warn().Err(err).Msg("ignored a proposal")
+		pi.lied, lied = true, true
+		n.warns.Warn(from.String(), "ignored a proposal").Err(err).Msg("ignored a proposal")
 	} else {
 		pi.heard = h.Seq
 	}

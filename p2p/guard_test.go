@@ -268,12 +268,16 @@ func TestGarbageSenderIsCutOff(t *testing.T) {
 // links, job config, served data): each flood that breaks a limit or
 // sends what does not decode gets the flooder cut off within a second or
 // two, and one that asks only for what a peer may (valid data requests)
-// is served, not cut off.
+// is served, not cut off. A stranger gets no relay, and a liar that knows
+// the job no standby.
 func TestEveryFloodIsCutOff(t *testing.T) {
 	slow(t)
 	m, tr, te := testData(t)
-	for _, kind := range FloodKinds {
+	for _, kind := range FloodKinds() {
 		t.Run(string(kind), func(t *testing.T) {
+			if kind == FloodMetrics {
+				t.Skip("the metrics server is cmd/ringtrain's: TestMetricsConnectionsBounded")
+			}
 			victim := startHosts(t, 1, nil)[0]
 			// Low limits, so that even a flooder slowed by the race
 			// detector breaks them within the flood.
@@ -290,7 +294,7 @@ func TestEveryFloodIsCutOff(t *testing.T) {
 			flooder := outsider(t, victim)
 			ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 			defer cancel()
-			st, err := Flood(ctx, flooder, info(victim), kind, FloodOptions{Workers: 4, Dataset: m.ID()})
+			st, err := Flood(ctx, flooder, info(victim), kind, FloodOptions{Workers: 4, Dataset: m.ID(), Job: job})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -303,6 +307,19 @@ func TestEveryFloodIsCutOff(t *testing.T) {
 			case FloodDHT:
 				// Lookups ride one stream per peer: not refused, not cut off;
 				// libp2p's own limits bound them.
+			case FloodRelay:
+				if st.Sent > 0 {
+					t.Errorf("a stranger got %d relay reservations or circuits (%+v)", st.Sent, st)
+				}
+			case FloodFormation:
+				// The liar proves the job, but once it proposed what no
+				// honest peer could it is no member to the guard.
+				n.mu.Lock()
+				c := n.join.Claim()
+				n.mu.Unlock()
+				if c != nil || !cut || n.Verified(flooder.ID()) {
+					t.Errorf("after the liar's hellos: a claim %+v, cut off %v, trusted %v; want no claim, cut off, not trusted (%+v)", c, cut, n.Verified(flooder.ID()), st)
+				}
 			default:
 				if !cut {
 					t.Errorf("the %s flooder is not cut off (%+v, %d streams refused)", kind, st, victim.Guard.Refused())

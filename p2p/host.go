@@ -154,7 +154,7 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		cfg.Reachability = network.ReachabilityPrivate
 		cfg.Logger.Info().Msg("every address of this machine is private and a bootstrap peer's is public: behind NAT, so reserving a relay at once (--reachability overrides)")
 	}
-	opts = append(opts, natOptions(cfg, &self)...)
+	opts = append(opts, natOptions(cfg, &self, guard)...)
 	h, err := libp2p.New(opts...)
 	if err != nil {
 		rm.Close()

@@ -82,7 +82,7 @@ func StrangerRelayResources() relayv2.Resources {
 // it is not reachable; and, with cfg.Relay, the relay service itself,
 // which libp2p runs only while the host is public. DCUtR hole punching
 // NewHost starts itself (puncher), to have a handle on it.
-func natOptions(cfg HostConfig, self *atomic.Pointer[host.Host]) []libp2p.Option {
+func natOptions(cfg HostConfig, self *atomic.Pointer[host.Host], guard *Guard) []libp2p.Option {
 	opts := []libp2p.Option{
 		libp2p.EnableNATService(),
 		libp2p.EnableRelay(),
@@ -108,7 +108,7 @@ func natOptions(cfg HostConfig, self *atomic.Pointer[host.Host]) []libp2p.Option
 		}
 		ropts := []relayv2.Option{relayv2.WithResources(rc)}
 		if cfg.RelayFor != nil {
-			ropts = append(ropts, relayv2.WithACL(relayACL(cfg.RelayFor)))
+			ropts = append(ropts, relayv2.WithACL(relayACL{allow: cfg.RelayFor, guard: guard}))
 		}
 		opts = append(opts, libp2p.EnableRelayService(ropts...))
 	}
@@ -143,10 +143,22 @@ func relayCandidates(hp *host.Host, num int) <-chan peer.AddrInfo {
 // may open a circuit to one that holds a reservation, as it could dial
 // that peer if it were not behind NAT; the peer itself then refuses
 // strangers' hellos and ring links.
-type relayACL func(peer.ID) bool
+// A refused reservation is a strike: a stranger asking again and again
+// is cut off like any other flood.
+type relayACL struct {
+	allow func(peer.ID) bool
+	guard *Guard
+}
 
-func (f relayACL) AllowReserve(p peer.ID, _ ma.Multiaddr) bool      { return f(p) }
-func (f relayACL) AllowConnect(peer.ID, ma.Multiaddr, peer.ID) bool { return true }
+func (a relayACL) AllowReserve(p peer.ID, _ ma.Multiaddr) bool {
+	if a.allow(p) {
+		return true
+	}
+	a.guard.Strike(p, "a relay reservation it may not have")
+	return false
+}
+
+func (relayACL) AllowConnect(peer.ID, ma.Multiaddr, peer.ID) bool { return true }
 
 // isRelayed says whether a connection goes through a circuit relay.
 func isRelayed(c network.Conn) bool { return isRelayAddr(c.RemoteMultiaddr()) }

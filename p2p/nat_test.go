@@ -204,6 +204,12 @@ func TestRelayReservesOnlyForRelayFor(t *testing.T) {
 	if _, err := client.Reserve(ctx, hs[1].Host, info(relay)); err == nil {
 		t.Error("a peer RelayFor does not name got a reservation")
 	}
+	relay.Guard.mu.Lock()
+	s := relay.Guard.g.strikes[hs[1].ID()]
+	relay.Guard.mu.Unlock()
+	if s == nil || s.n == 0 {
+		t.Error("a refused reservation is no strike")
+	}
 }
 
 // TestBehindNATGuess: a machine whose every address is private must be

@@ -75,10 +75,10 @@ func runBenchFlood(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	var plan []p2p.FloodKind
 	if *kinds == "all" {
-		plan = p2p.FloodKinds
+		plan = p2p.FloodKinds()
 	} else {
 		for _, k := range strings.Split(*kinds, ",") {
-			if !slices.Contains(p2p.FloodKinds, p2p.FloodKind(k)) {
+			if !slices.Contains(p2p.FloodKinds(), p2p.FloodKind(k)) {
 				return fmt.Errorf("bench flood: kind %q; want %s: %w", k, floodKindNames(), errUsage)
 			}
 			plan = append(plan, p2p.FloodKind(k))
@@ -142,7 +142,7 @@ func runBenchFlood(ctx context.Context, args []string, stdout, stderr io.Writer)
 
 func floodKindNames() string {
 	var s []string
-	for _, k := range p2p.FloodKinds {
+	for _, k := range p2p.FloodKinds() {
 		s = append(s, string(k))
 	}
 	return strings.Join(s, ",")
@@ -152,6 +152,7 @@ func floodKindNames() string {
 type floodPeer struct {
 	cmd     *exec.Cmd
 	addr    string // a multiaddr with /p2p/
+	config  string // its job config file
 	metrics string // http://…/metrics
 	ckpt    string
 	exited  chan error
@@ -208,6 +209,7 @@ func startFloodJob(ctx context.Context, exe, dir, config, serve string, n int) (
 			return nil, err
 		}
 		p.ckpt = filepath.Join(pdir, spec["name"].(string)+".ckpt")
+		p.config = cfg
 		if i == 0 {
 			job.dataset = dataset
 		}
@@ -425,7 +427,8 @@ func (j *floodJob) flood(ctx context.Context, exe string, kind p2p.FloodKind, so
 	// nice(1) for the whole process: setpriority on a PID reaches only
 	// the thread of that ID, and Go has started others by then.
 	cmd := exec.CommandContext(ctx, "nice", "-n", "19", exe, "bench", "flood-peer", "--target", j.peers[0].addr,
-		"--kind", string(kind), "--for", floodFor.String(), "--workers", strconv.Itoa(workers), "--from", source, "--dataset", j.dataset)
+		"--kind", string(kind), "--for", floodFor.String(), "--workers", strconv.Itoa(workers), "--from", source, "--dataset", j.dataset,
+		"--metrics", strings.TrimSuffix(strings.TrimPrefix(j.peers[0].metrics, "http://"), "/metrics"), "--job-config", j.peers[0].config)
 	var out strings.Builder
 	cmd.Stdout = &out
 	var errOut strings.Builder
@@ -564,8 +567,18 @@ func runFloodPeer(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	workers := fs.Int("workers", 16, "requests at once")
 	from := fs.String("from", "127.0.0.2", "the address to listen and dial from")
 	dataset := fs.String("dataset", "", "the served dataset's ID, for --kind data")
+	metricsAt := fs.String("metrics", "", "the target's metrics endpoint, host:port, for --kind metrics")
+	jobConfig := fs.String("job-config", "", "the target's job config, for --kind formation-lie: what its join command tells anyone")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("bench flood-peer: %w: %w", errUsage, err)
+	}
+	var job p2p.Job
+	if *jobConfig != "" {
+		cfg, err := loadJobConfig(*jobConfig)
+		if err != nil {
+			return fmt.Errorf("bench flood-peer: %w", err)
+		}
+		job = p2p.Job{Name: cfg.Name, ConfigHash: cfg.hash, WorldSize: cfg.WorldSize, MaxWorldSize: cfg.MaxWorldSize, MinWorldSize: cfg.MinWorldSize}
 	}
 	a, err := ma.NewMultiaddr(*target)
 	if err != nil {
@@ -585,7 +598,7 @@ func runFloodPeer(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	fctx, cancel := context.WithTimeout(ctx, *d)
 	defer cancel()
-	st, err := p2p.Flood(fctx, h, *ai, p2p.FloodKind(*kind), p2p.FloodOptions{Workers: *workers, Dataset: *dataset})
+	st, err := p2p.Flood(fctx, h, *ai, p2p.FloodKind(*kind), p2p.FloodOptions{Workers: *workers, Dataset: *dataset, Metrics: *metricsAt, Job: job})
 	if err != nil {
 		return err
 	}

@@ -141,24 +141,27 @@ type limitsConfig struct {
 	NewConnsPerIP     int      `json:"new_conns_per_ip"`
 	PeerStreams       int      `json:"peer_streams"`
 	PeerMemoryMB      int64    `json:"peer_memory_mb"`
+	DHTMessagesPerSec float64  `json:"dht_messages_per_second"`
+	DHTMessageBurst   int      `json:"dht_message_burst"`
 	// The data server's (join --serve), p2p.DataServerConfig's.
 	DataSamplesPerRequest int `json:"data_samples_per_request"`
 	DataStreams           int `json:"data_streams"`
 	DataStreamsPerPeer    int `json:"data_streams_per_peer"`
+	DataStreamsPerIP      int `json:"data_streams_per_ip"`
 	DataMBPerSecond       int `json:"data_mb_per_second_per_peer"`
 }
 
 func (l limitsConfig) p2p() p2p.Limits {
 	return p2p.Limits{RequestsPerSecond: l.RequestsPerSecond, Burst: l.Burst, StreamsPerPeer: l.StreamsPerPeer,
 		Strikes: l.Strikes, BanFor: time.Duration(l.BanFor), MaxBanned: l.MaxBanned, ConnsPerIP: l.ConnsPerIP, ConnBurstPerIP: l.NewConnsPerIP,
-		PeerStreams: l.PeerStreams, PeerMemory: l.PeerMemoryMB << 20}
+		PeerStreams: l.PeerStreams, PeerMemory: l.PeerMemoryMB << 20, DHTMessagesPerSecond: l.DHTMessagesPerSec, DHTMessageBurst: l.DHTMessageBurst}
 }
 
 // dataServer is what the limits say of a data server; zero fields take
 // p2p's defaults.
 func (l limitsConfig) dataServer() p2p.DataServerConfig {
 	return p2p.DataServerConfig{MaxRequest: l.DataSamplesPerRequest, MaxStreams: l.DataStreams, MaxPerPeer: l.DataStreamsPerPeer,
-		PeerBytesPerSecond: int64(l.DataMBPerSecond) << 20}
+		MaxPerIP: l.DataStreamsPerIP, PeerBytesPerSecond: int64(l.DataMBPerSecond) << 20}
 }
 
 // check says which of the limits is out of range.
@@ -177,6 +180,8 @@ func (l limitsConfig) check() error {
 		return fmt.Errorf("data_mb_per_second_per_peer %d: want 0 (default 64) to %d", l.DataMBPerSecond, 1<<20)
 	case l.DataStreamsPerPeer < 0 || l.DataStreamsPerPeer > 1<<16:
 		return fmt.Errorf("data_streams_per_peer %d: want 0 (default 8) to %d", l.DataStreamsPerPeer, 1<<16)
+	case l.DataStreamsPerIP < 0 || l.DataStreamsPerIP > 1<<16:
+		return fmt.Errorf("data_streams_per_ip %d: want 0 (default 16) to %d", l.DataStreamsPerIP, 1<<16)
 	}
 	return nil
 }
