@@ -222,6 +222,11 @@ func (f *flooder) once(ctx context.Context, rng *mrand.Rand) {
 		msg = make([]byte, 1+rng.IntN(4096))
 		rand.Read(msg)
 	}
+	f.send(s, msg)
+}
+
+// send writes msg on s, ends its side, and counts the answer.
+func (f *flooder) send(s network.Stream, msg []byte) {
 	n, err := s.Write(msg)
 	f.bytes.Add(int64(n))
 	if err != nil {
@@ -419,13 +424,5 @@ func (f *flooder) formationLie(ctx context.Context) {
 	setDeadline(sctx, s)
 	h := &Hello{Version: ProtocolVersion, Proof: proof(jobKey(f.opt.Job), f.h.ID(), f.to)}
 	h.setProposal(Proposal{Gen: 1 << 62, Members: []peer.ID{f.h.ID()}, Ready: true, Formed: true}, &idNames{})
-	n, err := s.Write(helloBytes(h))
-	f.bytes.Add(int64(n))
-	if err != nil {
-		f.count(err, 0)
-		return
-	}
-	s.CloseWrite()
-	got, _ := io.Copy(io.Discard, io.LimitReader(s, 1<<20))
-	f.count(nil, got)
+	f.send(s, helloBytes(h))
 }

@@ -131,7 +131,7 @@ type peerInfo struct {
 	// it proves the job, but is no longer exempt from the guard's limits,
 	// relayed or admitted.
 	lied bool
-	seen    time.Time
+	seen time.Time
 	// deadUntil: a peer whose hello failed (a stale DHT record of a peer
 	// that is gone, mostly; a member that died) is skipped until then, so
 	// that it cannot stall every round for a dial timeout — nor, where the
