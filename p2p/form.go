@@ -954,7 +954,22 @@ func (n *Node) learn(from peer.ID, h *Hello) (changed bool) {
 	} else {
 		pi.heard = h.Seq
 	}
-	for _, m := range h.Members {
+	changed = n.vouchedLocked(pi, h.Members) || changed
+	for i := range h.Statements {
+		news, err := n.takeStatementLocked(from, pi, h, i)
+		if err != nil {
+			n.warns.Warn(from.String(), "ignored a statement it passed on").Err(err).Msg("ignored a statement it passed on")
+		}
+		changed = changed || news
+	}
+	return changed
+}
+
+// vouchedLocked takes the members a verified peer vouches for: their
+// addresses go to the peerstore, and those not yet known are greeted next
+// round. It reports whether any was new. n.mu held.
+func (n *Node) vouchedLocked(pi *peerInfo, members []Member) (changed bool) {
+	for _, m := range members {
 		id, err := n.names.decode(m.ID)
 		if err != nil || id == n.h.ID() {
 			continue
@@ -980,18 +995,11 @@ func (n *Node) learn(from peer.ID, h *Hello) (changed bool) {
 		}
 		n.h.Peerstore().AddAddrs(id, addrs, peerstore.TempAddrTTL)
 		// Vouched for by a verified peer: say hello next round, unless
-		// its statement (below) shows it a member already.
+		// its statement shows it a member already.
 		if !slices.Contains(n.pending, id) {
 			n.pending = append(n.pending, id)
 			changed = true
 		}
-	}
-	for i := range h.Statements {
-		news, err := n.takeStatementLocked(from, pi, h, i)
-		if err != nil {
-			n.warns.Warn(from.String(), "ignored a statement it passed on").Err(err).Msg("ignored a statement it passed on")
-		}
-		changed = changed || news
 	}
 	return changed
 }

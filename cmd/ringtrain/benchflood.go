@@ -429,10 +429,8 @@ func (j *floodJob) flood(ctx context.Context, exe string, kind p2p.FloodKind, so
 	cmd := exec.CommandContext(ctx, "nice", "-n", "19", exe, "bench", "flood-peer", "--target", j.peers[0].addr,
 		"--kind", string(kind), "--for", floodFor.String(), "--workers", strconv.Itoa(workers), "--from", source, "--dataset", j.dataset,
 		"--metrics", strings.TrimSuffix(strings.TrimPrefix(j.peers[0].metrics, "http://"), "/metrics"), "--job-config", j.peers[0].config)
-	var out strings.Builder
-	cmd.Stdout = &out
-	var errOut strings.Builder
-	cmd.Stderr = &errOut
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Start(); err != nil {
 		return row, fmt.Errorf("bench flood: the flooder: %w", err)
 	}
