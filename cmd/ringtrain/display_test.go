@@ -200,3 +200,41 @@ func TestLocalTrace(t *testing.T) {
 		t.Errorf("parts left behind: %v", parts)
 	}
 }
+
+// TestIsTerminal: a pseudo-terminal is a terminal; /dev/null, a character
+// device too, is not, nor a pipe or a file. Before, any character device
+// was taken for one, and `join … 2>/dev/null` from a terminal sent its
+// result lines into a display nobody saw.
+func TestIsTerminal(t *testing.T) {
+	ptmx, tty, err := pty.Open()
+	if err != nil {
+		t.Skipf("no pseudo-terminal here: %v", err)
+	}
+	defer ptmx.Close()
+	defer tty.Close()
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	file, err := os.Create(filepath.Join(t.TempDir(), "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	for _, c := range []struct {
+		name string
+		w    io.Writer
+		want bool
+	}{{"a pseudo-terminal", tty, true}, {"/dev/null", null, false}, {"a pipe", w, false}, {"a file", file, false}, {"a buffer", &bytes.Buffer{}, false}} {
+		if got := isTerminal(c.w); got != c.want {
+			t.Errorf("%s: isTerminal = %v; want %v", c.name, got, c.want)
+		}
+	}
+}

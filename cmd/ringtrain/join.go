@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
 	"github.com/ringtrain/ringtrain/data"
@@ -719,11 +720,11 @@ func openStatus(stderr io.Writer, lf logFlags) (io.Writer, *display, error) {
 	return statusWriter{d: d, peer: 0}, d, nil
 }
 
+// isTerminal says whether w is a terminal — asked of the terminal driver
+// (go-isatty), not read from the file's mode: /dev/null is a character
+// device too, and `join … 2>/dev/null` from a terminal sent its result
+// lines into a display nobody saw.
 func isTerminal(w io.Writer) bool {
 	file, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := file.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	return ok && isatty.IsTerminal(file.Fd())
 }
