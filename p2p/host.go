@@ -34,6 +34,7 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
 	"github.com/libp2p/go-libp2p/x/rate"
 	ma "github.com/multiformats/go-multiaddr"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 )
 
@@ -78,6 +79,12 @@ type HostConfig struct {
 	// the machine is private and a bootstrap peer's is public (a NAT is
 	// the only way between them), and else lets AutoNAT find out.
 	Reachability network.Reachability
+	// Registerer, if set, is where libp2p registers its metrics (the
+	// swarm's connections and dials, identify, the relay, AutoNAT, hole
+	// punching, the resource manager's scopes and blocks), so that the
+	// job's /metrics serves them; nil leaves them on Prometheus's default
+	// registry, which nothing serves.
+	Registerer prometheus.Registerer
 	// Logger hears what AutoNAT concludes, the relay addresses the host
 	// gets, and how each hole punch ends.
 	Logger zerolog.Logger
@@ -121,7 +128,18 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	scaled := rcmgr.DefaultLimits.AutoScale()
 	// Zero is the resource manager's "default": the scaled limit stays.
 	perPeer := rcmgr.PartialLimitConfig{PeerDefault: rcmgr.ResourceLimits{Streams: rcmgr.LimitVal(cfg.Limits.PeerStreams), Memory: rcmgr.LimitVal64(cfg.Limits.PeerMemory)}}
-	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(perPeer.Build(scaled)), perIPLimits(cfg.Limits.WithDefaults())...)
+	rmOpts := perIPLimits(cfg.Limits.WithDefaults())
+	if cfg.Registerer != nil {
+		// The resource manager's own series: connections, streams, memory
+		// and what its limits blocked, by scope.
+		rcmgr.MustRegisterWith(cfg.Registerer)
+		str, err := rcmgr.NewStatsTraceReporter()
+		if err != nil {
+			return nil, fmt.Errorf("p2p: resource manager metrics: %w", err)
+		}
+		rmOpts = append(rmOpts, rcmgr.WithTraceReporter(str))
+	}
+	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(perPeer.Build(scaled)), rmOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("p2p: resource manager: %w", err)
 	}
@@ -135,6 +153,9 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	}
 	if cfg.Identity != nil {
 		opts = append(opts, libp2p.Identity(cfg.Identity))
+	}
+	if cfg.Registerer != nil {
+		opts = append(opts, libp2p.PrometheusRegisterer(cfg.Registerer))
 	}
 	if cfg.SwarmKey != nil {
 		opts = append(opts, libp2p.PrivateNetwork(cfg.SwarmKey))

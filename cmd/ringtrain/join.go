@@ -17,6 +17,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/mattn/go-isatty"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/ringtrain/ringtrain/data"
@@ -123,7 +124,11 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if cfg != nil {
 		limits = cfg.Limits.p2p()
 	}
-	h, relayFor, err := startHost(ctx, f, joinTimeout, limits, stdout, log)
+	var m *metrics
+	if f.metrics != "" {
+		m = newMetrics() // before the host, which registers libp2p's series on it
+	}
+	h, relayFor, err := startHost(ctx, f, joinTimeout, limits, m.registerer(), stdout, log)
 	if err != nil {
 		return err
 	}
@@ -178,8 +183,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	defer model.Close()
 	job.Training.Replica.Trace = tracerOf(tracer)
-	if f.metrics != "" {
-		m := newMetrics()
+	if m != nil {
 		m.guard(h.Guard)
 		addr, stop, err := m.serve(ctx, f.metrics)
 		if err != nil {
@@ -449,12 +453,12 @@ func (p *peerNet) close() {
 // so that the next machine can be pointed at it. The pointer is for the
 // node, once there is one: a relay serves only peers that proved they hold
 // this job's key.
-func startHost(ctx context.Context, f *joinFlags, timeout time.Duration, limits p2p.Limits, stdout io.Writer, log zerolog.Logger) (*p2p.Host, *atomic.Pointer[p2p.Node], error) {
+func startHost(ctx context.Context, f *joinFlags, timeout time.Duration, limits p2p.Limits, reg prometheus.Registerer, stdout io.Writer, log zerolog.Logger) (*p2p.Host, *atomic.Pointer[p2p.Node], error) {
 	hcfg, err := hostConfig(f.listen, f.bootstrap, f.identity, f.swarmKey, f.nat, log)
 	if err != nil {
 		return nil, nil, fmt.Errorf("join: %w", err)
 	}
-	hcfg.Limits = limits
+	hcfg.Limits, hcfg.Registerer = limits, reg
 	relayFor := new(atomic.Pointer[p2p.Node])
 	hcfg.RelayFor = func(p peer.ID) bool { n := relayFor.Load(); return n != nil && n.Verified(p) }
 	hctx, cancel := context.WithTimeout(ctx, timeout)

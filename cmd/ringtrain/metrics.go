@@ -22,7 +22,9 @@ import (
 // hands it its progress reports; a scrape reads the latest under a lock.
 type metrics struct {
 	reg *prometheus.Registry
-	acc *prometheus.GaugeVec
+	// One series each, the epoch a value: a label per epoch grew the
+	// series without bound over a long job.
+	acc, accEpoch prometheus.Gauge
 
 	mu   sync.Mutex
 	last train.Progress
@@ -49,8 +51,10 @@ func newMetrics() *metrics {
 	gauge := func(name, help string, f func(p train.Progress) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, read(f))
 	}
-	m.acc = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ringtrain_test_accuracy",
-		Help: "Test accuracy after each epoch (the whole test set, scored over the ring)."}, []string{"epoch"})
+	m.acc = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ringtrain_test_accuracy",
+		Help: "Test accuracy after the last epoch done (the whole test set, scored over the ring)."})
+	m.accEpoch = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ringtrain_test_accuracy_epoch",
+		Help: "The epoch (1-based) ringtrain_test_accuracy was scored after; 0 before the first."})
 	m.reg.MustRegister(
 		part("compute", func(s train.ReplicaStats) time.Duration { return s.Compute }),
 		part("wait", func(s train.ReplicaStats) time.Duration { return s.Wait }),
@@ -63,13 +67,22 @@ func newMetrics() *metrics {
 		gauge("ringtrain_samples_per_second", "This peer's training samples per second since its epoch began.", func(p train.Progress) float64 { return p.SamplesPerSec }),
 		gauge("ringtrain_world_size", "Peers in the ring.", func(p train.Progress) float64 { return float64(p.WorldSize) }),
 		gauge("ringtrain_epoch", "The epoch under way (1-based), or the last one done.", func(p train.Progress) float64 { return float64(p.Epoch + 1) }),
-		m.acc,
+		m.acc, m.accEpoch,
 		// The Go runtime's and the process's own (goroutines, memory,
 		// CPU seconds), as every Go exporter serves them.
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
+}
+
+// registerer is where libp2p registers its series, or nil without
+// metrics.
+func (m *metrics) registerer() prometheus.Registerer {
+	if m == nil {
+		return nil
+	}
+	return m.reg
 }
 
 // guard adds the host's guard's counts: streams refused and peers cut off.
@@ -88,7 +101,8 @@ func (m *metrics) observe(p train.Progress, hasTest bool) {
 	m.last = p
 	m.mu.Unlock()
 	if p.EpochDone && hasTest {
-		m.acc.WithLabelValues(strconv.Itoa(p.Epoch + 1)).Set(p.TestAccuracy)
+		m.acc.Set(p.TestAccuracy)
+		m.accEpoch.Set(float64(p.Epoch + 1))
 	}
 }
 

@@ -8,9 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/ringtrain/ringtrain/p2p"
 	"github.com/ringtrain/ringtrain/train"
 )
 
@@ -68,7 +70,8 @@ func TestMetricsScrape(t *testing.T) {
 		{"ringtrain_samples_per_second", nil, 2000},
 		{"ringtrain_world_size", nil, 3},
 		{"ringtrain_epoch", nil, 2},
-		{"ringtrain_test_accuracy", map[string]string{"epoch": "1"}, 0.81},
+		{"ringtrain_test_accuracy", nil, 0.81},
+		{"ringtrain_test_accuracy_epoch", nil, 1},
 		{"ringtrain_step_seconds_total", map[string]string{"part": "compute"}, 4},
 	} {
 		if got := value(c.name, c.labels); got != c.want {
@@ -80,6 +83,45 @@ func TestMetricsScrape(t *testing.T) {
 	}
 	for _, name := range []string{"ringtrain_skipped_steps_total", "ringtrain_reformations_total", "ringtrain_sent_bytes_total"} {
 		value(name, nil)
+	}
+	// One series, whatever the epochs: a label per epoch grew without
+	// bound.
+	if n := len(fams["ringtrain_test_accuracy"].GetMetric()); n != 1 {
+		t.Errorf("%d series of ringtrain_test_accuracy; want one", n)
+	}
+}
+
+// TestMetricsServeLibp2p: a host given the metrics' registry puts libp2p's
+// series on it — the swarm's and the resource manager's — so that the
+// job's /metrics serves them. Before, libp2p registered them on a
+// registry nothing served.
+func TestMetricsServeLibp2p(t *testing.T) {
+	skipShort(t)
+	m := newMetrics()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	h, err := p2p.NewHost(ctx, p2p.HostConfig{Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Registerer: m.registerer()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	other, err := p2p.NewHost(ctx, p2p.HostConfig{Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Bootstrap: []peer.AddrInfo{{ID: h.ID(), Addrs: h.Addrs()}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	fams, err := m.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, f := range fams {
+		have[f.GetName()] = true
+	}
+	for _, name := range []string{"libp2p_swarm_connections_opened_total", "libp2p_rcmgr_connections", "libp2p_rcmgr_limit"} {
+		if !have[name] {
+			t.Errorf("no %s among the %d series families served", name, len(fams))
+		}
 	}
 }
 
