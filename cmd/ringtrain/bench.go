@@ -17,40 +17,8 @@ import (
 	"github.com/ringtrain/ringtrain/ring/ringbench"
 )
 
-func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "form" {
-		return runBenchForm(ctx, args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "engines" {
-		return runBenchEngines(args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "device" {
-		return runBenchDevice(ctx, args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "cpu" {
-		return runBenchCPU(args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "served" {
-		return runBenchServed(ctx, args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "pipeline" {
-		return runBenchPipeline(args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "flood" {
-		return runBenchFlood(ctx, args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "flood-peer" {
-		return runFloodPeer(ctx, args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "allreduce-rank" {
-		return runAllreduceRank(ctx, args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "allreduce-peer" {
-		return runAllreducePeer(ctx, args[1:], stdout, stderr)
-	}
-	if len(args) == 0 || args[0] != "allreduce" {
-		return fmt.Errorf("bench: want 'bench allreduce', 'bench form', 'bench engines', 'bench device', 'bench cpu', 'bench served', 'bench pipeline' or 'bench flood': %w", errUsage)
-	}
+// runBenchAllreduce is `ringtrain bench allreduce`.
+func runBenchAllreduce(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench allreduce", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	transport := fs.String("transport", "tcp", "ring links, comma-separated: mem, tcp (plain, loopback), libp2p (TLS streams), libp2p-tcp (token-gated TCP data plane), libp2p-tls (the TLS data plane: one direct TLS connection per link), libp2p-relay (TLS streams, every link through a circuit relay, as between peers behind NATs that hole punching cannot cross)")
@@ -62,7 +30,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	procs := fs.Bool("procs", false, "run every rank in its own process, as gloo's and MPI's benchmarks do (no ceiling): --transport tcp is plain TCP on loopback (row tcp-procs); tls, libp2p and libp2p-tcp are the data planes, each peer its own libp2p host forming the ring as join does (rows tls-procs, libp2p-procs, libp2p-tcp-procs)")
 	netns := fs.String("netns", "", "with --procs and a data plane: run rank i in the network namespace PREFIXi (testdata/bench-planes.sh makes them), at --subnet.(i+1)")
 	subnet := fs.String("subnet", "", "with --netns: the first three octets of the namespaces' /24 (testdata/bench-planes.sh gives its own)")
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return fmt.Errorf("bench allreduce: %w: %w", errUsage, err)
 	}
 	cfg := ringbench.Config{Transport: *transport, Peers: *peers, Iters: *iters}
@@ -195,7 +163,7 @@ func runBenchForm(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.SetOutput(stderr)
 	peers := fs.String("peers", "4,8", "comma-separated peer counts")
 	runs := fs.Int("runs", 5, "formations per count; the median is reported")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return fmt.Errorf("bench form: %w: %w", errUsage, err)
 	}
 	for _, p := range strings.Split(*peers, ",") {

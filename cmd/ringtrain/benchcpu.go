@@ -31,7 +31,7 @@ type cpuReport struct {
 func runBenchCPU(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench cpu", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return fmt.Errorf("bench cpu: %w: %w", errUsage, err)
 	}
 	if fs.NArg() > 0 {

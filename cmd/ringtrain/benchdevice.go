@@ -47,7 +47,7 @@ func runBenchDevice(ctx context.Context, args []string, stdout, stderr io.Writer
 	runs := fs.Int("runs", 3, "runs; the last line is their median")
 	optName := fs.String("optimizer", "adam", "adam (lr 1e-3, as the PyTorch script) or sgd (lr 0.01, momentum 0.9)")
 	devOpt := addDeviceFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return fmt.Errorf("bench device: %w: %w", errUsage, err)
 	}
 	if *batch < 1 || *steps < 1 || *runs < 1 || *warmup < 0 {

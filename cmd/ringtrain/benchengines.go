@@ -29,7 +29,7 @@ func runBenchEngines(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 1, "seed of the weights and the batches")
 	tol := fs.Float64("tolerance", 1e-3, "largest |loss difference| allowed at the last step")
 	devOpt := addDeviceFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return fmt.Errorf("bench engines: %w: %w", errUsage, err)
 	}
 	spec, err := train.BuiltinSpec(*model, 1, 28, 28, 10)

@@ -70,7 +70,7 @@ func runBenchFlood(ctx context.Context, args []string, stdout, stderr io.Writer)
 	workers := fs.Int("workers", 16, "the hostile peer's requests at once")
 	source := fs.String("from", "127.0.0.2", "the loopback address the hostile peer comes from (not 127.0.0.1, which libp2p exempts from its per-IP limits, as a machine's own peers)")
 	keep := fs.Bool("keep", false, "keep the run's folder (logs, checkpoints)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return fmt.Errorf("bench flood: %w: %w", errUsage, err)
 	}
 	var plan []p2p.FloodKind
@@ -567,7 +567,7 @@ func runFloodPeer(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	dataset := fs.String("dataset", "", "the served dataset's ID, for --kind data")
 	metricsAt := fs.String("metrics", "", "the target's metrics endpoint, host:port, for --kind metrics")
 	jobConfig := fs.String("job-config", "", "the target's job config, for --kind formation-lie: what its join command tells anyone")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return fmt.Errorf("bench flood-peer: %w: %w", errUsage, err)
 	}
 	var job p2p.Job
@@ -576,7 +576,7 @@ func runFloodPeer(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if err != nil {
 			return fmt.Errorf("bench flood-peer: %w", err)
 		}
-		job = p2p.Job{Name: cfg.Name, ConfigHash: cfg.hash, WorldSize: cfg.WorldSize, MaxWorldSize: cfg.MaxWorldSize, MinWorldSize: cfg.MinWorldSize}
+		job = cfg.p2pJob()
 	}
 	a, err := ma.NewMultiaddr(*target)
 	if err != nil {

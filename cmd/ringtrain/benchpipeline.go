@@ -24,7 +24,7 @@ func runBenchPipeline(args []string, stdout, stderr io.Writer) error {
 	scheds := fs.String("schedules", "1f1b,gpipe", "schedules, comma-separated")
 	reps := fs.Int("reps", 5, "timed steps per row; the median is reported")
 	pace := fs.Duration("pace", 0, "each block also waits this long in a forward pass (twice in a backward), as on a device per stage: the schedule measured without the stages contending for cores")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return fmt.Errorf("bench pipeline: %w: %w", errUsage, err)
 	}
 	cfg := pipeline.BenchConfig{Width: *width, Blocks: *blocks, Batch: *batch, MicroBatches: *micro, Reps: *reps, Pace: *pace}

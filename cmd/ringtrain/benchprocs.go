@@ -139,7 +139,7 @@ func runAllreduceRank(ctx context.Context, args []string, stdout, stderr io.Writ
 	sizes := fs.String("sizes", "", "comma-separated buffer sizes")
 	iters := fs.Int("iters", 5, "timed calls per size")
 	chunk := fs.Int("chunk", 0, "pipelining chunk size in bytes (0: the ring's)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return fmt.Errorf("bench allreduce-rank: %w: %w", errUsage, err)
 	}
 	cfg := ringbench.Config{Peers: *peers, Iters: *iters, ChunkBytes: *chunk}

@@ -38,7 +38,7 @@ func runBenchServed(ctx context.Context, args []string, stdout, stderr io.Writer
 	requestSize := fs.Int("request-size", 256, "samples per request")
 	ahead := fs.Int("ahead", 8, "requests in flight")
 	runs := fs.Int("runs", 5, "runs; the medians are reported")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return fmt.Errorf("bench served: %w: %w", errUsage, err)
 	}
 	server, err := p2p.NewHost(ctx, p2p.HostConfig{Listen: []string{"/ip4/127.0.0.1/tcp/0"}})

@@ -64,7 +64,7 @@ func runHostOnly(ctx context.Context, name string, args []string, stdout, stderr
 	if name == "serve" {
 		dataConfig = fs.String("data", "", "data config (JSON: transforms, dataset_path) of the dataset to serve")
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return fmt.Errorf("%s: %w: %w", name, errUsage, err)
 	}
 	if dataConfig != nil && *dataConfig == "" {

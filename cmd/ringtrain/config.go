@@ -164,6 +164,17 @@ func (l limitsConfig) dataServer() p2p.DataServerConfig {
 		MaxPerIP: l.DataStreamsPerIP, PeerBytesPerSecond: int64(l.DataMBPerSecond) << 20}
 }
 
+// p2pJob is what the job's peers must agree on to form a ring, and the
+// smallest ring it trains on: min_world_size, or a pipeline's stages,
+// one peer each, however many replicas it began with.
+func (c *jobConfig) p2pJob() p2p.Job {
+	smallest := c.MinWorldSize
+	if c.Pipeline != nil {
+		smallest = c.Pipeline.Stages
+	}
+	return p2p.Job{Name: c.Name, ConfigHash: c.hash, WorldSize: c.WorldSize, MaxWorldSize: c.MaxWorldSize, MinWorldSize: smallest}
+}
+
 // check says which of the limits is out of range.
 func (l limitsConfig) check() error {
 	if err := l.p2p().Check(); err != nil {

@@ -14,7 +14,7 @@ func runData(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("data", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	config := fs.String("config", "", "data config (JSON: transforms, dataset_path)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return fmt.Errorf("data: %w: %w", errUsage, err)
 	}
 	if *config == "" {

@@ -16,7 +16,7 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	ckpt := fs.String("checkpoint", "", "checkpoint file (from a job's checkpoint_dir)")
 	out := fs.String("onnx", "", "the ONNX file to write")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return fmt.Errorf("export: %w: %w", errUsage, err)
 	}
 	if *ckpt == "" || *out == "" {

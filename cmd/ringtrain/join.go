@@ -246,7 +246,7 @@ func parseJoinFlags(args []string, stderr io.Writer) (*joinFlags, error) {
 	f.engine = addDeviceFlags(fs)
 	f.nat = addNATFlags(fs, "auto")
 	f.log = addLogFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return nil, fmt.Errorf("join: %w: %w", errUsage, err)
 	}
 	switch {
@@ -507,7 +507,7 @@ func printAddrs(stdout io.Writer, h *p2p.Host) {
 
 // startNode starts the job's node and ring links on h.
 func startNode(h *p2p.Host, relayFor *atomic.Pointer[p2p.Node], f *joinFlags, cfg *jobConfig, log zerolog.Logger) (*peerNet, error) {
-	node, err := p2p.NewNode(h, p2p.Job{Name: cfg.Name, ConfigHash: cfg.hash, WorldSize: cfg.WorldSize, MaxWorldSize: cfg.MaxWorldSize, MinWorldSize: cfg.MinWorldSize}, p2p.NodeConfig{Logger: log})
+	node, err := p2p.NewNode(h, cfg.p2pJob(), p2p.NodeConfig{Logger: log})
 	if err != nil {
 		return nil, err
 	}
@@ -677,8 +677,11 @@ func addLogFlags(fs *flag.FlagSet) logFlags {
 // --log-file JSON lines to that file as well; the func closes the file.
 func (f logFlags) open(w, status io.Writer, displayed bool) (zerolog.Logger, func(), error) {
 	lvl, err := zerolog.ParseLevel(*f.level)
-	if err != nil {
-		lvl = zerolog.InfoLevel
+	if err != nil || lvl == zerolog.NoLevel || lvl > zerolog.ErrorLevel {
+		return zerolog.Nop(), nil, fmt.Errorf("--log-level %q: want debug, info, warn or error: %w", *f.level, errUsage)
+	}
+	if *f.format != "auto" && *f.format != "console" && *f.format != "json" {
+		return zerolog.Nop(), nil, fmt.Errorf("--log-format %q: want auto, console or json: %w", *f.format, errUsage)
 	}
 	tty := isTerminal(w)
 	if *f.format == "console" || *f.format == "auto" && tty {

@@ -45,7 +45,7 @@ func runLocal(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Var(&boots, "bootstrap", "a peer every one of them also starts from (repeatable): a data node (ringtrain serve) for a job on served data, or a bootstrap peer")
 	traceFile := fs.String("trace", "", "write every peer's timeline, on one clock, to FILE as Chrome trace-event JSON (open it in Perfetto)")
 	logDir := fs.String("log-dir", "", "write peer i's log as JSON lines to DIR/peer-i.jsonl too (for ringtrain plot)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return fmt.Errorf("local: %w: %w", errUsage, err)
 	}
 	if *logDir != "" {

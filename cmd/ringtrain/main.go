@@ -13,8 +13,11 @@
 //	ringtrain bench form [--peers 4,8] [--runs 5]
 //	ringtrain bench engines --device cuda|host [--model cnn] [--steps 20]
 //	ringtrain bench device --device cuda|host|cpu [--model cnn] [--batch 64] [--tf32] [--no-graph]
-//	ringtrain bench flood [--kinds hello,statements,links,jobconfig,data,data-bad,dht,random] [--flood 60s] [--runs 3]
-//	ringtrain swarm-key > swarm.key
+//	ringtrain bench cpu|served|pipeline [flags]
+//	ringtrain bench flood [--kinds hello,statements,links,jobconfig,data,data-bad,dht,random,dht-messages,relay,metrics,formation-lie] [--flood 60s] [--runs 3]
+//	ringtrain swarm-key [-o swarm.key]
+//	ringtrain version (or any command's --version)
+//	ringtrain completion bash|zsh
 //	ringtrain id [--identity FILE]
 //	ringtrain predict --checkpoint FILE --image FILE.png|jpg
 //	ringtrain export --checkpoint FILE --onnx OUT.onnx
@@ -71,7 +74,7 @@ var errUsage = errors.New("usage")
 // FIFO).
 func ctxFree(command string) bool {
 	switch command {
-	case "predict", "export", "plot", "trace", "id", "swarm-key":
+	case "predict", "export", "plot", "trace", "id", "swarm-key", "version", "completion", "__complete":
 		return true
 	}
 	return false
@@ -82,9 +85,6 @@ func main() {
 	if len(os.Args) > 1 && ctxFree(os.Args[1]) {
 		stop()
 	}
-	// A second signal ends any command at once, one that is leaving
-	// gracefully too.
-	context.AfterFunc(ctx, stop)
 	stopProfile := startProfile(os.Getenv("RINGTRAIN_CPUPROFILE"))
 	train.InstallBLAS()
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -99,75 +99,72 @@ func main() {
 	}
 }
 
-const usage = `usage: ringtrain <command> [flags]
-
-commands:
-  join              find the job's peers, form the ring, train, evaluate
-  bootstrap         a peer that trains nothing: the DHT to meet in, AutoNAT, a relay for peers behind NAT
-  serve             a bootstrap peer that also serves a dataset (--data) to the peers that train on it
-  local             run -n peers of a job as processes on this machine
-  bench allreduce   measure ring-allreduce against the pattern ceiling
-  bench form        time ring formation through the DHT on loopback
-  bench engines     hold a device's losses against gorgonia's, step by step
-  bench device      one device's training samples/s for a model and batch, as JSON
-  bench flood       a job's throughput, memory and goroutines while a hostile peer floods it
-  data              load a data config's datasets and say what they hold
-  predict           class and top probabilities of a PNG/JPEG from a checkpoint
-  export            write a checkpoint's model as an ONNX file (opset 13)
-  plot              draw loss, test accuracy and samples/s per rank (or per log file) from JSON logs
-  trace merge       put several peers' --trace timelines on one clock, for Perfetto
-  swarm-key         print a new private-swarm key (give the file to every peer)
-  id                create or show this machine's peer ID (--identity FILE)
-`
-
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	err := dispatch(ctx, args, stdout, stderr)
-	if errors.Is(err, flag.ErrHelp) {
+	switch {
+	case errors.Is(err, flag.ErrHelp):
 		return nil // asked for: the flags' usage is printed, and that is not an error
+	case errors.Is(err, errVersion):
+		fmt.Fprintln(stdout, version())
+		return nil
 	}
 	return err
 }
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, usageText(""))
 		return fmt.Errorf("no command given: %w", errUsage)
 	}
 	switch args[0] {
-	case "bench":
-		return runBench(ctx, args[1:], stdout, stderr)
-	case "data":
-		return runData(ctx, args[1:], stdout, stderr)
-	case "join":
-		err := runJoin(ctx, args[1:], stdout, stderr)
-		if errors.Is(err, p2p.ErrPlaneBehindNAT) {
-			err = fmt.Errorf("%w (start every peer with --data-plane tls, which falls back to libp2p streams where it must)", err)
-		}
-		return err
-	case "bootstrap":
-		return runBootstrap(ctx, args[1:], stdout, stderr)
-	case "serve":
-		return runServe(ctx, args[1:], stdout, stderr)
-	case "local":
-		return runLocal(ctx, args[1:], stdout, stderr)
-	case "predict":
-		return runPredict(args[1:], stdout, stderr)
-	case "export":
-		return runExport(args[1:], stdout, stderr)
-	case "trace":
-		return runTrace(args[1:], stdout, stderr)
-	case "plot":
-		return runPlot(args[1:], stdout, stderr)
-	case "id":
-		return runID(args[1:], stdout, stderr)
-	case "swarm-key":
-		return p2p.WriteSwarmKey(stdout)
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
+	case "help", "-h", "--help", "-help":
+		fmt.Fprint(stdout, usageText(""))
 		return nil
+	case "--version", "-version":
+		return errVersion
+	case "__complete":
+		return runComplete(ctx, args[1:], stdout)
 	}
-	fmt.Fprint(stderr, usage)
+	if c, rest, ok := findCommand(args); ok {
+		return c.run(ctx, rest, stdout, stderr)
+	}
+	if args[0] == "bench" || args[0] == "trace" {
+		// A group: its commands, on -h as asked, else as a usage error.
+		if len(args) > 1 && (args[1] == "-h" || args[1] == "--help" || args[1] == "-help") {
+			fmt.Fprint(stdout, usageText(args[0]+" "))
+			return nil
+		}
+		fmt.Fprint(stderr, usageText(args[0]+" "))
+		if len(args) == 1 {
+			return fmt.Errorf("%s: say which: %w", args[0], errUsage)
+		}
+		return fmt.Errorf("unknown command %q: %w", args[0]+" "+args[1], errUsage)
+	}
+	fmt.Fprint(stderr, usageText(""))
 	return fmt.Errorf("unknown command %q: %w", args[0], errUsage)
+}
+
+// runJoinCommand is join, with the one hint its errors need.
+func runJoinCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	err := runJoin(ctx, args, stdout, stderr)
+	if errors.Is(err, p2p.ErrPlaneBehindNAT) {
+		err = fmt.Errorf("%w (start every peer with --data-plane tls, which falls back to libp2p streams where it must)", err)
+	}
+	return err
+}
+
+// writeFilePrivate writes b to a new file at path that only its owner may
+// read; an existing file is left alone, and an error.
+func writeFilePrivate(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // runID creates the identity file if there is none and prints its peer ID.
@@ -176,7 +173,7 @@ func runID(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	home, _ := os.UserHomeDir()
 	identity := fs.String("identity", filepath.Join(home, ".ringtrain", "identity.key"), "identity key file, created on first use")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return fmt.Errorf("id: %w: %w", errUsage, err)
 	}
 	k, err := p2p.LoadOrCreateIdentity(*identity)

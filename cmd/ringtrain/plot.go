@@ -68,9 +68,13 @@ type curves struct{ loss, rate, acc plotter.XYs }
 // and returns the files.
 func parseWithFiles(fs *flag.FlagSet, args []string) ([]string, error) {
 	var files []string
+	version := addVersionFlag(fs)
 	for {
 		if err := fs.Parse(args); err != nil {
 			return nil, err
+		}
+		if *version {
+			return nil, errVersion
 		}
 		if fs.NArg() == 0 {
 			return files, nil

@@ -37,7 +37,7 @@ func runPredict(args []string, stdout, stderr io.Writer) error {
 	ckpt := fs.String("checkpoint", "", "checkpoint written by join")
 	imgPath := fs.String("image", "", "PNG or JPEG image")
 	top := fs.Int("top", 3, "how many classes to list")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return fmt.Errorf("predict: %w: %w", errUsage, err)
 	}
 	if *ckpt == "" || *imgPath == "" {

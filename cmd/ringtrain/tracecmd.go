@@ -65,14 +65,11 @@ func joinWriters(a, b io.Writer) io.Writer {
 
 // runTrace is `ringtrain trace merge -o all.json PEER.json...`: the peers'
 // timelines on one clock, each a process of its own.
-func runTrace(args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] != "merge" {
-		return fmt.Errorf("trace: say merge: %w", errUsage)
-	}
+func runTraceMerge(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("trace merge", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	out := fs.String("o", "trace.json", "the merged trace to write")
-	files, err := parseWithFiles(fs, args[1:])
+	files, err := parseWithFiles(fs, args)
 	if err != nil {
 		return fmt.Errorf("trace merge: %w: %w", errUsage, err)
 	}
