@@ -67,13 +67,15 @@ type Agreement struct {
 	views    map[peer.ID]Proposal
 	lock     []peer.ID // the ring this peer is ready on
 	formed   bool
-	// First formation only: minLater is the smallest ring of a later
-	// generation that may claim to train (the job's min_world_size); seen
+	// First formation only: minLater and maxLater bound a ring of a later
+	// generation that may claim to train (min_world_size, and the largest
+	// admissions may grow the job to); seen
 	// is the latest generation of a proven claim; disproved, per peer, the
 	// latest generation of a claim of its that was taken back (its ring
 	// never showed itself), so that the same claim passed on again is not
 	// believed twice.
 	minLater  int
+	maxLater  int
 	seen      uint64
 	disproved map[peer.ID]uint64
 }
@@ -84,16 +86,18 @@ type Agreement struct {
 const maxGenLead = 1 << 20
 
 // NewJoinAgreement is the agreement on a job's first ring (generation 1)
-// of exactly worldSize peers. A ring of a later generation that claims to
-// train without this peer must hold at least minSize members (the job's
-// min_world_size; zero: one). It remembers at most limit peers (zero: 64
-// or four times the world size, whichever is more), so that a swarm of
-// strangers cannot grow its state without bound.
-func NewJoinAgreement(self peer.ID, worldSize, minSize, limit int) *Agreement {
+// of exactly job.WorldSize peers. A ring of a later generation that claims
+// to train without this peer must hold from job.MinWorldSize (zero: one)
+// to the job's largest (MaxWorldSize, grown by admissions) members. It
+// remembers at most limit peers (zero: 64 or four times the world size,
+// whichever is more), so that a swarm of strangers cannot grow its state
+// without bound.
+func NewJoinAgreement(self peer.ID, job Job, limit int) *Agreement {
 	if limit <= 0 {
-		limit = max(64, 4*worldSize)
+		limit = max(64, 4*job.WorldSize)
 	}
-	a := &Agreement{self: self, gen: 1, min: worldSize, max: worldSize, limit: limit, minLater: max(minSize, 1), seen: 1,
+	a := &Agreement{self: self, gen: 1, min: job.WorldSize, max: job.WorldSize, limit: limit,
+		minLater: max(job.MinWorldSize, 1), maxLater: job.maxSize(), seen: 1,
 		peers: map[peer.ID]liveness{self: alive}, views: map[peer.ID]Proposal{}, disproved: map[peer.ID]uint64{}}
 	return a
 }
@@ -206,7 +210,7 @@ func (a *Agreement) Step(from peer.ID, m Proposal) error {
 			return fmt.Errorf("%w from %s: a ring of generation %d, more than %d past generation %d, the latest this peer has seen",
 				ErrBadProposal, from, m.Gen, maxGenLead, a.seen)
 		}
-		if err := checkRing(m.Members, a.minLater, a.max); err != nil {
+		if err := checkRing(m.Members, a.minLater, a.maxLater); err != nil {
 			return fmt.Errorf("%w from %s for generation %d: %w", ErrBadProposal, from, m.Gen, err)
 		}
 		a.peers[from] = alive

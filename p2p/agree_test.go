@@ -15,6 +15,7 @@ const (
 	pb peer.ID = "peer-b"
 	pc peer.ID = "peer-c"
 	pd peer.ID = "peer-d"
+	pe peer.ID = "peer-e"
 )
 
 // msg is one input to an Agreement in a scripted test.
@@ -47,13 +48,14 @@ func feed(t *testing.T, a *Agreement, ms []msg) []error {
 }
 
 func TestAgreementJoin(t *testing.T) {
-	abc := []peer.ID{pa, pb, pc}
+	abc, abcd := []peer.ID{pa, pb, pc}, []peer.ID{pa, pb, pc, pd}
 	for _, tc := range []struct {
 		name     string
 		self     peer.ID
 		verified []peer.ID
 		msgs     []msg
 		minSize  int       // the job's min_world_size
+		maxSize  int       // the job's max_world_size
 		bad      int       // how many messages ErrBadProposal refuses
 		formed   []peer.ID // nil: not formed
 		standby  bool
@@ -99,6 +101,12 @@ func TestAgreementJoin(t *testing.T) {
 			proposal: abc},
 		{name: "a liar's ring of itself alone is refused below min_world_size", self: pc, verified: abc, minSize: 2,
 			msgs: []msg{{from: pb, prop: []peer.ID{pb}, ready: true, formed: true, gen: 7}}, bad: 1, proposal: abc},
+		{name: "a later ring grown by admissions past world_size is taken", self: pe, verified: abcd, maxSize: 4,
+			msgs: []msg{{from: pa, prop: abcd, ready: true, formed: true, gen: 3}, {from: pb, prop: abcd, ready: true, formed: true, gen: 3},
+				{from: pc, prop: abcd, ready: true, formed: true, gen: 3}, {from: pd, prop: abcd, ready: true, formed: true, gen: 3}},
+			standby: true, proposal: abc},
+		{name: "a later ring past max_world_size is refused", self: pe, verified: abcd,
+			msgs: []msg{{from: pa, prop: abcd, ready: true, formed: true, gen: 3}}, bad: 1, proposal: abc},
 		{name: "a ring of a generation far ahead is refused", self: pc, verified: abc,
 			msgs: []msg{{from: pb, prop: []peer.ID{pb}, ready: true, formed: true, gen: 1 << 62}}, bad: 1, proposal: abc},
 		{name: "one peer's word that the first ring formed is not enough", self: pd, verified: []peer.ID{pa, pb, pc, pd},
@@ -111,7 +119,7 @@ func TestAgreementJoin(t *testing.T) {
 			msgs: []msg{{from: pb, prop: []peer.ID{pb, pa}, ready: true, formed: true, gen: 3}}, bad: 1, proposal: abc},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a := NewJoinAgreement(tc.self, 3, tc.minSize, 0)
+			a := NewJoinAgreement(tc.self, Job{WorldSize: 3, MinWorldSize: tc.minSize, MaxWorldSize: tc.maxSize}, 0)
 			for _, p := range tc.verified {
 				a.Verified(p)
 			}
@@ -143,7 +151,7 @@ func TestAgreementJoin(t *testing.T) {
 // TestAgreementGivesUpARingAMemberLeft: ready on a ring, a peer sees one of
 // its members ready on another; it gives its own up.
 func TestAgreementGivesUpARingAMemberLeft(t *testing.T) {
-	a := NewJoinAgreement(pa, 2, 0, 0)
+	a := NewJoinAgreement(pa, Job{WorldSize: 2}, 0)
 	for _, p := range []peer.ID{pb, pc} {
 		a.Verified(p)
 	}
@@ -162,7 +170,7 @@ func TestAgreementGivesUpARingAMemberLeft(t *testing.T) {
 // itself takes the claim back: no longer a standby, the claim's members
 // forgotten, and the same claim said again not believed.
 func TestAgreementDisprovedClaim(t *testing.T) {
-	a := NewJoinAgreement(pc, 2, 2, 0)
+	a := NewJoinAgreement(pc, Job{WorldSize: 2, MinWorldSize: 2}, 0)
 	for _, p := range []peer.ID{pa, pb, pd} {
 		a.Verified(p)
 	}
@@ -196,7 +204,7 @@ func TestAgreementDisprovedClaim(t *testing.T) {
 // TestAgreementJoinBounded: a first formation remembers at most its limit
 // of peers.
 func TestAgreementJoinBounded(t *testing.T) {
-	a := NewJoinAgreement(pa, 2, 0, 3)
+	a := NewJoinAgreement(pa, Job{WorldSize: 2}, 3)
 	got := []bool{a.Verified(pb), a.Verified(pc), a.Verified(pd)}
 	if !slices.Equal(got, []bool{true, true, false}) {
 		t.Errorf("Verified over a limit of 3 = %v; want the third refused", got)

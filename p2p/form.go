@@ -238,7 +238,7 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 		relay:       make(chan struct{}, 1),
 		peers:       map[peer.ID]*peerInfo{},
 		busy:        map[peer.ID]bool{},
-		join:        NewJoinAgreement(h.ID(), job.WorldSize, job.MinWorldSize, cfg.MaxPeers),
+		join:        NewJoinAgreement(h.ID(), job, cfg.MaxPeers),
 		admitted:    make(chan *Formation, 1),
 		seq0:        uint64(time.Now().UnixNano()),
 		incarnation: rand.Uint64() | 1, // never 0, which says nothing
