@@ -185,6 +185,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	job.Training.Replica.Trace = tracerOf(tracer)
 	if m != nil {
 		m.guard(h.Guard)
+		job.Dropped = m.droppedLiars
 		addr, stop, err := m.serve(ctx, f.metrics)
 		if err != nil {
 			return fmt.Errorf("--metrics: %w", err)

@@ -25,6 +25,7 @@ type metrics struct {
 	// One series each, the epoch a value: a label per epoch grew the
 	// series without bound over a long job.
 	acc, accEpoch prometheus.Gauge
+	dropped       prometheus.Counter // peers dropped for lying
 
 	mu   sync.Mutex
 	last train.Progress
@@ -55,6 +56,8 @@ func newMetrics() *metrics {
 		Help: "Test accuracy after the last epoch done (the whole test set, scored over the ring)."})
 	m.accEpoch = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ringtrain_test_accuracy_epoch",
 		Help: "The epoch (1-based) ringtrain_test_accuracy was scored after; 0 before the first."})
+	m.dropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "ringtrain_dropped_liars_total",
+		Help: "Peers this peer's ring dropped for telling the others what no honest replica could (a desync named)."})
 	m.reg.MustRegister(
 		part("compute", func(s train.ReplicaStats) time.Duration { return s.Compute }),
 		part("wait", func(s train.ReplicaStats) time.Duration { return s.Wait }),
@@ -67,7 +70,7 @@ func newMetrics() *metrics {
 		gauge("ringtrain_samples_per_second", "This peer's training samples per second since its epoch began.", func(p train.Progress) float64 { return p.SamplesPerSec }),
 		gauge("ringtrain_world_size", "Peers in the ring.", func(p train.Progress) float64 { return float64(p.WorldSize) }),
 		gauge("ringtrain_epoch", "The epoch under way (1-based), or the last one done.", func(p train.Progress) float64 { return float64(p.Epoch + 1) }),
-		m.acc, m.accEpoch,
+		m.acc, m.accEpoch, m.dropped,
 		// The Go runtime's and the process's own (goroutines, memory,
 		// CPU seconds), as every Go exporter serves them.
 		collectors.NewGoCollector(),
@@ -94,6 +97,9 @@ func (m *metrics) guard(g *p2p.Guard) {
 			Help: "Peers cut off for breaking this peer's limits or sending what does not decode."}, func() float64 { return float64(g.Bans()) }),
 	)
 }
+
+// droppedLiars counts peers dropped for lying (elastic.Job's Dropped).
+func (m *metrics) droppedLiars(peers []string, _ string) { m.dropped.Add(float64(len(peers))) }
 
 // observe takes a progress report; it runs on the training goroutine.
 func (m *metrics) observe(p train.Progress, hasTest bool) {

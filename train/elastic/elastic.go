@@ -131,6 +131,9 @@ type Job struct {
 	// Out, if set, gets one line per ring formed ("ring formed: rank 0 of
 	// 3, generation 1", "ring re-formed: …", "ring grew: …").
 	Out io.Writer
+	// Dropped, if set, hears of the peers dropped for lying (a desync
+	// named), before the ring re-forms without them.
+	Dropped func(peers []string, why string)
 
 	rg     *ring.Ring
 	lost   map[string]int // peers lost in re-formations since a step last completed
@@ -453,6 +456,9 @@ func (j *Job) reform(ctx context.Context, ev event, ranks []int, at train.Positi
 		}
 		log.Error().Strs("dropped", pick(old, gone)).Str("why", why).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).
 			Msg("peers told the others what no honest replica could; re-forming the ring without them")
+		if j.Dropped != nil {
+			j.Dropped(pick(old, gone), why)
+		}
 	default:
 		log.Warn().Str("cause", cause.Error()).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).Int("world_size", len(old)).
 			Msg("a peer was lost; re-forming the ring with the survivors")

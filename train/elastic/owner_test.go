@@ -27,6 +27,7 @@ var errKilled = errors.New("killed")
 // re-forms, while it admits them.
 type world struct {
 	t       *testing.T
+	dropped []string // peers the Jobs said they dropped for lying, under mu
 	mu      sync.Mutex
 	cond    *sync.Cond
 	gen     uint64
@@ -294,6 +295,25 @@ type peerPlan struct {
 	stall         bool // a newcomer that stalls once admitted
 	arriveOnGrow  bool // a newcomer, started as the ring first grows
 	killAfterStep int  // killed once this step is done (and its checkpoint written)
+	driftAfter    int  // its parameters drift after this forward pass: a replica the others' hash check names
+}
+
+// errNamedLiar stands, in a test's expectations, for the train.LiarError
+// a peer the others named ends with.
+var errNamedLiar = errors.New("named a liar")
+
+// drifter is a model whose parameters drift from the others' after n
+// forward passes, as a dishonest or broken replica's would.
+type drifter struct {
+	train.Model
+	n int
+}
+
+func (d *drifter) ForwardBackward(x []float32, y []int, n int) (float32, error) {
+	if d.n--; d.n == 0 {
+		d.Model.Params()[0][0] += 0.5
+	}
+	return d.Model.ForwardBackward(x, y, n)
 }
 
 // accounting counts, per epoch, how often each sample was trained.
@@ -384,12 +404,15 @@ func ownerRun(t *testing.T, world0, minWorld, maxWorld int, plans []peerPlan, se
 			model = &killer{Model: m, n: p.killAtStep, kill: func() { w.kill(names[i]) }}
 		case p.breakFrom > 0:
 			model = &killer{Model: m, n: p.breakFrom, brk: func() { w.breakRing(names[i]) }}
+		case p.driftAfter > 0:
+			model = &drifter{Model: m, n: p.driftAfter}
 		}
 		if p.stall {
 			w.stallOnAdmit[names[i]] = true
 		}
 		job := &Job{Members: &member{w: w, name: names[i]}, WorldSize: world0, MinWorldSize: minWorld, MaxWorldSize: maxWorld,
-			StepTimeout: stepTimeout, AdmitTimeout: time.Second, Logger: zerolog.New(&log).With().Str("peer", names[i]).Logger()}
+			StepTimeout: stepTimeout, AdmitTimeout: time.Second, Logger: zerolog.New(&log).With().Str("peer", names[i]).Logger(),
+			Dropped: func(peers []string, _ string) { w.mu.Lock(); w.dropped = append(w.dropped, peers...); w.mu.Unlock() }}
 		saveEvery := 0
 		if w.checkpoints {
 			job.Checkpoint = filepath.Join(t.TempDir(), "job.ckpt")
@@ -487,6 +510,17 @@ func TestOwnerTransitions(t *testing.T) {
 			wantLog: []string{"ring grew: admitted newcomers"}, wantFinalLen: 4},
 		{name: "stalled during an admission", world0: 2, min: 2, max: 3, plans: []peerPlan{{}, {}, {arriveAt: 10, stall: true}},
 			ended: map[int]error{2: errKilled}, wantLog: []string{"ring re-formed without the lost peers"}, wantFinalLen: 2},
+		{name: "a replica drifts: named at the hash check and dropped", world0: 3, min: 2, plans: []peerPlan{{}, {}, {driftAfter: 5}},
+			setup: func(w *world, n []string, _ []context.CancelFunc) {
+				t.Cleanup(func() {
+					w.mu.Lock()
+					defer w.mu.Unlock()
+					if len(w.dropped) != 2 || w.dropped[0] != n[2] || w.dropped[1] != n[2] {
+						t.Errorf("Dropped heard %v; want %s from each of the other two", w.dropped, n[2])
+					}
+				})
+			},
+			ended: map[int]error{2: errNamedLiar}, wantLog: []string{"what no honest replica could"}, wantFinalLen: 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			began := time.Now()
@@ -498,7 +532,8 @@ func TestOwnerTransitions(t *testing.T) {
 			stayed := 0
 			for i, err := range errs {
 				if want, ok := tc.ended[i]; ok {
-					if !errors.Is(err, want) {
+					var liar *train.LiarError
+					if want == errNamedLiar && !errors.As(err, &liar) || want != errNamedLiar && !errors.Is(err, want) {
 						t.Errorf("peer %d: %v; want %v", i, err, want)
 					}
 					continue
