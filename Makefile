@@ -15,7 +15,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzR
 
 MODEL ?= mlp
 
-.PHONY: check test-deps test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes fashion-mnist testdata demo clean
+.PHONY: check test-deps test-prometheus test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes fashion-mnist testdata demo clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -66,12 +66,12 @@ test: vet build
 	RINGTRAIN_TEST_BIN=$(abspath $(BIN))/ringtrain $(GO) test -race -count=1 ./... && rc=0 || rc=$$?; \
 	wait $$bg && bgrc=0 || bgrc=$$?; cat $(BIN)/test-bg.log; \
 	[ $$rc = 0 ] && [ $$bgrc = 0 ]
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-onnx test-netns test-openblas fuzz
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-onnx test-netns test-openblas test-prometheus fuzz
 
 # What make test's later steps need from Debian and npm, in one apt-get
 # (dpkg takes one at a time) and one npm install; each step checks again
 # and says SKIPPED where something could not be had.
-TEST_DEBS = gcc libopenblas-dev qemu-user iptables python3-onnx
+TEST_DEBS = gcc libopenblas-dev qemu-user iptables python3-onnx prometheus curl
 test-deps:
 	@missing=$$(for p in $(TEST_DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then apt-get install -y -qq $$missing >/dev/null 2>&1 || \
@@ -119,6 +119,15 @@ onnx-proto:
 	GOBIN=$(abspath $(BIN)) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go
 	cd train/onnx/onnxpb && protoc --plugin=protoc-gen-go=$(abspath $(BIN))/protoc-gen-go --go_out=. --go_opt=paths=source_relative \
 	  --go_opt=Monnx.proto=github.com/ringtrain/ringtrain/train/onnx/onnxpb onnx.proto
+
+# The alerting rules (cmd/ringtrain/prometheus) checked and unit-tested by
+# Prometheus' own promtool, then a real Prometheus scraping a training peer
+# with the rules loaded: libp2p's series and ringtrain's must be there.
+test-prometheus: build
+	@if command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v curl >/dev/null; then \
+	  cd cmd/ringtrain/prometheus && promtool check rules alerts.yml && promtool test rules alerts_test.yml && cd - >/dev/null && \
+	  bash testdata/prometheus-scrape.sh $(BIN)/ringtrain; \
+	else echo "test-prometheus: SKIPPED, Debian's prometheus (promtool) or curl is not installed and could not be"; fi
 
 # Four peers in four network namespaces behind a bridge, 1 Gbit/s links;
 # one is SIGKILLed mid-epoch and the other three must finish in step. Then
