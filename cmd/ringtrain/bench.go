@@ -14,7 +14,7 @@ import (
 
 	"github.com/ringtrain/ringtrain/p2p"
 	"github.com/ringtrain/ringtrain/ring"
-	"github.com/ringtrain/ringtrain/ring/ringbench"
+	"github.com/ringtrain/ringtrain/internal/ringbench"
 )
 
 // runBenchAllreduce is `ringtrain bench allreduce`.

@@ -24,7 +24,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/ringtrain/ringtrain/p2p"
-	"github.com/ringtrain/ringtrain/ring/ringbench"
+	"github.com/ringtrain/ringtrain/internal/ringbench"
 )
 
 // peerAddr is the first line a `bench allreduce-peer` prints: where the

@@ -17,7 +17,7 @@ import (
 	"sync"
 
 	"github.com/ringtrain/ringtrain/ring"
-	"github.com/ringtrain/ringtrain/ring/ringbench"
+	"github.com/ringtrain/ringtrain/internal/ringbench"
 )
 
 // allreduceProcs is `bench allreduce --procs`: every rank its own process

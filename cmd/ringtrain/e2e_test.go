@@ -22,7 +22,7 @@ import (
 
 	xdraw "golang.org/x/image/draw"
 
-	"github.com/ringtrain/ringtrain/ring/ringbench"
+	"github.com/ringtrain/ringtrain/internal/ringbench"
 	"github.com/ringtrain/ringtrain/train"
 )
 
