@@ -86,9 +86,9 @@ type graphModel struct {
 
 // dropout is a layer's mask: an input of the graph multiplied into its
 // activations, refilled before every run — 0 or 1/(1−p) while training, 1 in
-// evaluation. gorgonia's own Dropout draws through a slow generator per
-// element (+0.8 s a step on the cnn's fc1, shared/FACTS.md); this costs one
-// 64-bit draw per two values.
+// evaluation. gorgonia's own Dropout draws one go_rng uniform number per
+// element (about +0.8 s a step on the cnn's 64×1024 fc1, measured on these
+// machines: 46.8 samples/s); this costs one 64-bit draw per two values.
 type dropout struct {
 	mask []float32
 	keep float32 // 1/(1−p)

@@ -12,9 +12,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ringtrain/ringtrain/internal/ringbench"
 	"github.com/ringtrain/ringtrain/p2p"
 	"github.com/ringtrain/ringtrain/ring"
-	"github.com/ringtrain/ringtrain/internal/ringbench"
 )
 
 // runBenchAllreduce is `ringtrain bench allreduce`.

@@ -29,8 +29,8 @@ type deviceResult struct {
 }
 
 // runBenchDevice is `ringtrain bench device`: one device's training speed
-// for a model and batch size, as JSON, measured as
-// shared/bench/torch_fmnist_gpu.py measures PyTorch — whole training steps
+// for a model and batch size, as JSON, measured the way the PyTorch
+// reference of testdata/gpu-bench.sh measures PyTorch — whole training steps
 // (forward, backward, Adam at lr 1e-3) on full batches already in memory,
 // after untimed warm-up steps, through train.Replica on a ring of one. The
 // batches are seeded noise with random labels: speed does not depend on

@@ -23,8 +23,8 @@ import (
 	ma "github.com/multiformats/go-multiaddr"
 	"github.com/rs/zerolog"
 
-	"github.com/ringtrain/ringtrain/p2p"
 	"github.com/ringtrain/ringtrain/internal/ringbench"
+	"github.com/ringtrain/ringtrain/p2p"
 )
 
 // peerAddr is the first line a `bench allreduce-peer` prints: where the

@@ -16,8 +16,8 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/ringtrain/ringtrain/ring"
 	"github.com/ringtrain/ringtrain/internal/ringbench"
+	"github.com/ringtrain/ringtrain/ring"
 )
 
 // allreduceProcs is `bench allreduce --procs`: every rank its own process
