@@ -1,6 +1,7 @@
 package p2p
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
@@ -234,6 +235,22 @@ func proof(key []byte, from, to peer.ID) string {
 	m := hmac.New(sha256.New, key)
 	fmt.Fprintf(m, "ringtrain hello\x00%s\x00%s", from, to)
 	return hex.EncodeToString(m.Sum(nil))
+}
+
+// Proof is what a peer of job j says in Hello.Proof to prove the job to
+// peer to: an HMAC of both IDs under the job's key, which anyone who knows
+// the job's name, config hash and world size can compute — and no one
+// else.
+func (j Job) Proof(from, to peer.ID) string { return proof(jobKey(j), from, to) }
+
+// EncodeHello is h as it goes on the wire: a 4-byte big-endian length and
+// its JSON, at most maxHelloBytes.
+func EncodeHello(h *Hello) ([]byte, error) {
+	var b bytes.Buffer
+	if err := writeHello(&b, h); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
 }
 
 // proves reports whether got is from's proof to to.

@@ -25,6 +25,7 @@ import (
 	ma "github.com/multiformats/go-multiaddr"
 	"github.com/rs/zerolog"
 
+	"github.com/ringtrain/ringtrain/internal/flood"
 	"github.com/ringtrain/ringtrain/p2p"
 	"github.com/ringtrain/ringtrain/train"
 )
@@ -34,7 +35,7 @@ import (
 // hostile peer managed to send.
 type floodRow struct {
 	Run            int            `json:"run"`
-	Kind           p2p.FloodKind  `json:"kind"`
+	Kind           flood.Kind  `json:"kind"`
 	Baseline       float64        `json:"baseline_samples_per_s"`
 	Flooded        float64        `json:"flooded_samples_per_s"`
 	Ratio          float64        `json:"ratio"`
@@ -45,7 +46,7 @@ type floodRow struct {
 	BackIn         float64        `json:"goroutines_back_in_s"` // -1: not within the settle time
 	Refused        int64          `json:"refused_streams"`
 	CutOff         int64          `json:"cut_off"`
-	Stats          p2p.FloodStats `json:"flooder"`
+	Stats          flood.Stats `json:"flooder"`
 	Seconds        float64        `json:"flood_s"`
 }
 
@@ -73,15 +74,15 @@ func runBenchFlood(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err := parseFlags(fs, args); err != nil {
 		return fmt.Errorf("bench flood: %w: %w", errUsage, err)
 	}
-	var plan []p2p.FloodKind
+	var plan []flood.Kind
 	if *kinds == "all" {
-		plan = p2p.FloodKinds()
+		plan = flood.Kinds()
 	} else {
 		for _, k := range strings.Split(*kinds, ",") {
-			if !slices.Contains(p2p.FloodKinds(), p2p.FloodKind(k)) {
+			if !slices.Contains(flood.Kinds(), flood.Kind(k)) {
 				return fmt.Errorf("bench flood: kind %q; want %s: %w", k, floodKindNames(), errUsage)
 			}
-			plan = append(plan, p2p.FloodKind(k))
+			plan = append(plan, flood.Kind(k))
 		}
 	}
 	exe, err := os.Executable()
@@ -142,7 +143,7 @@ func runBenchFlood(ctx context.Context, args []string, stdout, stderr io.Writer)
 
 func floodKindNames() string {
 	var s []string
-	for _, k := range p2p.FloodKinds() {
+	for _, k := range flood.Kinds() {
 		s = append(s, string(k))
 	}
 	return strings.Join(s, ",")
@@ -408,7 +409,7 @@ func sleepFor(ctx context.Context, d time.Duration) error {
 
 // flood measures a window of baseline, floods the first peer with kind for
 // floodFor, and watches the peers' goroutines come back for up to settle.
-func (j *floodJob) flood(ctx context.Context, exe string, kind p2p.FloodKind, source string, workers int, baseline, floodFor, settle time.Duration) (floodRow, error) {
+func (j *floodJob) flood(ctx context.Context, exe string, kind flood.Kind, source string, workers int, baseline, floodFor, settle time.Duration) (floodRow, error) {
 	row := floodRow{Kind: kind, BackIn: -1, Seconds: floodFor.Seconds()}
 	a, err := j.sample(ctx)
 	if err != nil {
@@ -522,8 +523,8 @@ func (j *floodJob) stop(ctx context.Context) ([]string, error) {
 }
 
 func printFloodTable(w io.Writer, rows []floodRow, one bool, hashes []string) {
-	byKind := map[p2p.FloodKind][]floodRow{}
-	var order []p2p.FloodKind
+	byKind := map[flood.Kind][]floodRow{}
+	var order []flood.Kind
 	for _, r := range rows {
 		if _, ok := byKind[r.Kind]; !ok {
 			order = append(order, r.Kind)
@@ -596,7 +597,7 @@ func runFloodPeer(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	fctx, cancel := context.WithTimeout(ctx, *d)
 	defer cancel()
-	st, err := p2p.Flood(fctx, h, *ai, p2p.FloodKind(*kind), p2p.FloodOptions{Workers: *workers, Dataset: *dataset, Metrics: *metricsAt, Job: job})
+	st, err := flood.Run(fctx, h, *ai, flood.Kind(*kind), flood.Options{Workers: *workers, Dataset: *dataset, Metrics: *metricsAt, Job: job})
 	if err != nil {
 		return err
 	}

@@ -1,8 +1,12 @@
-package p2p
+// Package flood is the hostile peer of ringtrain's flood benchmark (bench
+// flood): what a peer's limits are tested against. It speaks ringtrain's
+// protocols from the outside, as an attacker's own code would, through
+// what package p2p exports and the wire formats it documents. It exists to
+// attack, so it is no API: internal.
+package flood
 
 import (
 	"bufio"
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -26,102 +30,103 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ringtrain/ringtrain/data"
+	"github.com/ringtrain/ringtrain/p2p"
 )
 
-// FloodKind names what Flood sends a peer.
-type FloodKind string
+// Kind names what Run sends a peer.
+type Kind string
 
 // What a hostile peer can send a ringtrain peer, each as fast as it can.
 const (
-	// FloodHello: hellos of a stranger, well-formed, proving nothing.
-	FloodHello FloodKind = "hello"
-	// FloodStatements: hellos as large as a hello may be, full of
+	// Hello: hellos of a stranger, well-formed, proving nothing.
+	Hello Kind = "hello"
+	// Statements: hellos as large as a hello may be, full of
 	// statements no member signed.
-	FloodStatements FloodKind = "statements"
-	// FloodLinks: ring links opened with a well-formed link hello of a
+	Statements Kind = "statements"
+	// Links: ring links opened with a well-formed link hello of a
 	// generation the peer is not in.
-	FloodLinks FloodKind = "links"
-	// FloodJobConfig: job-config requests for jobs the peer does not run.
-	FloodJobConfig FloodKind = "jobconfig"
-	// FloodData: manifest and sample requests for the dataset
-	// FloodOptions.Dataset, valid ones, on at most 8 streams (what a data
+	Links Kind = "links"
+	// JobConfig: job-config requests for jobs the peer does not run.
+	JobConfig Kind = "jobconfig"
+	// Data: manifest and sample requests for the dataset
+	// Options.Dataset, valid ones, on at most 8 streams (what a data
 	// server serves one peer at once), each asking again as soon as it
 	// is answered.
-	FloodData FloodKind = "data"
-	// FloodDataBad: data requests that are refused (unknown op, too many
+	Data Kind = "data"
+	// DataBad: data requests that are refused (unknown op, too many
 	// samples, indices out of range).
-	FloodDataBad FloodKind = "data-bad"
-	// FloodDHT: DHT lookups of random keys.
-	FloodDHT FloodKind = "dht"
-	// FloodRandom: random bytes on each of ringtrain's protocols in turn.
-	FloodRandom FloodKind = "random"
-	// FloodDHTMessages: FIND_NODE and ADD_PROVIDER messages of ever new
+	DataBad Kind = "data-bad"
+	// DHT: DHT lookups of random keys.
+	DHT Kind = "dht"
+	// Random: random bytes on each of ringtrain's protocols in turn.
+	Random Kind = "random"
+	// DHTMessages: FIND_NODE and ADD_PROVIDER messages of ever new
 	// keys, back to back on one kad stream each, from a new identity
 	// each time a stream is cut off.
-	FloodDHTMessages FloodKind = "dht-messages"
-	// FloodRelay: relay reservations, and circuits through the peer to
+	DHTMessages Kind = "dht-messages"
+	// Relay: relay reservations, and circuits through the peer to
 	// peers it never heard of.
-	FloodRelay FloodKind = "relay"
-	// FloodMetrics: idle keep-alive connections to the peer's metrics
-	// endpoint (FloodOptions.Metrics), as many as it takes.
-	FloodMetrics FloodKind = "metrics"
-	// FloodFormation: hellos of a peer that knows the job
-	// (FloodOptions.Job), claiming a ring of itself at generation 2^62.
-	FloodFormation FloodKind = "formation-lie"
+	Relay Kind = "relay"
+	// Metrics: idle keep-alive connections to the peer's metrics
+	// endpoint (Options.Metrics), as many as it takes.
+	Metrics Kind = "metrics"
+	// Formation: hellos of a peer that knows the job
+	// (Options.Job), claiming a ring of itself at generation 2^62.
+	Formation Kind = "formation-lie"
 )
 
-// FloodKinds are all the kinds, in the order a flood benchmark runs them.
-func FloodKinds() []FloodKind {
-	return []FloodKind{FloodHello, FloodStatements, FloodLinks, FloodJobConfig, FloodData, FloodDataBad, FloodDHT, FloodRandom,
-		FloodDHTMessages, FloodRelay, FloodMetrics, FloodFormation}
+// Kinds are all the kinds, in the order a flood benchmark runs them.
+func Kinds() []Kind {
+	return []Kind{Hello, Statements, Links, JobConfig, Data, DataBad, DHT, Random,
+		DHTMessages, Relay, Metrics, Formation}
 }
 
-// FloodOptions shape a Flood.
-type FloodOptions struct {
+// Options shape a Run.
+type Options struct {
 	// Workers send at once. Default 16.
 	Workers int
-	// Dataset is the served dataset's ID that FloodData asks for.
+	// Dataset is the served dataset's ID that Data asks for.
 	Dataset string
 	// Metrics is the host:port of the peer's metrics endpoint
-	// (FloodMetrics).
+	// (Metrics).
 	Metrics string
 	// Job is the job the peer runs, as its join command tells anyone
-	// (FloodFormation).
-	Job Job
+	// (Formation).
+	Job p2p.Job
 }
 
-// FloodStats count what a Flood did.
-type FloodStats struct {
-	Kind     FloodKind `json:"kind"`
-	Sent     int64     `json:"sent"`     // requests or streams sent in full
-	Answered int64     `json:"answered"` // of those, answered with anything
-	Failed   int64     `json:"failed"`   // streams or dials that failed (refused, reset, cut off)
-	Bytes    int64     `json:"bytes"`    // bytes written
+// Stats count what a Run did.
+type Stats struct {
+	Kind     Kind  `json:"kind"`
+	Sent     int64 `json:"sent"`     // requests or streams sent in full
+	Answered int64 `json:"answered"` // of those, answered with anything
+	Failed   int64 `json:"failed"`   // streams or dials that failed (refused, reset, cut off)
+	Bytes    int64 `json:"bytes"`    // bytes written
 }
 
-// Flood sends target what kind says, from h, as fast as it can with
+// Run sends target what kind says, from h, as fast as it can with
 // opt.Workers at once, until ctx ends. It is the hostile peer of the flood
 // benchmark (ringtrain bench flood): what a peer's limits are tested
-// against. A peer that cuts h off makes every later try fail; Flood keeps
+// against. A peer that cuts h off makes every later try fail; Run keeps
 // trying.
-func Flood(ctx context.Context, h *Host, target peer.AddrInfo, kind FloodKind, opt FloodOptions) (FloodStats, error) {
+func Run(ctx context.Context, h *p2p.Host, target peer.AddrInfo, kind Kind, opt Options) (Stats, error) {
 	if opt.Workers <= 0 {
 		opt.Workers = 16
 	}
 	var id [32]byte
-	if kind == FloodData {
+	if kind == Data {
 		var err error
 		if id, err = data.ParseID(opt.Dataset); err != nil {
-			return FloodStats{Kind: kind}, fmt.Errorf("p2p: flood data: %w", err)
+			return Stats{Kind: kind}, fmt.Errorf("flood data: %w", err)
 		}
 	}
-	if kind == FloodData {
+	if kind == Data {
 		// As many streams as a server serves one peer at once (its
 		// MaxPerPeer): valid requests, as fast as they are answered.
 		opt.Workers = min(opt.Workers, 8)
 	}
-	if kind == FloodMetrics && opt.Metrics == "" || kind == FloodFormation && opt.Job.Name == "" {
-		return FloodStats{Kind: kind}, fmt.Errorf("p2p: flood %s: FloodOptions says nothing of the peer's metrics or job", kind)
+	if kind == Metrics && opt.Metrics == "" || kind == Formation && opt.Job.Name == "" {
+		return Stats{Kind: kind}, fmt.Errorf("flood %s: Options says nothing of the peer's metrics or job", kind)
 	}
 	f := &flooder{h: h, to: target.ID, kind: kind, id: id, dataset: opt.Dataset, opt: opt}
 	h.Peerstore().AddAddrs(target.ID, target.Addrs, time.Hour)
@@ -135,40 +140,40 @@ func Flood(ctx context.Context, h *Host, target peer.AddrInfo, kind FloodKind, o
 		})
 	}
 	wg.Wait()
-	return FloodStats{Kind: kind, Sent: f.sent.Load(), Answered: f.answered.Load(), Failed: f.failed.Load(), Bytes: f.bytes.Load()}, nil
+	return Stats{Kind: kind, Sent: f.sent.Load(), Answered: f.answered.Load(), Failed: f.failed.Load(), Bytes: f.bytes.Load()}, nil
 }
 
 type flooder struct {
-	h       *Host
+	h       *p2p.Host
 	to      peer.ID
-	kind    FloodKind
+	kind    Kind
 	id      [32]byte
 	dataset string
-	opt     FloodOptions
+	opt     Options
 
 	sent, answered, failed, bytes atomic.Int64
 }
 
-// floodProtocols are what FloodRandom sends garbage on.
-var floodProtocols = []protocol.ID{HelloProtocol, ReformProtocol, AdmitProtocol, RingProtocol, JobConfigProtocol, DataProtocol, ProtocolPrefix + "/kad/1.0.0"}
+// floodProtocols are what Random sends garbage on.
+var floodProtocols = []protocol.ID{p2p.HelloProtocol, p2p.ReformProtocol, p2p.AdmitProtocol, p2p.RingProtocol, p2p.JobConfigProtocol, p2p.DataProtocol, p2p.ProtocolPrefix + "/kad/1.0.0"}
 
-// once sends one request (or, for FloodData, a run of them on one stream).
+// once sends one request (or, for Data, a run of them on one stream).
 func (f *flooder) once(ctx context.Context, rng *mrand.Rand) {
 	switch f.kind {
-	case FloodDHTMessages:
+	case DHTMessages:
 		f.dhtMessages(ctx, rng)
 		return
-	case FloodRelay:
+	case Relay:
 		f.relay(ctx)
 		return
-	case FloodMetrics:
+	case Metrics:
 		f.metrics(ctx)
 		return
-	case FloodFormation:
+	case Formation:
 		f.formationLie(ctx)
 		return
 	}
-	if f.kind == FloodDHT {
+	if f.kind == DHT {
 		var p [32]byte
 		rand.Read(p[:])
 		lctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -177,9 +182,9 @@ func (f *flooder) once(ctx context.Context, rng *mrand.Rand) {
 		f.count(err, 0)
 		return
 	}
-	proto := map[FloodKind]protocol.ID{FloodHello: HelloProtocol, FloodStatements: HelloProtocol, FloodLinks: RingProtocol,
-		FloodJobConfig: JobConfigProtocol, FloodData: DataProtocol, FloodDataBad: DataProtocol}[f.kind]
-	if f.kind == FloodRandom {
+	proto := map[Kind]protocol.ID{Hello: p2p.HelloProtocol, Statements: p2p.HelloProtocol, Links: p2p.RingProtocol,
+		JobConfig: p2p.JobConfigProtocol, Data: p2p.DataProtocol, DataBad: p2p.DataProtocol}[f.kind]
+	if f.kind == Random {
 		proto = floodProtocols[rng.IntN(len(floodProtocols))]
 	}
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -196,7 +201,7 @@ func (f *flooder) once(ctx context.Context, rng *mrand.Rand) {
 	}
 	defer s.Close()
 	defer context.AfterFunc(ctx, func() { s.Reset() })()
-	if f.kind == FloodData {
+	if f.kind == Data {
 		// Valid requests for as long as the flood lasts; a stream the
 		// server ended (busy, say) is opened again after a pause, as a
 		// client would, not at once.
@@ -207,18 +212,18 @@ func (f *flooder) once(ctx context.Context, rng *mrand.Rand) {
 	setDeadline(sctx, s)
 	var msg []byte
 	switch f.kind {
-	case FloodHello:
-		msg = helloBytes(&Hello{Version: ProtocolVersion, Proof: fmt.Sprintf("%064x", rng.Uint64())})
-	case FloodStatements:
+	case Hello:
+		msg = helloBytes(&p2p.Hello{Version: p2p.ProtocolVersion, Proof: fmt.Sprintf("%064x", rng.Uint64())})
+	case Statements:
 		msg = bigHello(rng)
-	case FloodLinks:
-		msg = linkHelloMsg{rank: rng.IntN(4), gen: rng.Uint64(), plane: PlaneLibp2p, ch: ChannelRing}.encode()
-	case FloodJobConfig:
+	case Links:
+		msg = linkHello(rng.IntN(4), rng.Uint64())
+	case JobConfig:
 		msg = make([]byte, 32)
 		rand.Read(msg)
-	case FloodDataBad:
+	case DataBad:
 		msg = append([]byte{byte(3 + rng.IntN(250))}, make([]byte, 32)...)
-	case FloodRandom:
+	case Random:
 		msg = make([]byte, 1+rng.IntN(4096))
 		rand.Read(msg)
 	}
@@ -293,18 +298,17 @@ func (f *flooder) count(err error, answered int64) {
 	}
 }
 
-func helloBytes(h *Hello) []byte {
-	var b bytes.Buffer
-	writeHello(&b, h)
-	return b.Bytes()
+func helloBytes(h *p2p.Hello) []byte {
+	b, _ := p2p.EncodeHello(h) // the flooder's own hellos are within the limit
+	return b
 }
 
 // bigHello is a hello near maxHelloBytes of statements signed by no one.
 func bigHello(rng *mrand.Rand) []byte {
-	h := &Hello{Version: ProtocolVersion, Proof: fmt.Sprintf("%064x", rng.Uint64()), Rings: [][]string{{"12D3KooWxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}}
+	h := &p2p.Hello{Version: p2p.ProtocolVersion, Proof: fmt.Sprintf("%064x", rng.Uint64()), Rings: [][]string{{"12D3KooWxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}}
 	sig := make([]byte, 64)
 	for range 1000 {
-		h.Statements = append(h.Statements, Statement{From: "12D3KooWxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", Seq: rng.Uint64(), Gen: 1, Ring: 0, Sig: sig})
+		h.Statements = append(h.Statements, p2p.Statement{From: "12D3KooWxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", Seq: rng.Uint64(), Gen: 1, Ring: 0, Sig: sig})
 	}
 	return helloBytes(h)
 }
@@ -313,7 +317,7 @@ func bigHello(rng *mrand.Rand) []byte {
 // is cut off, reading the answers aside.
 func (f *flooder) dhtMessages(ctx context.Context, rng *mrand.Rand) {
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	s, err := f.h.NewStream(network.WithAllowLimitedConn(sctx, "flood"), f.to, ProtocolPrefix+"/kad/1.0.0")
+	s, err := f.h.NewStream(network.WithAllowLimitedConn(sctx, "flood"), f.to, p2p.ProtocolPrefix+"/kad/1.0.0")
 	cancel()
 	if err != nil {
 		f.count(err, 0)
@@ -414,7 +418,7 @@ func (f *flooder) metrics(ctx context.Context) {
 func (f *flooder) formationLie(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	s, err := f.h.NewStream(network.WithAllowLimitedConn(sctx, "flood"), f.to, HelloProtocol)
+	s, err := f.h.NewStream(network.WithAllowLimitedConn(sctx, "flood"), f.to, p2p.HelloProtocol)
 	if err != nil {
 		f.count(err, 0)
 		sleepCtx(ctx, 10*time.Millisecond)
@@ -422,7 +426,64 @@ func (f *flooder) formationLie(ctx context.Context) {
 	}
 	defer s.Close()
 	setDeadline(sctx, s)
-	h := &Hello{Version: ProtocolVersion, Proof: proof(jobKey(f.opt.Job), f.h.ID(), f.to)}
-	h.setProposal(Proposal{Gen: 1 << 62, Members: []peer.ID{f.h.ID()}, Ready: true, Formed: true}, &idNames{})
+	h := &p2p.Hello{Version: p2p.ProtocolVersion, Proof: f.opt.Job.Proof(f.h.ID(), f.to),
+		Generation: 1 << 62, Proposal: []string{f.h.ID().String()}, Ready: true, Formed: true}
 	f.send(s, helloBytes(h))
+}
+
+// linkHello is a ring link's first bytes (p2p's wire format, little-endian):
+// the magic "RTL3", a rank, a generation, the libp2p plane and the ring's
+// channel.
+func linkHello(rank int, gen uint64) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, 0x334c5452)
+	b = binary.LittleEndian.AppendUint32(b, uint32(rank))
+	b = binary.LittleEndian.AppendUint64(b, gen)
+	b = binary.LittleEndian.AppendUint32(b, uint32(p2p.PlaneLibp2p))
+	return binary.LittleEndian.AppendUint32(b, uint32(p2p.ChannelRing))
+}
+
+// The data protocol's requests and answers (p2p's wire format): an op
+// byte and the dataset's 32-byte ID, then the request; a status byte
+// first in every answer.
+const (
+	opManifest = 1
+	opSamples  = 2
+	statusOK   = 0
+)
+
+// readStatus reads an answer's status byte; any but OK is an error.
+func readStatus(br *bufio.Reader) error {
+	s, err := br.ReadByte()
+	if err == nil && s != statusOK {
+		err = fmt.Errorf("status %d", s)
+	}
+	return err
+}
+
+// readManifestReply reads an answer to a manifest request: the status,
+// the manifest's length and the manifest, checked against id.
+func readManifestReply(br *bufio.Reader, id string) (*data.Manifest, error) {
+	if err := readStatus(br); err != nil {
+		return nil, err
+	}
+	var n [8]byte
+	if _, err := io.ReadFull(br, n[:]); err != nil {
+		return nil, err
+	}
+	return data.ReadManifest(br, binary.LittleEndian.Uint64(n[:]), id)
+}
+
+func setDeadline(ctx context.Context, st network.Stream) {
+	if d, ok := ctx.Deadline(); ok {
+		st.SetDeadline(d)
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }
