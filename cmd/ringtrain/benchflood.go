@@ -34,20 +34,20 @@ import (
 // the window before it, what the peers held before and after, and what the
 // hostile peer managed to send.
 type floodRow struct {
-	Run            int            `json:"run"`
+	Run            int         `json:"run"`
 	Kind           flood.Kind  `json:"kind"`
-	Baseline       float64        `json:"baseline_samples_per_s"`
-	Flooded        float64        `json:"flooded_samples_per_s"`
-	Ratio          float64        `json:"ratio"`
-	RSSBeforeMB    float64        `json:"rss_before_mb"`     // the largest of the peers'
-	RSSGrowthMB    float64        `json:"rss_growth_mb"`     // the largest peer's growth
-	GoroutinesWas  int            `json:"goroutines_before"` // the peers' sum
-	GoroutinesPeak int            `json:"goroutines_peak"`
-	BackIn         float64        `json:"goroutines_back_in_s"` // -1: not within the settle time
-	Refused        int64          `json:"refused_streams"`
-	CutOff         int64          `json:"cut_off"`
+	Baseline       float64     `json:"baseline_samples_per_s"`
+	Flooded        float64     `json:"flooded_samples_per_s"`
+	Ratio          float64     `json:"ratio"`
+	RSSBeforeMB    float64     `json:"rss_before_mb"`     // the largest of the peers'
+	RSSGrowthMB    float64     `json:"rss_growth_mb"`     // the largest peer's growth
+	GoroutinesWas  int         `json:"goroutines_before"` // the peers' sum
+	GoroutinesPeak int         `json:"goroutines_peak"`
+	BackIn         float64     `json:"goroutines_back_in_s"` // -1: not within the settle time
+	Refused        int64       `json:"refused_streams"`
+	CutOff         int64       `json:"cut_off"`
 	Stats          flood.Stats `json:"flooder"`
-	Seconds        float64        `json:"flood_s"`
+	Seconds        float64     `json:"flood_s"`
 }
 
 // runBenchFlood is `ringtrain bench flood`: a job of --peers processes
