@@ -180,6 +180,11 @@ func (f *flooder) once(ctx context.Context, rng *mrand.Rand) {
 		defer cancel()
 		_, err := f.h.DHT.GetClosestPeers(lctx, string(p[:]))
 		f.count(err, 0)
+		if err != nil && ctx.Err() == nil {
+			// Cut off, a lookup fails at once: do not spin the CPU the
+			// job's peers need on this machine.
+			sleepCtx(ctx, 10*time.Millisecond)
+		}
 		return
 	}
 	proto := map[Kind]protocol.ID{Hello: p2p.HelloProtocol, Statements: p2p.HelloProtocol, Links: p2p.RingProtocol,
