@@ -177,3 +177,27 @@ func TestDHTFloodIsCutOff(t *testing.T) {
 		t.Errorf("the victim holds %d provider keys of the flooder; want at most %d", held, maxKeysPerProvider)
 	}
 }
+
+// TestStreamsOnUnservedProtocolsAreCounted: a peer that opens stream after
+// stream on protocols no handler serves (relay reservations asked of a
+// peer that is no relay) is counted before negotiation, refused past four
+// times a protocol's rate, and cut off. Before, no handler saw them, and
+// a flooder cost its victim a negotiation each, 3,500 a second.
+func TestStreamsOnUnservedProtocolsAreCounted(t *testing.T) {
+	slow(t)
+	victim := limitedHost(t, Limits{RequestsPerSecond: 5, Burst: 10, Strikes: 20, BanFor: time.Minute})
+	flooder := outsider(t, victim)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	opened := 0
+	for ; opened < 5000 && !victim.Guard.Banned(flooder.ID()); opened++ {
+		if s, err := flooder.NewStream(ctx, victim.ID(), "/libp2p/circuit/relay/0.2.0/hop"); err == nil {
+			s.Reset()
+		}
+	}
+	waitFor(t, 10*time.Second, func() bool { return victim.Guard.Banned(flooder.ID()) },
+		fmt.Sprintf("the peer opening streams no handler serves to be cut off (%d opened)", opened))
+	if opened > 500 {
+		t.Errorf("cut off after %d streams; want about its burst (40) and its strikes (20)", opened)
+	}
+}

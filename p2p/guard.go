@@ -200,6 +200,44 @@ func (g *guard) open(now time.Time, p peer.ID, proto protocol.ID) verdict {
 	return admitted
 }
 
+// anyStream decides on a stream p opens on any protocol, before it is
+// negotiated: a token bucket of anyProtocolScale times a protocol's rate
+// and burst, and no count of streams at once (the per-protocol buckets
+// keep that).
+func (g *guard) anyStream(now time.Time, p peer.ID) verdict {
+	if g.isBanned(now, p) {
+		return banned
+	}
+	k := guardKey{p, anyProtocol}
+	b := g.buckets[k]
+	if b == nil {
+		if len(g.buckets) >= maxGuardKeys {
+			g.sweep(now)
+		}
+		if len(g.buckets) >= maxGuardKeys {
+			return full
+		}
+		b = &bucket{tokens: anyProtocolScale * float64(g.lim.Burst), at: now}
+		g.buckets[k] = b
+	}
+	if d := now.Sub(b.at); d > 0 {
+		b.tokens = min(anyProtocolScale*float64(g.lim.Burst), b.tokens+d.Seconds()*anyProtocolScale*g.lim.RequestsPerSecond)
+		b.at = now
+	}
+	if b.tokens < 1 {
+		return overRate
+	}
+	b.tokens--
+	return admitted
+}
+
+// anyProtocol keys the bucket of a peer's streams on every protocol;
+// anyProtocolScale is how many times one protocol's rate it gets.
+const (
+	anyProtocol      protocol.ID = "*"
+	anyProtocolScale             = 4
+)
+
 // close ends a stream open admitted.
 func (g *guard) close(p peer.ID, proto protocol.ID) {
 	if b := g.buckets[guardKey{p, proto}]; b != nil && b.open > 0 {
@@ -409,6 +447,51 @@ func (g *Guard) cutOff(p peer.ID, why string) {
 	g.log.Warn().Stringer("peer", p).Str("last", why).Dur("for", lim.BanFor).Int("strikes", lim.Strikes).
 		Msg("cut off a peer that broke this peer's limits or sent what does not decode")
 	g.cut(p)
+}
+
+// allowStream counts a stream p opens, on whatever protocol, before it is
+// negotiated (guardedRM), and says whether it may be: past the rate it is
+// refused, a strike.
+func (g *Guard) allowStream(p peer.ID) bool {
+	if g.isTrusted(p) {
+		return true
+	}
+	g.mu.Lock()
+	now := g.now()
+	v := g.g.anyStream(now, p)
+	cut := v == overRate && g.g.strike(now, p)
+	g.mu.Unlock()
+	if v == admitted || v == full {
+		return true
+	}
+	g.refused.Add(1)
+	if v == overRate {
+		g.warns.Warn(p.String(), "refused a stream over this peer's rate on all protocols").Msg("refused a stream over this peer's rate on all protocols")
+	}
+	if cut {
+		g.cutOff(p, "streams over the rate on all protocols")
+	}
+	return false
+}
+
+// guardedRM is the host's resource manager with every stream a peer opens
+// counted by the guard before it is negotiated: streams on protocols no
+// handler serves (relay reservations asked of a peer that is no relay,
+// say) never reached the per-protocol limits, and cost a negotiation each
+// — 3,500 a second from one flooder.
+type guardedRM struct {
+	network.ResourceManager
+	g *Guard
+}
+
+// errStreamRate is why a stream over a peer's rate is refused.
+var errStreamRate = errors.New("p2p: streams over this peer's rate")
+
+func (rm guardedRM) OpenStream(p peer.ID, dir network.Direction) (network.StreamManagementScope, error) {
+	if dir == network.DirInbound && !rm.g.allowStream(p) {
+		return nil, errStreamRate
+	}
+	return rm.ResourceManager.OpenStream(p, dir)
 }
 
 // wrap puts handler behind the guard for proto.

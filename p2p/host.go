@@ -149,7 +149,6 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		libp2p.Security(libp2ptls.ID, libp2ptls.New),
 		libp2p.Security(noise.ID, noise.New),
 		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
-		libp2p.ResourceManager(rm),
 	}
 	if cfg.Identity != nil {
 		opts = append(opts, libp2p.Identity(cfg.Identity))
@@ -161,6 +160,7 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		opts = append(opts, libp2p.PrivateNetwork(cfg.SwarmKey))
 	}
 	guard := newGuardFor(cfg.Limits, cfg.Logger)
+	opts = append(opts, libp2p.ResourceManager(guardedRM{ResourceManager: rm, g: guard}))
 	gs := gaters{guardGater{guard}}
 	if len(cfg.Allow) > 0 {
 		gs = append(gs, allowList(cfg.Allow))
