@@ -164,7 +164,7 @@ func (f *flooder) once(ctx context.Context, rng *mrand.Rand) {
 		f.dhtMessages(ctx, rng)
 		return
 	case Relay:
-		f.relay(ctx)
+		f.relay(ctx, rng)
 		return
 	case Metrics:
 		f.metrics(ctx)
@@ -350,27 +350,31 @@ func (f *flooder) dhtMessages(ctx context.Context, rng *mrand.Rand) {
 	}
 }
 
-// relay asks the peer for a relay reservation, then for a circuit to a
-// peer it never heard of.
-func (f *flooder) relay(ctx context.Context) {
+// relay asks the peer for a relay reservation, or — every other time —
+// for a circuit through it to a peer it never heard of.
+func (f *flooder) relay(ctx context.Context, rng *mrand.Rand) {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_, err := client.Reserve(rctx, f.h.Host, peer.AddrInfo{ID: f.to, Addrs: f.h.Peerstore().Addrs(f.to)})
-	f.count(err, 0)
-	var nobody [32]byte
-	rand.Read(nobody[:])
-	id, _ := peer.IDFromBytes(append([]byte{0x00, 0x20}, nobody[:]...)) // an identity multihash: some peer
-	circuit, err := ma.NewMultiaddr("/p2p/" + f.to.String() + "/p2p-circuit/p2p/" + id.String())
-	if err == nil {
+	var err error
+	if rng.IntN(2) == 0 {
+		_, err = client.Reserve(rctx, f.h.Host, peer.AddrInfo{ID: f.to, Addrs: f.h.Peerstore().Addrs(f.to)})
+	} else {
+		var nobody [32]byte
+		rand.Read(nobody[:])
+		id, _ := peer.IDFromBytes(append([]byte{0x00, 0x20}, nobody[:]...)) // an identity multihash: some peer
+		err = fmt.Errorf("no address of %s", f.to)
 		for _, a := range f.h.Peerstore().Addrs(f.to) {
-			if ai, err := peer.AddrInfoFromP2pAddr(a.Encapsulate(circuit)); err == nil {
+			ai, perr := peer.AddrInfoFromP2pAddr(a.Encapsulate(ma.StringCast("/p2p/" + f.to.String() + "/p2p-circuit/p2p/" + id.String())))
+			if perr == nil {
 				err = f.h.Connect(rctx, *ai)
-				f.count(err, 0)
 				break
 			}
 		}
 	}
+	f.count(err, 0)
 	if err != nil && ctx.Err() == nil {
+		// Refused, or cut off: do not spin the CPU the job's peers need
+		// on this machine.
 		sleepCtx(ctx, 10*time.Millisecond)
 	}
 }
