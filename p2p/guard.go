@@ -176,19 +176,10 @@ func (g *guard) open(now time.Time, p peer.ID, proto protocol.ID) verdict {
 	if g.isBanned(now, p) {
 		return banned
 	}
-	k := guardKey{p, proto}
-	b := g.buckets[k]
+	b := g.bucket(now, guardKey{p, proto})
 	if b == nil {
-		if len(g.buckets) >= maxGuardKeys {
-			g.sweep(now)
-		}
-		if len(g.buckets) >= maxGuardKeys {
-			return full
-		}
-		b = &bucket{tokens: float64(g.lim.Burst), at: now}
-		g.buckets[k] = b
+		return full
 	}
-	g.refill(now, b)
 	switch {
 	case b.open >= g.lim.StreamsPerPeer:
 		return overStreams
@@ -208,21 +199,9 @@ func (g *guard) anyStream(now time.Time, p peer.ID) verdict {
 	if g.isBanned(now, p) {
 		return banned
 	}
-	k := guardKey{p, anyProtocol}
-	b := g.buckets[k]
+	b := g.bucket(now, guardKey{p, anyProtocol})
 	if b == nil {
-		if len(g.buckets) >= maxGuardKeys {
-			g.sweep(now)
-		}
-		if len(g.buckets) >= maxGuardKeys {
-			return full
-		}
-		b = &bucket{tokens: anyProtocolScale * float64(g.lim.Burst), at: now}
-		g.buckets[k] = b
-	}
-	if d := now.Sub(b.at); d > 0 {
-		b.tokens = min(anyProtocolScale*float64(g.lim.Burst), b.tokens+d.Seconds()*anyProtocolScale*g.lim.RequestsPerSecond)
-		b.at = now
+		return full
 	}
 	if b.tokens < 1 {
 		return overRate
@@ -245,9 +224,37 @@ func (g *guard) close(p peer.ID, proto protocol.ID) {
 	}
 }
 
-func (g *guard) refill(now time.Time, b *bucket) {
+// bucket is k's token bucket refilled to now — made full if new — or nil
+// when there is no room to remember another.
+func (g *guard) bucket(now time.Time, k guardKey) *bucket {
+	b := g.buckets[k]
+	if b == nil {
+		if len(g.buckets) >= maxGuardKeys {
+			g.sweep(now)
+		}
+		if len(g.buckets) >= maxGuardKeys {
+			return nil
+		}
+		b = &bucket{tokens: g.burst(k), at: now}
+		g.buckets[k] = b
+	}
+	g.refill(now, k, b)
+	return b
+}
+
+// burst is how many streams k's bucket holds: a protocol's Burst, or
+// anyProtocolScale times it for a peer's streams on every protocol.
+func (g *guard) burst(k guardKey) float64 {
+	if k.proto == anyProtocol {
+		return anyProtocolScale * float64(g.lim.Burst)
+	}
+	return float64(g.lim.Burst)
+}
+
+func (g *guard) refill(now time.Time, k guardKey, b *bucket) {
 	if d := now.Sub(b.at); d > 0 {
-		b.tokens = min(float64(g.lim.Burst), b.tokens+d.Seconds()*g.lim.RequestsPerSecond)
+		full := g.burst(k)
+		b.tokens = min(full, b.tokens+d.Seconds()*g.lim.RequestsPerSecond*full/float64(g.lim.Burst))
 		b.at = now
 	}
 }
@@ -260,8 +267,8 @@ func (g *guard) sweep(now time.Time) {
 	}
 	g.swept = now
 	for k, b := range g.buckets {
-		g.refill(now, b)
-		if b.open == 0 && b.tokens >= float64(g.lim.Burst) {
+		g.refill(now, k, b)
+		if b.open == 0 && b.tokens >= g.burst(k) {
 			delete(g.buckets, k)
 		}
 	}
