@@ -40,8 +40,8 @@ func (r *Replica) bucketPlan() [][2]int {
 	if r.BucketBytes <= 0 || r.Coll.Size() < 2 {
 		return nil
 	}
-	if r.planFor == r.BucketBytes && r.planOf == r.nparams {
-		return r.plan
+	if r.bk.planFor == r.BucketBytes && r.bk.planOf == r.nparams {
+		return r.bk.plan
 	}
 	var plan [][2]int
 	hi, limit := r.nparams, min(FirstBucketBytes, r.BucketBytes)
@@ -59,7 +59,7 @@ func (r *Replica) bucketPlan() [][2]int {
 	if len(plan) < 2 {
 		plan = nil
 	}
-	r.plan, r.planFor, r.planOf = plan, r.BucketBytes, r.nparams
+	r.bk.plan, r.bk.planFor, r.bk.planOf = plan, r.BucketBytes, r.nparams
 	return plan
 }
 
@@ -70,7 +70,7 @@ func (r *Replica) bucketPlan() [][2]int {
 // Layered model while backward goes on. The step's trailer (the
 // non-finite flag, the leave slots, the norm) goes last, once every bucket
 // has, so it still decides the step for all ranks together. It sets
-// r.backwardDone. A failed collective is an ErrCollective; the allreduces
+// r.bk.backwardDone. A failed collective is an ErrCollective; the allreduces
 // have stopped when it returns.
 func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, flat []float32, plan [][2]int,
 	narrow NarrowAllreducer, says *stepSays) (loss float32, bad int, err error) {
@@ -139,7 +139,7 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 			err = ready(0)
 		}
 	}
-	r.backwardDone = time.Now()
+	r.bk.backwardDone = time.Now()
 	if err == nil && next != len(plan) {
 		err = fmt.Errorf("train: backward handed over %d of %d gradient buckets", next, len(plan))
 	}

@@ -23,10 +23,13 @@
 // the engine's — and narrowed to bf16, fp16 or int8 with error feedback),
 // DiLoCo's local steps with an outer step every few (LocalSGD; its
 // pseudo-gradients whole, or sparse and low-bit with error feedback, coded
-// by train/sparse and gathered from every rank; the outer sync streamed in
-// fragments, each exchange beside inner steps; or rounds that close by a
-// deadline without a rank slow to compute, whose work goes into the next
-// round — quorum.go), rank 0's
+// by train/sparse and gathered from every rank). How a step syncs is a
+// Sync chosen once, when the replica is made, a file per mode: every step
+// (everystep.go), DiLoCo rounds (rounds.go), the outer sync streamed in
+// fragments, each exchange beside inner steps (stream.go), or rounds that
+// close by a deadline without a rank slow to compute, whose work goes
+// into the next round (quorum.go); Replica.Step is the same for all, and
+// LocalSGD.Check states what each mode takes. Rank 0's
 // parameters broadcast at
 // start, a parameter-hash comparison across ranks (with the straggler
 // report), sharded

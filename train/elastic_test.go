@@ -151,14 +151,14 @@ func TestSurvivorsFinish(t *testing.T) {
 		{"its device lost", dying{}, 7, Position{Epochs: 0, Steps: 6, Skip: 6 * 4 * 8}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			survivorsFinish(t, tc.kill, tc.fault, tc.at, func() Optimizer { return NewAdam(0.003) })
+			survivorsFinish(t, tc.kill, tc.fault, tc.at, func() any { return NewAdam(0.003) })
 		})
 	}
 	// With DiLoCo, rounds of 4 steps: rank 2 dies in the second outer
 	// step's allreduce (step 8). The survivors go back to the round's
 	// start, step 4, and redo the round among themselves.
 	t.Run("local SGD: in an outer step", func(t *testing.T) {
-		survivorsFinish(t, dying{n: 2}, 0, Position{Epochs: 0, Steps: 4, Skip: 4 * 4 * 8}, func() Optimizer {
+		survivorsFinish(t, dying{n: 2}, 0, Position{Epochs: 0, Steps: 4, Skip: 4 * 4 * 8}, func() any {
 			return &LocalSGD{Inner: NewAdam(0.003), Every: 4, LR: 0.7, Momentum: 0.9, Nesterov: true}
 		})
 	})
@@ -169,18 +169,18 @@ func TestSurvivorsFinish(t *testing.T) {
 	// With a deadline the same: no rank is behind, so no round closes
 	// without one, and the survivors redo the round from its start.
 	t.Run("local SGD with a deadline: in an outer step", func(t *testing.T) {
-		survivorsFinish(t, dying{n: 2}, 0, Position{Epochs: 0, Steps: 4, Skip: 4 * 4 * 8}, func() Optimizer {
+		survivorsFinish(t, dying{n: 2}, 0, Position{Epochs: 0, Steps: 4, Skip: 4 * 4 * 8}, func() any {
 			return &LocalSGD{Inner: NewAdam(0.003), Every: 4, LR: 0.7, Momentum: 0.9, Nesterov: true, Deadline: time.Hour, Quorum: 3}
 		})
 	})
 	t.Run("streaming local SGD: in an exchange", func(t *testing.T) {
-		survivorsFinish(t, dying{n: 2}, 0, Position{Epochs: 0, Steps: 7, Skip: 7 * 4 * 8}, func() Optimizer {
+		survivorsFinish(t, dying{n: 2}, 0, Position{Epochs: 0, Steps: 7, Skip: 7 * 4 * 8}, func() any {
 			return &LocalSGD{Inner: NewAdam(0.003), Every: 8, LR: 1, Fragments: 2, Overlap: 1}
 		})
 	})
 }
 
-func survivorsFinish(t *testing.T, kill dying, fault int, wantAt Position, newOpt func() Optimizer) {
+func survivorsFinish(t *testing.T, kill dying, fault int, wantAt Position, newOpt func() any) {
 	const world, batch = 4, 8
 	rings := memRings(t, world)
 	z := &rendezvous{t: t, want: world - 1, waiting: map[int]chan Collective{}}
@@ -198,7 +198,7 @@ func survivorsFinish(t *testing.T, kill dying, fault int, wantAt Position, newOp
 			d.Ring = rings[i]
 			coll = &d
 		}
-		rep := NewReplica(model, newOpt(), coll)
+		rep := newReplica(model, newOpt(), coll)
 		tr := loader(t, "train", batch, true)
 		te := loader(t, "test", batch, false)
 		te.Sampler.Exact = true
@@ -250,21 +250,21 @@ func survivorsFinish(t *testing.T, kill dying, fault int, wantAt Position, newOp
 // after step 8) and is heard when it ends, after step 9.
 func TestLeaverGoesOthersStay(t *testing.T) {
 	t.Run("sgd", func(t *testing.T) {
-		leaverGoesOthersStay(t, func() Optimizer { return &SGD{LR: 0.05} }, 6)
+		leaverGoesOthersStay(t, func() any { return &SGD{LR: 0.05} }, 6)
 	})
 	t.Run("local SGD with a deadline", func(t *testing.T) {
-		leaverGoesOthersStay(t, func() Optimizer {
+		leaverGoesOthersStay(t, func() any {
 			return &LocalSGD{Inner: &SGD{LR: 0.05}, Every: 8, LR: 1, Deadline: time.Hour, Quorum: 3}
 		}, 8)
 	})
 	t.Run("streaming local SGD", func(t *testing.T) {
-		leaverGoesOthersStay(t, func() Optimizer {
+		leaverGoesOthersStay(t, func() any {
 			return &LocalSGD{Inner: &SGD{LR: 0.05}, Every: 8, LR: 1, Fragments: 2, Overlap: 1}
 		}, 9)
 	})
 }
 
-func leaverGoesOthersStay(t *testing.T, newOpt func() Optimizer, stopsAfter int) {
+func leaverGoesOthersStay(t *testing.T, newOpt func() any, stopsAfter int) {
 	const world, batch = 4, 8
 	rings := memRings(t, world)
 	z := &rendezvous{t: t, want: world - 1, waiting: map[int]chan Collective{}}
@@ -272,7 +272,7 @@ func leaverGoesOthersStay(t *testing.T, newOpt func() Optimizer, stopsAfter int)
 	sums := make([]Summary, world)
 	errs := make([]error, world)
 	onAll(world, func(i int) error {
-		rep := NewReplica(newMLP(t, mlpCfg(784, []int{16}, 10, batch, 1)), newOpt(), rings[i])
+		rep := newReplica(newMLP(t, mlpCfg(784, []int{16}, 10, batch, 1)), newOpt(), rings[i])
 		cfg := RunConfig{Replica: rep, Train: loader(t, "train", batch, true), Epochs: 2, Classes: 10}
 		change := func(cause error, at Position) (Collective, error) {
 			var leave *LeaveError
@@ -320,21 +320,21 @@ func leaverGoesOthersStay(t *testing.T, newOpt func() Optimizer, stopsAfter int)
 // deadline it rides the round that closes at step 24.
 func TestNewcomerIsAdmitted(t *testing.T) {
 	t.Run("adam", func(t *testing.T) {
-		newcomerIsAdmitted(t, func() Optimizer { return NewAdam(0.01) }, 0)
+		newcomerIsAdmitted(t, func() any { return NewAdam(0.01) }, 0)
 	})
 	t.Run("local SGD with a deadline", func(t *testing.T) {
-		newcomerIsAdmitted(t, func() Optimizer {
+		newcomerIsAdmitted(t, func() any {
 			return &LocalSGD{Inner: NewAdam(0.01), Every: 8, LR: 1, Deadline: time.Hour}
 		}, 4)
 	})
 	t.Run("streaming local SGD", func(t *testing.T) {
-		newcomerIsAdmitted(t, func() Optimizer {
+		newcomerIsAdmitted(t, func() any {
 			return &LocalSGD{Inner: NewAdam(0.01), Every: 8, LR: 1, Fragments: 2, Overlap: 1}
 		}, 1)
 	})
 }
 
-func newcomerIsAdmitted(t *testing.T, newOpt func() Optimizer, heardAfter int) {
+func newcomerIsAdmitted(t *testing.T, newOpt func() any, heardAfter int) {
 	const batch, epochs, knockAt = 8, 2, 20
 	rings := memRings(t, 3)
 	grown := ring.MemRing(4)
@@ -365,7 +365,7 @@ func newcomerIsAdmitted(t *testing.T, newOpt func() Optimizer, heardAfter int) {
 		m := newMLP(t, mlpCfg(784, []int{16}, 10, batch, uint64(1+i)))
 		cfg := RunConfig{Train: loader(t, "train", batch, true), Epochs: epochs, Classes: 10, Trained: count}
 		if i == 3 { // the newcomer
-			cfg.Replica = NewReplica(m, newOpt(), newRing(3))
+			cfg.Replica = newReplica(m, newOpt(), newRing(3))
 			pos, err := cfg.Replica.Admitted(context.Background())
 			if err != nil {
 				errs[i] = err
@@ -375,7 +375,7 @@ func newcomerIsAdmitted(t *testing.T, newOpt func() Optimizer, heardAfter int) {
 			sums[i], errs[i] = Run(context.Background(), cfg)
 			return nil
 		}
-		cfg.Replica = NewReplica(m, newOpt(), rings[i])
+		cfg.Replica = newReplica(m, newOpt(), rings[i])
 		if i == 0 {
 			// The first step at knockAt or after that talks to the ring
 			// (a round's, with LocalSGD) carries the knock.

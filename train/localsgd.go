@@ -1,10 +1,12 @@
 package train
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"time"
 
+	"github.com/ringtrain/ringtrain/ring"
 	"github.com/ringtrain/ringtrain/train/sparse"
 )
 
@@ -16,15 +18,16 @@ import (
 // asked, which DiLoCo uses (arXiv 2311.08105). A round sends the
 // parameters' bytes once where synchronous training sends them Every times.
 //
-// Set as a Replica's Opt, it makes Step take inner steps and close a round
-// every Every steps (and at every epoch's end, when Run drives it). All
+// NewLocalReplica makes a replica that syncs so: its optimizer is Inner,
+// and its Step takes inner steps and closes a round every Every steps
+// (and at every epoch's end, when Run drives it). All
 // that ranks must agree on lives in the outer step: its non-finite flags,
 // leave requests, norm guard and compression are those of a synchronous
 // step. Between rounds every rank holds the same bits — parameters, outer
 // momentum, and an inner optimizer started afresh each round — so
 // checkpoints, the parameter-hash check, admission and resuming work as
-// in synchronous training; as its State, LocalSGD offers the outer
-// momentum. (With Sparse each rank also keeps error feedback of its own,
+// in synchronous training; a checkpoint keeps the outer momentum as the
+// optimizer's state (Replica.OptimizerState). (With Sparse each rank also keeps error feedback of its own,
 // which no checkpoint holds: a restored or admitted rank starts without.) (DiLoCo's paper keeps each worker's own inner Adam state across
 // rounds; that would need a checkpoint per rank and a way to hand a lost
 // rank's to its successor, so here each round starts its inner optimizer
@@ -85,45 +88,39 @@ type LocalSGD struct {
 	// step.
 	coders  []*sparse.Coder
 	encoded []bool
-	// inflight is a streaming round's exchange under way, if any; began
-	// is done when the last exchange began.
-	inflight *exchange
-	began    int
-	// xbuf and xat are the exchange's scratch (exchange.buf and .at).
-	xbuf, xat []float32
-	// qx is a round with a Deadline under way; qround the rounds closed in
-	// the epoch part; qpos the steps in it, where Run does not say; qat
-	// the parameters when this rank posted early, and qdone its inner
-	// steps then.
-	qx           *quorumRound
-	qround, qpos int
-	qat          []float32
-	qdone        int
-	// after is the Deadline's timer: time.After, or a test's fake.
-	after func(time.Duration) <-chan time.Time
 }
 
-// Step is an inner step: LocalSGD's Replica takes its inner steps itself,
-// so this is only for those that drive it without one.
-func (o *LocalSGD) Step(params, grads [][]float32) { o.Inner.Step(params, grads) }
+// NewLocalReplica wires a model, LocalSGD and a collective: the replica's
+// optimizer is o.Inner, and its Sync the mode o's settings call for.
+func NewLocalReplica(m Model, o *LocalSGD, c Collective) *Replica {
+	r := NewReplica(m, o.Inner, c)
+	r.Sync = o.sync()
+	return r
+}
 
-// SetLR sets the inner optimizer's learning rate: a schedule shapes the
-// inner steps; the outer LR stays.
-func (o *LocalSGD) SetLR(lr float32) { o.Inner.SetLR(lr) }
+// sync is the mode o's settings call for: the one place it is chosen.
+func (o *LocalSGD) sync() Sync {
+	switch {
+	case o.Deadline > 0:
+		return &deadlineRounds{o: o}
+	case o.Fragments > 1 || o.Overlap > 0:
+		return &streamed{o: o}
+	}
+	return rounds{o: o}
+}
 
-// State is the outer momentum and the outer steps taken; the name says
+// state is the outer momentum and the outer steps taken; the name says
 // the inner optimizer too. Between rounds that is all the state there is.
-func (o *LocalSGD) State() (string, int, [][]float32) {
-	name, _, _ := o.Inner.State()
+func (o *LocalSGD) state(inner Optimizer) (string, int, [][]float32) {
+	name, _, _ := inner.State()
 	return "diloco+" + name, o.outer, o.velocity
 }
 
-// SetState restores the outer momentum and ends any open round: what is
+// setState restores the outer momentum and ends any open round: what is
 // restored is a state between rounds.
-func (o *LocalSGD) SetState(step int, tensors, params [][]float32) error {
+func (o *LocalSGD) setState(inner Optimizer, step int, tensors, params [][]float32) error {
 	o.open, o.done, o.outer = false, 0, step
-	o.qx, o.qround, o.qpos = nil, 0, 0 // Level drops a round under way first (settle)
-	o.coders, o.encoded = nil, nil     // the error feedback is this rank's alone: not in a checkpoint
+	o.coders, o.encoded = nil, nil // the error feedback is this rank's alone: not in a checkpoint
 	o.velocity = nil
 	if len(tensors) > 0 {
 		v, err := restore(tensors, params)
@@ -132,10 +129,32 @@ func (o *LocalSGD) SetState(step int, tensors, params [][]float32) error {
 		}
 		o.velocity = v
 	}
-	return o.Inner.SetState(0, nil, params)
+	return inner.SetState(0, nil, params)
 }
 
-// validate says what is wrong with the settings.
+// Check says what is wrong with the settings, for a replica whose
+// gradients travel as wire and which guards gradient norms by normGuard
+// (Replica.Wire and NormGuard): the one statement of what the modes take.
+// A replica checks them as a round opens; a job's config, before anything
+// runs.
+func (o *LocalSGD) Check(wire ring.Encoding, normGuard float64) error {
+	if err := o.validate(); err != nil {
+		return err
+	}
+	switch streaming := o.Fragments > 1 || o.Overlap > 0; {
+	case o.Sparse != nil && wire != ring.F32:
+		return fmt.Errorf("train: sparse pseudo-gradients are coded by LocalSGD; gradients to send as %v would code them twice", wire)
+	case streaming && wire != ring.F32:
+		return fmt.Errorf("train: a streaming outer sync (fragments, overlap) sends float32 or, with sparse, its own code; not %v", wire)
+	case o.Deadline > 0 && wire != ring.F32:
+		return fmt.Errorf("train: outer rounds with a deadline send float32 or, with sparse, its own code; not %v", wire)
+	case o.Deadline > 0 && normGuard > 0:
+		return fmt.Errorf("train: outer rounds with a deadline do not take the gradient norm guard: a late rank's zeros would move the median norm")
+	}
+	return nil
+}
+
+// validate says what is wrong with the settings themselves.
 func (o *LocalSGD) validate() error {
 	switch {
 	case o.Inner == nil:
@@ -152,7 +171,7 @@ func (o *LocalSGD) validate() error {
 	if err := CheckStreaming(o.Every, o.Fragments, o.Overlap); err != nil {
 		return fmt.Errorf("train: local SGD: %w", err)
 	}
-	return CheckDeadline(o.Deadline, o.Quorum, o.streaming())
+	return CheckDeadline(o.Deadline, o.Quorum, o.Fragments > 1 || o.Overlap > 0)
 }
 
 // CheckDeadline says what is wrong with outer rounds closing by deadline
@@ -183,10 +202,6 @@ func CheckStreaming(every, fragments, overlap int) error {
 	}
 	return nil
 }
-
-// streaming reports whether the outer sync goes in fragments, or beside
-// inner steps.
-func (o *LocalSGD) streaming() bool { return o.Fragments > 1 || o.Overlap > 0 }
 
 // fragments is how many fragments the parameters are in: 1 unless
 // streaming.
@@ -336,4 +351,127 @@ func (o *LocalSGD) back(params [][]float32) int {
 	clear(o.encoded)
 	o.Inner.SetState(0, nil, params) // empty state: always accepted
 	return done
+}
+
+// gatherSparse averages the pseudo-gradients of a LocalSGD round's
+// fragments [from, to) — avg, the flat range they cover end to end — each
+// rank's coded sparse (LocalSGD.Sparse), a part per fragment: the trailer
+// tail in an allreduce, then every rank's payload gathered and decoded
+// into avg in rank order, so that every rank adds up the same bits. A
+// rank whose round is not finite sends nothing; its flag in the trailer
+// makes every rank skip the round.
+func (o *LocalSGD) gatherSparse(ctx context.Context, r *Replica, avg, tail []float32, from, to, bad int) error {
+	parts, sizes := make([][]float32, 0, to-from), make([]int, 0, to-from)
+	base, _ := o.fragment(from, r.nparams)
+	for k := from; k < to; k++ {
+		lo, hi := o.fragment(k, r.nparams)
+		parts, sizes = append(parts, avg[lo-base:hi-base]), append(sizes, hi-lo)
+	}
+	var mine []byte
+	if bad < 0 {
+		for i, d := range parts {
+			p, err := o.encode(from+i, d)
+			if err != nil {
+				return err
+			}
+			mine = sparse.AppendPart(mine, p)
+		}
+	}
+	// The payloads' lengths ride with the trailer, one slot per rank: a
+	// collective the fewer, which a slow rank on the ring makes dear.
+	size := r.Coll.Size()
+	withLens := make([]float32, len(tail)+size)
+	copy(withLens, tail)
+	withLens[len(tail)+r.Coll.Rank()] = float32(len(mine))
+	if err := r.Coll.AllreduceMean(ctx, withLens); err != nil {
+		return err
+	}
+	copy(tail, withLens)
+	all, err := broadcastEach(ctx, r.Coll, mine, withLens[len(tail):], float64(size), o.Sparse.MaxParts(sizes))
+	if err != nil {
+		return err
+	}
+	clear(avg)
+	w := 1 / float32(len(all))
+	for k, p := range all {
+		if len(p) == 0 {
+			continue
+		}
+		if err := sparse.DecodeParts(parts, p, w); err != nil {
+			return fmt.Errorf("rank %d's pseudo-gradient: %w", k, err)
+		}
+	}
+	return nil
+}
+
+// inner is a LocalSGD step's part on this rank alone (innerStep), timed
+// as compute. A NaN or Inf gradient skips it here only: the skip is kept
+// in r.InnerSkip, and the step goes on. Any other error is the step's,
+// which is then not counted.
+func (o *LocalSGD) inner(r *Replica, x []float32, y []int, n int) (float32, error) {
+	t0 := time.Now()
+	loss, err := o.innerStep(r, x, y, n)
+	r.Stats.Compute += time.Since(t0)
+	r.traceCompute(t0, time.Now())
+	if err != nil && !Skipped(err) {
+		r.Steps--
+		r.Stats.Steps--
+		return 0, err
+	}
+	r.InnerSkip = err // this rank's alone: the others go on, and so does it
+	return loss, nil
+}
+
+// innerStep is a LocalSGD step on this rank alone: forward, backward and
+// the inner optimizer (the replica's), opening a round at the parameters
+// if none is open. A NaN or Inf gradient skips the inner step here only
+// (ErrNonFinite).
+func (o *LocalSGD) innerStep(r *Replica, x []float32, y []int, n int) (float32, error) {
+	if !o.open {
+		if err := o.Check(r.Wire, r.NormGuard); err != nil {
+			return 0, err
+		}
+		o.begin(r.Model.Params())
+	}
+	var loss float32
+	bad := -1
+	if n == 0 { // nothing to train on here this step (an epoch's uneven end)
+		o.done++
+		return 0, nil
+	}
+	if dev, ok := r.Opt.(DeviceOptimizer); ok {
+		var err error
+		if loss, bad, err = dev.StepAlone(x, y, n); err != nil {
+			return 0, err
+		}
+	} else {
+		var err error
+		if loss, err = r.Model.ForwardBackward(x, y, n); err != nil {
+			return 0, err
+		}
+		if bad = nonFinite(r.Model.Grads()); bad < 0 {
+			r.Opt.Step(r.Model.Params(), r.Model.Grads())
+		}
+	}
+	o.done++
+	if bad >= 0 {
+		r.Stats.Skipped++
+		return loss, fmt.Errorf("train: rank %d skipped an inner step: its %s gradient holds a NaN or Inf: %w",
+			r.Coll.Rank(), r.Model.ParamNames()[bad], ErrNonFinite)
+	}
+	return loss, nil
+}
+
+// agreed is params, or while a round is open, the anchors: in a streaming
+// round or one with a Deadline, what every rank applied.
+func (o *LocalSGD) agreed(params [][]float32) [][]float32 {
+	if !o.open {
+		return params
+	}
+	out, off := make([][]float32, len(params)), 0
+	for k, p := range params {
+		out[k] = o.anchor[off : off+len(p) : off+len(p)]
+		off += len(p)
+	}
+	return out
 }

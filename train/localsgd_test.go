@@ -24,11 +24,11 @@ func TestLocalSGDWithH1IsSynchronous(t *testing.T) {
 		rings := memRings(t, n)
 		params[local] = make([][]float32, n)
 		err := onAll(n, func(i int) error {
-			var opt Optimizer = &SGD{LR: 0.1}
+			var opt any = &SGD{LR: 0.1}
 			if local {
 				opt = &LocalSGD{Inner: &SGD{LR: 0.1}, Every: 1, LR: 1}
 			}
-			rep := NewReplica(newMLP(t, cfg), opt, rings[i])
+			rep := newReplica(newMLP(t, cfg), opt, rings[i])
 			rng := rand.New(rand.NewPCG(5, uint64(i)))
 			for range steps {
 				x, y := randomBatch(rng, 4, 12, 3)
@@ -68,11 +68,11 @@ func TestLocalSGDRounds(t *testing.T) {
 		mid := make([][]float32, n)
 		end := make([][]float32, n)
 		err := onAll(n, func(i int) error {
-			var opt Optimizer = NewAdam(0.01)
+			var opt any = NewAdam(0.01)
 			if every > 0 {
 				opt = &LocalSGD{Inner: NewAdam(0.01), Every: every, LR: 0.7, Momentum: 0.9, Nesterov: true}
 			}
-			rep := NewReplica(newMLP(t, cfg), opt, rings[i])
+			rep := newReplica(newMLP(t, cfg), opt, rings[i])
 			rng := rand.New(rand.NewPCG(5, uint64(i)))
 			for s := range 2 * h {
 				x, y := randomBatch(rng, 4, 12, 3)
@@ -88,7 +88,7 @@ func TestLocalSGDRounds(t *testing.T) {
 				sent[every] = rep.Stats.BytesSent
 			}
 			if every > 0 {
-				name, outer, state := rep.Opt.State()
+				name, outer, state := rep.OptimizerState()
 				if name != "diloco+adam" || outer != 2 || len(state) != len(rep.Model.Params()) {
 					t.Errorf("state %s after %d outer steps with %d tensors; want diloco+adam, 2, %d", name, outer, len(state), len(rep.Model.Params()))
 				}
@@ -134,7 +134,7 @@ func (f *failsAt) AllreduceMean(ctx context.Context, buf []float32) error {
 // survivors can redo it.
 func TestLocalSGDRoundUndone(t *testing.T) {
 	cfg := mlpCfg(12, []int{8}, 3, 4, 1)
-	rep := NewReplica(newMLP(t, cfg), &LocalSGD{Inner: &SGD{LR: 0.1}, Every: 3, LR: 1}, &failsAt{Ring: solo(t), n: 1})
+	rep := NewLocalReplica(newMLP(t, cfg), &LocalSGD{Inner: &SGD{LR: 0.1}, Every: 3, LR: 1}, &failsAt{Ring: solo(t), n: 1})
 	// A ring of one does not fail: make it look like one of two.
 	rep.Coll = sized{rep.Coll, 2}
 	anchor := slices.Concat(rep.Model.Params()...)
@@ -152,8 +152,8 @@ func TestLocalSGDRoundUndone(t *testing.T) {
 	if got := slices.Concat(rep.Model.Params()...); !slices.Equal(got, anchor) {
 		t.Error("after the failed outer step the parameters are not the round's start")
 	}
-	if rep.Steps != 0 || rep.undone != 3 || rep.roundOpen() {
-		t.Errorf("steps %d, undone %d, round open %v; want 0, 3, false", rep.Steps, rep.undone, rep.roundOpen())
+	if rep.Steps != 0 || rep.out.undone != 3 || rep.roundOpen() {
+		t.Errorf("steps %d, undone %d, round open %v; want 0, 3, false", rep.Steps, rep.out.undone, rep.roundOpen())
 	}
 }
 
@@ -172,7 +172,7 @@ func (s sized) Size() int { return s.size }
 func TestLocalSGDResumeIsExact(t *testing.T) {
 	const world, batch = 2, 8
 	cfg := mlpCfg(784, []int{16}, 10, batch, 1)
-	newOpt := func() Optimizer {
+	newOpt := func() *LocalSGD {
 		return &LocalSGD{Inner: NewAdam(0.003), Every: 3, LR: 0.7, Momentum: 0.9, Nesterov: true}
 	}
 	run := func(reps []*Replica, start Position, epochs int, save func(int, Position) error) []Summary {
@@ -194,7 +194,7 @@ func TestLocalSGDResumeIsExact(t *testing.T) {
 	fresh := func() []*Replica {
 		reps := make([]*Replica, world)
 		for i := range reps {
-			reps[i] = NewReplica(newMLP(t, cfg), newOpt(), nil)
+			reps[i] = NewLocalReplica(newMLP(t, cfg), newOpt(), nil)
 		}
 		return reps
 	}
@@ -261,7 +261,7 @@ func TestLocalSGDReportsEverySampleOnce(t *testing.T) {
 	rings := memRings(t, world)
 	seen := &seenCount{n: map[int]int{}}
 	err := onAll(world, func(i int) error {
-		rep := NewReplica(newMLP(t, mlpCfg(784, []int{8}, 10, batch, 1)), &LocalSGD{Inner: &SGD{LR: 0.1}, Every: 4, LR: 1}, rings[i])
+		rep := NewLocalReplica(newMLP(t, mlpCfg(784, []int{8}, 10, batch, 1)), &LocalSGD{Inner: &SGD{LR: 0.1}, Every: 4, LR: 1}, rings[i])
 		_, err := Run(context.Background(), RunConfig{Replica: rep, Train: loader(t, "train", batch, true), Epochs: 1, Classes: 10,
 			Trained: seen.add})
 		return err

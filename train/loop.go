@@ -246,8 +246,8 @@ func (e *epochRun) train(ctx context.Context) (Position, error) {
 		return e.at, err
 	}
 	e.fetched = time.Now()
-	e.r.partSteps, e.r.partMax = e.steps, e.steps
-	defer func() { e.r.partStep, e.r.partSteps = 0, 0 }()
+	e.r.part.steps, e.r.part.max = e.steps, e.steps
+	defer func() { e.r.part.step, e.r.part.steps = 0, 0 }()
 	err = ep.Each(func(b *data.Batch) error {
 		r := e.r
 		if r.Trace == nil {
@@ -270,9 +270,8 @@ func (e *epochRun) train(ctx context.Context) (Position, error) {
 		err = nil
 		e.step = e.steps
 	}
-	if o, ok := e.r.Opt.(*LocalSGD); ok && err != nil {
-		o.abandonExchange() // its goroutine is owned here; Level settles the round
-		o.dropQuorum()
+	if err != nil {
+		e.r.sync().abandon() // its goroutines are owned here; Level settles the round
 	}
 	var leave *LeaveError
 	switch {
@@ -298,8 +297,8 @@ func (e *epochRun) train(ctx context.Context) (Position, error) {
 // newcomer the step announced.
 func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 	r, cfg := e.r, e.cfg
-	r.closeRound = e.step+1 == e.steps // a LocalSGD round ends with the epoch
-	r.partStep = e.step + 1
+	r.part.closing = e.step+1 == e.steps // a LocalSGD round ends with the epoch
+	r.part.step = e.step + 1
 	if block := min(e.block, e.left-e.step*e.block); block > 0 && !e.cfg.Train.Sampler.DropLast {
 		r.share = float32(b.N*r.Coll.Size()) / float32(block)
 	}
@@ -320,25 +319,25 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 		if *e.skips++; *e.skips >= cfg.MaxSkips {
 			return fmt.Errorf("train: %d steps in a row skipped, the last at epoch %d step %d: %w", *e.skips, e.at.Epochs+1, e.step, err)
 		}
-		if r.epochEnd && !r.newcomer {
+		if r.out.epochEnd && !r.out.newcomer {
 			return errEpochEnd
 		}
 		return e.newcomer()
 	case errors.Is(err, ErrCollective):
-		e.step -= r.undone // not applied here: it runs again (a LocalSGD round, all of it)
+		e.step -= r.out.undone // not applied here: it runs again (a LocalSGD round, all of it)
 		return err
 	case err != nil:
 		return fmt.Errorf("train: epoch %d step %d: %w", e.at.Epochs+1, e.step, err)
 	}
 	*e.skips = 0
-	if r.epochEnd {
+	if r.out.epochEnd {
 		e.samples += b.N
 		return errEpochEnd
 	}
 	if r.InnerSkip != nil && cfg.OnSkip != nil {
 		cfg.OnSkip(r.InnerSkip)
 	}
-	if r.outerDone && !r.outerChecked && e.step < e.steps {
+	if r.out.outerDone && !r.out.outerChecked && e.step < e.steps {
 		// Every outer step is checked, as every epoch is (a round with a
 		// Deadline checks the one before it itself).
 		if err := r.CheckInSync(ctx); err != nil {
@@ -387,7 +386,7 @@ func (e *epochRun) trained(index []int) {
 
 // newcomer is ErrNewcomer after a step whose trailer said one waits.
 func (e *epochRun) newcomer() error {
-	if e.r.newcomer {
+	if e.r.out.newcomer {
 		return ErrNewcomer
 	}
 	return nil
@@ -446,10 +445,10 @@ func (e *epochRun) end(ctx context.Context, s *Summary) error {
 // is at the same step. Liars are named in a *LiarError; a failed
 // collective is an ErrCollective: the ring must change again.
 func (r *Replica) Level(ctx context.Context, at Position, lost bool) (Position, error) {
-	r.settle()
+	r.sync().settle(r)
 	ahead := 0
 	if lost {
-		ahead = r.maxAhead()
+		ahead = r.sync().maxAhead(r)
 	}
 	pos, _, err := r.adoptLatest(ctx, true, at, ahead)
 	if err == nil && pos.Epochs != at.Epochs {
@@ -479,55 +478,9 @@ func (r *Replica) Admitted(ctx context.Context) (Position, error) {
 	return pos, nil
 }
 
-// local reports whether the replica trains with LocalSGD (DiLoCo).
-func (r *Replica) local() bool {
-	_, ok := r.Opt.(*LocalSGD)
-	return ok
-}
-
-// roundOpen reports whether a LocalSGD round is under way: its state is
-// no checkpoint, and the ranks' parameters differ.
-//
-// A streaming round lasts the epoch, but what every rank holds alike —
-// the anchors — is a checkpoint between its exchanges (Snapshot), and only
-// the steps since the exchange in flight began can be taken back.
-func (r *Replica) roundOpen() bool {
-	o, ok := r.Opt.(*LocalSGD)
-	if ok && o.streaming() {
-		return o.inflight != nil
-	}
-	return ok && o.open
-}
-
-// settle brings a streaming LocalSGD round to what every rank holds
-// alike: the exchange in flight dropped, every fragment at its anchor,
-// the inner optimizer afresh. What the inner steps did since each
-// fragment's last outer step is lost: the price of a ring change there.
-func (r *Replica) settle() {
-	if o, ok := r.Opt.(*LocalSGD); ok && o.streaming() && o.open {
-		o.abandonExchange()
-		o.back(r.Model.Params())
-	} else if ok && o.Deadline > 0 && (o.open || o.qx != nil) {
-		// A rank that was late or computed on holds steps no other rank
-		// has: they are lost, as a streaming round's are.
-		o.dropQuorum()
-		o.back(r.Model.Params())
-	}
-}
-
-// maxAhead is how many steps a survivor of a failed step may be ahead of
-// the others: one, or with LocalSGD a round — the ranks that finished its
-// outer step are at its end, the others went back to its start.
-func (r *Replica) maxAhead() int {
-	if o, ok := r.Opt.(*LocalSGD); ok && o.Deadline > 0 {
-		// A rank that was behind may be anywhere in the epoch part.
-		return max(o.Every, r.partMax, 1)
-	}
-	if o, ok := r.Opt.(*LocalSGD); ok {
-		return max(o.Every, 1)
-	}
-	return 1
-}
+// roundOpen reports whether a LocalSGD round is under way whose state
+// is no checkpoint (Sync.roundOpen).
+func (r *Replica) roundOpen() bool { return r.sync().roundOpen() }
 
 func evaluate(ctx context.Context, cfg RunConfig) (Result, error) {
 	test := *cfg.Test

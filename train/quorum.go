@@ -8,9 +8,68 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/ringtrain/ringtrain/ring"
 )
+
+// deadlineRounds is LocalSGD whose rounds close by a deadline
+// (LocalSGD.Deadline): a rank slow to compute is left out of a round
+// rather than waited for, and what it did goes into the next one.
+type deadlineRounds struct {
+	o *LocalSGD
+	// qx is the round under way; qround the rounds closed in the epoch
+	// part; qpos the steps in it, where Run does not say; qat the
+	// parameters when this rank posted early, and qdone its inner steps
+	// then.
+	qx           *quorumRound
+	qround, qpos int
+	qat          []float32
+	qdone        int
+	xbuf         []float32 // the round's buffer (quorumRound.buf)
+	// after is the Deadline's timer: time.After, or a test's fake.
+	after func(time.Duration) <-chan time.Time
+}
+
+// begin is the inner step; every step talks to the round (exchange
+// decides whether it waits).
+func (d *deadlineRounds) begin(r *Replica, x []float32, y []int, n int) (float32, bool, error) {
+	loss, err := d.o.inner(r, x, y, n)
+	if err != nil {
+		return 0, false, err
+	}
+	return loss, true, nil
+}
+
+// undo takes the round back: this rank returns to the anchor.
+func (d *deadlineRounds) undo(r *Replica) int {
+	if d.o.open {
+		return d.o.back(r.Model.Params())
+	}
+	return 1
+}
+
+func (d *deadlineRounds) agreed(params [][]float32) [][]float32 { return d.o.agreed(params) }
+func (d *deadlineRounds) roundOpen() bool                       { return d.o.open }
+
+// settle drops the round under way: a rank that was late or computed on
+// holds steps no other rank has, and they are lost, as a streaming
+// round's are.
+func (d *deadlineRounds) settle(r *Replica) {
+	if d.o.open || d.qx != nil {
+		d.abandon()
+		d.o.back(r.Model.Params())
+	}
+}
+
+// maxAhead: a rank that was behind may be anywhere in the epoch part.
+func (d *deadlineRounds) maxAhead(r *Replica) int { return max(d.o.Every, r.part.max, 1) }
+
+func (d *deadlineRounds) state(opt Optimizer) (string, int, [][]float32) { return d.o.state(opt) }
+
+// setState restores a state between rounds: Level has dropped a round
+// under way first (settle).
+func (d *deadlineRounds) setState(opt Optimizer, step int, tensors, params [][]float32) error {
+	d.qx, d.qround, d.qpos = nil, 0, 0
+	return d.o.setState(opt, step, tensors, params)
+}
 
 // ErrNoQuorum means an outer round with a deadline closed with fewer ranks
 // in than the quorum (LocalSGD.Quorum): every rank skipped its outer step
@@ -67,17 +126,17 @@ func (x *quorumRound) stateOf() int {
 }
 
 // quorum is the fewest ranks a round closes with.
-func (o *LocalSGD) quorum() int { return max(o.Quorum, 1) }
+func (d *deadlineRounds) quorum() int { return max(d.o.Quorum, 1) }
 
 // timer is the deadline's clock: a test's fake where one is set.
-func (o *LocalSGD) timer(d time.Duration) <-chan time.Time {
-	if o.after != nil {
-		return o.after(d)
+func (d *deadlineRounds) timer(t time.Duration) <-chan time.Time {
+	if d.after != nil {
+		return d.after(t)
 	}
-	return time.After(d)
+	return time.After(t)
 }
 
-// quorumStep is a step's talk with the ring in LocalSGD with a Deadline.
+// exchange is a step's talk with the ring in LocalSGD with a Deadline.
 // Round k of an epoch part is this rank's to close at the part's step
 // k·Every (the part's last step for its last round): there it posts its
 // pseudo-gradient and waits for the round's outcome. Once another rank
@@ -92,35 +151,30 @@ func (o *LocalSGD) timer(d time.Duration) <-chan time.Time {
 // next step however long that takes, and skips the rest of its part of
 // the epoch (epochEnd), so that every rank ends the epoch with the same
 // bits.
-func (r *Replica) quorumStep(ctx context.Context, o *LocalSGD, loss float32) (float32, error) {
-	switch {
-	case r.NormGuard > 0:
-		return loss, fmt.Errorf("train: outer rounds with a deadline do not take the gradient norm guard: a late rank's zeros would move the median")
-	case r.Wire != ring.F32:
-		return loss, fmt.Errorf("train: outer rounds with a deadline send float32 or, with Sparse, its own code; not %v", r.Wire)
-	}
-	pos := r.partStep
-	if r.partSteps == 0 { // driven step by step, not by Run: one long part
-		o.qpos++
-		pos = o.qpos
+func (d *deadlineRounds) exchange(ctx context.Context, r *Replica, _ []float32, _ []int, _ int, loss float32) (float32, error) {
+	o := d.o
+	pos := r.part.step
+	if r.part.steps == 0 { // driven step by step, not by Run: one long part
+		d.qpos++
+		pos = d.qpos
 	} else if pos == 1 {
-		o.qround = 0
+		d.qround = 0
 	}
-	due := (o.qround + 1) * o.Every
-	closing := r.partSteps > 0 && due >= r.partSteps
+	due := (d.qround + 1) * o.Every
+	closing := r.part.steps > 0 && due >= r.part.steps
 	if closing {
-		due = r.partSteps
+		due = r.part.steps
 	}
-	x := o.qx
+	x := d.qx
 	if x == nil {
-		x = r.openQuorum(ctx, o, closing)
+		x = d.openQuorum(ctx, r, closing)
 	}
 	if x.stateOf() == roundOpen {
 		switch {
 		case pos >= due:
-			r.postQuorum(o, x, false)
+			d.postQuorum(r, x, false)
 		case x.overdue.Load():
-			r.postQuorum(o, x, !closing)
+			d.postQuorum(r, x, !closing)
 		default:
 			return loss, nil
 		}
@@ -137,24 +191,25 @@ func (r *Replica) quorumStep(ctx context.Context, o *LocalSGD, loss float32) (fl
 			return loss, nil // late, or posted early: computes on
 		}
 	}
-	return loss, r.endQuorum(ctx, o, x, pos)
+	return loss, d.endQuorum(ctx, r, x, pos)
 }
 
 // openQuorum begins the round's exchange goroutine.
-func (r *Replica) openQuorum(ctx context.Context, o *LocalSGD, closing bool) *quorumRound {
+func (d *deadlineRounds) openQuorum(ctx context.Context, r *Replica, closing bool) *quorumRound {
 	size := r.Coll.Size()
-	o.xbuf = grow(o.xbuf, r.nparams+stepTrailer(size, false)+2*size+1)
-	x := &quorumRound{k: o.qround + 1, closing: closing, buf: o.xbuf, bad: -1, hash: hashSlots(r.ParamHash()),
+	d.xbuf = grow(d.xbuf, r.nparams+stepTrailer(size, false)+2*size+1)
+	x := &quorumRound{k: d.qround + 1, closing: closing, buf: d.xbuf, bad: -1, hash: hashSlots(r.ParamHash()),
 		posted: make(chan struct{}), quit: make(chan struct{}), done: make(chan struct{})}
-	o.qx = x
-	go r.watchQuorum(ctx, o, x)
+	d.qx = x
+	go d.watchQuorum(ctx, r, x)
 	return x
 }
 
 // postQuorum puts this rank's pseudo-gradient and trailer in the round,
 // unless it has gone on without it. early keeps the parameters as they
 // are, so that the steps after this one are told apart at the round's end.
-func (r *Replica) postQuorum(o *LocalSGD, x *quorumRound, early bool) {
+func (d *deadlineRounds) postQuorum(r *Replica, x *quorumRound, early bool) {
+	o := d.o
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.state != roundOpen {
@@ -165,9 +220,9 @@ func (r *Replica) postQuorum(o *LocalSGD, x *quorumRound, early bool) {
 	x.leave = r.leaving()
 	r.putQuorum(x, stepSays{leave: x.leave, newcomer: r.Waiting != nil && r.Waiting(), nonFinite: x.bad >= 0}, 1)
 	if early {
-		o.qat = grow(o.qat, n)
-		gather(o.qat, params)
-		o.qdone = o.done
+		d.qat = grow(d.qat, n)
+		gather(d.qat, params)
+		d.qdone = o.done
 	}
 	x.state, x.early = roundPosted, early
 	close(x.posted)
@@ -249,7 +304,8 @@ var errDropped = errors.New("train: the outer round was dropped")
 // watchQuorum runs round x's exchange once this rank's part is decided:
 // posted, or late once another rank has begun the round and the deadline
 // has passed.
-func (r *Replica) watchQuorum(ctx context.Context, o *LocalSGD, x *quorumRound) {
+func (d *deadlineRounds) watchQuorum(ctx context.Context, r *Replica, x *quorumRound) {
+	o := d.o
 	defer close(x.done)
 	var arrived chan error
 	if aw, ok := r.Coll.(incomingAwaiter); ok && r.Coll.Size() > 1 {
@@ -270,14 +326,14 @@ func (r *Replica) watchQuorum(ctx context.Context, o *LocalSGD, x *quorumRound) 
 				break
 			}
 			x.arrived.Store(true)
-			deadline = o.timer(o.Deadline)
+			deadline = d.timer(o.Deadline)
 		case <-deadline:
 			switch {
 			case !x.overdue.Load():
 				// Posts what it has at its next step, if that comes
 				// within another Deadline.
 				x.overdue.Store(true)
-				deadline = o.timer(o.Deadline)
+				deadline = d.timer(o.Deadline)
 				if x.closing {
 					deadline = nil // every rank is in the part's last round
 				}
@@ -302,7 +358,7 @@ func (r *Replica) watchQuorum(ctx context.Context, o *LocalSGD, x *quorumRound) 
 		if x.state == roundLate {
 			bad = 0 // sends no payload
 		}
-		return r.gatherSparse(ctx, o, x.buf[:n], x.buf[n:], 0, 1, bad)
+		return o.gatherSparse(ctx, r, x.buf[:n], x.buf[n:], 0, 1, bad)
 	})
 }
 
@@ -312,10 +368,11 @@ func (r *Replica) watchQuorum(ctx context.Context, o *LocalSGD, x *quorumRound) 
 // new anchor; one that was late or computed on keeps what it did since,
 // on top of the new anchor. A failed exchange is an ErrCollective; the
 // caller takes the round back.
-func (r *Replica) endQuorum(ctx context.Context, o *LocalSGD, x *quorumRound, pos int) error {
+func (d *deadlineRounds) endQuorum(ctx context.Context, r *Replica, x *quorumRound, pos int) error {
+	o := d.o
 	r.awaitExchange(x.done, &x.sent)
-	o.qx = nil
-	o.qround++
+	d.qx = nil
+	d.qround++
 	if x.err != nil {
 		return fmt.Errorf("%w: averaging the pseudo-gradients of outer round %d: %w", ErrCollective, x.k, x.err)
 	}
@@ -326,9 +383,9 @@ func (r *Replica) endQuorum(ctx context.Context, o *LocalSGD, x *quorumRound, po
 	if err := checkAnchors(slots, size); err != nil {
 		return err
 	}
-	r.outerChecked = true
+	r.out.outerChecked = true
 	badRanks, newcomer, leaving := stepFlagsOf(tail, size)
-	r.newcomer = r.newcomer || newcomer
+	r.out.newcomer = r.out.newcomer || newcomer
 	leaving, err := r.leavers(ctx, leaving, x.leave)
 	if err != nil {
 		return err
@@ -337,9 +394,9 @@ func (r *Replica) endQuorum(ctx context.Context, o *LocalSGD, x *quorumRound, po
 	switch {
 	case badRanks > 0:
 		err = r.skipped(avg, tail, x.bad, badRanks)
-	case in < o.quorum():
+	case in < d.quorum():
 		err = fmt.Errorf("train: outer round %d closed with %d of %d ranks in, under the quorum of %d; skipped on all, each carries its pseudo-gradient on: %w",
-			x.k, in, size, o.quorum(), ErrNoQuorum)
+			x.k, in, size, d.quorum(), ErrNoQuorum)
 	default:
 		if in < size {
 			f := float32(size) / float32(in)
@@ -359,13 +416,13 @@ func (r *Replica) endQuorum(ctx context.Context, o *LocalSGD, x *quorumRound, po
 		o.outer++
 		o.commit(0, 1)
 		o.back(params)
-		r.outerDone = true
+		r.out.outerDone = true
 	case err == nil:
 		// What this rank did since it posted (or, late, since it was last
 		// in) goes on top of the new anchor, into the next round.
 		from := o.anchor
 		if mine {
-			from = o.qat
+			from = d.qat
 		}
 		eachSpan(params, 0, n, func(k, a, b, off int) {
 			p := params[k][a:b]
@@ -377,7 +434,7 @@ func (r *Replica) endQuorum(ctx context.Context, o *LocalSGD, x *quorumRound, po
 		o.outer++
 		if mine {
 			o.commit(0, 1)
-			o.done -= o.qdone
+			o.done -= d.qdone
 		}
 		eachSpan(params, 0, n, func(k, a, b, off int) {
 			p := params[k][a:b]
@@ -385,7 +442,7 @@ func (r *Replica) endQuorum(ctx context.Context, o *LocalSGD, x *quorumRound, po
 				p[i] += o.anchor[off+i]
 			}
 		})
-		r.outerDone = true
+		r.out.outerDone = true
 	case errors.Is(err, ErrNoQuorum) && !x.closing:
 		clear(o.encoded) // nothing was taken: every rank carries on
 	default:
@@ -394,18 +451,18 @@ func (r *Replica) endQuorum(ctx context.Context, o *LocalSGD, x *quorumRound, po
 	if Skipped(err) {
 		r.Stats.Skipped++
 	}
-	if x.closing && pos < r.partSteps {
-		r.epochEnd = true
+	if x.closing && pos < r.part.steps {
+		r.out.epochEnd = true
 	}
 	return withLeavers(err, leaving)
 }
 
-// dropQuorum drops the round under way, if any: its goroutine stops
+// abandon drops the round under way, if any: its goroutine stops
 // waiting, the exchange if it ran is waited for, and nothing is applied.
-func (o *LocalSGD) dropQuorum() {
-	if x := o.qx; x != nil {
+func (d *deadlineRounds) abandon() {
+	if x := d.qx; x != nil {
 		close(x.quit)
 		<-x.done
-		o.qx = nil
+		d.qx = nil
 	}
 }

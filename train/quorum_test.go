@@ -110,10 +110,10 @@ func TestQuorumLateRankFoldsIntoNextRound(t *testing.T) {
 				}
 			}
 			o := &LocalSGD{Inner: &SGD{LR: 1}, Every: h, LR: 1, Deadline: time.Hour, Quorum: tc.quorum}
+			rep := NewLocalReplica(newStepModel(float32(i+1), hook), o, rings[i])
 			if i == 3 {
-				o.after = timer.after
+				rep.Sync.(*deadlineRounds).after = timer.after
 			}
-			rep := NewReplica(newStepModel(float32(i+1), hook), o, rings[i])
 			for s := 1; s <= 2*h; s++ {
 				_, err := rep.Step(context.Background(), nil, nil, 1)
 				if i < 3 && s == h {
@@ -127,7 +127,7 @@ func TestQuorumLateRankFoldsIntoNextRound(t *testing.T) {
 				}
 			}
 			end[i] = slices.Concat(rep.Model.Params()...)
-			_, outer[i], _ = o.State()
+			_, outer[i], _ = rep.OptimizerState()
 			return nil
 		})
 		if err != nil {
@@ -187,7 +187,7 @@ func quorumRunWithSlowRank(t *testing.T, sp *sparse.Config) {
 			m = slowModel{Model: m, d: 20 * time.Millisecond}
 		}
 		o := &LocalSGD{Inner: &SGD{LR: 0.1}, Every: 4, LR: 1, Deadline: time.Millisecond, Quorum: 2, Sparse: sp}
-		rep := NewReplica(m, o, rings[i])
+		rep := NewLocalReplica(m, o, rings[i])
 		var err error
 		sums[i], err = Run(context.Background(), RunConfig{Replica: rep, Train: loader(t, "train", batch, true), Epochs: 2, Classes: 10,
 			Trained: seen.add})

@@ -162,7 +162,7 @@ func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead i
 	// The optimizer's step count and shape.
 	var shape *optShape
 	if rank == root {
-		_, optStep, state := r.Opt.State()
+		_, optStep, state := r.OptimizerState()
 		shape = &optShape{Step: optStep, Tensors: len(state)}
 	}
 	shape, err = broadcastMsg(ctx, r.Coll, root, shape, maxShapeBytes)
@@ -196,7 +196,7 @@ func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead i
 	}
 	var state [][]float32
 	if rank == root {
-		_, _, state = r.Opt.State()
+		_, _, state = r.OptimizerState()
 	} else {
 		for i := range nState {
 			state = append(state, make([]float32, len(params[i%len(params)])))
@@ -206,7 +206,7 @@ func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead i
 		return out, fmt.Errorf("%w: sending the optimizer state: %w", ErrCollective, err)
 	}
 	if rank != root {
-		if err := r.Opt.SetState(optStep, state, params); err != nil {
+		if err := r.setOptimizerState(optStep, state); err != nil {
 			return out, err
 		}
 	}

@@ -80,7 +80,7 @@ func TestLocalSGDSparse(t *testing.T) {
 			if sp {
 				o.Sparse = &sparse.Config{Fraction: 0.05, Bits: 2}
 			}
-			rep := NewReplica(newMLP(t, cfg), o, rings[i])
+			rep := NewLocalReplica(newMLP(t, cfg), o, rings[i])
 			rng := rand.New(rand.NewPCG(5, uint64(i)))
 			for s := range h * rounds {
 				x, y := randomBatch(rng, 4, 12, 3)

@@ -1,19 +1,14 @@
 package train
 
 import (
-	"cmp"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"time"
 
 	"github.com/ringtrain/ringtrain/ring"
-	"github.com/ringtrain/ringtrain/train/sparse"
 	"github.com/ringtrain/ringtrain/train/vec"
 )
 
@@ -123,6 +118,10 @@ type Replica struct {
 	// Trace, if set, is told each phase of every step as it ends: the
 	// timeline of `--trace`.
 	Trace Tracer
+	// Sync is how the steps keep the ranks together: nil averages the
+	// gradients at every step; NewLocalReplica sets the LocalSGD mode its
+	// settings call for.
+	Sync Sync
 
 	// InnerSkip, after a Step with LocalSGD, says why this rank skipped
 	// its inner step (ErrNonFinite), or is nil. The skip is this rank's
@@ -143,31 +142,11 @@ type Replica struct {
 	flat []float32
 	// views are the gradient tensors' places in flat: the optimizer reads
 	// the averaged gradients there, which saves copying them back.
-	views           [][]float32
-	plan            [][2]int // bucketPlan's, for planFor and planOf
-	planFor, planOf int
-	backwardDone    time.Time // when an overlapped step's backward ended
-	// undone is how many steps the last failed Step took back (a LocalSGD
-	// round's, or 1); outerDone whether the last Step applied an outer
-	// step; closeRound makes the next Step close a LocalSGD round (Run
-	// sets it for an epoch's last step).
-	undone     int
-	outerDone  bool
-	closeRound bool
-	// partStep and partSteps are the step under way in Run's epoch part
-	// and the part's steps (0 when Step is driven otherwise); epochEnd
-	// says that the last Step closed the part's last outer round of a
-	// LocalSGD with a Deadline while this rank was behind: its part of
-	// the epoch ends there.
-	partStep, partSteps int
-	epochEnd            bool
-	partMax             int // the last part's steps, for Level after it
-	// outerChecked says that the last Step's outer round compared the
-	// ranks' anchors itself (a LocalSGD with a Deadline).
-	outerChecked bool
-
-	// newcomer is whether the last Step's trailer said a newcomer waits.
-	newcomer bool
+	views [][]float32
+	bk    buckets
+	// part is where Run's epoch part stands; out what the last Step did.
+	part epochPart
+	out  stepOutcome
 	// inModel is whether this step's gradients were left in the model
 	// (solo), not gathered into the ring's buffer.
 	inModel bool
@@ -181,6 +160,36 @@ type Replica struct {
 	// residual is error feedback's remainder from the last applied step;
 	// pending the one this step leaves, kept only if it is applied.
 	residual, pending []float32
+}
+
+// buckets is the gradient buckets' plan (bucketPlan's) and when an
+// overlapped step's backward ended.
+type buckets struct {
+	plan            [][2]int // for planFor bytes a bucket and planOf values
+	planFor, planOf int
+	backwardDone    time.Time
+}
+
+// epochPart is where Run's epoch part stands, for the Sync: step is the
+// step under way and steps the part's (0 when Step is driven otherwise);
+// max is the last part's steps, for Level after it; closing makes the
+// step close a LocalSGD round (the part's last).
+type epochPart struct {
+	step, steps, max int
+	closing          bool
+}
+
+// stepOutcome is what the last Step did, beyond its error: how many steps
+// it took back after a failed collective (a LocalSGD round's, or 1);
+// whether it applied an outer step, and whether that compared the ranks'
+// anchors itself (a round with a Deadline); whether it closed the part's
+// last outer round while this rank was behind, which ends its part of the
+// epoch there; whether its trailer said a newcomer waits.
+type stepOutcome struct {
+	undone                  int
+	outerDone, outerChecked bool
+	epochEnd                bool
+	newcomer                bool
 }
 
 // ReplicaStats is where a replica's steps spent their time and what they
@@ -207,27 +216,6 @@ type ReplicaStats struct {
 	// rank denied them, and every rank ignored them (see confirmLeaves).
 	ForgedLeaves int
 }
-
-// LeaveError is what Step returns once a rank has asked to leave; the step
-// it comes from was applied on every rank.
-type LeaveError struct {
-	Ranks []int // the ranks that asked
-}
-
-func (e *LeaveError) Error() string {
-	return fmt.Sprintf("train: ranks %v asked to stop; every rank stops after this step", e.Ranks)
-}
-
-// OthersCarryOn reports whether, in a ring of size, enough ranks stay
-// when these leave for the others to go on without them (at least
-// minSize, and one): the rule every rank applies alike, the leavers to go
-// and the others to re-form.
-func (e *LeaveError) OthersCarryOn(size, minSize int) bool {
-	return size-len(e.Ranks) >= max(minSize, 1)
-}
-
-// Unwrap makes a LeaveError an ErrStopped.
-func (e *LeaveError) Unwrap() error { return ErrStopped }
 
 // ErrLiar means ranks told the others what no honest replica could: a
 // position too far ahead, state that does not match the hash they
@@ -356,7 +344,8 @@ func (r *Replica) traceCompute(t0, t1 time.Time) {
 }
 
 // Step trains on one local batch: forward and backward, gradients averaged
-// over the ring, optimizer step. It returns the local loss.
+// over the ring, optimizer step — or, with a Sync, what its mode makes of
+// the step. It returns the local loss.
 //
 // A NaN or Inf gradient on any rank would poison every replica, so each rank
 // appends a flag to its gradients — 1 if any of its own is not finite — and
@@ -367,168 +356,85 @@ func (r *Replica) traceCompute(t0, t1 time.Time) {
 // flag at 0 is caught too: the average is checked before it is applied.
 // Requests to leave ride in the same allreduce, one slot per rank.
 //
-// A Resident model checks its gradients on its device and copies them
-// straight into the flat buffer; a DeviceOptimizer applies the average
-// there. With both on a ring of one, the whole step stays on the device.
+// A step that fails in a collective (ErrCollective) is taken back — a
+// LocalSGD round, all of it — so that it runs again with the same dropout
+// masks.
 func (r *Replica) Step(ctx context.Context, x []float32, y []int, n int) (float32, error) {
-	loss, talk, err := r.stepBegin(x, y, n)
+	s := r.sync()
+	r.openStep()
+	loss, talk, err := s.begin(r, x, y, n)
 	if !talk {
 		return loss, err
 	}
-	if o, ok := r.Opt.(*LocalSGD); ok && (o.streaming() || o.Deadline > 0) {
-		var err error
-		if o.Deadline > 0 {
-			loss, err = r.quorumStep(ctx, o, loss)
-		} else {
-			loss, err = r.streamStep(ctx, o, loss)
-		}
-		if errors.Is(err, ErrCollective) {
-			r.undoStep(o)
-		}
-		return loss, err
+	loss, err = s.exchange(ctx, r, x, y, n, loss)
+	if errors.Is(err, ErrCollective) {
+		r.out.undone = s.undo(r)
+		r.Steps -= r.out.undone
+		r.Stats.Steps -= r.out.undone
 	}
-	t0 := time.Now()
-	if dev, ok := r.Opt.(DeviceOptimizer); ok && r.Coll.Size() == 1 {
-		loss, err := r.stepAlone(dev, x, y, n)
-		r.Stats.Compute += time.Since(t0)
-		if r.Trace != nil {
-			r.Trace.Span("forward+backward", t0, time.Now(), r.Steps, -1)
-		}
-		if errors.Is(err, ErrNonFinite) {
-			r.Stats.Skipped++
-		}
-		return loss, err
-	}
-	flat, err := r.buffer()
-	if err != nil {
-		return 0, err
-	}
-	if counter, ok := r.Coll.(byteCounter); ok {
-		sent0 := counter.Stats().BytesSent
-		defer func() { r.Stats.BytesSent += counter.Stats().BytesSent - sent0 }()
-	} else if size := int64(r.Coll.Size()); size > 1 {
-		// A ring allreduce sends 2(n−1)/n of the buffer's bytes.
-		payload := int64(r.Wire.Size(r.nparams) + 4*(len(flat)-r.nparams))
-		defer func() { r.Stats.BytesSent += 2 * (size - 1) * payload / size }()
-	}
-	local, _ := r.Opt.(*LocalSGD)
-	says := stepSays{leave: r.leaving(), newcomer: r.Waiting != nil && r.Waiting()}
-	loss, bad, err := r.average(ctx, x, y, n, flat, loss, &says, t0)
-	if err != nil {
-		if errors.Is(err, ErrCollective) {
-			r.undoStep(local)
-		}
-		return 0, err
-	}
-	t2 := time.Now()
-	defer func() {
-		r.Stats.Optimizer += time.Since(t2)
-		if r.Trace != nil {
-			r.Trace.Span("optimizer", t2, time.Now(), r.Steps, -1)
-		}
-	}()
-	tail := flat[r.nparams:]
-	badRanks, newcomer, leaving := stepFlagsOf(tail, r.Coll.Size())
-	r.newcomer = newcomer
-	if leaving, err = r.leavers(ctx, leaving, says.leave); err != nil {
-		r.undoStep(local)
-		return 0, err
-	}
-	if err = r.apply(flat, bad, badRanks); Skipped(err) {
-		r.Stats.Skipped++
-	}
-	if errors.Is(err, errDevice) {
-		return loss, err
-	}
-	if leaving == nil {
-		return loss, err
-	}
-	if err != nil {
-		return loss, errors.Join(err, &LeaveError{Ranks: leaving})
-	}
-	return loss, &LeaveError{Ranks: leaving}
+	return loss, err
 }
 
-// stepBegin opens a step: dropout masks, counters, and with LocalSGD the
-// inner step, which may be all there is to it. talk says whether the step
-// goes on to the ring; if not, loss and err are the step's.
-func (r *Replica) stepBegin(x []float32, y []int, n int) (loss float32, talk bool, err error) {
+// sync is the replica's Sync, or every step's.
+func (r *Replica) sync() Sync {
+	if r.Sync == nil {
+		return everyStep{}
+	}
+	return r.Sync
+}
+
+// openStep opens a step: dropout masks, counters, the last step's outcome
+// forgotten.
+func (r *Replica) openStep() {
 	if s, ok := r.Model.(MaskSeeder); ok {
 		s.SeedMasks(uint64(r.Steps)<<20 ^ uint64(r.Coll.Rank()))
 	}
 	r.Steps++
 	r.Stats.Steps++
-	r.undone, r.outerDone, r.InnerSkip, r.newcomer, r.epochEnd, r.outerChecked = 1, false, nil, false, false, false
-	local, ok := r.Opt.(*LocalSGD)
-	if !ok {
-		return 0, true, nil
-	}
-	t0 := time.Now()
-	loss, err = r.innerStep(local, x, y, n)
-	r.Stats.Compute += time.Since(t0)
-	r.traceCompute(t0, time.Now())
-	if err != nil && !Skipped(err) {
-		r.Steps--
-		r.Stats.Steps--
-		return 0, false, err
-	}
-	r.InnerSkip = err // this rank's alone: the others go on, and so does it
-	// Until the round ends there is no word with the others; then the
-	// outer step's outcome, not the inner step's skip, is what this step
-	// reports.
-	if local.streaming() {
-		return loss, local.dueExchange(r.closeRound), nil
-	}
-	if local.Deadline > 0 {
-		return loss, true, nil // quorumStep decides
-	}
-	return loss, local.done >= local.Every || r.closeRound, nil
+	r.out, r.InnerSkip = stepOutcome{undone: 1}, nil
 }
 
-// average computes this rank's gradients (with LocalSGD, the round's
-// delta; innerLoss is its loss) into flat with the step's trailer, and
-// averages both over the ring, in buckets beside backward where there is
-// a plan. bad is this rank's first non-finite tensor, or -1. A failed
-// collective is an ErrCollective.
-func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat []float32, innerLoss float32, says *stepSays, t0 time.Time) (loss float32, bad int, err error) {
+// narrow is the collective as a NarrowAllreducer, where the gradients go
+// narrowed (Wire); an error if it cannot send them so.
+func (r *Replica) narrow() (NarrowAllreducer, error) {
 	narrow, _ := r.Coll.(NarrowAllreducer)
 	if r.Wire != ring.F32 && narrow == nil {
-		return 0, -1, fmt.Errorf("train: gradients to send as %v, but the collective (%T) sends float32 only", r.Wire, r.Coll)
+		return nil, fmt.Errorf("train: gradients to send as %v, but the collective (%T) sends float32 only", r.Wire, r.Coll)
 	}
-	local, isLocal := r.Opt.(*LocalSGD)
-	if isLocal && local.Sparse != nil && r.Wire != ring.F32 {
-		return 0, -1, fmt.Errorf("train: sparse pseudo-gradients are coded by LocalSGD; gradients to send as %v would code them twice", r.Wire)
+	return narrow, nil
+}
+
+// countBytes starts counting what a step's allreduce of n values sends;
+// the func it returns adds it to Stats.BytesSent: measured where the
+// Collective counts what it sends, else a ring allreduce's 2(n−1)/n of
+// the buffer.
+func (r *Replica) countBytes(n int) func() {
+	if counter, ok := r.Coll.(byteCounter); ok {
+		sent0 := counter.Stats().BytesSent
+		return func() { r.Stats.BytesSent += counter.Stats().BytesSent - sent0 }
 	}
-	if plan := r.bucketPlan(); plan != nil && !isLocal {
-		// Buckets go round while backward computes the layers before them.
-		loss, bad, err = r.bucketed(ctx, x, y, n, flat, plan, narrow, says)
-		r.Stats.Ring += time.Since(r.backwardDone)
-		r.Stats.Compute += r.backwardDone.Sub(t0)
-		r.traceCompute(t0, r.backwardDone)
-		return loss, bad, err
+	if size := int64(r.Coll.Size()); size > 1 {
+		payload := int64(r.Wire.Size(r.nparams) + 4*(n-r.nparams))
+		return func() { r.Stats.BytesSent += 2 * (size - 1) * payload / size }
 	}
-	bad = -1
-	r.inModel = false
-	switch res, ok := r.Model.(Resident); {
-	case isLocal:
-		loss, bad = innerLoss, local.delta(flat[:r.nparams], r.Model.Params())
-	case n == 0: // no samples here this step: nothing to add to the mean
-		clear(flat[:r.nparams])
-	case ok:
-		loss, bad, err = res.ForwardBackwardFlat(x, y, n, flat)
-	default:
-		if loss, err = r.Model.ForwardBackward(x, y, n); err == nil && r.solo() {
-			bad, r.inModel = nonFinite(r.Model.Grads()), true
-		} else if err == nil {
-			bad = gatherFinite(flat, r.Model.Grads())
-		}
+	return func() {}
+}
+
+// timeOptimizer counts the time from t0 to its call as the optimizer's.
+func (r *Replica) timeOptimizer(t0 time.Time) {
+	r.Stats.Optimizer += time.Since(t0)
+	if r.Trace != nil {
+		r.Trace.Span("optimizer", t0, time.Now(), r.Steps, -1)
 	}
-	if err != nil {
-		return 0, bad, err
-	}
-	if bad < 0 && !isLocal {
-		r.scale(flat[:r.nparams])
-	}
+}
+
+// send finishes what this rank puts in flat — error feedback on its
+// gradients (or pseudo-gradient), its norm, its trailer (says; bad is its
+// first non-finite tensor, or -1) — and averages it over the ring with
+// allreduce. The compute that began at t0 ends here; traced says whether
+// to trace it as forward and backward. A failed collective is an
+// ErrCollective.
+func (r *Replica) send(ctx context.Context, flat []float32, bad int, says *stepSays, t0 time.Time, traced bool, allreduce func(flat []float32) error) error {
 	if r.Wire == ring.I8 && bad < 0 {
 		r.feedback(flat, 0, r.nparams)
 	}
@@ -543,16 +449,10 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 	says.put(tail, r.Coll.Rank(), r.Coll.Size())
 	t1 := time.Now()
 	r.Stats.Compute += t1.Sub(t0)
-	if !isLocal {
+	if traced {
 		r.traceCompute(t0, t1)
 	}
-	if isLocal && local.Sparse != nil {
-		err = r.gatherSparse(ctx, local, flat[:r.nparams], tail, 0, 1, bad)
-	} else if r.Wire == ring.F32 {
-		err = r.Coll.AllreduceMean(ctx, flat)
-	} else if err = narrow.AllreduceMeanAs(ctx, flat[:r.nparams], r.Wire); err == nil {
-		err = r.Coll.AllreduceMean(ctx, tail)
-	}
+	err := allreduce(flat)
 	comm, wait := time.Since(t1), time.Duration(0)
 	if counter, ok := r.Coll.(byteCounter); ok {
 		wait = min(counter.Stats().LastWait, comm)
@@ -566,87 +466,34 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 		}
 	}
 	if err != nil {
-		return loss, bad, fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
-	}
-	return loss, bad, nil
-}
-
-// gatherSparse averages the pseudo-gradients of a LocalSGD round's
-// fragments [from, to) — avg, the flat range they cover end to end — each
-// rank's coded sparse (LocalSGD.Sparse), a part per fragment: the trailer
-// tail in an allreduce, then every rank's payload gathered and decoded
-// into avg in rank order, so that every rank adds up the same bits. A
-// rank whose round is not finite sends nothing; its flag in the trailer
-// makes every rank skip the round.
-func (r *Replica) gatherSparse(ctx context.Context, o *LocalSGD, avg, tail []float32, from, to, bad int) error {
-	parts, sizes := make([][]float32, 0, to-from), make([]int, 0, to-from)
-	base, _ := o.fragment(from, r.nparams)
-	for k := from; k < to; k++ {
-		lo, hi := o.fragment(k, r.nparams)
-		parts, sizes = append(parts, avg[lo-base:hi-base]), append(sizes, hi-lo)
-	}
-	var mine []byte
-	if bad < 0 {
-		for i, d := range parts {
-			p, err := o.encode(from+i, d)
-			if err != nil {
-				return err
-			}
-			mine = sparse.AppendPart(mine, p)
-		}
-	}
-	// The payloads' lengths ride with the trailer, one slot per rank: a
-	// collective the fewer, which a slow rank on the ring makes dear.
-	size := r.Coll.Size()
-	withLens := make([]float32, len(tail)+size)
-	copy(withLens, tail)
-	withLens[len(tail)+r.Coll.Rank()] = float32(len(mine))
-	if err := r.Coll.AllreduceMean(ctx, withLens); err != nil {
-		return err
-	}
-	copy(tail, withLens)
-	all, err := broadcastEach(ctx, r.Coll, mine, withLens[len(tail):], float64(size), o.Sparse.MaxParts(sizes))
-	if err != nil {
-		return err
-	}
-	clear(avg)
-	w := 1 / float32(len(all))
-	for k, p := range all {
-		if len(p) == 0 {
-			continue
-		}
-		if err := sparse.DecodeParts(parts, p, w); err != nil {
-			return fmt.Errorf("rank %d's pseudo-gradient: %w", k, err)
-		}
+		return fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
 	}
 	return nil
 }
 
-// scale multiplies this rank's gradients by its share of the step's
-// samples (share), where that is not 1.
-func (r *Replica) scale(g []float32) {
-	if f := r.share; f != 0 && f != 1 {
-		for i := range g {
-			g[i] *= f
+// allreduce is how a step's values go round: all in one float32
+// allreduce, or the gradients narrowed (Wire) and the trailer, which must
+// stay exact, in a second, small one.
+func (r *Replica) allreduce(ctx context.Context, narrow NarrowAllreducer) func(flat []float32) error {
+	return func(flat []float32) error {
+		if r.Wire == ring.F32 {
+			return r.Coll.AllreduceMean(ctx, flat)
 		}
+		if err := narrow.AllreduceMeanAs(ctx, flat[:r.nparams], r.Wire); err != nil {
+			return err
+		}
+		return r.Coll.AllreduceMean(ctx, flat[r.nparams:])
 	}
 }
 
-// leavers confirms the leave requests the trailer holds (confirmLeaves)
-// and adds this rank's own if a member cancelled it on the way: it leaves
-// anyway, and the others find it gone at the next step and re-form
-// without it.
-func (r *Replica) leavers(ctx context.Context, leaving []int, asked bool) ([]int, error) {
-	if leaving != nil {
-		var err error
-		if leaving, err = r.confirmLeaves(ctx, leaving, asked); err != nil {
-			return nil, fmt.Errorf("%w: confirming leave requests: %w", ErrCollective, err)
-		}
-	}
-	if asked && !slices.Contains(leaving, r.Coll.Rank()) {
-		leaving = append(leaving, r.Coll.Rank())
-	}
-	return leaving, nil
+// heard reads what the ranks said in an averaged trailer: how many had
+// non-finite gradients, whether a newcomer waits, and which ranks leave —
+// their requests confirmed (leavers). asked is this rank's own request.
+func (r *Replica) heard(ctx context.Context, tail []float32, asked bool) (badRanks int, leaving []int, err error) {
+	badRanks, newcomer, leaving := stepFlagsOf(tail, r.Coll.Size())
+	r.out.newcomer = r.out.newcomer || newcomer
+	leaving, err = r.leavers(ctx, leaving, asked)
+	return badRanks, leaving, err
 }
 
 // skipped says why every rank skips the step before looking at the
@@ -664,135 +511,6 @@ func (r *Replica) skipped(avg, tail []float32, bad, badRanks int) error {
 		return r.normGuard(avg, tail)
 	}
 	return nil
-}
-
-// solo reports whether this step's gradients stay where the model keeps
-// them: on a ring of one, with float32 on the wire, no norm guard, and
-// neither LocalSGD nor a model that computes into the buffer itself, the
-// average is the rank's own gradients, and gathering them into the ring's
-// buffer (tens of megabytes for the cnn) would only copy them. They are
-// checked for NaN and Inf where they are, and applied from there.
-func (r *Replica) solo() bool {
-	if _, local := r.Opt.(*LocalSGD); local {
-		return false
-	}
-	_, resident := r.Model.(Resident)
-	return r.Coll.Size() == 1 && r.Wire == ring.F32 && r.NormGuard <= 0 && !resident && (r.share == 0 || r.share == 1)
-}
-
-// errDevice marks a device optimizer's failure to apply a step: not a
-// skip, the run's end.
-var errDevice = errors.New("train: the device failed to apply the step")
-
-// apply applies the averaged gradients in flat, or says why every rank
-// skips them: a rank flagged NaN or Inf (badRanks; bad is this rank's own
-// tensor, or -1), the norm guard, or an average that is not finite. Every
-// rank holds the same average and trailer, so every rank decides alike. A
-// DeviceOptimizer checks the average itself, where it applies it; the host
-// checks it otherwise.
-func (r *Replica) apply(flat []float32, bad, badRanks int) error {
-	avg, tail := flat[:r.nparams], flat[r.nparams:]
-	local, isLocal := r.Opt.(*LocalSGD)
-	applied, err := false, r.skipped(avg, tail, bad, badRanks)
-	switch dev, onDevice := r.Opt.(DeviceOptimizer); {
-	case err != nil:
-	case isLocal:
-		if applied = finite(avg); applied {
-			local.apply(r.Model.Params(), avg)
-			r.outerDone = true
-		}
-	case onDevice:
-		if applied, err = dev.StepFlat(avg); err != nil {
-			return fmt.Errorf("%w: %w", errDevice, err)
-		}
-	case r.inModel:
-		if applied = bad < 0; applied {
-			r.Opt.Step(r.Model.Params(), r.Model.Grads())
-		}
-	case finite(avg):
-		r.Opt.Step(r.Model.Params(), r.views)
-		applied = true
-	}
-	if isLocal && !applied { // the round is skipped on every rank
-		local.back(r.Model.Params())
-	}
-	if err != nil {
-		return err
-	}
-	if !applied {
-		// Every rank flagged its own gradients finite, yet their average is
-		// not: a rank sent NaN or Inf and hid it (or the sum overflowed).
-		return fmt.Errorf("train: the averaged gradients hold a NaN or Inf though all %d ranks flagged theirs finite (a rank hid its own, or the sum overflowed); step skipped on all: %w",
-			r.Coll.Size(), ErrNonFinite)
-	}
-	if r.Wire == ring.I8 {
-		r.residual, r.pending = r.pending, r.residual
-	}
-	return nil
-}
-
-// innerStep is a LocalSGD step on this rank alone: forward, backward and
-// the inner optimizer, opening a round at the parameters if none is open.
-// A NaN or Inf gradient skips the inner step here only (ErrNonFinite).
-func (r *Replica) innerStep(o *LocalSGD, x []float32, y []int, n int) (float32, error) {
-	if !o.open {
-		if err := o.validate(); err != nil {
-			return 0, err
-		}
-		o.begin(r.Model.Params())
-	}
-	var loss float32
-	bad := -1
-	if n == 0 { // nothing to train on here this step (an epoch's uneven end)
-		o.done++
-		return 0, nil
-	}
-	if dev, ok := o.Inner.(DeviceOptimizer); ok {
-		var err error
-		if loss, bad, err = dev.StepAlone(x, y, n); err != nil {
-			return 0, err
-		}
-	} else {
-		var err error
-		if loss, err = r.Model.ForwardBackward(x, y, n); err != nil {
-			return 0, err
-		}
-		for k, g := range r.Model.Grads() {
-			if !finite(g) {
-				bad = k
-				break
-			}
-		}
-		if bad < 0 {
-			o.Inner.Step(r.Model.Params(), r.Model.Grads())
-		}
-	}
-	o.done++
-	if bad >= 0 {
-		r.Stats.Skipped++
-		return loss, fmt.Errorf("train: rank %d skipped an inner step: its %s gradient holds a NaN or Inf: %w",
-			r.Coll.Rank(), r.Model.ParamNames()[bad], ErrNonFinite)
-	}
-	return loss, nil
-}
-
-// undoStep takes back a step that failed in a collective, so that it runs
-// again with the same dropout masks; with LocalSGD, the whole round: the
-// rank returns to the anchor. r.undone says how many steps were undone.
-func (r *Replica) undoStep(local *LocalSGD) {
-	switch {
-	case local != nil && local.open && local.streaming():
-		// Every fragment goes back to its anchor; the steps since the
-		// failed exchange began run again — their samples are in no
-		// anchor — and what the others did since their fragments' last
-		// outer steps is dropped, as at any ring change (Level).
-		r.undone = local.done - local.began + 1
-		local.back(r.Model.Params())
-	case local != nil && local.open:
-		r.undone = local.back(r.Model.Params())
-	}
-	r.Steps -= r.undone
-	r.Stats.Steps -= r.undone
 }
 
 // feedback is error feedback's half of a step for the gradients
@@ -814,158 +532,6 @@ func (r *Replica) feedback(flat []float32, lo, hi int) {
 	}
 }
 
-// leaveAnswer is a rank's answer in the round that confirms leave
-// requests: a denial of its own request, which it did not make. Deny is a
-// random number, so that a forger, who can add to any rank's row of the
-// summed table but does not know it, cannot cancel the denial.
-type leaveAnswer struct {
-	Deny uint64 `json:"deny"`
-}
-
-// maxLeaveAnswerBytes bounds a leaveAnswer's encoding.
-const maxLeaveAnswerBytes = 40
-
-// confirmLeaves is the second round of a step whose leave slots are set.
-// The slots are sums, so any member can set another rank's slot and make it
-// stop; only the rank itself knows whether it asked. So every rank whose
-// slot was set but did not ask sends a denial (leaveAnswer) in a gathered
-// message. Every rank reads the same rows, so all drop the same denied
-// ranks from the leavers — a row that does not decode counts as a denial
-// too, as only tampering makes one — and count them in
-// Stats.ForgedLeaves. The forger cannot be named: a sum does not say who
-// added to it. A member can still deny a real request; its maker then
-// leaves anyway, and the others re-form when it is gone.
-func (r *Replica) confirmLeaves(ctx context.Context, leaving []int, asked bool) ([]int, error) {
-	var mine *leaveAnswer
-	if me := r.Coll.Rank(); slices.Contains(leaving, me) && !asked {
-		var b [8]byte
-		if _, err := rand.Read(b[:]); err != nil {
-			return nil, err
-		}
-		mine = &leaveAnswer{Deny: binary.LittleEndian.Uint64(b[:]) | 1}
-	}
-	answers, bad, err := gatherMsgs(ctx, r.Coll, mine, maxLeaveAnswerBytes)
-	if err != nil {
-		return nil, err
-	}
-	var confirmed []int
-	for _, k := range leaving {
-		if answers[k] != nil || slices.Contains(bad, k) {
-			r.Stats.ForgedLeaves++
-			continue
-		}
-		confirmed = append(confirmed, k)
-	}
-	return confirmed, nil
-}
-
-// normGuard decides, from the averaged gradients and the declared norms in
-// the averaged trailer — the same bits on every rank, so the same decision
-// everywhere — whether the step must be skipped (see NormGuard).
-func (r *Replica) normGuard(avg, tail []float32) error {
-	size := r.Coll.Size()
-	norms := normsOf(tail, size)
-	sum := 0.0
-	for k, v := range norms {
-		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
-			return fmt.Errorf("train: rank %d declared a gradient norm of %g; step skipped on all: %w", k, v, ErrGradientNorm)
-		}
-		sum += v
-	}
-	sorted := slices.Clone(norms)
-	slices.Sort(sorted)
-	med := sorted[(size-1)/2]
-	var far []int
-	for k, v := range norms {
-		if med > 0 && v > r.NormGuard*med {
-			far = append(far, k)
-		}
-	}
-	if far != nil {
-		var got []string
-		for _, k := range far {
-			got = append(got, fmt.Sprintf("%.3g", norms[k]))
-		}
-		return fmt.Errorf("train: rank(s) %v sent gradients of norm %v, over %g × the median %.3g; step skipped on all: %w",
-			far, got, r.NormGuard, med, ErrGradientNorm)
-	}
-	if n := norm2(avg); n > sum/float64(size)*guardSlack(r.Wire, size)+1e-30 {
-		return fmt.Errorf("train: the averaged gradient's norm %.3g is over the mean %.3g of the norms the ranks declared — a rank declared less than it sent; step skipped on all: %w",
-			n, sum/float64(size), ErrGradientNorm)
-	}
-	return nil
-}
-
-// guardSlack is how far over the mean of the declared norms rounding
-// alone can take the averaged gradient's norm: each of the n−1 hops and
-// the last narrowing round once. A float32 sum's rounding is far below
-// 0.1%; bf16 and fp16 round each value by at most 2^-8 and 2^-11 of itself;
-// int8 each value by half a step of its block's scale, which over a block
-// of 256 is at most 1/16 of the block's norm.
-func guardSlack(wire ring.Encoding, n int) float64 {
-	per := 0.0
-	switch wire {
-	case ring.BF16:
-		per = 1.0 / 256
-	case ring.FP16:
-		per = 1.0 / 2048
-	case ring.I8:
-		per = math.Sqrt(ring.I8Block) / 254
-	}
-	return 1.001 + float64(n)*per
-}
-
-// norm2 is the Euclidean norm of v, summed in float64.
-func norm2(v []float32) float64 {
-	var s0, s1, s2, s3 float64
-	i := 0
-	for ; i+4 <= len(v); i += 4 {
-		a, b, c, d := float64(v[i]), float64(v[i+1]), float64(v[i+2]), float64(v[i+3])
-		s0 += a * a
-		s1 += b * b
-		s2 += c * c
-		s3 += d * d
-	}
-	for ; i < len(v); i++ {
-		s0 += float64(v[i]) * float64(v[i])
-	}
-	return math.Sqrt(s0 + s1 + s2 + s3)
-}
-
-// leaving reports whether this rank has been asked to leave.
-func (r *Replica) leaving() bool {
-	select {
-	case <-r.Leave:
-		return true
-	default:
-		return false
-	}
-}
-
-// stepAlone is Step for a ring of one with a DeviceOptimizer: the same
-// outcomes (ErrNonFinite, LeaveError) without the flat buffer, which a ring
-// of one would only average with itself.
-func (r *Replica) stepAlone(dev DeviceOptimizer, x []float32, y []int, n int) (float32, error) {
-	leave := r.leaving()
-	r.newcomer = r.Waiting != nil && r.Waiting()
-	loss, bad, err := dev.StepAlone(x, y, n)
-	if err != nil {
-		return 0, err
-	}
-	if bad >= 0 {
-		err = fmt.Errorf("train: 1 of 1 ranks had NaN or Inf gradients (rank %d: its %s gradient is not); step skipped on all: %w",
-			r.Coll.Rank(), r.Model.ParamNames()[bad], ErrNonFinite)
-	}
-	if leave {
-		le := &LeaveError{Ranks: []int{r.Coll.Rank()}}
-		if err == nil {
-			return loss, le
-		}
-		err = errors.Join(err, le)
-	}
-	return loss, err
-}
-
 // Snapshot fills a checkpoint's parameters and optimizer state with
 // copies of the replica's; base supplies the rest.
 func (r *Replica) Snapshot(base Checkpoint) *Checkpoint {
@@ -974,7 +540,7 @@ func (r *Replica) Snapshot(base Checkpoint) *Checkpoint {
 	for _, p := range r.agreedParams() {
 		c.Params = append(c.Params, slices.Clone(p))
 	}
-	name, step, state := r.Opt.State()
+	name, step, state := r.OptimizerState()
 	c.Optimizer, c.OptStep, c.OptState = name, step, nil
 	for _, t := range state {
 		c.OptState = append(c.OptState, slices.Clone(t))
@@ -988,28 +554,27 @@ func (r *Replica) Restore(c *Checkpoint) error {
 	if err := c.LoadInto(r.Model); err != nil {
 		return err
 	}
-	if name, _, _ := r.Opt.State(); name != c.Optimizer {
+	if name, _, _ := r.OptimizerState(); name != c.Optimizer {
 		return fmt.Errorf("train: checkpoint was made with %s, this run uses %s: %w", c.Optimizer, name, ErrCheckpoint)
 	}
-	return r.Opt.SetState(c.OptStep, c.OptState, r.Model.Params())
+	return r.setOptimizerState(c.OptStep, c.OptState)
 }
 
-// agreedParams is what every rank holds alike: the parameters, or in a
-// streaming LocalSGD round, whose ranks' parameters never coincide, the
-// anchors of their fragments — what every rank applied.
-func (r *Replica) agreedParams() [][]float32 {
-	params := r.Model.Params()
-	o, ok := r.Opt.(*LocalSGD)
-	if !ok || !o.open || !o.streaming() && o.Deadline <= 0 {
-		return params
-	}
-	out, off := make([][]float32, len(params)), 0
-	for k, p := range params {
-		out[k] = o.anchor[off : off+len(p) : off+len(p)]
-		off += len(p)
-	}
-	return out
+// OptimizerState is what a checkpoint keeps of the optimizer: its name,
+// step and state tensors — with a Sync that keeps state of its own (the
+// outer momentum of LocalSGD), the Sync's, named for both.
+func (r *Replica) OptimizerState() (name string, step int, tensors [][]float32) {
+	return r.sync().state(r.Opt)
 }
+
+// setOptimizerState restores what OptimizerState returned.
+func (r *Replica) setOptimizerState(step int, tensors [][]float32) error {
+	return r.sync().setState(r.Opt, step, tensors, r.Model.Params())
+}
+
+// agreedParams is what every rank holds alike: the parameters, or where
+// the Sync's ranks' parameters never coincide mid-round, the anchors.
+func (r *Replica) agreedParams() [][]float32 { return r.sync().agreed(r.Model.Params()) }
 
 // ParamHash is the SHA-256 of the parameters' bytes, to compare replicas;
 // in a streaming LocalSGD round, of their anchors (agreedParams).
@@ -1021,116 +586,6 @@ func (r *Replica) ParamHash() [32]byte {
 	var out [32]byte
 	h.Sum(out[:0])
 	return out
-}
-
-// inSync is what each rank says at CheckInSync: its parameters' hash and
-// its compute seconds since the last check.
-type inSync struct {
-	Hash    string  `json:"hash"`
-	Compute float64 `json:"compute"`
-}
-
-// maxInSyncBytes bounds an inSync's encoding.
-const maxInSyncBytes = 128
-
-// CheckInSync compares every rank's parameter hash through the collective.
-// Ranks that differ from the most (the lowest rank's hash on a tie) are
-// named; the error is a *LiarError, though a bug could cause it as well as
-// a lie.
-//
-// Each rank's row also carries its compute time since the last check, so
-// every rank learns, in the same allreduce, which ranks are slow
-// (RankCompute, Stragglers).
-func (r *Replica) CheckInSync(ctx context.Context) error {
-	mine := &inSync{Hash: paramHash(r.ParamHash()), Compute: (r.Stats.Compute - r.checkedCompute).Seconds()}
-	states, bad, err := gatherMsgs(ctx, r.Coll, mine, maxInSyncBytes)
-	if err != nil {
-		return fmt.Errorf("%w: comparing parameter hashes: %w", ErrCollective, err)
-	}
-	for k, s := range states {
-		if s == nil || !validHash(s.Hash) {
-			bad = append(bad, k)
-		}
-	}
-	if len(bad) > 0 {
-		slices.Sort(bad)
-		return &LiarError{Ranks: slices.Compact(bad), Why: "their parameter hashes are missing or malformed"}
-	}
-	r.checkedCompute = r.Stats.Compute
-	r.rankCompute = r.rankCompute[:0]
-	for _, s := range states {
-		v := s.Compute
-		if !(v >= 0 && v < 1e12) { // another rank's garbage: no figure
-			v = 0
-		}
-		r.rankCompute = append(r.rankCompute, v)
-	}
-	all := make([]int, len(states))
-	for k := range all {
-		all[k] = k
-	}
-	odd, majority := oddOnes(all, func(k int) string { return states[k].Hash })
-	switch {
-	case len(odd) > 0 && majority:
-		return &LiarError{Ranks: odd, Why: "replicas out of step: they hold other parameters than most ranks"}
-	case len(odd) > 0:
-		return fmt.Errorf("train: replicas out of step: ranks %v hold other parameters than rank 0, and no majority tells which are right", odd)
-	}
-	return nil
-}
-
-// RankCompute returns every rank's compute seconds (forward and backward)
-// between the last two CheckInSync calls — an epoch, in Run — by rank.
-func (r *Replica) RankCompute() []float64 { return slices.Clone(r.rankCompute) }
-
-// Stragglers returns the ranks whose compute took more than 1.2 times the
-// median of all ranks' (by RankCompute), slowest first: the ones the
-// others wait for at every allreduce.
-func (r *Replica) Stragglers() []int { return stragglers(r.rankCompute) }
-
-func stragglers(times []float64) []int {
-	if len(times) < 2 {
-		return nil
-	}
-	sorted := slices.Clone(times)
-	slices.Sort(sorted)
-	median := sorted[len(sorted)/2]
-	if len(sorted)%2 == 0 {
-		median = (sorted[len(sorted)/2-1] + sorted[len(sorted)/2]) / 2
-	}
-	var out []int
-	for k, v := range times {
-		if v > 1.2*median {
-			out = append(out, k)
-		}
-	}
-	slices.SortFunc(out, func(a, b int) int { return cmp.Compare(times[b], times[a]) })
-	return out
-}
-
-// oddOnes returns the ranks whose key differs from the one most ranks
-// hold (the lowest rank's, on a tie), in order, and whether that one is
-// held by more than half of them — without which nobody can tell who is
-// right.
-func oddOnes[K comparable](ranks []int, key func(int) K) ([]int, bool) {
-	count := map[K]int{}
-	for _, k := range ranks {
-		count[key(k)]++
-	}
-	var best K
-	n := 0
-	for _, k := range ranks {
-		if c := count[key(k)]; c > n {
-			best, n = key(k), c
-		}
-	}
-	var odd []int
-	for _, k := range ranks {
-		if key(k) != best {
-			odd = append(odd, k)
-		}
-	}
-	return odd, 2*n > len(ranks)
 }
 
 // gatherFinite copies the tensors into flat end to end and returns the

@@ -5,9 +5,70 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/ringtrain/ringtrain/ring"
 )
+
+// streamed is LocalSGD streamed (Streaming DiLoCo): the parameters in
+// LocalSGD.Fragments fragments, each with an outer exchange of its own
+// every Every steps, staggered, and with Overlap each exchange in the
+// background beside the inner steps that follow it. A round lasts the
+// epoch part.
+type streamed struct {
+	o *LocalSGD
+	// inflight is the exchange under way, if any; began is o.done when
+	// the last exchange began.
+	inflight *exchange
+	began    int
+	// xbuf and xat are the exchange's scratch (exchange.buf and .at).
+	xbuf, xat []float32
+}
+
+// begin is the inner step; the ring is talked to when an exchange ends
+// or begins (dueExchange).
+func (s *streamed) begin(r *Replica, x []float32, y []int, n int) (float32, bool, error) {
+	loss, err := s.o.inner(r, x, y, n)
+	if err != nil {
+		return 0, false, err
+	}
+	return loss, s.dueExchange(r.part.closing), nil
+}
+
+// undo takes back a failed exchange: every fragment goes back to its
+// anchor; the steps since the failed exchange began run again — their
+// samples are in no anchor — and what the others did since their
+// fragments' last outer steps is dropped, as at any ring change (Level).
+func (s *streamed) undo(r *Replica) int {
+	if !s.o.open {
+		return 1
+	}
+	n := s.o.done - s.began + 1
+	s.o.back(r.Model.Params())
+	return n
+}
+
+// agreed is the fragments' anchors while a round is open: the ranks'
+// parameters never coincide in it.
+func (s *streamed) agreed(params [][]float32) [][]float32 { return s.o.agreed(params) }
+
+// roundOpen: what every rank holds alike — the anchors — is a checkpoint
+// between the round's exchanges, and only the steps since the exchange
+// in flight began can be taken back.
+func (s *streamed) roundOpen() bool { return s.inflight != nil }
+
+// settle drops the exchange in flight and puts every fragment back at its
+// anchor, the inner optimizer afresh. What the inner steps did since each
+// fragment's last outer step is lost: the price of a ring change there.
+func (s *streamed) settle(r *Replica) {
+	if s.o.open {
+		s.abandon()
+		s.o.back(r.Model.Params())
+	}
+}
+
+func (s *streamed) maxAhead(*Replica) int                          { return max(s.o.Every, 1) }
+func (s *streamed) state(opt Optimizer) (string, int, [][]float32) { return s.o.state(opt) }
+func (s *streamed) setState(opt Optimizer, step int, tensors, params [][]float32) error {
+	return s.o.setState(opt, step, tensors, params)
+}
 
 // exchange is one outer exchange of a streaming LocalSGD round: the
 // pseudo-gradients of fragments [from, to), the flat range [lo, hi) of
@@ -29,8 +90,9 @@ type exchange struct {
 // dueExchange says whether this streaming step talks to the ring: to end
 // the exchange in flight, whose Overlap is up or whose round closes, or
 // to begin a fragment's.
-func (o *LocalSGD) dueExchange(closing bool) bool {
-	if o.ending(closing) != nil {
+func (s *streamed) dueExchange(closing bool) bool {
+	o := s.o
+	if s.ending(closing) != nil {
 		return true
 	}
 	_, ok := o.due(o.done)
@@ -39,48 +101,50 @@ func (o *LocalSGD) dueExchange(closing bool) bool {
 
 // ending is the exchange in flight if this step ends it: its Overlap is
 // up, or the round closes.
-func (o *LocalSGD) ending(closing bool) *exchange {
-	if x := o.inflight; x != nil && (closing || o.done-o.began >= o.Overlap) {
+func (s *streamed) ending(closing bool) *exchange {
+	o := s.o
+	if x := s.inflight; x != nil && (closing || o.done-s.began >= o.Overlap) {
 		return x
 	}
 	return nil
 }
 
-// streamStep is a streaming LocalSGD step's talk with the ring: it ends
+// exchange is a streaming LocalSGD step's talk with the ring: it ends
 // the exchange in flight if its time has come, then begins the fragment
 // whose turn it is — every fragment at once if the round closes (Run's
 // last step of an epoch), after which every rank holds the same bits. An
 // exchange that overlaps inner steps runs in the background; one that
 // does not is waited for here.
-func (r *Replica) streamStep(ctx context.Context, o *LocalSGD, loss float32) (float32, error) {
+func (s *streamed) exchange(ctx context.Context, r *Replica, _ []float32, _ []int, _ int, loss float32) (float32, error) {
+	o := s.o
 	var skipped error
-	if x := o.ending(r.closeRound); x != nil {
-		if err := r.endExchange(ctx, o, x); Skipped(err) {
+	if x := s.ending(r.part.closing); x != nil {
+		if err := s.endExchange(ctx, r, x); Skipped(err) {
 			skipped = err
 		} else if err != nil {
 			return loss, err
 		}
 	}
 	from, to := 0, o.fragments()
-	if !r.closeRound {
+	if !r.part.closing {
 		k, ok := o.due(o.done)
 		if !ok {
 			return loss, skipped
 		}
 		from, to = k, k+1
 	}
-	x, err := r.beginExchange(o, from, to)
+	x, err := s.beginExchange(r, from, to)
 	if err != nil {
 		return loss, err
 	}
-	if o.Overlap > 0 && !r.closeRound {
-		o.inflight = x
-		go r.runExchange(ctx, o, x)
+	if o.Overlap > 0 && !r.part.closing {
+		s.inflight = x
+		go s.runExchange(ctx, r, x)
 		return loss, skipped
 	}
-	r.runExchange(ctx, o, x)
-	err = r.endExchange(ctx, o, x)
-	if r.closeRound && !errors.Is(err, ErrCollective) {
+	s.runExchange(ctx, r, x)
+	err = s.endExchange(ctx, r, x)
+	if r.part.closing && !errors.Is(err, ErrCollective) {
 		// Every fragment has had its outer step, or every rank skipped
 		// the same ones: back to the anchor, the same on every rank.
 		o.back(r.Model.Params())
@@ -93,18 +157,16 @@ func (r *Replica) streamStep(ctx context.Context, o *LocalSGD, loss float32) (fl
 
 // beginExchange takes the pseudo-gradients of fragments [from, to) and
 // the trailer of what this rank says.
-func (r *Replica) beginExchange(o *LocalSGD, from, to int) (*exchange, error) {
-	if r.Wire != ring.F32 {
-		return nil, fmt.Errorf("train: a streaming outer sync sends float32 or, with Sparse, its own code; not %v", r.Wire)
-	}
+func (s *streamed) beginExchange(r *Replica, from, to int) (*exchange, error) {
+	o := s.o
 	lo, _ := o.fragment(from, r.nparams)
 	_, hi := o.fragment(to-1, r.nparams)
 	x := &exchange{from: from, to: to, lo: lo, hi: hi, bad: -1, done: make(chan struct{})}
 	size := r.Coll.Size()
 	// One exchange is in flight at a time: its buffers are the round's,
 	// reused from one to the next.
-	o.xbuf = grow(o.xbuf, hi-lo+stepTrailer(size, r.NormGuard > 0))
-	x.buf = o.xbuf
+	s.xbuf = grow(s.xbuf, hi-lo+stepTrailer(size, r.NormGuard > 0))
+	x.buf = s.xbuf
 	avg, tail := x.buf[:hi-lo], x.buf[hi-lo:]
 	params := r.Model.Params()
 	eachSpan(params, lo, hi, func(k, a, b, off int) {
@@ -114,8 +176,8 @@ func (r *Replica) beginExchange(o *LocalSGD, from, to int) (*exchange, error) {
 	})
 	x.bad = firstNonFinite(params, avg, lo)
 	if o.Overlap > 0 {
-		o.xat = grow(o.xat, hi-lo)
-		x.at = o.xat
+		s.xat = grow(s.xat, hi-lo)
+		x.at = s.xat
 		gatherRange(x.at, params, lo, hi)
 	}
 	x.leave = r.leaving()
@@ -124,18 +186,19 @@ func (r *Replica) beginExchange(o *LocalSGD, from, to int) (*exchange, error) {
 		says.norm = float32(norm2(avg))
 	}
 	says.put(tail, r.Coll.Rank(), size)
-	o.began = o.done
+	s.began = o.done
 	return x, nil
 }
 
 // runExchange averages x over the ring and closes x.done. It is the only
 // user of the collective while it runs.
-func (r *Replica) runExchange(ctx context.Context, o *LocalSGD, x *exchange) {
+func (s *streamed) runExchange(ctx context.Context, r *Replica, x *exchange) {
+	o := s.o
 	defer close(x.done)
 	x.sent, x.err = r.countSent(len(x.buf), func() error {
 		avg, tail := x.buf[:x.hi-x.lo], x.buf[x.hi-x.lo:]
 		if o.Sparse != nil {
-			return r.gatherSparse(ctx, o, avg, tail, x.from, x.to, x.bad)
+			return o.gatherSparse(ctx, r, avg, tail, x.from, x.to, x.bad)
 		}
 		return r.Coll.AllreduceMean(ctx, x.buf)
 	})
@@ -165,15 +228,16 @@ func (r *Replica) countSent(n int, run func() error) (int64, error) {
 // synchronous step's; the fragments go back to their anchors). What the
 // trailer says — leave requests, a newcomer — counts as after any step.
 // A failed exchange is an ErrCollective; the caller takes the step back.
-func (r *Replica) endExchange(ctx context.Context, o *LocalSGD, x *exchange) error {
+func (s *streamed) endExchange(ctx context.Context, r *Replica, x *exchange) error {
+	o := s.o
 	r.awaitExchange(x.done, &x.sent)
-	o.inflight = nil
+	s.inflight = nil
 	if x.err != nil {
 		return fmt.Errorf("%w: averaging the pseudo-gradients of fragments %d to %d of %d: %w", ErrCollective, x.from+1, x.to, o.fragments(), x.err)
 	}
 	avg, tail := x.buf[:x.hi-x.lo], x.buf[x.hi-x.lo:]
 	badRanks, newcomer, leaving := stepFlagsOf(tail, r.Coll.Size())
-	r.newcomer = r.newcomer || newcomer
+	r.out.newcomer = r.out.newcomer || newcomer
 	leaving, err := r.leavers(ctx, leaving, x.leave)
 	if err != nil {
 		return err
@@ -188,7 +252,7 @@ func (r *Replica) endExchange(ctx context.Context, o *LocalSGD, x *exchange) err
 		o.outerStep(params, x.lo, x.hi, avg)
 		o.outer++
 		o.commit(x.from, x.to)
-		r.outerDone = x.to == o.fragments()
+		r.out.outerDone = x.to == o.fragments()
 	}
 	if Skipped(err) {
 		r.Stats.Skipped++
@@ -208,18 +272,6 @@ func (r *Replica) endExchange(ctx context.Context, o *LocalSGD, x *exchange) err
 	return withLeavers(err, leaving)
 }
 
-// withLeavers is a round's outcome err with the leave requests it
-// carried, if any: a *LeaveError, joined to err where there is one.
-func withLeavers(err error, leaving []int) error {
-	switch {
-	case leaving == nil:
-		return err
-	case err != nil:
-		return errors.Join(err, &LeaveError{Ranks: leaving})
-	}
-	return &LeaveError{Ranks: leaving}
-}
-
 // awaitExchange waits for an exchange in the background to be done and
 // counts the wait as time on the ring, and the bytes it sent.
 func (r *Replica) awaitExchange(done <-chan struct{}, sent *int64) {
@@ -233,12 +285,12 @@ func (r *Replica) awaitExchange(done <-chan struct{}, sent *int64) {
 	}
 }
 
-// abandonExchange waits for the exchange in flight, if any, and drops it:
+// abandon waits for the exchange in flight, if any, and drops it:
 // its round is brought level (Level) before it goes on.
-func (o *LocalSGD) abandonExchange() {
-	if x := o.inflight; x != nil {
+func (s *streamed) abandon() {
+	if x := s.inflight; x != nil {
 		<-x.done
-		o.inflight = nil
+		s.inflight = nil
 	}
 }
 

@@ -95,12 +95,12 @@ func TestStreamingLocalSGD(t *testing.T) {
 				if tc.sparse {
 					o.Sparse = &sparse.Config{Fraction: 0.1, Bits: 4}
 				}
-				rep := NewReplica(newMLP(t, cfg), o, rings[i])
+				rep := NewLocalReplica(newMLP(t, cfg), o, rings[i])
 				rng := rand.New(rand.NewPCG(5, uint64(i)))
 				steps := h * cycles
 				for s := range steps {
 					x, y := randomBatch(rng, 4, 12, 3)
-					rep.closeRound = s == steps-1
+					rep.part.closing = s == steps-1
 					before := rep.Stats.BytesSent
 					loss, err := rep.Step(context.Background(), x, y, 4)
 					if err != nil {
@@ -186,7 +186,7 @@ func TestExchangeOverlapsInnerSteps(t *testing.T) {
 	cfg := mlpCfg(12, []int{8}, 3, 4, 1)
 	g := &gated{Collective: solo(t), gate: make(chan struct{}), started: make(chan struct{}, 1)}
 	o := &LocalSGD{Inner: &SGD{LR: 0.1}, Every: h, LR: 1, Fragments: f, Overlap: overlap}
-	rep := NewReplica(newMLP(t, cfg), o, g)
+	rep := NewLocalReplica(newMLP(t, cfg), o, g)
 	rng := rand.New(rand.NewPCG(5, 1))
 	step := func() error {
 		x, y := randomBatch(rng, 4, 12, 3)
@@ -213,7 +213,7 @@ func TestExchangeOverlapsInnerSteps(t *testing.T) {
 		t.Fatal("the step that began the exchange waited for it")
 	}
 	<-g.started
-	if o.inflight == nil {
+	if rep.Sync.(*streamed).inflight == nil {
 		t.Fatal("no exchange in flight after the step that began it")
 	}
 	before := slices.Concat(rep.Model.Params()...)
@@ -222,7 +222,7 @@ func TestExchangeOverlapsInnerSteps(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if slices.Equal(before, slices.Concat(rep.Model.Params()...)) || o.inflight == nil {
+	if slices.Equal(before, slices.Concat(rep.Model.Params()...)) || rep.Sync.(*streamed).inflight == nil {
 		t.Fatal("no inner step went on beside the exchange")
 	}
 	done := make(chan error, 1)
@@ -236,8 +236,8 @@ func TestExchangeOverlapsInnerSteps(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if o.inflight != nil || o.outer != 1 {
-		t.Fatalf("after the overlap's end: in flight %v, %d outer steps; want none in flight and 1", o.inflight != nil, o.outer)
+	if rep.Sync.(*streamed).inflight != nil || o.outer != 1 {
+		t.Fatalf("after the overlap's end: in flight %v, %d outer steps; want none in flight and 1", rep.Sync.(*streamed).inflight != nil, o.outer)
 	}
 	// The average is this rank's own pseudo-gradient and the outer LR 1,
 	// so fragment 0's anchor is where the parameters were when the
@@ -257,7 +257,7 @@ func TestExchangeOverlapsInnerSteps(t *testing.T) {
 func TestStreamingExchangeUndone(t *testing.T) {
 	cfg := mlpCfg(12, []int{8}, 3, 4, 1)
 	o := &LocalSGD{Inner: &SGD{LR: 0.1}, Every: 6, LR: 1, Fragments: 2, Overlap: 1}
-	rep := NewReplica(newMLP(t, cfg), o, &failsAt{Ring: solo(t), n: 2})
+	rep := NewLocalReplica(newMLP(t, cfg), o, &failsAt{Ring: solo(t), n: 2})
 	rep.Coll = sized{rep.Coll, 2}
 	rng := rand.New(rand.NewPCG(5, 1))
 	var err error
@@ -271,8 +271,8 @@ func TestStreamingExchangeUndone(t *testing.T) {
 	if !errors.Is(err, ErrCollective) || s-1 != 7 {
 		t.Fatalf("step %d: %v; want ErrCollective at step 7", s-1, err)
 	}
-	if rep.undone != 2 || rep.Steps != 5 || o.open || o.inflight != nil {
-		t.Errorf("undone %d, steps %d, round open %v; want 2, 5, closed", rep.undone, rep.Steps, o.open)
+	if rep.out.undone != 2 || rep.Steps != 5 || o.open || rep.Sync.(*streamed).inflight != nil {
+		t.Errorf("undone %d, steps %d, round open %v; want 2, 5, closed", rep.out.undone, rep.Steps, o.open)
 	}
 	if !slices.Equal(slices.Concat(rep.Model.Params()...), o.anchor) {
 		t.Error("after the failed exchange the parameters are not the anchors")

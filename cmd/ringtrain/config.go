@@ -283,28 +283,18 @@ func (s *syncConfig) check() error {
 	if o.Name == "" {
 		o.Name = "nesterov"
 	}
-	switch {
-	case s.Every < 1:
-		return fmt.Errorf("sync every %d steps; want 1 or more", s.Every)
-	case o.Name != "nesterov" && o.Name != "sgd":
+	if o.Name != "nesterov" && o.Name != "sgd" {
 		return fmt.Errorf("sync outer optimizer %q; want nesterov or sgd", o.Name)
-	case !(o.LR > 0):
-		return fmt.Errorf("sync outer lr %v; want a positive learning rate", o.LR)
-	case !(o.Momentum >= 0 && o.Momentum < 1):
-		return fmt.Errorf("sync outer momentum %v; want [0, 1)", o.Momentum)
-	}
-	if sp := s.sparse(); sp != nil {
-		if err := sp.Validate(); err != nil {
-			return fmt.Errorf("sync: %w", err)
-		}
-	}
-	if err := train.CheckStreaming(s.Every, s.Fragments, s.Overlap); err != nil {
-		return fmt.Errorf("sync: %w", err)
-	}
-	if err := train.CheckDeadline(time.Duration(s.Deadline), 0, s.Fragments > 1 || s.Overlap > 0); err != nil {
-		return fmt.Errorf("sync: %w", err)
 	}
 	return nil
+}
+
+// localSGD is the sync section as train takes it, with inner as the
+// optimizer of the inner steps and quorum the fewest peers a round with
+// a deadline closes with (min_world_size).
+func (s *syncConfig) localSGD(inner train.Optimizer, quorum int) *train.LocalSGD {
+	return &train.LocalSGD{Inner: inner, Every: s.Every, LR: s.Outer.LR, Momentum: s.Outer.Momentum, Nesterov: s.Outer.Name == "nesterov",
+		Sparse: s.sparse(), Fragments: s.Fragments, Overlap: s.Overlap, Deadline: time.Duration(s.Deadline), Quorum: quorum}
 }
 
 // defaultBucketMB is PyTorch DDP's bucket_cap_mb.
@@ -603,17 +593,8 @@ func (c *jobConfig) resolveSpec() error {
 		if err := c.Sync.check(); err != nil {
 			return err
 		}
-		if c.Sync.Sparse != nil && wire != ring.F32 {
-			return fmt.Errorf("sync sparse codes the pseudo-gradients itself; compression %q would code them twice: leave it out", c.Compression)
-		}
-		if (c.Sync.Fragments > 1 || c.Sync.Overlap > 0) && wire != ring.F32 {
-			return fmt.Errorf("a streaming sync (fragments, overlap) sends float32 or, with sparse, its own code; compression %q: leave it out", c.Compression)
-		}
-		if c.Sync.Deadline > 0 && wire != ring.F32 {
-			return fmt.Errorf("a sync with a deadline sends float32 or, with sparse, its own code; compression %q: leave it out", c.Compression)
-		}
-		if c.Sync.Deadline > 0 && c.GradNormGuard != 0 {
-			return errors.New("a sync with a deadline does not take grad_norm_guard: a late peer's zeros would move the median norm; leave one out")
+		if err := c.Sync.localSGD(c.optimizer(), c.MinWorldSize).Check(wire, c.GradNormGuard); err != nil {
+			return fmt.Errorf("sync (with compression %q, grad_norm_guard %v): %w", c.Compression, c.GradNormGuard, err)
 		}
 	}
 	if c.Pipeline != nil {

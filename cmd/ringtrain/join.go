@@ -541,10 +541,6 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 		model.Close()
 		return nil, nil, err
 	}
-	if s := cfg.Sync; s != nil {
-		opt = &train.LocalSGD{Inner: opt, Every: s.Every, LR: s.Outer.LR, Momentum: s.Outer.Momentum, Nesterov: s.Outer.Name == "nesterov", Sparse: s.sparse(),
-			Fragments: s.Fragments, Overlap: s.Overlap, Deadline: time.Duration(s.Deadline), Quorum: cfg.MinWorldSize}
-	}
 	job := &elastic.Job{Members: members, WorldSize: cfg.WorldSize, MinWorldSize: cfg.MinWorldSize, MaxWorldSize: cfg.MaxWorldSize,
 		StepTimeout: time.Duration(cfg.StepTimeout), AdmitTimeout: time.Duration(cfg.AdmissionTimeout), Logger: log, Out: stdout}
 	job.Training = cfg.runConfig(trainSplit, testSplit)
@@ -575,6 +571,9 @@ func (cfg *jobConfig) optimizer() train.Optimizer {
 // replica is a replica of model with the job's step options.
 func (cfg *jobConfig) replica(model train.Model, opt train.Optimizer) *train.Replica {
 	rep := train.NewReplica(model, opt, nil)
+	if cfg.Sync != nil {
+		rep = train.NewLocalReplica(model, cfg.Sync.localSGD(opt, cfg.MinWorldSize), nil)
+	}
 	rep.NormGuard = cfg.GradNormGuard
 	rep.Wire = cfg.wire
 	rep.BucketBytes = cfg.BucketBytes

@@ -228,7 +228,7 @@ func TestLocalSGDOnTheEngine(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		rep := train.NewReplica(net, &train.LocalSGD{Inner: inner, Every: 3, LR: 0.7, Momentum: 0.9, Nesterov: true}, r)
+		rep := train.NewLocalReplica(net, &train.LocalSGD{Inner: inner, Every: 3, LR: 0.7, Momentum: 0.9, Nesterov: true}, r)
 		rng := rand.New(rand.NewPCG(7, uint64(i)))
 		for range steps {
 			x, y := batchOf(rng, 3, 72, 4)
