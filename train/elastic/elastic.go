@@ -43,9 +43,14 @@
 // stage's peers form a ring of their own (StageNet.StageRing) beside
 // links to the stages before and after (StageNet.Boundary), and a stop on
 // any peer stops all after the same step. A lost peer makes the survivors
-// re-form and go back to the latest snapshot all of them hold; a stage
-// left with no peer waits for a newcomer to take it from the stage's
-// checkpoint. Every stage writes its own checkpoint and resumes from it;
+// re-form and go back to the latest snapshot all of them hold; a peer its
+// stage catches lying is dropped as in a replica job (its stage's peers
+// re-form without it; the stages beside, which saw only their neighbour
+// fail, find it gone); a stage left with no peer waits for a newcomer to
+// take it from the stage's checkpoint. Both kinds share one
+// classification of what ended a run (classify), one re-formation budget,
+// one set of defaults and one checkpoint lookup, and are tested against
+// one fake of the p2p layer. Every stage writes its own checkpoint and resumes from it;
 // the first stage gathers the whole model at the end.
 //
 // # Usage
@@ -60,7 +65,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -136,13 +140,8 @@ type Job struct {
 	Dropped func(peers []string, why string)
 
 	rg     *ring.Ring
-	lost   map[string]int // peers lost in re-formations since a step last completed
-	streak int            // re-formations since a step last completed
+	budget *budget
 }
-
-// ErrReformBudget means the ring re-formed Job.MaxReforms times in a row
-// without completing a step.
-var ErrReformBudget = errors.New("elastic: the ring keeps failing")
 
 // Rank is this peer's rank in the current ring.
 func (j *Job) Rank() int { return j.rg.Rank() }
@@ -176,7 +175,7 @@ func (j *Job) Run(ctx context.Context) (train.Summary, error) {
 	// This peer's own checkpoint is read before it joins anyone: one that
 	// does not fit the job, or of a finished run, is this machine's to
 	// mend, and should not take the ring down after it formed.
-	found, err := j.ownCheckpoint()
+	found, err := ownCheckpoint(j.Checkpoint, j.Training.Epochs, j.Training.Replica)
 	if err != nil {
 		return train.Summary{}, err
 	}
@@ -219,8 +218,7 @@ func (j *Job) Run(ctx context.Context) (train.Summary, error) {
 			return total, err
 		}
 		if in.At.Steps > rc.Start.Steps { // a step completed since the ring last changed
-			j.streak = 0
-			clear(j.lost)
+			j.budget.completed()
 		}
 		if rc.Start, err = j.change(wctx, ev, ranks, in.At, err); err != nil {
 			return total, err
@@ -230,22 +228,12 @@ func (j *Job) Run(ctx context.Context) (train.Summary, error) {
 }
 
 func (j *Job) defaults() {
-	if j.MinWorldSize <= 0 {
-		j.MinWorldSize = j.WorldSize
-	}
-	if j.MaxWorldSize <= 0 {
-		j.MaxWorldSize = j.WorldSize
-	}
-	if j.StepTimeout <= 0 {
-		j.StepTimeout = time.Minute
-	}
-	if j.MaxReforms <= 0 {
-		j.MaxReforms = 5
-	}
-	if j.AdmitTimeout <= 0 {
-		j.AdmitTimeout = 10 * time.Second
-	}
-	j.lost = map[string]int{}
+	j.MinWorldSize = orDefault(j.MinWorldSize, j.WorldSize)
+	j.MaxWorldSize = orDefault(j.MaxWorldSize, j.WorldSize)
+	j.StepTimeout = orDefault(j.StepTimeout, defaultStepTimeout)
+	j.MaxReforms = orDefault(j.MaxReforms, defaultMaxReforms)
+	j.AdmitTimeout = orDefault(j.AdmitTimeout, defaultAdmitTimeout)
+	j.budget = newBudget(j.MaxReforms)
 }
 
 // runConfig is Training with this job's ring, newcomer check, checkpoint
@@ -285,55 +273,6 @@ func (j *Job) begin(ctx context.Context, rep *train.Replica, admitted bool, foun
 	return start, nil
 }
 
-// event is what ended a stretch of training, as the owner acts on it.
-type event int
-
-const (
-	finished event = iota // the run reached its last epoch
-	lost                  // a peer was lost or stalled: re-form with the survivors; the step runs again
-	left                  // others left after a step all applied: re-form without them
-	leaving               // this peer leaves; the others carry on without it
-	stopped               // every peer stops after the same step
-	liars                 // ranks were caught lying: re-form without them
-	newcomer              // a newcomer waits: grow the ring
-	failed                // anything else: the job ends here for this peer
-)
-
-var eventNames = [...]string{"finished", "lost", "left", "leaving", "stopped", "liars", "newcomer", "failed"}
-
-func (e event) String() string { return eventNames[e] }
-
-// classify is the owner's decision: what an error of training, or of
-// changing the ring, means for the peer at rank in a ring of size, and
-// the ranks it concerns. Every rank that sees the same error decides
-// alike: the errors carry what the collectives told every rank.
-func classify(err error, rank, size, minSize int) (event, []int) {
-	var leave *train.LeaveError
-	var liar *train.LiarError
-	switch {
-	case err == nil:
-		return finished, nil
-	case errors.As(err, &leave):
-		if !leave.OthersCarryOn(size, minSize) {
-			return stopped, leave.Ranks
-		}
-		if slices.Contains(leave.Ranks, rank) {
-			return leaving, leave.Ranks
-		}
-		return left, leave.Ranks
-	case errors.As(err, &liar):
-		if slices.Contains(liar.Ranks, rank) || size-len(liar.Ranks) < max(minSize, 1) {
-			return failed, liar.Ranks
-		}
-		return liars, liar.Ranks
-	case errors.Is(err, train.ErrNewcomer):
-		return newcomer, nil
-	case errors.Is(err, train.ErrCollective):
-		return lost, nil
-	}
-	return failed, nil
-}
-
 // change makes the ring the event calls for — re-formed without the peers
 // lost, leaving or lying, or grown with newcomers — and brings the
 // replicas level at `at`, returning the position they agree on. A failure
@@ -349,11 +288,9 @@ func (j *Job) change(ctx context.Context, ev event, ranks []int, at train.Positi
 				return at, nil
 			}
 		} else {
-			if j.streak >= j.MaxReforms {
-				return at, j.budgetError(fmt.Errorf("%w: re-formed %d times in a row without completing a step; the last cause: %w",
-					ErrReformBudget, j.streak, cause))
+			if err := j.budget.spend(cause); err != nil {
+				return at, err
 			}
-			j.streak++
 			err = j.reform(ctx, ev, ranks, at, cause)
 		}
 		pos := at
@@ -477,7 +414,7 @@ func (j *Job) reform(ctx context.Context, ev event, ranks []int, at train.Positi
 			leftNow = append(leftNow, p)
 		default:
 			lostNow = append(lostNow, p)
-			j.lost[p]++
+			j.budget.lose(p)
 		}
 	}
 	took := time.Since(began).Round(time.Millisecond).String()
@@ -546,12 +483,12 @@ func (j *Job) grow(ctx context.Context, at train.Position) (bool, error) {
 	return true, nil
 }
 
-// pick is the names at ranks.
-func pick(names []string, ranks []int) []string {
-	var out []string
+// pick is the entries of xs at ranks (peer names, say).
+func pick[T any](xs []T, ranks []int) []T {
+	var out []T
 	for _, k := range ranks {
-		if k >= 0 && k < len(names) {
-			out = append(out, names[k])
+		if k >= 0 && k < len(xs) {
+			out = append(out, xs[k])
 		}
 	}
 	return out
@@ -560,35 +497,6 @@ func pick(names []string, ranks []int) []string {
 // maxPeerID bounds a peer ID's text on the wire (an Ed25519 one is 52
 // characters).
 const maxPeerID = 128
-
-// budgetError names the peer the job kept losing.
-func (j *Job) budgetError(err error) error {
-	worst, n := "", 0
-	for p, k := range j.lost {
-		if k > n || k == n && p < worst {
-			worst, n = p, k
-		}
-	}
-	if worst == "" {
-		return fmt.Errorf("%w (no peer was lost: the ring itself keeps failing)", err)
-	}
-	return fmt.Errorf("%w; the peer lost most often: %s (%d times)", err, worst, n)
-}
-
-// ownCheckpoint loads and restores this peer's checkpoint, if it has a
-// Checkpoint path and one is there.
-func (j *Job) ownCheckpoint() (*train.Checkpoint, error) {
-	if j.Checkpoint == "" {
-		return nil, nil
-	}
-	found, err := findCheckpoint(j.Checkpoint, j.Training.Epochs)
-	if err == nil && found != nil {
-		if err = j.Training.Replica.Restore(found); err != nil {
-			err = fmt.Errorf("checkpoint %s does not fit this job: %w (move it away to start afresh)", j.Checkpoint, err)
-		}
-	}
-	return found, err
-}
 
 // resume agrees with the others whether and where to carry on: from the
 // most advanced checkpoint the peers offer that is not far ahead of the
@@ -632,23 +540,6 @@ func (j *Job) save(rep *train.Replica, p train.Position) error {
 	}
 	j.Log().Info().Str("path", j.Checkpoint).Int("epochs_done", p.Epochs).Int("steps_done", p.Steps).Msg("checkpoint written")
 	return nil
-}
-
-// findCheckpoint loads the checkpoint at path, if there is one. One of a
-// run that has finished, or one that does not fit this job, is an error
-// that says what to do: nothing is overwritten.
-func findCheckpoint(path string, epochs int) (*train.Checkpoint, error) {
-	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	c, err := train.LoadCheckpoint(path)
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w (move it away to start afresh)", path, err)
-	}
-	if c.Epoch >= epochs {
-		return nil, fmt.Errorf("checkpoint %s is of a finished run (%d of %d epochs); move it away to start afresh, or raise epochs to train on", path, c.Epoch, epochs)
-	}
-	return c, nil
 }
 
 // leaveTogether holds a peer in the ring until every peer has finished the

@@ -48,7 +48,8 @@ var ErrPipelineChange = errors.New("elastic: a pipeline job's peers changed")
 // to Checkpoint.
 //
 // A peer lost — or a stage beside one that fails — fails the step on
-// every peer, and the survivors re-form. A peer keeps its stage; every
+// every peer, and the survivors re-form; a peer its stage's replicas
+// catch lying (train.LiarError) is left out of the re-formation, and ends. A peer keeps its stage; every
 // stage then trains with as many replicas as the stage with the fewest
 // peers has left, and a stage's peers beyond that wait as spares (they
 // take part again when the job re-forms). Every peer keeps its stage's
@@ -93,6 +94,9 @@ type PipelineJob struct {
 	Logger         zerolog.Logger
 	// Out, if set, gets a line each time the stages connect.
 	Out io.Writer
+	// Dropped, if set, hears of the peers dropped for lying (named by the
+	// other peers of their stage), before the job re-forms without them.
+	Dropped func(peers []string, why string)
 
 	layers [][2]int // each stage's layers, once the split is agreed
 }
@@ -109,161 +113,6 @@ type PipelineSummary struct {
 // defaultSnapshotEvery is how often, in steps, a pipeline job keeps its
 // stages' state when Training.SaveEvery does not say.
 const defaultSnapshotEvery = 20
-
-// Run forms the ring of all peers, agrees on the split, and trains its
-// stage — re-forming when peers are lost — until the job ends or stops.
-func (j *PipelineJob) Run(ctx context.Context) (PipelineSummary, error) {
-	if j.StepTimeout <= 0 {
-		j.StepTimeout = time.Minute
-	}
-	if j.MaxReforms <= 0 {
-		j.MaxReforms = 5
-	}
-	if j.PauseTimeout <= 0 {
-		j.PauseTimeout = 10 * time.Minute
-	}
-	var sum PipelineSummary
-	world, admitted, err := j.Members.Form(ctx)
-	if err != nil {
-		return sum, fmt.Errorf("join: %w", err)
-	}
-	defer func() { world.Close() }() // world changes when the job re-forms
-	S := j.Pipeline.Stages
-	stage := -1 // a newcomer's is given once it is in
-	// The collectives keep their own context, as in Job.Run: ctx's end
-	// reaches the others through the step.
-	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
-	log := j.Logger.With().Int("rank", world.Rank()).Logger()
-	cfg := j.Pipeline
-	if !admitted {
-		n := world.Size()
-		if S < 1 || n%S != 0 {
-			return sum, fmt.Errorf("a ring of %d peers cannot hold %d stages alike (world_size must be a multiple of stages): %w", n, S, pipeline.ErrConfig)
-		}
-		if j.WorldSize == 0 {
-			j.WorldSize = n
-		}
-		stage = world.Rank() / (n / S)
-		if cfg.Split, err = j.agreeSplit(wctx, world, log); err != nil {
-			return sum, err
-		}
-	}
-	var (
-		pipe  *pipeline.Pipe
-		r     *train.Replica
-		rc    train.RunConfig
-		snaps snapshots
-	)
-	defer func() {
-		if pipe != nil {
-			pipe.Close()
-		}
-	}()
-	streak := 0 // re-formations since a step last completed
-	for first := !admitted; ; first = false {
-		gen := world.Generation()
-		me := world.Rank()
-		log = j.Logger.With().Int("rank", me).Uint64("generation", gen).Logger()
-		table, err := j.stageTable(wctx, world, stage)
-		if err != nil {
-			return sum, err
-		}
-		if cfg.Split, err = j.shareSplit(wctx, world, table, cfg.Split); err != nil {
-			return sum, err
-		}
-		table = placeNewcomers(table, S)
-		if pipe == nil {
-			// The stage is known now: build it, and its replica, once.
-			if pipe, r, rc, err = j.build(wctx, ctx, cfg, table[me], &snaps, log); err != nil {
-				return sum, err
-			}
-			stage = table[me]
-			sum.Stage, sum.Stages, sum.Split = stage, S, cfg.Split
-		}
-		plan, err := planStages(table, S)
-		if errors.Is(err, errEmptyStage) {
-			// Nobody can train that stage: wait for a peer to take it.
-			if world, err = j.pause(wctx, ctx, world, err, log); err != nil {
-				return sum, err
-			}
-			continue
-		}
-		if err != nil {
-			return sum, fmt.Errorf("%w: %w", ErrPipelineChange, err)
-		}
-		sum.Replica, sum.Replicas = plan.replica[me], plan.replicas
-		if plan.replica[me] < 0 {
-			// A spare: its stage has more peers than another. It takes
-			// part in the generation's world collectives, then waits for
-			// the job's end, or its next re-formation.
-			if _, err := j.agreeStart(wctx, world, plan, nil, stage, &snaps, first, log); err != nil {
-				return sum, err
-			}
-			log.Info().Int("stage", stage).Int("replicas", plan.replicas).Msg("a spare of its stage: waiting for the job to end or re-form")
-			bctx, bcancel := context.WithCancel(wctx)
-			stop := context.AfterFunc(ctx, bcancel) // Ctrl-C: a spare leaves at once
-			err := world.Barrier(bctx)
-			stop()
-			bcancel()
-			switch {
-			case ctx.Err() != nil:
-				log.Info().Msg("left the job as a spare: the others carry on")
-				return sum, fmt.Errorf("left as a spare of stage %d: %w", stage, ErrLeft)
-			case err == nil:
-				j.leave(world, log)
-				return sum, nil
-			}
-			if world, err = j.reform(wctx, world, &streak, &sum, log); err != nil {
-				return sum, err
-			}
-			continue
-		}
-		stageRing, closeLinks, err := j.connect(wctx, world, plan, pipe, stage)
-		if err != nil {
-			return sum, err
-		}
-		pipe.SetGeneration(gen)
-		r.Coll = steppedRing{Ring: stageRing, timeout: j.StepTimeout}
-		if j.Out != nil {
-			fmt.Fprintf(j.Out, "pipeline formed: rank %d of %d, stage %d of %d, replica %d of %d, split %v, generation %d\n",
-				me, world.Size(), stage, S, plan.replica[me], plan.replicas, cfg.Split, gen)
-		}
-		log.Info().Int("stage", stage).Int("stages", S).Int("replica", plan.replica[me]).Int("replicas", plan.replicas).Ints("split", cfg.Split).
-			Str("schedule", string(cfg.Schedule)).Int("micro_batches", cfg.MicroBatches).Msg("pipeline formed")
-		if rc.Start, err = j.agreeStart(wctx, world, plan, r, stage, &snaps, first, log); err != nil {
-			stageRing.Close()
-			closeLinks()
-			return sum, err
-		}
-		rc.InSync = true // the start leaves the stage's replicas alike
-		snaps.keep(j.snapshot(r, stage, rc.Start))
-		run, err := train.Run(wctx, rc)
-		sum.Summary, sum.Pipe = sum.Summary.Then(run), pipe.Stats()
-		var leave *train.LeaveError
-		switch {
-		case err == nil || errors.As(err, &leave):
-			err = j.finish(ctx, world, pipe, plan.replica[me], stage, run, err, rc.Save, log)
-			stageRing.Close()
-			closeLinks()
-			return sum, err
-		case peerFailed(err):
-			stageRing.Close()
-			closeLinks()
-			log.Warn().Err(err).Int("steps_done", run.Steps).Msg("a peer or a stage beside this one failed; re-forming the pipeline")
-			if run.Steps > rc.Start.Steps {
-				streak = 0 // a step completed since the last re-formation
-			}
-			if world, err = j.reform(wctx, world, &streak, &sum, log); err != nil {
-				return sum, err
-			}
-		default:
-			stageRing.Close()
-			closeLinks()
-			return sum, err
-		}
-	}
-}
 
 // build makes this peer's stage and its replica, and the run around them.
 func (j *PipelineJob) build(wctx, ctx context.Context, cfg pipeline.Config, stage int, snaps *snapshots, log zerolog.Logger) (*pipeline.Pipe, *train.Replica, train.RunConfig, error) {
@@ -404,29 +253,6 @@ func placeNewcomers(table []int, stages int) []int {
 	return out
 }
 
-// peerFailed says whether a run ended because a peer, or a stage beside
-// this one, failed, stalled or lied: what re-forming mends.
-func peerFailed(err error) bool {
-	return errors.Is(err, train.ErrCollective) || errors.Is(err, train.ErrLiar) || errors.Is(err, ring.ErrPeerLost) ||
-		errors.Is(err, ring.ErrClosed) || errors.Is(err, context.DeadlineExceeded)
-}
-
-// reform closes the generation's ring and agrees with the survivors on
-// the next, within the re-formation budget.
-func (j *PipelineJob) reform(ctx context.Context, world *ring.Ring, streak *int, sum *PipelineSummary, log zerolog.Logger) (*ring.Ring, error) {
-	world.Close()
-	sum.Reforms++
-	if *streak++; *streak > j.MaxReforms {
-		return world, fmt.Errorf("%w: re-formed %d times without a step between", ErrPipelineChange, j.MaxReforms)
-	}
-	next, err := j.Members.Reform(ctx, j.Pipeline.Stages, nil)
-	if err != nil {
-		return world, fmt.Errorf("re-forming the pipeline: %w", err)
-	}
-	log.Info().Int("world_size", next.Size()).Uint64("next_generation", next.Generation()).Msg("pipeline re-formed")
-	return next, nil
-}
-
 // leave drains this peer's world links after the job's last barrier. For
 // an active peer the barrier's last frames carry nothing it needs; for a
 // spare they are how it learns that the job ended, and a neighbour that
@@ -521,6 +347,17 @@ func (p stagePlan) rankOf(s, r int) int {
 	return -1
 }
 
+// stageRanks are the world ranks of stage s's active peers, in order: its
+// ring's members, rank for rank.
+func (p stagePlan) stageRanks(s int) []int {
+	ranks := make([]int, p.replicas)
+	for i := range ranks {
+		ranks[i] = p.rankOf(s, i)
+	}
+	slices.Sort(ranks)
+	return ranks
+}
+
 // stageTable gathers every member's stage over the ring.
 func (j *PipelineJob) stageTable(ctx context.Context, world *ring.Ring, stage int) ([]int, error) {
 	buf := make([]float32, world.Size())
@@ -596,11 +433,7 @@ func (j *PipelineJob) agreeSplit(ctx context.Context, world *ring.Ring, log zero
 // gives the stage its links; closeLinks closes them.
 func (j *PipelineJob) connect(ctx context.Context, world *ring.Ring, plan stagePlan, pipe *pipeline.Pipe, stage int) (_ *ring.Ring, closeLinks func(), err error) {
 	me := world.Rank()
-	ranks := make([]int, plan.replicas)
-	for i := range ranks {
-		ranks[i] = plan.rankOf(stage, i)
-	}
-	slices.Sort(ranks)
+	ranks := plan.stageRanks(stage)
 	rep := plan.replica[me]
 	prev, next := -1, -1
 	if stage > 0 {
@@ -735,19 +568,7 @@ func (j *PipelineJob) agreeStart(ctx context.Context, world *ring.Ring, plan sta
 	var found *train.Checkpoint
 	target := -1
 	ownCheckpoint := func() (*train.Checkpoint, error) {
-		if j.Checkpoint == "" {
-			return nil, nil
-		}
-		c, err := findCheckpoint(j.StagePath(stage), j.Training.Epochs)
-		if err != nil {
-			return nil, err
-		}
-		if c != nil {
-			if err := r.Restore(c); err != nil {
-				return nil, fmt.Errorf("checkpoint %s does not fit this stage: %w (move it away to start afresh)", j.StagePath(stage), err)
-			}
-		}
-		return c, nil
+		return ownCheckpoint(j.StagePath(stage), j.Training.Epochs, r)
 	}
 	if first {
 		if r != nil {

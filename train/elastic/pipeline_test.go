@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,220 +14,17 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/ringtrain/ringtrain/data"
-	"github.com/ringtrain/ringtrain/ring"
 	"github.com/ringtrain/ringtrain/train"
 	"github.com/ringtrain/ringtrain/train/pipeline"
 )
-
-// fabric is an in-memory StageNet for n peers: the ring of all, a ring per
-// set of ranks asked for, and a pair of pipes per boundary, each
-// generation's own; peers can be killed (every stream of theirs closes)
-// and the survivors re-form.
-type fabric struct {
-	mu      sync.Mutex
-	cond    *sync.Cond
-	gen     uint64
-	members []int // ids, in rank order
-	dead    map[int]bool
-	world   []ring.Transport
-	rings   map[string][]ring.Transport
-	pipes   map[string][2]io.ReadWriteCloser
-	owned   map[int][]io.Closer // what each id holds, to close when it is killed
-	waiting map[int]bool        // ids asking for the next generation
-	standby []int               // newcomers waiting to be taken in
-}
-
-func newFabric(n int) *fabric {
-	f := &fabric{gen: 1, dead: map[int]bool{}, world: ring.MemRing(n), rings: map[string][]ring.Transport{},
-		pipes: map[string][2]io.ReadWriteCloser{}, owned: map[int][]io.Closer{}, waiting: map[int]bool{}}
-	f.cond = sync.NewCond(&f.mu)
-	for i := range n {
-		f.members = append(f.members, i)
-		f.owned[i] = append(f.owned[i], f.world[i])
-	}
-	return f
-}
-
-// kill closes every stream peer id holds, as SIGKILL would.
-func (f *fabric) kill(id int) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.dead[id] = true
-	for _, c := range f.owned[id] {
-		c.Close()
-	}
-	f.cond.Broadcast()
-}
-
-type fabricPeer struct {
-	f  *fabric
-	id int
-}
-
-func (p *fabricPeer) rankLocked() int { return slices.Index(p.f.members, p.id) }
-
-func (p *fabricPeer) Form(context.Context) (*ring.Ring, bool, error) {
-	f := p.f
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if p.rankLocked() < 0 {
-		// A newcomer: a standby until a generation takes it.
-		f.standby = append(f.standby, p.id)
-		f.waiting[p.id] = true
-		f.cond.Broadcast()
-		for p.rankLocked() < 0 {
-			f.cond.Wait()
-		}
-		rank := p.rankLocked()
-		r, err := ring.New(f.world[rank], ring.Config{Rank: rank, Size: len(f.members), Generation: f.gen})
-		return r, true, err
-	}
-	r, err := ring.New(f.world[p.rankLocked()], ring.Config{Rank: p.rankLocked(), Size: len(f.members), Generation: f.gen})
-	return r, false, err
-}
-
-// Reform waits for every live peer to ask, then makes the next
-// generation of them.
-func (p *fabricPeer) Reform(context.Context, int, []int) (*ring.Ring, error) { return p.next(nil) }
-
-// Grow is Reform with the standbys in add.
-func (p *fabricPeer) Grow(_ context.Context, add []string, _ bool, _ int) (*ring.Ring, error) {
-	var ids []int
-	for _, a := range add {
-		var id int
-		if _, err := fmt.Sscanf(a, "peer-%d", &id); err != nil {
-			return nil, err
-		}
-		ids = append(ids, id)
-	}
-	return p.next(ids)
-}
-
-func (p *fabricPeer) next(add []int) (*ring.Ring, error) {
-	f := p.f
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.dead[p.id] {
-		return nil, errors.New("fabric: killed")
-	}
-	gen := f.gen
-	f.waiting[p.id] = true
-	for f.gen == gen {
-		var alive []int
-		for _, id := range f.members {
-			if !f.dead[id] {
-				alive = append(alive, id)
-			}
-		}
-		alive = append(alive, add...)
-		slices.Sort(alive)
-		ready := true
-		for _, id := range alive {
-			ready = ready && f.waiting[id]
-		}
-		if ready {
-			f.gen++
-			f.members, f.world, f.waiting = alive, ring.MemRing(len(alive)), map[int]bool{}
-			f.standby = slices.DeleteFunc(f.standby, func(id int) bool { return slices.Contains(alive, id) })
-			for _, id := range f.standby {
-				f.waiting[id] = true // still waiting for a generation of its own
-			}
-			for r, id := range alive {
-				f.owned[id] = append(f.owned[id], f.world[r])
-			}
-			f.cond.Broadcast()
-			break
-		}
-		f.cond.Wait()
-	}
-	rank := p.rankLocked()
-	return ring.New(f.world[rank], ring.Config{Rank: rank, Size: len(f.members), Generation: f.gen})
-}
-
-func (p *fabricPeer) Standbys() []string {
-	p.f.mu.Lock()
-	defer p.f.mu.Unlock()
-	var out []string
-	for _, id := range p.f.standby {
-		out = append(out, fmt.Sprintf("peer-%d", id))
-	}
-	return out
-}
-func (p *fabricPeer) Members() []string {
-	p.f.mu.Lock()
-	defer p.f.mu.Unlock()
-	out := make([]string, len(p.f.members))
-	for i, id := range p.f.members {
-		out[i] = fmt.Sprintf("peer-%d", id)
-	}
-	return out
-}
-
-func (p *fabricPeer) StageRing(_ context.Context, ranks []int) (*ring.Ring, error) {
-	f := p.f
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	key := fmt.Sprint(f.gen, ranks)
-	ts, ok := f.rings[key]
-	if !ok {
-		ts = ring.MemRing(len(ranks))
-		f.rings[key] = ts
-		for i, r := range ranks {
-			f.owned[f.members[r]] = append(f.owned[f.members[r]], ts[i])
-		}
-	}
-	for i, r := range ranks {
-		if r == p.rankLocked() {
-			return ring.New(ts[i], ring.Config{Rank: i, Size: len(ranks), Generation: f.gen})
-		}
-	}
-	return nil, fmt.Errorf("rank %d not in %v", p.rankLocked(), ranks)
-}
-
-func (p *fabricPeer) end(other int) io.ReadWriteCloser {
-	if other < 0 {
-		return nil
-	}
-	f := p.f
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	me := p.rankLocked()
-	lo, hi := min(me, other), max(me, other)
-	key := fmt.Sprint(f.gen, lo, hi)
-	ends, ok := f.pipes[key]
-	if !ok {
-		ar, aw := io.Pipe()
-		br, bw := io.Pipe()
-		ends = [2]io.ReadWriteCloser{pipeEnd{aw, br}, pipeEnd{bw, ar}}
-		f.pipes[key] = ends
-		f.owned[f.members[lo]] = append(f.owned[f.members[lo]], ends[0])
-		f.owned[f.members[hi]] = append(f.owned[f.members[hi]], ends[1])
-	}
-	if me == lo {
-		return ends[0]
-	}
-	return ends[1]
-}
-
-func (p *fabricPeer) Boundary(_ context.Context, prev, next int) (io.ReadWriteCloser, io.ReadWriteCloser, error) {
-	return p.end(prev), p.end(next), nil
-}
-
-type pipeEnd struct {
-	w *io.PipeWriter
-	r *io.PipeReader
-}
-
-func (e pipeEnd) Read(b []byte) (int, error)  { return e.r.Read(b) }
-func (e pipeEnd) Write(b []byte) (int, error) { return e.w.Write(b) }
-func (e pipeEnd) Close() error                { e.w.Close(); return e.r.Close() }
 
 // pipelineRun runs a pipeline job of n peers on the test subset; stopAt,
 // if not negative, cancels peer stopPeer's context once it has done that
 // many steps.
 func pipelineRun(t *testing.T, n int, cfg pipeline.Config, stopPeer, stopAt int) ([]PipelineSummary, []error, string, string) {
 	t.Helper()
-	return pipelineRunIn(t, filepath.Join(t.TempDir(), "model.ckpt"), n, cfg, events{stopPeer: stopPeer, stopAt: stopAt, killPeer: -1})
+	sums, errs, log, ckpt, _ := pipelineRunIn(t, filepath.Join(t.TempDir(), "model.ckpt"), n, cfg, events{stopPeer: stopPeer, stopAt: stopAt, killPeer: -1})
+	return sums, errs, log, ckpt
 }
 
 // events are what happens to a pipeline run's peers: peer stopPeer is
@@ -240,10 +36,13 @@ type events struct {
 	pause                              time.Duration
 	// spareLeaves is a peer stopped (Ctrl-C) once it waits as a spare.
 	spareLeaves int
+	// liar is a peer whose parameters drift from its stage's after
+	// driftAt forward passes (0: none).
+	liar, driftAt int
 }
 
 // pipelineRunIn is pipelineRun with the checkpoints at ckpt.
-func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev events) ([]PipelineSummary, []error, string, string) {
+func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev events) ([]PipelineSummary, []error, string, string, *world) {
 	t.Helper()
 	dcfg, err := data.LoadConfig("../../testdata/data-config.json")
 	if err != nil {
@@ -261,7 +60,7 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 		{Type: "linear", Out: 32}, {Type: "relu", Save: "a"}, {Type: "linear", Out: 32}, {Type: "relu"},
 		{Type: "add", From: "a"}, {Type: "linear", Out: 10}}}
 	model := train.ModelConfig{Spec: spec, Batch: 16, Seed: 3}
-	f := newFabric(n)
+	w := newWorld(t, peers(n))
 	var log lockedBuffer
 	total := n
 	if ev.newcomer {
@@ -277,15 +76,19 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		cancels[i] = cancel
-		job := &PipelineJob{Members: &fabricPeer{f: f, id: i}, Pipeline: cfg, Model: model, StepTimeout: 20 * time.Second, PauseTimeout: ev.pause,
+		job := &PipelineJob{Members: w.member(fmt.Sprintf("peer-%d", i)), Pipeline: cfg, Model: model, StepTimeout: 20 * time.Second, PauseTimeout: ev.pause,
 			Checkpoint: ckpt, CheckpointBase: train.Checkpoint{Seed: 3, Classes: split.Classes},
 			Logger: zerolog.New(&log).With().Int("peer", i).Logger(), Out: &log,
 			NewReplica: func(m train.Model) (*train.Replica, error) {
+				if ev.driftAt > 0 && i == ev.liar {
+					m = &drifter{Model: m, n: ev.driftAt}
+				}
 				// At LR 0.05 this small job's second epoch swung between
 				// 0.14 and 0.36 accuracy with a change in the last bits
 				// of the loss; at 0.02 it learns steadily.
 				return train.NewReplica(m, &train.SGD{LR: 0.02, Momentum: 0.9}, nil), nil
-			}}
+			},
+			Dropped: func(peers []string, _ string) { w.drop(peers) }}
 		job.Training = train.RunConfig{Epochs: 2, Classes: 10, ProgressEvery: 1,
 			Train: &data.Loader{Split: split, BatchSize: 16, Seed: 1, Sampler: data.Sampler{N: split.Len(), World: 1, Seed: 1, Shuffle: true}},
 			Test:  &data.Loader{Split: test, BatchSize: 16, Seed: 1, Sampler: data.Sampler{N: test.Len(), World: 1, Seed: 1, Exact: true}}}
@@ -295,7 +98,7 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 			case i == ev.stopPeer && p.Stats.Steps >= ev.stopAt:
 				cancel()
 			case i == ev.killPeer && p.Stats.Steps >= ev.killAt:
-				f.kill(i)
+				w.kill(fmt.Sprintf("peer-%d", i))
 				once.Do(func() { close(killed) })
 			}
 		}
@@ -303,7 +106,9 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 			if i == n {
 				<-killed
 			}
-			sums[i], errs[i] = job.Run(ctx)
+			if sums[i], errs[i] = job.Run(ctx); errs[i] != nil {
+				w.kill(fmt.Sprintf("peer-%d", i)) // its process exits
+			}
 		})
 	}
 	if ev.spareLeaves > 0 {
@@ -320,7 +125,7 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 		})
 	}
 	wg.Wait()
-	return sums, errs, log.String(), ckpt
+	return sums, errs, log.String(), ckpt, w
 }
 
 func TestPipelineJobTrainsAndGathers(t *testing.T) {
@@ -411,11 +216,11 @@ func TestPipelineJobResumes(t *testing.T) {
 		t.Fatalf("%v\n%s", err, log)
 	}
 	ckpt := filepath.Join(t.TempDir(), "model.ckpt")
-	stopped, _, log, _ := pipelineRunIn(t, ckpt, 4, cfg, events{stopPeer: 2, stopAt: 7, killPeer: -1})
+	stopped, _, log, _, _ := pipelineRunIn(t, ckpt, 4, cfg, events{stopPeer: 2, stopAt: 7, killPeer: -1})
 	if stopped[0].Steps < 7 || stopped[0].Steps >= whole[0].Steps {
 		t.Fatalf("stopped after %d steps of %d\n%s", stopped[0].Steps, whole[0].Steps, log)
 	}
-	again, errs, log, _ := pipelineRunIn(t, ckpt, 4, cfg, events{stopPeer: -1, killPeer: -1})
+	again, errs, log, _, _ := pipelineRunIn(t, ckpt, 4, cfg, events{stopPeer: -1, killPeer: -1})
 	if err := errors.Join(errs...); err != nil {
 		t.Fatalf("%v\n%s", err, log)
 	}
@@ -439,7 +244,7 @@ func TestPipelineJobResumes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, errs, _, _ = pipelineRunIn(t, ckpt, 4, cfg, events{stopPeer: -1, killPeer: -1})
+	_, errs, _, _, _ = pipelineRunIn(t, ckpt, 4, cfg, events{stopPeer: -1, killPeer: -1})
 	for i, err := range errs {
 		if !errors.Is(err, train.ErrCheckpoint) {
 			t.Errorf("peer %d: %v; want stages at different steps refused", i, err)
@@ -449,7 +254,7 @@ func TestPipelineJobResumes(t *testing.T) {
 
 // A spare Ctrl-C'd leaves at once, and the others train on to the end.
 func TestPipelineSpareLeaves(t *testing.T) {
-	_, errs, log, _ := pipelineRunIn(t, filepath.Join(t.TempDir(), "model.ckpt"), 4, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}},
+	_, errs, log, _, _ := pipelineRunIn(t, filepath.Join(t.TempDir(), "model.ckpt"), 4, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}},
 		events{stopPeer: -1, killPeer: 3, killAt: 30, spareLeaves: 1})
 	if !errors.Is(errs[1], ErrLeft) {
 		t.Errorf("the spare: %v; want ErrLeft\n%s", errs[1], log)
@@ -469,7 +274,7 @@ func TestPipelineJobSurvivesALostReplica(t *testing.T) {
 	for _, killed := range []int{3, 0} {
 		t.Run(fmt.Sprint(killed), func(t *testing.T) {
 			ckpt := filepath.Join(t.TempDir(), "model.ckpt")
-			sums, errs, log, _ := pipelineRunIn(t, ckpt, 4, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}},
+			sums, errs, log, _, _ := pipelineRunIn(t, ckpt, 4, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}},
 				events{stopPeer: -1, killPeer: killed, killAt: 30})
 			for i, err := range errs {
 				if i == killed {
@@ -513,7 +318,7 @@ func TestPipelineJobSurvivesALostReplica(t *testing.T) {
 // the stage's checkpoint; then the job trains on and ends whole.
 func TestPipelineJobPausesForAnEmptyStage(t *testing.T) {
 	ckpt := filepath.Join(t.TempDir(), "model.ckpt")
-	sums, errs, log, _ := pipelineRunIn(t, ckpt, 2, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}},
+	sums, errs, log, _, _ := pipelineRunIn(t, ckpt, 2, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}},
 		events{stopPeer: -1, killPeer: 1, killAt: 30, newcomer: true})
 	if errs[1] == nil {
 		t.Error("the killed peer ended well")
@@ -543,10 +348,40 @@ func TestPipelineJobPausesForAnEmptyStage(t *testing.T) {
 // With nobody to take an empty stage, the job ends after the pause, saying
 // why.
 func TestPipelineJobGivesUpOnAnEmptyStage(t *testing.T) {
-	_, errs, log, _ := pipelineRunIn(t, filepath.Join(t.TempDir(), "model.ckpt"), 2, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}},
+	_, errs, log, _, _ := pipelineRunIn(t, filepath.Join(t.TempDir(), "model.ckpt"), 2, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}},
 		events{stopPeer: -1, killPeer: 1, killAt: 30, pause: time.Second})
 	if !errors.Is(errs[0], ErrPipelineChange) || !strings.Contains(errs[0].Error(), "no peer came to take it") {
 		t.Errorf("the survivor: %v; want ErrPipelineChange saying no peer came\n%s", errs[0], log)
+	}
+}
+
+// A peer whose stage catches it lying (its parameters drift from the
+// stage's other replicas') is dropped: the others re-form without it —
+// the stage beside its own too, which only saw its stage fail — and it is
+// in no ring after; the job trains on to its end.
+func TestPipelineLiarIsDropped(t *testing.T) {
+	sums, errs, log, _, w := pipelineRunIn(t, filepath.Join(t.TempDir(), "model.ckpt"), 6, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}},
+		events{stopPeer: -1, killPeer: -1, liar: 5, driftAt: 10})
+	if !errors.Is(errs[5], train.ErrLiar) {
+		t.Errorf("the liar: %v; want ErrLiar\n%s", errs[5], log)
+	}
+	for i := range 5 {
+		if errs[i] != nil {
+			t.Fatalf("peer %d: %v\n%s", i, errs[i], log)
+		}
+		if sums[i].Replica >= 0 && sums[i].Epochs != 2 {
+			t.Errorf("peer %d: %+v", i, sums[i])
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for g, members := range w.formed[1:] {
+		if slices.Contains(members, "peer-5") {
+			t.Errorf("generation %d holds the liar again: %v\n%s", g+2, members, log)
+		}
+	}
+	if len(w.formed) < 2 || !slices.Contains(w.dropped, "peer-5") {
+		t.Errorf("rings %v, dropped %v; want a ring without peer-5, which its stage named\n%s", w.formed, w.dropped, log)
 	}
 }
 
