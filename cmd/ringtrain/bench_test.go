@@ -12,32 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/bench"
 	"github.com/ringtrain/ringtrain/p2p"
 )
-
-func TestParseBytes(t *testing.T) {
-	tests := []struct {
-		in   string
-		want int
-		ok   bool
-	}{
-		{"4096", 4096, true},
-		{"512KiB", 512 << 10, true},
-		{" 16MiB", 16 << 20, true},
-		{"1GiB", 1 << 30, true},
-		{"8B", 8, true},
-		{"0", 0, false},
-		{"-1MiB", 0, false},
-		{"MiB", 0, false},
-		{"1.5MiB", 0, false},
-	}
-	for _, tt := range tests {
-		got, err := parseBytes(tt.in)
-		if (err == nil) != tt.ok || got != tt.want {
-			t.Errorf("parseBytes(%q) = %d, %v; want %d, ok=%v", tt.in, got, err, tt.want, tt.ok)
-		}
-	}
-}
 
 // TestBenchEngines: the host engine follows gorgonia step for step; a
 // tolerance no engine can meet makes the command fail.
@@ -48,8 +25,8 @@ func TestBenchEngines(t *testing.T) {
 		t.Fatalf("bench engines: %v\n%s%s", err, out.String(), errOut.String())
 	}
 	out.Reset()
-	if err := run(context.Background(), append(args, "--tolerance", "-1"), &out, &errOut); !errors.Is(err, errEnginesDiffer) {
-		t.Errorf("bench engines with tolerance -1 = %v; want errEnginesDiffer", err)
+	if err := run(context.Background(), append(args, "--tolerance", "-1"), &out, &errOut); !errors.Is(err, bench.ErrEnginesDiffer) {
+		t.Errorf("bench engines with tolerance -1 = %v; want bench.ErrEnginesDiffer", err)
 	}
 }
 
@@ -60,7 +37,7 @@ func TestBenchCPU(t *testing.T) {
 	if err := run(context.Background(), []string{"bench", "cpu"}, &out, &errOut); err != nil {
 		t.Fatalf("bench cpu: %v (%s)", err, errOut.String())
 	}
-	var r cpuReport
+	var r bench.CPUReport
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil || r.GEMM == "" || r.GEMMWhy == "" || r.Vector == "" || r.Cores < 1 || r.Arch == "" {
 		t.Fatalf("bench cpu printed %s (%v)", out.String(), err)
 	}
@@ -92,7 +69,7 @@ func TestBenchDevice(t *testing.T) {
 		if len(lines) != 3 {
 			t.Fatalf("%s: %d lines; want 2 runs and a median:\n%s", dev, len(lines), out.String())
 		}
-		var last deviceResult
+		var last bench.DeviceResult
 		if err := json.Unmarshal([]byte(lines[2]), &last); err != nil || !last.Median || last.SamplesPerS <= 0 || last.Batch != 8 || last.Model != "mlp" {
 			t.Errorf("%s: median line %s (%v)", dev, lines[2], err)
 		}

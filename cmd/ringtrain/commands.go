@@ -10,9 +10,10 @@ import (
 	"regexp"
 	"runtime/debug"
 	"slices"
-	"strconv"
 	"strings"
 
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/bench"
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/cli"
 	"github.com/ringtrain/ringtrain/p2p"
 )
 
@@ -43,17 +44,17 @@ func commands() []command {
 		{name: "export", synopsis: "write a checkpoint's model as an ONNX file (opset 13)", run: noCtx(runExport)},
 		{name: "plot", synopsis: "draw loss, test accuracy and samples/s per rank (or per log file) from JSON logs", run: noCtx(runPlot)},
 		{name: "trace merge", synopsis: "put several peers' --trace timelines on one clock, for Perfetto", run: noCtx(runTraceMerge)},
-		{name: "bench allreduce", synopsis: "measure ring-allreduce against the pattern ceiling", run: runBenchAllreduce},
-		{name: "bench form", synopsis: "time ring formation through the DHT on loopback", run: runBenchForm},
-		{name: "bench engines", synopsis: "hold a device's losses against gorgonia's, step by step", run: noCtx(runBenchEngines)},
-		{name: "bench device", synopsis: "one device's training samples/s for a model and batch, as JSON", run: runBenchDevice},
-		{name: "bench cpu", synopsis: "ringtrain's CPU step against PyTorch's, at 1 and 2 threads", run: noCtx(runBenchCPU)},
-		{name: "bench served", synopsis: "served data's samples/s against a loader on local files", run: runBenchServed},
-		{name: "bench pipeline", synopsis: "pipeline stages' step time and bubble against one peer", run: noCtx(runBenchPipeline)},
-		{name: "bench flood", synopsis: "a job's throughput, memory and goroutines while a hostile peer floods it", run: runBenchFlood},
-		{name: "bench flood-peer", run: runFloodPeer, hidden: true},
-		{name: "bench allreduce-rank", run: runAllreduceRank, hidden: true},
-		{name: "bench allreduce-peer", run: runAllreducePeer, hidden: true},
+		{name: "bench allreduce", synopsis: "measure ring-allreduce against the pattern ceiling", run: bench.Allreduce},
+		{name: "bench form", synopsis: "time ring formation through the DHT on loopback", run: bench.Form},
+		{name: "bench engines", synopsis: "hold a device's losses against gorgonia's, step by step", run: noCtx(bench.Engines)},
+		{name: "bench device", synopsis: "one device's training samples/s for a model and batch, as JSON", run: bench.Device},
+		{name: "bench cpu", synopsis: "ringtrain's CPU step against PyTorch's, at 1 and 2 threads", run: noCtx(bench.CPU)},
+		{name: "bench served", synopsis: "served data's samples/s against a loader on local files", run: bench.Served},
+		{name: "bench pipeline", synopsis: "pipeline stages' step time and bubble against one peer", run: noCtx(bench.Pipeline)},
+		{name: "bench flood", synopsis: "a job's throughput, memory and goroutines while a hostile peer floods it", run: bench.Flood},
+		{name: "bench flood-peer", run: bench.FloodPeer(jobOfConfig), hidden: true},
+		{name: "bench allreduce-rank", run: bench.AllreduceRank, hidden: true},
+		{name: "bench allreduce-peer", run: bench.AllreducePeer, hidden: true},
 		{name: "swarm-key", synopsis: "print a new private-swarm key (give the file to every peer)", run: noCtx(runSwarmKey)},
 		{name: "id", synopsis: "create or show this machine's peer ID (--identity FILE)", run: noCtx(runID)},
 		{name: "version", synopsis: "print ringtrain's version", run: func(_ context.Context, args []string, stdout, stderr io.Writer) error {
@@ -93,50 +94,15 @@ func usageText(prefix string) string {
 	return b.String()
 }
 
-// errVersion is asked for with --version: main prints the version and
-// exits 0.
-var errVersion = errors.New("version asked for")
+// errVersion and errUsage are cli's, which the subcommands in packages of
+// their own return too.
+var (
+	errVersion = cli.ErrVersion
+	errUsage   = cli.ErrUsage
+)
 
-// parseFlags parses args into fs, with --version added, and refuses
-// anything left over: a stray word (--bootstrap A B) would otherwise end
-// the flags silently, and what came after it be lost.
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	version := addVersionFlag(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *version {
-		return errVersion
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q (a flag takes one value: repeat the flag for more)", fs.Arg(0))
-	}
-	return nil
-}
-
-// addVersionFlag adds --version to fs (once: parseWithFiles parses again
-// and again).
-func addVersionFlag(fs *flag.FlagSet) *versionFlag {
-	if f := fs.Lookup("version"); f != nil {
-		if v, ok := f.Value.(*versionFlag); ok {
-			return v
-		}
-	}
-	v := new(versionFlag)
-	fs.Var(v, "version", "print ringtrain's version and exit")
-	return v
-}
-
-// versionFlag is --version: a bool flag that remembers it was given.
-type versionFlag bool
-
-func (v *versionFlag) String() string { return fmt.Sprint(bool(*v)) }
-func (v *versionFlag) Set(s string) error {
-	b, err := strconv.ParseBool(s)
-	*v = versionFlag(b)
-	return err
-}
-func (v *versionFlag) IsBoolFlag() bool { return true }
+// parseFlags is cli.ParseFlags: strict, with --version.
+func parseFlags(fs *flag.FlagSet, args []string) error { return cli.ParseFlags(fs, args) }
 
 // version is the module's version and the commit it was built from, as
 // the Go toolchain recorded them.
@@ -214,7 +180,7 @@ func runCompletion(args []string, stdout, stderr io.Writer) error {
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: ringtrain completion bash|zsh   (source <(ringtrain completion bash))")
 	}
-	version := addVersionFlag(fs)
+	version := cli.AddVersionFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("completion: %w: %w", errUsage, err)
 	}

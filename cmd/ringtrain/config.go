@@ -765,3 +765,13 @@ func (c *jobConfig) schedule() train.Schedule {
 	o := c.Optimizer
 	return train.Schedule{Kind: o.Schedule, Base: o.LR, Epochs: c.Epochs, StepSize: o.StepSize, Gamma: o.Gamma}
 }
+
+// jobOfConfig is the job a job config's peers know, as p2p has it: what
+// `bench flood-peer` lies to.
+func jobOfConfig(path string) (p2p.Job, error) {
+	cfg, err := loadJobConfig(path)
+	if err != nil {
+		return p2p.Job{}, err
+	}
+	return cfg.p2pJob(), nil
+}

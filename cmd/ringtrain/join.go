@@ -20,6 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/cli"
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/devices"
 	"github.com/ringtrain/ringtrain/data"
 	"github.com/ringtrain/ringtrain/p2p"
 	"github.com/ringtrain/ringtrain/train"
@@ -45,7 +47,7 @@ type joinFlags struct {
 	bootstrap, listen                         stringList
 	plane                                     p2p.DataPlane
 	log                                       logFlags
-	engine                                    *deviceOptions
+	engine                                    *devices.Options
 	nat                                       *natFlags
 }
 
@@ -57,163 +59,238 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	status, view, err := openStatus(stderr, f.log)
+	j := &joinRun{f: f, stdout: stdout, stderr: stderr}
+	defer j.close()
+	if err := j.openOutput(); err != nil {
+		return err
+	}
+	if err := j.readLocal(ctx); err != nil {
+		return err
+	}
+	if err := j.connect(ctx); err != nil {
+		return err
+	}
+	if j.cfg.Pipeline != nil {
+		return runPipeline(ctx, j.cfg, j.device, j.trainSplit, j.testSplit, j.peer.members, j.stdout, j.status, tracerOf(j.tracer), j.log)
+	}
+	job, err := j.job(ctx)
 	if err != nil {
 		return err
 	}
-	if view != nil {
+	sum, err := job.Run(ctx)
+	return j.report(job, sum, err)
+}
+
+// joinRun is one peer's run of join: where its output goes, the job's
+// config and data, its host and node, each closed at the end in the
+// order opened, the last first.
+type joinRun struct {
+	f                     *joinFlags
+	stdout, stderr        io.Writer
+	status                io.Writer // progress records: the display's, or local's pipe
+	view                  *display
+	tracer                *trace.File
+	log                   zerolog.Logger
+	cfg                   *jobConfig
+	device                string
+	joinTimeout           time.Duration
+	trainSplit, testSplit *data.Split
+	metrics               *metrics
+	host                  *p2p.Host
+	served                *servedData
+	peer                  *peerNet
+	closers               []func()
+}
+
+// later has close run f, after what was opened since.
+func (j *joinRun) later(f func()) { j.closers = append(j.closers, f) }
+
+func (j *joinRun) close() {
+	for i := len(j.closers) - 1; i >= 0; i-- {
+		j.closers[i]()
+	}
+}
+
+// openOutput opens the live display (on a terminal), the timeline and
+// the log.
+func (j *joinRun) openOutput() error {
+	var err error
+	if j.status, j.view, err = openStatus(j.stderr, j.f.log); err != nil {
+		return err
+	}
+	if j.view != nil {
 		// The display shows the events; the log goes to --log-file.
-		defer view.close()
-		if isTerminal(stdout) {
+		j.later(j.view.close)
+		if isTerminal(j.stdout) {
 			// On the same screen, output goes above the bars, not
 			// across them; redirected, it stays where it was sent.
-			stdout = &lineWriter{d: view}
+			j.stdout = &lineWriter{d: j.view}
 		}
 	}
-	var tracer *trace.File
-	if f.trace != "" {
-		if tracer, err = trace.Create(f.trace, "peer"); err != nil {
+	if j.f.trace != "" {
+		if j.tracer, err = trace.Create(j.f.trace, "peer"); err != nil {
 			return err
 		}
-		defer func() {
-			if err := tracer.Close(); err != nil {
-				fmt.Fprintf(stderr, "ringtrain: --trace: %v\n", err)
+		j.later(func() {
+			if err := j.tracer.Close(); err != nil {
+				fmt.Fprintf(j.stderr, "ringtrain: --trace: %v\n", err)
 			}
-		}()
+		})
 	}
 	// The job's events go into the timeline from the log's records; the
 	// progress records go to status alone.
-	logTee := status
-	if tracer != nil {
-		logTee = joinWriters(status, traceEvents{tracer})
+	logTee := j.status
+	if j.tracer != nil {
+		logTee = joinWriters(j.status, traceEvents{j.tracer})
 	}
-	log, closeLog, err := f.log.open(stderr, logTee, view != nil)
+	log, closeLog, err := j.f.log.open(j.stderr, logTee, j.view != nil)
 	if err != nil {
 		return err
 	}
-	defer closeLog()
+	j.log = log
+	j.later(closeLog)
+	return nil
+}
+
+// readLocal reads what this machine has before anything goes on the
+// network: the job config, if given, and its local dataset — a broken one
+// should fail before anyone is told where this peer listens, or waits
+// for it.
+func (j *joinRun) readLocal(ctx context.Context) error {
+	f := j.f
 	if f.threads > 0 {
 		// The CPU engine's matrix products and conv layers split their
 		// work over GOMAXPROCS goroutines.
 		runtime.GOMAXPROCS(f.threads)
 	}
-	var cfg *jobConfig
-	device := ""
+	var err error
 	if f.config != "" {
-		if cfg, device, err = f.jobConfig(); err != nil {
+		if j.cfg, j.device, err = f.jobConfig(); err != nil {
 			return err
 		}
 	}
-	joinTimeout := 60 * time.Second // a fetched config's own is not known yet
+	j.joinTimeout = 60 * time.Second // a fetched config's own is not known yet
 	switch {
-	case cfg != nil:
-		joinTimeout = time.Duration(cfg.JoinTimeout)
+	case j.cfg != nil:
+		j.joinTimeout = time.Duration(j.cfg.JoinTimeout)
 	case f.joinTimeout > 0:
-		joinTimeout = f.joinTimeout
+		j.joinTimeout = f.joinTimeout
 	}
-	// Local files before the network: a broken dataset should fail before
-	// anyone is told where this peer listens, or waits for it.
-	var trainSplit, testSplit *data.Split
-	closeData := func() {}
-	if cfg != nil && cfg.Data.Served == "" {
-		if trainSplit, testSplit, closeData, err = loadSplits(ctx, cfg, nil, nil, 0, log); err != nil {
+	if j.cfg != nil && j.cfg.Data.Served == "" {
+		var closeData func()
+		if j.trainSplit, j.testSplit, closeData, err = loadSplits(ctx, j.cfg, nil, nil, 0, j.log); err != nil {
 			return err
 		}
+		j.later(closeData)
 	}
+	return nil
+}
+
+// connect starts the host, fetches the job config where none was given,
+// serves the config (and --serve's data), loads served data, and starts
+// the node that forms the ring.
+func (j *joinRun) connect(ctx context.Context) error {
+	f := j.f
 	var limits p2p.Limits // a fetched config's are not known yet: the defaults
-	if cfg != nil {
-		limits = cfg.Limits.p2p()
+	if j.cfg != nil {
+		limits = j.cfg.Limits.p2p()
 	}
-	var m *metrics
 	if f.metrics != "" {
-		m = newMetrics() // before the host, which registers libp2p's series on it
+		j.metrics = newMetrics() // before the host, which registers libp2p's series on it
 	}
-	h, relayFor, err := startHost(ctx, f, joinTimeout, limits, m.registerer(), stdout, log)
+	h, relayFor, err := startHost(ctx, f, j.joinTimeout, limits, j.metrics.registerer(), j.stdout, j.log)
 	if err != nil {
 		return err
 	}
-	defer h.Close()
-	if cfg == nil {
-		if cfg, device, err = f.fetchJobConfig(ctx, h, joinTimeout, log); err != nil {
+	j.host = h
+	j.later(func() { h.Close() })
+	if j.cfg == nil {
+		if j.cfg, j.device, err = f.fetchJobConfig(ctx, h, j.joinTimeout, j.log); err != nil {
 			return err
 		}
 	}
+	cfg := j.cfg
 	h.Guard.SetLimits(cfg.Limits.p2p())
-	fmt.Fprintf(stdout, "job %s: others join it with ringtrain join --job %s --bootstrap <an address above>\n", cfg.Name, cfg.jobRef())
+	fmt.Fprintf(j.stdout, "job %s: others join it with ringtrain join --job %s --bootstrap <an address above>\n", cfg.Name, cfg.jobRef())
 	handed, err := cfg.handedOut()
 	if err != nil {
 		return err
 	}
-	defer p2p.ServeJobConfig(h, cfg.Name, cfg.hash, handed, log)()
-	var served *servedData
+	j.later(p2p.ServeJobConfig(h, cfg.Name, cfg.hash, handed, j.log))
 	if f.serve != "" {
-		if served, err = startServing(h, f.serve, cfg.Limits.dataServer(), stdout, log); err != nil {
+		if j.served, err = startServing(h, f.serve, cfg.Limits.dataServer(), j.stdout, j.log); err != nil {
 			return err
 		}
-		defer served.close()
+		j.later(j.served.close)
 	}
-	if trainSplit == nil {
-		if trainSplit, testSplit, closeData, err = loadSplits(ctx, cfg, h, served, joinTimeout, log); err != nil {
+	if j.trainSplit == nil {
+		var closeData func()
+		if j.trainSplit, j.testSplit, closeData, err = loadSplits(ctx, cfg, h, j.served, j.joinTimeout, j.log); err != nil {
 			return err
 		}
+		j.later(closeData)
 	}
-	defer closeData()
-	peer, err := startNode(h, relayFor, f, cfg, log)
-	if err != nil {
+	if j.peer, err = startNode(h, relayFor, f, cfg, j.log); err != nil {
 		return err
 	}
-	defer peer.close()
-	if cfg.Pipeline != nil {
-		return runPipeline(ctx, cfg, device, trainSplit, testSplit, peer.members, stdout, status, tracerOf(tracer), log)
-	}
-	devOpt := *f.engine
-	if device == "host" || device == "cpu" && cfg.Sync != nil && cfg.Sync.Overlap > 0 {
+	j.later(j.peer.close)
+	return nil
+}
+
+// job makes the replica job: its model on the device, the timeline, and
+// the metrics endpoint.
+func (j *joinRun) job(ctx context.Context) (*elastic.Job, error) {
+	devOpt := *j.f.engine
+	if j.device == "host" || j.device == "cpu" && j.cfg.Sync != nil && j.cfg.Sync.Overlap > 0 {
 		// The model computes on the threads it had (train/gemm's
 		// products); Go gets one more, for the ring to send on while it
 		// computes: gradient buckets beside backward, or a streaming
 		// sync's exchange beside inner steps. Without a thread of its own
 		// the ring's goroutine waits for the scheduler to preempt the
 		// computation (up to 10 ms) at every hop.
-		devOpt.hostThreads = runtime.GOMAXPROCS(0)
-		runtime.GOMAXPROCS(devOpt.hostThreads + 1)
+		devOpt.HostThreads = runtime.GOMAXPROCS(0)
+		runtime.GOMAXPROCS(devOpt.HostThreads + 1)
 	}
-	job, model, err := newJob(cfg, device, devOpt, trainSplit, testSplit, peer.members, stdout, status, log)
+	job, model, err := newJob(j.cfg, j.device, devOpt, j.trainSplit, j.testSplit, j.peer.members, j.stdout, j.status, j.log)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer model.Close()
-	job.Training.Replica.Trace = tracerOf(tracer)
-	if m != nil {
-		m.guard(h.Guard)
+	j.later(func() { model.Close() })
+	job.Training.Replica.Trace = tracerOf(j.tracer)
+	if m := j.metrics; m != nil {
+		m.guard(j.host.Guard)
 		job.Dropped = m.droppedLiars
-		addr, stop, err := m.serve(ctx, f.metrics)
+		addr, stop, err := m.serve(ctx, j.f.metrics)
 		if err != nil {
-			return fmt.Errorf("--metrics: %w", err)
+			return nil, fmt.Errorf("--metrics: %w", err)
 		}
-		defer stop()
-		fmt.Fprintf(stdout, "metrics on http://%s/metrics\n", addr)
-		report := job.Training.Progress
+		j.later(stop)
+		fmt.Fprintf(j.stdout, "metrics on http://%s/metrics\n", addr)
+		report, withTest := job.Training.Progress, j.testSplit != nil
 		job.Training.Progress = func(p train.Progress) {
-			m.observe(p, testSplit != nil)
+			m.observe(p, withTest)
 			report(p)
 		}
 	}
-	sum, err := job.Run(ctx)
+	return job, nil
+}
+
+// report says how the job ended for this peer: a leave is what was asked
+// for, not a failure; the summary is the peer's last log line.
+func (j *joinRun) report(job *elastic.Job, sum train.Summary, err error) error {
 	if errors.Is(err, elastic.ErrLeft) {
-		// Asked to stop, it left after a step the others applied too, and
-		// they carry on: what was asked for, not a failure.
-		fmt.Fprintf(stdout, "left the job after %d steps; the others carry on\n", sum.Steps)
+		fmt.Fprintf(j.stdout, "left the job after %d steps; the others carry on\n", sum.Steps)
 		return nil
 	}
 	if err != nil {
 		return err
 	}
 	if job.Checkpoint != "" {
-		fmt.Fprintf(stdout, "checkpoint: %s\n", job.Checkpoint)
+		fmt.Fprintf(j.stdout, "checkpoint: %s\n", job.Checkpoint)
 	}
-	fmt.Fprintf(stdout, "rank %d of %d: test accuracy %.4f, param hash %s\n", job.Rank(), len(peer.members.Members()), sum.TestAccuracy, sum.ParamHash[:16])
-	// The summary is the peer's last log line.
-	job.Log().Info().Int("world_size", len(peer.members.Members())).Int("epochs", sum.Epochs).Float64("test_accuracy", sum.TestAccuracy).
+	size := len(j.peer.members.Members())
+	fmt.Fprintf(j.stdout, "rank %d of %d: test accuracy %.4f, param hash %s\n", job.Rank(), size, sum.TestAccuracy, sum.ParamHash[:16])
+	job.Log().Info().Int("world_size", size).Int("epochs", sum.Epochs).Float64("test_accuracy", sum.TestAccuracy).
 		Int("test_samples", sum.TestSamples).Float64("test_loss", sum.TestLoss).Floats64("test_accuracy_per_class", sum.PerClass).
 		Str("param_hash", sum.ParamHash).Float64("samples_per_sec", sum.SamplesPerSec).
 		Func(func(e *zerolog.Event) { addShares(e, job.Training.Replica.Stats) }).
@@ -241,10 +318,10 @@ func parseJoinFlags(args []string, stderr io.Writer) (*joinFlags, error) {
 	fs.StringVar(&f.swarmKey, "swarm-key", "", "private swarm key file (see: ringtrain swarm-key)")
 	plane := fs.String("data-plane", "tls", "what carries gradients: tls (a direct TLS 1.3 connection per ring neighbour, bound to both peers' identities; libp2p streams where none can be had), libp2p (encrypted libp2p streams, through yamux) or tcp (token-gated, in the clear: trusted networks only)")
 	fs.StringVar(&f.model, "model", "", "use this built-in model instead of the config's (mlp or cnn)")
-	fs.StringVar(&f.device, "device", "", deviceHelp+" (default: cuda if the config says gpus 1, else cpu)")
+	fs.StringVar(&f.device, "device", "", devices.Help+" (default: cuda if the config says gpus 1, else cpu)")
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads this peer computes with (GOMAXPROCS; 0: all cores, or what GOMAXPROCS says); with --device host, Go gets one more, for the ring")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics (e.g. 9100 or :9100, on 127.0.0.1; 0.0.0.0:9100 for every interface; port 0 picks one)")
-	f.engine = addDeviceFlags(fs)
+	f.engine = devices.AddFlags(fs)
 	f.nat = addNATFlags(fs, "auto")
 	f.log = addLogFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -308,18 +385,18 @@ func (f *joinFlags) finish(cfg *jobConfig) (*jobConfig, string, error) {
 		cfg.JoinTimeout = duration(f.joinTimeout)
 	}
 	if f.dataMemory != "" {
-		n, err := parseBytes(f.dataMemory)
+		n, err := cli.ParseBytes(f.dataMemory)
 		if err != nil {
 			return nil, "", fmt.Errorf("--data-memory: %w: %w", err, errUsage)
 		}
 		cfg.DataMemory = int64(n)
 	}
-	device, err := deviceOf(f.device, cfg.GPUs)
+	device, err := devices.Of(f.device, cfg.GPUs)
 	if err != nil {
 		return nil, "", fmt.Errorf("job config: %w", err)
 	}
 	if device == "cuda" {
-		if err := cudaAvailable(); err != nil {
+		if err := devices.CUDAAvailable(); err != nil {
 			return nil, "", fmt.Errorf("--device cuda: %w", err)
 		}
 	}
@@ -525,18 +602,18 @@ func startNode(h *p2p.Host, relayFor *atomic.Pointer[p2p.Node], f *joinFlags, cf
 // newJob builds the model, optimizer, data loaders and checkpointing of
 // the job, and the progress reports: records on status (a live display's
 // or local's) every 5 steps, a log line every 50.
-func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, testSplit *data.Split, members elastic.Membership,
+func newJob(cfg *jobConfig, device string, devOpt devices.Options, trainSplit, testSplit *data.Split, members elastic.Membership,
 	stdout, status io.Writer, log zerolog.Logger) (*elastic.Job, train.Model, error) {
 	layers, err := cfg.modelSpec(trainSplit.C, trainSplit.H, trainSplit.W, len(trainSplit.Classes))
 	if err != nil {
 		return nil, nil, err
 	}
 	spec := train.ModelConfig{Spec: layers, Batch: cfg.BatchSize, Seed: cfg.Seed}
-	model, err := newModel(device, spec, devOpt)
+	model, err := devices.NewModel(device, spec, devOpt)
 	if err != nil {
 		return nil, nil, err
 	}
-	opt, err := bindOptimizer(model, cfg.optimizer(), devOpt)
+	opt, err := devices.BindOptimizer(model, cfg.optimizer(), devOpt)
 	if err != nil {
 		model.Close()
 		return nil, nil, err
@@ -551,8 +628,8 @@ func newJob(cfg *jobConfig, device string, devOpt deviceOptions, trainSplit, tes
 	}
 	job.Training.Progress, job.Training.ProgressEvery = cfg.progress(testSplit != nil, status, job.Log)
 	threads := runtime.GOMAXPROCS(0)
-	if devOpt.hostThreads > 0 {
-		threads = devOpt.hostThreads
+	if devOpt.HostThreads > 0 {
+		threads = devOpt.HostThreads
 	}
 	log.Info().Str("device", device).Str("blas", train.BLAS()).Int("threads", threads).Int("gomaxprocs", runtime.GOMAXPROCS(0)).Msg("compute")
 	return job, model, nil

@@ -64,10 +64,6 @@ func startProfile(prefix string) func() {
 	}
 }
 
-// errUsage marks errors that are the caller's words being off; main then
-// exits 2, as flag does.
-var errUsage = errors.New("usage")
-
 // ctxFree are the commands that never wait on the network or on peers, and
 // take no context: SIGTERM and Ctrl-C end them as they end any program
 // (caught, they were ignored: plot spinning on a bad log, predict reading a

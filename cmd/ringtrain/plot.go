@@ -20,6 +20,8 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
+
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/cli"
 )
 
 // errNoCurves means the log files held no training progress to draw.
@@ -68,7 +70,7 @@ type curves struct{ loss, rate, acc plotter.XYs }
 // and returns the files.
 func parseWithFiles(fs *flag.FlagSet, args []string) ([]string, error) {
 	var files []string
-	version := addVersionFlag(fs)
+	version := cli.AddVersionFlag(fs)
 	for {
 		if err := fs.Parse(args); err != nil {
 			return nil, err

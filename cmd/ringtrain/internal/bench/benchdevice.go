@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -9,12 +9,14 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/cli"
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/devices"
 	"github.com/ringtrain/ringtrain/ring"
 	"github.com/ringtrain/ringtrain/train"
 )
 
-// deviceResult is one line of `bench device`.
-type deviceResult struct {
+// DeviceResult is one line of `bench device`.
+type DeviceResult struct {
 	Device      string  `json:"device"`
 	Model       string  `json:"model"`
 	Batch       int     `json:"batch"`
@@ -28,7 +30,7 @@ type deviceResult struct {
 	Median      bool    `json:"median,omitempty"`
 }
 
-// runBenchDevice is `ringtrain bench device`: one device's training speed
+// Device is `ringtrain bench device`: one device's training speed
 // for a model and batch size, as JSON, measured the way the PyTorch
 // reference of testdata/gpu-bench.sh measures PyTorch — whole training steps
 // (forward, backward, Adam at lr 1e-3) on full batches already in memory,
@@ -36,22 +38,22 @@ type deviceResult struct {
 // batches are seeded noise with random labels: speed does not depend on
 // the values, and no data files are needed. A line per run, then the
 // median.
-func runBenchDevice(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func Device(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench device", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	device := fs.String("device", "cpu", deviceHelp)
+	device := fs.String("device", "cpu", devices.Help)
 	model := fs.String("model", "cnn", "built-in model: mlp or cnn")
 	batch := fs.Int("batch", 64, "batch size")
 	steps := fs.Int("steps", 400, "timed steps per run")
 	warmup := fs.Int("warmup", 50, "untimed steps before the first run")
 	runs := fs.Int("runs", 3, "runs; the last line is their median")
 	optName := fs.String("optimizer", "adam", "adam (lr 1e-3, as the PyTorch script) or sgd (lr 0.01, momentum 0.9)")
-	devOpt := addDeviceFlags(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return fmt.Errorf("bench device: %w: %w", errUsage, err)
+	devOpt := devices.AddFlags(fs)
+	if err := cli.ParseFlags(fs, args); err != nil {
+		return fmt.Errorf("bench device: %w: %w", cli.ErrUsage, err)
 	}
 	if *batch < 1 || *steps < 1 || *runs < 1 || *warmup < 0 {
-		return fmt.Errorf("bench device: --batch, --steps and --runs must be positive: %w", errUsage)
+		return fmt.Errorf("bench device: --batch, --steps and --runs must be positive: %w", cli.ErrUsage)
 	}
 	spec, err := train.BuiltinSpec(*model, 1, 28, 28, 10)
 	if err != nil {
@@ -64,14 +66,14 @@ func runBenchDevice(ctx context.Context, args []string, stdout, stderr io.Writer
 	case "sgd":
 		opt = &train.SGD{LR: 0.01, Momentum: 0.9}
 	default:
-		return fmt.Errorf("bench device: --optimizer %q; want adam or sgd: %w", *optName, errUsage)
+		return fmt.Errorf("bench device: --optimizer %q; want adam or sgd: %w", *optName, cli.ErrUsage)
 	}
-	m, err := newModel(*device, train.ModelConfig{Spec: spec, Batch: *batch, Seed: 1}, *devOpt)
+	m, err := devices.NewModel(*device, train.ModelConfig{Spec: spec, Batch: *batch, Seed: 1}, *devOpt)
 	if err != nil {
 		return fmt.Errorf("bench device: %w", err)
 	}
 	defer m.Close()
-	if opt, err = bindOptimizer(m, opt, *devOpt); err != nil {
+	if opt, err = devices.BindOptimizer(m, opt, *devOpt); err != nil {
 		return fmt.Errorf("bench device: %w", err)
 	}
 	solo, err := ring.New(nil, ring.Config{Rank: 0, Size: 1})
@@ -97,7 +99,7 @@ func runBenchDevice(ctx context.Context, args []string, stdout, stderr io.Writer
 	if d, ok := m.(interface{ Device() string }); ok {
 		name = d.Device()
 	}
-	res := deviceResult{Device: name, Model: *model, Batch: *batch, Steps: *steps, Optimizer: *optName,
+	res := DeviceResult{Device: name, Model: *model, Batch: *batch, Steps: *steps, Optimizer: *optName,
 		Graph: !devOpt.NoGraph && *device != "cpu", TF32: devOpt.TF32 && *device == "cuda"}
 	enc := json.NewEncoder(stdout)
 	var rates []float64

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bufio"
@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/cli"
 	"github.com/ringtrain/ringtrain/internal/ringbench"
 	"github.com/ringtrain/ringtrain/ring"
 )
@@ -27,7 +28,7 @@ import (
 func allreduceProcs(ctx context.Context, cfg ringbench.Config, sizes string, emit func(ringbench.Result)) error {
 	n := cfg.Peers
 	if n < 2 {
-		return fmt.Errorf("%d peers; want at least 2: %w", n, errUsage)
+		return fmt.Errorf("%d peers; want at least 2: %w", n, cli.ErrUsage)
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -127,10 +128,10 @@ func emitRows(name string, results [][]ringbench.RankResult, sizes int, emit fun
 	return nil
 }
 
-// runAllreduceRank is `ringtrain bench allreduce-rank`, one rank that
+// AllreduceRank is `ringtrain bench allreduce-rank`, one rank that
 // allreduceProcs started: its listener is file descriptor 3; it dials
 // --next and prints a JSON line per size.
-func runAllreduceRank(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func AllreduceRank(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench allreduce-rank", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	rank := fs.Int("rank", 0, "this rank")
@@ -139,18 +140,18 @@ func runAllreduceRank(ctx context.Context, args []string, stdout, stderr io.Writ
 	sizes := fs.String("sizes", "", "comma-separated buffer sizes")
 	iters := fs.Int("iters", 5, "timed calls per size")
 	chunk := fs.Int("chunk", 0, "pipelining chunk size in bytes (0: the ring's)")
-	if err := parseFlags(fs, args); err != nil {
-		return fmt.Errorf("bench allreduce-rank: %w: %w", errUsage, err)
+	if err := cli.ParseFlags(fs, args); err != nil {
+		return fmt.Errorf("bench allreduce-rank: %w: %w", cli.ErrUsage, err)
 	}
 	cfg := ringbench.Config{Peers: *peers, Iters: *iters, ChunkBytes: *chunk}
 	var err error
 	if cfg.Sizes, err = parseSizes(*sizes); err != nil {
-		return fmt.Errorf("bench allreduce-rank: --sizes: %w: %w", err, errUsage)
+		return fmt.Errorf("bench allreduce-rank: --sizes: %w: %w", err, cli.ErrUsage)
 	}
 	var ln net.Listener
 	f := os.NewFile(3, "listener")
 	if f == nil {
-		return fmt.Errorf("bench allreduce-rank: no listener on file descriptor 3 (bench allreduce --procs starts this): %w", errUsage)
+		return fmt.Errorf("bench allreduce-rank: no listener on file descriptor 3 (bench allreduce --procs starts this): %w", cli.ErrUsage)
 	}
 	ln, err = net.FileListener(f)
 	f.Close()

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/rs/zerolog"
 
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/cli"
 	"github.com/ringtrain/ringtrain/data"
 	"github.com/ringtrain/ringtrain/p2p"
 )
@@ -29,28 +30,28 @@ type servedRun struct {
 	LocalPerSec  float64 `json:"local_loader_samples_per_s"`
 }
 
-// runBenchServed is `ringtrain bench served`: a data server and a client
+// Served is `ringtrain bench served`: a data server and a client
 // in this process, on loopback, as two peers of one machine would be.
-func runBenchServed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func Served(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench served", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	dataConfig := fs.String("data", "testdata/fashion-mnist-full.json", "data config of the dataset to serve")
 	requestSize := fs.Int("request-size", 256, "samples per request")
 	ahead := fs.Int("ahead", 8, "requests in flight")
 	runs := fs.Int("runs", 5, "runs; the medians are reported")
-	if err := parseFlags(fs, args); err != nil {
-		return fmt.Errorf("bench served: %w: %w", errUsage, err)
+	if err := cli.ParseFlags(fs, args); err != nil {
+		return fmt.Errorf("bench served: %w: %w", cli.ErrUsage, err)
 	}
 	server, err := p2p.NewHost(ctx, p2p.HostConfig{Listen: []string{"/ip4/127.0.0.1/tcp/0"}})
 	if err != nil {
 		return err
 	}
 	defer server.Close()
-	served, err := startServing(server, *dataConfig, p2p.DataServerConfig{}, io.Discard, zerolog.Nop())
+	served, err := serve(server, *dataConfig)
 	if err != nil {
 		return err
 	}
-	defer served.close()
+	defer served.srv.Close()
 	boot := []peer.AddrInfo{{ID: server.ID(), Addrs: server.Addrs()}}
 	rc := data.RemoteConfig{RequestSize: *requestSize, Ahead: *ahead}
 	var all []servedRun
@@ -126,4 +127,33 @@ func servedEpoch(ctx context.Context, boot []peer.AddrInfo, id string, rc data.R
 		return 0, err
 	}
 	return time.Since(start).Seconds(), nil
+}
+
+// served is a data config's training split served on a host.
+type served struct {
+	m     *data.Manifest
+	train *data.Split
+	srv   *p2p.DataServer
+}
+
+// serve serves the training split of the data config at path on h, as
+// `ringtrain serve` would, without its words.
+func serve(h *p2p.Host, path string) (*served, error) {
+	cfg, err := data.LoadConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	s := &served{}
+	if s.train, err = cfg.Load("train"); err != nil {
+		return nil, err
+	}
+	if s.m, err = data.NewManifest(cfg, s.train.Dataset, nil); err != nil {
+		return nil, err
+	}
+	s.srv = p2p.NewDataServer(h, p2p.DataServerConfig{Logger: zerolog.Nop()})
+	if err := s.srv.Serve(s.m, s.train.Dataset); err != nil {
+		s.srv.Close()
+		return nil, err
+	}
+	return s, nil
 }

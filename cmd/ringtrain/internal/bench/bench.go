@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"cmp"
@@ -12,13 +12,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/cli"
 	"github.com/ringtrain/ringtrain/internal/ringbench"
 	"github.com/ringtrain/ringtrain/p2p"
 	"github.com/ringtrain/ringtrain/ring"
 )
 
-// runBenchAllreduce is `ringtrain bench allreduce`.
-func runBenchAllreduce(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// Allreduce is `ringtrain bench allreduce`.
+func Allreduce(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench allreduce", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	transport := fs.String("transport", "tcp", "ring links, comma-separated: mem, tcp (plain, loopback), libp2p (TLS streams), libp2p-tcp (token-gated TCP data plane), libp2p-tls (the TLS data plane: one direct TLS connection per link), libp2p-relay (TLS streams, every link through a circuit relay, as between peers behind NATs that hole punching cannot cross)")
@@ -30,18 +31,18 @@ func runBenchAllreduce(ctx context.Context, args []string, stdout, stderr io.Wri
 	procs := fs.Bool("procs", false, "run every rank in its own process, as gloo's and MPI's benchmarks do (no ceiling): --transport tcp is plain TCP on loopback (row tcp-procs); tls, libp2p and libp2p-tcp are the data planes, each peer its own libp2p host forming the ring as join does (rows tls-procs, libp2p-procs, libp2p-tcp-procs)")
 	netns := fs.String("netns", "", "with --procs and a data plane: run rank i in the network namespace PREFIXi (testdata/bench-planes.sh makes them), at --subnet.(i+1)")
 	subnet := fs.String("subnet", "", "with --netns: the first three octets of the namespaces' /24 (testdata/bench-planes.sh gives its own)")
-	if err := parseFlags(fs, args); err != nil {
-		return fmt.Errorf("bench allreduce: %w: %w", errUsage, err)
+	if err := cli.ParseFlags(fs, args); err != nil {
+		return fmt.Errorf("bench allreduce: %w: %w", cli.ErrUsage, err)
 	}
 	cfg := ringbench.Config{Transport: *transport, Peers: *peers, Iters: *iters}
 	var err error
 	if cfg.Sizes, err = parseSizes(*sizes); err != nil {
-		return fmt.Errorf("bench allreduce: --sizes: %w: %w", err, errUsage)
+		return fmt.Errorf("bench allreduce: --sizes: %w: %w", err, cli.ErrUsage)
 	}
 	if *chunk != "" {
-		n, err := parseBytes(*chunk)
+		n, err := cli.ParseBytes(*chunk)
 		if err != nil {
-			return fmt.Errorf("bench allreduce: --chunk: %w: %w", err, errUsage)
+			return fmt.Errorf("bench allreduce: --chunk: %w: %w", err, cli.ErrUsage)
 		}
 		cfg.ChunkBytes = n
 	}
@@ -71,12 +72,12 @@ func runBenchAllreduce(ctx context.Context, args []string, stdout, stderr io.Wri
 			}
 			return
 		}
-		fmt.Fprintf(stdout, row, r.Transport, strconv.Itoa(r.Peers), formatBytes(r.Bytes),
+		fmt.Fprintf(stdout, row, r.Transport, strconv.Itoa(r.Peers), cli.FormatBytes(r.Bytes),
 			fmt.Sprintf("%.2f", r.Seconds*1e3), fmt.Sprintf("%.3f", r.Algbw), fmt.Sprintf("%.3f", r.Busbw),
 			fmt.Sprintf("%.3f", r.CeilingBusbw), fmt.Sprintf("%.2f", r.Ratio), fmt.Sprintf("%.2f", r.CPUPerGB))
 	}
 	if (*netns == "") != (*subnet == "") {
-		return fmt.Errorf("bench allreduce: --netns and --subnet go together: %w", errUsage)
+		return fmt.Errorf("bench allreduce: --netns and --subnet go together: %w", cli.ErrUsage)
 	}
 	if *procs {
 		for _, tr := range strings.Split(*transport, ",") {
@@ -89,7 +90,7 @@ func runBenchAllreduce(ctx context.Context, args []string, stdout, stderr io.Wri
 			}
 			plane, err := p2p.ParsePlane(strings.TrimPrefix(tr, "libp2p-"))
 			if tr == "tcp" || err != nil {
-				return fmt.Errorf("bench allreduce --procs: --transport %s; want tcp (not with --netns), tls, libp2p or libp2p-tcp: %w", tr, errUsage)
+				return fmt.Errorf("bench allreduce --procs: --transport %s; want tcp (not with --netns), tls, libp2p or libp2p-tcp: %w", tr, cli.ErrUsage)
 			}
 			if err := allreducePeers(ctx, cfg, *sizes, tr, plane, *netns, *subnet, emit); err != nil {
 				return fmt.Errorf("bench allreduce --procs --transport %s: %w", tr, err)
@@ -98,7 +99,7 @@ func runBenchAllreduce(ctx context.Context, args []string, stdout, stderr io.Wri
 		return encErr
 	}
 	if *netns != "" {
-		return fmt.Errorf("bench allreduce: --netns goes with --procs: %w", errUsage)
+		return fmt.Errorf("bench allreduce: --netns goes with --procs: %w", cli.ErrUsage)
 	}
 	// Several transports run one after another in this process, so their
 	// figures come from the same run.
@@ -116,7 +117,7 @@ func runBenchAllreduce(ctx context.Context, args []string, stdout, stderr io.Wri
 func parseSizes(list string) ([]int, error) {
 	var out []int
 	for _, s := range strings.Split(list, ",") {
-		n, err := parseBytes(s)
+		n, err := cli.ParseBytes(s)
 		if err != nil {
 			return nil, err
 		}
@@ -125,51 +126,20 @@ func parseSizes(list string) ([]int, error) {
 	return out, nil
 }
 
-var byteUnits = []struct {
-	suffix string
-	mult   int
-}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}}
-
-// parseBytes reads sizes such as 64MiB, 512KiB or 4096.
-func parseBytes(s string) (int, error) {
-	s = strings.TrimSpace(s)
-	mult := 1
-	for _, u := range byteUnits {
-		if strings.HasSuffix(s, u.suffix) {
-			s, mult = strings.TrimSuffix(s, u.suffix), u.mult
-			break
-		}
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("size %q: want a positive whole number with an optional B, KiB, MiB or GiB", s)
-	}
-	return n * mult, nil
-}
-
-func formatBytes(n int) string {
-	for _, u := range byteUnits {
-		if n >= u.mult && n%u.mult == 0 {
-			return strconv.Itoa(n/u.mult) + u.suffix
-		}
-	}
-	return strconv.Itoa(n) + "B"
-}
-
-// runBenchForm times ring formation on loopback: hosts start, find each
+// Form times ring formation on loopback: hosts start, find each
 // other through the DHT from one bootstrap address, and agree.
-func runBenchForm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func Form(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench form", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	peers := fs.String("peers", "4,8", "comma-separated peer counts")
 	runs := fs.Int("runs", 5, "formations per count; the median is reported")
-	if err := parseFlags(fs, args); err != nil {
-		return fmt.Errorf("bench form: %w: %w", errUsage, err)
+	if err := cli.ParseFlags(fs, args); err != nil {
+		return fmt.Errorf("bench form: %w: %w", cli.ErrUsage, err)
 	}
 	for _, p := range strings.Split(*peers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(p))
 		if err != nil || n < 1 || *runs < 1 {
-			return fmt.Errorf("bench form: --peers %q, --runs %d: %w", p, *runs, errUsage)
+			return fmt.Errorf("bench form: --peers %q, --runs %d: %w", p, *runs, cli.ErrUsage)
 		}
 		var ds []time.Duration
 		for range *runs {

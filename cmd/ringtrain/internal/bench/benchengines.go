@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"errors"
@@ -9,17 +9,19 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/cli"
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/devices"
 	"github.com/ringtrain/ringtrain/train"
 )
 
-// errEnginesDiffer is what bench engines returns when the losses part.
-var errEnginesDiffer = errors.New("the engines' losses differ by more than the tolerance")
+// ErrEnginesDiffer is what bench engines returns when the losses part.
+var ErrEnginesDiffer = errors.New("the engines' losses differ by more than the tolerance")
 
-// runBenchEngines trains the same model from the same start on the same
+// Engines trains the same model from the same start on the same
 // batches with the cpu engine (gorgonia) and another device, and compares
 // the loss after every step and the speed. With the CUDA build and a GPU,
 // --device cuda is the check train/engine/README.md asks a GPU owner to run.
-func runBenchEngines(args []string, stdout, stderr io.Writer) error {
+func Engines(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench engines", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	device := fs.String("device", "host", "the device held against cpu: cuda or host")
@@ -28,9 +30,9 @@ func runBenchEngines(args []string, stdout, stderr io.Writer) error {
 	batch := fs.Int("batch", 64, "batch size")
 	seed := fs.Uint64("seed", 1, "seed of the weights and the batches")
 	tol := fs.Float64("tolerance", 1e-3, "largest |loss difference| allowed at the last step")
-	devOpt := addDeviceFlags(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return fmt.Errorf("bench engines: %w: %w", errUsage, err)
+	devOpt := devices.AddFlags(fs)
+	if err := cli.ParseFlags(fs, args); err != nil {
+		return fmt.Errorf("bench engines: %w: %w", cli.ErrUsage, err)
 	}
 	spec, err := train.BuiltinSpec(*model, 1, 28, 28, 10)
 	if err != nil {
@@ -41,14 +43,14 @@ func runBenchEngines(args []string, stdout, stderr io.Writer) error {
 	// is of arithmetic, not of learning, and needs no data files.
 	xs, ys := noiseBatches(rand.New(rand.NewPCG(*seed, 7)), *steps, *batch)
 	run := func(device string) ([]float32, time.Duration, error) {
-		m, err := newModel(device, cfg, *devOpt)
+		m, err := devices.NewModel(device, cfg, *devOpt)
 		if err != nil {
 			return nil, 0, err
 		}
 		defer m.Close()
 		// On an engine device the optimizer runs there too, so the check
 		// covers its kernels as well.
-		opt, err := bindOptimizer(m, &train.SGD{LR: 0.01, Momentum: 0.9}, *devOpt)
+		opt, err := devices.BindOptimizer(m, &train.SGD{LR: 0.01, Momentum: 0.9}, *devOpt)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -80,7 +82,7 @@ func runBenchEngines(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "%s (cpu BLAS: %s): cpu %.0f samples/s, %s %.0f samples/s; loss after %d steps differs by %.2e (tolerance %.0e)\n",
 		*model, train.BLAS(), rate(refTime), *device, rate(gotTime), *steps, diff, *tol)
 	if !(diff <= *tol) {
-		return fmt.Errorf("bench engines: %w: %.2e > %.0e", errEnginesDiffer, diff, *tol)
+		return fmt.Errorf("bench engines: %w: %.2e > %.0e", ErrEnginesDiffer, diff, *tol)
 	}
 	return nil
 }

@@ -1,6 +1,6 @@
 //go:build ringtrain_cuda
 
-package main
+package devices
 
 import (
 	// First of all, before gorgonia.org/cu's own init: ends the program
@@ -14,8 +14,8 @@ import (
 
 func newCUDA(o engine.CUDAOptions) (engine.Ops, error) { return engine.NewCUDA(0, o) }
 
-// cudaAvailable says whether there is a device, without opening it.
-func cudaAvailable() error {
+// CUDAAvailable says whether there is a device, without opening it.
+func CUDAAvailable() error {
 	n, err := cu.NumDevices()
 	if err == nil && n == 0 {
 		err = engine.ErrNoDevice

@@ -1,10 +1,15 @@
-package main
+// Package devices is what computes a model's gradients, as the command
+// line picks it: the gorgonia graph on the CPU, ringtrain's engine on an
+// NVIDIA GPU (in the CUDA build only), or that engine in pure Go, its
+// reference.
+package devices
 
 import (
 	"errors"
 	"flag"
 	"fmt"
 
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/cli"
 	"github.com/ringtrain/ringtrain/train"
 	"github.com/ringtrain/ringtrain/train/engine"
 	"github.com/ringtrain/ringtrain/train/gemm"
@@ -16,33 +21,33 @@ import (
 //     (make cuda → bin/ringtrain-cuda);
 //   - host: that same engine on the CPU in pure Go — the CUDA engine's
 //     reference, slower than cpu, for checking the engine anywhere.
-const deviceHelp = "what computes the gradients: cpu (gorgonia), cuda (the CUDA build's GPU engine) or host (that engine in pure Go, its reference)"
+const Help = "what computes the gradients: cpu (gorgonia), cuda (the CUDA build's GPU engine) or host (that engine in pure Go, its reference)"
 
-// errNoCUDA is what asking a build without CUDA for the GPU gets.
-var errNoCUDA = errors.New("this ringtrain was built without CUDA: build the CUDA one with `make cuda` and run bin/ringtrain-cuda, on a machine with an NVIDIA GPU and driver")
+// ErrNoCUDA is what asking a build without CUDA for the GPU gets.
+var ErrNoCUDA = errors.New("this ringtrain was built without CUDA: build the CUDA one with `make cuda` and run bin/ringtrain-cuda, on a machine with an NVIDIA GPU and driver")
 
-// deviceOptions are the engine's settings from the command line.
-type deviceOptions struct {
+// Options are the engine's settings from the command line.
+type Options struct {
 	// TF32 lets cuBLAS use TF32 tensor cores (cuda only).
 	TF32 bool
 	// NoGraph turns off replaying a captured step (CUDA graphs).
 	NoGraph bool
-	// hostThreads, if above 0, is the thread budget of the host engine's
+	// HostThreads, if above 0, is the thread budget of the host engine's
 	// or the CPU model's matrix products (join sets it to leave the ring
 	// a thread of its own).
-	hostThreads int
+	HostThreads int
 }
 
-// addDeviceFlags defines the engine's flags on fs.
-func addDeviceFlags(fs *flag.FlagSet) *deviceOptions {
-	var o deviceOptions
+// AddFlags defines the engine's flags on fs.
+func AddFlags(fs *flag.FlagSet) *Options {
+	var o Options
 	fs.BoolVar(&o.TF32, "tf32", false, "cuda: let cuBLAS multiply in TF32 on tensor cores (faster; GEMM errors near 1e-3 instead of 1e-7)")
 	fs.BoolVar(&o.NoGraph, "no-graph", false, "cuda and host: run every step call by call instead of replaying a captured one (CUDA graph)")
 	return &o
 }
 
-// args gives the options back as flags, for local's peers.
-func (o deviceOptions) args() []string {
+// Args gives the options back as flags, for local's peers.
+func (o Options) Args() []string {
 	var a []string
 	if o.TF32 {
 		a = append(a, "--tf32")
@@ -53,16 +58,16 @@ func (o deviceOptions) args() []string {
 	return a
 }
 
-// newModel builds cfg's model on a device.
-func newModel(device string, cfg train.ModelConfig, opt deviceOptions) (train.Model, error) {
+// NewModel builds cfg's model on a device.
+func NewModel(device string, cfg train.ModelConfig, opt Options) (train.Model, error) {
 	switch device {
 	case "", "cpu":
-		cfg.Threads = opt.hostThreads
+		cfg.Threads = opt.HostThreads
 		return train.NewModel(cfg)
 	case "host":
 		var h engine.Host
-		if opt.hostThreads > 0 {
-			h.BLAS = gemm.New(opt.hostThreads)
+		if opt.HostThreads > 0 {
+			h.BLAS = gemm.New(opt.HostThreads)
 		}
 		return engine.New(h, cfg)
 	case "cuda":
@@ -72,13 +77,13 @@ func newModel(device string, cfg train.ModelConfig, opt deviceOptions) (train.Mo
 		}
 		return engine.New(ops, cfg)
 	}
-	return nil, fmt.Errorf("device %q; want cpu, cuda or host: %w", device, errUsage)
+	return nil, fmt.Errorf("device %q; want cpu, cuda or host: %w", device, cli.ErrUsage)
 }
 
-// bindOptimizer moves opt onto the model's device when the model lives on
+// BindOptimizer moves opt onto the model's device when the model lives on
 // one (the engine's nets), so that parameters and optimizer state stay
 // there; a gorgonia model keeps opt on the host.
-func bindOptimizer(m train.Model, opt train.Optimizer, o deviceOptions) (train.Optimizer, error) {
+func BindOptimizer(m train.Model, opt train.Optimizer, o Options) (train.Optimizer, error) {
 	net, ok := m.(*engine.Net)
 	if !ok {
 		return opt, nil
@@ -87,9 +92,9 @@ func bindOptimizer(m train.Model, opt train.Optimizer, o deviceOptions) (train.O
 	return net.Optimizer(opt)
 }
 
-// deviceOf reconciles --device with the config's gpus: gpus 1 asks for
+// Of reconciles --device with the config's gpus: gpus 1 asks for
 // cuda, as it did in the tools this replaces; a peer drives one GPU.
-func deviceOf(flagDevice string, gpus int) (string, error) {
+func Of(flagDevice string, gpus int) (string, error) {
 	switch {
 	case gpus > 1:
 		return "", fmt.Errorf("gpus %d: a peer drives one GPU; start one peer per GPU (ringtrain local -n, or one join each)", gpus)

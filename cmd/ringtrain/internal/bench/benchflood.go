@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bufio"
@@ -25,6 +25,7 @@ import (
 	ma "github.com/multiformats/go-multiaddr"
 	"github.com/rs/zerolog"
 
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/cli"
 	"github.com/ringtrain/ringtrain/internal/flood"
 	"github.com/ringtrain/ringtrain/p2p"
 	"github.com/ringtrain/ringtrain/train"
@@ -50,14 +51,14 @@ type floodRow struct {
 	Seconds        float64     `json:"flood_s"`
 }
 
-// runBenchFlood is `ringtrain bench flood`: a job of --peers processes
+// Flood is `ringtrain bench flood`: a job of --peers processes
 // trains on the full dataset while a hostile peer (`bench flood-peer`, a
 // process of its own, at nice 19 so that the CPU it burns is not counted
 // as the job's loss on a machine they share) floods the first peer with
 // one kind of traffic at a time. Each flood is measured against the
 // window just before it; at the end every peer is stopped after the same
 // step and their checkpoints must hold one set of parameters.
-func runBenchFlood(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func Flood(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench flood", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	config := fs.String("config", "testdata/flood-job.json", "the job (its epochs are many: the bench stops it)")
@@ -71,8 +72,8 @@ func runBenchFlood(ctx context.Context, args []string, stdout, stderr io.Writer)
 	workers := fs.Int("workers", 16, "the hostile peer's requests at once")
 	source := fs.String("from", "127.0.0.2", "the loopback address the hostile peer comes from (not 127.0.0.1, which libp2p exempts from its per-IP limits, as a machine's own peers)")
 	keep := fs.Bool("keep", false, "keep the run's folder (logs, checkpoints)")
-	if err := parseFlags(fs, args); err != nil {
-		return fmt.Errorf("bench flood: %w: %w", errUsage, err)
+	if err := cli.ParseFlags(fs, args); err != nil {
+		return fmt.Errorf("bench flood: %w: %w", cli.ErrUsage, err)
 	}
 	var plan []flood.Kind
 	if *kinds == "all" {
@@ -80,7 +81,7 @@ func runBenchFlood(ctx context.Context, args []string, stdout, stderr io.Writer)
 	} else {
 		for _, k := range strings.Split(*kinds, ",") {
 			if !slices.Contains(flood.Kinds(), flood.Kind(k)) {
-				return fmt.Errorf("bench flood: kind %q; want %s: %w", k, floodKindNames(), errUsage)
+				return fmt.Errorf("bench flood: kind %q; want %s: %w", k, floodKindNames(), cli.ErrUsage)
 			}
 			plan = append(plan, flood.Kind(k))
 		}
@@ -554,10 +555,19 @@ func printFloodTable(w io.Writer, rows []floodRow, one bool, hashes []string) {
 	fmt.Fprintf(w, "\none hash at the end: %v %v\n", one, hashes)
 }
 
-// runFloodPeer is `ringtrain bench flood-peer`: the hostile peer of bench
+// FloodPeer is `ringtrain bench flood-peer`: the hostile peer of bench
 // flood, a host of its own that floods --target with --kind for --for and
 // prints what it sent as JSON.
-func runFloodPeer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+//
+// jobOf reads a job config into the job its peers know (for the
+// formation-lie kind): the ringtrain command's own reading.
+func FloodPeer(jobOf func(path string) (p2p.Job, error)) func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+		return runFloodPeer(ctx, args, stdout, stderr, jobOf)
+	}
+}
+
+func runFloodPeer(ctx context.Context, args []string, stdout, stderr io.Writer, jobOf func(path string) (p2p.Job, error)) error {
 	fs := flag.NewFlagSet("bench flood-peer", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	target := fs.String("target", "", "the peer to flood, a multiaddr with /p2p/")
@@ -568,24 +578,23 @@ func runFloodPeer(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	dataset := fs.String("dataset", "", "the served dataset's ID, for --kind data")
 	metricsAt := fs.String("metrics", "", "the target's metrics endpoint, host:port, for --kind metrics")
 	jobConfig := fs.String("job-config", "", "the target's job config, for --kind formation-lie: what its join command tells anyone")
-	if err := parseFlags(fs, args); err != nil {
-		return fmt.Errorf("bench flood-peer: %w: %w", errUsage, err)
+	if err := cli.ParseFlags(fs, args); err != nil {
+		return fmt.Errorf("bench flood-peer: %w: %w", cli.ErrUsage, err)
 	}
 	var job p2p.Job
 	if *jobConfig != "" {
-		cfg, err := loadJobConfig(*jobConfig)
-		if err != nil {
+		var err error
+		if job, err = jobOf(*jobConfig); err != nil {
 			return fmt.Errorf("bench flood-peer: %w", err)
 		}
-		job = cfg.p2pJob()
 	}
 	a, err := ma.NewMultiaddr(*target)
 	if err != nil {
-		return fmt.Errorf("bench flood-peer: --target: %w: %w", err, errUsage)
+		return fmt.Errorf("bench flood-peer: --target: %w: %w", err, cli.ErrUsage)
 	}
 	ai, err := peer.AddrInfoFromP2pAddr(a)
 	if err != nil {
-		return fmt.Errorf("bench flood-peer: --target: %w: %w", err, errUsage)
+		return fmt.Errorf("bench flood-peer: --target: %w: %w", err, cli.ErrUsage)
 	}
 	h, err := p2p.NewHost(ctx, p2p.HostConfig{Listen: []string{"/ip4/" + *from + "/tcp/0"}, Logger: zerolog.Nop()})
 	if err != nil {

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"flag"
@@ -7,13 +7,14 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/cli"
 	"github.com/ringtrain/ringtrain/train/pipeline"
 )
 
-// runBenchPipeline is `ringtrain bench pipeline`: the bubble, the peak
+// Pipeline is `ringtrain bench pipeline`: the bubble, the peak
 // activation memory and the speedup of a model of equal stages
 // (pipeline.Bench).
-func runBenchPipeline(args []string, stdout, stderr io.Writer) error {
+func Pipeline(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench pipeline", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	width := fs.Int("width", 1024, "each block's linear layer is width × width")
@@ -24,14 +25,14 @@ func runBenchPipeline(args []string, stdout, stderr io.Writer) error {
 	scheds := fs.String("schedules", "1f1b,gpipe", "schedules, comma-separated")
 	reps := fs.Int("reps", 5, "timed steps per row; the median is reported")
 	pace := fs.Duration("pace", 0, "each block also waits this long in a forward pass (twice in a backward), as on a device per stage: the schedule measured without the stages contending for cores")
-	if err := parseFlags(fs, args); err != nil {
-		return fmt.Errorf("bench pipeline: %w: %w", errUsage, err)
+	if err := cli.ParseFlags(fs, args); err != nil {
+		return fmt.Errorf("bench pipeline: %w: %w", cli.ErrUsage, err)
 	}
 	cfg := pipeline.BenchConfig{Width: *width, Blocks: *blocks, Batch: *batch, MicroBatches: *micro, Reps: *reps, Pace: *pace}
 	for _, s := range strings.Split(*stages, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 {
-			return fmt.Errorf("bench pipeline: --stages %q: %w", *stages, errUsage)
+			return fmt.Errorf("bench pipeline: --stages %q: %w", *stages, cli.ErrUsage)
 		}
 		cfg.Stages = append(cfg.Stages, n)
 	}

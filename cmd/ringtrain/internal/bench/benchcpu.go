@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bufio"
@@ -12,11 +12,12 @@ import (
 
 	"golang.org/x/sys/cpu"
 
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/cli"
 	"github.com/ringtrain/ringtrain/train"
 )
 
-// cpuReport is `bench cpu`'s line.
-type cpuReport struct {
+// CPUReport is `bench cpu`'s line.
+type CPUReport struct {
 	CPU      string   `json:"cpu"`
 	Arch     string   `json:"arch"`
 	Cores    int      `json:"cores"`
@@ -25,19 +26,19 @@ type cpuReport struct {
 	train.KernelReport
 }
 
-// runBenchCPU is `ringtrain bench cpu`: which kernels training on this
+// CPU is `ringtrain bench cpu`: which kernels training on this
 // CPU gets and why, as one JSON line (the matrix kernel's trial included),
 // so that a user can tell what their machine got.
-func runBenchCPU(args []string, stdout, stderr io.Writer) error {
+func CPU(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench cpu", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	if err := parseFlags(fs, args); err != nil {
-		return fmt.Errorf("bench cpu: %w: %w", errUsage, err)
+	if err := cli.ParseFlags(fs, args); err != nil {
+		return fmt.Errorf("bench cpu: %w: %w", cli.ErrUsage, err)
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("bench cpu: unexpected argument %q: %w", fs.Arg(0), errUsage)
+		return fmt.Errorf("bench cpu: unexpected argument %q: %w", fs.Arg(0), cli.ErrUsage)
 	}
-	r := cpuReport{CPU: cpuModel(), Arch: runtime.GOARCH, Cores: runtime.NumCPU(), Features: cpuFeatures(),
+	r := CPUReport{CPU: cpuModel(), Arch: runtime.GOARCH, Cores: runtime.NumCPU(), Features: cpuFeatures(),
 		Threads: runtime.GOMAXPROCS(0), KernelReport: train.Kernels()}
 	b, err := json.Marshal(r)
 	if err != nil {

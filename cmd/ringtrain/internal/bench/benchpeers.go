@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bufio"
@@ -23,6 +23,7 @@ import (
 	ma "github.com/multiformats/go-multiaddr"
 	"github.com/rs/zerolog"
 
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/cli"
 	"github.com/ringtrain/ringtrain/internal/ringbench"
 	"github.com/ringtrain/ringtrain/p2p"
 )
@@ -43,7 +44,7 @@ type peerAddr struct {
 func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport string, plane p2p.DataPlane, netns, subnet string, emit func(ringbench.Result)) error {
 	n := cfg.Peers
 	if n < 2 {
-		return fmt.Errorf("%d peers; want at least 2: %w", n, errUsage)
+		return fmt.Errorf("%d peers; want at least 2: %w", n, cli.ErrUsage)
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -125,10 +126,10 @@ func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport 
 	return emitRows(name, results, len(cfg.Sizes), emit)
 }
 
-// runAllreducePeer is `ringtrain bench allreduce-peer`, one peer that
+// AllreducePeer is `ringtrain bench allreduce-peer`, one peer that
 // allreducePeers started: it prints its address, forms the ring of --peers
 // with the others of --job over --plane and prints a JSON line per size.
-func runAllreducePeer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func AllreducePeer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench allreduce-peer", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	job := fs.String("job", "", "the job name the peers form a ring of")
@@ -139,30 +140,30 @@ func runAllreducePeer(ctx context.Context, args []string, stdout, stderr io.Writ
 	sizes := fs.String("sizes", "", "comma-separated buffer sizes")
 	iters := fs.Int("iters", 5, "timed calls per size")
 	chunk := fs.Int("chunk", 0, "pipelining chunk size in bytes (0: the ring's)")
-	if err := parseFlags(fs, args); err != nil {
-		return fmt.Errorf("bench allreduce-peer: %w: %w", errUsage, err)
+	if err := cli.ParseFlags(fs, args); err != nil {
+		return fmt.Errorf("bench allreduce-peer: %w: %w", cli.ErrUsage, err)
 	}
 	plane, err := p2p.ParsePlane(*planeName)
 	if err != nil {
-		return fmt.Errorf("bench allreduce-peer: %w: %w", err, errUsage)
+		return fmt.Errorf("bench allreduce-peer: %w: %w", err, cli.ErrUsage)
 	}
 	cfg := ringbench.Config{Peers: *peers, Iters: *iters, ChunkBytes: *chunk}
 	if cfg.Sizes, err = parseSizes(*sizes); err != nil {
-		return fmt.Errorf("bench allreduce-peer: --sizes: %w: %w", err, errUsage)
+		return fmt.Errorf("bench allreduce-peer: --sizes: %w: %w", err, cli.ErrUsage)
 	}
 	ip := net.ParseIP(*listen)
 	if ip == nil || *job == "" || *peers < 2 {
-		return fmt.Errorf("bench allreduce-peer: want --job, --peers ≥ 2 and an IP to --listen on: %w", errUsage)
+		return fmt.Errorf("bench allreduce-peer: want --job, --peers ≥ 2 and an IP to --listen on: %w", cli.ErrUsage)
 	}
 	hc := p2p.HostConfig{Listen: []string{fmt.Sprintf("/ip4/%s/tcp/0", ip)}}
 	if *bootstrap != "" {
 		a, err := ma.NewMultiaddr(*bootstrap)
 		if err != nil {
-			return fmt.Errorf("bench allreduce-peer: --bootstrap: %w: %w", err, errUsage)
+			return fmt.Errorf("bench allreduce-peer: --bootstrap: %w: %w", err, cli.ErrUsage)
 		}
 		info, err := peer.AddrInfoFromP2pAddr(a)
 		if err != nil {
-			return fmt.Errorf("bench allreduce-peer: --bootstrap: %w: %w", err, errUsage)
+			return fmt.Errorf("bench allreduce-peer: --bootstrap: %w: %w", err, cli.ErrUsage)
 		}
 		hc.Bootstrap = []peer.AddrInfo{*info}
 	}
