@@ -213,40 +213,59 @@ func ParseManifest(b []byte, id string) (*Manifest, error) {
 	if id != "" && ManifestID(b) != id {
 		return nil, fmt.Errorf("data: manifest of %d bytes hashes to %s, not %s: %w", len(b), ManifestID(b)[:16], short(id), ErrCorrupt)
 	}
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf("data: manifest: "+format+": %w", append(a, ErrFormat)...)
+	h, p, rest, err := parseManifestHeader(b)
+	if err != nil {
+		return nil, err
 	}
+	m := &Manifest{Transforms: h.Transforms, Classes: h.Classes, enc: b, id: ManifestID(b)}
+	for _, s := range h.Splits {
+		var sm SplitManifest
+		if sm, rest, err = parseSplitRecords(s.Name, s.Samples, rest, len(h.Classes), p); err != nil {
+			return nil, err
+		}
+		m.Splits = append(m.Splits, sm)
+	}
+	return m, nil
+}
+
+// badManifest is a manifest's format error.
+func badManifest(format string, a ...any) error {
+	return fmt.Errorf("data: manifest: "+format+": %w", append(a, ErrFormat)...)
+}
+
+// parseManifestHeader checks a manifest's size, magic and header — its
+// transforms (p) among it — and that the sample records after it are as
+// many as its splits say; rest is those records.
+func parseManifestHeader(b []byte) (h manifestHeader, p *Pipeline, rest []byte, err error) {
 	if len(b) > MaxManifestBytes {
-		return nil, bad("%d bytes; at most %d", len(b), MaxManifestBytes)
+		return h, nil, nil, badManifest("%d bytes; at most %d", len(b), MaxManifestBytes)
 	}
 	if !bytes.HasPrefix(b, []byte(manifestMagic)) {
-		return nil, bad("does not start with %q", manifestMagic)
+		return h, nil, nil, badManifest("does not start with %q", manifestMagic)
 	}
-	rest := b[len(manifestMagic):]
+	rest = b[len(manifestMagic):]
 	if len(rest) < 4 {
-		return nil, bad("ends before its header")
+		return h, nil, nil, badManifest("ends before its header")
 	}
 	hl := binary.LittleEndian.Uint32(rest)
 	rest = rest[4:]
 	if hl > maxHeaderBytes || int(hl) > len(rest) {
-		return nil, bad("header of %d bytes in %d", hl, len(rest))
+		return h, nil, nil, badManifest("header of %d bytes in %d", hl, len(rest))
 	}
-	var h manifestHeader
 	dec := json.NewDecoder(bytes.NewReader(rest[:hl]))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&h); err != nil {
-		return nil, bad("header: %v", err)
+		return h, nil, nil, badManifest("header: %v", err)
 	}
 	if dec.More() {
-		return nil, bad("header holds more than one JSON value")
+		return h, nil, nil, badManifest("header holds more than one JSON value")
 	}
 	rest = rest[hl:]
-	p, err := NewPipeline(h.Transforms)
-	if err != nil {
-		return nil, fmt.Errorf("data: manifest: %w", err)
+	if p, err = NewPipeline(h.Transforms); err != nil {
+		return h, nil, nil, fmt.Errorf("data: manifest: %w", err)
 	}
 	if len(h.Classes) == 0 {
-		return nil, bad("names no classes")
+		return h, nil, nil, badManifest("names no classes")
 	}
 	want := [][]string{{"train"}, {"train", "test"}}
 	names := make([]string, len(h.Splits))
@@ -254,50 +273,53 @@ func ParseManifest(b []byte, id string) (*Manifest, error) {
 		names[i] = s.Name
 	}
 	if !slices.Equal(names, want[0]) && !slices.Equal(names, want[1]) {
-		return nil, bad("splits %q; want train, or train and test", names)
+		return h, nil, nil, badManifest("splits %q; want train, or train and test", names)
 	}
 	total := 0
 	for _, s := range h.Splits {
 		if s.Samples < 1 || s.Samples > MaxManifestBytes/sampleRecord {
-			return nil, bad("split %s has %d samples", s.Name, s.Samples)
+			return h, nil, nil, badManifest("split %s has %d samples", s.Name, s.Samples)
 		}
 		total += s.Samples
 	}
 	if total*sampleRecord != len(rest) {
-		return nil, bad("%d samples need %d bytes of records; %d follow the header", total, total*sampleRecord, len(rest))
+		return h, nil, nil, badManifest("%d samples need %d bytes of records; %d follow the header", total, total*sampleRecord, len(rest))
 	}
-	m := &Manifest{Transforms: h.Transforms, Classes: h.Classes, enc: b, id: ManifestID(b)}
-	for _, s := range h.Splits {
-		sm := SplitManifest{Name: s.Name, Samples: make([]SampleInfo, s.Samples)}
-		bytesIn := 0
-		type dims struct{ h, w, c uint32 }
-		shapes := map[dims]bool{}
-		for i := range sm.Samples {
-			r := rest[:sampleRecord]
-			rest = rest[sampleRecord:]
-			x := SampleInfo{H: binary.LittleEndian.Uint32(r), W: binary.LittleEndian.Uint32(r[4:]), C: binary.LittleEndian.Uint32(r[8:]), Label: int32(binary.LittleEndian.Uint32(r[12:]))}
-			copy(x.Sum[:], r[16:])
-			if x.H < 1 || x.W < 1 || x.C < 1 || x.H > MaxSampleBytes || x.W > MaxSampleBytes || x.C > 4 || x.Size() > MaxSampleBytes {
-				return nil, bad("%s sample %d is %d×%d×%d; want 1–4 channels and at most %d bytes", s.Name, i, x.H, x.W, x.C, MaxSampleBytes)
-			}
-			if x.Label < 0 || int(x.Label) >= len(h.Classes) {
-				return nil, bad("%s sample %d has label %d; the manifest names %d classes", s.Name, i, x.Label, len(h.Classes))
-			}
-			if bytesIn += x.Size(); bytesIn > MaxSplitBytes {
-				return nil, bad("split %s holds over %d bytes", s.Name, MaxSplitBytes)
-			}
-			k := dims{x.H, x.W, x.C}
-			if !shapes[k] {
-				if _, _, _, err := p.OutShape(int(x.H), int(x.W), int(x.C)); err != nil {
-					return nil, fmt.Errorf("data: manifest: %s sample %d (%d×%d×%d): %w", s.Name, i, x.H, x.W, x.C, err)
-				}
-				shapes[k] = true
-			}
-			sm.Samples[i] = x
+	return h, p, rest, nil
+}
+
+// parseSplitRecords reads split name's n sample records from rest, each
+// checked — its shape, its label among classes, the split's bytes, and
+// that the transforms p take its shape — and returns what follows them.
+func parseSplitRecords(name string, n int, rest []byte, classes int, p *Pipeline) (SplitManifest, []byte, error) {
+	sm := SplitManifest{Name: name, Samples: make([]SampleInfo, n)}
+	bytesIn := 0
+	type dims struct{ h, w, c uint32 }
+	shapes := map[dims]bool{}
+	for i := range sm.Samples {
+		r := rest[:sampleRecord]
+		rest = rest[sampleRecord:]
+		x := SampleInfo{H: binary.LittleEndian.Uint32(r), W: binary.LittleEndian.Uint32(r[4:]), C: binary.LittleEndian.Uint32(r[8:]), Label: int32(binary.LittleEndian.Uint32(r[12:]))}
+		copy(x.Sum[:], r[16:])
+		if x.H < 1 || x.W < 1 || x.C < 1 || x.H > MaxSampleBytes || x.W > MaxSampleBytes || x.C > 4 || x.Size() > MaxSampleBytes {
+			return sm, nil, badManifest("%s sample %d is %d×%d×%d; want 1–4 channels and at most %d bytes", name, i, x.H, x.W, x.C, MaxSampleBytes)
 		}
-		m.Splits = append(m.Splits, sm)
+		if x.Label < 0 || int(x.Label) >= classes {
+			return sm, nil, badManifest("%s sample %d has label %d; the manifest names %d classes", name, i, x.Label, classes)
+		}
+		if bytesIn += x.Size(); bytesIn > MaxSplitBytes {
+			return sm, nil, badManifest("split %s holds over %d bytes", name, MaxSplitBytes)
+		}
+		k := dims{x.H, x.W, x.C}
+		if !shapes[k] {
+			if _, _, _, err := p.OutShape(int(x.H), int(x.W), int(x.C)); err != nil {
+				return sm, nil, fmt.Errorf("data: manifest: %s sample %d (%d×%d×%d): %w", name, i, x.H, x.W, x.C, err)
+			}
+			shapes[k] = true
+		}
+		sm.Samples[i] = x
 	}
-	return m, nil
+	return sm, rest, nil
 }
 
 // ParseID reads a dataset ID as ManifestID writes it: 64 lowercase hex

@@ -269,3 +269,14 @@ func BroadcastStrings(ctx context.Context, c Collective, root int, ss []string, 
 	}
 	return got.Peers, nil
 }
+
+// broadcastTensors sends ts from root, one tensor at a time, into the
+// same-shaped ts of the others.
+func (r *Replica) broadcastTensors(ctx context.Context, ts [][]float32, root int) error {
+	for _, t := range ts {
+		if err := r.Coll.Broadcast(ctx, t, root); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -475,3 +475,22 @@ func (o *LocalSGD) agreed(params [][]float32) [][]float32 {
 	}
 	return out
 }
+
+// countSent runs an exchange of n values and returns the bytes this rank
+// sent in it — the collective's count where it keeps one, else a ring
+// allreduce's 2(size−1)/size of the values — and the exchange's error.
+func (r *Replica) countSent(n int, run func() error) (int64, error) {
+	counter, counts := r.Coll.(byteCounter)
+	var sent0 int64
+	if counts {
+		sent0 = counter.Stats().BytesSent
+	}
+	err := run()
+	switch size := int64(r.Coll.Size()); {
+	case counts:
+		return counter.Stats().BytesSent - sent0, err
+	case size > 1:
+		return 2 * (size - 1) * int64(4*n) / size, err
+	}
+	return 0, err
+}

@@ -433,51 +433,6 @@ func (e *epochRun) end(ctx context.Context, s *Summary) error {
 	return nil
 }
 
-// Level brings the replicas of a changed ring to one state after an
-// interruption at: every rank takes the parameters, optimizer state and
-// position of the one furthest on, then they check that they agree. A
-// peer lost in the middle of an allreduce can leave it done on some ranks
-// — those that had every frame they needed before it went — and failed on
-// others; the ones that finished have applied the step. So after a loss
-// (lost) a survivor may be one step ahead (with LocalSGD a round: those
-// that finished its outer step are at its end, the others went back to
-// its start); a claim further is a lie. After a growth every old member
-// is at the same step. Liars are named in a *LiarError; a failed
-// collective is an ErrCollective: the ring must change again.
-func (r *Replica) Level(ctx context.Context, at Position, lost bool) (Position, error) {
-	r.sync().settle(r)
-	ahead := 0
-	if lost {
-		ahead = r.sync().maxAhead(r)
-	}
-	pos, _, err := r.adoptLatest(ctx, true, at, ahead)
-	if err == nil && pos.Epochs != at.Epochs {
-		return at, fmt.Errorf("train: after the ring changed: a replica is in epoch %d, this one in %d", pos.Epochs+1, at.Epochs+1)
-	}
-	if err == nil {
-		err = r.CheckInSync(ctx)
-	}
-	if err != nil {
-		return at, err
-	}
-	return pos, nil
-}
-
-// Admitted brings a replica admitted mid-run up to date through its new
-// ring, which the old members Level at the same time: it takes the state
-// and position of the most advanced rank. Run it, then Run from the
-// position with InSync.
-func (r *Replica) Admitted(ctx context.Context) (Position, error) {
-	pos, _, err := r.adoptLatest(ctx, false, Position{}, 0)
-	if err != nil {
-		return Position{}, fmt.Errorf("train: catching up on admission: %w", err)
-	}
-	if err := r.CheckInSync(ctx); err != nil {
-		return Position{}, fmt.Errorf("train: after admission: %w", err)
-	}
-	return pos, nil
-}
-
 // roundOpen reports whether a LocalSGD round is under way whose state
 // is no checkpoint (Sync.roundOpen).
 func (r *Replica) roundOpen() bool { return r.sync().roundOpen() }
@@ -495,4 +450,19 @@ func evaluate(ctx context.Context, cfg RunConfig) (Result, error) {
 		return res, fmt.Errorf("train: evaluating: %w", err)
 	}
 	return res, nil
+}
+
+// SyncParams makes every replica start from rank 0's parameters.
+func (r *Replica) SyncParams(ctx context.Context) error {
+	flat, err := r.buffer()
+	if err != nil {
+		return err
+	}
+	params := flat[:r.nparams]
+	gather(params, r.Model.Params())
+	if err := r.Coll.Broadcast(ctx, params, 0); err != nil {
+		return fmt.Errorf("train: broadcasting parameters: %w", err)
+	}
+	scatter(r.Model.Params(), params)
+	return nil
 }

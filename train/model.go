@@ -404,24 +404,10 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 		name := fmt.Sprintf("%d.%s", i, l.Type)
 		var err error
 		switch l.Type {
-		case LayerLinear:
-			w, bias := lg.init[next].tensor(), lg.init[next+1].tensor()
+		case LayerLinear, LayerConv2D:
+			h, err = lg.learned(h, i, next, in, learned)
 			next += 2
-			wn := G.NewMatrix(lg.g, G.Float32, G.WithShape(in[0], l.Out), G.WithName(name+".weight"), G.WithValue(w))
-			bn := G.NewMatrix(lg.g, G.Float32, G.WithShape(1, l.Out), G.WithName(name+".bias"), G.WithValue(bias))
-			h, err = linear(h, wn, bn, b, in[0], l.Out, learned, lg.blas, lg.clock)
 			learned = true
-			lg.learn = append(lg.learn, wn, bn)
-		case LayerConv2D:
-			w, bias := lg.init[next].tensor(), lg.init[next+1].tensor()
-			next += 2
-			wn := G.NewTensor(lg.g, G.Float32, 4, G.WithShape(l.Out, in[0], l.Kernel, l.Kernel), G.WithName(name+".weight"), G.WithValue(w))
-			bn := G.NewTensor(lg.g, G.Float32, 4, G.WithShape(1, l.Out, 1, 1), G.WithName(name+".bias"), G.WithValue(bias))
-			oh, ow := in[1]+2*l.Pad-l.Kernel+1, in[2]+2*l.Pad-l.Kernel+1
-			cg := convGeom{b: b, c: in[0], h: in[1], w: in[2], o: l.Out, k: l.Kernel, pad: l.Pad, oh: oh, ow: ow}
-			h, err = conv2d(h, wn, bn, cg, learned, lg.blas, lg.clock)
-			learned = true
-			lg.learn = append(lg.learn, wn, bn)
 		case LayerMaxPool2D:
 			h, err = maxPool2d(h, poolGeom{b: b, c: in[0], h: in[1], w: in[2], k: l.Kernel}, lg.blas)
 		case LayerReLU:
@@ -472,6 +458,30 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 		in = lg.shapes[i]
 	}
 	return h, nil
+}
+
+// learned builds layer i, a linear or conv2d layer, on h, whose input
+// shape is in, its weight and bias made from init[k] and init[k+1];
+// inLearned says whether h depends on learned parameters already.
+func (lg *layerGraph) learned(h *G.Node, i, k int, in []int, inLearned bool) (*G.Node, error) {
+	l, b := lg.cfg.Spec.Layers[i], lg.cfg.Batch
+	name := fmt.Sprintf("%d.%s", i, l.Type)
+	w, bias := lg.init[k].tensor(), lg.init[k+1].tensor()
+	var wn, bn *G.Node
+	var err error
+	if l.Type == LayerLinear {
+		wn = G.NewMatrix(lg.g, G.Float32, G.WithShape(in[0], l.Out), G.WithName(name+".weight"), G.WithValue(w))
+		bn = G.NewMatrix(lg.g, G.Float32, G.WithShape(1, l.Out), G.WithName(name+".bias"), G.WithValue(bias))
+		h, err = linear(h, wn, bn, b, in[0], l.Out, inLearned, lg.blas, lg.clock)
+	} else {
+		wn = G.NewTensor(lg.g, G.Float32, 4, G.WithShape(l.Out, in[0], l.Kernel, l.Kernel), G.WithName(name+".weight"), G.WithValue(w))
+		bn = G.NewTensor(lg.g, G.Float32, 4, G.WithShape(1, l.Out, 1, 1), G.WithName(name+".bias"), G.WithValue(bias))
+		oh, ow := in[1]+2*l.Pad-l.Kernel+1, in[2]+2*l.Pad-l.Kernel+1
+		cg := convGeom{b: b, c: in[0], h: in[1], w: in[2], o: l.Out, k: l.Kernel, pad: l.Pad, oh: oh, ow: ow}
+		h, err = conv2d(h, wn, bn, cg, inLearned, lg.blas, lg.clock)
+	}
+	lg.learn = append(lg.learn, wn, bn)
+	return h, err
 }
 
 // nodeFloats is a node's value as float32s, at least want of them.

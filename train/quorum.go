@@ -390,63 +390,12 @@ func (d *deadlineRounds) endQuorum(ctx context.Context, r *Replica, x *quorumRou
 	if err != nil {
 		return err
 	}
-	mine := x.state == roundPosted
-	switch {
-	case badRanks > 0:
-		err = r.skipped(avg, tail, x.bad, badRanks)
-	case in < d.quorum():
-		err = fmt.Errorf("train: outer round %d closed with %d of %d ranks in, under the quorum of %d; skipped on all, each carries its pseudo-gradient on: %w",
-			x.k, in, size, d.quorum(), ErrNoQuorum)
-	default:
-		if in < size {
-			f := float32(size) / float32(in)
-			for i := range avg {
-				avg[i] *= f
-			}
-		}
-		if !finite(avg) {
-			err = fmt.Errorf("train: the averaged pseudo-gradients of outer round %d hold a NaN or Inf though all %d ranks in flagged theirs finite (a rank hid its own, or the sum overflowed); skipped on all: %w",
-				x.k, in, ErrNonFinite)
-		}
-	}
-	params := r.Model.Params()
-	switch {
-	case err == nil && mine && !x.early:
-		o.outerStep(params, 0, n, avg)
-		o.outer++
-		o.commit(0, 1)
-		o.back(params)
-		r.out.outerDone = true
-	case err == nil:
-		// What this rank did since it posted (or, late, since it was last
-		// in) goes on top of the new anchor, into the next round.
-		from := o.anchor
-		if mine {
-			from = d.qat
-		}
-		eachSpan(params, 0, n, func(k, a, b, off int) {
-			p := params[k][a:b]
-			for i := range p {
-				p[i] -= from[off+i]
-			}
-		})
-		o.outerStep(params, 0, n, avg)
-		o.outer++
-		if mine {
-			o.commit(0, 1)
-			o.done -= d.qdone
-		}
-		eachSpan(params, 0, n, func(k, a, b, off int) {
-			p := params[k][a:b]
-			for i := range p {
-				p[i] += o.anchor[off+i]
-			}
-		})
-		r.out.outerDone = true
-	case errors.Is(err, ErrNoQuorum) && !x.closing:
+	if err = d.outcome(r, x, avg, tail, badRanks, in); err == nil {
+		d.take(r, x, avg)
+	} else if errors.Is(err, ErrNoQuorum) && !x.closing {
 		clear(o.encoded) // nothing was taken: every rank carries on
-	default:
-		o.back(params) // skipped on every rank, as a synchronous round is
+	} else {
+		o.back(r.Model.Params()) // skipped on every rank, as a synchronous round is
 	}
 	if Skipped(err) {
 		r.Stats.Skipped++
@@ -455,6 +404,71 @@ func (d *deadlineRounds) endQuorum(ctx context.Context, r *Replica, x *quorumRou
 		r.out.epochEnd = true
 	}
 	return withLeavers(err, leaving)
+}
+
+// outcome says why every rank skips round x, or nil: a rank's NaN or
+// Inf, fewer ranks in than the quorum, or an average that is not finite.
+// The average of the in ranks' pseudo-gradients is avg scaled by the
+// ranks over those in.
+func (d *deadlineRounds) outcome(r *Replica, x *quorumRound, avg, tail []float32, badRanks, in int) error {
+	size := r.Coll.Size()
+	switch {
+	case badRanks > 0:
+		return r.skipped(avg, tail, x.bad, badRanks)
+	case in < d.quorum():
+		return fmt.Errorf("train: outer round %d closed with %d of %d ranks in, under the quorum of %d; skipped on all, each carries its pseudo-gradient on: %w",
+			x.k, in, size, d.quorum(), ErrNoQuorum)
+	}
+	if in < size {
+		f := float32(size) / float32(in)
+		for i := range avg {
+			avg[i] *= f
+		}
+	}
+	if !finite(avg) {
+		return fmt.Errorf("train: the averaged pseudo-gradients of outer round %d hold a NaN or Inf though all %d ranks in flagged theirs finite (a rank hid its own, or the sum overflowed); skipped on all: %w",
+			x.k, in, ErrNonFinite)
+	}
+	return nil
+}
+
+// take takes round x's outer step with avg. A rank that posted and
+// waited returns to the new anchor; what one that was late or computed
+// on did since it posted (or, late, since it was last in) goes on top of
+// the new anchor, into the next round.
+func (d *deadlineRounds) take(r *Replica, x *quorumRound, avg []float32) {
+	o, params, n := d.o, r.Model.Params(), r.nparams
+	mine := x.state == roundPosted
+	r.out.outerDone = true
+	if mine && !x.early {
+		o.outerStep(params, 0, n, avg)
+		o.outer++
+		o.commit(0, 1)
+		o.back(params)
+		return
+	}
+	from := o.anchor
+	if mine {
+		from = d.qat
+	}
+	eachSpan(params, 0, n, func(k, a, b, off int) {
+		p := params[k][a:b]
+		for i := range p {
+			p[i] -= from[off+i]
+		}
+	})
+	o.outerStep(params, 0, n, avg)
+	o.outer++
+	if mine {
+		o.commit(0, 1)
+		o.done -= d.qdone
+	}
+	eachSpan(params, 0, n, func(k, a, b, off int) {
+		p := params[k][a:b]
+		for i := range p {
+			p[i] += o.anchor[off+i]
+		}
+	})
 }
 
 // abandon drops the round under way, if any: its goroutine stops

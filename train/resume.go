@@ -214,13 +214,47 @@ func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead i
 	return out, nil
 }
 
-// broadcastTensors sends ts from root, one tensor at a time, into the
-// same-shaped ts of the others.
-func (r *Replica) broadcastTensors(ctx context.Context, ts [][]float32, root int) error {
-	for _, t := range ts {
-		if err := r.Coll.Broadcast(ctx, t, root); err != nil {
-			return err
-		}
+// Level brings the replicas of a changed ring to one state after an
+// interruption at: every rank takes the parameters, optimizer state and
+// position of the one furthest on, then they check that they agree. A
+// peer lost in the middle of an allreduce can leave it done on some ranks
+// — those that had every frame they needed before it went — and failed on
+// others; the ones that finished have applied the step. So after a loss
+// (lost) a survivor may be one step ahead (with LocalSGD a round: those
+// that finished its outer step are at its end, the others went back to
+// its start); a claim further is a lie. After a growth every old member
+// is at the same step. Liars are named in a *LiarError; a failed
+// collective is an ErrCollective: the ring must change again.
+func (r *Replica) Level(ctx context.Context, at Position, lost bool) (Position, error) {
+	r.sync().settle(r)
+	ahead := 0
+	if lost {
+		ahead = r.sync().maxAhead(r)
 	}
-	return nil
+	pos, _, err := r.adoptLatest(ctx, true, at, ahead)
+	if err == nil && pos.Epochs != at.Epochs {
+		return at, fmt.Errorf("train: after the ring changed: a replica is in epoch %d, this one in %d", pos.Epochs+1, at.Epochs+1)
+	}
+	if err == nil {
+		err = r.CheckInSync(ctx)
+	}
+	if err != nil {
+		return at, err
+	}
+	return pos, nil
+}
+
+// Admitted brings a replica admitted mid-run up to date through its new
+// ring, which the old members Level at the same time: it takes the state
+// and position of the most advanced rank. Run it, then Run from the
+// position with InSync.
+func (r *Replica) Admitted(ctx context.Context) (Position, error) {
+	pos, _, err := r.adoptLatest(ctx, false, Position{}, 0)
+	if err != nil {
+		return Position{}, fmt.Errorf("train: catching up on admission: %w", err)
+	}
+	if err := r.CheckInSync(ctx); err != nil {
+		return Position{}, fmt.Errorf("train: after admission: %w", err)
+	}
+	return pos, nil
 }

@@ -238,70 +238,11 @@ func (s Spec) walkShapes() ([][]int, []int, error) {
 		bad := func(format string, args ...any) error {
 			return fmt.Errorf("%s: %s: %w", where, fmt.Sprintf(format, args...), ErrSpec)
 		}
-		switch l.Type {
-		case LayerLinear:
-			if len(shape) != 1 {
-				return nil, nil, bad("input %v is not flat; put a flatten before it", shape)
-			}
-			if l.Out < 1 {
-				return nil, nil, bad("out %d; want at least 1", l.Out)
-			}
-			n, ok := values(shape[0], l.Out)
-			if !ok {
-				return nil, nil, bad("a %d×%d weight; at most %d values", shape[0], l.Out, MaxValues)
-			}
-			sizes = append(sizes, n, l.Out)
-			shape = []int{l.Out}
-		case LayerConv2D:
-			if len(shape) != 3 {
-				return nil, nil, bad("input %v is not C×H×W", shape)
-			}
-			if l.Out < 1 || l.Kernel < 1 || l.Pad < 0 {
-				return nil, nil, bad("out %d, kernel %d, pad %d; want out ≥ 1, kernel ≥ 1, pad ≥ 0", l.Out, l.Kernel, l.Pad)
-			}
-			if l.Pad > MaxValues || l.Kernel > MaxValues {
-				return nil, nil, bad("kernel %d and pad %d; at most %d", l.Kernel, l.Pad, MaxValues)
-			}
-			h, w := shape[1]+2*l.Pad-l.Kernel+1, shape[2]+2*l.Pad-l.Kernel+1
-			if h < 1 || w < 1 {
-				return nil, nil, bad("a %d×%d kernel does not fit %d×%d with pad %d", l.Kernel, l.Kernel, shape[1], shape[2], l.Pad)
-			}
-			n, ok := values(l.Out, shape[0], l.Kernel, l.Kernel)
-			if !ok {
-				return nil, nil, bad("a %d×%d×%d×%d weight; at most %d values", l.Out, shape[0], l.Kernel, l.Kernel, MaxValues)
-			}
-			sizes = append(sizes, n, l.Out)
-			shape = []int{l.Out, h, w}
-		case LayerMaxPool2D:
-			if len(shape) != 3 {
-				return nil, nil, bad("input %v is not C×H×W", shape)
-			}
-			if l.Kernel < 1 || shape[1] < l.Kernel || shape[2] < l.Kernel {
-				return nil, nil, bad("kernel %d for %d×%d", l.Kernel, shape[1], shape[2])
-			}
-			shape = []int{shape[0], shape[1] / l.Kernel, shape[2] / l.Kernel}
-		case LayerReLU, LayerSigmoid, LayerTanh:
-		case LayerFlatten:
-			n := 1
-			for _, d := range shape {
-				n *= d
-			}
-			shape = []int{n}
-		case LayerAdd:
-			s, ok := saved[l.From]
-			if !ok {
-				return nil, nil, bad("from %q: no earlier layer saved that name", l.From)
-			}
-			if !equal(s, shape) {
-				return nil, nil, bad("adds %q of shape %v to shape %v", l.From, s, shape)
-			}
-		case LayerDropout:
-			if !(l.P > 0 && l.P < 1) {
-				return nil, nil, bad("p %v; want the share of values to drop, above 0 and below 1", l.P)
-			}
-		default:
-			return nil, nil, bad("unknown type; want linear, conv2d, maxpool2d, relu, sigmoid, tanh, flatten, dropout or add")
+		next, params, err := l.outShape(shape, saved)
+		if err != nil {
+			return nil, nil, bad("%v", err)
 		}
+		shape, sizes = next, append(sizes, params...)
 		if _, ok := values(shape...); !ok {
 			return nil, nil, bad("gives %v, more than %d values per sample", shape, MaxValues)
 		}
@@ -317,6 +258,75 @@ func (s Spec) walkShapes() ([][]int, []int, error) {
 		return nil, nil, fmt.Errorf("the last layer gives %v; want a flat vector of at least 2 class scores: %w", last, ErrSpec)
 	}
 	return out, sizes, nil
+}
+
+// outShape is the shape layer l gives for an input of shape, and the
+// sizes of its weight and bias, if it has them; saved are the shapes
+// earlier layers saved, by name.
+func (l Layer) outShape(shape []int, saved map[string][]int) ([]int, []int, error) {
+	switch l.Type {
+	case LayerLinear:
+		if len(shape) != 1 {
+			return nil, nil, fmt.Errorf("input %v is not flat; put a flatten before it", shape)
+		}
+		if l.Out < 1 {
+			return nil, nil, fmt.Errorf("out %d; want at least 1", l.Out)
+		}
+		n, ok := values(shape[0], l.Out)
+		if !ok {
+			return nil, nil, fmt.Errorf("a %d×%d weight; at most %d values", shape[0], l.Out, MaxValues)
+		}
+		return []int{l.Out}, []int{n, l.Out}, nil
+	case LayerConv2D:
+		if len(shape) != 3 {
+			return nil, nil, fmt.Errorf("input %v is not C×H×W", shape)
+		}
+		if l.Out < 1 || l.Kernel < 1 || l.Pad < 0 {
+			return nil, nil, fmt.Errorf("out %d, kernel %d, pad %d; want out ≥ 1, kernel ≥ 1, pad ≥ 0", l.Out, l.Kernel, l.Pad)
+		}
+		if l.Pad > MaxValues || l.Kernel > MaxValues {
+			return nil, nil, fmt.Errorf("kernel %d and pad %d; at most %d", l.Kernel, l.Pad, MaxValues)
+		}
+		h, w := shape[1]+2*l.Pad-l.Kernel+1, shape[2]+2*l.Pad-l.Kernel+1
+		if h < 1 || w < 1 {
+			return nil, nil, fmt.Errorf("a %d×%d kernel does not fit %d×%d with pad %d", l.Kernel, l.Kernel, shape[1], shape[2], l.Pad)
+		}
+		n, ok := values(l.Out, shape[0], l.Kernel, l.Kernel)
+		if !ok {
+			return nil, nil, fmt.Errorf("a %d×%d×%d×%d weight; at most %d values", l.Out, shape[0], l.Kernel, l.Kernel, MaxValues)
+		}
+		return []int{l.Out, h, w}, []int{n, l.Out}, nil
+	case LayerMaxPool2D:
+		if len(shape) != 3 {
+			return nil, nil, fmt.Errorf("input %v is not C×H×W", shape)
+		}
+		if l.Kernel < 1 || shape[1] < l.Kernel || shape[2] < l.Kernel {
+			return nil, nil, fmt.Errorf("kernel %d for %d×%d", l.Kernel, shape[1], shape[2])
+		}
+		return []int{shape[0], shape[1] / l.Kernel, shape[2] / l.Kernel}, nil, nil
+	case LayerReLU, LayerSigmoid, LayerTanh:
+	case LayerFlatten:
+		n := 1
+		for _, d := range shape {
+			n *= d
+		}
+		return []int{n}, nil, nil
+	case LayerAdd:
+		s, ok := saved[l.From]
+		if !ok {
+			return nil, nil, fmt.Errorf("from %q: no earlier layer saved that name", l.From)
+		}
+		if !equal(s, shape) {
+			return nil, nil, fmt.Errorf("adds %q of shape %v to shape %v", l.From, s, shape)
+		}
+	case LayerDropout:
+		if !(l.P > 0 && l.P < 1) {
+			return nil, nil, fmt.Errorf("p %v; want the share of values to drop, above 0 and below 1", l.P)
+		}
+	default:
+		return nil, nil, fmt.Errorf("unknown type; want linear, conv2d, maxpool2d, relu, sigmoid, tanh, flatten, dropout or add")
+	}
+	return shape, nil, nil
 }
 
 func equal(a, b []int) bool {

@@ -297,21 +297,6 @@ func (r *Replica) buffer() ([]float32, error) {
 	return r.flat, nil
 }
 
-// SyncParams makes every replica start from rank 0's parameters.
-func (r *Replica) SyncParams(ctx context.Context) error {
-	flat, err := r.buffer()
-	if err != nil {
-		return err
-	}
-	params := flat[:r.nparams]
-	gather(params, r.Model.Params())
-	if err := r.Coll.Broadcast(ctx, params, 0); err != nil {
-		return fmt.Errorf("train: broadcasting parameters: %w", err)
-	}
-	scatter(r.Model.Params(), params)
-	return nil
-}
-
 // Tracer is told the phases of a replica's steps, for a timeline: name
 // is "data", "forward", "backward" ("forward+backward" for a model that
 // cannot tell them apart), "allreduce" (each bucket's, with buckets),
@@ -392,108 +377,6 @@ func (r *Replica) openStep() {
 	r.Steps++
 	r.Stats.Steps++
 	r.out, r.InnerSkip = stepOutcome{undone: 1}, nil
-}
-
-// narrow is the collective as a NarrowAllreducer, where the gradients go
-// narrowed (Wire); an error if it cannot send them so.
-func (r *Replica) narrow() (NarrowAllreducer, error) {
-	narrow, _ := r.Coll.(NarrowAllreducer)
-	if r.Wire != ring.F32 && narrow == nil {
-		return nil, fmt.Errorf("train: gradients to send as %v, but the collective (%T) sends float32 only", r.Wire, r.Coll)
-	}
-	return narrow, nil
-}
-
-// countBytes starts counting what a step's allreduce of n values sends;
-// the func it returns adds it to Stats.BytesSent: measured where the
-// Collective counts what it sends, else a ring allreduce's 2(n−1)/n of
-// the buffer.
-func (r *Replica) countBytes(n int) func() {
-	if counter, ok := r.Coll.(byteCounter); ok {
-		sent0 := counter.Stats().BytesSent
-		return func() { r.Stats.BytesSent += counter.Stats().BytesSent - sent0 }
-	}
-	if size := int64(r.Coll.Size()); size > 1 {
-		payload := int64(r.Wire.Size(r.nparams) + 4*(n-r.nparams))
-		return func() { r.Stats.BytesSent += 2 * (size - 1) * payload / size }
-	}
-	return func() {}
-}
-
-// timeOptimizer counts the time from t0 to its call as the optimizer's.
-func (r *Replica) timeOptimizer(t0 time.Time) {
-	r.Stats.Optimizer += time.Since(t0)
-	if r.Trace != nil {
-		r.Trace.Span("optimizer", t0, time.Now(), r.Steps, -1)
-	}
-}
-
-// send finishes what this rank puts in flat — error feedback on its
-// gradients (or pseudo-gradient), its norm, its trailer (says; bad is its
-// first non-finite tensor, or -1) — and averages it over the ring with
-// allreduce. The compute that began at t0 ends here; traced says whether
-// to trace it as forward and backward. A failed collective is an
-// ErrCollective.
-func (r *Replica) send(ctx context.Context, flat []float32, bad int, says *stepSays, t0 time.Time, traced bool, allreduce func(flat []float32) error) error {
-	if r.Wire == ring.I8 && bad < 0 {
-		r.feedback(flat, 0, r.nparams)
-	}
-	if r.NormGuard > 0 && bad < 0 {
-		says.norm = float32(norm2(flat[:r.nparams]))
-	}
-	says.nonFinite = bad >= 0
-	// Asked during the computation (a pipeline stage hears it in the
-	// step's frames): this step's trailer carries it.
-	says.leave = says.leave || r.leaving()
-	tail := flat[r.nparams:]
-	says.put(tail, r.Coll.Rank(), r.Coll.Size())
-	t1 := time.Now()
-	r.Stats.Compute += t1.Sub(t0)
-	if traced {
-		r.traceCompute(t0, t1)
-	}
-	err := allreduce(flat)
-	comm, wait := time.Since(t1), time.Duration(0)
-	if counter, ok := r.Coll.(byteCounter); ok {
-		wait = min(counter.Stats().LastWait, comm)
-	}
-	r.Stats.Wait += wait
-	r.Stats.Ring += comm - wait
-	if r.Trace != nil {
-		r.Trace.Span("allreduce", t1, t1.Add(comm), r.Steps, -1)
-		if wait > 0 {
-			r.Trace.Span("wait", t1, t1.Add(wait), r.Steps, -1)
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
-	}
-	return nil
-}
-
-// allreduce is how a step's values go round: all in one float32
-// allreduce, or the gradients narrowed (Wire) and the trailer, which must
-// stay exact, in a second, small one.
-func (r *Replica) allreduce(ctx context.Context, narrow NarrowAllreducer) func(flat []float32) error {
-	return func(flat []float32) error {
-		if r.Wire == ring.F32 {
-			return r.Coll.AllreduceMean(ctx, flat)
-		}
-		if err := narrow.AllreduceMeanAs(ctx, flat[:r.nparams], r.Wire); err != nil {
-			return err
-		}
-		return r.Coll.AllreduceMean(ctx, flat[r.nparams:])
-	}
-}
-
-// heard reads what the ranks said in an averaged trailer: how many had
-// non-finite gradients, whether a newcomer waits, and which ranks leave —
-// their requests confirmed (leavers). asked is this rank's own request.
-func (r *Replica) heard(ctx context.Context, tail []float32, asked bool) (badRanks int, leaving []int, err error) {
-	badRanks, newcomer, leaving := stepFlagsOf(tail, r.Coll.Size())
-	r.out.newcomer = r.out.newcomer || newcomer
-	leaving, err = r.leavers(ctx, leaving, asked)
-	return badRanks, leaving, err
 }
 
 // skipped says why every rank skips the step before looking at the

@@ -556,30 +556,11 @@ func (c *jobConfig) resolveSpec() error {
 	if err := c.parseModel(); err != nil {
 		return err
 	}
-	switch c.Optimizer.Name {
-	case "":
-		c.Optimizer.Name, c.Optimizer.LR, c.Optimizer.Momentum = "sgd", 0.05, 0.9
-	case "sgd", "adam":
-		if !(c.Optimizer.LR > 0) {
-			return fmt.Errorf("optimizer %s has lr %v; want a positive learning rate", c.Optimizer.Name, c.Optimizer.LR)
-		}
-	default:
-		return fmt.Errorf("optimizer %q is unknown; want sgd or adam", c.Optimizer.Name)
-	}
-	if err := c.schedule().Validate(); err != nil {
+	if err := c.resolveOptimizer(); err != nil {
 		return err
 	}
-	if c.MinWorldSize == 0 {
-		c.MinWorldSize = c.WorldSize
-	}
-	if c.MinWorldSize < 1 || c.MinWorldSize > c.WorldSize {
-		return fmt.Errorf("min_world_size %d; want between 1 and world_size %d", c.MinWorldSize, c.WorldSize)
-	}
-	if c.MaxWorldSize == 0 {
-		c.MaxWorldSize = c.WorldSize
-	}
-	if c.MaxWorldSize < c.WorldSize || c.MaxWorldSize > maxWorldSize {
-		return fmt.Errorf("max_world_size %d; want between world_size %d and %d", c.MaxWorldSize, c.WorldSize, maxWorldSize)
+	if err := c.resolveSizes(); err != nil {
+		return err
 	}
 	wire, err := ring.ParseEncoding(c.Compression)
 	if err != nil {
@@ -608,6 +589,55 @@ func (c *jobConfig) resolveSpec() error {
 	if c.GradNormGuard != 0 && !(c.GradNormGuard > 1) {
 		return fmt.Errorf("grad_norm_guard %g; want 0 (off) or a factor over 1", c.GradNormGuard)
 	}
+	if err := c.checkData(); err != nil {
+		return err
+	}
+	b, err := c.encode()
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(b)
+	c.hash = hex.EncodeToString(sum[:])
+	return nil
+}
+
+// resolveOptimizer checks the optimizer and its schedule; none is SGD at
+// 0.05 with momentum 0.9.
+func (c *jobConfig) resolveOptimizer() error {
+	switch c.Optimizer.Name {
+	case "":
+		c.Optimizer.Name, c.Optimizer.LR, c.Optimizer.Momentum = "sgd", 0.05, 0.9
+	case "sgd", "adam":
+		if !(c.Optimizer.LR > 0) {
+			return fmt.Errorf("optimizer %s has lr %v; want a positive learning rate", c.Optimizer.Name, c.Optimizer.LR)
+		}
+	default:
+		return fmt.Errorf("optimizer %q is unknown; want sgd or adam", c.Optimizer.Name)
+	}
+	return c.schedule().Validate()
+}
+
+// resolveSizes checks min_world_size and max_world_size against
+// world_size; left out, each is world_size.
+func (c *jobConfig) resolveSizes() error {
+	if c.MinWorldSize == 0 {
+		c.MinWorldSize = c.WorldSize
+	}
+	if c.MinWorldSize < 1 || c.MinWorldSize > c.WorldSize {
+		return fmt.Errorf("min_world_size %d; want between 1 and world_size %d", c.MinWorldSize, c.WorldSize)
+	}
+	if c.MaxWorldSize == 0 {
+		c.MaxWorldSize = c.WorldSize
+	}
+	if c.MaxWorldSize < c.WorldSize || c.MaxWorldSize > maxWorldSize {
+		return fmt.Errorf("max_world_size %d; want between world_size %d and %d", c.MaxWorldSize, c.WorldSize, maxWorldSize)
+	}
+	return nil
+}
+
+// checkData checks the data section: a served dataset's ID, or local
+// transforms.
+func (c *jobConfig) checkData() error {
 	if c.Data.Served != "" {
 		if c.Data.Transforms != nil || c.Data.Classes != nil {
 			return errors.New(`data: a served dataset is named by its ID alone, {"served": "<ID>"}: its transforms and classes come with it`)
@@ -618,12 +648,6 @@ func (c *jobConfig) resolveSpec() error {
 	} else if _, err := data.NewPipeline(c.Data.Transforms); err != nil {
 		return fmt.Errorf("data: %w", err)
 	}
-	b, err := c.encode()
-	if err != nil {
-		return err
-	}
-	sum := sha256.Sum256(b)
-	c.hash = hex.EncodeToString(sum[:])
 	return nil
 }
 

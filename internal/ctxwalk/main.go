@@ -1,13 +1,16 @@
 // Command ctxwalk follows a context.Context down the static call graph
 // from one function and prints the walk: each function reached through a
 // call that passes the context on, depth first, with its file. It counts
-// how often the walk returns to a file it had left — how many times a
-// reader following ctx goes back to a file already read.
+// how often the walk returns to a file it had left — read in the walk's
+// order, and along each chain of calls (the most a reader following ctx
+// from the start down one chain goes back to a file already read).
 //
 // Usage: go run ./internal/ctxwalk ./train 'Replica.Step'
 //
-// Calls through an interface go to every type of the loaded packages
-// that implements it.
+// A call through an interface goes to every type of the caller's own
+// package that implements it: a reader of train who meets
+// Collective.AllreduceMean reads on in train, not in the packages that
+// happen to implement Collective.
 package main
 
 import (
@@ -70,12 +73,18 @@ func main() {
 		os.Exit(1)
 	}
 	seen := map[*types.Func]bool{}
-	var files []string
+	var files, path []string
+	worst, worstPath := 0, ""
 	var walk func(f fn, depth int)
 	walk = func(f fn, depth int) {
 		seen[f.obj] = true
 		file := filepath.Base(f.pkg.Fset.Position(f.decl.Pos()).Filename)
 		files = append(files, file)
+		path = append(path, file)
+		defer func() { path = path[:len(path)-1] }()
+		if n := returns(path); n > worst {
+			worst, worstPath = n, strings.Join(path, " → ")
+		}
 		fmt.Printf("%s%s  (%s)\n", strings.Repeat("  ", depth), name(f.obj), file)
 		ctx := ctxParam(f)
 		if ctx == nil {
@@ -86,7 +95,7 @@ func main() {
 			if !ok || !passes(call, ctx, f.pkg.TypesInfo) {
 				return true
 			}
-			for _, callee := range callees(call, f.pkg.TypesInfo, named) {
+			for _, callee := range callees(call, f.pkg.TypesInfo, named, f.pkg.Types) {
 				if g, ok := fns[callee]; ok && !seen[callee] {
 					walk(g, depth+1)
 				}
@@ -95,6 +104,17 @@ func main() {
 		})
 	}
 	walk(*start, 0)
+	fmt.Printf("%d functions in %d files; read in this order, a file already left is returned to %d times;\n", len(files), len(uniq(files)), returns(files))
+	if worst == 0 {
+		fmt.Println("along any one chain of calls, never")
+		return
+	}
+	fmt.Printf("along one chain of calls, at most %d times: %s\n", worst, worstPath)
+}
+
+// returns counts how often files, in order, go back to a file they had
+// left.
+func returns(files []string) int {
 	back, left := 0, map[string]bool{}
 	for i, f := range files {
 		if i > 0 && f != files[i-1] {
@@ -104,7 +124,7 @@ func main() {
 			left[files[i-1]] = true
 		}
 	}
-	fmt.Printf("%d functions in %d files; the walk returns to a file it had left %d times\n", len(files), len(uniq(files)), back)
+	return back
 }
 
 func uniq(ss []string) map[string]bool {
@@ -161,8 +181,8 @@ func passes(call *ast.CallExpr, ctx types.Object, info *types.Info) bool {
 }
 
 // callees are the functions call may reach: the static one, or for an
-// interface method every implementation among named.
-func callees(call *ast.CallExpr, info *types.Info, named []*types.Named) []*types.Func {
+// interface method every implementation among named in pkg.
+func callees(call *ast.CallExpr, info *types.Info, named []*types.Named, pkg *types.Package) []*types.Func {
 	var id *ast.Ident
 	switch e := call.Fun.(type) {
 	case *ast.Ident:
@@ -173,6 +193,9 @@ func callees(call *ast.CallExpr, info *types.Info, named []*types.Named) []*type
 			if iface, ok := sel.Recv().Underlying().(*types.Interface); ok {
 				var out []*types.Func
 				for _, n := range named {
+					if n.Obj().Pkg() != pkg {
+						continue
+					}
 					for _, t := range []types.Type{n, types.NewPointer(n)} {
 						if types.Implements(t, iface) {
 							if m, _, _ := types.LookupFieldOrMethod(t, true, n.Obj().Pkg(), e.Sel.Name); m != nil {

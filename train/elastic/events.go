@@ -154,3 +154,191 @@ func ownCheckpoint(path string, epochs int, rep *train.Replica) (*train.Checkpoi
 	}
 	return c, nil
 }
+
+// change makes the ring the event calls for — re-formed without the peers
+// lost, leaving or lying, or grown with newcomers — and brings the
+// replicas level at `at`, returning the position they agree on. A failure
+// on the way is an event too: a peer lost while the ring re-forms or
+// levels makes it re-form again, up to MaxReforms in a row; a newcomer
+// that cannot be reached is dropped the same way.
+func (j *Job) change(ctx context.Context, ev event, ranks []int, at train.Position, cause error) (train.Position, error) {
+	for {
+		var err error
+		if ev == newcomer {
+			var grown bool
+			if grown, err = j.grow(ctx, at); err == nil && !grown {
+				return at, nil
+			}
+		} else {
+			if err := j.budget.spend(cause); err != nil {
+				return at, err
+			}
+			err = j.reform(ctx, ev, ranks, at, cause)
+		}
+		pos := at
+		if err == nil {
+			pos, err = j.Training.Replica.Level(ctx, at, ev != newcomer)
+		}
+		if s, ok := j.Training.Replica.Coll.(steppedRing); ok && ev == newcomer {
+			s.timeout = j.StepTimeout // the admission's own bound is over
+			j.Training.Replica.Coll = s
+		}
+		if err == nil {
+			return pos, nil
+		}
+		if ev, ranks = classify(err, j.rg.Rank(), j.rg.Size(), j.MinWorldSize); ev != lost && ev != liars {
+			return at, fmt.Errorf("train: after the ring changed: %w", err)
+		}
+		cause = err
+	}
+}
+
+// stop ends a run every peer stopped after the same step: the checkpoint
+// is written, and the error says who asked.
+func (j *Job) stop(ctx context.Context, sum train.Summary, askedBy []int, save func(train.Position) error) error {
+	j.leaveTogether()
+	j.Log().Warn().Ints("asked_by_ranks", askedBy).Int("epochs_done", sum.Epochs).Int("steps_done", sum.Steps).
+		Msg("interrupted: every peer stopped after the same step and left the ring")
+	if save != nil {
+		if err := save(sum.Position); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() == nil {
+		return fmt.Errorf("stopped after %d steps because rank(s) %v were interrupted: %w", sum.Steps, askedBy, train.ErrStopped)
+	}
+	return fmt.Errorf("interrupted after %d steps: %w", sum.Steps, ctx.Err())
+}
+
+// leaveAlone ends this peer's part when it left and the others go on: its
+// ring links are drained, not dropped — the step that told the others was
+// its last, and its last frames must reach them whole (ring.Ring.Leave) —
+// then its checkpoint is written, and Run says it left (ErrLeft).
+func (j *Job) leaveAlone(ctx context.Context, sum train.Summary, save func(train.Position) error) error {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), j.StepTimeout)
+	defer cancel()
+	if err := j.rg.Leave(dctx); err != nil {
+		j.Log().Debug().Err(err).Msg("a neighbour did not close its link before the step timeout; this peer's part was done")
+	}
+	j.Log().Info().Int("epochs_done", sum.Epochs).Int("steps_done", sum.Steps).Int("world_size", j.rg.Size()).
+		Msg("left the job: the others carry on without this peer")
+	if save != nil {
+		if err := save(sum.Position); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("left after %d steps: %w", sum.Steps, ErrLeft)
+}
+
+// reform closes the current ring and agrees with the survivors of a
+// failed step, or the peers staying when others leave or are caught
+// lying, on the next generation.
+func (j *Job) reform(ctx context.Context, ev event, ranks []int, at train.Position, cause error) error {
+	began := time.Now()
+	old := j.Members.Members()
+	log := j.Log()
+	j.rg.Close()
+	var gone []int
+	switch ev {
+	case left:
+		gone = ranks
+		log.Info().Ints("leaving_ranks", gone).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).Int("world_size", len(old)).
+			Msg("peers are leaving; re-forming the ring without them")
+	case liars:
+		gone = ranks
+		var why string
+		var liar *train.LiarError
+		if errors.As(cause, &liar) {
+			why = liar.Why
+		}
+		log.Error().Strs("dropped", pick(old, gone)).Str("why", why).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).
+			Msg("peers told the others what no honest replica could; re-forming the ring without them")
+		if j.Dropped != nil {
+			j.Dropped(pick(old, gone), why)
+		}
+	default:
+		log.Warn().Str("cause", cause.Error()).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).Int("world_size", len(old)).
+			Msg("a peer was lost; re-forming the ring with the survivors")
+	}
+	rg, err := j.Members.Reform(ctx, j.MinWorldSize, gone)
+	if err != nil {
+		return err
+	}
+	j.rg = rg
+	now := j.Members.Members()
+	var lostNow, leftNow []string
+	for k, p := range old {
+		switch {
+		case slices.Contains(now, p):
+		case ev == left && slices.Contains(ranks, k):
+			leftNow = append(leftNow, p)
+		default:
+			lostNow = append(lostNow, p)
+			j.budget.lose(p)
+		}
+	}
+	took := time.Since(began).Round(time.Millisecond).String()
+	if len(lostNow) == 0 && ev == left {
+		// The step that told the others was applied by all: nothing runs
+		// again.
+		j.Log().Info().Strs("left", leftNow).Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).
+			Str("took", took).Msg("ring re-formed without the peers that left; carrying on")
+		j.say("ring re-formed: rank %d of %d, generation %d, %d peer(s) left", rg.Rank(), rg.Size(), rg.Generation(), len(leftNow))
+	} else {
+		j.Log().Warn().Strs("lost", lostNow).Strs("left", leftNow).Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).
+			Str("took", took).Msg("ring re-formed without the lost peers; running the step again")
+		j.say("ring re-formed: rank %d of %d, generation %d, %d peer(s) lost", rg.Rank(), rg.Size(), rg.Generation(), len(lostNow))
+	}
+	j.Training.Replica.Coll = j.stepped(j.firstStep(began))
+	return nil
+}
+
+// firstStep logs the moment the new ring has averaged its first gradients:
+// the end of the outage, in wall-clock time for bench-elastic.
+func (j *Job) firstStep(began time.Time) *onceHook {
+	return &onceHook{f: func() {
+		j.Log().Info().Uint64("generation", j.rg.Generation()).Str("since_the_ring_changed", time.Since(began).Round(time.Millisecond).String()).
+			Int64("unix_ms", time.Now().UnixMilli()).Msg("first step of the new generation done")
+	}}
+}
+
+// grow admits newcomers at a step boundary: rank 0 names the standbys it
+// admits (up to MaxWorldSize) to the others through the ring, tells them,
+// and all re-form with them; they catch up from the ring (Level and
+// train.Replica.Admitted) and the rest of the epoch is shared out among
+// the grown ring. It reports whether the ring grew. A newcomer that cannot
+// be reached fails the growth as a lost peer would (train.ErrCollective):
+// the members re-form without it.
+func (j *Job) grow(ctx context.Context, at train.Position) (bool, error) {
+	var add []string
+	if j.rg.Rank() == 0 {
+		add = j.admittable()
+	}
+	add, err := train.BroadcastStrings(ctx, j.stepped(nil), 0, add, max(j.MaxWorldSize-j.rg.Size(), 0), maxPeerID)
+	if err != nil || len(add) == 0 {
+		return false, err
+	}
+	began := time.Now()
+	admit := j.rg.Rank() == 0
+	j.rg.Close()
+	rg, err := j.Members.Grow(ctx, add, admit, j.MinWorldSize)
+	if err != nil {
+		return false, fmt.Errorf("%w: admitting %v: %w", train.ErrCollective, add, err)
+	}
+	grew := rg.Size() > j.rg.Size()
+	j.rg = rg
+	coll := j.stepped(j.firstStep(began))
+	coll.timeout = j.AdmitTimeout // until the newcomers are level (change)
+	j.Training.Replica.Coll = coll
+	if !grew {
+		// The newcomers vanished before the ring could take them: it
+		// re-formed without them, and trains on as it was.
+		j.Log().Warn().Strs("newcomers", add).Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).
+			Msg("newcomers were gone before they could be admitted; carrying on without them")
+		return true, nil
+	}
+	j.Log().Info().Strs("admitted", add).Int("world_size", rg.Size()).Uint64("generation", rg.Generation()).Int("epoch", at.Epochs+1).
+		Int("steps_done", at.Steps).Str("took", time.Since(began).Round(time.Millisecond).String()).Msg("ring grew: admitted newcomers")
+	j.say("ring grew: rank %d of %d, generation %d", rg.Rank(), rg.Size(), rg.Generation())
+	return true, nil
+}

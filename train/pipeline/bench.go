@@ -182,38 +182,47 @@ func benchRow(cfg Config, model train.ModelConfig, x []float32, y []int, reps in
 	}
 	// Each stage alone, its neighbours answering at once.
 	for s := range S {
-		var prev, next Link
-		if s > 0 {
-			prev = &soloLink{}
-		}
-		if s < S-1 {
-			next = &soloLink{}
-		}
-		p, err := New(ctx, cfg, model, s, prev, next)
+		alone, err := stageAlone(cfg, model, s, x, y, reps, pace)
 		if err != nil {
 			return res, err
 		}
-		if pace != nil {
-			p.pace = pace(s)
-		}
-		var alone []time.Duration
-		for i := range reps + 2 {
-			t0 := time.Now()
-			if _, err := p.ForwardBackward(x, y, len(y)); err != nil {
-				p.Close()
-				return res, err
-			}
-			if i >= 2 {
-				alone = append(alone, time.Since(t0))
-			}
-		}
-		p.Close()
-		res.Bottleneck = max(res.Bottleneck, median(alone))
+		res.Bottleneck = max(res.Bottleneck, alone)
 	}
 	res.Expected = res.Busy * time.Duration(M+S-1) / time.Duration(M)
 	res.Ratio = float64(res.Step) / float64(res.Expected)
 	res.Bubble = 1 - float64(res.Busy)/float64(res.Step)
 	return res, nil
+}
+
+// stageAlone is stage s's median step time with its neighbours
+// answering at once (soloLink), after two steps to warm up.
+func stageAlone(cfg Config, model train.ModelConfig, s int, x []float32, y []int, reps int, pace func(s int) func(bool)) (time.Duration, error) {
+	var prev, next Link
+	if s > 0 {
+		prev = &soloLink{}
+	}
+	if s < cfg.Stages-1 {
+		next = &soloLink{}
+	}
+	p, err := New(context.Background(), cfg, model, s, prev, next)
+	if err != nil {
+		return 0, err
+	}
+	defer p.Close()
+	if pace != nil {
+		p.pace = pace(s)
+	}
+	var alone []time.Duration
+	for i := range reps + 2 {
+		t0 := time.Now()
+		if _, err := p.ForwardBackward(x, y, len(y)); err != nil {
+			return 0, err
+		}
+		if i >= 2 {
+			alone = append(alone, time.Since(t0))
+		}
+	}
+	return median(alone), nil
 }
 
 // soloLink stands in for the stages beside one run alone: it answers every

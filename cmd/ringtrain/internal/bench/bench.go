@@ -54,17 +54,6 @@ func Allreduce(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	enc := json.NewEncoder(stdout)
 	var encErr error
-	trs := ringbench.Builtin()
-	trs["libp2p"] = func(ctx context.Context, n int) ([]ring.Transport, func(), error) {
-		return p2p.LocalRing(ctx, n, p2p.PlaneLibp2p)
-	}
-	trs["libp2p-relay"] = p2p.LocalRingBehindNAT
-	trs["libp2p-tcp"] = func(ctx context.Context, n int) ([]ring.Transport, func(), error) {
-		return p2p.LocalRing(ctx, n, p2p.PlaneTCP)
-	}
-	trs["libp2p-tls"] = func(ctx context.Context, n int) ([]ring.Transport, func(), error) {
-		return p2p.LocalRing(ctx, n, p2p.PlaneTLS)
-	}
 	emit := func(r ringbench.Result) {
 		if *asJSON {
 			if err := enc.Encode(r); err != nil && encErr == nil {
@@ -80,21 +69,8 @@ func Allreduce(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("bench allreduce: --netns and --subnet go together: %w", cli.ErrUsage)
 	}
 	if *procs {
-		for _, tr := range strings.Split(*transport, ",") {
-			tr = strings.TrimSpace(tr)
-			if tr == "tcp" && *netns == "" {
-				if err := allreduceProcs(ctx, cfg, *sizes, emit); err != nil {
-					return fmt.Errorf("bench allreduce --procs: %w", err)
-				}
-				continue
-			}
-			plane, err := p2p.ParsePlane(strings.TrimPrefix(tr, "libp2p-"))
-			if tr == "tcp" || err != nil {
-				return fmt.Errorf("bench allreduce --procs: --transport %s; want tcp (not with --netns), tls, libp2p or libp2p-tcp: %w", tr, cli.ErrUsage)
-			}
-			if err := allreducePeers(ctx, cfg, *sizes, tr, plane, *netns, *subnet, emit); err != nil {
-				return fmt.Errorf("bench allreduce --procs --transport %s: %w", tr, err)
-			}
+		if err := allreduceEachProcs(ctx, cfg, *transport, *sizes, *netns, *subnet, emit); err != nil {
+			return err
 		}
 		return encErr
 	}
@@ -106,11 +82,51 @@ func Allreduce(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	for _, tr := range strings.Split(*transport, ",") {
 		c := cfg
 		c.Transport = strings.TrimSpace(tr)
-		if err := ringbench.Run(ctx, trs, c, emit); err != nil {
+		if err := ringbench.Run(ctx, inProcess(), c, emit); err != nil {
 			return fmt.Errorf("bench allreduce: %w", err)
 		}
 	}
 	return encErr
+}
+
+// inProcess are the transports a ring in one process can run on:
+// ringbench's own, and p2p's data planes between local hosts.
+func inProcess() ringbench.Transports {
+	trs := ringbench.Builtin()
+	trs["libp2p"] = func(ctx context.Context, n int) ([]ring.Transport, func(), error) {
+		return p2p.LocalRing(ctx, n, p2p.PlaneLibp2p)
+	}
+	trs["libp2p-relay"] = p2p.LocalRingBehindNAT
+	trs["libp2p-tcp"] = func(ctx context.Context, n int) ([]ring.Transport, func(), error) {
+		return p2p.LocalRing(ctx, n, p2p.PlaneTCP)
+	}
+	trs["libp2p-tls"] = func(ctx context.Context, n int) ([]ring.Transport, func(), error) {
+		return p2p.LocalRing(ctx, n, p2p.PlaneTLS)
+	}
+	return trs
+}
+
+// allreduceEachProcs runs --procs for each transport: plain TCP between
+// processes, or a data plane between peers, in network namespaces where
+// netns is set.
+func allreduceEachProcs(ctx context.Context, cfg ringbench.Config, transports, sizes, netns, subnet string, emit func(ringbench.Result)) error {
+	for _, tr := range strings.Split(transports, ",") {
+		tr = strings.TrimSpace(tr)
+		if tr == "tcp" && netns == "" {
+			if err := allreduceProcs(ctx, cfg, sizes, emit); err != nil {
+				return fmt.Errorf("bench allreduce --procs: %w", err)
+			}
+			continue
+		}
+		plane, err := p2p.ParsePlane(strings.TrimPrefix(tr, "libp2p-"))
+		if tr == "tcp" || err != nil {
+			return fmt.Errorf("bench allreduce --procs: --transport %s; want tcp (not with --netns), tls, libp2p or libp2p-tcp: %w", tr, cli.ErrUsage)
+		}
+		if err := allreducePeers(ctx, cfg, sizes, tr, plane, netns, subnet, emit); err != nil {
+			return fmt.Errorf("bench allreduce --procs --transport %s: %w", tr, err)
+		}
+	}
+	return nil
 }
 
 // parseSizes reads a comma-separated list of sizes (parseBytes).

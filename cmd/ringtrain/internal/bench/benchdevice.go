@@ -59,14 +59,9 @@ func Device(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("bench device: %w", err)
 	}
-	var opt train.Optimizer
-	switch *optName {
-	case "adam":
-		opt = train.NewAdam(1e-3)
-	case "sgd":
-		opt = &train.SGD{LR: 0.01, Momentum: 0.9}
-	default:
-		return fmt.Errorf("bench device: --optimizer %q; want adam or sgd: %w", *optName, cli.ErrUsage)
+	opt, err := benchOptimizer(*optName)
+	if err != nil {
+		return err
 	}
 	m, err := devices.NewModel(*device, train.ModelConfig{Spec: spec, Batch: *batch, Seed: 1}, *devOpt)
 	if err != nil {
@@ -95,11 +90,7 @@ func Device(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return err
 		}
 	}
-	name := *device
-	if d, ok := m.(interface{ Device() string }); ok {
-		name = d.Device()
-	}
-	res := DeviceResult{Device: name, Model: *model, Batch: *batch, Steps: *steps, Optimizer: *optName,
+	res := DeviceResult{Device: deviceName(m, *device), Model: *model, Batch: *batch, Steps: *steps, Optimizer: *optName,
 		Graph: !devOpt.NoGraph && *device != "cpu", TF32: devOpt.TF32 && *device == "cuda"}
 	enc := json.NewEncoder(stdout)
 	var rates []float64
@@ -123,4 +114,25 @@ func Device(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	res.SamplesPerS = median(rates)
 	res.StepMS = float64(*batch) / res.SamplesPerS * 1e3
 	return enc.Encode(res)
+}
+
+// benchOptimizer is --optimizer: Adam at 1e-3, as the PyTorch script, or
+// SGD at 0.01 with momentum 0.9.
+func benchOptimizer(name string) (train.Optimizer, error) {
+	switch name {
+	case "adam":
+		return train.NewAdam(1e-3), nil
+	case "sgd":
+		return &train.SGD{LR: 0.01, Momentum: 0.9}, nil
+	}
+	return nil, fmt.Errorf("bench device: --optimizer %q; want adam or sgd: %w", name, cli.ErrUsage)
+}
+
+// deviceName is the device m computes on, as it names it (the GPU's
+// model, say), or asked.
+func deviceName(m train.Model, asked string) string {
+	if d, ok := m.(interface{ Device() string }); ok {
+		return d.Device()
+	}
+	return asked
 }

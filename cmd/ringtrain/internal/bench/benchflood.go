@@ -75,16 +75,9 @@ func Flood(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := cli.ParseFlags(fs, args); err != nil {
 		return fmt.Errorf("bench flood: %w: %w", cli.ErrUsage, err)
 	}
-	var plan []flood.Kind
-	if *kinds == "all" {
-		plan = flood.Kinds()
-	} else {
-		for _, k := range strings.Split(*kinds, ",") {
-			if !slices.Contains(flood.Kinds(), flood.Kind(k)) {
-				return fmt.Errorf("bench flood: kind %q; want %s: %w", k, floodKindNames(), cli.ErrUsage)
-			}
-			plan = append(plan, flood.Kind(k))
-		}
+	plan, err := floodPlan(*kinds)
+	if err != nil {
+		return err
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -111,7 +104,6 @@ func Flood(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := sleepFor(ctx, *warmup); err != nil {
 		return err
 	}
-	enc := json.NewEncoder(stdout)
 	var rows []floodRow
 	for run := 1; run <= *runs; run++ {
 		for _, kind := range plan {
@@ -121,7 +113,7 @@ func Flood(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			}
 			row.Run = run
 			rows = append(rows, row)
-			enc.Encode(row)
+			json.NewEncoder(stdout).Encode(row)
 			if err := job.alive(); err != nil {
 				return fmt.Errorf("bench flood: after the %s flood: %w", kind, err)
 			}
@@ -140,6 +132,21 @@ func Flood(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("bench flood: the peers ended with parameter hashes %v; want one", hashes)
 	}
 	return nil
+}
+
+// floodPlan is --kinds: all, or the kinds named.
+func floodPlan(kinds string) ([]flood.Kind, error) {
+	if kinds == "all" {
+		return flood.Kinds(), nil
+	}
+	var plan []flood.Kind
+	for _, k := range strings.Split(kinds, ",") {
+		if !slices.Contains(flood.Kinds(), flood.Kind(k)) {
+			return nil, fmt.Errorf("bench flood: kind %q; want %s: %w", k, floodKindNames(), cli.ErrUsage)
+		}
+		plan = append(plan, flood.Kind(k))
+	}
+	return plan, nil
 }
 
 func floodKindNames() string {

@@ -76,12 +76,7 @@ func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport 
 				return errors.Join(append(errs, ctx.Err())...)
 			}
 		}
-		var cmd *exec.Cmd
-		if netns != "" {
-			cmd = exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", fmt.Sprintf("%s%d", netns, i), exe}, args...)...)
-		} else {
-			cmd = exec.CommandContext(ctx, exe, args...)
-		}
+		cmd := peerCommand(ctx, exe, netns, i, args)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		out, err := cmd.StdoutPipe()
@@ -119,11 +114,19 @@ func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport 
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	name := transport + "-procs"
 	if netns != "" {
-		name = transport + "-netns"
+		return emitRows(transport+"-netns", results, len(cfg.Sizes), emit)
 	}
-	return emitRows(name, results, len(cfg.Sizes), emit)
+	return emitRows(transport+"-procs", results, len(cfg.Sizes), emit)
+}
+
+// peerCommand runs this binary with args as peer i: in network namespace
+// netns+i where netns is set, else here.
+func peerCommand(ctx context.Context, exe, netns string, i int, args []string) *exec.Cmd {
+	if netns != "" {
+		return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", fmt.Sprintf("%s%d", netns, i), exe}, args...)...)
+	}
+	return exec.CommandContext(ctx, exe, args...)
 }
 
 // AllreducePeer is `ringtrain bench allreduce-peer`, one peer that
