@@ -20,10 +20,16 @@ import (
 //	}
 //
 // An optional "classes" list names the labels.
+//
+// A text corpus, for language models, is named instead by "text" (see
+// TextSpec), with neither dataset_path nor transforms:
+//
+//	{"text": {"folder": "/usr/share/games/fortunes"}}
 type Config struct {
 	Transforms  []TransformSpec `json:"transforms"`
 	DatasetPath Paths           `json:"dataset_path"`
 	Classes     []string        `json:"classes,omitempty"`
+	Text        *TextSpec       `json:"text,omitempty"`
 }
 
 // Paths are the train and test datasets (see Open for what a path may name).
@@ -44,6 +50,15 @@ func ParseConfig(r io.Reader, dir string) (*Config, error) {
 	}
 	if dec.More() {
 		return nil, fmt.Errorf("data: config: more than one JSON value: %w", ErrConfig)
+	}
+	if c.Text != nil {
+		if c.DatasetPath != (Paths{}) || c.Transforms != nil || c.Classes != nil {
+			return nil, fmt.Errorf(`data: config: text is a corpus of its own: leave dataset_path, transforms and classes out: %w`, ErrConfig)
+		}
+		if err := c.Text.check(dir); err != nil {
+			return nil, err
+		}
+		return &c, nil
 	}
 	if c.DatasetPath.Train == "" {
 		return nil, fmt.Errorf(`data: config: dataset_path.train is missing; add "dataset_path": {"train": "...", "test": "..."}: %w`, ErrConfig)
@@ -107,16 +122,32 @@ func LoadConfig(path string) (*Config, error) {
 type Split struct {
 	*Dataset
 	Pipeline *Pipeline
-	// C, H, W is the shape of every sample after the transforms.
+	// C, H, W is the shape of every sample after the transforms; a text
+	// split's is 1×1×context.
 	C, H, W int
+	// Text, for a text corpus, is its part: its samples are windows
+	// (Text.Window), and Dataset holds only the source and the 256 byte
+	// values as classes.
+	Text *Text
 
 	remote *remote // a served split's fetching; nil for local files
+}
+
+// Len is the split's samples: its images, or a text split's windows.
+func (s *Split) Len() int {
+	if s.Text != nil {
+		return s.Text.Windows()
+	}
+	return s.Dataset.Len()
 }
 
 // Load opens the config's train or test split ("train" or "test") and
 // checks every image against the transforms: the first image whose tensor
 // would differ in shape from the others is named in the error.
 func (c *Config) Load(split string) (*Split, error) {
+	if c.Text != nil {
+		return c.loadText(split)
+	}
 	path := c.DatasetPath.Train
 	if split == "test" {
 		path = c.DatasetPath.Test
@@ -171,5 +202,8 @@ func NewSplit(d *Dataset, p *Pipeline) (*Split, error) {
 
 // Describe says what a user wants to see on load.
 func (s *Split) Describe() string {
+	if s.Text != nil {
+		return fmt.Sprintf("%s; %d windows of %d bytes", s.Source, s.Text.Windows(), s.Text.Context+1)
+	}
 	return fmt.Sprintf("%s; transforms: %s; samples become %d×%d×%d", s.Dataset.Describe(), s.Pipeline.Describe(), s.C, s.H, s.W)
 }

@@ -9,9 +9,10 @@ import (
 
 // Batch is a batch of samples as the model takes them.
 type Batch struct {
-	// X holds N samples of C×H×W float32s, contiguous, NCHW.
+	// X holds N samples of C×H×W float32s, contiguous, NCHW; a text
+	// batch's, N windows of byte values.
 	X []float32
-	// Y holds the labels.
+	// Y holds the labels; a text batch's, each window's next bytes, N×W.
 	Y []int
 	// Index holds the samples' dataset indices.
 	Index      []int
@@ -75,8 +76,20 @@ func (l *Loader) Epoch(ctx context.Context, epoch int) (*Epoch, error) {
 	e := &Epoch{l: l, out: make(chan result, prefetch), free: make(chan *Batch, prefetch+1), cancel: cancel, ctx: ctx}
 	// prefetch+1 buffers: prefetch ready or being filled, one with the caller.
 	sz := l.Split.C * l.Split.H * l.Split.W
+	ys := 1 // labels per sample
+	if t := l.Split.Text; t != nil {
+		if t.Context < 1 {
+			cancel()
+			return nil, fmt.Errorf("data: %s: windows of no context; SetContext first: %w", t.Source, ErrConfig)
+		}
+		ys = t.Context
+	}
 	for range prefetch + 1 {
-		e.free <- &Batch{X: make([]float32, 0, l.BatchSize*sz), Y: make([]int, 0, l.BatchSize), Index: make([]int, 0, l.BatchSize)}
+		e.free <- &Batch{X: make([]float32, 0, l.BatchSize*sz), Y: make([]int, 0, l.BatchSize*ys), Index: make([]int, 0, l.BatchSize)}
+	}
+	if l.Split.Text != nil {
+		e.wg.Go(func() { e.produceText(ctx, idx, epoch) })
+		return e, nil
 	}
 	e.wg.Go(func() { e.produce(ctx, idx, epoch) })
 	return e, nil
@@ -121,6 +134,35 @@ func (e *Epoch) produce(ctx context.Context, idx []int, epoch int) {
 			return
 		}
 		if err != nil {
+			return
+		}
+	}
+	e.complete = true
+}
+
+// produceText is produce for a text split: each index is a window of the
+// epoch's offset.
+func (e *Epoch) produceText(ctx context.Context, idx []int, epoch int) {
+	defer close(e.out)
+	t := e.l.Split.Text
+	off := t.Offset(e.l.Seed, epoch, e.l.Sampler.Shuffle)
+	n := t.Context
+	for lo := 0; lo < len(idx); lo += e.l.BatchSize {
+		var b *Batch
+		select {
+		case b = <-e.free:
+		case <-ctx.Done():
+			return
+		}
+		chunk := idx[lo:min(lo+e.l.BatchSize, len(idx))]
+		b.N, b.C, b.H, b.W = len(chunk), 1, 1, n
+		b.X, b.Y, b.Index = b.X[:len(chunk)*n], b.Y[:len(chunk)*n], append(b.Index[:0], chunk...)
+		for k, i := range chunk {
+			t.Window(i, off, b.X[k*n:(k+1)*n], b.Y[k*n:(k+1)*n])
+		}
+		select {
+		case e.out <- result{b, nil}:
+		case <-ctx.Done():
 			return
 		}
 	}
