@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/ringtrain/ringtrain/ring"
@@ -23,7 +24,9 @@ func (everyStep) begin(*Replica, []float32, []int, int) (float32, bool, error) {
 // the device.
 func (everyStep) exchange(ctx context.Context, r *Replica, x []float32, y []int, n int, _ float32) (float32, error) {
 	t0 := time.Now()
-	if dev, ok := r.Opt.(DeviceOptimizer); ok && r.Coll.Size() == 1 {
+	if dev, ok := r.Opt.(DeviceOptimizer); ok && r.Coll.Size() == 1 && r.ClipNorm <= 0 {
+		// The whole step on the device; clipping needs the gradients'
+		// norm on the host, and takes the path below.
 		return r.stepAlone(dev, x, y, n, t0)
 	}
 	flat, err := r.buffer()
@@ -135,6 +138,13 @@ var errDevice = errors.New("train: the device failed to apply the step")
 func (r *Replica) apply(flat []float32, bad, badRanks int) error {
 	avg, tail := flat[:r.nparams], flat[r.nparams:]
 	applied, err := false, r.skipped(avg, tail, bad, badRanks)
+	if err == nil && r.ClipNorm > 0 {
+		if r.inModel {
+			clipNorm(r.Model.Grads(), r.ClipNorm)
+		} else {
+			clipNorm([][]float32{avg}, r.ClipNorm)
+		}
+	}
 	switch dev, onDevice := r.Opt.(DeviceOptimizer); {
 	case err != nil:
 	case onDevice:
@@ -299,4 +309,25 @@ func (r *Replica) heard(ctx context.Context, tail []float32, asked bool) (badRan
 	r.out.newcomer = r.out.newcomer || newcomer
 	leaving, err = r.leavers(ctx, leaving, asked)
 	return badRanks, leaving, err
+}
+
+// clipNorm scales ts, end to end one vector, to a norm of at most max,
+// as torch's clip_grad_norm_ does: by max/(norm+1e-6) where that is
+// below 1. The norm is summed in float64 in one order, so it is the same
+// bits wherever ts are.
+func clipNorm(ts [][]float32, max float64) {
+	var sum float64
+	for _, t := range ts {
+		n := norm2(t)
+		sum += n * n
+	}
+	f := max / (math.Sqrt(sum) + 1e-6)
+	if !(f < 1) {
+		return
+	}
+	for _, t := range ts {
+		for i := range t {
+			t[i] *= float32(f)
+		}
+	}
 }

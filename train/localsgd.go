@@ -439,7 +439,7 @@ func (o *LocalSGD) innerStep(r *Replica, x []float32, y []int, n int) (float32, 
 		o.done++
 		return 0, nil
 	}
-	if dev, ok := r.Opt.(DeviceOptimizer); ok {
+	if dev, ok := r.Opt.(DeviceOptimizer); ok && r.ClipNorm <= 0 {
 		var err error
 		if loss, bad, err = dev.StepAlone(x, y, n); err != nil {
 			return 0, err
@@ -450,6 +450,9 @@ func (o *LocalSGD) innerStep(r *Replica, x []float32, y []int, n int) (float32, 
 			return 0, err
 		}
 		if bad = nonFinite(r.Model.Grads()); bad < 0 {
+			if r.ClipNorm > 0 {
+				clipNorm(r.Model.Grads(), r.ClipNorm)
+			}
 			r.Opt.Step(r.Model.Params(), r.Model.Grads())
 		}
 	}

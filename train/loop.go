@@ -299,6 +299,9 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 	r, cfg := e.r, e.cfg
 	r.part.closing = e.step+1 == e.steps // a LocalSGD round ends with the epoch
 	r.part.step = e.step + 1
+	if sch := cfg.Schedule; sch != nil && sch.PerStep() {
+		r.Opt.SetLR(sch.StepLR(e.pos(e.step).Steps, e.at.Epochs))
+	}
 	if block := min(e.block, e.left-e.step*e.block); block > 0 && !e.cfg.Train.Sampler.DropLast {
 		r.share = float32(b.N*r.Coll.Size()) / float32(block)
 	}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"runtime"
 	"slices"
+	"strings"
 
 	"github.com/ringtrain/ringtrain/train/vec"
 )
@@ -140,6 +141,69 @@ func (o *Adam) SetState(step int, tensors, params [][]float32) error {
 	}
 	o.m, o.v, o.t = m, v, step
 	return nil
+}
+
+// AdamW is torch.optim.AdamW: Adam whose weight decay is decoupled from
+// the gradient — each decayed tensor is first scaled by 1 − lr·wd, then
+// takes Adam's update without decay — and applied only to the tensors
+// Decay marks (the reference's: those of two or more dimensions, weights
+// and embeddings, not biases or LayerNorm's; DecayWeights marks them by
+// name). Each value's update is its own, so every replica holds the same
+// bits whatever its threads.
+type AdamW struct {
+	Adam
+	Decay []bool // per parameter tensor; nil decays none
+}
+
+// NewAdamW returns AdamW with betas (0.9, 0.95) and eps 1e-8, a GPT's
+// usual settings (torch_gpt.py's), weight decay wd on the tensors decay
+// marks.
+func NewAdamW(lr, wd float32, decay []bool) *AdamW {
+	return &AdamW{Adam: Adam{LR: lr, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: wd}, Decay: decay}
+}
+
+// DecayWeights marks the parameters that weight decay applies to, by
+// their names (Model.ParamNames): every layer's weight, not its bias, and
+// not a layernorm's gain.
+func DecayWeights(names []string) []bool {
+	out := make([]bool, len(names))
+	for i, n := range names {
+		out[i] = strings.HasSuffix(n, ".weight") && !strings.Contains(n, ".layernorm.")
+	}
+	return out
+}
+
+// Step applies one update.
+func (o *AdamW) Step(params, grads [][]float32) {
+	if o.m == nil {
+		o.m, o.v = zerosLike(params), zerosLike(params)
+	}
+	o.t++
+	bc1 := 1 - math.Pow(float64(o.Beta1), float64(o.t))
+	bc2 := 1 - math.Pow(float64(o.Beta2), float64(o.t))
+	step := o.LR / float32(bc1)
+	sq := float32(math.Sqrt(bc2))
+	for i, p := range params {
+		g, m, v := grads[i], o.m[i], o.v[i]
+		keep := float32(1)
+		if i < len(o.Decay) && o.Decay[i] {
+			keep = 1 - o.LR*o.WeightDecay
+		}
+		split(len(p), func(lo, hi int) {
+			if keep != 1 {
+				for j := lo; j < hi; j++ {
+					p[j] *= keep
+				}
+			}
+			vec.Adam(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], step, sq, o.Beta1, o.Beta2, 0, o.Eps)
+		})
+	}
+}
+
+// State is Adam's, named for AdamW.
+func (o *AdamW) State() (string, int, [][]float32) {
+	_, t, s := o.Adam.State()
+	return "adamw", t, s
 }
 
 func zerosLike(params [][]float32) [][]float32 {

@@ -16,10 +16,38 @@ type Schedule struct {
 	StepSize int
 	Gamma    float32
 	MinLR    float32
+	// WarmupSteps, if above 0, makes the rate rise linearly from Base/W to
+	// Base over the first W steps, and TotalSteps, if above 0 with a
+	// cosine Kind, makes the cosine run over steps (from the warm-up's
+	// end to TotalSteps) rather than epochs: a language model's schedule.
+	// Either makes the rate change every step (PerStep).
+	WarmupSteps, TotalSteps int
+}
+
+// PerStep reports whether the rate changes every step (StepLR), not
+// every epoch.
+func (s Schedule) PerStep() bool { return s.WarmupSteps > 0 || s.TotalSteps > 0 }
+
+// StepLR is the rate for a step (from 0) of a per-step schedule, given
+// the epoch it is in: the warm-up, then the epoch's rate (LR) or, with
+// TotalSteps and a cosine Kind, the cosine over steps down to MinLR.
+func (s Schedule) StepLR(step, epoch int) float32 {
+	if step < s.WarmupSteps {
+		return s.Base * float32(step+1) / float32(s.WarmupSteps)
+	}
+	if s.Kind != "cosine" || s.TotalSteps <= s.WarmupSteps {
+		return s.LR(epoch)
+	}
+	done := min(float64(step-s.WarmupSteps)/float64(s.TotalSteps-s.WarmupSteps), 1)
+	c := (1 + math.Cos(math.Pi*done)) / 2
+	return s.MinLR + (s.Base-s.MinLR)*float32(c)
 }
 
 // Validate says what is wrong with a schedule.
 func (s Schedule) Validate() error {
+	if s.WarmupSteps < 0 || s.TotalSteps < 0 {
+		return fmt.Errorf("train: schedule with %d warm-up steps over %d; want neither below 0", s.WarmupSteps, s.TotalSteps)
+	}
 	switch s.Kind {
 	case "", "constant", "cosine":
 		return nil

@@ -27,3 +27,25 @@ func TestSchedule(t *testing.T) {
 		}
 	}
 }
+
+// A language model's schedule: a linear warm-up over steps, then a cosine
+// over the steps that remain, down to MinLR; without TotalSteps, the
+// epoch's rate after the warm-up.
+func TestStepSchedule(t *testing.T) {
+	s := Schedule{Kind: "cosine", Base: 1e-3, MinLR: 1e-4, WarmupSteps: 10, TotalSteps: 110}
+	for _, tt := range []struct {
+		step int
+		want float64
+	}{{0, 1e-4}, {4, 5e-4}, {9, 1e-3}, {10, 1e-3}, {60, 5.5e-4}, {110, 1e-4}, {500, 1e-4}} {
+		if got := s.StepLR(tt.step, 0); math.Abs(float64(got)-tt.want) > 1e-9 {
+			t.Errorf("StepLR(%d) = %v; want %v", tt.step, got, tt.want)
+		}
+	}
+	warm := Schedule{Kind: "step", Base: 0.1, StepSize: 1, Gamma: 0.5, WarmupSteps: 4}
+	if got := warm.StepLR(7, 2); got != 0.025 || !warm.PerStep() || (Schedule{Base: 1}).PerStep() {
+		t.Errorf("after the warm-up, epoch 2's rate %v, per step %v; want 0.025, true", got, warm.PerStep())
+	}
+	if (Schedule{WarmupSteps: -1}).Validate() == nil {
+		t.Error("a negative warm-up was taken")
+	}
+}

@@ -118,6 +118,11 @@ type Replica struct {
 	// Trace, if set, is told each phase of every step as it ends: the
 	// timeline of `--trace`.
 	Trace Tracer
+	// ClipNorm, if above 0, scales the gradients the optimizer applies to
+	// a global norm of at most ClipNorm (torch's clip_grad_norm_): the
+	// averaged gradients, which every rank holds alike, so every rank
+	// clips alike; with LocalSGD, each inner step's own.
+	ClipNorm float64
 	// Sync is how the steps keep the ranks together: nil averages the
 	// gradients at every step; NewLocalReplica sets the LocalSGD mode its
 	// settings call for.

@@ -80,13 +80,25 @@ type jobSpec struct {
 
 // optimizerConfig is the job's optimizer and its learning-rate schedule.
 type optimizerConfig struct {
-	Name        string  `json:"name"` // sgd or adam
+	Name        string  `json:"name"` // sgd, adam or adamw
 	LR          float32 `json:"lr"`
 	Momentum    float32 `json:"momentum"`
 	WeightDecay float32 `json:"weight_decay"`
 	Schedule    string  `json:"schedule"` // constant (default), step or cosine
 	StepSize    int     `json:"step_size"`
 	Gamma       float32 `json:"gamma"`
+	// Betas and Eps are Adam's and AdamW's (torch's names); left out,
+	// Adam's (0.9, 0.999) and AdamW's (0.9, 0.95), eps 1e-8.
+	Betas []float32 `json:"betas,omitempty"`
+	Eps   float32   `json:"eps,omitempty"`
+	// WarmupSteps makes the rate rise linearly over the first steps;
+	// TotalSteps runs a cosine schedule over steps, down to MinLR.
+	WarmupSteps int     `json:"warmup_steps,omitempty"`
+	TotalSteps  int     `json:"total_steps,omitempty"`
+	MinLR       float32 `json:"min_lr,omitempty"`
+	// ClipGradNorm, if set, clips the averaged gradients to this global
+	// norm before every update (train.Replica.ClipNorm).
+	ClipGradNorm float64 `json:"clip_grad_norm,omitempty"`
 }
 
 // dataSpec is the data as a job's definition names it: a served dataset
@@ -574,7 +586,7 @@ func (c *jobConfig) resolveSpec() error {
 		if err := c.Sync.check(); err != nil {
 			return err
 		}
-		if err := c.Sync.localSGD(c.optimizer(), c.MinWorldSize).Check(wire, c.GradNormGuard); err != nil {
+		if err := c.Sync.localSGD(c.optimizer(nil), c.MinWorldSize).Check(wire, c.GradNormGuard); err != nil {
 			return fmt.Errorf("sync (with compression %q, grad_norm_guard %v): %w", c.Compression, c.GradNormGuard, err)
 		}
 	}
@@ -607,12 +619,23 @@ func (c *jobConfig) resolveOptimizer() error {
 	switch c.Optimizer.Name {
 	case "":
 		c.Optimizer.Name, c.Optimizer.LR, c.Optimizer.Momentum = "sgd", 0.05, 0.9
-	case "sgd", "adam":
+	case "sgd", "adam", "adamw":
 		if !(c.Optimizer.LR > 0) {
 			return fmt.Errorf("optimizer %s has lr %v; want a positive learning rate", c.Optimizer.Name, c.Optimizer.LR)
 		}
 	default:
-		return fmt.Errorf("optimizer %q is unknown; want sgd or adam", c.Optimizer.Name)
+		return fmt.Errorf("optimizer %q is unknown; want sgd, adam or adamw", c.Optimizer.Name)
+	}
+	o := c.Optimizer
+	switch {
+	case o.Betas != nil && (o.Name == "sgd" || len(o.Betas) != 2 || !(o.Betas[0] >= 0 && o.Betas[0] < 1 && o.Betas[1] >= 0 && o.Betas[1] < 1)):
+		return fmt.Errorf("optimizer %s with betas %v; want two in [0, 1), for adam or adamw", o.Name, o.Betas)
+	case o.Eps < 0 || o.Eps != 0 && o.Name == "sgd":
+		return fmt.Errorf("optimizer %s with eps %v; want a positive eps, for adam or adamw", o.Name, o.Eps)
+	case !(o.ClipGradNorm >= 0) || math.IsInf(o.ClipGradNorm, 0):
+		return fmt.Errorf("clip_grad_norm %v; want 0 (off) or a positive norm", o.ClipGradNorm)
+	case o.MinLR < 0 || o.MinLR > o.LR:
+		return fmt.Errorf("min_lr %v; want from 0 to lr %v", o.MinLR, o.LR)
 	}
 	return c.schedule().Validate()
 }
@@ -787,7 +810,8 @@ func (c *jobConfig) overrideModel(name string) error {
 // schedule is the optimizer's learning-rate schedule over the job's epochs.
 func (c *jobConfig) schedule() train.Schedule {
 	o := c.Optimizer
-	return train.Schedule{Kind: o.Schedule, Base: o.LR, Epochs: c.Epochs, StepSize: o.StepSize, Gamma: o.Gamma}
+	return train.Schedule{Kind: o.Schedule, Base: o.LR, Epochs: c.Epochs, StepSize: o.StepSize, Gamma: o.Gamma,
+		MinLR: o.MinLR, WarmupSteps: o.WarmupSteps, TotalSteps: o.TotalSteps}
 }
 
 // jobOfConfig is the job a job config's peers know, as p2p has it: what

@@ -5,13 +5,16 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ringtrain/ringtrain/p2p"
+	"github.com/ringtrain/ringtrain/train"
 )
 
 // TestConfigHashCoversSharedFields: the fields every peer must share change
@@ -56,6 +59,10 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		`, "compression": "int8", "sync": {"every": 8, "deadline": "50ms"}`, `, "grad_norm_guard": 3, "sync": {"every": 8, "deadline": "50ms"}`,
 		`, "max_world_size": 3`, `, "max_world_size": 5000`, `, "world_size": 5000`,
 		`, "limits": {"burst": -1}`, `, "limits": {"ban_for": "-1s"}`, `, "limits": {"streams_per_peer": 100000}`, `, "limits": {"strikes": "many"}`, `, "limits": {"flood": 1}`,
+		`, "optimizer": {"name": "adamw", "lr": 0}`, `, "optimizer": {"name": "lion", "lr": 1e-3}`, `, "optimizer": {"name": "adamw", "lr": 1e-3, "betas": [0.9]}`,
+		`, "optimizer": {"name": "adamw", "lr": 1e-3, "betas": [0.9, 1]}`, `, "optimizer": {"name": "sgd", "lr": 0.1, "betas": [0.9, 0.99]}`,
+		`, "optimizer": {"name": "adamw", "lr": 1e-3, "eps": -1}`, `, "optimizer": {"name": "adamw", "lr": 1e-3, "clip_grad_norm": -1}`,
+		`, "optimizer": {"name": "adamw", "lr": 1e-3, "warmup_steps": -5}`, `, "optimizer": {"name": "adamw", "lr": 1e-3, "min_lr": 0.1}`,
 		`, "limits": {"conns_per_ip": -1}`, `, "limits": {"peer_memory_mb": -1}`, `, "limits": {"data_streams": -1}`, `, "limits": {"data_samples_per_request": 2000000}`} {
 		p := filepath.Join(t.TempDir(), "job.json")
 		if err := os.WriteFile(p, []byte("{"+base+bad+"}"), 0o644); err != nil {
@@ -311,5 +318,44 @@ func TestLimitsReachTheHost(t *testing.T) {
 	}
 	if got := c.Limits.dataServer(); got.MaxRequest != 100 || got.MaxStreams != 7 || got.MaxPerPeer != 2 || got.PeerBytesPerSecond != 5<<20 {
 		t.Errorf("data server limits %+v; want 100 samples a request, 7 streams, 2 a peer", got)
+	}
+}
+
+// An AdamW job: the optimizer with the config's betas, eps and decay on
+// the weights only, a per-step warm-up and cosine, and clipping.
+func TestAdamWConfig(t *testing.T) {
+	dataCfg, err := filepath.Abs("../../testdata/data-config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "job.json")
+	body := `{"name": "h", "world_size": 2, "epochs": 1, "batch_size": 8, "model": "mlp", "data": "` + dataCfg + `",
+		"optimizer": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.99], "eps": 1e-6,
+		"schedule": "cosine", "warmup_steps": 10, "total_steps": 100, "min_lr": 1e-4, "clip_grad_norm": 1}}`
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := loadJobConfig(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, ok := c.optimizer([]string{"0.linear.weight", "0.linear.bias"}).(*train.AdamW)
+	if !ok || w.Beta1 != 0.9 || w.Beta2 != 0.99 || w.Eps != 1e-6 || w.WeightDecay != 0.1 || !slices.Equal(w.Decay, []bool{true, false}) {
+		t.Fatalf("optimizer %+v; want AdamW, betas (0.9, 0.99), eps 1e-6, decay on the weight alone", w)
+	}
+	if s := c.schedule(); !s.PerStep() || math.Abs(float64(s.StepLR(0, 0))-1e-4) > 1e-9 || math.Abs(float64(s.StepLR(100, 0))-1e-4) > 1e-9 {
+		t.Errorf("schedule %+v; want a warm-up from 1e-4 and a cosine down to 1e-4 at step 100", s)
+	}
+	spec, err := train.BuiltinSpec("mlp", 1, 28, 28, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := train.NewModel(train.ModelConfig{Spec: spec, Batch: 8, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if rep := c.replica(m, w); rep.ClipNorm != 1 {
+		t.Errorf("replica clips at %v; want 1", rep.ClipNorm)
 	}
 }

@@ -613,7 +613,7 @@ func newJob(cfg *jobConfig, device string, devOpt devices.Options, trainSplit, t
 	if err != nil {
 		return nil, nil, err
 	}
-	opt, err := devices.BindOptimizer(model, cfg.optimizer(), devOpt)
+	opt, err := devices.BindOptimizer(model, cfg.optimizer(model.ParamNames()), devOpt)
 	if err != nil {
 		model.Close()
 		return nil, nil, err
@@ -636,13 +636,34 @@ func newJob(cfg *jobConfig, device string, devOpt devices.Options, trainSplit, t
 }
 
 // optimizer is the job's optimizer, on the host.
-func (cfg *jobConfig) optimizer() train.Optimizer {
-	if cfg.Optimizer.Name == "adam" {
-		a := train.NewAdam(cfg.Optimizer.LR)
-		a.WeightDecay = cfg.Optimizer.WeightDecay
-		return a
+func (cfg *jobConfig) optimizer(names []string) train.Optimizer {
+	o := cfg.Optimizer
+	var a *train.Adam
+	switch o.Name {
+	case "adam":
+		a = train.NewAdam(o.LR)
+		a.WeightDecay = o.WeightDecay
+	case "adamw":
+		// Decay on the tensors the reference decays: weights, not biases
+		// or layernorm's (by the model's parameter names).
+		w := train.NewAdamW(o.LR, o.WeightDecay, train.DecayWeights(names))
+		setBetas(&w.Adam, o)
+		return w
+	default:
+		return &train.SGD{LR: o.LR, Momentum: o.Momentum, WeightDecay: o.WeightDecay}
 	}
-	return &train.SGD{LR: cfg.Optimizer.LR, Momentum: cfg.Optimizer.Momentum, WeightDecay: cfg.Optimizer.WeightDecay}
+	setBetas(a, o)
+	return a
+}
+
+// setBetas puts the config's betas and eps, where given, into a.
+func setBetas(a *train.Adam, o optimizerConfig) {
+	if len(o.Betas) == 2 {
+		a.Beta1, a.Beta2 = o.Betas[0], o.Betas[1]
+	}
+	if o.Eps > 0 {
+		a.Eps = o.Eps
+	}
 }
 
 // replica is a replica of model with the job's step options.
@@ -652,6 +673,7 @@ func (cfg *jobConfig) replica(model train.Model, opt train.Optimizer) *train.Rep
 		rep = train.NewLocalReplica(model, cfg.Sync.localSGD(opt, cfg.MinWorldSize), nil)
 	}
 	rep.NormGuard = cfg.GradNormGuard
+	rep.ClipNorm = cfg.Optimizer.ClipGradNorm
 	rep.Wire = cfg.wire
 	rep.BucketBytes = cfg.BucketBytes
 	return rep

@@ -34,7 +34,7 @@ func runPipeline(ctx context.Context, cfg *jobConfig, device string, trainSplit,
 	job := &elastic.PipelineJob{Members: members, Pipeline: *cfg.Pipeline, Model: spec, StepTimeout: time.Duration(cfg.StepTimeout), WorldSize: cfg.WorldSize,
 		Logger: log, Out: stdout,
 		NewReplica: func(m train.Model) (*train.Replica, error) {
-			rep := cfg.replica(m, cfg.optimizer())
+			rep := cfg.replica(m, cfg.optimizer(m.ParamNames()))
 			rep.Trace = tracer
 			return rep, nil
 		}}
