@@ -99,7 +99,12 @@ type Adam struct {
 func NewAdam(lr float32) *Adam { return &Adam{LR: lr, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8} }
 
 // Step applies one update.
-func (o *Adam) Step(params, grads [][]float32) {
+func (o *Adam) Step(params, grads [][]float32) { o.step(params, grads, o.WeightDecay, nil) }
+
+// step is Adam's update with wd added to the gradient; keep, if set,
+// scales tensor i's parameters first (AdamW's decoupled decay; 1 leaves
+// them).
+func (o *Adam) step(params, grads [][]float32, wd float32, keep func(i int) float32) {
 	if o.m == nil {
 		o.m, o.v = zerosLike(params), zerosLike(params)
 	}
@@ -110,8 +115,17 @@ func (o *Adam) Step(params, grads [][]float32) {
 	sq := float32(math.Sqrt(bc2))
 	for i, p := range params {
 		g, m, v := grads[i], o.m[i], o.v[i]
+		k := float32(1)
+		if keep != nil {
+			k = keep(i)
+		}
 		split(len(p), func(lo, hi int) {
-			vec.Adam(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], step, sq, o.Beta1, o.Beta2, o.WeightDecay, o.Eps)
+			if k != 1 {
+				for j := lo; j < hi; j++ {
+					p[j] *= k
+				}
+			}
+			vec.Adam(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], step, sq, o.Beta1, o.Beta2, wd, o.Eps)
 		})
 	}
 }
@@ -175,29 +189,12 @@ func DecayWeights(names []string) []bool {
 
 // Step applies one update.
 func (o *AdamW) Step(params, grads [][]float32) {
-	if o.m == nil {
-		o.m, o.v = zerosLike(params), zerosLike(params)
-	}
-	o.t++
-	bc1 := 1 - math.Pow(float64(o.Beta1), float64(o.t))
-	bc2 := 1 - math.Pow(float64(o.Beta2), float64(o.t))
-	step := o.LR / float32(bc1)
-	sq := float32(math.Sqrt(bc2))
-	for i, p := range params {
-		g, m, v := grads[i], o.m[i], o.v[i]
-		keep := float32(1)
+	o.step(params, grads, 0, func(i int) float32 {
 		if i < len(o.Decay) && o.Decay[i] {
-			keep = 1 - o.LR*o.WeightDecay
+			return 1 - o.LR*o.WeightDecay
 		}
-		split(len(p), func(lo, hi int) {
-			if keep != 1 {
-				for j := lo; j < hi; j++ {
-					p[j] *= keep
-				}
-			}
-			vec.Adam(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], step, sq, o.Beta1, o.Beta2, 0, o.Eps)
-		})
-	}
+		return 1
+	})
 }
 
 // State is Adam's, named for AdamW.
