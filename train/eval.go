@@ -65,7 +65,7 @@ func tallyEpoch(m Model, e *data.Epoch, classes int) (tally, error) {
 		if err != nil {
 			return err
 		}
-		t.lossSum += float64(loss) * float64(b.N)
+		t.lossSum += float64(loss) * float64(len(b.Y)) // a mean over every label: a language model's, every position
 		logits := m.Logits()
 		for i, y := range b.Y {
 			row := logits[i*classes : (i+1)*classes]

@@ -71,6 +71,7 @@ type Progress struct {
 	Elapsed            time.Duration // since the epoch began
 	EpochDone          bool
 	TestAccuracy       float64 // with EpochDone, if there is a test set
+	TestLoss           float64 // with it, the mean loss over the test set (a language model's: per byte, in nats)
 	WorldSize          int
 	Stats              ReplicaStats // the replica's, summed since it was made
 	// With EpochDone: every rank's compute seconds in the epoch, and the
@@ -430,7 +431,7 @@ func (e *epochRun) end(ctx context.Context, s *Summary) error {
 		if e.lossN > 0 {
 			p.Loss = e.lossSum / float64(e.lossN)
 		}
-		p.TestAccuracy = s.TestAccuracy
+		p.TestAccuracy, p.TestLoss = s.TestAccuracy, s.TestLoss
 		cfg.Progress(p)
 	}
 	return nil

@@ -64,15 +64,18 @@ type graphModel struct {
 	cfg     ModelConfig
 	inputs  int // values per sample
 	classes int
-	g       *G.ExprGraph
-	vm      *tape   // forward and backward
-	fwd     *tape   // forward alone, for evaluation
-	out     *G.Node // the logits
-	cost    *G.Node
-	last    *tape         // the tape that ran last, whose logits Logits reads
-	x, y    *tensor.Dense // inputs, refilled in place every step
-	invN    *G.Node
-	learn   G.Nodes
+	// positions is how many labels a sample has: 1, or a language
+	// model's T, each position's next byte.
+	positions int
+	g         *G.ExprGraph
+	vm        *tape   // forward and backward
+	fwd       *tape   // forward alone, for evaluation
+	out       *G.Node // the logits
+	cost      *G.Node
+	last      *tape         // the tape that ran last, whose logits Logits reads
+	x, y      *tensor.Dense // inputs, refilled in place every step
+	invN      *G.Node
+	learn     G.Nodes
 	// gradNodes are learn's gradients, in its order (G.Grad's).
 	gradNodes G.Nodes
 	params    [][]float32
@@ -112,22 +115,26 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 	}
 	buildMu.Lock()
 	defer buildMu.Unlock()
-	m := &graphModel{cfg: cfg, g: G.NewGraph(), inputs: 1, classes: shapes[len(shapes)-1][0],
+	last := shapes[len(shapes)-1]
+	m := &graphModel{cfg: cfg, g: G.NewGraph(), inputs: 1, classes: last[len(last)-1], positions: 1,
 		masks: rand.NewPCG(cfg.Seed, 0x64726f70), blas: gemm.New(cfg.Threads)}
+	if len(last) == 2 { // a language model: every position's next byte
+		m.positions = last[0]
+	}
 	for _, d := range cfg.Spec.Input {
 		m.inputs *= d
 	}
 	b := cfg.Batch
 	xShape := append([]int{b}, cfg.Spec.Input...)
 	m.x = tensor.New(tensor.WithShape(xShape...), tensor.Of(tensor.Float32))
-	m.y = tensor.New(tensor.WithShape(b, m.classes), tensor.Of(tensor.Float32))
+	m.y = tensor.New(tensor.WithShape(b*m.positions, m.classes), tensor.Of(tensor.Float32))
 	var x *G.Node
 	if len(xShape) == 2 {
 		x = G.NewMatrix(m.g, G.Float32, G.WithShape(xShape...), G.WithName("x"), G.WithValue(m.x))
 	} else {
 		x = G.NewTensor(m.g, G.Float32, 4, G.WithShape(xShape...), G.WithName("x"), G.WithValue(m.x))
 	}
-	y := G.NewMatrix(m.g, G.Float32, G.WithShape(b, m.classes), G.WithName("y"), G.WithValue(m.y))
+	y := G.NewMatrix(m.g, G.Float32, G.WithShape(b*m.positions, m.classes), G.WithName("y"), G.WithValue(m.y))
 	m.invN = G.NewScalar(m.g, G.Float32, G.WithName("invN"), G.WithValue(float32(1)))
 	init, err := InitParams(cfg)
 	if err != nil {
@@ -238,6 +245,14 @@ func InitParams(cfg ModelConfig) ([]Param, error) {
 		}
 		return v
 	}
+	normal := func(std float64, shape ...int) []float32 {
+		v := make([]float32, shape[0]*shape[1])
+		for i := range v {
+			v[i] = float32(rng.NormFloat64() * std)
+		}
+		return v
+	}
+	gpt := cfg.Spec.Init == "gpt"
 	var out []Param
 	in := cfg.Spec.Input
 	layers := cfg.Spec.Layers
@@ -246,9 +261,29 @@ func InitParams(cfg ModelConfig) ([]Param, error) {
 		name := fmt.Sprintf("%d.%s", i, l.Type)
 		switch l.Type {
 		case LayerLinear:
+			f := in[len(in)-1] // features, or each row's
+			w := Param{name + ".weight", []int{f, l.Out}, nil}
+			if gpt {
+				w.Data = normal(0.02, f, l.Out)
+			} else {
+				w.Data = draw(f, l.Out, relu, f, l.Out)
+			}
+			out = append(out, w, Param{name + ".bias", []int{1, l.Out}, make([]float32, l.Out)})
+		case LayerEmbedding:
+			std := 1.0 // torch's nn.Embedding
+			if gpt {
+				std = 0.02
+			}
 			out = append(out,
-				Param{name + ".weight", []int{in[0], l.Out}, draw(in[0], l.Out, relu, in[0], l.Out)},
-				Param{name + ".bias", []int{1, l.Out}, make([]float32, l.Out)})
+				Param{name + ".weight", []int{l.vocab(), l.Out}, normal(std, l.vocab(), l.Out)},
+				Param{name + ".pos.weight", []int{in[0], l.Out}, normal(std, in[0], l.Out)})
+		case LayerLayerNorm:
+			w := in[len(in)-1]
+			gain := make([]float32, w)
+			for j := range gain {
+				gain[j] = 1
+			}
+			out = append(out, Param{name + ".weight", []int{1, w}, gain}, Param{name + ".bias", []int{1, w}, make([]float32, w)})
 		case LayerConv2D:
 			k := l.Kernel
 			out = append(out,
@@ -292,9 +327,9 @@ func (m *graphModel) Forward(x []float32, y []int, n int) (float32, error) {
 // feed checks a batch and loads it, with fresh dropout masks when training
 // and masks of ones when not.
 func (m *graphModel) feed(x []float32, y []int, n int, training bool) error {
-	if n < 1 || n > m.cfg.Batch || len(x) != n*m.inputs || len(y) != n {
-		return fmt.Errorf("train: batch of %d samples with %d values and %d labels; model takes up to %d samples of %d values",
-			n, len(x), len(y), m.cfg.Batch, m.inputs)
+	if n < 1 || n > m.cfg.Batch || len(x) != n*m.inputs || len(y) != n*m.positions {
+		return fmt.Errorf("train: batch of %d samples with %d values and %d labels; model takes up to %d samples of %d values and %d labels",
+			n, len(x), len(y), m.cfg.Batch, m.inputs, m.positions)
 	}
 	xs := m.x.Data().([]float32)
 	copy(xs, x)
@@ -311,7 +346,7 @@ func (m *graphModel) feed(x []float32, y []int, n int, training bool) error {
 			}
 		}
 	}
-	return G.Let(m.invN, float32(1)/float32(n))
+	return G.Let(m.invN, float32(1)/float32(n*m.positions))
 }
 
 // oneHot writes labels y as one-hot rows of classes values into ys, and
@@ -408,6 +443,14 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 			h, err = lg.learned(h, i, next, in, learned)
 			next += 2
 			learned = true
+		case LayerEmbedding, LayerLayerNorm:
+			h, err = lg.sequence(h, i, next, in, learned)
+			next += 2
+			learned = true
+		case LayerAttention:
+			h, err = applyKernel(newAttention(in[0], in[1]/3, l.Heads, lg.blas), []bool{learned}, h)
+		case LayerGELU:
+			h, err = applyKernel(geluKernel{lg.blas}, []bool{learned}, h)
 		case LayerMaxPool2D:
 			h, err = maxPool2d(h, poolGeom{b: b, c: in[0], h: in[1], w: in[2], k: l.Kernel}, lg.blas)
 		case LayerReLU:
@@ -442,6 +485,9 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 			learned = learned || lg.savedLearned[l.From]
 		case LayerDropout:
 			shape := append([]int{b}, in...)
+			if len(in) == 2 { // rows of features: as the activations are held
+				shape = []int{b * in[0], in[1]}
+			}
 			mt := tensor.New(tensor.WithShape(shape...), tensor.Of(tensor.Float32))
 			mn := G.NewTensor(lg.g, G.Float32, len(shape), G.WithShape(shape...), G.WithName(name+".mask"), G.WithValue(mt))
 			h, err = G.HadamardProd(h, mn)
@@ -470,9 +516,13 @@ func (lg *layerGraph) learned(h *G.Node, i, k int, in []int, inLearned bool) (*G
 	var wn, bn *G.Node
 	var err error
 	if l.Type == LayerLinear {
-		wn = G.NewMatrix(lg.g, G.Float32, G.WithShape(in[0], l.Out), G.WithName(name+".weight"), G.WithValue(w))
+		rows, f := b, in[0]
+		if len(in) == 2 { // each row of a sequence
+			rows, f = b*in[0], in[1]
+		}
+		wn = G.NewMatrix(lg.g, G.Float32, G.WithShape(f, l.Out), G.WithName(name+".weight"), G.WithValue(w))
 		bn = G.NewMatrix(lg.g, G.Float32, G.WithShape(1, l.Out), G.WithName(name+".bias"), G.WithValue(bias))
-		h, err = linear(h, wn, bn, b, in[0], l.Out, inLearned, lg.blas, lg.clock)
+		h, err = linear(h, wn, bn, rows, f, l.Out, inLearned, lg.blas, lg.clock)
 	} else {
 		wn = G.NewTensor(lg.g, G.Float32, 4, G.WithShape(l.Out, in[0], l.Kernel, l.Kernel), G.WithName(name+".weight"), G.WithValue(w))
 		bn = G.NewTensor(lg.g, G.Float32, 4, G.WithShape(1, l.Out, 1, 1), G.WithName(name+".bias"), G.WithValue(bias))
@@ -482,6 +532,24 @@ func (lg *layerGraph) learned(h *G.Node, i, k int, in []int, inLearned bool) (*G
 	}
 	lg.learn = append(lg.learn, wn, bn)
 	return h, err
+}
+
+// sequence builds layer i, an embedding or a layernorm, on h, whose
+// input shape is in, its two tensors made from init[k] and init[k+1];
+// inLearned says whether h depends on learned parameters already.
+func (lg *layerGraph) sequence(h *G.Node, i, k int, in []int, inLearned bool) (*G.Node, error) {
+	l := lg.cfg.Spec.Layers[i]
+	a, b := lg.init[k], lg.init[k+1]
+	an := G.NewMatrix(lg.g, G.Float32, G.WithShape(a.Shape...), G.WithName(a.Name), G.WithValue(a.tensor()))
+	bn := G.NewMatrix(lg.g, G.Float32, G.WithShape(b.Shape...), G.WithName(b.Name), G.WithValue(b.tensor()))
+	lg.learn = append(lg.learn, an, bn)
+	if l.Type == LayerEmbedding {
+		return applyKernel(embeddingKernel{vocab: l.vocab(), dim: l.Out, T: in[0]}, []bool{false, true, true}, h, an, bn)
+	}
+	if len(in) == 1 { // flat features: one row per sample
+		return applyKernel(newLayerNorm(in[0], lg.blas), []bool{inLearned, true, true}, h, an, bn)
+	}
+	return applyKernel(newLayerNorm(in[1], lg.blas), []bool{inLearned, true, true}, h, an, bn)
 }
 
 // nodeFloats is a node's value as float32s, at least want of them.

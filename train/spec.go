@@ -23,9 +23,21 @@ var ErrSpec = errors.New("train: bad model spec")
 // the name a layer before it saved its output under with "save"; the shapes
 // must match). The last layer's output are the logits; the loss is softmax
 // cross-entropy.
+//
+// A language model's spec takes T bytes per sample ("input": [T]) and
+// begins with an embedding (out: the width; vocab, 256 unless given; and
+// learned positions, T of them), after which a sample is T rows of
+// features: linear layers act on each row, layernorm normalises each,
+// attention (heads) is causal multi-head self-attention of rows of
+// queries, keys and values side by side (3 × the width) into rows of the
+// width, gelu is exact, and add adds rows alike. Its last layer gives
+// every position its logits for the next byte; the loss is the mean
+// cross-entropy over every position. Init "gpt" draws every linear and
+// embedding weight from N(0, 0.02), as GPT-2 and torch_gpt.py do.
 type Spec struct {
-	Input  []int   `json:"input"` // C, H, W for images; F for flat features
+	Input  []int   `json:"input"` // C, H, W for images; F for flat features; T for bytes
 	Layers []Layer `json:"layers"`
+	Init   string  `json:"init,omitempty"` // "" (He and Glorot) or "gpt"
 }
 
 // LayerType is a kind of layer, as a spec names it.
@@ -42,10 +54,18 @@ const (
 	LayerFlatten   LayerType = "flatten"
 	LayerAdd       LayerType = "add"
 	LayerDropout   LayerType = "dropout"
+	LayerEmbedding LayerType = "embedding"
+	LayerLayerNorm LayerType = "layernorm"
+	LayerAttention LayerType = "attention"
+	LayerGELU      LayerType = "gelu"
 )
 
-// HasParams says whether the layer has parameters: a weight and a bias.
-func (t LayerType) HasParams() bool { return t == LayerLinear || t == LayerConv2D }
+// HasParams says whether the layer has parameters: two tensors, a weight
+// and a bias (an embedding's: its token and position tables; a
+// layernorm's: its gain and bias).
+func (t LayerType) HasParams() bool {
+	return t == LayerLinear || t == LayerConv2D || t == LayerEmbedding || t == LayerLayerNorm
+}
 
 // Layer is one entry of a Spec.
 type Layer struct {
@@ -57,6 +77,21 @@ type Layer struct {
 	From   string    `json:"from,omitempty"`
 	// P is dropout's share of values zeroed while training, in (0, 1).
 	P float64 `json:"p,omitempty"`
+	// Heads is attention's heads; Vocab an embedding's tokens (0: 256).
+	Heads int `json:"heads,omitempty"`
+	Vocab int `json:"vocab,omitempty"`
+}
+
+// DefaultVocab is an embedding's tokens where its layer does not say:
+// the byte values.
+const DefaultVocab = 256
+
+// vocab is an embedding layer's tokens.
+func (l Layer) vocab() int {
+	if l.Vocab == 0 {
+		return DefaultVocab
+	}
+	return l.Vocab
 }
 
 // MLPSpec is `mlp` in general: linear layers with ReLU between them.
@@ -67,6 +102,26 @@ func MLPSpec(inputs int, hidden []int, classes int) Spec {
 	}
 	s.Layers = append(s.Layers, Layer{Type: LayerLinear, Out: classes})
 	return s
+}
+
+// GPTSpec is a byte-level GPT as a layer list: an embedding of the bytes
+// and their positions, then per block, pre-LayerNorm, causal multi-head
+// attention (queries, keys and values from one linear layer, then an
+// output projection) added to the block's input, and a GELU MLP of four
+// times the width added to that; a final layernorm and an untied output
+// layer of 256 logits per position; GPT initialisation.
+// ../shared/bench/torch_gpt.py's model, layer for layer.
+func GPTSpec(blocks, dim, heads, context int) Spec {
+	s := Spec{Input: []int{context}, Init: "gpt", Layers: []Layer{{Type: LayerEmbedding, Out: dim, Save: "x0"}}}
+	for b := range blocks {
+		in, mid, out := fmt.Sprintf("x%d", b), fmt.Sprintf("a%d", b), fmt.Sprintf("x%d", b+1)
+		s.Layers = append(s.Layers,
+			Layer{Type: LayerLayerNorm}, Layer{Type: LayerLinear, Out: 3 * dim}, Layer{Type: LayerAttention, Heads: heads},
+			Layer{Type: LayerLinear, Out: dim}, Layer{Type: LayerAdd, From: in, Save: mid},
+			Layer{Type: LayerLayerNorm}, Layer{Type: LayerLinear, Out: 4 * dim}, Layer{Type: LayerGELU},
+			Layer{Type: LayerLinear, Out: dim}, Layer{Type: LayerAdd, From: mid, Save: out})
+	}
+	return Spec{Input: s.Input, Init: s.Init, Layers: append(s.Layers, Layer{Type: LayerLayerNorm}, Layer{Type: LayerLinear, Out: DefaultVocab})}
 }
 
 // BuiltinSpec returns the built-in models for C×H×W inputs: "mlp"
@@ -215,6 +270,9 @@ func (s Spec) walk() ([][]int, []int, error) {
 }
 
 func (s Spec) walkShapes() ([][]int, []int, error) {
+	if s.Init != "" && s.Init != "gpt" {
+		return nil, nil, fmt.Errorf("init %q; want gpt, or none for He and Glorot: %w", s.Init, ErrSpec)
+	}
 	if len(s.Input) != 1 && len(s.Input) != 3 {
 		return nil, nil, fmt.Errorf("input %v; want [features] or [channels, height, width]: %w", s.Input, ErrSpec)
 	}
@@ -238,6 +296,9 @@ func (s Spec) walkShapes() ([][]int, []int, error) {
 		bad := func(format string, args ...any) error {
 			return fmt.Errorf("%s: %s: %w", where, fmt.Sprintf(format, args...), ErrSpec)
 		}
+		if l.Type == LayerEmbedding && i > 0 {
+			return nil, nil, bad("an embedding reads the bytes a sample holds: it comes first")
+		}
 		next, params, err := l.outShape(shape, saved)
 		if err != nil {
 			return nil, nil, bad("%v", err)
@@ -254,8 +315,8 @@ func (s Spec) walkShapes() ([][]int, []int, error) {
 		}
 		out = append(out, shape)
 	}
-	if last := out[len(out)-1]; len(last) != 1 || last[0] < 2 {
-		return nil, nil, fmt.Errorf("the last layer gives %v; want a flat vector of at least 2 class scores: %w", last, ErrSpec)
+	if last := out[len(out)-1]; len(last) < 1 || len(last) > 2 || last[len(last)-1] < 2 || len(last) == 2 && s.Layers[0].Type != LayerEmbedding {
+		return nil, nil, fmt.Errorf("the last layer gives %v; want a flat vector of at least 2 class scores (or, after an embedding, each position's): %w", last, ErrSpec)
 	}
 	return out, sizes, nil
 }
@@ -266,17 +327,49 @@ func (s Spec) walkShapes() ([][]int, []int, error) {
 func (l Layer) outShape(shape []int, saved map[string][]int) ([]int, []int, error) {
 	switch l.Type {
 	case LayerLinear:
-		if len(shape) != 1 {
-			return nil, nil, fmt.Errorf("input %v is not flat; put a flatten before it", shape)
+		if len(shape) != 1 && len(shape) != 2 {
+			return nil, nil, fmt.Errorf("input %v is not flat (or rows of features); put a flatten before it", shape)
 		}
 		if l.Out < 1 {
 			return nil, nil, fmt.Errorf("out %d; want at least 1", l.Out)
 		}
-		n, ok := values(shape[0], l.Out)
+		in := shape[len(shape)-1]
+		n, ok := values(in, l.Out)
 		if !ok {
-			return nil, nil, fmt.Errorf("a %d×%d weight; at most %d values", shape[0], l.Out, MaxValues)
+			return nil, nil, fmt.Errorf("a %d×%d weight; at most %d values", in, l.Out, MaxValues)
+		}
+		if len(shape) == 2 {
+			return []int{shape[0], l.Out}, []int{n, l.Out}, nil
 		}
 		return []int{l.Out}, []int{n, l.Out}, nil
+	case LayerEmbedding:
+		if len(shape) != 1 {
+			return nil, nil, fmt.Errorf("input %v; want [T], the bytes of a sample", shape)
+		}
+		if l.Out < 1 || l.vocab() < 1 {
+			return nil, nil, fmt.Errorf("out %d, vocab %d; want both at least 1", l.Out, l.vocab())
+		}
+		tokens, ok1 := values(l.vocab(), l.Out)
+		positions, ok2 := values(shape[0], l.Out)
+		if !ok1 || !ok2 {
+			return nil, nil, fmt.Errorf("tables of %d and %d rows of %d; at most %d values each", l.vocab(), shape[0], l.Out, MaxValues)
+		}
+		return []int{shape[0], l.Out}, []int{tokens, positions}, nil
+	case LayerLayerNorm:
+		if len(shape) != 1 && len(shape) != 2 {
+			return nil, nil, fmt.Errorf("input %v; want features, or rows of them", shape)
+		}
+		w := shape[len(shape)-1]
+		return shape, []int{w, w}, nil
+	case LayerAttention:
+		if len(shape) != 2 || shape[1]%3 != 0 {
+			return nil, nil, fmt.Errorf("input %v; want rows of queries, keys and values side by side, [T, 3 × width]", shape)
+		}
+		if w := shape[1] / 3; l.Heads < 1 || w%l.Heads != 0 {
+			return nil, nil, fmt.Errorf("%d heads for a width of %d; want heads that divide it", l.Heads, w)
+		}
+		return []int{shape[0], shape[1] / 3}, nil, nil
+	case LayerGELU:
 	case LayerConv2D:
 		if len(shape) != 3 {
 			return nil, nil, fmt.Errorf("input %v is not C×H×W", shape)
@@ -324,7 +417,7 @@ func (l Layer) outShape(shape []int, saved map[string][]int) ([]int, []int, erro
 			return nil, nil, fmt.Errorf("p %v; want the share of values to drop, above 0 and below 1", l.P)
 		}
 	default:
-		return nil, nil, fmt.Errorf("unknown type; want linear, conv2d, maxpool2d, relu, sigmoid, tanh, flatten, dropout or add")
+		return nil, nil, fmt.Errorf("unknown type; want linear, conv2d, maxpool2d, relu, sigmoid, tanh, flatten, dropout, add, embedding, layernorm, attention or gelu")
 	}
 	return shape, nil, nil
 }

@@ -108,6 +108,9 @@ type dataSpec struct {
 	Served     string               `json:"served,omitempty"`
 	Transforms []data.TransformSpec `json:"transforms,omitempty"`
 	Classes    []string             `json:"classes,omitempty"`
+	// Text says the job trains on a text corpus, as bytes: where it is is
+	// each machine's own, as image files' paths are.
+	Text bool `json:"text,omitempty"`
 }
 
 // localSettings are this machine's own: where its files go, how long it
@@ -416,7 +419,7 @@ func parseHandedOut(b []byte, name, hash string, local localSettings, dataFile s
 	if err != nil {
 		return nil, fmt.Errorf("--data: %w", err)
 	}
-	if !sameData(dataSpec{Transforms: d.Transforms, Classes: d.Classes}, c.Data) {
+	if !sameData(dataSpec{Transforms: d.Transforms, Classes: d.Classes, Text: d.Text != nil}, c.Data) {
 		return nil, fmt.Errorf("--data %s has other transforms or classes than job %q: this machine's data config must differ from the first peer's in its paths alone: %w", dataFile, name, errUsage)
 	}
 	c.data = d
@@ -501,7 +504,7 @@ func (f *jobFile) resolve(dir string) (*jobConfig, error) {
 		if err != nil {
 			return nil, err
 		}
-		c.Data.Transforms, c.Data.Classes = c.data.Transforms, c.data.Classes
+		c.Data.Transforms, c.Data.Classes, c.Data.Text = c.data.Transforms, c.data.Classes, c.data.Text != nil
 	}
 	if err := c.resolveSpec(); err != nil {
 		return nil, err
@@ -668,6 +671,10 @@ func (c *jobConfig) checkData() error {
 		if _, err := data.ParseID(c.Data.Served); err != nil {
 			return fmt.Errorf("data: served: %w", err)
 		}
+	} else if c.Data.Text {
+		if c.Data.Transforms != nil || c.Data.Classes != nil {
+			return errors.New("data: a text corpus takes no transforms or classes")
+		}
 	} else if _, err := data.NewPipeline(c.Data.Transforms); err != nil {
 		return fmt.Errorf("data: %w", err)
 	}
@@ -752,6 +759,23 @@ func (c *jobConfig) parseModel() error {
 		}
 		return nil
 	}
+	var keys map[string]json.RawMessage
+	if json.Unmarshal(c.Model, &keys) == nil && keys["gpt"] != nil {
+		var preset struct {
+			GPT gptPreset `json:"gpt"`
+		}
+		dec := json.NewDecoder(bytes.NewReader(c.Model))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&preset); err != nil {
+			return fmt.Errorf(`model gpt: %w; want {"gpt": {"layers": 4, "dim": 128, "heads": 4, "context": 128}}`, err)
+		}
+		s, err := preset.GPT.spec()
+		if err != nil {
+			return err
+		}
+		c.spec = &s
+		return nil
+	}
 	dec := json.NewDecoder(bytes.NewReader(c.Model))
 	dec.DisallowUnknownFields()
 	var s train.Spec
@@ -759,6 +783,63 @@ func (c *jobConfig) parseModel() error {
 		return fmt.Errorf("model spec: %w", err)
 	}
 	c.spec = &s
+	return nil
+}
+
+// gptPreset is the model {"gpt": {...}}: a byte-level GPT
+// (train.GPTSpec), torch_gpt.py's at its defaults.
+type gptPreset struct {
+	Layers  int `json:"layers"`
+	Dim     int `json:"dim"`
+	Heads   int `json:"heads"`
+	Context int `json:"context"`
+}
+
+// maxContext bounds a GPT's context: its attention keeps T×T values a
+// head and sample.
+const maxContext = 4096
+
+func (g *gptPreset) spec() (train.Spec, error) {
+	switch {
+	case g.Layers < 1 || g.Dim < 1 || g.Heads < 1 || g.Context < 1:
+		return train.Spec{}, fmt.Errorf("model gpt with %d layers, dim %d, %d heads, context %d; want every one at least 1", g.Layers, g.Dim, g.Heads, g.Context)
+	case g.Dim%g.Heads != 0:
+		return train.Spec{}, fmt.Errorf("model gpt: %d heads do not divide dim %d", g.Heads, g.Dim)
+	case g.Context > maxContext:
+		return train.Spec{}, fmt.Errorf("model gpt: context %d; at most %d", g.Context, maxContext)
+	}
+	s := train.GPTSpec(g.Layers, g.Dim, g.Heads, g.Context)
+	if _, err := s.Shapes(); err != nil {
+		return s, fmt.Errorf("model gpt: %w", err)
+	}
+	return s, nil
+}
+
+// context is the bytes a sample of the model reads, for a language model
+// (one whose first layer is an embedding), or 0.
+func (c *jobConfig) context() int {
+	if c.spec == nil || len(c.spec.Layers) == 0 || c.spec.Layers[0].Type != train.LayerEmbedding || len(c.spec.Input) != 1 {
+		return 0
+	}
+	return c.spec.Input[0]
+}
+
+// textContext makes a text split's samples the model's windows; a text
+// corpus wants a language model, and a language model text.
+func (c *jobConfig) textContext(splits ...*data.Split) error {
+	for _, s := range splits {
+		switch {
+		case s == nil:
+		case s.Text == nil && c.context() > 0:
+			return fmt.Errorf("a language model (its first layer an embedding) trains on text: name a corpus with \"data\": {\"text\": {\"folder\": ...}}")
+		case s.Text != nil && c.context() == 0:
+			return fmt.Errorf("data is text, %s: the model must be a language model, {\"gpt\": {...}} or a layer list that begins with an embedding", s.Source)
+		case s.Text != nil:
+			if err := s.SetContext(c.context()); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 

@@ -359,3 +359,68 @@ func TestAdamWConfig(t *testing.T) {
 		t.Errorf("replica clips at %v; want 1", rep.ClipNorm)
 	}
 }
+
+// A language model's job: the gpt preset is checked (heads that do not
+// divide dim, a context of none or past the bound, a misspelt field), a
+// text corpus wants a language model and a language model text.
+func TestGPTConfig(t *testing.T) {
+	text, err := filepath.Abs("../../testdata/text")
+	if err != nil {
+		t.Fatal(err)
+	}
+	images, err := filepath.Abs("../../testdata/data-config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := func(model, dataCfg string) (*jobConfig, error) {
+		p := filepath.Join(t.TempDir(), "job.json")
+		body := `{"name": "g", "world_size": 1, "epochs": 1, "batch_size": 4, "model": ` + model + `, "data": ` + dataCfg + `}`
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return loadJobConfig(p)
+	}
+	textData := `{"text": {"folder": "` + text + `"}}`
+	for _, bad := range []string{
+		`{"gpt": {"layers": 1, "dim": 30, "heads": 4, "context": 16}}`,
+		`{"gpt": {"layers": 1, "dim": 32, "heads": 4, "context": 0}}`,
+		`{"gpt": {"layers": 1, "dim": 32, "heads": 4, "context": 100000}}`,
+		`{"gpt": {"layers": 1, "dim": 32, "heads": 4, "ctx": 16}}`,
+	} {
+		if _, err := load(bad, textData); err == nil {
+			t.Errorf("model %s: taken", bad)
+		}
+	}
+	c, err := load(`{"gpt": {"layers": 1, "dim": 32, "heads": 4, "context": 16}}`, textData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	split, err := c.data.Load("train")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.textContext(split); err != nil || split.W != 16 || c.context() != 16 || !c.Data.Text {
+		t.Errorf("text for a gpt: %v, windows of %d; want none, 16", err, split.W)
+	}
+	c, err = load(`{"gpt": {"layers": 1, "dim": 32, "heads": 4, "context": 16}}`, `"`+images+`"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	imageSplit, err := c.data.Load("train")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.textContext(imageSplit); err == nil {
+		t.Error("images for a gpt: taken")
+	}
+	c, err = load(`"mlp"`, textData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if split, err = c.data.Load("train"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.textContext(split); err == nil {
+		t.Error("text for an mlp: taken")
+	}
+}

@@ -816,3 +816,43 @@ func tails(v any) string {
 	}
 	return b.String()
 }
+
+// TestGPTTrainsEndToEnd: a byte-level GPT on a text corpus, on two peers:
+// both end with one parameter hash, and the validation loss, in bits per
+// byte, far below the 8 bits of a byte no model predicts.
+func TestGPTTrainsEndToEnd(t *testing.T) {
+	dir := t.TempDir()
+	job, err := os.ReadFile("../../testdata/gpt-job.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	job = bytes.Replace(job, []byte(`"folder": "text"`), []byte(`"folder": "`+mustAbs(t, "../../testdata/text")+`"`), 1)
+	cfg := filepath.Join(dir, "job.json")
+	if err := os.WriteFile(cfg, job, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := ringtrain(t, 3*time.Minute, "local", "-n", "2", "--config", cfg, "--log-format", "json")
+	if err != nil {
+		t.Fatalf("local: %v\n%s", err, tails(out))
+	}
+	re := regexp.MustCompile(`"test_bits_per_byte":([0-9.]+).*"param_hash":"([0-9a-f]{64})"`)
+	hashes := map[string]bool{}
+	summaries := 0
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.Contains(line, `"message":"summary"`) {
+			continue
+		}
+		summaries++
+		m := re.FindStringSubmatch(line)
+		if m == nil {
+			t.Fatalf("summary line without bits per byte and hash: %s", line)
+		}
+		if bpb, _ := strconv.ParseFloat(m[1], 64); !(bpb < 5) {
+			t.Errorf("validation loss %v bits per byte; want well under 8 (a uniform guess)", bpb)
+		}
+		hashes[m[2]] = true
+	}
+	if summaries != 2 || len(hashes) != 1 {
+		t.Errorf("%d summaries with %d parameter hashes; want 2 with one\n%s", summaries, len(hashes), tails(out))
+	}
+}

@@ -290,8 +290,14 @@ func (j *joinRun) report(job *elastic.Job, sum train.Summary, err error) error {
 	}
 	size := len(j.peer.members.Members())
 	fmt.Fprintf(j.stdout, "rank %d of %d: test accuracy %.4f, param hash %s\n", job.Rank(), size, sum.TestAccuracy, sum.ParamHash[:16])
-	job.Log().Info().Int("world_size", size).Int("epochs", sum.Epochs).Float64("test_accuracy", sum.TestAccuracy).
-		Int("test_samples", sum.TestSamples).Float64("test_loss", sum.TestLoss).Floats64("test_accuracy_per_class", sum.PerClass).
+	ev := job.Log().Info()
+	if j.cfg.context() > 0 { // a language model: bits per byte, and no 256 classes' accuracies
+		ev = ev.Float64("test_bits_per_byte", sum.TestLoss/math.Ln2)
+	} else {
+		ev = ev.Floats64("test_accuracy_per_class", sum.PerClass)
+	}
+	ev.Int("world_size", size).Int("epochs", sum.Epochs).Float64("test_accuracy", sum.TestAccuracy).
+		Int("test_samples", sum.TestSamples).Float64("test_loss", sum.TestLoss).
 		Str("param_hash", sum.ParamHash).Float64("samples_per_sec", sum.SamplesPerSec).
 		Func(func(e *zerolog.Event) { addShares(e, job.Training.Replica.Stats) }).
 		Ints("stragglers", job.Training.Replica.Stragglers()).Msg("summary")
@@ -451,7 +457,7 @@ func loadSplits(ctx context.Context, cfg *jobConfig, h *p2p.Host, served *served
 		if trainSplit, err = cfg.data.Load("train"); err != nil {
 			return nil, nil, nil, err
 		}
-		if cfg.data.DatasetPath.Test != "" {
+		if cfg.data.DatasetPath.Test != "" || cfg.data.Text != nil {
 			if testSplit, err = cfg.data.Load("test"); err != nil {
 				return nil, nil, nil, err
 			}
@@ -510,6 +516,10 @@ func loadSplits(ctx context.Context, cfg *jobConfig, h *p2p.Host, served *served
 			c.Close()
 		}
 		log.Info().Str("dataset", cfg.Data.Served).Str("servers", fmt.Sprint(c.Servers())).Int("request_size", cfg.RequestSize).Str("cache_dir", cfg.CacheDir).Msg("training on served data")
+	}
+	if err := cfg.textContext(trainSplit, testSplit); err != nil {
+		closeAll()
+		return nil, nil, nil, err
 	}
 	log.Info().Str("dataset", trainSplit.Describe()).Msg("train data")
 	return trainSplit, testSplit, closeAll, nil
@@ -731,7 +741,10 @@ func (cfg *jobConfig) progress(tested bool, status io.Writer, logger func() *zer
 			return
 		}
 		if tested {
-			ev = ev.Float64("test_accuracy", p.TestAccuracy)
+			ev = ev.Float64("test_accuracy", p.TestAccuracy).Float64("test_loss", p.TestLoss)
+			if cfg.context() > 0 { // a language model: its validation loss in bits per byte too
+				ev = ev.Float64("test_bits_per_byte", p.TestLoss/math.Ln2)
+			}
 		}
 		addShares(ev, p.Stats).Int("world_size", p.WorldSize).Floats64("rank_compute_s", p.RankCompute).
 			Ints("stragglers", p.Stragglers).Msg("epoch done")

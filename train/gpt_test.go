@@ -1,0 +1,182 @@
+package train
+
+import (
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// tinyGPT is a GPT small enough to check by finite differences.
+func tinyGPT(t *testing.T, batch int) ModelConfig {
+	t.Helper()
+	return ModelConfig{Spec: GPTSpec(2, 8, 2, 6), Batch: batch, Seed: 3}
+}
+
+// textBatch is n windows of the corpus at random offsets, as the loader
+// makes them: T input bytes and the T bytes after each.
+func textBatch(rng *rand.Rand, corpus string, n, T int) ([]float32, []int) {
+	x, y := make([]float32, n*T), make([]int, n*T)
+	for k := range n {
+		o := rng.IntN(len(corpus) - T)
+		for i := range T {
+			x[k*T+i], y[k*T+i] = float32(corpus[o+i]), int(corpus[o+i+1])
+		}
+	}
+	return x, y
+}
+
+// The GPT's gradients are those of its loss: for every parameter
+// tensor, the loss's slope along the gradient and along a random
+// direction (central differences of a small step) is the gradient's
+// projection on that direction.
+// Both with GPT's small initialisation and with He and Glorot's, whose
+// larger weights make attention pick among positions (with GPT's, every
+// position attends to the ones before it nearly alike, and attention's
+// gradients are small).
+func TestGPTGradients(t *testing.T) {
+	for _, init := range []string{"gpt", ""} {
+		t.Run("init "+init, func(t *testing.T) {
+			cfg := tinyGPT(t, 3)
+			cfg.Spec.Init = init
+			checkLMGradients(t, cfg)
+		})
+	}
+}
+
+func checkLMGradients(t *testing.T, cfg ModelConfig) {
+	m, err := NewModel(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	x, y := textBatch(rng, strings.Repeat("the quick brown fox jumps over the lazy dog. ", 4), 3, 6)
+	if _, err := m.ForwardBackward(x, y, 3); err != nil {
+		t.Fatal(err)
+	}
+	grads := make([][]float32, len(m.Grads()))
+	for i, g := range m.Grads() {
+		grads[i] = slices.Clone(g)
+	}
+	// The loss from the logits in float64: the model's own float32 mean
+	// cannot tell a small step's change from its rounding.
+	loss := func() float64 {
+		if _, err := m.Forward(x, y, 3); err != nil {
+			t.Fatal(err)
+		}
+		logits := m.Logits()
+		var sum float64
+		for r, label := range y {
+			row := logits[r*256 : (r+1)*256]
+			top := float64(slices.Max(row))
+			var z float64
+			for _, v := range row {
+				z += math.Exp(float64(v) - top)
+			}
+			sum += top + math.Log(z) - float64(row[label])
+		}
+		return sum / float64(len(y))
+	}
+	for i, p := range m.Params() {
+		name := m.ParamNames()[i]
+		random := make([]float64, len(p))
+		for j := range random {
+			random[j] = rng.NormFloat64()
+		}
+		along := make([]float64, len(p))
+		for j, g := range grads[i] {
+			along[j] = float64(g)
+		}
+		for dir, u := range map[string][]float64{"the gradient": along, "a random direction": random} {
+			var n float64
+			for _, v := range u {
+				n += v * v
+			}
+			n = math.Sqrt(n)
+			if n == 0 {
+				t.Errorf("%s: a zero gradient", name)
+				continue
+			}
+			// A step of norm 0.001, less for a small tensor, whose values
+			// each move further (a bias of the residual stream, which a
+			// layernorm scales up: the loss bends sharply there).
+			h := 1e-3 * min(1, math.Sqrt(float64(len(p))/256))
+			orig := slices.Clone(p)
+			move := func(s float64) float64 {
+				for j := range p {
+					p[j] = orig[j] + float32(s*h*u[j]/n)
+				}
+				return loss()
+			}
+			slope := (move(1) - move(-1)) / (2 * h)
+			copy(p, orig)
+			var want float64 // the gradient's projection on u
+			for j, g := range grads[i] {
+				want += float64(g) * u[j] / n
+			}
+			if math.Abs(slope-want) > 0.02*math.Abs(want)+2e-5 {
+				t.Errorf("%s along %s: the loss's slope %.6g; the gradient says %.6g", name, dir, slope, want)
+			}
+		}
+	}
+	if len(m.Params()) != 2+12*2+2+2 {
+		t.Errorf("%d parameter tensors; want the embedding's 2, 12 per block, the last layernorm's and the output layer's", len(m.Params()))
+	}
+}
+
+// A GPT learns a text it sees again and again, and its logits give every
+// position its next byte; a model of one thread and one of four hold the
+// same bits after the same steps.
+func TestGPTLearnsAndKeepsItsBits(t *testing.T) {
+	corpus := strings.Repeat("abcdefgh", 40)
+	run := func(threads int) ([]float32, float32, float32) {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(threads))
+		cfg := ModelConfig{Spec: GPTSpec(1, 16, 2, 8), Batch: 8, Seed: 1}
+		m, err := NewModel(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opt := NewAdamW(3e-3, 0.1, DecayWeights(m.ParamNames()))
+		rng := rand.New(rand.NewPCG(4, 4))
+		var first, last float32
+		for s := range 150 {
+			x, y := textBatch(rng, corpus, 8, 8)
+			l, err := m.ForwardBackward(x, y, 8)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s == 0 {
+				first = l
+			}
+			last = l
+			opt.Step(m.Params(), m.Grads())
+		}
+		return slices.Concat(m.Params()...), first, last
+	}
+	p1, first, last := run(1)
+	if !(first > 4 && last < 0.5) {
+		t.Errorf("loss %v at the first step, %v after 150; want about ln 256 = 5.5, then under 0.5", first, last)
+	}
+	if p4, _, _ := run(4); !slices.Equal(p1, p4) {
+		t.Error("the GPT's parameters differ between 1 and 4 threads")
+	}
+}
+
+func TestGPTSpecRefuses(t *testing.T) {
+	for name, s := range map[string]Spec{
+		"heads that do not divide the width": {Input: []int{8}, Layers: []Layer{{Type: LayerEmbedding, Out: 10}, {Type: LayerLinear, Out: 30}, {Type: LayerAttention, Heads: 4}, {Type: LayerLinear, Out: 256}}},
+		"an embedding after the first layer": {Input: []int{8}, Layers: []Layer{{Type: LayerLinear, Out: 8}, {Type: LayerEmbedding, Out: 4}, {Type: LayerLinear, Out: 256}}},
+		"attention of flat features":         {Input: []int{12}, Layers: []Layer{{Type: LayerAttention, Heads: 1}, {Type: LayerLinear, Out: 2}}},
+		"an unknown init":                    {Input: []int{8}, Init: "xavier", Layers: []Layer{{Type: LayerEmbedding, Out: 4}, {Type: LayerLinear, Out: 256}}},
+		"a table over the bound":             {Input: []int{8}, Layers: []Layer{{Type: LayerEmbedding, Out: 1 << 20, Vocab: 1 << 20}, {Type: LayerLinear, Out: 256}}},
+	} {
+		if _, err := s.Shapes(); err == nil {
+			t.Errorf("%s: taken", name)
+		}
+	}
+	if _, err := GPTSpec(4, 128, 4, 128).Shapes(); err != nil {
+		t.Errorf("the reference GPT: %v", err)
+	}
+}

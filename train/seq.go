@@ -1,0 +1,331 @@
+package train
+
+import (
+	"fmt"
+	"math"
+	"sync"
+
+	"gonum.org/v1/gonum/blas"
+	"gorgonia.org/tensor"
+
+	"github.com/ringtrain/ringtrain/train/gemm"
+)
+
+// A language model's layers, as kernels (kernelOp) on activations kept
+// as matrices of one row per position: [samples × positions, features].
+// Every value is computed in an order that does not depend on the
+// threads, so every replica holds the same bits whatever its threads.
+
+// embeddingKernel is a byte embedding with learned positions: inputs the
+// tokens [samples, T] (byte values as float32s), the token table
+// [vocab, dim] and the position table [T, dim]; row r of the output is
+// the table row of its token plus that of its position.
+type embeddingKernel struct{ vocab, dim, T int }
+
+func (k embeddingKernel) String() string { return "embedding" }
+
+func (k embeddingKernel) shape(in []tensor.Shape) (tensor.Shape, error) {
+	if len(in[0]) != 2 || in[0][1] != k.T {
+		return nil, fmt.Errorf("%v: tokens %v; want [samples, %d]", k, in[0], k.T)
+	}
+	return tensor.Shape{in[0][0] * k.T, k.dim}, nil
+}
+
+func (k embeddingKernel) forward(out []float32, in [][]float32) error {
+	tok, w, p := in[0], in[1], in[2]
+	for r, v := range tok {
+		t := int(v)
+		if float32(t) != v || t < 0 || t >= k.vocab {
+			return fmt.Errorf("%v: token %v at sample %d position %d; want a whole number in [0, %d)", k, v, r/k.T, r%k.T, k.vocab)
+		}
+		row, pos := out[r*k.dim:(r+1)*k.dim], p[(r%k.T)*k.dim:]
+		for j, e := range w[t*k.dim : (t+1)*k.dim] {
+			row[j] = e + pos[j]
+		}
+	}
+	return nil
+}
+
+func (k embeddingKernel) backward(dx [][]float32, dy []float32, in [][]float32, _ []float32) error {
+	tok := in[0]
+	for i, d := range dx[1:] {
+		if d == nil {
+			continue
+		}
+		clear(d)
+		for r, v := range tok {
+			at := int(v) // the token's row, or the position's
+			if i == 1 {
+				at = r % k.T
+			}
+			row := d[at*k.dim : (at+1)*k.dim]
+			for j, g := range dy[r*k.dim : (r+1)*k.dim] {
+				row[j] += g
+			}
+		}
+	}
+	return nil
+}
+
+// layerNormEps is torch's LayerNorm eps.
+const layerNormEps = 1e-5
+
+// layerNormKernel normalises each row of x [rows, dim] to zero mean and
+// unit variance (eps 1e-5), then scales by the gain and adds the bias
+// (each [1, dim]): torch's LayerNorm. Its statistics are kept for the
+// backward pass.
+type layerNormKernel struct {
+	dim        int
+	bl         *gemm.BLAS
+	mean, rstd *[]float32
+}
+
+func newLayerNorm(dim int, bl *gemm.BLAS) layerNormKernel {
+	return layerNormKernel{dim: dim, bl: bl, mean: new([]float32), rstd: new([]float32)}
+}
+
+func (k layerNormKernel) String() string { return "layernorm" }
+
+func (k layerNormKernel) shape(in []tensor.Shape) (tensor.Shape, error) {
+	if len(in[0]) != 2 || in[0][1] != k.dim {
+		return nil, fmt.Errorf("%v: input %v; want [rows, %d]", k, in[0], k.dim)
+	}
+	return in[0].Clone(), nil
+}
+
+func (k layerNormKernel) forward(out []float32, in [][]float32) error {
+	x, g, b := in[0], in[1], in[2]
+	rows := len(x) / k.dim
+	*k.mean, *k.rstd = grow(*k.mean, rows), grow(*k.rstd, rows)
+	mean, rstd := *k.mean, *k.rstd
+	rowsEach(k.bl, rows, rows*k.dim, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			xr, yr := x[r*k.dim:(r+1)*k.dim], out[r*k.dim:(r+1)*k.dim]
+			var s float64
+			for _, v := range xr {
+				s += float64(v)
+			}
+			mu := s / float64(k.dim)
+			var q float64
+			for _, v := range xr {
+				d := float64(v) - mu
+				q += d * d
+			}
+			rs := 1 / math.Sqrt(q/float64(k.dim)+layerNormEps)
+			mean[r], rstd[r] = float32(mu), float32(rs)
+			for j, v := range xr {
+				yr[j] = float32((float64(v)-mu)*rs)*g[j] + b[j]
+			}
+		}
+	})
+	return nil
+}
+
+func (k layerNormKernel) backward(dx [][]float32, dy []float32, in [][]float32, _ []float32) error {
+	x, g := in[0], in[1]
+	rows := len(x) / k.dim
+	mean, rstd := *k.mean, *k.rstd
+	if dx[0] != nil {
+		rowsEach(k.bl, rows, rows*k.dim, func(lo, hi int) {
+			for r := lo; r < hi; r++ {
+				xr, dyr, dxr := x[r*k.dim:(r+1)*k.dim], dy[r*k.dim:(r+1)*k.dim], dx[0][r*k.dim:(r+1)*k.dim]
+				mu, rs := float64(mean[r]), float64(rstd[r])
+				var a, c float64 // the means of dŷ and dŷ·x̂
+				for j, v := range xr {
+					d := float64(dyr[j]) * float64(g[j])
+					a += d
+					c += d * (float64(v) - mu) * rs
+				}
+				a /= float64(k.dim)
+				c /= float64(k.dim)
+				for j, v := range xr {
+					d := float64(dyr[j]) * float64(g[j])
+					dxr[j] = float32(rs * (d - a - (float64(v)-mu)*rs*c))
+				}
+			}
+		})
+	}
+	// The gain's and bias's gradients sum over the rows, in row order.
+	dg, db := dx[1], dx[2]
+	if dg != nil {
+		clear(dg)
+	}
+	if db != nil {
+		clear(db)
+	}
+	for r := range rows {
+		xr, dyr := x[r*k.dim:(r+1)*k.dim], dy[r*k.dim:(r+1)*k.dim]
+		mu, rs := mean[r], rstd[r]
+		for j, d := range dyr {
+			if dg != nil {
+				dg[j] += d * ((xr[j] - mu) * rs)
+			}
+			if db != nil {
+				db[j] += d
+			}
+		}
+	}
+	return nil
+}
+
+// geluKernel is the GELU of every value, exact (torch's default):
+// x·Φ(x), Φ the standard normal's distribution function.
+type geluKernel struct{ bl *gemm.BLAS }
+
+func (k geluKernel) String() string { return "gelu" }
+
+func (k geluKernel) shape(in []tensor.Shape) (tensor.Shape, error) { return in[0].Clone(), nil }
+
+func (k geluKernel) forward(out []float32, in [][]float32) error {
+	x := in[0]
+	rowsEach(k.bl, len(x), len(x), func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			v := float64(x[i])
+			out[i] = float32(0.5 * v * (1 + math.Erf(v/math.Sqrt2)))
+		}
+	})
+	return nil
+}
+
+func (k geluKernel) backward(dx [][]float32, dy []float32, in [][]float32, _ []float32) error {
+	x, d := in[0], dx[0]
+	rowsEach(k.bl, len(x), len(x), func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			v := float64(x[i])
+			phi := math.Exp(-0.5*v*v) / math.Sqrt(2*math.Pi)
+			d[i] = float32(float64(dy[i]) * (0.5*(1+math.Erf(v/math.Sqrt2)) + v*phi))
+		}
+	})
+	return nil
+}
+
+// attentionKernel is causal multi-head self-attention: from qkv
+// [samples × T, 3·dim] — each row's queries, keys and values, head h's
+// at columns [h·d, (h+1)·d) of each third — the output [samples × T,
+// dim], position i of head h attending to positions 0…i by
+// softmax(q·kᵀ/√d). The probabilities are kept for the backward pass.
+type attentionKernel struct {
+	T, dim, heads int
+	bl            *gemm.BLAS
+	probs         *[]float32 // [samples, heads, T, T]
+	scratch       *sync.Pool // *[]float32 of T×T, a task's dP
+}
+
+func newAttention(T, dim, heads int, bl *gemm.BLAS) attentionKernel {
+	return attentionKernel{T: T, dim: dim, heads: heads, bl: bl, probs: new([]float32),
+		scratch: &sync.Pool{New: func() any { s := make([]float32, T*T); return &s }}}
+}
+
+func (k attentionKernel) String() string { return "attention" }
+
+func (k attentionKernel) shape(in []tensor.Shape) (tensor.Shape, error) {
+	if len(in[0]) != 2 || in[0][1] != 3*k.dim || in[0][0]%k.T != 0 {
+		return nil, fmt.Errorf("%v: input %v; want [samples × %d, %d]", k, in[0], k.T, 3*k.dim)
+	}
+	return tensor.Shape{in[0][0], k.dim}, nil
+}
+
+// tasks runs f for every (sample, head) pair, split over the threads;
+// each pair's values are its own.
+func (k attentionKernel) tasks(samples int, f func(s, h int)) {
+	n := samples * k.heads
+	rowsEach(k.bl, n, n*k.T*k.T*(k.dim/k.heads), func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			f(i/k.heads, i%k.heads)
+		}
+	})
+}
+
+func (k attentionKernel) forward(out []float32, in [][]float32) error {
+	qkv, T, C := in[0], k.T, k.dim
+	d, samples, scale := k.geom(qkv)
+	*k.probs = grow(*k.probs, samples*k.heads*T*T)
+	k.tasks(samples, func(s, h int) {
+		q, kk, v, p := k.head(qkv, s, h)
+		k.bl.SgemmSerial(blas.NoTrans, blas.Trans, T, T, d, scale, q, 3*C, kk, 3*C, 0, p, T)
+		causalSoftmax(p, T)
+		k.bl.SgemmSerial(blas.NoTrans, blas.NoTrans, T, d, T, 1, p, T, v, 3*C, 0, out[s*T*C+h*d:], C)
+	})
+	return nil
+}
+
+// geom is a head's width, the samples in qkv and the scores' scale, 1/√d.
+func (k attentionKernel) geom(qkv []float32) (d, samples int, scale float32) {
+	d = k.dim / k.heads
+	return d, len(qkv) / (k.T * 3 * k.dim), float32(1 / math.Sqrt(float64(d)))
+}
+
+// head is sample s's head h in qkv (or its gradient): its queries, keys
+// and values, each a column block of rows 3·dim apart, and its
+// probabilities [T, T].
+func (k attentionKernel) head(qkv []float32, s, h int) (q, kk, v, p []float32) {
+	T, C, d := k.T, k.dim, k.dim/k.heads
+	base := s*T*3*C + h*d
+	i := s*k.heads + h
+	return qkv[base:], qkv[base+C:], qkv[base+2*C:], (*k.probs)[i*T*T : (i+1)*T*T]
+}
+
+// causalSoftmax turns each row i of the scores p [T, T] into the softmax
+// of its first i+1, and zeros after them.
+func causalSoftmax(p []float32, T int) {
+	for i := range T {
+		row := p[i*T : (i+1)*T]
+		top := row[0]
+		for _, v := range row[1 : i+1] {
+			top = max(top, v)
+		}
+		var sum float64
+		for j := range i + 1 {
+			e := math.Exp(float64(row[j] - top))
+			row[j] = float32(e)
+			sum += e
+		}
+		inv := float32(1 / sum)
+		for j := range i + 1 {
+			row[j] *= inv
+		}
+		clear(row[i+1:])
+	}
+}
+
+func (k attentionKernel) backward(dx [][]float32, dy []float32, in [][]float32, _ []float32) error {
+	qkv, T, C := in[0], k.T, k.dim
+	d, samples, scale := k.geom(qkv)
+	k.tasks(samples, func(s, h int) {
+		q, kk, v, p := k.head(qkv, s, h)
+		dq, dk, dv, _ := k.head(dx[0], s, h)
+		g := dy[s*T*C+h*d:]
+		buf := k.scratch.Get().(*[]float32)
+		defer k.scratch.Put(buf)
+		dp := *buf
+		// dV = Pᵀ·dY; dP = dY·Vᵀ; dS = P ⊙ (dP − rowsum(P ⊙ dP)).
+		k.bl.SgemmSerial(blas.Trans, blas.NoTrans, T, d, T, 1, p, T, g, C, 0, dv, 3*C)
+		k.bl.SgemmSerial(blas.NoTrans, blas.Trans, T, T, d, 1, g, C, v, 3*C, 0, dp, T)
+		for i := range T {
+			pr, dr := p[i*T:(i+1)*T], dp[i*T:(i+1)*T]
+			var dot float64
+			for j := range i + 1 {
+				dot += float64(pr[j]) * float64(dr[j])
+			}
+			for j := range i + 1 {
+				dr[j] = pr[j] * (dr[j] - float32(dot))
+			}
+			clear(dr[i+1:])
+		}
+		// dQ = dS·K/√d; dK = dSᵀ·Q/√d.
+		k.bl.SgemmSerial(blas.NoTrans, blas.NoTrans, T, d, T, scale, dp, T, kk, 3*C, 0, dq, 3*C)
+		k.bl.SgemmSerial(blas.Trans, blas.NoTrans, T, d, T, scale, dp, T, q, 3*C, 0, dk, 3*C)
+	})
+	return nil
+}
+
+// rowsEach runs f over [0, n) in parts, one per thread bl has where the
+// values it touches are worth one (splitValues); each part's values are
+// its own, so the bits do not depend on the cut.
+func rowsEach(bl *gemm.BLAS, n, values int, f func(lo, hi int)) {
+	threads := 1
+	if bl != nil {
+		threads = min(bl.Threads(), max(1, values/splitValues))
+	}
+	parallelFor(threads, n, func(_, lo, hi int) { f(lo, hi) })
+}
