@@ -9,6 +9,7 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/ringtrain/ringtrain/train/gemm"
+	"github.com/ringtrain/ringtrain/train/vec"
 )
 
 // A language model's layers, as kernels (kernelOp) on activations kept
@@ -176,12 +177,20 @@ func (k geluKernel) String() string { return "gelu" }
 
 func (k geluKernel) shape(in []tensor.Shape) (tensor.Shape, error) { return in[0].Clone(), nil }
 
+// The normal distribution's Φ(x) = (1 + erf(x/√2))/2 and φ(x) =
+// e^(−x²/2)/√(2π), in float32.
+const (
+	invSqrt2   = float32(1 / math.Sqrt2)
+	invSqrt2Pi = float32(0.3989422804014327)
+)
+
 func (k geluKernel) forward(out []float32, in [][]float32) error {
 	x := in[0]
 	rowsEach(k.bl, len(x), len(x), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			v := float64(x[i])
-			out[i] = float32(0.5 * v * (1 + math.Erf(v/math.Sqrt2)))
+			v := x[i]
+			cdf := float32(0.5 * (1 + vec.Erf32(float32(v*invSqrt2))))
+			out[i] = float32(v * cdf)
 		}
 	})
 	return nil
@@ -191,9 +200,10 @@ func (k geluKernel) backward(dx [][]float32, dy []float32, in [][]float32, _ []f
 	x, d := in[0], dx[0]
 	rowsEach(k.bl, len(x), len(x), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			v := float64(x[i])
-			phi := math.Exp(-0.5*v*v) / math.Sqrt(2*math.Pi)
-			d[i] = float32(float64(dy[i]) * (0.5*(1+math.Erf(v/math.Sqrt2)) + v*phi))
+			v := x[i]
+			cdf := float32(0.5 * (1 + vec.Erf32(float32(v*invSqrt2))))
+			pdf := float32(vec.Exp32(float32(-0.5*float32(v*v))) * invSqrt2Pi)
+			d[i] = float32(dy[i] * (cdf + float32(v*pdf)))
 		}
 	})
 	return nil
@@ -274,13 +284,13 @@ func causalSoftmax(p []float32, T int) {
 		for _, v := range row[1 : i+1] {
 			top = max(top, v)
 		}
-		var sum float64
+		var sum float32
 		for j := range i + 1 {
-			e := math.Exp(float64(row[j] - top))
-			row[j] = float32(e)
+			e := vec.Exp32(row[j] - top)
+			row[j] = e
 			sum += e
 		}
-		inv := float32(1 / sum)
+		inv := 1 / sum
 		for j := range i + 1 {
 			row[j] *= inv
 		}

@@ -26,8 +26,10 @@ type DeviceResult struct {
 	TF32        bool    `json:"tf32"`
 	Run         int     `json:"run,omitempty"`
 	SamplesPerS float64 `json:"samples_per_s"`
-	StepMS      float64 `json:"step_ms"`
-	Median      bool    `json:"median,omitempty"`
+	// TokensPerS is a language model's: samples/s × its context.
+	TokensPerS float64 `json:"tokens_per_s,omitempty"`
+	StepMS     float64 `json:"step_ms"`
+	Median     bool    `json:"median,omitempty"`
 }
 
 // Device is `ringtrain bench device`: one device's training speed
@@ -42,12 +44,12 @@ func Device(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := flag.NewFlagSet("bench device", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	device := fs.String("device", "cpu", devices.Help)
-	model := fs.String("model", "cnn", "built-in model: mlp or cnn")
+	model := fs.String("model", "cnn", "built-in model: mlp, cnn, or gpt (torch_gpt.py's: 4 layers, dim 128, 4 heads, context 128, on random bytes)")
 	batch := fs.Int("batch", 64, "batch size")
 	steps := fs.Int("steps", 400, "timed steps per run")
 	warmup := fs.Int("warmup", 50, "untimed steps before the first run")
 	runs := fs.Int("runs", 3, "runs; the last line is their median")
-	optName := fs.String("optimizer", "adam", "adam (lr 1e-3, as the PyTorch script) or sgd (lr 0.01, momentum 0.9)")
+	optName := fs.String("optimizer", "adam", "adam (lr 1e-3, as the PyTorch script), adamw (lr 1e-3, decay 0.1, betas 0.9 and 0.95, as torch_gpt.py) or sgd (lr 0.01, momentum 0.9)")
 	devOpt := devices.AddFlags(fs)
 	if err := cli.ParseFlags(fs, args); err != nil {
 		return fmt.Errorf("bench device: %w: %w", cli.ErrUsage, err)
@@ -55,19 +57,19 @@ func Device(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if *batch < 1 || *steps < 1 || *runs < 1 || *warmup < 0 {
 		return fmt.Errorf("bench device: --batch, --steps and --runs must be positive: %w", cli.ErrUsage)
 	}
-	spec, err := train.BuiltinSpec(*model, 1, 28, 28, 10)
+	spec, xs, ys, err := benchModel(*model, *batch)
 	if err != nil {
 		return fmt.Errorf("bench device: %w", err)
-	}
-	opt, err := benchOptimizer(*optName)
-	if err != nil {
-		return err
 	}
 	m, err := devices.NewModel(*device, train.ModelConfig{Spec: spec, Batch: *batch, Seed: 1}, *devOpt)
 	if err != nil {
 		return fmt.Errorf("bench device: %w", err)
 	}
 	defer m.Close()
+	opt, err := benchOptimizer(*optName, m.ParamNames())
+	if err != nil {
+		return err
+	}
 	if opt, err = devices.BindOptimizer(m, opt, *devOpt); err != nil {
 		return fmt.Errorf("bench device: %w", err)
 	}
@@ -77,8 +79,7 @@ func Device(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	defer solo.Close()
 	r := train.NewReplica(m, opt, solo)
-	const pool = 16 // distinct batches, cycled
-	xs, ys := noiseBatches(rand.New(rand.NewPCG(1, 9)), pool, *batch)
+	pool := len(xs)
 	step := func(i int) error {
 		if _, err := r.Step(ctx, xs[i%pool], ys[i%pool], *batch); err != nil {
 			return fmt.Errorf("bench device: step %d: %w", i, err)
@@ -104,6 +105,10 @@ func Device(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		d := time.Since(start)
 		res.Run = run + 1
 		res.SamplesPerS = float64(*steps**batch) / d.Seconds()
+		res.TokensPerS = res.SamplesPerS * float64(len(ys[0]) / *batch) // 0 for one label a sample
+		if len(ys[0]) == *batch {
+			res.TokensPerS = 0
+		}
 		res.StepMS = d.Seconds() * 1e3 / float64(*steps)
 		rates = append(rates, res.SamplesPerS)
 		if err := enc.Encode(res); err != nil {
@@ -112,20 +117,48 @@ func Device(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	res.Run, res.Median = 0, true
 	res.SamplesPerS = median(rates)
+	if res.TokensPerS > 0 {
+		res.TokensPerS = res.SamplesPerS * float64(len(ys[0]) / *batch)
+	}
 	res.StepMS = float64(*batch) / res.SamplesPerS * 1e3
 	return enc.Encode(res)
 }
 
-// benchOptimizer is --optimizer: Adam at 1e-3, as the PyTorch script, or
-// SGD at 0.01 with momentum 0.9.
-func benchOptimizer(name string) (train.Optimizer, error) {
+// benchOptimizer is --optimizer: Adam at 1e-3, as the PyTorch script;
+// AdamW at 1e-3 with decay 0.1 on the weights, as torch_gpt.py; or SGD
+// at 0.01 with momentum 0.9.
+func benchOptimizer(name string, params []string) (train.Optimizer, error) {
 	switch name {
 	case "adam":
 		return train.NewAdam(1e-3), nil
+	case "adamw":
+		return train.NewAdamW(1e-3, 0.1, train.DecayWeights(params)), nil
 	case "sgd":
 		return &train.SGD{LR: 0.01, Momentum: 0.9}, nil
 	}
-	return nil, fmt.Errorf("bench device: --optimizer %q; want adam or sgd: %w", name, cli.ErrUsage)
+	return nil, fmt.Errorf("bench device: --optimizer %q; want adam, adamw or sgd: %w", name, cli.ErrUsage)
+}
+
+// benchModel is --model and 16 batches for it, cycled: seeded noise with
+// uniform labels for the image models, random bytes for the GPT.
+func benchModel(name string, batch int) (train.Spec, [][]float32, [][]int, error) {
+	const pool = 16
+	rng := rand.New(rand.NewPCG(1, 9))
+	if name != "gpt" {
+		spec, err := train.BuiltinSpec(name, 1, 28, 28, 10)
+		xs, ys := noiseBatches(rng, pool, batch)
+		return spec, xs, ys, err
+	}
+	const T = 128
+	spec := train.GPTSpec(4, 128, 4, T)
+	xs, ys := make([][]float32, pool), make([][]int, pool)
+	for s := range pool {
+		xs[s], ys[s] = make([]float32, batch*T), make([]int, batch*T)
+		for i := range xs[s] {
+			xs[s][i], ys[s][i] = float32(rng.IntN(256)), rng.IntN(256)
+		}
+	}
+	return spec, xs, ys, nil
 }
 
 // deviceName is the device m computes on, as it names it (the GPU's
