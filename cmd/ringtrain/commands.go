@@ -41,6 +41,7 @@ func commands() []command {
 		{name: "local", synopsis: "run -n peers of a job as processes on this machine", run: runLocal},
 		{name: "data", synopsis: "load a data config's datasets and say what they hold", run: runData},
 		{name: "predict", synopsis: "class and top probabilities of a PNG/JPEG from a checkpoint", run: noCtx(runPredict)},
+		{name: "generate", synopsis: "text from a language model's checkpoint, streamed as it is sampled", run: runGenerate},
 		{name: "export", synopsis: "write a checkpoint's model as an ONNX file (opset 13)", run: noCtx(runExport)},
 		{name: "plot", synopsis: "draw loss, test accuracy and samples/s per rank (or per log file) from JSON logs", run: noCtx(runPlot)},
 		{name: "trace merge", synopsis: "put several peers' --trace timelines on one clock, for Perfetto", run: noCtx(runTraceMerge)},

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"image"
@@ -827,6 +828,7 @@ func TestGPTTrainsEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	job = bytes.Replace(job, []byte(`"folder": "text"`), []byte(`"folder": "`+mustAbs(t, "../../testdata/text")+`"`), 1)
+	job = bytes.Replace(job, []byte(`"seed": 1,`), []byte(`"seed": 1, "checkpoint_dir": "`+dir+`",`), 1)
 	cfg := filepath.Join(dir, "job.json")
 	if err := os.WriteFile(cfg, job, 0o644); err != nil {
 		t.Fatal(err)
@@ -854,5 +856,24 @@ func TestGPTTrainsEndToEnd(t *testing.T) {
 	}
 	if summaries != 2 || len(hashes) != 1 {
 		t.Errorf("%d summaries with %d parameter hashes; want 2 with one\n%s", summaries, len(hashes), tails(out))
+	}
+	// Text from the checkpoint: the prompt, then the bytes asked for, the
+	// same for the same seed.
+	ckpt := filepath.Join(dir, "gpt-tiny.ckpt")
+	gen := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := run(context.Background(), append([]string{"generate", "--checkpoint", ckpt}, args...), &out, &out)
+		return out.String(), err
+	}
+	a, errA := gen("--prompt", "The ", "--tokens", "40", "--seed", "7")
+	b, errB := gen("--prompt", "The ", "--tokens", "40", "--seed", "7")
+	if errA != nil || errB != nil || a != b || len(a) != len("The ")+40+1 || !strings.HasPrefix(a, "The ") {
+		t.Errorf("generate: %q (%v) and %q (%v); want the prompt and 40 bytes, twice alike", a, errA, b, errB)
+	}
+	if g, err := gen("--prompt", "x", "--tokens", "5", "--temperature", "0"); err != nil || len(g) != 7 {
+		t.Errorf("greedy generate: %q, %v", g, err)
+	}
+	if _, err := gen("--prompt", strings.Repeat("y", 33)); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "context is 32") {
+		t.Errorf("a prompt past the context: %v; want a usage error naming the context", err)
 	}
 }

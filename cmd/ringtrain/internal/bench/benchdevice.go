@@ -105,10 +105,7 @@ func Device(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		d := time.Since(start)
 		res.Run = run + 1
 		res.SamplesPerS = float64(*steps**batch) / d.Seconds()
-		res.TokensPerS = res.SamplesPerS * float64(len(ys[0]) / *batch) // 0 for one label a sample
-		if len(ys[0]) == *batch {
-			res.TokensPerS = 0
-		}
+		res.TokensPerS = tokensPerS(res.SamplesPerS, len(ys[0]) / *batch)
 		res.StepMS = d.Seconds() * 1e3 / float64(*steps)
 		rates = append(rates, res.SamplesPerS)
 		if err := enc.Encode(res); err != nil {
@@ -117,9 +114,7 @@ func Device(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	res.Run, res.Median = 0, true
 	res.SamplesPerS = median(rates)
-	if res.TokensPerS > 0 {
-		res.TokensPerS = res.SamplesPerS * float64(len(ys[0]) / *batch)
-	}
+	res.TokensPerS = tokensPerS(res.SamplesPerS, len(ys[0]) / *batch)
 	res.StepMS = float64(*batch) / res.SamplesPerS * 1e3
 	return enc.Encode(res)
 }
@@ -168,4 +163,13 @@ func deviceName(m train.Model, asked string) string {
 		return d.Device()
 	}
 	return asked
+}
+
+// tokensPerS is a language model's samples/s as tokens/s (labels a
+// sample: its context), or 0 for a model of one label a sample.
+func tokensPerS(samples float64, labels int) float64 {
+	if labels < 2 {
+		return 0
+	}
+	return samples * float64(labels)
 }
