@@ -15,7 +15,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzR
 
 MODEL ?= mlp
 
-.PHONY: check test-deps test-prometheus test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes fashion-mnist testdata demo clean
+.PHONY: check test-deps test-prometheus test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes fashion-mnist fortunes testdata demo demo-gpt clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -442,8 +442,9 @@ testdata: fashion-mnist
 # far slower on a CPU) for two epochs on the real Fashion-MNIST and print
 # their test accuracy. Without Debian's package (and
 # no way to install it) it falls back to the subset in testdata/.
-demo: build fashion-mnist
-	@if [ -e $(FASHION)/train-images-idx3-ubyte.gz ]; then \
+demo: build $(if $(filter gpt,$(MODEL)),fortunes,fashion-mnist)
+	@if [ "$(MODEL)" = gpt ]; then $(MAKE) --no-print-directory demo-gpt; exit; fi; \
+	if [ -e $(FASHION)/train-images-idx3-ubyte.gz ]; then \
 	  cfg=testdata/demo-job.json; echo "demo: full Fashion-MNIST from $(FASHION)"; \
 	else \
 	  cfg=testdata/job.json; echo "demo: Fashion-MNIST not installed; training on the 2,000-image subset in testdata/"; \
@@ -452,6 +453,26 @@ demo: build fashion-mnist
 	format=console; [ -t 1 ] && format=auto; \
 	$(BIN)/ringtrain local -n 3 --config $$cfg --model $(MODEL) --log-format $$format --log-dir $(BIN)/demo-logs --trace $(BIN)/demo-trace.json && \
 	$(BIN)/ringtrain plot $(BIN)/demo-logs/*.jsonl -o $(BIN)/demo-curves.png
+
+# make demo MODEL=gpt: three peers train a byte-level GPT (torch_gpt.py's
+# shape) on Debian's fortunes for an epoch, then it writes a sample of
+# text. Where apt cannot install fortunes, the corpus is Go's own net/http
+# sources, which every machine that builds ringtrain has.
+FORTUNES := /usr/share/games/fortunes
+fortunes:
+	@[ -d $(FORTUNES) ] || { (apt-get install -y -qq fortunes || (apt-get update -qq && apt-get install -y -qq fortunes)) >/dev/null 2>&1 || \
+	  echo "could not install fortunes; using Go's net/http sources instead"; }
+
+demo-gpt: build fortunes
+	@rm -rf $(BIN)/demo-gpt $(BIN)/demo-gpt-logs; mkdir -p $(BIN)/demo-gpt; \
+	if [ -d $(FORTUNES) ]; then cp testdata/gpt-demo-job.json $(BIN)/demo-gpt/job.json; echo "demo: a GPT on Debian's fortunes"; \
+	else sed 's|"folder": "$(FORTUNES)"|"glob": "'"$$($(GO) env GOROOT)"'/src/net/http/*.go"|' testdata/gpt-demo-job.json >$(BIN)/demo-gpt/job.json; \
+	  echo "demo: fortunes not installed; a GPT on Go's net/http sources"; fi; \
+	sed -i 's|"checkpoint_dir": "bin/demo-gpt"|"checkpoint_dir": "$(abspath $(BIN))/demo-gpt"|' $(BIN)/demo-gpt/job.json; \
+	format=console; [ -t 1 ] && format=auto; \
+	$(BIN)/ringtrain local -n 3 --config $(BIN)/demo-gpt/job.json --log-format $$format --log-dir $(BIN)/demo-gpt-logs && \
+	echo "--- a sample of its text:" && \
+	$(BIN)/ringtrain generate --checkpoint $(BIN)/demo-gpt/gpt-fortunes-demo.ckpt --prompt "The " --tokens 300 --seed 1
 
 clean:
 	rm -rf $(BIN)
