@@ -59,6 +59,9 @@ type Stage struct {
 	last    bool // computes the loss
 	in, out []Carry
 	classes int
+	// positions is the labels a sample has: 1, or a language model's
+	// context.
+	positions int
 
 	g       *G.ExprGraph
 	vm      *tape // forward and backward
@@ -122,7 +125,11 @@ func NewStage(cfg StageConfig) (_ *Stage, err error) {
 	if cfg.Lo < 0 || cfg.Lo >= cfg.Hi || cfg.Hi > len(layers) {
 		return nil, fmt.Errorf("train: stage of layers [%d, %d) of %d: %w", cfg.Lo, cfg.Hi, len(layers), ErrSpec)
 	}
-	s := &Stage{cfg: cfg, first: cfg.Lo == 0, last: cfg.Hi == len(layers), classes: shapes[len(shapes)-1][0]}
+	lastShape := shapes[len(shapes)-1]
+	s := &Stage{cfg: cfg, first: cfg.Lo == 0, last: cfg.Hi == len(layers), classes: lastShape[len(lastShape)-1], positions: 1}
+	if len(lastShape) == 2 { // a language model: a label per position
+		s.positions = lastShape[0]
+	}
 	if s.first {
 		s.in = []Carry{{Shape: cfg.Model.Spec.Input}}
 	} else if s.in, err = StageCarries(cfg.Model.Spec, cfg.Lo); err != nil {
@@ -167,7 +174,7 @@ func NewStage(cfg StageConfig) (_ *Stage, err error) {
 	lg := &layerGraph{g: s.g, cfg: cfg.Model, shapes: shapes, init: init, blas: gemm.New(cfg.Threads),
 		saved: map[string]*G.Node{}, savedLearned: map[string]bool{}}
 	for k, c := range s.in {
-		shape := append([]int{b}, c.Shape...)
+		shape := activation(b, c.Shape)
 		t := tensor.New(tensor.WithShape(shape...), tensor.Of(tensor.Float32))
 		name := fmt.Sprintf("in.%d", k)
 		n := G.NewTensor(s.g, G.Float32, len(shape), G.WithShape(shape...), G.WithName(name), G.WithValue(t))
@@ -185,8 +192,8 @@ func NewStage(cfg StageConfig) (_ *Stage, err error) {
 	var cost *G.Node
 	var roots G.Nodes
 	if s.last {
-		s.y = tensor.New(tensor.WithShape(b, s.classes), tensor.Of(tensor.Float32))
-		y := G.NewMatrix(s.g, G.Float32, G.WithShape(b, s.classes), G.WithName("y"), G.WithValue(s.y))
+		s.y = tensor.New(tensor.WithShape(b*s.positions, s.classes), tensor.Of(tensor.Float32))
+		y := G.NewMatrix(s.g, G.Float32, G.WithShape(b*s.positions, s.classes), G.WithName("y"), G.WithValue(s.y))
 		logp := G.Must(logSoftMax(h))
 		cost = G.Must(G.Neg(G.Must(G.Mul(G.Must(G.Sum(G.Must(G.HadamardProd(logp, y)))), s.invN))))
 		s.logits, s.cost = h, cost
@@ -200,7 +207,7 @@ func NewStage(cfg StageConfig) (_ *Stage, err error) {
 			if c.Name != "" {
 				n = lg.saved[c.Name]
 			}
-			shape := append([]int{b}, c.Shape...)
+			shape := activation(b, c.Shape)
 			t := tensor.New(tensor.WithShape(shape...), tensor.Of(tensor.Float32))
 			gn := G.NewTensor(s.g, G.Float32, len(shape), G.WithShape(shape...), G.WithName(fmt.Sprintf("gout.%d", k)), G.WithValue(t))
 			s.outs, s.gouts = append(s.outs, n), append(s.gouts, t)
@@ -278,8 +285,8 @@ func (s *Stage) feed(mb int, in [][]float32, y []int, rows int, training bool) e
 		clear(d[len(in[k]):])
 	}
 	if s.last {
-		if len(y) != rows {
-			return fmt.Errorf("stage [%d, %d): %d labels for %d samples: %w", s.cfg.Lo, s.cfg.Hi, len(y), rows, ErrStage)
+		if len(y) != rows*s.positions {
+			return fmt.Errorf("stage [%d, %d): %d labels for %d samples of %d: %w", s.cfg.Lo, s.cfg.Hi, len(y), rows, s.positions, ErrStage)
 		}
 		if err := oneHot(s.y.Data().([]float32), y, s.classes); err != nil {
 			return err
@@ -397,13 +404,27 @@ func (s *Stage) Grads() [][]float32 { return s.acc }
 // ParamNames names Params' tensors as the whole model does.
 func (s *Stage) ParamNames() []string { return s.names }
 
+// Positions is how many labels a sample has: 1, or a language model's
+// context, a label per position.
+func (s *Stage) Positions() int { return s.positions }
+
 // Logits returns the last Forward's or Backward's micro-batch × classes
-// outputs on the last stage.
+// outputs on the last stage (× positions, for a language model).
 func (s *Stage) Logits() []float32 {
 	if s.logits == nil || s.ran == nil {
 		return nil
 	}
 	return s.ran.value(s.logits).Data().([]float32)
+}
+
+// activation is how a batch of b samples of shape is held in the graph:
+// a language model's rows of features as one matrix of b·rows rows, the
+// rest as b samples of shape.
+func activation(b int, shape []int) []int {
+	if len(shape) == 2 {
+		return []int{b * shape[0], shape[1]}
+	}
+	return append([]int{b}, shape...)
 }
 
 // Close frees what the stage holds: nothing beyond memory, now.

@@ -36,7 +36,8 @@ type Pipe struct {
 	st         *train.Stage
 	s, stages  int
 	micro      int
-	classes    int
+	classes    int // logits a sample: its classes, or a language model's positions × classes
+	positions  int // labels a sample: 1, or a language model's context
 	prev, next Link
 	// in and out are what crosses the boundaries before and after the
 	// stage (what the frames carry); useIn maps the stage's inputs to in,
@@ -102,8 +103,14 @@ func New(ctx context.Context, cfg Config, model train.ModelConfig, s int, prev, 
 	if p.st, err = train.NewStage(train.StageConfig{Model: mc, Lo: lo, Hi: hi, Threads: cfg.Threads}); err != nil {
 		return nil, err
 	}
+	// The logits a sample has, and its labels: a language model's, every
+	// position's.
 	shapes, _ := model.Spec.Shapes()
-	p.classes = shapes[len(shapes)-1][0]
+	last := shapes[len(shapes)-1]
+	p.classes, p.positions = last[len(last)-1], 1
+	if len(last) == 2 {
+		p.classes, p.positions = last[0]*last[1], last[0]
+	}
 	sizes, _ := model.Spec.ParamSizes()
 	before := 0
 	for _, l := range model.Spec.Layers[:hi] {
@@ -215,7 +222,7 @@ func (p *Pipe) labels(y []int, mb, rows int) []int {
 	if !p.st.Last() {
 		return nil
 	}
-	return y[mb*p.micro : mb*p.micro+rows]
+	return y[mb*p.micro*p.positions : (mb*p.micro+rows)*p.positions]
 }
 
 func (p *Pipe) check(x []float32, y []int, n int) error {
@@ -230,8 +237,8 @@ func (p *Pipe) check(x []float32, y []int, n int) error {
 			return fmt.Errorf("pipeline: %d values for %d samples of %d: %w", len(x), n, p.in[0].Values(), train.ErrStage)
 		}
 	}
-	if len(y) < n {
-		return fmt.Errorf("pipeline: %d labels for %d samples: %w", len(y), n, train.ErrStage)
+	if len(y) < n*p.positions {
+		return fmt.Errorf("pipeline: %d labels for %d samples of %d: %w", len(y), n, p.positions, train.ErrStage)
 	}
 	if n > p.micro*p.cfg.MicroBatches {
 		return fmt.Errorf("pipeline: %d samples; the model takes up to %d: %w", n, p.micro*p.cfg.MicroBatches, train.ErrStage)
@@ -305,7 +312,7 @@ func (p *Pipe) ForwardBackward(x []float32, y []int, n int) (float32, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := p.st.SetLossScale(1 / float32(n)); err != nil {
+	if err := p.st.SetLossScale(1 / float32(n*p.positions)); err != nil {
 		return 0, err
 	}
 	p.st.ZeroGrads()
@@ -421,7 +428,7 @@ func (p *Pipe) Forward(x []float32, y []int, n int) (float32, error) {
 	}
 	p.step++
 	count := (n + p.micro - 1) / p.micro
-	if err := p.st.SetLossScale(1 / float32(n)); err != nil {
+	if err := p.st.SetLossScale(1 / float32(n*p.positions)); err != nil {
 		return 0, err
 	}
 	p.logits = slices.Grow(p.logits[:0], n*p.classes)[:n*p.classes]

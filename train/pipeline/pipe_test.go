@@ -46,6 +46,24 @@ func batches(seed uint64, steps, batch, features, classes int) (xs [][]float32, 
 	return xs, ys
 }
 
+// textBatches are batches of random bytes, a language model's: T of
+// them a sample and the T after, the last batch short.
+func textBatches(seed uint64, steps, batch, T int) (xs [][]float32, ys [][]int) {
+	r := rand.New(rand.NewPCG(seed, 7))
+	for s := range steps {
+		n := batch
+		if s == steps-1 {
+			n = batch*2/3 + 1
+		}
+		x, y := make([]float32, n*T), make([]int, n*T)
+		for i := range x {
+			x[i], y[i] = float32(r.IntN(256)), r.IntN(256)
+		}
+		xs, ys = append(xs, x), append(ys, y)
+	}
+	return xs, ys
+}
+
 // grid builds S stages × replicas columns of Pipes over in-memory links,
 // and a Replica of each over its stage's in-memory ring.
 func grid(t *testing.T, ctx context.Context, cfg Config, replicas int, model train.ModelConfig) ([][]*Pipe, [][]*train.Replica) {
@@ -105,6 +123,11 @@ func trainPipe(t *testing.T, cfg Config, replicas int, model train.ModelConfig) 
 	S := cfg.Stages
 	pipes, reps := grid(t, ctx, cfg, replicas, model)
 	xs, ys := batches(11, 4, model.Batch, model.Spec.Input[0], 5)
+	per := 1 // labels a sample
+	if model.Spec.Layers[0].Type == train.LayerEmbedding {
+		per = model.Spec.Input[0]
+		xs, ys = textBatches(11, 4, model.Batch, per)
+	}
 	var res result
 	all := func(f func(s, r int) error) {
 		t.Helper()
@@ -129,7 +152,7 @@ func trainPipe(t *testing.T, cfg Config, replicas int, model train.ModelConfig) 
 			if len(y) != len(ys[step]) {
 				x, y = xs[step], ys[step]
 			}
-			l, err := reps[s][r].Step(ctx, x, y, len(y))
+			l, err := reps[s][r].Step(ctx, x, y, len(y)/per)
 			if r == 0 {
 				losses[s] = l
 			}
@@ -144,7 +167,7 @@ func trainPipe(t *testing.T, cfg Config, replicas int, model train.ModelConfig) 
 	}
 	evalLoss := make([]float32, S)
 	all(func(s, r int) error {
-		l, err := pipes[s][r].Forward(xs[0], ys[0], len(ys[0]))
+		l, err := pipes[s][r].Forward(xs[0], ys[0], len(ys[0])/per)
 		if r == 0 {
 			evalLoss[s] = l
 		}
@@ -203,6 +226,26 @@ func TestSplitTrainsAsWhole(t *testing.T) {
 					}
 				})
 			}
+		}
+	}
+}
+
+// A GPT cut between its blocks — and inside one, after its attention —
+// trains to the bits the whole model reaches on one peer, the residual
+// stream crossing every boundary.
+func TestGPTSplitTrainsAsWhole(t *testing.T) {
+	model := train.ModelConfig{Spec: train.GPTSpec(2, 16, 2, 8), Batch: 6, Seed: 5}
+	for _, replicas := range []int{1, 2} {
+		whole := trainPipe(t, Config{Stages: 1, MicroBatches: 3}, replicas, model)
+		for _, split := range [][]int{{11}, {4}, {6, 16}} {
+			t.Run(fmt.Sprintf("R=%d/split=%v", replicas, split), func(t *testing.T) {
+				got := trainPipe(t, Config{Stages: len(split) + 1, MicroBatches: 3, Split: split}, replicas, model)
+				sameBits(t, "losses", got.losses, whole.losses)
+				sameBits(t, "logits", got.logits, whole.logits)
+				for i := range got.params {
+					sameBits(t, fmt.Sprintf("param %d", i), got.params[i], whole.params[i])
+				}
+			})
 		}
 	}
 }
