@@ -67,6 +67,7 @@ type graphModel struct {
 	// positions is how many labels a sample has: 1, or a language
 	// model's T, each position's next byte.
 	positions int
+	lossScale float32 // invN's value, which a language model's loss kernel reads
 	g         *G.ExprGraph
 	vm        *tape   // forward and backward
 	fwd       *tape   // forward alone, for evaluation
@@ -152,8 +153,10 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 		saved: map[string]*G.Node{}, savedLearned: map[string]bool{}}
 	h := G.Must(lg.build(x, 0, len(cfg.Spec.Layers), false))
 	m.learn, m.drops = lg.learn, lg.drops
-	logp := G.Must(logSoftMax(h))
-	cost := G.Must(G.Neg(G.Must(G.Mul(G.Must(G.Sum(G.Must(G.HadamardProd(logp, y)))), m.invN))))
+	cost, err := lossOf(h, y, m.invN, m.classes, m.positions, m.blas, &m.lossScale)
+	if err != nil {
+		return nil, err
+	}
 	m.out, m.cost = h, cost
 	// The forward tape runs what the logits and the loss need, which holds
 	// no gradient node.
@@ -346,7 +349,39 @@ func (m *graphModel) feed(x []float32, y []int, n int, training bool) error {
 			}
 		}
 	}
-	return G.Let(m.invN, float32(1)/float32(n*m.positions))
+	m.lossScale = float32(1) / float32(n*m.positions)
+	return G.Let(m.invN, m.lossScale)
+}
+
+// lossOf is the loss node of logits h against one-hot targets y, times
+// invN (lossScale, for a language model's): −Σ(log softmax ⊙ y)·invN, or,
+// for a language model (positions > 1), the same fused into one kernel
+// (crossEntropyKernel).
+func lossOf(h, y, invN *G.Node, classes, positions int, bl *gemm.BLAS, lossScale *float32) (*G.Node, error) {
+	if positions > 1 {
+		l, err := applyKernel(newCrossEntropy(classes, bl, lossScale), []bool{true, false}, h, y)
+		if err != nil {
+			return nil, err
+		}
+		return G.Sum(l)
+	}
+	logp, err := logSoftMax(h)
+	if err != nil {
+		return nil, err
+	}
+	p, err := G.HadamardProd(logp, y)
+	if err != nil {
+		return nil, err
+	}
+	sum, err := G.Sum(p)
+	if err != nil {
+		return nil, err
+	}
+	scaled, err := G.Mul(sum, invN)
+	if err != nil {
+		return nil, err
+	}
+	return G.Neg(scaled)
 }
 
 // oneHot writes labels y as one-hot rows of classes values into ys, and
@@ -450,7 +485,7 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 		case LayerAttention:
 			h, err = applyKernel(newAttention(in[0], in[1]/3, l.Heads, lg.blas), []bool{learned}, h)
 		case LayerGELU:
-			h, err = applyKernel(geluKernel{lg.blas}, []bool{learned}, h)
+			h, err = applyKernel(newGELU(lg.blas), []bool{learned}, h)
 		case LayerMaxPool2D:
 			h, err = maxPool2d(h, poolGeom{b: b, c: in[0], h: in[1], w: in[2], k: l.Kernel}, lg.blas)
 		case LayerReLU:

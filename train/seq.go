@@ -170,8 +170,14 @@ func (k layerNormKernel) backward(dx [][]float32, dy []float32, in [][]float32, 
 }
 
 // geluKernel is the GELU of every value, exact (torch's default):
-// x·Φ(x), Φ the standard normal's distribution function.
-type geluKernel struct{ bl *gemm.BLAS }
+// x·Φ(x), Φ the standard normal's distribution function, which the
+// forward pass keeps for the backward's Φ(x) + x·φ(x).
+type geluKernel struct {
+	bl  *gemm.BLAS
+	cdf *[]float32
+}
+
+func newGELU(bl *gemm.BLAS) geluKernel { return geluKernel{bl: bl, cdf: new([]float32)} }
 
 func (k geluKernel) String() string { return "gelu" }
 
@@ -186,24 +192,25 @@ const (
 
 func (k geluKernel) forward(out []float32, in [][]float32) error {
 	x := in[0]
+	*k.cdf = grow(*k.cdf, len(x))
+	cdf := *k.cdf
 	rowsEach(k.bl, len(x), len(x), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			v := x[i]
-			cdf := float32(0.5 * (1 + vec.Erf32(float32(v*invSqrt2))))
-			out[i] = float32(v * cdf)
+			c := float32(0.5 * (1 + vec.Erf32(float32(v*invSqrt2))))
+			cdf[i], out[i] = c, float32(v*c)
 		}
 	})
 	return nil
 }
 
 func (k geluKernel) backward(dx [][]float32, dy []float32, in [][]float32, _ []float32) error {
-	x, d := in[0], dx[0]
+	x, d, cdf := in[0], dx[0], *k.cdf
 	rowsEach(k.bl, len(x), len(x), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			v := x[i]
-			cdf := float32(0.5 * (1 + vec.Erf32(float32(v*invSqrt2))))
 			pdf := float32(vec.Exp32(float32(-0.5*float32(v*v))) * invSqrt2Pi)
-			d[i] = float32(dy[i] * (cdf + float32(v*pdf)))
+			d[i] = float32(dy[i] * (cdf[i] + float32(v*pdf)))
 		}
 	})
 	return nil
@@ -338,4 +345,92 @@ func rowsEach(bl *gemm.BLAS, n, values int, f func(lo, hi int)) {
 		threads = min(bl.Threads(), max(1, values/splitValues))
 	}
 	parallelFor(threads, n, func(_, lo, hi int) { f(lo, hi) })
+}
+
+// crossEntropyKernel is a language model's loss, fused: from logits
+// [rows, classes] and one-hot targets [rows, classes] (a row of zeros: no
+// target, a short batch's padding), the sum over rows of each row's
+// cross-entropy, times *scale (one over the labels of the batch), as a
+// 1×1 matrix. Each row's softmax is kept for the backward pass, which is
+// (softmax − target)·scale — where gorgonia's log-softmax, product and
+// sum would make a dozen passes over rows × 256 values, and copies.
+type crossEntropyKernel struct {
+	classes int
+	bl      *gemm.BLAS
+	scale   *float32
+	probs   *[]float32
+	rowLoss *[]float64
+}
+
+func newCrossEntropy(classes int, bl *gemm.BLAS, scale *float32) crossEntropyKernel {
+	return crossEntropyKernel{classes: classes, bl: bl, scale: scale, probs: new([]float32), rowLoss: new([]float64)}
+}
+
+func (k crossEntropyKernel) String() string { return "crossEntropy" }
+
+func (k crossEntropyKernel) shape(in []tensor.Shape) (tensor.Shape, error) {
+	if len(in[0]) != 2 || in[0][1] != k.classes || !in[0].Eq(in[1]) {
+		return nil, fmt.Errorf("%v: logits %v and targets %v; want matrices of one shape, %d wide", k, in[0], in[1], k.classes)
+	}
+	return tensor.Shape{1, 1}, nil
+}
+
+func (k crossEntropyKernel) forward(out []float32, in [][]float32) error {
+	x, y, V := in[0], in[1], k.classes
+	rows := len(x) / V
+	*k.probs = grow(*k.probs, len(x))
+	if cap(*k.rowLoss) < rows {
+		*k.rowLoss = make([]float64, rows)
+	}
+	losses, probs := (*k.rowLoss)[:rows], *k.probs
+	rowsEach(k.bl, rows, len(x), func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			xr, yr, pr := x[r*V:(r+1)*V], y[r*V:(r+1)*V], probs[r*V:(r+1)*V]
+			top := xr[0]
+			for _, v := range xr[1:] {
+				top = max(top, v)
+			}
+			var sum float64
+			for j, v := range xr {
+				e := vec.Exp32(v - top)
+				pr[j] = e
+				sum += float64(e)
+			}
+			lse := float64(top) + math.Log(sum)
+			inv := float32(1 / sum)
+			var loss float64
+			for j := range pr {
+				pr[j] *= inv
+				if yr[j] != 0 {
+					loss += float64(yr[j]) * (lse - float64(xr[j]))
+				}
+			}
+			losses[r] = loss
+		}
+	})
+	var total float64 // in row order
+	for _, l := range losses {
+		total += l
+	}
+	out[0] = float32(total) * *k.scale
+	return nil
+}
+
+func (k crossEntropyKernel) backward(dx [][]float32, dy []float32, in [][]float32, _ []float32) error {
+	y, d, V := in[1], dx[0], k.classes
+	g := dy[0] * *k.scale
+	probs := *k.probs
+	rowsEach(k.bl, len(y)/V, len(y), func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			yr, pr, dr := y[r*V:(r+1)*V], probs[r*V:(r+1)*V], d[r*V:(r+1)*V]
+			var mass float32 // the row's targets: 1, or 0 for padding
+			for _, t := range yr {
+				mass += t
+			}
+			for j, p := range pr {
+				dr[j] = g * (p*mass - yr[j])
+			}
+		}
+	})
+	return nil
 }

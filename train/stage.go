@@ -62,6 +62,7 @@ type Stage struct {
 	// positions is the labels a sample has: 1, or a language model's
 	// context.
 	positions int
+	lossScale float32 // invN's value, which a language model's loss kernel reads
 
 	g       *G.ExprGraph
 	vm      *tape // forward and backward
@@ -194,8 +195,9 @@ func NewStage(cfg StageConfig) (_ *Stage, err error) {
 	if s.last {
 		s.y = tensor.New(tensor.WithShape(b*s.positions, s.classes), tensor.Of(tensor.Float32))
 		y := G.NewMatrix(s.g, G.Float32, G.WithShape(b*s.positions, s.classes), G.WithName("y"), G.WithValue(s.y))
-		logp := G.Must(logSoftMax(h))
-		cost = G.Must(G.Neg(G.Must(G.Mul(G.Must(G.Sum(G.Must(G.HadamardProd(logp, y)))), s.invN))))
+		if cost, err = lossOf(h, y, s.invN, s.classes, s.positions, lg.blas, &s.lossScale); err != nil {
+			return nil, fmt.Errorf("train: %w", err)
+		}
 		s.logits, s.cost = h, cost
 		roots = append(roots, h, cost)
 	} else {
@@ -260,7 +262,10 @@ func (s *Stage) Last() bool { return s.last }
 // SetLossScale sets what the loss of every sample is multiplied by: one
 // over the samples of the whole batch, so that the gradients summed over
 // its micro-batches are those of the batch's mean loss.
-func (s *Stage) SetLossScale(invN float32) error { return G.Let(s.invN, invN) }
+func (s *Stage) SetLossScale(invN float32) error {
+	s.lossScale = invN
+	return G.Let(s.invN, invN)
+}
 
 // SeedMasks restarts the dropout masks at seed; each micro-batch's masks
 // are drawn from (seed, layer, micro-batch), so they do not depend on how

@@ -31,12 +31,13 @@ func Erf32(x float32) float32 {
 // Exp32 is eˣ within 2·10⁻⁷ relative: Cephes' expf, a polynomial on
 // x − n·ln 2 scaled by 2ⁿ; 0 below −87.3 and +Inf above 88.7.
 func Exp32(x float32) float32 {
-	switch {
-	case x > 88.72283:
-		return float32(math.Inf(1))
-	case x < -87.33655:
-		return 0
-	case x != x:
+	if !(x >= -87.33655 && x <= 88.72283) { // out of range, or NaN
+		switch {
+		case x > 88.72283:
+			return float32(math.Inf(1))
+		case x < -87.33655:
+			return 0
+		}
 		return x
 	}
 	t := float32(x*1.44269504088896341) + 0.5
@@ -53,8 +54,11 @@ func Exp32(x float32) float32 {
 	p = float32(p*r) + 1.6666665459e-1
 	p = float32(p*r) + 5.0000001201e-1
 	y := float32(float32(p*float32(r*r))+r) + 1
-	// y·2ⁿ, n in [−126, 128]: two factors of 2^(n/2), each a normal
-	// float32 built from its exponent bits.
+	// y·2ⁿ, n in [−126, 128]: one factor of 2ⁿ built from its exponent
+	// bits where it is a normal float32, else two of 2^(n/2).
+	if ni > -127 && ni < 128 {
+		return float32(y * pow2(ni))
+	}
 	h := ni / 2
 	return float32(float32(y*pow2(h)) * pow2(ni-h))
 }
