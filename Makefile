@@ -15,7 +15,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzR
 
 MODEL ?= mlp
 
-.PHONY: check test-deps test-prometheus test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-elastic bench-nat bench-procs bench-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes fashion-mnist fortunes testdata demo demo-gpt clean
+.PHONY: check test-deps test-prometheus test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-gpt bench-elastic bench-nat bench-procs bench-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes fashion-mnist fortunes testdata demo demo-gpt clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -313,6 +313,13 @@ bench-cpu: build fashion-mnist
 	  case $$blas in *openblas*) echo "bench-cpu: PyTorch's libblas.so.3 is $$blas" ;; \
 	  *) echo "bench-cpu: libblas.so.3 is $$blas, not OpenBLAS: PyTorch would run on the reference BLAS"; exit 1 ;; esac
 	bash testdata/bench-cpu.sh $(BIN)/ringtrain $(TORCH_CPU_BENCH) $(RUNS)
+
+# ringtrain's GPT against ../shared/bench/torch_gpt.py: tokens/s at 1 and
+# 2 threads and as 2 processes (DDP over gloo), medians of RUNS.
+bench-gpt: build fortunes
+	@dpkg -s libopenblas0-pthread >/dev/null 2>&1 || (apt-get install -y -qq libopenblas0-pthread || (apt-get update -qq && apt-get install -y -qq libopenblas0-pthread)) >/dev/null 2>&1 || echo "could not install libopenblas0-pthread"
+	@/usr/bin/python3 -c 'import torch' 2>/dev/null || (apt-get install -y -qq python3-torch || (apt-get update -qq && apt-get install -y -qq python3-torch)) >/dev/null 2>&1 || echo "could not install python3-torch"
+	bash testdata/bench-gpt.sh $(BIN)/ringtrain ../shared/bench/torch_gpt.py $(RUNS)
 
 # Figures: SIGKILL of one of 4 peers to the survivors' first step
 # in the new generation (median of 5), and the accuracy cost of losing a
