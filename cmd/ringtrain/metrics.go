@@ -24,8 +24,8 @@ type metrics struct {
 	reg *prometheus.Registry
 	// One series each, the epoch a value: a label per epoch grew the
 	// series without bound over a long job.
-	acc, accEpoch prometheus.Gauge
-	dropped       prometheus.Counter // peers dropped for lying
+	acc, accEpoch, testLoss prometheus.Gauge
+	dropped                 prometheus.Counter // peers dropped for lying
 
 	mu   sync.Mutex
 	last train.Progress
@@ -56,6 +56,8 @@ func newMetrics() *metrics {
 		Help: "Test accuracy after the last epoch done (the whole test set, scored over the ring)."})
 	m.accEpoch = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ringtrain_test_accuracy_epoch",
 		Help: "The epoch (1-based) ringtrain_test_accuracy was scored after; 0 before the first."})
+	m.testLoss = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ringtrain_test_loss",
+		Help: "Mean test loss after the last epoch done (a language model's: its validation loss per byte, in nats; ÷ ln 2 for bits per byte)."})
 	m.dropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "ringtrain_dropped_liars_total",
 		Help: "Peers this peer's ring dropped for telling the others what no honest replica could (a desync named)."})
 	m.reg.MustRegister(
@@ -70,7 +72,7 @@ func newMetrics() *metrics {
 		gauge("ringtrain_samples_per_second", "This peer's training samples per second since its epoch began.", func(p train.Progress) float64 { return p.SamplesPerSec }),
 		gauge("ringtrain_world_size", "Peers in the ring.", func(p train.Progress) float64 { return float64(p.WorldSize) }),
 		gauge("ringtrain_epoch", "The epoch under way (1-based), or the last one done.", func(p train.Progress) float64 { return float64(p.Epoch + 1) }),
-		m.acc, m.accEpoch, m.dropped,
+		m.acc, m.accEpoch, m.testLoss, m.dropped,
 		// The Go runtime's and the process's own (goroutines, memory,
 		// CPU seconds), as every Go exporter serves them.
 		collectors.NewGoCollector(),
@@ -108,6 +110,7 @@ func (m *metrics) observe(p train.Progress, hasTest bool) {
 	m.mu.Unlock()
 	if p.EpochDone && hasTest {
 		m.acc.Set(p.TestAccuracy)
+		m.testLoss.Set(p.TestLoss)
 		m.accEpoch.Set(float64(p.Epoch + 1))
 	}
 }

@@ -20,7 +20,7 @@ import (
 // /metrics gives, in Prometheus's text format as its own parser reads it.
 func TestMetricsScrape(t *testing.T) {
 	m := newMetrics()
-	m.observe(train.Progress{Epoch: 0, EpochDone: true, TestAccuracy: 0.81, WorldSize: 3, SamplesPerSec: 1234,
+	m.observe(train.Progress{Epoch: 0, EpochDone: true, TestAccuracy: 0.81, TestLoss: 0.52, WorldSize: 3, SamplesPerSec: 1234,
 		Stats: train.ReplicaStats{Steps: 40, Skipped: 1, Reforms: 2, BytesSent: 5000,
 			Compute: 3 * time.Second, Wait: time.Second, Ring: 2 * time.Second, Optimizer: 500 * time.Millisecond}}, true)
 	m.observe(train.Progress{Epoch: 1, Step: 10, WorldSize: 3, SamplesPerSec: 2000, Stats: train.ReplicaStats{Steps: 50, Compute: 4 * time.Second}}, true)
@@ -72,6 +72,7 @@ func TestMetricsScrape(t *testing.T) {
 		{"ringtrain_epoch", nil, 2},
 		{"ringtrain_test_accuracy", nil, 0.81},
 		{"ringtrain_test_accuracy_epoch", nil, 1},
+		{"ringtrain_test_loss", nil, 0.52},
 		{"ringtrain_step_seconds_total", map[string]string{"part": "compute"}, 4},
 	} {
 		if got := value(c.name, c.labels); got != c.want {

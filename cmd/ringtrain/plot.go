@@ -38,6 +38,7 @@ type progressLine struct {
 	Loss          logFloat `json:"loss"`
 	SamplesPerSec float64  `json:"samples_per_sec"`
 	TestAccuracy  *float64 `json:"test_accuracy"`
+	TestBPB       *float64 `json:"test_bits_per_byte"` // a language model's
 }
 
 // logFloat is a number as zerolog writes it: a JSON number, or the
@@ -63,8 +64,12 @@ func (f *logFloat) UnmarshalJSON(b []byte) error {
 }
 
 // curves are one rank's series: loss and samples/s by step (counted over
-// epochs), test accuracy by epoch.
-type curves struct{ loss, rate, acc plotter.XYs }
+// epochs), test accuracy by epoch — or a language model's validation
+// bits per byte (bpb set).
+type curves struct {
+	loss, rate, acc plotter.XYs
+	bpb             bool
+}
 
 // parseWithFiles parses args, whose flags may come after the files too,
 // and returns the files.
@@ -169,7 +174,11 @@ func readCurves(path string, series map[int]*curves, key func(rank int) int) err
 		if drawable(l.SamplesPerSec) {
 			c.rate = append(c.rate, plotter.XY{X: x, Y: l.SamplesPerSec})
 		}
-		if l.Message == "epoch done" && l.TestAccuracy != nil && *l.TestAccuracy >= 0 && *l.TestAccuracy <= 1 {
+		switch {
+		case l.Message != "epoch done":
+		case l.TestBPB != nil && drawable(*l.TestBPB):
+			c.acc, c.bpb = append(c.acc, plotter.XY{X: float64(l.Epoch), Y: *l.TestBPB}), true
+		case l.TestAccuracy != nil && *l.TestAccuracy >= 0 && *l.TestAccuracy <= 1:
 			c.acc = append(c.acc, plotter.XY{X: float64(l.Epoch), Y: *l.TestAccuracy})
 		}
 	}
@@ -203,7 +212,15 @@ func drawCurves(ranks map[int]*curves, name func(int) string, out string) error 
 		}
 	}
 	ps[1].Y.Min, ps[1].Y.Max = 0, 1
-	if lo <= hi {
+	bpb := false
+	for _, c := range ranks {
+		bpb = bpb || c.bpb
+	}
+	switch {
+	case bpb: // a language model's: its validation bits per byte, from 0
+		ps[1].Title.Text = "validation bits per byte"
+		ps[1].Y.Max = max(1, hi*1.05)
+	case lo <= hi:
 		ps[1].Y.Min, ps[1].Y.Max = max(0, lo-0.02), min(1, hi+0.01)
 	}
 	ps[0].Legend.Top = true

@@ -177,3 +177,26 @@ func TestPlotEndsOnSIGTERM(t *testing.T) {
 		t.Fatal("plot still running 10 s after SIGTERM")
 	}
 }
+
+// A language model's log draws its validation bits per byte where an
+// image model's draws test accuracy.
+func TestPlotReadsBitsPerByte(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "peer-0.jsonl")
+	log := `{"level":"info","rank":0,"epoch":1,"step":10,"steps":10,"loss":2.5,"samples_per_sec":50,"test_accuracy":0.3,"test_bits_per_byte":3.6,"message":"epoch done"}
+{"level":"info","rank":0,"epoch":2,"step":10,"steps":10,"loss":2.1,"samples_per_sec":50,"test_accuracy":0.35,"test_bits_per_byte":3.1,"message":"epoch done"}
+`
+	if err := os.WriteFile(p, []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	series := map[int]*curves{}
+	if err := readCurves(p, series, func(r int) int { return r }); err != nil {
+		t.Fatal(err)
+	}
+	c := series[0]
+	if c == nil || !c.bpb || len(c.acc) != 2 || c.acc[0].Y != 3.6 || c.acc[1].Y != 3.1 {
+		t.Fatalf("curves %+v; want bits per byte 3.6 and 3.1 by epoch", c)
+	}
+	if err := drawCurves(series, func(int) string { return "rank 0" }, filepath.Join(t.TempDir(), "lm.png")); err != nil {
+		t.Fatal(err)
+	}
+}
