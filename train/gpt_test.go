@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/ringtrain/ringtrain/data"
+	"github.com/ringtrain/ringtrain/ring"
 	"github.com/ringtrain/ringtrain/train/sparse"
 )
 
@@ -239,5 +240,35 @@ func TestGPTInTheRing(t *testing.T) {
 	restored := NewReplica(m, NewAdamW(3e-3, 0.1, DecayWeights(m.ParamNames())), nil)
 	if err := c.LoadInto(m); err != nil || restored.ParamHash() != hashes[0] {
 		t.Errorf("restored from the checkpoint: %v, hash %x; want %x", err, restored.ParamHash(), hashes[0])
+	}
+}
+
+// EvalEvery scores the test set between epochs' ends too, every rank
+// alike, and reports it.
+func TestEvalEvery(t *testing.T) {
+	const T, batch = 8, 4
+	corpus := strings.Repeat("to be or not to be, that is the question. ", 20)
+	m, err := NewModel(ModelConfig{Spec: GPTSpec(1, 16, 2, T), Batch: batch, Seed: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, err := ring.New(nil, ring.Config{Size: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var validations []Progress
+	rc := RunConfig{Replica: NewReplica(m, NewAdamW(3e-3, 0.1, nil), one), Train: textLoader(t, corpus, T, batch, true),
+		Test: textLoader(t, corpus[:200], T, batch, false), Epochs: 1, Classes: 256, EvalEvery: 5,
+		Progress: func(p Progress) {
+			if p.Validation {
+				validations = append(validations, p)
+			}
+		}}
+	steps := rc.Train.Batches()
+	if _, err := Run(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	if want := (steps - 1) / 5; len(validations) != want || want == 0 || validations[0].Step != 5 || !(validations[0].TestLoss > 0) {
+		t.Errorf("%d validations in %d steps, the first %+v; want %d, at step 5, with a loss", len(validations), steps, validations, want)
 	}
 }

@@ -37,6 +37,12 @@ type RunConfig struct {
 	// the place to write a checkpoint.
 	Save      func(Position) error
 	SaveEvery int
+	// EvalEvery, if above 0 with a Test set, scores it every EvalEvery
+	// steps too, not only at every epoch's end — where the ranks hold the
+	// same parameters (not inside a LocalSGD round) — and reports it as a
+	// Progress with Validation set. Every rank must hold the same value:
+	// the scoring is a collective.
+	EvalEvery int
 	// MaxSkips is how many steps in a row may be skipped for non-finite
 	// gradients before the run stops. Zero means 5.
 	MaxSkips int
@@ -70,10 +76,14 @@ type Progress struct {
 	SamplesPerSec      float64       // this rank's, since the epoch began
 	Elapsed            time.Duration // since the epoch began
 	EpochDone          bool
-	TestAccuracy       float64 // with EpochDone, if there is a test set
-	TestLoss           float64 // with it, the mean loss over the test set (a language model's: per byte, in nats)
-	WorldSize          int
-	Stats              ReplicaStats // the replica's, summed since it was made
+	// Validation is a score of the test set between epochs' ends
+	// (RunConfig.EvalEvery): TestAccuracy and TestLoss are set, and the
+	// training figures are not.
+	Validation   bool
+	TestAccuracy float64 // with EpochDone, if there is a test set
+	TestLoss     float64 // with it, the mean loss over the test set (a language model's: per byte, in nats)
+	WorldSize    int
+	Stats        ReplicaStats // the replica's, summed since it was made
 	// With EpochDone: every rank's compute seconds in the epoch, and the
 	// ranks more than 20% slower than the median (Replica.Stragglers).
 	RankCompute []float64
@@ -353,6 +363,9 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 			return err
 		}
 	}
+	if err := e.validate(ctx); err != nil {
+		return err
+	}
 	e.samples += b.N
 	if b.N > 0 {
 		e.lossSum += float64(loss)
@@ -365,6 +378,26 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 		e.lossSum, e.lossN = 0, 0
 	}
 	return e.newcomer()
+}
+
+// validate scores the test set every EvalEvery steps, where the ranks
+// hold the same parameters, and reports it. A peer lost in it fails the
+// step's aftermath as one lost in the in-sync check does.
+func (e *epochRun) validate(ctx context.Context) error {
+	cfg := e.cfg
+	at := e.pos(e.step)
+	if cfg.EvalEvery <= 0 || cfg.Test == nil || at.Steps%cfg.EvalEvery != 0 || e.step >= e.steps || e.r.roundOpen() {
+		return nil
+	}
+	res, err := evaluate(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if cfg.Progress != nil {
+		cfg.Progress(Progress{Epoch: e.at.Epochs, Step: e.step, Steps: e.steps, Validation: true, TestAccuracy: res.Accuracy, TestLoss: res.Loss,
+			WorldSize: e.r.Coll.Size(), Stats: e.r.Stats})
+	}
+	return nil
 }
 
 // errEpochEnd ends an epoch part early on a rank that was behind when its

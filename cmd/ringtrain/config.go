@@ -61,6 +61,9 @@ type jobSpec struct {
 	// is over this many times the median's (train.Replica.NormGuard); 0,
 	// the default, turns the guard off. More than 1.
 	GradNormGuard float64 `json:"grad_norm_guard,omitempty"`
+	// EvalEvery, if set, scores the test set every that many steps too
+	// (train.RunConfig.EvalEvery): every peer takes part.
+	EvalEvery int `json:"eval_every,omitempty"`
 	// Compression is how gradients travel in the ring: "" (float32),
 	// "bf16" or "fp16" (half the bytes), "int8" (blockwise, with error
 	// feedback: a little over a quarter; train.Replica.Wire).
@@ -235,6 +238,7 @@ type jobFile struct {
 	MinWorldSize  int             `json:"min_world_size"`
 	MaxWorldSize  int             `json:"max_world_size"`
 	GradNormGuard float64         `json:"grad_norm_guard"`
+	EvalEvery     int             `json:"eval_every"`
 	Compression   string          `json:"compression"`
 	// BucketMB is the gradient bucket size in MB: the own engine sends
 	// each bucket while backward still computes the layers before it.
@@ -469,7 +473,7 @@ func (f *jobFile) resolve(dir string) (*jobConfig, error) {
 	}
 	c := &jobConfig{localSettings: f.localSettings, jobSpec: jobSpec{Name: f.Name, WorldSize: f.WorldSize, MinWorldSize: f.MinWorldSize, MaxWorldSize: f.MaxWorldSize,
 		Epochs: f.Epochs, BatchSize: f.BatchSize, Seed: f.Seed, Model: f.Model, Optimizer: f.Optimizer,
-		GradNormGuard: f.GradNormGuard, Compression: f.Compression, Sync: f.Sync, Pipeline: f.Pipeline, BucketBytes: defaultBucketMB << 20}}
+		GradNormGuard: f.GradNormGuard, EvalEvery: f.EvalEvery, Compression: f.Compression, Sync: f.Sync, Pipeline: f.Pipeline, BucketBytes: defaultBucketMB << 20}}
 	if f.BucketMB != nil {
 		if mb := *f.BucketMB; !(mb >= 0 && mb <= maxBucketMB) {
 			return nil, fmt.Errorf("bucket_mb %g; want 0 (one allreduce after backward) up to %d", mb, maxBucketMB)
@@ -600,6 +604,9 @@ func (c *jobConfig) resolveSpec() error {
 	}
 	if c.BucketBytes < 0 || c.BucketBytes > maxBucketMB<<20 {
 		return fmt.Errorf("bucket of %d bytes; want 0 (one allreduce after backward) up to %d MB", c.BucketBytes, maxBucketMB)
+	}
+	if c.EvalEvery < 0 {
+		return fmt.Errorf("eval_every %d; want 0 (after every epoch only) or a number of steps", c.EvalEvery)
 	}
 	if c.GradNormGuard != 0 && !(c.GradNormGuard > 1) {
 		return fmt.Errorf("grad_norm_guard %g; want 0 (off) or a factor over 1", c.GradNormGuard)

@@ -698,7 +698,7 @@ func (cfg *jobConfig) runConfig(trainSplit, testSplit *data.Split) train.RunConf
 	}
 	sched := cfg.schedule()
 	rc := train.RunConfig{Train: loader(trainSplit, true), Epochs: cfg.Epochs, Classes: len(trainSplit.Classes),
-		Schedule: &sched, SaveEvery: cfg.CheckpointEvery}
+		Schedule: &sched, SaveEvery: cfg.CheckpointEvery, EvalEvery: cfg.EvalEvery}
 	if testSplit != nil {
 		// Each rank scores its own slice of the test set and the counts are
 		// summed over the ring, so every rank logs the whole set's result
@@ -728,6 +728,15 @@ func (cfg *jobConfig) progress(tested bool, status io.Writer, logger func() *zer
 		every, records = 5, zerolog.New(status)
 	}
 	return func(p train.Progress) {
+		if p.Validation {
+			ev := logger().Info().Int("epoch", p.Epoch+1).Int("step", p.Step).Int("steps", p.Steps).
+				Float64("test_accuracy", p.TestAccuracy).Float64("test_loss", p.TestLoss)
+			if cfg.context() > 0 {
+				ev = ev.Float64("test_bits_per_byte", p.TestLoss/math.Ln2)
+			}
+			ev.Msg("validation")
+			return
+		}
 		if status != nil && !p.EpochDone {
 			records.Info().Int("epoch", p.Epoch+1).Int("epochs", cfg.Epochs).Int("step", p.Step).Int("steps", p.Steps).
 				Float64("loss", p.Loss).Float64("samples_per_sec", p.SamplesPerSec).Float64("elapsed_s", p.Elapsed.Seconds()).Msg(progressMessage)

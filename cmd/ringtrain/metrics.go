@@ -105,6 +105,11 @@ func (m *metrics) droppedLiars(peers []string, _ string) { m.dropped.Add(float64
 
 // observe takes a progress report; it runs on the training goroutine.
 func (m *metrics) observe(p train.Progress, hasTest bool) {
+	if p.Validation { // between epochs: the test set's figures alone
+		m.acc.Set(p.TestAccuracy)
+		m.testLoss.Set(p.TestLoss)
+		return
+	}
 	m.mu.Lock()
 	m.last = p
 	m.mu.Unlock()
