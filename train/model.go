@@ -471,7 +471,6 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 	}
 	for i := lo; i < hi; i++ {
 		l := layers[i]
-		name := fmt.Sprintf("%d.%s", i, l.Type)
 		var err error
 		switch l.Type {
 		case LayerLinear, LayerConv2D:
@@ -482,10 +481,8 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 			h, err = lg.sequence(h, i, next, in, learned)
 			next += 2
 			learned = true
-		case LayerAttention:
-			h, err = applyKernel(newAttention(in[0], in[1]/3, l.Heads, lg.blas), []bool{learned}, h)
-		case LayerGELU:
-			h, err = applyKernel(newGELU(lg.blas), []bool{learned}, h)
+		case LayerAttention, LayerGELU:
+			h, err = lg.sequence(h, i, -1, in, learned)
 		case LayerMaxPool2D:
 			h, err = maxPool2d(h, poolGeom{b: b, c: in[0], h: in[1], w: in[2], k: l.Kernel}, lg.blas)
 		case LayerReLU:
@@ -519,16 +516,7 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 			h, err = G.Add(h, lg.saved[l.From])
 			learned = learned || lg.savedLearned[l.From]
 		case LayerDropout:
-			shape := append([]int{b}, in...)
-			if len(in) == 2 { // rows of features: as the activations are held
-				shape = []int{b * in[0], in[1]}
-			}
-			mt := tensor.New(tensor.WithShape(shape...), tensor.Of(tensor.Float32))
-			mn := G.NewTensor(lg.g, G.Float32, len(shape), G.WithShape(shape...), G.WithName(name+".mask"), G.WithValue(mt))
-			h, err = G.HadamardProd(h, mn)
-			lg.drops = append(lg.drops, dropout{mask: mt.Data().([]float32), keep: float32(1 / (1 - l.P)),
-				cut: uint32(math.Min(l.P*(1<<32), math.MaxUint32))})
-			lg.dropAt = append(lg.dropAt, i)
+			h, err = lg.dropout(h, i, in)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("layer %d (%s): %w", i, l.Type, err)
@@ -539,6 +527,18 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 		in = lg.shapes[i]
 	}
 	return h, nil
+}
+
+// dropout builds layer i, a dropout, on h, whose input shape is in: h
+// times a mask that is refilled before every run.
+func (lg *layerGraph) dropout(h *G.Node, i int, in []int) (*G.Node, error) {
+	l, shape := lg.cfg.Spec.Layers[i], activation(lg.cfg.Batch, in)
+	mt := tensor.New(tensor.WithShape(shape...), tensor.Of(tensor.Float32))
+	mn := G.NewTensor(lg.g, G.Float32, len(shape), G.WithShape(shape...), G.WithName(fmt.Sprintf("%d.%s.mask", i, l.Type)), G.WithValue(mt))
+	lg.drops = append(lg.drops, dropout{mask: mt.Data().([]float32), keep: float32(1 / (1 - l.P)),
+		cut: uint32(math.Min(l.P*(1<<32), math.MaxUint32))})
+	lg.dropAt = append(lg.dropAt, i)
+	return G.HadamardProd(h, mn)
 }
 
 // learned builds layer i, a linear or conv2d layer, on h, whose input
@@ -569,11 +569,18 @@ func (lg *layerGraph) learned(h *G.Node, i, k int, in []int, inLearned bool) (*G
 	return h, err
 }
 
-// sequence builds layer i, an embedding or a layernorm, on h, whose
-// input shape is in, its two tensors made from init[k] and init[k+1];
-// inLearned says whether h depends on learned parameters already.
+// sequence builds layer i, a language model's layer, on h, whose input
+// shape is in — an embedding's or a layernorm's two tensors made from
+// init[k] and init[k+1]; inLearned says whether h depends on learned
+// parameters already.
 func (lg *layerGraph) sequence(h *G.Node, i, k int, in []int, inLearned bool) (*G.Node, error) {
 	l := lg.cfg.Spec.Layers[i]
+	switch l.Type {
+	case LayerAttention:
+		return applyKernel(newAttention(in[0], in[1]/3, l.Heads, lg.blas), []bool{inLearned}, h)
+	case LayerGELU:
+		return applyKernel(newGELU(lg.blas), []bool{inLearned}, h)
+	}
 	a, b := lg.init[k], lg.init[k+1]
 	an := G.NewMatrix(lg.g, G.Float32, G.WithShape(a.Shape...), G.WithName(a.Name), G.WithValue(a.tensor()))
 	bn := G.NewMatrix(lg.g, G.Float32, G.WithShape(b.Shape...), G.WithName(b.Name), G.WithValue(b.tensor()))

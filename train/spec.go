@@ -342,33 +342,8 @@ func (l Layer) outShape(shape []int, saved map[string][]int) ([]int, []int, erro
 			return []int{shape[0], l.Out}, []int{n, l.Out}, nil
 		}
 		return []int{l.Out}, []int{n, l.Out}, nil
-	case LayerEmbedding:
-		if len(shape) != 1 {
-			return nil, nil, fmt.Errorf("input %v; want [T], the bytes of a sample", shape)
-		}
-		if l.Out < 1 || l.vocab() < 1 {
-			return nil, nil, fmt.Errorf("out %d, vocab %d; want both at least 1", l.Out, l.vocab())
-		}
-		tokens, ok1 := values(l.vocab(), l.Out)
-		positions, ok2 := values(shape[0], l.Out)
-		if !ok1 || !ok2 {
-			return nil, nil, fmt.Errorf("tables of %d and %d rows of %d; at most %d values each", l.vocab(), shape[0], l.Out, MaxValues)
-		}
-		return []int{shape[0], l.Out}, []int{tokens, positions}, nil
-	case LayerLayerNorm:
-		if len(shape) != 1 && len(shape) != 2 {
-			return nil, nil, fmt.Errorf("input %v; want features, or rows of them", shape)
-		}
-		w := shape[len(shape)-1]
-		return shape, []int{w, w}, nil
-	case LayerAttention:
-		if len(shape) != 2 || shape[1]%3 != 0 {
-			return nil, nil, fmt.Errorf("input %v; want rows of queries, keys and values side by side, [T, 3 × width]", shape)
-		}
-		if w := shape[1] / 3; l.Heads < 1 || w%l.Heads != 0 {
-			return nil, nil, fmt.Errorf("%d heads for a width of %d; want heads that divide it", l.Heads, w)
-		}
-		return []int{shape[0], shape[1] / 3}, nil, nil
+	case LayerEmbedding, LayerLayerNorm, LayerAttention:
+		return l.seqShape(shape)
 	case LayerGELU:
 	case LayerConv2D:
 		if len(shape) != 3 {
@@ -420,6 +395,41 @@ func (l Layer) outShape(shape []int, saved map[string][]int) ([]int, []int, erro
 		return nil, nil, fmt.Errorf("unknown type; want linear, conv2d, maxpool2d, relu, sigmoid, tanh, flatten, dropout, add, embedding, layernorm, attention or gelu")
 	}
 	return shape, nil, nil
+}
+
+// seqShape is outShape for a language model's layers: an embedding, a
+// layernorm, attention.
+func (l Layer) seqShape(shape []int) ([]int, []int, error) {
+	switch l.Type {
+	case LayerEmbedding:
+		if len(shape) != 1 {
+			return nil, nil, fmt.Errorf("input %v; want [T], the bytes of a sample", shape)
+		}
+		if l.Out < 1 || l.vocab() < 1 {
+			return nil, nil, fmt.Errorf("out %d, vocab %d; want both at least 1", l.Out, l.vocab())
+		}
+		tokens, ok1 := values(l.vocab(), l.Out)
+		positions, ok2 := values(shape[0], l.Out)
+		if !ok1 || !ok2 {
+			return nil, nil, fmt.Errorf("tables of %d and %d rows of %d; at most %d values each", l.vocab(), shape[0], l.Out, MaxValues)
+		}
+		return []int{shape[0], l.Out}, []int{tokens, positions}, nil
+	case LayerLayerNorm:
+		if len(shape) != 1 && len(shape) != 2 {
+			return nil, nil, fmt.Errorf("input %v; want features, or rows of them", shape)
+		}
+		w := shape[len(shape)-1]
+		return shape, []int{w, w}, nil
+	case LayerAttention:
+		if len(shape) != 2 || shape[1]%3 != 0 {
+			return nil, nil, fmt.Errorf("input %v; want rows of queries, keys and values side by side, [T, 3 × width]", shape)
+		}
+		if w := shape[1] / 3; l.Heads < 1 || w%l.Heads != 0 {
+			return nil, nil, fmt.Errorf("%d heads for a width of %d; want heads that divide it", l.Heads, w)
+		}
+		return []int{shape[0], shape[1] / 3}, nil, nil
+	}
+	return nil, nil, fmt.Errorf("not a sequence layer")
 }
 
 func equal(a, b []int) bool {
