@@ -11,7 +11,9 @@
 // decoder and a division by 255 give; transforms before ToTensor (Resize,
 // Grayscale, crops) are the caller's, as they are in torchvision. Dropout
 // is the identity at inference and writes nothing. The class names, the
-// transforms and the input layout go into the model's metadata.
+// transforms and the input layout go into the model's metadata. A
+// language model's input is its T bytes as floats, and its output every
+// position's logits for the next byte, [batch, T, 256] (lm.go).
 //
 // The protobuf is onnx.proto compiled with protoc-gen-go (package onnxpb).
 package onnx
@@ -108,14 +110,27 @@ func exportWithin(c *train.Checkpoint, maxBytes int) (*pb.ModelProto, error) {
 	}
 	saved := map[string]string{}
 	next := 0
+	lm := &lmGraph{g: g, init: init, node: node}
 	for i, l := range spec.Layers {
 		name := fmt.Sprintf("%d.%s", i, l.Type)
 		switch l.Type {
+		case train.LayerEmbedding, train.LayerLayerNorm, train.LayerAttention, train.LayerGELU:
+			var in []int
+			if i > 0 {
+				in = shapes[i-1]
+			} else {
+				in = spec.Input
+			}
+			h = lm.layer(h, name, l, in, want, c.Params, &next)
 		case train.LayerLinear:
 			w, b := want[next], want[next+1]
 			init(w.Name, w.Shape, c.Params[next])
 			init(b.Name, []int{l.Out}, c.Params[next+1])
 			next += 2
+			if i > 0 && len(shapes[i-1]) == 2 { // each position's row: [batch, T, features]
+				h = node("Add", name, []string{node("MatMul", name+".matmul", []string{h, w.Name}), b.Name})
+				break
+			}
 			h = node("Gemm", name, []string{h, w.Name, b.Name})
 		case train.LayerConv2D:
 			w, b := want[next], want[next+1]

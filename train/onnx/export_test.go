@@ -5,9 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -343,4 +345,58 @@ func TestExportRefuses(t *testing.T) {
 	if _, err := exportWithin(good(), 1000); !errors.Is(err, ErrExport) || !strings.Contains(err.Error(), "at most 1000") {
 		t.Errorf("a model over the size limit: %v; want ErrExport naming the limit", err)
 	}
+}
+
+// A GPT exported runs in onnxruntime to ringtrain's logits, every
+// position's, within 1e-4: the embedding, layernorms, causal attention
+// and GELU as ringtrain computes them.
+func TestRuntimeMatchesRingtrainGPT(t *testing.T) {
+	if os.Getenv("RINGTRAIN_ONNXRUNTIME") == "" {
+		t.Skip("SKIPPED: RINGTRAIN_ONNXRUNTIME is not set (make test-onnx installs onnxruntime-node and sets it)")
+	}
+	const n, T = 5, 12
+	cfg := train.ModelConfig{Spec: train.GPTSpec(2, 16, 2, T), Batch: n, Seed: 4}
+	cfg.Spec.Init = "" // He and Glorot's larger weights: attention that picks
+	m, err := train.NewModel(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	rng := rand.New(rand.NewPCG(3, 3))
+	x, y := make([]float32, n*T), make([]int, n*T)
+	for i := range x {
+		x[i], y[i] = float32(rng.IntN(256)), rng.IntN(256)
+	}
+	opt := train.NewAdamW(1e-2, 0.1, train.DecayWeights(m.ParamNames()))
+	for range 3 {
+		if _, err := m.ForwardBackward(x, y, n); err != nil {
+			t.Fatal(err)
+		}
+		opt.Step(m.Params(), m.Grads())
+	}
+	c := &train.Checkpoint{Model: cfg}
+	for _, p := range m.Params() {
+		c.Params = append(c.Params, slices.Clone(p))
+	}
+	path := filepath.Join(t.TempDir(), "gpt.onnx")
+	if err := Write(c, path); err != nil {
+		t.Fatal(err)
+	}
+	check(t, path)
+	if _, err := m.Forward(x, y, n); err != nil {
+		t.Fatal(err)
+	}
+	want := m.Logits()[:n*T*256]
+	got := runtime(t, path, x, []int64{n, T})
+	if len(got) != len(want) {
+		t.Fatalf("onnxruntime gave %d logits; want %d", len(got), len(want))
+	}
+	worst := 0.0
+	for i := range want {
+		worst = max(worst, math.Abs(float64(got[i]-want[i])))
+	}
+	if worst > 1e-4 {
+		t.Errorf("logits differ by up to %.2e; want ≤ 1e-4", worst)
+	}
+	t.Logf("gpt: max |onnxruntime − ringtrain| = %.2e over %d positions", worst, n*T)
 }
