@@ -99,4 +99,3 @@ func (m *lmGraph) attention(h, name string, l train.Layer, in []int) string {
 	y := node("Transpose", name+".y", []string{node("MatMul", name+".pv", []string{p, v})}, ints("perm", 0, 2, 1, 3))
 	return node("Reshape", name, []string{y, m.int64s(name+".width", 0, 0, int64(C))})
 }
-
