@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"path/filepath"
 	"time"
 
@@ -64,7 +65,11 @@ func runPipeline(ctx context.Context, cfg *jobConfig, device string, trainSplit,
 	}
 	fmt.Fprintf(stdout, "stage %d of %d, replica %d of %d: test accuracy %.4f, stage param hash %s\n",
 		sum.Stage, sum.Stages, sum.Replica, sum.Replicas, sum.TestAccuracy, sum.ParamHash[:16])
-	log.Info().Int("stage", sum.Stage).Int("stages", sum.Stages).Int("replica", sum.Replica).Int("replicas", sum.Replicas).
+	ev := log.Info()
+	if cfg.context() > 0 { // a language model's validation loss in bits per byte too
+		ev = ev.Float64("test_bits_per_byte", sum.TestLoss/math.Ln2)
+	}
+	ev.Int("stage", sum.Stage).Int("stages", sum.Stages).Int("replica", sum.Replica).Int("replicas", sum.Replicas).
 		Ints("split", sum.Split).Int("epochs", sum.Epochs).Float64("test_accuracy", sum.TestAccuracy).Int("test_samples", sum.TestSamples).
 		Float64("test_loss", sum.TestLoss).Str("param_hash", sum.ParamHash).Float64("samples_per_sec", sum.SamplesPerSec).
 		Int("peak_micro_batches", sum.Pipe.PeakInFlight).Int64("peak_input_bytes", sum.Pipe.PeakBytes).Int("reformations", sum.Reforms).Msg("summary")

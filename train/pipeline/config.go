@@ -170,11 +170,14 @@ func MeasureCosts(model train.ModelConfig, micro int) ([]float64, error) {
 				ins[k] = make([]float32, micro*c.Values())
 				for j := range ins[k] {
 					ins[k][j] = float32(j%7) * 0.1
+					if i == 0 && model.Spec.Layers[0].Type == train.LayerEmbedding {
+						ins[k][j] = float32(j % 7) // bytes: an embedding takes whole numbers
+					}
 				}
 			}
 			var y []int
 			if st.Last() {
-				y = make([]int, micro)
+				y = make([]int, micro*st.Positions())
 			}
 			var gout [][]float32
 			for _, c := range st.Outputs() {

@@ -103,3 +103,17 @@ func TestMeasuredSplit(t *testing.T) {
 		t.Errorf("split %v: %v", split, err)
 	}
 }
+
+// A GPT's layers are measured too: its embedding takes bytes, and its
+// last layer a label per position.
+func TestMeasureCostsGPT(t *testing.T) {
+	model := train.ModelConfig{Spec: train.GPTSpec(1, 16, 2, 8), Batch: 4, Seed: 1}
+	costs, err := MeasureCosts(model, 2)
+	if err != nil || len(costs) != len(model.Spec.Layers) {
+		t.Fatalf("MeasureCosts: %v, %d costs; want one per layer", err, len(costs))
+	}
+	cuts, err := Balance(costs, 2)
+	if err != nil || len(cuts) != 1 {
+		t.Errorf("Balance: %v, %v", cuts, err)
+	}
+}
