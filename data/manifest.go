@@ -28,6 +28,11 @@ type Manifest struct {
 	Classes    []string
 	// Splits are "train" and, if the config has one, "test".
 	Splits []SplitManifest
+	// Text says the dataset is a text corpus: each split its part's bytes
+	// in chunks of TextChunk (samples of 1×n×1, label 0), put together
+	// again by RemoteText; it has no transforms, and the 256 byte values
+	// are its classes.
+	Text bool
 
 	enc []byte // the encoding, once made or parsed
 	id  string
@@ -71,6 +76,7 @@ const manifestMagic = "ringtrain dataset 1\n"
 type manifestHeader struct {
 	Transforms []TransformSpec `json:"transforms"`
 	Classes    []string        `json:"classes"`
+	Text       bool            `json:"text,omitempty"`
 	Splits     []struct {
 		Name    string `json:"name"`
 		Samples int    `json:"samples"`
@@ -113,7 +119,7 @@ func NewManifest(cfg *Config, train, test *Dataset) (*Manifest, error) {
 // SHA-256 of its pixels.
 func (m *Manifest) encode() ([]byte, error) {
 	var h manifestHeader
-	h.Transforms, h.Classes = m.Transforms, m.Classes
+	h.Transforms, h.Classes, h.Text = m.Transforms, m.Classes, m.Text
 	n := 0
 	for _, s := range m.Splits {
 		h.Splits = append(h.Splits, struct {
@@ -217,7 +223,7 @@ func ParseManifest(b []byte, id string) (*Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Manifest{Transforms: h.Transforms, Classes: h.Classes, enc: b, id: ManifestID(b)}
+	m := &Manifest{Transforms: h.Transforms, Classes: h.Classes, Text: h.Text, enc: b, id: ManifestID(b)}
 	for _, s := range h.Splits {
 		var sm SplitManifest
 		if sm, rest, err = parseSplitRecords(s.Name, s.Samples, rest, len(h.Classes), p); err != nil {
@@ -261,7 +267,11 @@ func parseManifestHeader(b []byte) (h manifestHeader, p *Pipeline, rest []byte, 
 		return h, nil, nil, badManifest("header holds more than one JSON value")
 	}
 	rest = rest[hl:]
-	if p, err = NewPipeline(h.Transforms); err != nil {
+	if h.Text {
+		if len(h.Transforms) > 0 || len(h.Classes) != 256 {
+			return h, nil, nil, badManifest("a text corpus with %d transforms and %d classes; want none and the 256 byte values", len(h.Transforms), len(h.Classes))
+		}
+	} else if p, err = NewPipeline(h.Transforms); err != nil {
 		return h, nil, nil, fmt.Errorf("data: manifest: %w", err)
 	}
 	if len(h.Classes) == 0 {
@@ -311,7 +321,11 @@ func parseSplitRecords(name string, n int, rest []byte, classes int, p *Pipeline
 			return sm, nil, badManifest("split %s holds over %d bytes", name, MaxSplitBytes)
 		}
 		k := dims{x.H, x.W, x.C}
-		if !shapes[k] {
+		if p == nil { // text: chunks of bytes
+			if x.H != 1 || x.C != 1 || x.Label != 0 {
+				return sm, nil, badManifest("%s chunk %d is %d×%d×%d of label %d; a text corpus's are 1×n×1 of label 0", name, i, x.H, x.W, x.C, x.Label)
+			}
+		} else if !shapes[k] {
 			if _, _, _, err := p.OutShape(int(x.H), int(x.W), int(x.C)); err != nil {
 				return sm, nil, fmt.Errorf("data: manifest: %s sample %d (%d×%d×%d): %w", name, i, x.H, x.W, x.C, err)
 			}
@@ -343,6 +357,9 @@ func (m *Manifest) Encoded() []byte { return m.enc }
 
 // Config is the data config the manifest carries, with no paths.
 func (m *Manifest) Config() *Config {
+	if m.Text {
+		return &Config{Text: &TextSpec{}}
+	}
 	return &Config{Transforms: m.Transforms, Classes: m.Classes}
 }
 

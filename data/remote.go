@@ -121,6 +121,9 @@ func (m *Manifest) Remote(split string, f Fetcher, cfg RemoteConfig) (*Split, er
 			return nil, err
 		}
 	}
+	if m.Text { // chunks of bytes, for RemoteText: no transforms, no shape
+		return &Split{Dataset: d, Pipeline: &Pipeline{}, C: 1, H: 1, remote: r}, nil
+	}
 	p, err := NewPipeline(m.Transforms)
 	if err != nil {
 		r.closeCache()

@@ -2,6 +2,8 @@ package data
 
 import (
 	"bytes"
+	"context"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -245,4 +247,72 @@ func (s *Split) SetContext(context int) error {
 	}
 	s.Text.Context, s.W = context, context
 	return nil
+}
+
+// TextChunk is the bytes of one sample of a served text corpus: a part is
+// served as chunks of it, each hashed, fetched and checked as an image is.
+const TextChunk = 64 << 10
+
+// textChunks is a text part as a dataset of chunks (1×n×1, label 0).
+func textChunks(source string, part []byte) *Dataset {
+	var images []Image
+	for lo := 0; lo < len(part); lo += TextChunk {
+		hi := min(lo+TextChunk, len(part))
+		images = append(images, Image{Pix: part[lo:hi], H: 1, W: hi - lo, C: 1})
+	}
+	return NewDataset(source, byteClasses(), images, make([]int, len(images)))
+}
+
+// NewTextManifest describes a text config's splits for serving: the
+// corpus's training part and validation part as chunks, and the datasets
+// of chunks to serve (train, test).
+func NewTextManifest(train, test *Split) (*Manifest, []*Dataset, error) {
+	if train.Text == nil || test == nil || test.Text == nil {
+		return nil, nil, fmt.Errorf("data: a text manifest wants a text corpus's two parts: %w", ErrConfig)
+	}
+	sets := []*Dataset{textChunks(train.Source, train.Text.Bytes), textChunks(test.Source, test.Text.Bytes)}
+	m := &Manifest{Transforms: []TransformSpec{}, Classes: byteClasses(), Text: true}
+	for k, name := range []string{"train", "test"} {
+		d := sets[k]
+		sm := SplitManifest{Name: name, Samples: make([]SampleInfo, d.Len())}
+		for i := range d.Len() {
+			im := d.Image(i)
+			sm.Samples[i] = SampleInfo{H: 1, W: uint32(im.W), C: 1, Sum: sha256.Sum256(im.Pix)}
+		}
+		m.Splits = append(m.Splits, sm)
+	}
+	enc, err := m.encode()
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err = ParseManifest(enc, "")
+	return m, sets, err
+}
+
+// RemoteText is a served text corpus's split: every chunk fetched (each
+// checked against the manifest) and put together again, as a text split
+// of the same bytes the server read.
+func (m *Manifest) RemoteText(ctx context.Context, split string, f Fetcher, cfg RemoteConfig) (*Split, error) {
+	if !m.Text {
+		return nil, fmt.Errorf("data: served dataset %s is not text: %w", short(m.id), ErrConfig)
+	}
+	chunks, err := m.Remote(split, f, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer chunks.Close()
+	all := make([]int, chunks.Len())
+	for i := range all {
+		all[i] = i
+	}
+	if err := chunks.Prefetch(ctx, all); err != nil {
+		return nil, err
+	}
+	var part []byte
+	for i := range all {
+		part = append(part, chunks.Image(i).Pix...)
+	}
+	src := fmt.Sprintf("served text %s, its %s part (%d bytes)", short(m.id), split, len(part))
+	return &Split{Dataset: &Dataset{Source: src, Classes: byteClasses()}, Pipeline: &Pipeline{}, C: 1, H: 1,
+		Text: &Text{Source: src, Bytes: part}}, nil
 }

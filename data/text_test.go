@@ -1,10 +1,12 @@
 package data
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -203,5 +205,44 @@ func TestFortunesCorpus(t *testing.T) {
 	}
 	if len(files) != 43 || len(corpus) != 2576674 {
 		t.Errorf("%d files, %d bytes; want 43 and 2,576,674 (torch_gpt.py's corpus)", len(files), len(corpus))
+	}
+}
+
+// A text corpus served: its parts go out as chunks, each hashed in the
+// manifest, and come back the same bytes; a chunk that does not hash to
+// its sum is refused.
+func TestServedText(t *testing.T) {
+	corpus := make([]byte, 3*TextChunk+1234)
+	for i := range corpus {
+		corpus[i] = byte(i*31 + i/7)
+	}
+	trainPart, valPart := SplitText(corpus)
+	part := func(b []byte) *Split {
+		return &Split{Dataset: &Dataset{Source: "t", Classes: byteClasses()}, Pipeline: &Pipeline{}, C: 1, H: 1, Text: &Text{Source: "t", Bytes: b}}
+	}
+	m, sets, err := NewTextManifest(part(trainPart), part(valPart))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := ParseManifest(m.enc, m.ID())
+	if err != nil || !again.Text || again.Config().Text == nil {
+		t.Fatalf("the manifest parsed again: %v, text %v", err, again != nil && again.Text)
+	}
+	for k, name := range []string{"train", "test"} {
+		s, err := again.RemoteText(context.Background(), name, &fakeFetcher{d: sets[k], sm: again.Split(name)}, RemoteConfig{RequestSize: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := [][]byte{trainPart, valPart}[k]; !bytes.Equal(s.Text.Bytes, want) || s.SetContext(16) != nil {
+			t.Errorf("%s: %d bytes back; want the %d served, as a text split", name, len(s.Text.Bytes), len(want))
+		}
+	}
+	bad := textChunks("t", slices.Clone(trainPart))
+	bad.pix[5] ^= 1
+	if _, err := again.RemoteText(context.Background(), "train", &fakeFetcher{d: bad, sm: again.Split("train")}, RemoteConfig{}); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a tampered chunk: %v; want ErrCorrupt", err)
+	}
+	if _, err := ParseManifest([]byte(strings.Replace(string(m.enc), `"text":true`, `"text":true,"transforms":[{"name":"ToTensor","args":[]}]`, 1)), ""); err == nil {
+		t.Error("a text manifest with transforms was taken")
 	}
 }

@@ -745,6 +745,12 @@ func (c *jobConfig) useServed(m *data.Manifest) error {
 // samples fit the job's model: a dataset that does not is refused before
 // a byte of it is fetched or memory is taken for it.
 func (c *jobConfig) fitsModel(m *data.Manifest) error {
+	if m.Text != (c.context() > 0) {
+		return fmt.Errorf("served dataset %s is text: %v; the model a language model: %v — want both or neither", m.ID()[:16], m.Text, c.context() > 0)
+	}
+	if m.Text {
+		return nil // windows of the model's context, made as it is fetched
+	}
 	ch, h, w, err := m.Shape("train")
 	if err != nil {
 		return err

@@ -877,3 +877,33 @@ func TestGPTTrainsEndToEnd(t *testing.T) {
 		t.Errorf("a prompt past the context: %v; want a usage error naming the context", err)
 	}
 }
+
+// TestServedTextTrainsAsLocalFiles: a text corpus served by `ringtrain
+// serve` (its parts in hashed chunks) trains a GPT on two peers to the
+// parameters the same job reaches on the local files.
+func TestServedTextTrainsAsLocalFiles(t *testing.T) {
+	dir := t.TempDir()
+	text := mustAbs(t, "../../testdata/text")
+	fields := `"world_size": 2, "epochs": 1, "batch_size": 8, "seed": 3, "model": {"gpt": {"layers": 1, "dim": 16, "heads": 2, "context": 16}}, "optimizer": {"name": "adamw", "lr": 3e-3}`
+	local := filepath.Join(dir, "local.json")
+	os.WriteFile(local, []byte(`{"name": "local", `+fields+`, "data": {"text": {"folder": "`+text+`"}}}`), 0o644)
+	out, err := ringtrain(t, 2*time.Minute, "local", "-n", "2", "--config", local)
+	want := paramHashes(out)
+	if err != nil || len(want) != 2 || want[0] != want[1] {
+		t.Fatalf("local files: %v, hashes %v\n%s", err, want, tails(out))
+	}
+	dataCfg := filepath.Join(dir, "data.json")
+	os.WriteFile(dataCfg, []byte(`{"text": {"folder": "`+text+`"}}`), 0o644)
+	srv := startRingtrain(t, "serve", "--data", dataCfg, "--listen", "/ip4/127.0.0.1/tcp/0", "--log-format", "json")
+	idRe := regexp.MustCompile(`serving dataset ([0-9a-f]{64})`)
+	srv.until(t, "the dataset's ID", func(out string) bool { return idRe.MatchString(out) })
+	id := idRe.FindStringSubmatch(string(srv.buf))[1]
+	addr := regexp.MustCompile(`listening on (\S+)`).FindStringSubmatch(string(srv.buf))[1]
+	served := filepath.Join(dir, "served.json")
+	os.WriteFile(served, []byte(`{"name": "served", `+fields+`, "data": {"served": "`+id+`"}}`), 0o644)
+	out, err = ringtrain(t, 2*time.Minute, "local", "-n", "2", "--config", served, "--bootstrap", addr)
+	if got := paramHashes(out); err != nil || len(got) != 2 || got[0] != want[0] || got[1] != want[0] {
+		t.Fatalf("served text: %v, hashes %v; want local files' %s\n%s", err, got, want[0], tails(out))
+	}
+	srv.interrupt()
+}

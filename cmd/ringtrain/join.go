@@ -488,7 +488,11 @@ func loadSplits(ctx context.Context, cfg *jobConfig, h *p2p.Host, served *served
 		if rc.MaxBytes <= 0 {
 			rc.MaxBytes = data.DefaultMaxBytes
 		}
-		if trainSplit, err = m.Remote("train", c, rc); err == nil && m.Split("test") != nil {
+		if m.Text { // the corpus's two parts, fetched whole
+			if trainSplit, err = m.RemoteText(octx, "train", c, rc); err == nil {
+				testSplit, err = m.RemoteText(octx, "test", c, rc)
+			}
+		} else if trainSplit, err = m.Remote("train", c, rc); err == nil && m.Split("test") != nil {
 			// One budget for both splits.
 			rc.MaxBytes = max(rc.MaxBytes-m.Split("train").TotalBytes(), 1)
 			if testSplit, err = m.Remote("test", c, rc); err != nil {

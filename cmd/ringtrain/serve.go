@@ -32,6 +32,9 @@ func startServing(h *p2p.Host, dataConfig string, limits p2p.DataServerConfig, s
 		return nil, err
 	}
 	s := &servedData{}
+	if cfg.Text != nil {
+		return s.serveText(h, cfg, limits, stdout, log)
+	}
 	if s.train, err = cfg.Load("train"); err != nil {
 		return nil, err
 	}
@@ -61,6 +64,35 @@ func startServing(h *p2p.Host, dataConfig string, limits p2p.DataServerConfig, s
 	log.Info().Str("dataset", s.m.ID()).Dur("hashed_in", time.Since(start)).Msg("serving data")
 	fmt.Fprintf(stdout, "serving dataset %s\n", s.m.ID())
 	fmt.Fprintf(stdout, "a job config trains on it with: \"data\": {\"served\": \"%s\"}\n", s.m.ID())
+	return s, nil
+}
+
+// serveText serves a text corpus: its training and validation parts, as
+// chunks (data.NewTextManifest). A peer of this process trains on the
+// parts themselves (train, test).
+func (s *servedData) serveText(h *p2p.Host, cfg *data.Config, limits p2p.DataServerConfig, stdout io.Writer, log zerolog.Logger) (*servedData, error) {
+	var err error
+	if s.train, err = cfg.Load("train"); err != nil {
+		return nil, err
+	}
+	if s.test, err = cfg.Load("test"); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(stdout, "text: %s (%d bytes), %s (%d bytes)\n", s.train.Source, len(s.train.Text.Bytes), s.test.Source, len(s.test.Text.Bytes))
+	m, chunks, err := data.NewTextManifest(s.train, s.test)
+	if err != nil {
+		return nil, err
+	}
+	s.m = m
+	limits.Logger = log
+	s.srv = p2p.NewDataServer(h, limits)
+	if err := s.srv.Serve(m, chunks...); err != nil {
+		s.srv.Close()
+		return nil, err
+	}
+	log.Info().Str("dataset", m.ID()).Msg("serving text")
+	fmt.Fprintf(stdout, "serving dataset %s\n", m.ID())
+	fmt.Fprintf(stdout, "a job config trains on it with: \"data\": {\"served\": \"%s\"}\n", m.ID())
 	return s, nil
 }
 
