@@ -272,3 +272,31 @@ func TestEvalEvery(t *testing.T) {
 		t.Errorf("%d validations in %d steps, the first %+v; want %d, at step 5, with a loss", len(validations), steps, validations, want)
 	}
 }
+
+// With rows enough to split every layer over threads (layernorm's, GELU's,
+// attention's tasks, the loss's rows), a GPT of one thread and one of four
+// hold the same bits after the same steps.
+func TestGPTSameBitsWhateverTheThreads(t *testing.T) {
+	const T, batch = 64, 32
+	corpus := strings.Repeat("It was the best of times, it was the worst of times; ", 40)
+	run := func(threads int) []float32 {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(threads))
+		m, err := NewModel(ModelConfig{Spec: GPTSpec(1, 128, 4, T), Batch: batch, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		opt := NewAdamW(1e-3, 0.1, DecayWeights(m.ParamNames()))
+		rng := rand.New(rand.NewPCG(6, 6))
+		for range 2 {
+			x, y := textBatch(rng, corpus, batch, T)
+			if _, err := m.ForwardBackward(x, y, batch); err != nil {
+				t.Fatal(err)
+			}
+			opt.Step(m.Params(), m.Grads())
+		}
+		return slices.Concat(m.Params()...)
+	}
+	if !slices.Equal(run(1), run(4)) {
+		t.Error("the GPT's parameters differ between 1 and 4 threads")
+	}
+}
