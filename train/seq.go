@@ -195,10 +195,14 @@ func (k geluKernel) forward(out []float32, in [][]float32) error {
 	*k.cdf = grow(*k.cdf, len(x))
 	cdf := *k.cdf
 	rowsEach(k.bl, len(x), len(x), func(lo, hi int) {
+		e := cdf[lo:hi] // erf(x/√2) first, in vectors
+		for i, v := range x[lo:hi] {
+			e[i] = float32(v * invSqrt2)
+		}
+		vec.ErfSlice(e, e)
 		for i := lo; i < hi; i++ {
-			v := x[i]
-			c := float32(0.5 * (1 + vec.Erf32(float32(v*invSqrt2))))
-			cdf[i], out[i] = c, float32(v*c)
+			c := float32(0.5 * (1 + cdf[i]))
+			cdf[i], out[i] = c, float32(x[i]*c)
 		}
 	})
 	return nil
@@ -207,10 +211,14 @@ func (k geluKernel) forward(out []float32, in [][]float32) error {
 func (k geluKernel) backward(dx [][]float32, dy []float32, in [][]float32, _ []float32) error {
 	x, d, cdf := in[0], dx[0], *k.cdf
 	rowsEach(k.bl, len(x), len(x), func(lo, hi int) {
+		e := d[lo:hi] // e^(−x²/2) first, in vectors
+		for i, v := range x[lo:hi] {
+			e[i] = float32(-0.5 * float32(v*v))
+		}
+		vec.ExpSlice(e, e)
 		for i := lo; i < hi; i++ {
-			v := x[i]
-			pdf := float32(vec.Exp32(float32(-0.5*float32(v*v))) * invSqrt2Pi)
-			d[i] = float32(dy[i] * (cdf[i] + float32(v*pdf)))
+			pdf := float32(d[i] * invSqrt2Pi)
+			d[i] = float32(dy[i] * (cdf[i] + float32(x[i]*pdf)))
 		}
 	})
 	return nil
@@ -291,10 +299,12 @@ func causalSoftmax(p []float32, T int) {
 		for _, v := range row[1 : i+1] {
 			top = max(top, v)
 		}
-		var sum float32
 		for j := range i + 1 {
-			e := vec.Exp32(row[j] - top)
-			row[j] = e
+			row[j] -= top
+		}
+		vec.ExpSlice(row[:i+1], row[:i+1])
+		var sum float32
+		for _, e := range row[:i+1] {
 			sum += e
 		}
 		inv := 1 / sum
@@ -390,10 +400,12 @@ func (k crossEntropyKernel) forward(out []float32, in [][]float32) error {
 			for _, v := range xr[1:] {
 				top = max(top, v)
 			}
-			var sum float64
 			for j, v := range xr {
-				e := vec.Exp32(v - top)
-				pr[j] = e
+				pr[j] = v - top
+			}
+			vec.ExpSlice(pr, pr)
+			var sum float64
+			for _, e := range pr {
 				sum += float64(e)
 			}
 			lse := float64(top) + math.Log(sum)

@@ -2,6 +2,8 @@ package vec
 
 import (
 	"math"
+	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -29,5 +31,46 @@ func TestMath32(t *testing.T) {
 	}
 	if v := Exp32(float32(math.NaN())); v == v {
 		t.Errorf("exp(NaN) = %v; want NaN", v)
+	}
+}
+
+// ExpSlice and ErfSlice are Exp32 and Erf32 bit for bit, the vector lanes
+// and the tail alike: over a sweep of each one's range, its edges, NaN,
+// ±Inf, ±0 and the subnormal results.
+func TestMath32Slices(t *testing.T) {
+	var xs []float32
+	for i := -2000000; i <= 2000000; i += 7 {
+		xs = append(xs, float32(i)/20000) // −100 … 100
+	}
+	for _, v := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), 0, math.Copysign(0, -1), 88.72283, 88.72284, -87.33655, -87.33656,
+		-86.5, -87, 88.5, 88.7, 1e-30, -1e-30, 4, -4, 4.0000005, -3.9999998, 1e30, -1e30} {
+		xs = append(xs, float32(v))
+	}
+	for n := range 40 { // every tail length
+		xs = append(xs, float32(n)/3-6)
+	}
+	rng := rand.New(rand.NewPCG(8, 8))
+	for range 100000 {
+		xs = append(xs, math.Float32frombits(rng.Uint32()))
+	}
+	for _, f := range []struct {
+		name   string
+		slice  func(dst, src []float32)
+		scalar func(float32) float32
+	}{{"exp", ExpSlice, Exp32}, {"erf", ErfSlice, Erf32}} {
+		got := make([]float32, len(xs))
+		f.slice(got, xs)
+		for i, x := range xs {
+			if want := f.scalar(x); math.Float32bits(got[i]) != math.Float32bits(want) && !(want != want && got[i] != got[i]) {
+				t.Fatalf("%s(%v) [%d]: the slice gives %v (%#x), the scalar %v (%#x)", f.name, x, i, got[i], math.Float32bits(got[i]), want, math.Float32bits(want))
+			}
+		}
+		in := slices.Clone(xs[:37])
+		f.slice(in, in) // in place
+		for i, x := range xs[:37] {
+			if want := f.scalar(x); math.Float32bits(in[i]) != math.Float32bits(want) && !(want != want && in[i] != in[i]) {
+				t.Fatalf("%s in place [%d]: %v; want %v", f.name, i, in[i], want)
+			}
+		}
 	}
 }

@@ -239,3 +239,26 @@ func reluGrad8(y, dy, dx *float32, n int)
 
 //go:noescape
 func sum16(x *float32, blocks, m0, m1, m2, m3 int) float32
+
+func expAsm(dst, src []float32) int { return lanes16(exp16, dst, src) }
+
+func erfAsm(dst, src []float32) int { return lanes16(erf16, dst, src) }
+
+// lanes16 runs an element-wise kernel of 16 lanes over the longest
+// prefix of src it covers, and says how far it went.
+func lanes16(kernel func(dst, src *float32, n int), dst, src []float32) int {
+	if level != levelAVX512 {
+		return 0
+	}
+	n := vectorPart(levelAVX512, len(src))
+	if n > 0 {
+		kernel(&dst[0], &src[0], n)
+	}
+	return n
+}
+
+//go:noescape
+func exp16(dst, src *float32, n int)
+
+//go:noescape
+func erf16(dst, src *float32, n int)

@@ -475,3 +475,160 @@ copyfiniteloop:
 	SETEQ ret+24(FP)
 	VZEROUPPER
 	RET
+
+// func exp16(dst, src *float32, n int)
+// Exp32 on 16 lanes, bit for bit: the same float32 operations in the same
+// order (no fused multiply-add), floor by VRNDSCALEPS, 2ⁿ as two factors
+// built from exponent bits (exact where Exp32 scales once), and the out of
+// range lanes blended in last: +Inf above 88.72283, 0 below −87.33655,
+// NaN as it came.
+TEXT ·exp16(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVL $0x3fb8aa3b, AX
+	VPBROADCASTD AX, Z20 // log2 e
+	MOVL $0x3f000000, AX
+	VPBROADCASTD AX, Z21 // 0.5 (and p5)
+	MOVL $0x3f318000, AX
+	VPBROADCASTD AX, Z22 // c1
+	MOVL $0xb95e8083, AX
+	VPBROADCASTD AX, Z23 // c2
+	MOVL $0x39506967, AX
+	VPBROADCASTD AX, Z24 // p0
+	MOVL $0x3ab743ce, AX
+	VPBROADCASTD AX, Z25 // p1
+	MOVL $0x3c088908, AX
+	VPBROADCASTD AX, Z26 // p2
+	MOVL $0x3d2aa9c1, AX
+	VPBROADCASTD AX, Z27 // p3
+	MOVL $0x3e2aaaaa, AX
+	VPBROADCASTD AX, Z28 // p4
+	MOVL $0x3f800000, AX
+	VPBROADCASTD AX, Z29 // 1
+	MOVL $0x42b17217, AX
+	VPBROADCASTD AX, Z30 // the largest x
+	MOVL $0xc2aeac50, AX
+	VPBROADCASTD AX, Z31 // the smallest x
+	MOVL $0x7f800000, AX
+	VPBROADCASTD AX, Z19 // +Inf
+	MOVL $127, AX
+	VPBROADCASTD AX, Z18 // the exponent's bias
+	VPXORD Z17, Z17, Z17
+exploop:
+	VMOVUPS (SI), Z0
+	VMULPS Z20, Z0, Z1
+	VADDPS Z21, Z1, Z1
+	VRNDSCALEPS $0x09, Z1, Z2
+	VCVTTPS2DQ Z2, Z3
+	VMULPS Z22, Z2, Z4
+	VSUBPS Z4, Z0, Z5
+	VMULPS Z23, Z2, Z4
+	VSUBPS Z4, Z5, Z5
+	VMULPS Z24, Z5, Z6
+	VADDPS Z25, Z6, Z6
+	VMULPS Z5, Z6, Z6
+	VADDPS Z26, Z6, Z6
+	VMULPS Z5, Z6, Z6
+	VADDPS Z27, Z6, Z6
+	VMULPS Z5, Z6, Z6
+	VADDPS Z28, Z6, Z6
+	VMULPS Z5, Z6, Z6
+	VADDPS Z21, Z6, Z6
+	VMULPS Z5, Z5, Z7
+	VMULPS Z7, Z6, Z6
+	VADDPS Z5, Z6, Z6
+	VADDPS Z29, Z6, Z6
+	VPSRAD $1, Z3, Z8
+	VPSUBD Z8, Z3, Z9
+	VPADDD Z18, Z8, Z8
+	VPSLLD $23, Z8, Z8
+	VPADDD Z18, Z9, Z9
+	VPSLLD $23, Z9, Z9
+	VMULPS Z8, Z6, Z6
+	VMULPS Z9, Z6, Z6
+	VCMPPS $0x1e, Z30, Z0, K1
+	VMOVUPS Z19, K1, Z6
+	VCMPPS $0x11, Z31, Z0, K2
+	VMOVUPS Z17, K2, Z6
+	VCMPPS $0x03, Z0, Z0, K3
+	VMOVUPS Z0, K3, Z6
+	VMOVUPS Z6, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	SUBQ $16, CX
+	JNZ exploop
+	VZEROUPPER
+	RET
+
+// func erf16(dst, src *float32, n int)
+// Erf32 on 16 lanes, bit for bit: x clamped to [−4, 4] (a NaN kept: the
+// max and min give their second operand, x, when one is NaN), then the
+// same polynomials, multiplied and added in the same order, and one
+// division.
+TEXT ·erf16(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVL $0xc0800000, AX
+	VPBROADCASTD AX, Z18 // −4
+	MOVL $0x40800000, AX
+	VPBROADCASTD AX, Z19 // 4
+	MOVL $0xaf95df0b, AX
+	VPBROADCASTD AX, Z20 // a13
+	MOVL $0x32edffee, AX
+	VPBROADCASTD AX, Z21 // a11
+	MOVL $0xb60cff51, AX
+	VPBROADCASTD AX, Z22 // a9
+	MOVL $0xb86ec2d2, AX
+	VPBROADCASTD AX, Z23 // a7
+	MOVL $0xba40ac63, AX
+	VPBROADCASTD AX, Z24 // a5
+	MOVL $0xbb41a1f6, AX
+	VPBROADCASTD AX, Z25 // a3
+	MOVL $0xbc83dbd4, AX
+	VPBROADCASTD AX, Z26 // a1
+	MOVL $0xb77460cd, AX
+	VPBROADCASTD AX, Z27 // b8
+	MOVL $0xb95fbd29, AX
+	VPBROADCASTD AX, Z28 // b6
+	MOVL $0xbadc924e, AX
+	VPBROADCASTD AX, Z29 // b4
+	MOVL $0xbbf19bf8, AX
+	VPBROADCASTD AX, Z30 // b2
+	MOVL $0xbc69b6a7, AX
+	VPBROADCASTD AX, Z31 // b0
+erfloop:
+	VMOVUPS (SI), Z0
+	VMAXPS Z0, Z18, Z1
+	VMINPS Z1, Z19, Z1
+	VMULPS Z1, Z1, Z2
+	VMULPS Z20, Z2, Z3
+	VADDPS Z21, Z3, Z3
+	VMULPS Z3, Z2, Z3
+	VADDPS Z22, Z3, Z3
+	VMULPS Z3, Z2, Z3
+	VADDPS Z23, Z3, Z3
+	VMULPS Z3, Z2, Z3
+	VADDPS Z24, Z3, Z3
+	VMULPS Z3, Z2, Z3
+	VADDPS Z25, Z3, Z3
+	VMULPS Z3, Z2, Z3
+	VADDPS Z26, Z3, Z3
+	VMULPS Z3, Z1, Z3
+	VMULPS Z27, Z2, Z4
+	VADDPS Z28, Z4, Z4
+	VMULPS Z4, Z2, Z4
+	VADDPS Z29, Z4, Z4
+	VMULPS Z4, Z2, Z4
+	VADDPS Z30, Z4, Z4
+	VMULPS Z4, Z2, Z4
+	VADDPS Z31, Z4, Z4
+	VDIVPS Z4, Z3, Z5
+	VMOVUPS Z5, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	SUBQ $16, CX
+	JNZ erfloop
+	VZEROUPPER
+	RET
