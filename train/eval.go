@@ -10,8 +10,8 @@ import (
 
 // Result is what an evaluation found.
 type Result struct {
-	Loss     float64   // mean cross-entropy over the samples
-	Accuracy float64   // share of samples whose largest logit is their label
+	Loss     float64   // mean loss over the samples
+	Accuracy float64   // share of samples whose largest logit is their label (see tallyTargets for MSE's and BCE's)
 	PerClass []float64 // accuracy within each class (NaN where a class has no samples)
 	Samples  int
 }
@@ -58,8 +58,18 @@ type tally struct {
 	correct, total []int // per class
 }
 
+// Specced is a Model that says which spec it was built from; Evaluate
+// asks it whether its outputs are class scores or compare with float
+// targets.
+type Specced interface {
+	Spec() Spec
+}
+
 func tallyEpoch(m Model, e *data.Epoch, classes int) (tally, error) {
 	t := tally{correct: make([]int, classes), total: make([]int, classes)}
+	if sm, ok := m.(Specced); ok && sm.Spec().Targets() > 0 {
+		return tallyTargets(m, sm.Spec(), e, classes)
+	}
 	err := e.Each(func(b *data.Batch) error {
 		loss, err := m.Forward(b.X, b.Y, b.N)
 		if err != nil {
@@ -81,6 +91,38 @@ func tallyEpoch(m Model, e *data.Epoch, classes int) (tally, error) {
 			t.total[y]++
 			if best == y {
 				t.correct[y]++
+			}
+		}
+		return nil
+	})
+	return t, err
+}
+
+// tallyTargets is tallyEpoch for a model with float targets, whose counts
+// are all in class 0: every sample, and, for BCE, those whose every output
+// is on its target's side of one half. MSE has no such count: its
+// accuracy is 0.
+func tallyTargets(m Model, spec Spec, e *data.Epoch, classes int) (tally, error) {
+	t := tally{correct: make([]int, max(classes, 1)), total: make([]int, max(classes, 1))}
+	k, w := spec.Targets(), spec.RowValues()
+	err := e.Each(func(b *data.Batch) error {
+		loss, err := m.Forward(b.X, b.Y, b.N)
+		if err != nil {
+			return err
+		}
+		t.lossSum += float64(loss) * float64(b.N)
+		t.total[0] += b.N
+		if spec.Loss != BCE {
+			return nil
+		}
+		out := m.Logits()
+		for r := range b.N {
+			right := true
+			for j, p := range out[r*k : (r+1)*k] {
+				right = right && (p >= 0.5) == (b.X[(r+1)*w-k+j] >= 0.5)
+			}
+			if right {
+				t.correct[0]++
 			}
 		}
 		return nil

@@ -67,16 +67,20 @@ type graphModel struct {
 	// positions is how many labels a sample has: 1, or a language
 	// model's T, each position's next byte.
 	positions int
-	lossScale float32 // invN's value, which a language model's loss kernel reads
-	g         *G.ExprGraph
-	vm        *tape   // forward and backward
-	fwd       *tape   // forward alone, for evaluation
-	out       *G.Node // the logits
-	cost      *G.Node
-	last      *tape         // the tape that ran last, whose logits Logits reads
-	x, y      *tensor.Dense // inputs, refilled in place every step
-	invN      *G.Node
-	learn     G.Nodes
+	// targets is how many float targets each row of x carries after its
+	// inputs (Spec.Targets); row is inputs+targets.
+	targets, row int
+	lossScale    float32 // invN's value, which a language model's loss kernel reads
+	live         int     // the samples of the batch fed last, which a target loss reads
+	g            *G.ExprGraph
+	vm           *tape   // forward and backward
+	fwd          *tape   // forward alone, for evaluation
+	out          *G.Node // the logits
+	cost         *G.Node
+	last         *tape         // the tape that ran last, whose logits Logits reads
+	x, y         *tensor.Dense // inputs, refilled in place every step
+	invN         *G.Node
+	learn        G.Nodes
 	// gradNodes are learn's gradients, in its order (G.Grad's).
 	gradNodes G.Nodes
 	params    [][]float32
@@ -125,6 +129,8 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 	for _, d := range cfg.Spec.Input {
 		m.inputs *= d
 	}
+	m.targets = cfg.Spec.Targets()
+	m.row = m.inputs + m.targets
 	b := cfg.Batch
 	xShape := append([]int{b}, cfg.Spec.Input...)
 	m.x = tensor.New(tensor.WithShape(xShape...), tensor.Of(tensor.Float32))
@@ -153,7 +159,8 @@ func NewModel(cfg ModelConfig) (_ Model, err error) {
 		saved: map[string]*G.Node{}, savedLearned: map[string]bool{}}
 	h := G.Must(lg.build(x, 0, len(cfg.Spec.Layers), false))
 	m.learn, m.drops = lg.learn, lg.drops
-	cost, err := lossOf(h, y, m.invN, m.classes, m.positions, m.blas, &m.lossScale)
+	cost, err := lossOf(h, y, m.invN, lossParams{loss: cfg.Spec.Loss, classes: m.classes, positions: m.positions,
+		bl: m.blas, scale: &m.lossScale, live: &m.live})
 	if err != nil {
 		return nil, err
 	}
@@ -320,6 +327,9 @@ func (m *graphModel) ForwardBackward(x []float32, y []int, n int) (loss float32,
 	return loss, nil
 }
 
+// Spec is the spec the model was built from.
+func (m *graphModel) Spec() Spec { return m.cfg.Spec }
+
 func (m *graphModel) Forward(x []float32, y []int, n int) (float32, error) {
 	if err := m.feed(x, y, n, false); err != nil {
 		return 0, err
@@ -330,16 +340,17 @@ func (m *graphModel) Forward(x []float32, y []int, n int) (float32, error) {
 // feed checks a batch and loads it, with fresh dropout masks when training
 // and masks of ones when not.
 func (m *graphModel) feed(x []float32, y []int, n int, training bool) error {
-	if n < 1 || n > m.cfg.Batch || len(x) != n*m.inputs || len(y) != n*m.positions {
+	if n < 1 || n > m.cfg.Batch || len(x) != n*m.row || len(y) != n*m.positions {
 		return fmt.Errorf("train: batch of %d samples with %d values and %d labels; model takes up to %d samples of %d values and %d labels",
-			n, len(x), len(y), m.cfg.Batch, m.inputs, m.positions)
+			n, len(x), len(y), m.cfg.Batch, m.row, m.positions)
 	}
-	xs := m.x.Data().([]float32)
-	copy(xs, x)
-	clear(xs[len(x):])
-	if err := oneHot(m.y.Data().([]float32), y, m.classes); err != nil {
+	loadFeatures(m.x.Data().([]float32), x, n, m.row, m.inputs)
+	if m.targets > 0 {
+		loadTargets(m.y.Data().([]float32), x, n, m.row, m.targets)
+	} else if err := oneHot(m.y.Data().([]float32), y, m.classes); err != nil {
 		return err
 	}
+	m.live = n
 	for _, d := range m.drops {
 		if training {
 			d.fill(m.masks)
@@ -353,13 +364,27 @@ func (m *graphModel) feed(x []float32, y []int, n int, training bool) error {
 	return G.Let(m.invN, m.lossScale)
 }
 
-// lossOf is the loss node of logits h against one-hot targets y, times
-// invN (lossScale, for a language model's): −Σ(log softmax ⊙ y)·invN, or,
-// for a language model (positions > 1), the same fused into one kernel
-// (crossEntropyKernel).
-func lossOf(h, y, invN *G.Node, classes, positions int, bl *gemm.BLAS, lossScale *float32) (*G.Node, error) {
-	if positions > 1 {
-		l, err := applyKernel(newCrossEntropy(classes, bl, lossScale), []bool{true, false}, h, y)
+// lossParams say which loss lossOf builds, and where the values it reads
+// each run live.
+type lossParams struct {
+	loss               Loss
+	classes, positions int
+	bl                 *gemm.BLAS
+	scale              *float32 // invN's value
+	live               *int     // the samples fed
+}
+
+// lossOf is the loss node of outputs h against targets y, times invN: for
+// cross-entropy, y one-hot, −Σ(log softmax ⊙ y)·invN, or, for a language
+// model (positions > 1), the same fused into one kernel
+// (crossEntropyKernel); for MSE and BCE, y the float targets (targetLoss).
+func lossOf(h, y, invN *G.Node, p lossParams) (*G.Node, error) {
+	if p.loss != CrossEntropy || p.positions > 1 {
+		var k kernel = targetLoss{loss: p.loss, k: p.classes, scale: p.scale, live: p.live}
+		if p.loss == CrossEntropy {
+			k = newCrossEntropy(p.classes, p.bl, p.scale)
+		}
+		l, err := applyKernel(k, []bool{true, false}, h, y)
 		if err != nil {
 			return nil, err
 		}
@@ -369,11 +394,11 @@ func lossOf(h, y, invN *G.Node, classes, positions int, bl *gemm.BLAS, lossScale
 	if err != nil {
 		return nil, err
 	}
-	p, err := G.HadamardProd(logp, y)
+	prod, err := G.HadamardProd(logp, y)
 	if err != nil {
 		return nil, err
 	}
-	sum, err := G.Sum(p)
+	sum, err := G.Sum(prod)
 	if err != nil {
 		return nil, err
 	}

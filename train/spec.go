@@ -38,6 +38,46 @@ type Spec struct {
 	Input  []int   `json:"input"` // C, H, W for images; F for flat features; T for bytes
 	Layers []Layer `json:"layers"`
 	Init   string  `json:"init,omitempty"` // "" (He and Glorot) or "gpt"
+	// Loss is what training minimises: cross-entropy over class scores
+	// (the default), or, for float targets, mse or bce (see Loss).
+	Loss Loss `json:"loss,omitempty"`
+}
+
+// Loss names a loss function.
+type Loss string
+
+// The losses a Spec may name. CrossEntropy compares class scores with a
+// class label. MSE and BCE compare the last layer's K outputs with K float
+// targets that every input row carries after its features (a table's
+// target columns): MSE is the mean of (output − target)² over the batch and
+// the K values, as torch's MSELoss; BCE the mean of −(t·log p +
+// (1−t)·log(1−p)), each log held at −100 or above, as torch's BCELoss — the
+// outputs are probabilities, so a BCE model ends in a sigmoid.
+const (
+	CrossEntropy Loss = ""
+	MSE          Loss = "mse"
+	BCE          Loss = "bce"
+)
+
+// Targets is how many float targets a sample's row carries after its
+// features: the last layer's width for MSE and BCE, none for cross-entropy.
+func (s Spec) Targets() int {
+	if s.Loss != MSE && s.Loss != BCE {
+		return 0
+	}
+	shapes, err := s.Shapes()
+	if err != nil {
+		return 0
+	}
+	last := shapes[len(shapes)-1]
+	return last[len(last)-1]
+}
+
+// RowValues is how many values one sample of a batch's x holds: its
+// features, then its targets.
+func (s Spec) RowValues() int {
+	n, _ := values(s.Input...)
+	return n + s.Targets()
 }
 
 // LayerType is a kind of layer, as a spec names it.
@@ -315,10 +355,27 @@ func (s Spec) walkShapes() ([][]int, []int, error) {
 		}
 		out = append(out, shape)
 	}
-	if last := out[len(out)-1]; len(last) < 1 || len(last) > 2 || last[len(last)-1] < 2 || len(last) == 2 && s.Layers[0].Type != LayerEmbedding {
-		return nil, nil, fmt.Errorf("the last layer gives %v; want a flat vector of at least 2 class scores (or, after an embedding, each position's): %w", last, ErrSpec)
+	return out, sizes, s.checkLoss(out[len(out)-1])
+}
+
+// checkLoss checks the last layer's shape against the loss.
+func (s Spec) checkLoss(last []int) error {
+	switch s.Loss {
+	case CrossEntropy:
+		if len(last) < 1 || len(last) > 2 || last[len(last)-1] < 2 || len(last) == 2 && s.Layers[0].Type != LayerEmbedding {
+			return fmt.Errorf("the last layer gives %v; want a flat vector of at least 2 class scores (or, after an embedding, each position's): %w", last, ErrSpec)
+		}
+	case MSE, BCE:
+		if len(last) != 1 {
+			return fmt.Errorf("loss %s: the last layer gives %v; want a flat vector of outputs, one per target: %w", s.Loss, last, ErrSpec)
+		}
+		if len(s.Input) != 1 {
+			return fmt.Errorf("loss %s: input %v; float targets come in rows of features: want [features]: %w", s.Loss, s.Input, ErrSpec)
+		}
+	default:
+		return fmt.Errorf("loss %q; want mse, bce, or none for cross-entropy: %w", s.Loss, ErrSpec)
 	}
-	return out, sizes, nil
+	return nil
 }
 
 // outShape is the shape layer l gives for an input of shape, and the

@@ -32,6 +32,14 @@ var gradSpecs = []struct {
 	{Spec{Input: []int{12}, Layers: []Layer{
 		{Type: "linear", Out: 16}, {Type: "tanh"}, {Type: "dropout", P: 0.4}, {Type: "linear", Out: 5},
 	}}, 1e-2, 4, 3},
+	// Float targets after each row's features; for BCE, probabilities.
+	{Spec{Input: []int{3}, Loss: MSE, Layers: []Layer{
+		{Type: "linear", Out: 8}, {Type: "tanh", Save: "a"}, {Type: "linear", Out: 8}, {Type: "add", From: "a"},
+		{Type: "linear", Out: 2},
+	}}, 1e-2, 4, 3},
+	{Spec{Input: []int{3}, Loss: BCE, Layers: []Layer{
+		{Type: "linear", Out: 8}, {Type: "tanh"}, {Type: "linear", Out: 2}, {Type: "sigmoid"},
+	}}, 1e-2, 4, 3},
 }
 
 // TestEveryLayerGradient checks the gradient of every parameter tensor
@@ -48,12 +56,8 @@ func checkGradients(t *testing.T, spec Spec, h float64, batch, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inputs := 1
-	for _, d := range spec.Input {
-		inputs *= d
-	}
 	rng := rand.New(rand.NewPCG(5, 5))
-	x, y := randomBatch(rng, n, inputs, shapes[len(shapes)-1][0])
+	x, y := randomBatch(rng, n, spec.RowValues(), shapes[len(shapes)-1][0])
 	// Dropout's masks are part of the function being differentiated:
 	// every evaluation below draws the same ones.
 	seed := func() {

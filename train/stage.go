@@ -62,7 +62,9 @@ type Stage struct {
 	// positions is the labels a sample has: 1, or a language model's
 	// context.
 	positions int
+	targets   int     // float targets per sample (Spec.Targets); 0 for labels
 	lossScale float32 // invN's value, which a language model's loss kernel reads
+	live      int     // the samples fed last, which a target loss reads
 
 	g       *G.ExprGraph
 	vm      *tape // forward and backward
@@ -127,7 +129,8 @@ func NewStage(cfg StageConfig) (_ *Stage, err error) {
 		return nil, fmt.Errorf("train: stage of layers [%d, %d) of %d: %w", cfg.Lo, cfg.Hi, len(layers), ErrSpec)
 	}
 	lastShape := shapes[len(shapes)-1]
-	s := &Stage{cfg: cfg, first: cfg.Lo == 0, last: cfg.Hi == len(layers), classes: lastShape[len(lastShape)-1], positions: 1}
+	s := &Stage{cfg: cfg, first: cfg.Lo == 0, last: cfg.Hi == len(layers), classes: lastShape[len(lastShape)-1], positions: 1,
+		targets: cfg.Model.Spec.Targets()}
 	if len(lastShape) == 2 { // a language model: a label per position
 		s.positions = lastShape[0]
 	}
@@ -195,7 +198,8 @@ func NewStage(cfg StageConfig) (_ *Stage, err error) {
 	if s.last {
 		s.y = tensor.New(tensor.WithShape(b*s.positions, s.classes), tensor.Of(tensor.Float32))
 		y := G.NewMatrix(s.g, G.Float32, G.WithShape(b*s.positions, s.classes), G.WithName("y"), G.WithValue(s.y))
-		if cost, err = lossOf(h, y, s.invN, s.classes, s.positions, lg.blas, &s.lossScale); err != nil {
+		if cost, err = lossOf(h, y, s.invN, lossParams{loss: cfg.Model.Spec.Loss, classes: s.classes,
+			positions: s.positions, bl: lg.blas, scale: &s.lossScale, live: &s.live}); err != nil {
 			return nil, fmt.Errorf("train: %w", err)
 		}
 		s.logits, s.cost = h, cost
@@ -274,7 +278,7 @@ func (s *Stage) SeedMasks(seed uint64) { s.masks = seed }
 
 // feed loads a micro-batch's inputs (rows samples; the rest of the
 // micro-batch is zero) and labels, and its dropout masks.
-func (s *Stage) feed(mb int, in [][]float32, y []int, rows int, training bool) error {
+func (s *Stage) feed(mb int, in [][]float32, y Labels, rows int, training bool) error {
 	if rows < 1 || rows > s.cfg.Model.Batch {
 		return fmt.Errorf("stage [%d, %d): %d samples; it takes 1 to %d: %w", s.cfg.Lo, s.cfg.Hi, rows, s.cfg.Model.Batch, ErrStage)
 	}
@@ -290,10 +294,7 @@ func (s *Stage) feed(mb int, in [][]float32, y []int, rows int, training bool) e
 		clear(d[len(in[k]):])
 	}
 	if s.last {
-		if len(y) != rows*s.positions {
-			return fmt.Errorf("stage [%d, %d): %d labels for %d samples of %d: %w", s.cfg.Lo, s.cfg.Hi, len(y), rows, s.positions, ErrStage)
-		}
-		if err := oneHot(s.y.Data().([]float32), y, s.classes); err != nil {
+		if err := s.feedLabels(y, rows); err != nil {
 			return err
 		}
 	}
@@ -307,6 +308,31 @@ func (s *Stage) feed(mb int, in [][]float32, y []int, rows int, training bool) e
 		}
 	}
 	return nil
+}
+
+// Labels are what the last stage's loss compares its outputs with: a
+// class per position, or, for a model with float targets (MSE, BCE), each
+// sample's targets, rows × Spec.Targets.
+type Labels struct {
+	Class  []int
+	Target []float32
+}
+
+func (s *Stage) feedLabels(y Labels, rows int) error {
+	s.live = rows
+	if s.targets > 0 {
+		if len(y.Target) != rows*s.targets {
+			return fmt.Errorf("stage [%d, %d): %d targets for %d samples of %d: %w", s.cfg.Lo, s.cfg.Hi, len(y.Target), rows, s.targets, ErrStage)
+		}
+		ys := s.y.Data().([]float32)
+		copy(ys, y.Target)
+		clear(ys[len(y.Target):])
+		return nil
+	}
+	if len(y.Class) != rows*s.positions {
+		return fmt.Errorf("stage [%d, %d): %d labels for %d samples of %d: %w", s.cfg.Lo, s.cfg.Hi, len(y.Class), rows, s.positions, ErrStage)
+	}
+	return oneHot(s.y.Data().([]float32), y.Class, s.classes)
 }
 
 // run runs a tape and returns the loss on the last stage.
@@ -329,7 +355,7 @@ func (s *Stage) run(t *tape) (loss float32, err error) {
 // rows samples each (slices of the stage's own memory, valid until the
 // next call) — or, on the last stage, the loss. training draws dropout
 // masks; without it dropout passes everything.
-func (s *Stage) Forward(mb int, in [][]float32, y []int, rows int, training bool) (out [][]float32, loss float32, err error) {
+func (s *Stage) Forward(mb int, in [][]float32, y Labels, rows int, training bool) (out [][]float32, loss float32, err error) {
 	if err := s.feed(mb, in, y, rows, training); err != nil {
 		return nil, 0, err
 	}
@@ -347,7 +373,7 @@ func (s *Stage) Forward(mb int, in [][]float32, y []int, rows int, training bool
 // adds its parameter gradients to the sum, and returns the gradients of
 // its inputs (nil on the first stage: nothing wants the data's) and, on
 // the last stage, the loss.
-func (s *Stage) Backward(mb int, in [][]float32, y []int, rows int, gout [][]float32) (gin [][]float32, loss float32, err error) {
+func (s *Stage) Backward(mb int, in [][]float32, y Labels, rows int, gout [][]float32) (gin [][]float32, loss float32, err error) {
 	if err := s.feed(mb, in, y, rows, true); err != nil {
 		return nil, 0, err
 	}
@@ -412,6 +438,10 @@ func (s *Stage) ParamNames() []string { return s.names }
 // Positions is how many labels a sample has: 1, or a language model's
 // context, a label per position.
 func (s *Stage) Positions() int { return s.positions }
+
+// Targets is how many float targets a sample has (Spec.Targets): what the
+// last stage's Labels.Target holds per sample; 0 where labels are classes.
+func (s *Stage) Targets() int { return s.targets }
 
 // Logits returns the last Forward's or Backward's micro-batch × classes
 // outputs on the last stage (× positions, for a language model).

@@ -41,7 +41,7 @@ func TestWholeStageIsTheModel(t *testing.T) {
 		if err := s.SetLossScale(1 / float32(rows)); err != nil {
 			t.Fatal(err)
 		}
-		_, got, err := s.Backward(0, [][]float32{x}, y, rows, nil)
+		_, got, err := s.Backward(0, [][]float32{x}, Labels{Class: y}, rows, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -134,6 +134,9 @@ func New(ops Ops, cfg train.ModelConfig) (_ *Net, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
+	if cfg.Spec.Loss != train.CrossEntropy {
+		return nil, fmt.Errorf("engine: loss %s: %w; this engine has cross-entropy (use the cpu device)", cfg.Spec.Loss, ErrUnsupported)
+	}
 	init, err := train.InitParams(cfg)
 	if err != nil {
 		return nil, err

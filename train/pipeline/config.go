@@ -175,9 +175,12 @@ func MeasureCosts(model train.ModelConfig, micro int) ([]float64, error) {
 					}
 				}
 			}
-			var y []int
-			if st.Last() {
-				y = make([]int, micro*st.Positions())
+			var y train.Labels
+			switch {
+			case st.Last() && st.Targets() > 0:
+				y.Target = make([]float32, micro*st.Targets())
+			case st.Last():
+				y.Class = make([]int, micro*st.Positions())
 			}
 			var gout [][]float32
 			for _, c := range st.Outputs() {

@@ -38,6 +38,8 @@ type Pipe struct {
 	micro      int
 	classes    int // logits a sample: its classes, or a language model's positions × classes
 	positions  int // labels a sample: 1, or a language model's context
+	row        int // values a sample has in x: its inputs, then its float targets if any
+	spec       train.Spec
 	prev, next Link
 	// in and out are what crosses the boundaries before and after the
 	// stage (what the frames carry); useIn maps the stage's inputs to in,
@@ -107,7 +109,7 @@ func New(ctx context.Context, cfg Config, model train.ModelConfig, s int, prev, 
 	// position's.
 	shapes, _ := model.Spec.Shapes()
 	last := shapes[len(shapes)-1]
-	p.classes, p.positions = last[len(last)-1], 1
+	p.classes, p.positions, p.row, p.spec = last[len(last)-1], 1, model.Spec.RowValues(), model.Spec
 	if len(last) == 2 {
 		p.classes, p.positions = last[0]*last[1], last[0]
 	}
@@ -218,11 +220,21 @@ func sizes(cs []train.Carry) []int {
 // rows is how many samples micro-batch mb of n has.
 func (p *Pipe) rows(mb, n int) int { return min(p.micro, n-mb*p.micro) }
 
-func (p *Pipe) labels(y []int, mb, rows int) []int {
+// labels is micro-batch mb's labels, on the last stage: its classes, or
+// the float targets at the end of each row of x.
+func (p *Pipe) labels(x []float32, y []int, mb, rows int) train.Labels {
 	if !p.st.Last() {
-		return nil
+		return train.Labels{}
 	}
-	return y[mb*p.micro*p.positions : (mb*p.micro+rows)*p.positions]
+	if k := p.st.Targets(); k > 0 {
+		w, lo := p.row, mb*p.micro
+		t := make([]float32, 0, rows*k)
+		for r := lo; r < lo+rows; r++ {
+			t = append(t, x[(r+1)*w-k:(r+1)*w]...)
+		}
+		return train.Labels{Target: t}
+	}
+	return train.Labels{Class: y[mb*p.micro*p.positions : (mb*p.micro+rows)*p.positions]}
 }
 
 func (p *Pipe) check(x []float32, y []int, n int) error {
@@ -232,9 +244,9 @@ func (p *Pipe) check(x []float32, y []int, n int) error {
 	if n < 1 {
 		return fmt.Errorf("pipeline: a batch of %d samples: %w", n, train.ErrStage)
 	}
-	if p.s == 0 {
-		if want := n * p.in[0].Values(); len(x) < want {
-			return fmt.Errorf("pipeline: %d values for %d samples of %d: %w", len(x), n, p.in[0].Values(), train.ErrStage)
+	if p.s == 0 || p.st.Targets() > 0 && p.st.Last() {
+		if want := n * p.row; len(x) < want {
+			return fmt.Errorf("pipeline: %d values for %d samples of %d: %w", len(x), n, p.row, train.ErrStage)
 		}
 	}
 	if len(y) < n*p.positions {
@@ -250,8 +262,16 @@ func (p *Pipe) check(x []float32, y []int, n int) error {
 // stage; what the stage before sent, on the others.
 func (p *Pipe) input(x []float32, mb, rows int) ([][]float32, error) {
 	if p.s == 0 {
-		w := p.in[0].Values()
-		return [][]float32{x[mb*p.micro*w : (mb*p.micro+rows)*w]}, nil
+		w, f := p.row, p.in[0].Values()
+		rowsOf := x[mb*p.micro*w : (mb*p.micro+rows)*w]
+		if w == f {
+			return [][]float32{rowsOf}, nil
+		}
+		feats := make([]float32, 0, rows*f) // the features without the targets after them
+		for r := range rows {
+			feats = append(feats, rowsOf[r*w:r*w+f]...)
+		}
+		return [][]float32{feats}, nil
 	}
 	f, err := p.recv(p.prev, Expect{Kind: Activations, Enc: p.enc, Stage: p.s - 1, Gen: p.gen, Step: p.step, MB: mb, Rows: rows, Sizes: sizes(p.in)})
 	if err != nil {
@@ -342,7 +362,7 @@ func (p *Pipe) ForwardBackward(x []float32, y []int, n int) (float32, error) {
 				continue // its backward runs the forward pass
 			}
 			t0 := time.Now()
-			out, _, err := p.st.Forward(mb, p.stageIn(in), nil, rows, true)
+			out, _, err := p.st.Forward(mb, p.stageIn(in), train.Labels{}, rows, true)
 			if p.pace != nil {
 				p.pace(false)
 			}
@@ -370,7 +390,7 @@ func (p *Pipe) ForwardBackward(x []float32, y []int, n int) (float32, error) {
 		}
 		in := held[mb]
 		t0 := time.Now()
-		gin, loss, err := p.st.Backward(mb, p.stageIn(in), p.labels(y, mb, rows), rows, gstage)
+		gin, loss, err := p.st.Backward(mb, p.stageIn(in), p.labels(x, y, mb, rows), rows, gstage)
 		if p.pace != nil {
 			p.pace(true)
 		}
@@ -439,7 +459,7 @@ func (p *Pipe) Forward(x []float32, y []int, n int) (float32, error) {
 		if err != nil {
 			return 0, err
 		}
-		out, loss, err := p.st.Forward(mb, p.stageIn(in), p.labels(y, mb, rows), rows, false)
+		out, loss, err := p.st.Forward(mb, p.stageIn(in), p.labels(x, y, mb, rows), rows, false)
 		if err != nil {
 			return 0, err
 		}
@@ -507,6 +527,9 @@ func (p *Pipe) Params() [][]float32 { return p.st.Params() }
 
 // Grads returns the stage's gradients of the last batch.
 func (p *Pipe) Grads() [][]float32 { return p.st.Grads() }
+
+// Spec is the whole model's spec.
+func (p *Pipe) Spec() train.Spec { return p.spec }
 
 // ParamNames names the stage's parameters as the whole model does.
 func (p *Pipe) ParamNames() []string { return p.st.ParamNames() }

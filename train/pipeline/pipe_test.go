@@ -122,7 +122,7 @@ func trainPipe(t *testing.T, cfg Config, replicas int, model train.ModelConfig) 
 	defer cancel()
 	S := cfg.Stages
 	pipes, reps := grid(t, ctx, cfg, replicas, model)
-	xs, ys := batches(11, 4, model.Batch, model.Spec.Input[0], 5)
+	xs, ys := batches(11, 4, model.Batch, model.Spec.RowValues(), 5)
 	per := 1 // labels a sample
 	if model.Spec.Layers[0].Type == train.LayerEmbedding {
 		per = model.Spec.Input[0]
@@ -247,6 +247,31 @@ func TestGPTSplitTrainsAsWhole(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A regression — one feature, linear layers with a residual, a sigmoid
+// output and MSE (or BCE) against the float target at the end of each row
+// — cut into three stages trains to the bits of the whole model: the last
+// stage reads the targets from the rows, the first strips them.
+func TestRegressionSplitTrainsAsWhole(t *testing.T) {
+	for _, loss := range []train.Loss{train.MSE, train.BCE} {
+		spec := train.Spec{Input: []int{1}, Loss: loss, Layers: []train.Layer{
+			{Type: "linear", Out: 16}, {Type: "relu", Save: "h"},
+			{Type: "linear", Out: 16}, {Type: "relu"}, {Type: "add", From: "h"},
+			{Type: "linear", Out: 16}, {Type: "relu"},
+			{Type: "linear", Out: 1}, {Type: "sigmoid"},
+		}}
+		model := train.ModelConfig{Spec: spec, Batch: 8, Seed: 5}
+		whole := trainPipe(t, Config{Stages: 1, MicroBatches: 4}, 1, model)
+		t.Run(string(loss), func(t *testing.T) {
+			got := trainPipe(t, Config{Stages: 3, MicroBatches: 4, Split: []int{3, 6}}, 1, model)
+			sameBits(t, "losses", got.losses, whole.losses)
+			sameBits(t, "outputs", got.logits, whole.logits)
+			for i := range got.params {
+				sameBits(t, fmt.Sprintf("param %d", i), got.params[i], whole.params[i])
+			}
+		})
 	}
 }
 
