@@ -30,6 +30,9 @@ type Config struct {
 	DatasetPath Paths           `json:"dataset_path"`
 	Classes     []string        `json:"classes,omitempty"`
 	Text        *TextSpec       `json:"text,omitempty"`
+	// Targets, for CSV tables of numbers, names the columns that are float
+	// targets (for an mse or bce loss); every other column is a feature.
+	Targets []string `json:"targets,omitempty"`
 }
 
 // Paths are the train and test datasets (see Open for what a path may name).
@@ -52,7 +55,7 @@ func ParseConfig(r io.Reader, dir string) (*Config, error) {
 		return nil, fmt.Errorf("data: config: more than one JSON value: %w", ErrConfig)
 	}
 	if c.Text != nil {
-		if c.DatasetPath != (Paths{}) || c.Transforms != nil || c.Classes != nil {
+		if c.DatasetPath != (Paths{}) || c.Transforms != nil || c.Classes != nil || c.Targets != nil {
 			return nil, fmt.Errorf(`data: config: text is a corpus of its own: leave dataset_path, transforms and classes out: %w`, ErrConfig)
 		}
 		if err := c.Text.check(dir); err != nil {
@@ -67,6 +70,9 @@ func ParseConfig(r io.Reader, dir string) (*Config, error) {
 		if *p != "" && !filepath.IsAbs(*p) && dir != "" {
 			*p = filepath.Join(dir, *p)
 		}
+	}
+	if c.Targets != nil {
+		return &c, c.checkTable()
 	}
 	if _, err := NewPipeline(c.Transforms); err != nil {
 		return nil, err
@@ -129,6 +135,9 @@ type Split struct {
 	// (Text.Window), and Dataset holds only the source and the 256 byte
 	// values as classes.
 	Text *Text
+	// Table, for a CSV table of numbers, is its rows: a sample is C
+	// features (H and W are 1) and then Table.Targets float targets.
+	Table *Table
 
 	remote *remote // a served split's fetching; nil for local files
 }
@@ -137,6 +146,9 @@ type Split struct {
 func (s *Split) Len() int {
 	if s.Text != nil {
 		return s.Text.Windows()
+	}
+	if s.Table != nil {
+		return s.Table.Len()
 	}
 	return s.Dataset.Len()
 }
@@ -154,6 +166,9 @@ func (c *Config) Load(split string) (*Split, error) {
 	}
 	if path == "" {
 		return nil, fmt.Errorf("data: config has no dataset_path.%s: %w", split, ErrConfig)
+	}
+	if c.Targets != nil {
+		return c.loadTable(path)
 	}
 	p, err := NewPipeline(c.Transforms)
 	if err != nil {
@@ -200,10 +215,23 @@ func NewSplit(d *Dataset, p *Pipeline) (*Split, error) {
 	return s, nil
 }
 
+// Values is how many values one sample has in a batch: C×H×W, and a
+// table's targets after them.
+func (s *Split) Values() int {
+	n := s.C * s.H * s.W
+	if s.Table != nil {
+		n += s.Table.Targets
+	}
+	return n
+}
+
 // Describe says what a user wants to see on load.
 func (s *Split) Describe() string {
 	if s.Text != nil {
 		return fmt.Sprintf("%s; %d windows of %d bytes", s.Source, s.Text.Windows(), s.Text.Context+1)
+	}
+	if s.Table != nil {
+		return s.Source
 	}
 	return fmt.Sprintf("%s; transforms: %s; samples become %d×%d×%d", s.Dataset.Describe(), s.Pipeline.Describe(), s.C, s.H, s.W)
 }

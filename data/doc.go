@@ -7,6 +7,13 @@
 // label,pixel1,…,pixelN layout. Images stay uint8 in memory and become
 // float32 only in the batch.
 //
+// Two other kinds of sample share the loader, the sampler and the epoch:
+// text (a TextSpec's files concatenated as bytes, 90% to train and 10% to
+// validate, each sample a window of context+1 bytes, Split.SetContext)
+// for language models, and tables (a CSV of numbers whose target columns,
+// Config.Targets, are float targets: ReadTable) for regression and binary
+// losses, each batch row the features and then the targets.
+//
 // # Usage
 //
 //	cfg, err := data.LoadConfig("data.json")

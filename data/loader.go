@@ -10,7 +10,8 @@ import (
 // Batch is a batch of samples as the model takes them.
 type Batch struct {
 	// X holds N samples of C×H×W float32s, contiguous, NCHW; a text
-	// batch's, N windows of byte values.
+	// batch's, N windows of byte values; a table's, N rows of C features
+	// and then the table's targets.
 	X []float32
 	// Y holds the labels; a text batch's, each window's next bytes, N×W.
 	Y []int
@@ -75,7 +76,7 @@ func (l *Loader) Epoch(ctx context.Context, epoch int) (*Epoch, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	e := &Epoch{l: l, out: make(chan result, prefetch), free: make(chan *Batch, prefetch+1), cancel: cancel, ctx: ctx}
 	// prefetch+1 buffers: prefetch ready or being filled, one with the caller.
-	sz := l.Split.C * l.Split.H * l.Split.W
+	sz := l.Split.Values()
 	ys := 1 // labels per sample
 	if t := l.Split.Text; t != nil {
 		if t.Context < 1 {
@@ -87,23 +88,27 @@ func (l *Loader) Epoch(ctx context.Context, epoch int) (*Epoch, error) {
 	for range prefetch + 1 {
 		e.free <- &Batch{X: make([]float32, 0, l.BatchSize*sz), Y: make([]int, 0, l.BatchSize*ys), Index: make([]int, 0, l.BatchSize)}
 	}
-	if l.Split.Text != nil {
-		e.wg.Go(func() { e.produceText(ctx, idx, epoch) })
-		return e, nil
+	var fill fillFunc
+	switch {
+	case l.Split.Text != nil:
+		fill = e.windows(epoch)
+	case l.Split.Table != nil:
+		fill = e.rows()
+	default:
+		fill = e.images(ctx, idx, epoch)
 	}
-	e.wg.Go(func() { e.produce(ctx, idx, epoch) })
+	e.wg.Go(func() { e.produce(ctx, idx, fill) })
 	return e, nil
 }
 
-func (e *Epoch) produce(ctx context.Context, idx []int, epoch int) {
+// fillFunc fills b with the samples chunk, the lo-th of the epoch's
+// indices onwards.
+type fillFunc func(ctx context.Context, b *Batch, lo int, chunk []int) error
+
+// produce fills the epoch's batches in order, until the last, the first
+// error (which it hands on as the batch's) or the context's end.
+func (e *Epoch) produce(ctx context.Context, idx []int, fill fillFunc) {
 	defer close(e.out)
-	s := e.l.Split
-	sz := s.C * s.H * s.W
-	var ws Workspace
-	var fetch *fetchRun
-	if s.remote != nil {
-		fetch = s.remote.start(ctx, idx, &e.wg)
-	}
 	for lo := 0; lo < len(idx); lo += e.l.BatchSize {
 		var b *Batch
 		select {
@@ -112,22 +117,9 @@ func (e *Epoch) produce(ctx context.Context, idx []int, epoch int) {
 			return
 		}
 		chunk := idx[lo:min(lo+e.l.BatchSize, len(idx))]
-		b.N, b.C, b.H, b.W = len(chunk), s.C, s.H, s.W
-		b.X, b.Y, b.Index = b.X[:len(chunk)*sz], b.Y[:0], append(b.Index[:0], chunk...)
-		var err error
-		if fetch != nil {
-			err = fetch.wait(ctx, lo+len(chunk))
-		}
-		for k, i := range chunk {
-			if err != nil {
-				break
-			}
-			if err = s.Pipeline.Apply(&ws, s.Image(i), b.X[k*sz:(k+1)*sz], e.l.Seed, epoch, i); err != nil {
-				err = fmt.Errorf("%s: %w", s.Name(i), err)
-				break
-			}
-			b.Y = append(b.Y, s.Label(i))
-		}
+		s := e.l.Split
+		b.N, b.C, b.H, b.W, b.Index = len(chunk), s.C, s.H, s.W, append(b.Index[:0], chunk...)
+		err := fill(ctx, b, lo, chunk)
 		select {
 		case e.out <- result{b, err}:
 		case <-ctx.Done():
@@ -140,33 +132,61 @@ func (e *Epoch) produce(ctx context.Context, idx []int, epoch int) {
 	e.complete = true
 }
 
-// produceText is produce for a text split: each index is a window of the
+// images fills a batch with images through the split's transforms,
+// waiting for a served split's samples to arrive.
+func (e *Epoch) images(ctx context.Context, idx []int, epoch int) fillFunc {
+	s := e.l.Split
+	sz := s.C * s.H * s.W
+	var ws Workspace
+	var fetch *fetchRun
+	if s.remote != nil {
+		fetch = s.remote.start(ctx, idx, &e.wg)
+	}
+	return func(ctx context.Context, b *Batch, lo int, chunk []int) error {
+		b.X, b.Y = b.X[:len(chunk)*sz], b.Y[:0]
+		if fetch != nil {
+			if err := fetch.wait(ctx, lo+len(chunk)); err != nil {
+				return err
+			}
+		}
+		for k, i := range chunk {
+			if err := s.Pipeline.Apply(&ws, s.Image(i), b.X[k*sz:(k+1)*sz], e.l.Seed, epoch, i); err != nil {
+				return fmt.Errorf("%s: %w", s.Name(i), err)
+			}
+			b.Y = append(b.Y, s.Label(i))
+		}
+		return nil
+	}
+}
+
+// windows fills a batch of a text split: each index is a window of the
 // epoch's offset.
-func (e *Epoch) produceText(ctx context.Context, idx []int, epoch int) {
-	defer close(e.out)
+func (e *Epoch) windows(epoch int) fillFunc {
 	t := e.l.Split.Text
 	off := t.Offset(e.l.Seed, epoch, e.l.Sampler.Shuffle)
 	n := t.Context
-	for lo := 0; lo < len(idx); lo += e.l.BatchSize {
-		var b *Batch
-		select {
-		case b = <-e.free:
-		case <-ctx.Done():
-			return
-		}
-		chunk := idx[lo:min(lo+e.l.BatchSize, len(idx))]
-		b.N, b.C, b.H, b.W = len(chunk), 1, 1, n
-		b.X, b.Y, b.Index = b.X[:len(chunk)*n], b.Y[:len(chunk)*n], append(b.Index[:0], chunk...)
+	return func(_ context.Context, b *Batch, _ int, chunk []int) error {
+		b.X, b.Y = b.X[:len(chunk)*n], b.Y[:len(chunk)*n]
 		for k, i := range chunk {
 			t.Window(i, off, b.X[k*n:(k+1)*n], b.Y[k*n:(k+1)*n])
 		}
-		select {
-		case e.out <- result{b, nil}:
-		case <-ctx.Done():
-			return
-		}
+		return nil
 	}
-	e.complete = true
+}
+
+// rows fills a batch of a table: each index is a row, features then
+// targets; every label is 0.
+func (e *Epoch) rows() fillFunc {
+	s := e.l.Split
+	w := s.Values()
+	return func(_ context.Context, b *Batch, _ int, chunk []int) error {
+		b.X, b.Y = b.X[:len(chunk)*w], b.Y[:len(chunk)]
+		clear(b.Y)
+		for k, i := range chunk {
+			copy(b.X[k*w:(k+1)*w], s.Table.Row(i))
+		}
+		return nil
+	}
 }
 
 // Next returns the next batch, valid until the next call of Next or Close,

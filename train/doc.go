@@ -15,7 +15,15 @@
 // InstallBLAS (gorgonia's BLAS is the process's). The CUDA and Host
 // engines of train/engine satisfy the same Model interface.
 //
-// Around the model: SGD and Adam on plain slices (their state is ours, for
+// Language models are layer lists too (GPTSpec is torch_gpt.py's model):
+// an embedding of bytes and their positions, layernorm, causal multi-head
+// attention and GELU as kernels of this package (seq.go, through
+// kernelop.go), each row's next-byte cross-entropy fused into one kernel.
+// A Spec's Loss is cross-entropy over class scores by default, or MSE or
+// BCE against float targets that each row of x carries after its features
+// (targetloss.go): a short batch's padding adds nothing to any of them.
+//
+// Around the model: SGD, Adam and AdamW on plain slices (their state is ours, for
 // checkpoints; the loops are train/vec's), schedules, the distributed step
 // with a non-finite check that skips the step on every rank and leave
 // requests riding in the same allreduce (the gradients sent whole or in

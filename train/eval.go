@@ -37,6 +37,7 @@ func EvaluateSharded(ctx context.Context, c Collective, m Model, e *data.Epoch, 
 	}
 	// Counts stay exact in float32 up to 2^24 samples; the loss sum is
 	// rounded to float32 once, on the way in.
+	classes = len(t.total)
 	buf := make([]float32, 1+2*classes)
 	buf[0] = float32(t.lossSum)
 	for k := range classes {

@@ -54,7 +54,10 @@ type jobSpec struct {
 	Seed         uint64 `json:"seed"`
 	// Model is a built-in name ("mlp", "cnn") or a layer spec object
 	// (train.Spec); its input may be left out, to be the data's shape.
-	Model     json.RawMessage `json:"model"`
+	Model json.RawMessage `json:"model"`
+	// Loss is cross_entropy (the default), or mse or bce against a CSV
+	// table's target columns (train.Loss).
+	Loss      string          `json:"loss,omitempty"`
 	Optimizer optimizerConfig `json:"optimizer"`
 	Data      dataSpec        `json:"data"`
 	// GradNormGuard, if set, skips every step where a rank's gradient norm
@@ -114,6 +117,8 @@ type dataSpec struct {
 	// Text says the job trains on a text corpus, as bytes: where it is is
 	// each machine's own, as image files' paths are.
 	Text bool `json:"text,omitempty"`
+	// Targets names a CSV table's target columns, as the data config does.
+	Targets []string `json:"targets,omitempty"`
 }
 
 // localSettings are this machine's own: where its files go, how long it
@@ -233,6 +238,7 @@ type jobFile struct {
 	BatchSize     int             `json:"batch_size"`
 	Seed          uint64          `json:"seed"`
 	Model         json.RawMessage `json:"model"`
+	Loss          string          `json:"loss"`
 	Optimizer     optimizerConfig `json:"optimizer"`
 	Data          json.RawMessage `json:"data"`
 	MinWorldSize  int             `json:"min_world_size"`
@@ -423,8 +429,8 @@ func parseHandedOut(b []byte, name, hash string, local localSettings, dataFile s
 	if err != nil {
 		return nil, fmt.Errorf("--data: %w", err)
 	}
-	if !sameData(dataSpec{Transforms: d.Transforms, Classes: d.Classes, Text: d.Text != nil}, c.Data) {
-		return nil, fmt.Errorf("--data %s has other transforms or classes than job %q: this machine's data config must differ from the first peer's in its paths alone: %w", dataFile, name, errUsage)
+	if !sameData(dataSpec{Transforms: d.Transforms, Classes: d.Classes, Text: d.Text != nil, Targets: d.Targets}, c.Data) {
+		return nil, fmt.Errorf("--data %s has other transforms, classes or targets than job %q: this machine's data config must differ from the first peer's in its paths alone: %w", dataFile, name, errUsage)
 	}
 	c.data = d
 	return c, nil
@@ -472,7 +478,7 @@ func (f *jobFile) resolve(dir string) (*jobConfig, error) {
 		return nil, fmt.Errorf("rank %d and nr %d disagree; give one", *f.Rank, *f.Nr)
 	}
 	c := &jobConfig{localSettings: f.localSettings, jobSpec: jobSpec{Name: f.Name, WorldSize: f.WorldSize, MinWorldSize: f.MinWorldSize, MaxWorldSize: f.MaxWorldSize,
-		Epochs: f.Epochs, BatchSize: f.BatchSize, Seed: f.Seed, Model: f.Model, Optimizer: f.Optimizer,
+		Epochs: f.Epochs, BatchSize: f.BatchSize, Seed: f.Seed, Model: f.Model, Loss: f.Loss, Optimizer: f.Optimizer,
 		GradNormGuard: f.GradNormGuard, EvalEvery: f.EvalEvery, Compression: f.Compression, Sync: f.Sync, Pipeline: f.Pipeline, BucketBytes: defaultBucketMB << 20}}
 	if f.BucketMB != nil {
 		if mb := *f.BucketMB; !(mb >= 0 && mb <= maxBucketMB) {
@@ -508,7 +514,7 @@ func (f *jobFile) resolve(dir string) (*jobConfig, error) {
 		if err != nil {
 			return nil, err
 		}
-		c.Data.Transforms, c.Data.Classes, c.Data.Text = c.data.Transforms, c.data.Classes, c.data.Text != nil
+		c.Data.Transforms, c.Data.Classes, c.Data.Text, c.Data.Targets = c.data.Transforms, c.data.Classes, c.data.Text != nil, c.data.Targets
 	}
 	if err := c.resolveSpec(); err != nil {
 		return nil, err
@@ -573,6 +579,9 @@ func (c *jobConfig) resolveSpec() error {
 		return fmt.Errorf(`batch_size %d; add "batch_size": <samples per peer per step>`, c.BatchSize)
 	}
 	if err := c.parseModel(); err != nil {
+		return err
+	}
+	if err := c.resolveLoss(); err != nil {
 		return err
 	}
 	if err := c.resolveOptimizer(); err != nil {
@@ -672,7 +681,7 @@ func (c *jobConfig) resolveSizes() error {
 // transforms.
 func (c *jobConfig) checkData() error {
 	if c.Data.Served != "" {
-		if c.Data.Transforms != nil || c.Data.Classes != nil {
+		if c.Data.Transforms != nil || c.Data.Classes != nil || c.Data.Targets != nil {
 			return errors.New(`data: a served dataset is named by its ID alone, {"served": "<ID>"}: its transforms and classes come with it`)
 		}
 		if _, err := data.ParseID(c.Data.Served); err != nil {
@@ -682,8 +691,10 @@ func (c *jobConfig) checkData() error {
 		if c.Data.Transforms != nil || c.Data.Classes != nil {
 			return errors.New("data: a text corpus takes no transforms or classes")
 		}
-	} else if _, err := data.NewPipeline(c.Data.Transforms); err != nil {
-		return fmt.Errorf("data: %w", err)
+	} else if c.Data.Targets == nil { // a table's config is checked as it is read: no transforms
+		if _, err := data.NewPipeline(c.Data.Transforms); err != nil {
+			return fmt.Errorf("data: %w", err)
+		}
 	}
 	return nil
 }
@@ -856,12 +867,43 @@ func (c *jobConfig) textContext(splits ...*data.Split) error {
 	return nil
 }
 
-// modelSpec is the model for samples of C×H×W and the given classes; a
+// resolveLoss checks the loss against the model and the data, and writes
+// it in its canonical form: left out for cross-entropy.
+func (c *jobConfig) resolveLoss() error {
+	if c.spec != nil && c.spec.Loss != "" {
+		if c.Loss != "" && c.Loss != string(c.spec.Loss) {
+			return fmt.Errorf("loss %q, and the model spec's %q: name it once, at the top of the job", c.Loss, c.spec.Loss)
+		}
+		c.Loss = string(c.spec.Loss)
+	}
+	switch train.Loss(c.Loss) {
+	case "cross_entropy":
+		c.Loss = ""
+	case train.CrossEntropy, train.MSE, train.BCE:
+	default:
+		return fmt.Errorf("loss %q; want cross_entropy (the default), mse or bce", c.Loss)
+	}
+	if c.spec != nil {
+		c.spec.Loss = train.Loss(c.Loss)
+	}
+	switch targets := c.Data.Targets != nil; {
+	case targets && c.Loss == "":
+		return fmt.Errorf(`data: target columns %q are float values: set "loss": "mse" (or "bce" for values in [0, 1]) for them`, c.Data.Targets)
+	case !targets && c.Loss != "":
+		return fmt.Errorf(`loss %s compares the model's outputs with float targets: give a CSV table and name its target columns in the data config, "targets": ["y"]`, c.Loss)
+	}
+	return nil
+}
+
+// modelSpec is the model for samples of C×H×W and the given classes (or
+// a table's targets); a
 // spec without an input takes the data's shape, and it is checked here, with
 // errors naming the layer.
 func (c *jobConfig) modelSpec(ch, h, w, classes int) (train.Spec, error) {
 	if c.spec == nil {
-		return train.BuiltinSpec(c.modelName, ch, h, w, classes)
+		s, err := train.BuiltinSpec(c.modelName, ch, h, w, classes)
+		s.Loss = train.Loss(c.Loss)
+		return s, err
 	}
 	s := *c.spec
 	if len(s.Input) == 0 {
@@ -875,7 +917,19 @@ func (c *jobConfig) modelSpec(ch, h, w, classes int) (train.Spec, error) {
 	if _, err := s.Shapes(); err != nil {
 		return s, fmt.Errorf("model spec: %w", err)
 	}
+	if k := s.Targets(); k > 0 && k != classes {
+		return s, fmt.Errorf("model spec: the last layer gives %d outputs; the data has %d target columns %q: want one output a target", k, classes, c.Data.Targets)
+	}
 	return s, nil
+}
+
+// outputsOf is what a split's samples want the model to give: a score
+// per class, or a value per target column.
+func outputsOf(s *data.Split) int {
+	if s.Table != nil {
+		return s.Table.Targets
+	}
+	return len(s.Classes)
 }
 
 // product multiplies dims, saturating rather than overflowing.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -422,5 +423,66 @@ func TestGPTConfig(t *testing.T) {
 	}
 	if err := c.textContext(split); err == nil {
 		t.Error("text for an mlp: taken")
+	}
+}
+
+// TestLossConfig: a loss other than cross-entropy wants a table's target
+// columns and a model with one output a target, and the other way round;
+// every mismatch is refused with what to change, and the targets and the
+// loss are in the job's hash.
+func TestLossConfig(t *testing.T) {
+	reg := mustAbs(t, "../../testdata/regression")
+	table := `{"dataset_path": {"train": "` + reg + `/train.csv"}, "targets": ["y"]}`
+	images := `"` + mustAbs(t, "../../testdata/data-config.json") + `"`
+	mlp := func(out int) string {
+		return `{"layers": [{"type": "linear", "out": 8}, {"type": "relu"}, {"type": "linear", "out": ` + strconv.Itoa(out) + `}]}`
+	}
+	load := func(extra, model, dataCfg string) (*jobConfig, error) {
+		p := filepath.Join(t.TempDir(), "job.json")
+		body := `{"name": "r", "world_size": 1, "epochs": 1, "batch_size": 4, ` + extra + `"model": ` + model + `, "data": ` + dataCfg + `}`
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return loadJobConfig(p)
+	}
+	for _, tt := range []struct {
+		name, extra, model, data, want string
+	}{
+		{"unknown loss", `"loss": "hinge", `, mlp(1), table, `loss "hinge"; want cross_entropy`},
+		{"mse without targets", `"loss": "mse", `, mlp(10), images, "name its target columns"},
+		{"targets without a loss", ``, mlp(1), table, `set "loss": "mse"`},
+		{"two losses", `"loss": "bce", `, `{"loss": "mse", "layers": [{"type": "linear", "out": 1}]}`, table, "name it once"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := load(tt.extra, tt.model, tt.data); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %v; want one saying %q", err, tt.want)
+			}
+		})
+	}
+	c, err := load(`"loss": "mse", `, mlp(2), table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	split, err := c.data.Load("train")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.modelSpec(split.C, split.H, split.W, outputsOf(split)); err == nil || !strings.Contains(err.Error(), "2 outputs; the data has 1 target") {
+		t.Errorf("two outputs for one target: %v", err)
+	}
+	c, err = load(`"loss": "cross_entropy", `, mlp(10), images)
+	if err != nil || c.Loss != "" {
+		t.Errorf("cross_entropy by name: %v, loss %q; want the default, written out as none", err, c.Loss)
+	}
+	mse, err := load(`"loss": "mse", `, mlp(1), table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bce, err := load(`"loss": "bce", `, mlp(1), table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mse.hash == bce.hash {
+		t.Error("jobs of mse and bce share a hash")
 	}
 }

@@ -289,11 +289,12 @@ func (j *joinRun) report(job *elastic.Job, sum train.Summary, err error) error {
 		fmt.Fprintf(j.stdout, "checkpoint: %s\n", job.Checkpoint)
 	}
 	size := len(j.peer.members.Members())
-	fmt.Fprintf(j.stdout, "rank %d of %d: test accuracy %.4f, param hash %s\n", job.Rank(), size, sum.TestAccuracy, sum.ParamHash[:16])
+	fmt.Fprintf(j.stdout, "rank %d of %d: %s, param hash %s\n", job.Rank(), size, j.cfg.testFigure(sum.TestAccuracy, sum.TestLoss), sum.ParamHash[:16])
 	ev := job.Log().Info()
-	if j.cfg.context() > 0 { // a language model: bits per byte, and no 256 classes' accuracies
+	switch {
+	case j.cfg.context() > 0: // a language model: bits per byte, and no 256 classes' accuracies
 		ev = ev.Float64("test_bits_per_byte", sum.TestLoss/math.Ln2)
-	} else {
+	case j.cfg.Loss == "":
 		ev = ev.Floats64("test_accuracy_per_class", sum.PerClass)
 	}
 	ev.Int("world_size", size).Int("epochs", sum.Epochs).Float64("test_accuracy", sum.TestAccuracy).
@@ -302,6 +303,15 @@ func (j *joinRun) report(job *elastic.Job, sum train.Summary, err error) error {
 		Func(func(e *zerolog.Event) { addShares(e, job.Training.Replica.Stats) }).
 		Ints("stragglers", job.Training.Replica.Stragglers()).Msg("summary")
 	return nil
+}
+
+// testFigure is the test figure a summary line prints: the accuracy, or,
+// for float targets, the loss (accuracy is BCE's alone; MSE's is 0).
+func (c *jobConfig) testFigure(accuracy, loss float64) string {
+	if c.Loss != "" {
+		return fmt.Sprintf("test loss (%s) %.6g", c.Loss, loss)
+	}
+	return fmt.Sprintf("test accuracy %.4f", accuracy)
 }
 
 func parseJoinFlags(args []string, stderr io.Writer) (*joinFlags, error) {
@@ -618,7 +628,7 @@ func startNode(h *p2p.Host, relayFor *atomic.Pointer[p2p.Node], f *joinFlags, cf
 // or local's) every 5 steps, a log line every 50.
 func newJob(cfg *jobConfig, device string, devOpt devices.Options, trainSplit, testSplit *data.Split, members elastic.Membership,
 	stdout, status io.Writer, log zerolog.Logger) (*elastic.Job, train.Model, error) {
-	layers, err := cfg.modelSpec(trainSplit.C, trainSplit.H, trainSplit.W, len(trainSplit.Classes))
+	layers, err := cfg.modelSpec(trainSplit.C, trainSplit.H, trainSplit.W, outputsOf(trainSplit))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -24,7 +24,7 @@ func runPipeline(ctx context.Context, cfg *jobConfig, device string, trainSplit,
 	if device != "" && device != "cpu" {
 		return fmt.Errorf("device %s: a pipeline stage computes on the CPU engine only: %w", device, errUsage)
 	}
-	layers, err := cfg.modelSpec(trainSplit.C, trainSplit.H, trainSplit.W, len(trainSplit.Classes))
+	layers, err := cfg.modelSpec(trainSplit.C, trainSplit.H, trainSplit.W, outputsOf(trainSplit))
 	if err != nil {
 		return err
 	}
@@ -63,8 +63,8 @@ func runPipeline(ctx context.Context, cfg *jobConfig, device string, trainSplit,
 	if job.Checkpoint != "" && sum.Stage == 0 && sum.Replica == 0 {
 		fmt.Fprintf(stdout, "checkpoint: %s (the whole model, gathered from the stages)\n", job.Checkpoint)
 	}
-	fmt.Fprintf(stdout, "stage %d of %d, replica %d of %d: test accuracy %.4f, stage param hash %s\n",
-		sum.Stage, sum.Stages, sum.Replica, sum.Replicas, sum.TestAccuracy, sum.ParamHash[:16])
+	fmt.Fprintf(stdout, "stage %d of %d, replica %d of %d: %s, stage param hash %s\n",
+		sum.Stage, sum.Stages, sum.Replica, sum.Replicas, cfg.testFigure(sum.TestAccuracy, sum.TestLoss), sum.ParamHash[:16])
 	ev := log.Info()
 	if cfg.context() > 0 { // a language model's validation loss in bits per byte too
 		ev = ev.Float64("test_bits_per_byte", sum.TestLoss/math.Ln2)

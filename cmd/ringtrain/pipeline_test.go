@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ringtrain/ringtrain/train"
 )
 
 // pipelineJob writes testdata/pipeline-job.json with its data config's
@@ -219,15 +218,7 @@ func TestPipelineProcessesTrainAsWhole(t *testing.T) {
 		if want := "stage 0 of " + strconv.Itoa(stages) + ", replica 0 of " + strconv.Itoa(replicas); !strings.Contains(out, want) {
 			t.Fatalf("no %q in:\n%s", want, tails(out))
 		}
-		c, err := train.LoadCheckpoint(filepath.Join(dir, "pipeline-demo.ckpt"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var all []float32
-		for _, p := range c.Params {
-			all = append(all, p...)
-		}
-		return all
+		return checkpointParams(t, filepath.Join(dir, "pipeline-demo.ckpt"))
 	}
 	for _, replicas := range []int{1, 2} {
 		whole := run(t, 1, replicas, "")

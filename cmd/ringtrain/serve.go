@@ -35,6 +35,9 @@ func startServing(h *p2p.Host, dataConfig string, limits p2p.DataServerConfig, s
 	if cfg.Text != nil {
 		return s.serveText(h, cfg, limits, stdout, log)
 	}
+	if cfg.Targets != nil {
+		return nil, fmt.Errorf("%s: a table with targets is not served; put its CSV files beside each peer and name them in the job's data config: %w", dataConfig, data.ErrConfig)
+	}
 	if s.train, err = cfg.Load("train"); err != nil {
 		return nil, err
 	}

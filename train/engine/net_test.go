@@ -103,6 +103,10 @@ func TestNetRefuses(t *testing.T) {
 	if _, err := New(Host{}, train.ModelConfig{Spec: spec, Batch: 2}); !errors.Is(err, ErrUnsupported) {
 		t.Errorf("tanh: New = %v; want ErrUnsupported", err)
 	}
+	mse := train.Spec{Input: []int{4}, Loss: train.MSE, Layers: []train.Layer{{Type: "linear", Out: 4}, {Type: "relu"}, {Type: "linear", Out: 1}}}
+	if _, err := New(Host{}, train.ModelConfig{Spec: mse, Batch: 2}); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("mse: New = %v; want ErrUnsupported", err)
+	}
 	net, err := New(Host{}, train.ModelConfig{Spec: train.MLPSpec(4, nil, 3), Batch: 2})
 	if err != nil {
 		t.Fatal(err)
