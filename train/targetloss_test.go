@@ -1,11 +1,14 @@
 package train
 
 import (
+	"context"
 	"errors"
 	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/ringtrain/ringtrain/data"
 )
 
 // TestTargetLossValues checks MSE and BCE against the formulas, from the
@@ -100,5 +103,33 @@ func TestTargetLossSpecErrors(t *testing.T) {
 	}
 	if got := one.RowValues(); got != 2 {
 		t.Errorf("RowValues %d; want 2 (a feature, a target)", got)
+	}
+}
+
+// TestEvaluateTargets: evaluation over a table scores the mean loss per
+// sample, and, for BCE, the share of samples whose every output is on its
+// target's side of ½. With every weight 0 the output is ½ (taken as 1):
+// the loss is ln 2 and the accuracy the share of targets of 1.
+func TestEvaluateTargets(t *testing.T) {
+	spec := Spec{Input: []int{2}, Loss: BCE, Layers: []Layer{{Type: "linear", Out: 1}, {Type: "sigmoid"}}}
+	m := newMLP(t, ModelConfig{Spec: spec, Batch: 2, Seed: 1})
+	for _, p := range m.Params() {
+		clear(p)
+	}
+	tb := &data.Table{Source: "t", Columns: []string{"a", "b", "y"}, Features: 2, Targets: 1,
+		Rows: []float32{1, 2, 1, 3, 4, 0, 5, 6, 1, 7, 8, 1, 9, 0, 0}}
+	s := &data.Split{Dataset: &data.Dataset{Source: "t"}, Pipeline: &data.Pipeline{}, C: 2, H: 1, W: 1, Table: tb}
+	l := &data.Loader{Split: s, Sampler: data.Sampler{N: s.Len(), World: 1, Exact: true}, BatchSize: 2}
+	e, err := l.Epoch(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	r, err := Evaluate(m, e, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Samples != 5 || r.Accuracy != 0.6 || math.Abs(r.Loss-math.Ln2) > 1e-6 {
+		t.Errorf("%d samples, accuracy %v, loss %v; want 5, 0.6, ln 2", r.Samples, r.Accuracy, r.Loss)
 	}
 }
