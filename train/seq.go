@@ -102,16 +102,8 @@ func (k layerNormKernel) forward(out []float32, in [][]float32) error {
 	rowsEach(k.bl, rows, rows*k.dim, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			xr, yr := x[r*k.dim:(r+1)*k.dim], out[r*k.dim:(r+1)*k.dim]
-			var s float64
-			for _, v := range xr {
-				s += float64(v)
-			}
-			mu := s / float64(k.dim)
-			var q float64
-			for _, v := range xr {
-				d := float64(v) - mu
-				q += d * d
-			}
+			mu := sum4(xr, func(v float32) float64 { return float64(v) }) / float64(k.dim)
+			q := sum4(xr, func(v float32) float64 { d := float64(v) - mu; return d * d })
 			rs := 1 / math.Sqrt(q/float64(k.dim)+layerNormEps)
 			mean[r], rstd[r] = float32(mu), float32(rs)
 			for j, v := range xr {
@@ -131,17 +123,27 @@ func (k layerNormKernel) backward(dx [][]float32, dy []float32, in [][]float32, 
 			for r := lo; r < hi; r++ {
 				xr, dyr, dxr := x[r*k.dim:(r+1)*k.dim], dy[r*k.dim:(r+1)*k.dim], dx[0][r*k.dim:(r+1)*k.dim]
 				mu, rs := float64(mean[r]), float64(rstd[r])
-				var a, c float64 // the means of dŷ and dŷ·x̂
-				for j, v := range xr {
-					d := float64(dyr[j]) * float64(g[j])
-					a += d
-					c += d * (float64(v) - mu) * rs
+				// The means of dŷ and dŷ·x̂, each in four running sums: one
+				// would wait on each add before the next.
+				var a, c [4]float64
+				j := 0
+				for ; j+4 <= len(xr); j += 4 {
+					for l := range 4 {
+						d := float64(dyr[j+l]) * float64(g[j+l])
+						a[l] += d
+						c[l] += d * (float64(xr[j+l]) - mu) * rs
+					}
 				}
-				a /= float64(k.dim)
-				c /= float64(k.dim)
+				for l := 0; j < len(xr); j, l = j+1, l+1 {
+					d := float64(dyr[j]) * float64(g[j])
+					a[l] += d
+					c[l] += d * (float64(xr[j]) - mu) * rs
+				}
+				am := ((a[0] + a[1]) + (a[2] + a[3])) / float64(k.dim)
+				cm := ((c[0] + c[1]) + (c[2] + c[3])) / float64(k.dim)
 				for j, v := range xr {
 					d := float64(dyr[j]) * float64(g[j])
-					dxr[j] = float32(rs * (d - a - (float64(v)-mu)*rs*c))
+					dxr[j] = float32(rs * (d - am - (float64(v)-mu)*rs*cm))
 				}
 			}
 		})
@@ -157,16 +159,35 @@ func (k layerNormKernel) backward(dx [][]float32, dy []float32, in [][]float32, 
 	for r := range rows {
 		xr, dyr := x[r*k.dim:(r+1)*k.dim], dy[r*k.dim:(r+1)*k.dim]
 		mu, rs := mean[r], rstd[r]
-		for j, d := range dyr {
-			if dg != nil {
+		if dg != nil {
+			for j, d := range dyr {
 				dg[j] += d * ((xr[j] - mu) * rs)
 			}
-			if db != nil {
+		}
+		if db != nil {
+			for j, d := range dyr {
 				db[j] += d
 			}
 		}
 	}
 	return nil
+}
+
+// sum4 is the sum of f over xs in four running sums, added pairwise at
+// the end: one sum would wait on each add before the next.
+func sum4(xs []float32, f func(float32) float64) float64 {
+	var s [4]float64
+	j := 0
+	for ; j+4 <= len(xs); j += 4 {
+		s[0] += f(xs[j])
+		s[1] += f(xs[j+1])
+		s[2] += f(xs[j+2])
+		s[3] += f(xs[j+3])
+	}
+	for l := 0; j < len(xs); j, l = j+1, l+1 {
+		s[l] += f(xs[j])
+	}
+	return (s[0] + s[1]) + (s[2] + s[3])
 }
 
 // geluKernel is the GELU of every value, exact (torch's default):
@@ -183,44 +204,19 @@ func (k geluKernel) String() string { return "gelu" }
 
 func (k geluKernel) shape(in []tensor.Shape) (tensor.Shape, error) { return in[0].Clone(), nil }
 
-// The normal distribution's Φ(x) = (1 + erf(x/√2))/2 and φ(x) =
-// e^(−x²/2)/√(2π), in float32.
-const (
-	invSqrt2   = float32(1 / math.Sqrt2)
-	invSqrt2Pi = float32(0.3989422804014327)
-)
-
+// The GELU's elementwise work is train/vec's (GELU, GELUGrad): the
+// scalar loop, and its twin in vector instructions.
 func (k geluKernel) forward(out []float32, in [][]float32) error {
 	x := in[0]
 	*k.cdf = grow(*k.cdf, len(x))
 	cdf := *k.cdf
-	rowsEach(k.bl, len(x), len(x), func(lo, hi int) {
-		e := cdf[lo:hi] // erf(x/√2) first, in vectors
-		for i, v := range x[lo:hi] {
-			e[i] = float32(v * invSqrt2)
-		}
-		vec.ErfSlice(e, e)
-		for i := lo; i < hi; i++ {
-			c := float32(0.5 * (1 + cdf[i]))
-			cdf[i], out[i] = c, float32(x[i]*c)
-		}
-	})
+	rowsEach(k.bl, len(x), len(x), func(lo, hi int) { vec.GELU(out[lo:hi], cdf[lo:hi], x[lo:hi]) })
 	return nil
 }
 
 func (k geluKernel) backward(dx [][]float32, dy []float32, in [][]float32, _ []float32) error {
 	x, d, cdf := in[0], dx[0], *k.cdf
-	rowsEach(k.bl, len(x), len(x), func(lo, hi int) {
-		e := d[lo:hi] // e^(−x²/2) first, in vectors
-		for i, v := range x[lo:hi] {
-			e[i] = float32(-0.5 * float32(v*v))
-		}
-		vec.ExpSlice(e, e)
-		for i := lo; i < hi; i++ {
-			pdf := float32(d[i] * invSqrt2Pi)
-			d[i] = float32(dy[i] * (cdf[i] + float32(x[i]*pdf)))
-		}
-	})
+	rowsEach(k.bl, len(x), len(x), func(lo, hi int) { vec.GELUGrad(d[lo:hi], dy[lo:hi], x[lo:hi], cdf[lo:hi]) })
 	return nil
 }
 
@@ -295,19 +291,12 @@ func (k attentionKernel) head(qkv []float32, s, h int) (q, kk, v, p []float32) {
 func causalSoftmax(p []float32, T int) {
 	for i := range T {
 		row := p[i*T : (i+1)*T]
-		top := row[0]
-		for _, v := range row[1 : i+1] {
-			top = max(top, v)
-		}
+		top := max4(row[:i+1])
 		for j := range i + 1 {
 			row[j] -= top
 		}
 		vec.ExpSlice(row[:i+1], row[:i+1])
-		var sum float32
-		for _, e := range row[:i+1] {
-			sum += e
-		}
-		inv := 1 / sum
+		inv := 1 / vec.Sum(row[:i+1])
 		for j := range i + 1 {
 			row[j] *= inv
 		}
@@ -330,10 +319,7 @@ func (k attentionKernel) backward(dx [][]float32, dy []float32, in [][]float32, 
 		k.bl.SgemmSerial(blas.NoTrans, blas.Trans, T, T, d, 1, g, C, v, 3*C, 0, dp, T)
 		for i := range T {
 			pr, dr := p[i*T:(i+1)*T], dp[i*T:(i+1)*T]
-			var dot float64
-			for j := range i + 1 {
-				dot += float64(pr[j]) * float64(dr[j])
-			}
+			dot := dot4(pr[:i+1], dr[:i+1])
 			for j := range i + 1 {
 				dr[j] = pr[j] * (dr[j] - float32(dot))
 			}
@@ -344,6 +330,37 @@ func (k attentionKernel) backward(dx [][]float32, dy []float32, in [][]float32, 
 		k.bl.SgemmSerial(blas.Trans, blas.NoTrans, T, d, T, scale, dp, T, q, 3*C, 0, dk, 3*C)
 	})
 	return nil
+}
+
+// dot4 is Σ a[j]·b[j] (b at least as long as a) in float64, in four
+// running sums.
+func dot4(a, b []float32) float64 {
+	b = b[:len(a)]
+	var s [4]float64
+	j := 0
+	for ; j+4 <= len(a); j += 4 {
+		s[0] += float64(a[j]) * float64(b[j])
+		s[1] += float64(a[j+1]) * float64(b[j+1])
+		s[2] += float64(a[j+2]) * float64(b[j+2])
+		s[3] += float64(a[j+3]) * float64(b[j+3])
+	}
+	for l := 0; j < len(a); j, l = j+1, l+1 {
+		s[l] += float64(a[j]) * float64(b[j])
+	}
+	return (s[0] + s[1]) + (s[2] + s[3])
+}
+
+// max4 is the largest of xs (at least one), in four running maxima.
+func max4(xs []float32) float32 {
+	m := [4]float32{xs[0], xs[0], xs[0], xs[0]}
+	j := 0
+	for ; j+4 <= len(xs); j += 4 {
+		m[0], m[1], m[2], m[3] = max(m[0], xs[j]), max(m[1], xs[j+1]), max(m[2], xs[j+2]), max(m[3], xs[j+3])
+	}
+	for ; j < len(xs); j++ {
+		m[0] = max(m[0], xs[j])
+	}
+	return max(max(m[0], m[1]), max(m[2], m[3]))
 }
 
 // rowsEach runs f over [0, n) in parts, one per thread bl has where the
@@ -396,18 +413,12 @@ func (k crossEntropyKernel) forward(out []float32, in [][]float32) error {
 	rowsEach(k.bl, rows, len(x), func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			xr, yr, pr := x[r*V:(r+1)*V], y[r*V:(r+1)*V], probs[r*V:(r+1)*V]
-			top := xr[0]
-			for _, v := range xr[1:] {
-				top = max(top, v)
-			}
+			top := max4(xr)
 			for j, v := range xr {
 				pr[j] = v - top
 			}
 			vec.ExpSlice(pr, pr)
-			var sum float64
-			for _, e := range pr {
-				sum += float64(e)
-			}
+			sum := sum4(pr, func(e float32) float64 { return float64(e) })
 			lse := float64(top) + math.Log(sum)
 			inv := float32(1 / sum)
 			var loss float64

@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
 )
 
 // pipelineJob writes testdata/pipeline-job.json with its data config's

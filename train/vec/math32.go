@@ -82,3 +82,35 @@ func ErfSlice(dst, src []float32) {
 		dst[i] = Erf32(src[i])
 	}
 }
+
+// The GELU's constants, rounded to float32: 1/√2 and 1/√(2π).
+const (
+	invSqrt2   = float32(0.7071067811865476)
+	invSqrt2Pi = float32(0.3989422804014327)
+)
+
+// GELU sets out[i] to x[i]·Φ(x[i]) and cdf[i] to Φ(x[i]), Φ the standard
+// normal's distribution function, 0.5·(1 + Erf32(x/√2)) — exact GELU, as
+// torch's default — in float32 operations each rounded on its own, 16
+// lanes at a time where the CPU has AVX-512, bit for bit the scalar loop.
+// out and cdf are as long as x.
+func GELU(out, cdf, x []float32) {
+	out, cdf = out[:len(x)], cdf[:len(x)]
+	for i := geluAsm(out, cdf, x); i < len(x); i++ {
+		v := x[i]
+		c := float32(0.5 * (1 + Erf32(float32(v*invSqrt2))))
+		cdf[i], out[i] = c, float32(v*c)
+	}
+}
+
+// GELUGrad sets dx[i] to dy[i]·(Φ(x[i]) + x[i]·φ(x[i])), the GELU's
+// gradient, from the Φ that GELU kept; φ(x) = Exp32(−x²/2)/√(2π). As GELU,
+// 16 lanes at a time where it can, bit for bit. dx may be dy.
+func GELUGrad(dx, dy, x, cdf []float32) {
+	dx, dy, cdf = dx[:len(x)], dy[:len(x)], cdf[:len(x)]
+	for i := geluGradAsm(dx, dy, x, cdf); i < len(x); i++ {
+		v := x[i]
+		pdf := float32(Exp32(float32(-0.5*float32(v*v))) * invSqrt2Pi)
+		dx[i] = float32(dy[i] * (cdf[i] + float32(v*pdf)))
+	}
+}

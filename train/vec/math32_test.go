@@ -74,3 +74,43 @@ func TestMath32Slices(t *testing.T) {
 		}
 	}
 }
+
+// GELU and GELUGrad are their scalar loops bit for bit, the vector lanes
+// and the tail alike: each value against the same call on it alone,
+// which no vector covers.
+func TestGELUSlices(t *testing.T) {
+	var xs []float32
+	for i := -400000; i <= 400000; i += 3 {
+		xs = append(xs, float32(i)/20000) // −20 … 20
+	}
+	for _, v := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), 0, math.Copysign(0, -1), 13.3, -13.3, 1e-30, 1e30, -1e30} {
+		xs = append(xs, float32(v))
+	}
+	rng := rand.New(rand.NewPCG(9, 9))
+	for range 50000 {
+		xs = append(xs, math.Float32frombits(rng.Uint32()))
+	}
+	dy := make([]float32, len(xs))
+	for i := range dy {
+		dy[i] = float32(rng.NormFloat64())
+	}
+	out, cdf, dx := make([]float32, len(xs)), make([]float32, len(xs)), make([]float32, len(xs))
+	GELU(out, cdf, xs)
+	GELUGrad(dx, dy, xs, cdf)
+	same := func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) || a != a && b != b }
+	for i, x := range xs {
+		var o, c, d [1]float32
+		GELU(o[:], c[:], xs[i:i+1])
+		GELUGrad(d[:], dy[i:i+1], xs[i:i+1], c[:])
+		if !same(out[i], o[0]) || !same(cdf[i], c[0]) || !same(dx[i], d[0]) {
+			t.Fatalf("x = %v [%d]: the slice gives %v, Φ %v, gradient %v; alone %v, %v, %v", x, i, out[i], cdf[i], dx[i], o[0], c[0], d[0])
+		}
+	}
+	// The values themselves: GELU(1) = 0.8413447·1, its slope Φ(1) + φ(1).
+	var o, c, d [1]float32
+	GELU(o[:], c[:], []float32{1})
+	GELUGrad(d[:], []float32{1}, []float32{1}, c[:])
+	if math.Abs(float64(o[0])-0.8413447460685429) > 1e-6 || math.Abs(float64(d[0])-(0.8413447460685429+0.24197072451914337)) > 1e-6 {
+		t.Errorf("GELU(1) = %v, slope %v; want 0.8413447, 1.0833155", o[0], d[0])
+	}
+}

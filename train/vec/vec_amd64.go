@@ -257,6 +257,34 @@ func lanes16(kernel func(dst, src *float32, n int), dst, src []float32) int {
 	return n
 }
 
+func geluAsm(out, cdf, x []float32) int {
+	if level != levelAVX512 {
+		return 0
+	}
+	n := vectorPart(levelAVX512, len(x))
+	if n > 0 {
+		gelu16(&out[0], &cdf[0], &x[0], n)
+	}
+	return n
+}
+
+func geluGradAsm(dx, dy, x, cdf []float32) int {
+	if level != levelAVX512 {
+		return 0
+	}
+	n := vectorPart(levelAVX512, len(x))
+	if n > 0 {
+		geluGrad16(&dx[0], &dy[0], &x[0], &cdf[0], n)
+	}
+	return n
+}
+
+//go:noescape
+func gelu16(out, cdf, x *float32, n int)
+
+//go:noescape
+func geluGrad16(dx, dy, x, cdf *float32, n int)
+
 //go:noescape
 func exp16(dst, src *float32, n int)
 

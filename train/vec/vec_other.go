@@ -31,3 +31,7 @@ func maxPool2GradAsm(x []float32, w int, dy, dx []float32, ow, rows int) bool { 
 func expAsm(dst, src []float32) int { return 0 }
 
 func erfAsm(dst, src []float32) int { return 0 }
+
+func geluAsm(out, cdf, x []float32) int { return 0 }
+
+func geluGradAsm(dx, dy, x, cdf []float32) int { return 0 }
