@@ -99,19 +99,35 @@ func (k layerNormKernel) forward(out []float32, in [][]float32) error {
 	rows := len(x) / k.dim
 	*k.mean, *k.rstd = grow(*k.mean, rows), grow(*k.rstd, rows)
 	mean, rstd := *k.mean, *k.rstd
+	n := float32(k.dim)
 	rowsEach(k.bl, rows, rows*k.dim, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			xr, yr := x[r*k.dim:(r+1)*k.dim], out[r*k.dim:(r+1)*k.dim]
-			mu := sum4(xr, func(v float32) float64 { return float64(v) }) / float64(k.dim)
-			q := sum4(xr, func(v float32) float64 { d := float64(v) - mu; return d * d })
-			rs := 1 / math.Sqrt(q/float64(k.dim)+layerNormEps)
-			mean[r], rstd[r] = float32(mu), float32(rs)
+			mu := vec.Sum(xr) / n
+			rs := float32(1 / math.Sqrt(float64(squaresAbout(xr, mu)/n)+layerNormEps))
+			mean[r], rstd[r] = mu, rs
 			for j, v := range xr {
-				yr[j] = float32((float64(v)-mu)*rs)*g[j] + b[j]
+				yr[j] = float32(float32(float32(v-mu)*rs)*g[j]) + b[j]
 			}
 		}
 	})
 	return nil
+}
+
+// squaresAbout is Σ (x − mu)² in four running sums, added pairwise: one
+// would wait on each add before the next.
+func squaresAbout(xs []float32, mu float32) float32 {
+	var s0, s1, s2, s3 float32
+	j := 0
+	for ; j+4 <= len(xs); j += 4 {
+		d0, d1, d2, d3 := xs[j]-mu, xs[j+1]-mu, xs[j+2]-mu, xs[j+3]-mu
+		s0, s1, s2, s3 = s0+float32(d0*d0), s1+float32(d1*d1), s2+float32(d2*d2), s3+float32(d3*d3)
+	}
+	for ; j < len(xs); j++ {
+		d := xs[j] - mu
+		s0 += float32(d * d)
+	}
+	return (s0 + s1) + (s2 + s3)
 }
 
 func (k layerNormKernel) backward(dx [][]float32, dy []float32, in [][]float32, _ []float32) error {
@@ -119,36 +135,22 @@ func (k layerNormKernel) backward(dx [][]float32, dy []float32, in [][]float32, 
 	rows := len(x) / k.dim
 	mean, rstd := *k.mean, *k.rstd
 	if dx[0] != nil {
+		n := float32(k.dim)
 		rowsEach(k.bl, rows, rows*k.dim, func(lo, hi int) {
 			for r := lo; r < hi; r++ {
 				xr, dyr, dxr := x[r*k.dim:(r+1)*k.dim], dy[r*k.dim:(r+1)*k.dim], dx[0][r*k.dim:(r+1)*k.dim]
-				mu, rs := float64(mean[r]), float64(rstd[r])
-				// The means of dŷ and dŷ·x̂, each in four running sums: one
-				// would wait on each add before the next.
-				var a, c [4]float64
-				j := 0
-				for ; j+4 <= len(xr); j += 4 {
-					for l := range 4 {
-						d := float64(dyr[j+l]) * float64(g[j+l])
-						a[l] += d
-						c[l] += d * (float64(xr[j+l]) - mu) * rs
-					}
-				}
-				for l := 0; j < len(xr); j, l = j+1, l+1 {
-					d := float64(dyr[j]) * float64(g[j])
-					a[l] += d
-					c[l] += d * (float64(xr[j]) - mu) * rs
-				}
-				am := ((a[0] + a[1]) + (a[2] + a[3])) / float64(k.dim)
-				cm := ((c[0] + c[1]) + (c[2] + c[3])) / float64(k.dim)
+				mu, rs := mean[r], rstd[r]
+				a, c := gradMeans(xr, dyr, g, mu, rs) // the sums of dŷ and dŷ·x̂
+				am, cm := a/n, c/n
 				for j, v := range xr {
-					d := float64(dyr[j]) * float64(g[j])
-					dxr[j] = float32(rs * (d - am - (float64(v)-mu)*rs*cm))
+					d := float32(dyr[j] * g[j])
+					xh := float32(float32(v-mu) * rs)
+					dxr[j] = float32(rs * float32(float32(d-am)-float32(xh*cm)))
 				}
 			}
 		})
 	}
-	// The gain's and bias's gradients sum over the rows, in row order.
+// The gain's and bias's gradients sum over the rows, in row order.
 	dg, db := dx[1], dx[2]
 	if dg != nil {
 		clear(dg)
@@ -173,21 +175,40 @@ func (k layerNormKernel) backward(dx [][]float32, dy []float32, in [][]float32, 
 	return nil
 }
 
-// sum4 is the sum of f over xs in four running sums, added pairwise at
-// the end: one sum would wait on each add before the next.
-func sum4(xs []float32, f func(float32) float64) float64 {
-	var s [4]float64
+// gradMeans is Σ dŷ and Σ dŷ·x̂ over a row — dŷ = dy·g, x̂ = (x − mu)·rs
+// — each in two running sums.
+func gradMeans(x, dy, g []float32, mu, rs float32) (a, c float32) {
+	var a0, a1, c0, c1 float32
+	j := 0
+	for ; j+2 <= len(x); j += 2 {
+		d0, d1 := float32(dy[j]*g[j]), float32(dy[j+1]*g[j+1])
+		h0, h1 := float32(float32(x[j]-mu)*rs), float32(float32(x[j+1]-mu)*rs)
+		a0, a1 = a0+d0, a1+d1
+		c0, c1 = c0+float32(d0*h0), c1+float32(d1*h1)
+	}
+	for ; j < len(x); j++ {
+		d := float32(dy[j] * g[j])
+		a0 += d
+		c0 += float32(d * float32(float32(x[j]-mu)*rs))
+	}
+	return a0 + a1, c0 + c1
+}
+
+// sum4 is the sum of xs in float64, in four running sums added pairwise
+// at the end: one sum would wait on each add before the next.
+func sum4(xs []float32) float64 {
+	var s0, s1, s2, s3 float64
 	j := 0
 	for ; j+4 <= len(xs); j += 4 {
-		s[0] += f(xs[j])
-		s[1] += f(xs[j+1])
-		s[2] += f(xs[j+2])
-		s[3] += f(xs[j+3])
+		s0 += float64(xs[j])
+		s1 += float64(xs[j+1])
+		s2 += float64(xs[j+2])
+		s3 += float64(xs[j+3])
 	}
-	for l := 0; j < len(xs); j, l = j+1, l+1 {
-		s[l] += f(xs[j])
+	for ; j < len(xs); j++ {
+		s0 += float64(xs[j])
 	}
-	return (s[0] + s[1]) + (s[2] + s[3])
+	return (s0 + s1) + (s2 + s3)
 }
 
 // geluKernel is the GELU of every value, exact (torch's default):
@@ -292,10 +313,13 @@ func causalSoftmax(p []float32, T int) {
 	for i := range T {
 		row := p[i*T : (i+1)*T]
 		top := max4(row[:i+1])
-		for j := range i + 1 {
+		// exp over whole vectors of 16: the lanes past i are thrown away
+		// below, and the scalar tail would cost as much as the rest.
+		n := min(T, (i+16)&^15)
+		for j := range n {
 			row[j] -= top
 		}
-		vec.ExpSlice(row[:i+1], row[:i+1])
+		vec.ExpSlice(row[:n], row[:n])
 		inv := 1 / vec.Sum(row[:i+1])
 		for j := range i + 1 {
 			row[j] *= inv
@@ -336,31 +360,51 @@ func (k attentionKernel) backward(dx [][]float32, dy []float32, in [][]float32, 
 // running sums.
 func dot4(a, b []float32) float64 {
 	b = b[:len(a)]
-	var s [4]float64
+	var s0, s1, s2, s3 float64
 	j := 0
 	for ; j+4 <= len(a); j += 4 {
-		s[0] += float64(a[j]) * float64(b[j])
-		s[1] += float64(a[j+1]) * float64(b[j+1])
-		s[2] += float64(a[j+2]) * float64(b[j+2])
-		s[3] += float64(a[j+3]) * float64(b[j+3])
+		s0 += float64(a[j]) * float64(b[j])
+		s1 += float64(a[j+1]) * float64(b[j+1])
+		s2 += float64(a[j+2]) * float64(b[j+2])
+		s3 += float64(a[j+3]) * float64(b[j+3])
 	}
-	for l := 0; j < len(a); j, l = j+1, l+1 {
-		s[l] += float64(a[j]) * float64(b[j])
+	for ; j < len(a); j++ {
+		s0 += float64(a[j]) * float64(b[j])
 	}
-	return (s[0] + s[1]) + (s[2] + s[3])
+	return (s0 + s1) + (s2 + s3)
 }
 
-// max4 is the largest of xs (at least one), in four running maxima.
+// max4 is the largest of xs (at least one), in four running maxima, by
+// comparison: the max builtin's care for NaN and −0 costs branches, and
+// a NaN among scores makes its row's softmax NaN all the same.
 func max4(xs []float32) float32 {
-	m := [4]float32{xs[0], xs[0], xs[0], xs[0]}
+	m0, m1, m2, m3 := xs[0], xs[0], xs[0], xs[0]
 	j := 0
 	for ; j+4 <= len(xs); j += 4 {
-		m[0], m[1], m[2], m[3] = max(m[0], xs[j]), max(m[1], xs[j+1]), max(m[2], xs[j+2]), max(m[3], xs[j+3])
+		if xs[j] > m0 {
+			m0 = xs[j]
+		}
+		if xs[j+1] > m1 {
+			m1 = xs[j+1]
+		}
+		if xs[j+2] > m2 {
+			m2 = xs[j+2]
+		}
+		if xs[j+3] > m3 {
+			m3 = xs[j+3]
+		}
 	}
 	for ; j < len(xs); j++ {
-		m[0] = max(m[0], xs[j])
+		if xs[j] > m0 {
+			m0 = xs[j]
+		}
 	}
-	return max(max(m[0], m[1]), max(m[2], m[3]))
+	for _, v := range [3]float32{m1, m2, m3} {
+		if v > m0 {
+			m0 = v
+		}
+	}
+	return m0
 }
 
 // rowsEach runs f over [0, n) in parts, one per thread bl has where the
@@ -418,7 +462,7 @@ func (k crossEntropyKernel) forward(out []float32, in [][]float32) error {
 				pr[j] = v - top
 			}
 			vec.ExpSlice(pr, pr)
-			sum := sum4(pr, func(e float32) float64 { return float64(e) })
+			sum := sum4(pr)
 			lse := float64(top) + math.Log(sum)
 			inv := float32(1 / sum)
 			var loss float64
