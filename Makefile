@@ -15,7 +15,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzR
 
 MODEL ?= mlp
 
-.PHONY: check test-deps test-prometheus test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-gpt bench-elastic bench-nat bench-procs bench-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes fashion-mnist fortunes testdata demo demo-gpt clean
+.PHONY: check test-deps test-prometheus test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-gpt bench-elastic bench-nat bench-procs bench-slow bench-gpt-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes fashion-mnist fortunes testdata demo demo-gpt clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -386,6 +386,18 @@ bench-procs: build
 # float32 run's final accuracy, the others' throughput with the slow peer
 # against without).
 SLOW_AVG = SLOW_OUTER='{"name": "sgd", "lr": 1, "momentum": 0}'
+# DiLoCo on the GPT over 100 Mbit/s links (network namespaces, root):
+# 2 peers of batch 16 (torch_gpt.py's batch of 32 in all); synchronous
+# training for 2 epochs, then DiLoCo, dense and sparse 4-bit, for 6; the
+# validation loss every 200 steps; the bytes each sent to reach the
+# synchronous run's final validation loss.
+bench-gpt-slow: build fortunes
+	SLOW_MODEL=gpt SLOW_PEERS=2 SLOW_BATCH=16 SLOW_EVAL_EVERY=200 SLOW_LOGS=$(BIN)/slow-logs/gpt \
+	  bash testdata/netns-slow.sh $(BIN)/ringtrain none 1 100mbit 2 | tee $(BIN)/slow-gpt.txt
+	SLOW_MODEL=gpt SLOW_PEERS=2 SLOW_BATCH=16 SLOW_EVAL_EVERY=200 SLOW_LOGS=$(BIN)/slow-logs/gpt \
+	  bash testdata/netns-slow.sh $(BIN)/ringtrain none+h50,none+h50+k5+q4 1 100mbit 6 | tee -a $(BIN)/slow-gpt.txt
+	python3 testdata/slow-gpt-summary.py < $(BIN)/slow-gpt.txt
+
 bench-slow: build fashion-mnist
 	rm -rf $(BIN)/slow-logs $(BIN)/slow-*.txt
 	SLOW_LOGS=$(BIN)/slow-logs/5 bash testdata/netns-slow.sh $(BIN)/ringtrain none,bf16,int8,none+h50 $(RUNS) 100mbit 5 | tee $(BIN)/slow-5.txt

@@ -19,6 +19,10 @@
 # 0's steps and seconds of compute, wait, ring and optimizer, and its test
 # accuracy and training seconds after each epoch.
 #
+# SLOW_MODEL=gpt trains the byte-level GPT of ../shared/bench/torch_gpt.py
+# on Debian's fortunes instead (AdamW 1e-3, constant, as that script), the
+# figures its validation loss: test_loss, and with SLOW_EVAL_EVERY (steps)
+# val_curve, peer 0's [step, validation loss, bytes sent] at each score.
 # The environment picks the rest: SLOW_MODEL (mlp) and SLOW_DEVICE (cpu;
 # host is the own engine), SLOW_TRAIN (all; else the first that many
 # training samples, and a tenth as many test samples, written to a
@@ -49,7 +53,15 @@ peers=${SLOW_PEERS:-4} # 2 to 4
 threads=${SLOW_THREADS:-1}
 read -r -a extra <<<"${SLOW_ARGS:-}" # more join flags, as --data-plane tcp
 if [ "$(id -u)" != 0 ]; then echo "netns-slow: SKIPPED, creating network namespaces needs root"; exit 0; fi
-if [ ! -e "$data/train-images-idx3-ubyte.gz" ]; then echo "netns-slow: SKIPPED, no $data (make fashion-mnist)"; exit 0; fi
+modeljson="\"$model\""
+optimizer='{"name": "adam", "lr": 0.001, "schedule": "cosine"}'
+datajson=''
+if [ "$model" = gpt ]; then
+	if [ ! -d /usr/share/games/fortunes ]; then echo "netns-slow: SKIPPED, no /usr/share/games/fortunes (make fortunes)"; exit 0; fi
+	modeljson='{"gpt": {"layers": 4, "dim": 128, "heads": 4, "context": 128}}'
+	optimizer='{"name": "adamw", "lr": 0.001, "weight_decay": 0.1}'
+	datajson='{"text": {"folder": "/usr/share/games/fortunes"}}'
+elif [ ! -e "$data/train-images-idx3-ubyte.gz" ]; then echo "netns-slow: SKIPPED, no $data (make fashion-mnist)"; exit 0; fi
 
 . "$(dirname "$0")/netns-lib.sh"
 p=rts$$
@@ -71,7 +83,7 @@ if [ -n "${SLOW_LAST_CPU:-}" ]; then
 	echo 10000 >"$cg/cpu.cfs_period_us"
 	echo $((SLOW_LAST_CPU * 100)) >"$cg/cpu.cfs_quota_us"
 fi
-if [ -n "${SLOW_TRAIN:-}" ]; then # a subset: the first SLOW_TRAIN samples
+if [ -n "${SLOW_TRAIN:-}" ] && [ "$model" != gpt ]; then # a subset: the first SLOW_TRAIN samples
 	python3 - "$data" "$tmp/data" "$SLOW_TRAIN" <<'PY'
 import gzip, os, struct, sys
 src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -111,11 +123,10 @@ one() { # one <variant> <run>
 		if [ -n "$deadline" ]; then sync="$sync, \"deadline\": \"${deadline}ms\""; fi
 		sync="$sync}"
 	fi
+	local dj=${datajson:-"{\"transforms\": [{\"name\": \"ToTensor\", \"args\": []}, {\"name\": \"Normalize\", \"args\": [[0.5], [0.5]]}], \"dataset_path\": {\"train\": \"$data\", \"test\": \"$data\"}}"}
 	cat >"$tmp/job.json" <<JSON
-{"name": "$name", "world_size": $peers, "min_world_size": $minw, "epochs": $epochs, "batch_size": $batch, "seed": 1, "model": "$model", "compression": "$c", "bucket_mb": $bucket$sync,
- "optimizer": {"name": "adam", "lr": 0.001, "schedule": "cosine"},
- "data": {"transforms": [{"name": "ToTensor", "args": []}, {"name": "Normalize", "args": [[0.5], [0.5]]}],
-          "dataset_path": {"train": "$data", "test": "$data"}}}
+{"name": "$name", "world_size": $peers, "min_world_size": $minw, "epochs": $epochs, "batch_size": $batch, "seed": 1, "model": $modeljson, "compression": "$c", "bucket_mb": $bucket$sync,
+ "eval_every": ${SLOW_EVAL_EVERY:-0}, "optimizer": $optimizer, "data": $dj}
 JSON
 	local began=$EPOCHREALTIME
 	ip netns exec "${p}0" "$bin" join --config "$tmp/job.json" --listen /ip4/10.232.0.1/tcp/4001 --threads "$threads" --device "$device" "${extra[@]}" --log-format json >"$tmp/0.log" 2>&1 &
@@ -153,17 +164,27 @@ JSON
 	hashes=$(grep -ho '"param_hash":"[0-9a-f]*"' "$tmp"/[0-9].log | sort -u | wc -l)
 	sum=$(grep '"message":"summary"' "$tmp/0.log")
 	local sent sps acc train=${SLOW_TRAIN:-60000}
+	if [ "$model" = gpt ]; then # windows an epoch: its steps of every peer's batch
+		train=$(($(grep -m1 -o '"steps":[0-9]*' "$tmp/0.log" | cut -d: -f2) * batch * peers))
+	fi
 	sent=$(grep -o '"sent_bytes":[0-9]*' <<<"$sum" | cut -d: -f2)
 	sps=$(grep -o '"samples_per_sec":[0-9.]*' <<<"$sum" | cut -d: -f2)
 	acc=$(grep -o '"test_accuracy":[0-9.]*' <<<"$sum" | head -1 | cut -d: -f2)
 	field() { grep -o "\"$1\":[0-9.e+-]*" <<<"$sum" | head -1 | cut -d: -f2; }
+	local curve
+	curve=$(grep -E '"message":"(validation|epoch done)"' "$tmp/0.log" | awk '{
+		match($0, /"step":[0-9]+/); st = substr($0, RSTART + 7, RLENGTH - 7)
+		match($0, /"epoch":[0-9]+/); ep = substr($0, RSTART + 8, RLENGTH - 8)
+		if (!match($0, /"test_loss":[0-9.e+-]+/)) next; l = substr($0, RSTART + 12, RLENGTH - 12)
+		if (!match($0, /"sent_bytes":[0-9]+/)) next; b = substr($0, RSTART + 13, RLENGTH - 13)
+		printf "%s[%d,%d,%s,%s]", (n++ ? "," : ""), ep, st, l, b}')
 	local eacc es
 	eacc=$(grep '"message":"epoch done"' "$tmp/0.log" | grep -o '"test_accuracy":[0-9.]*' | cut -d: -f2 | paste -sd,)
 	es=$(grep '"message":"epoch done"' "$tmp/0.log" | grep -o '"elapsed_s":[0-9.]*' | cut -d: -f2 | paste -sd,)
 	awk -v c="$1" -v r="$2" -v s="$sent" -v sps="$sps" -v w="$wall" -v a="$acc" -v h="$hashes" -v e="$epochs" -v rate="$rate" -v n="$train" -v p="$peers" \
 		-v pk="$peak" -v st="$(field steps)" -v cs="$(field compute_s)" -v ws="$(field wait_s)" -v rs="$(field ring_s)" -v os="$(field optimizer_s)" -v ea="$eacc" -v es="$es" \
-		-v last="${SLOW_LAST_RATE:-}" -v lastcpu="${SLOW_LAST_CPU:-}" \
-		'BEGIN{printf "{\"variant\":\"%s\",\"run\":%d,\"rate\":\"%s\",\"last_rate\":\"%s\",\"last_cpu\":\"%s\",\"sent_bytes\":%d,\"sent_bytes_per_epoch\":%d,\"peak_1s_bytes\":%d,\"samples_per_sec\":%.1f,\"epoch_s\":%.2f,\"wall_s\":%s,\"test_accuracy\":%s,\"param_hashes\":%d,\"steps\":%d,\"compute_s\":%.3f,\"wait_s\":%.3f,\"ring_s\":%.3f,\"optimizer_s\":%.3f,\"epoch_accuracy\":[%s],\"epoch_train_s\":[%s]}\n", c, r, rate, last, lastcpu, s, s/e, pk, sps, n/p/sps, w, a, h, st, cs, ws, rs, os, ea, es}'
+		-v last="${SLOW_LAST_RATE:-}" -v lastcpu="${SLOW_LAST_CPU:-}" -v tl="$(field test_loss)" -v curve="$curve" \
+		'BEGIN{printf "{\"variant\":\"%s\",\"run\":%d,\"rate\":\"%s\",\"last_rate\":\"%s\",\"last_cpu\":\"%s\",\"sent_bytes\":%.0f,\"sent_bytes_per_epoch\":%.0f,\"peak_1s_bytes\":%.0f,\"samples_per_sec\":%.1f,\"epoch_s\":%.2f,\"wall_s\":%s,\"test_accuracy\":%s,\"param_hashes\":%d,\"steps\":%d,\"compute_s\":%.3f,\"wait_s\":%.3f,\"ring_s\":%.3f,\"optimizer_s\":%.3f,\"epoch_accuracy\":[%s],\"epoch_train_s\":[%s],\"test_loss\":%s,\"val_curve\":[%s]}\n", c, r, rate, last, lastcpu, s, s/e, pk, sps, n/p/sps, w, a, h, st, cs, ws, rs, os, ea, es, tl, curve}'
 }
 for r in $(seq "$runs"); do
 	for c in ${compressions//,/ }; do one "$c" "$r"; done

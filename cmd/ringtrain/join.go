@@ -744,7 +744,7 @@ func (cfg *jobConfig) progress(tested bool, status io.Writer, logger func() *zer
 	return func(p train.Progress) {
 		if p.Validation {
 			ev := logger().Info().Int("epoch", p.Epoch+1).Int("step", p.Step).Int("steps", p.Steps).
-				Float64("test_accuracy", p.TestAccuracy).Float64("test_loss", p.TestLoss)
+				Float64("test_accuracy", p.TestAccuracy).Float64("test_loss", p.TestLoss).Int64("sent_bytes", p.Stats.BytesSent)
 			if cfg.context() > 0 {
 				ev = ev.Float64("test_bits_per_byte", p.TestLoss/math.Ln2)
 			}
