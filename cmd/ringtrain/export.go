@@ -32,6 +32,11 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	if err := onnx.Write(c, *out); err != nil {
 		return fmt.Errorf("export: %s: %w", *ckpt, err)
 	}
+	if spec := c.Model.Spec; spec.Loss != train.CrossEntropy {
+		fmt.Fprintf(stdout, "%s: ONNX opset %d, input %v features per sample, %d outputs (loss %s)\n",
+			*out, onnx.Opset, spec.Input, spec.Targets(), spec.Loss)
+		return nil
+	}
 	fmt.Fprintf(stdout, "%s: ONNX opset %d, input %v floats in [0, 1] per sample (Normalize inside), %d classes\n",
 		*out, onnx.Opset, c.Input, len(c.Classes))
 	return nil

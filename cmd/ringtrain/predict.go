@@ -50,6 +50,9 @@ func runPredict(args []string, stdout, stderr io.Writer) error {
 	if err := c.Whole(); err != nil {
 		return fmt.Errorf("predict: %s: %w", *ckpt, err)
 	}
+	if l := c.Model.Spec.Loss; l != train.CrossEntropy {
+		return fmt.Errorf("predict: %s is a model of float targets (loss %s), which reads a table's rows, not an image; ringtrain export writes it for other runtimes: %w", *ckpt, l, errUsage)
+	}
 	spec := c.Model
 	spec.Batch = 1
 	if err := fitsMemory(spec); err != nil {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,6 +60,7 @@ func checkpointParams(t *testing.T, path string) []float32 {
 // very parameters: the one peer's with whole batches, and one stage's
 // with the same micro-batches.
 func TestRegressionTrainsAsWritten(t *testing.T) {
+	var ckptPath string // the last run's
 	run := func(t *testing.T, n int, file, ckpt string, replace ...string) ([]float32, float64) {
 		t.Helper()
 		dir := t.TempDir()
@@ -71,7 +73,8 @@ func TestRegressionTrainsAsWritten(t *testing.T) {
 			t.Fatalf("no test loss in:\n%s", tails(out))
 		}
 		loss, _ := strconv.ParseFloat(m[1], 64)
-		return checkpointParams(t, filepath.Join(dir, ckpt)), loss
+		ckptPath = filepath.Join(dir, ckpt)
+		return checkpointParams(t, ckptPath), loss
 	}
 	sameParams := func(t *testing.T, what string, got, want []float32) {
 		t.Helper()
@@ -89,6 +92,16 @@ func TestRegressionTrainsAsWritten(t *testing.T) {
 	// noise of 0.0004: a model that learned nothing scores the former.
 	if !(loss < 0.01) {
 		t.Errorf("test mse %v after 10 epochs; want below 0.01", loss)
+	}
+	// Its checkpoint exports as a model of features, and predict, which
+	// reads images, refuses it by name.
+	out, err := ringtrain(t, time.Minute, "export", "--checkpoint", ckptPath, "--onnx", filepath.Join(t.TempDir(), "r.onnx"))
+	if err != nil || !strings.Contains(out, "input [1] features per sample, 1 outputs (loss mse)") {
+		t.Errorf("export: %v\n%s", err, out)
+	}
+	out, err = ringtrain(t, time.Minute, "predict", "--checkpoint", ckptPath, "--image", "../../testdata/fashion-folder/test/Bag/9969.jpg")
+	if err == nil || !strings.Contains(out, "a model of float targets (loss mse)") {
+		t.Errorf("predict of a regression: %v\n%s", err, out)
 	}
 	split, _ := run(t, 3, "regression-pipeline-job.json", "regression-pipeline.ckpt", `"micro_batches": 4`, `"micro_batches": 1`)
 	sameParams(t, "3 stages against one peer", split, one)

@@ -177,12 +177,17 @@ func exportWithin(c *train.Checkpoint, maxBytes int) (*pb.ModelProto, error) {
 	if len(spec.Input) == 1 {
 		layout = strings.Replace(layout, "C×H×W floats", "C×H×W floats laid flat", 1)
 	}
+	output := "logits, one per class (softmax gives probabilities)"
+	if spec.Loss != train.CrossEntropy {
+		layout = fmt.Sprintf("a row of %d features, the job's CSV table's non-target columns in its order", spec.Input[0])
+		output = fmt.Sprintf("the model's outputs, one per target column (trained with %s)", spec.Loss)
+	}
 	return &pb.ModelProto{
 		IrVersion:       proto.Int64(IRVersion),
 		OpsetImport:     []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(Opset)}},
 		ProducerName:    proto.String("ringtrain"),
 		ProducerVersion: proto.String("1"),
-		DocString:       proto.String("A ringtrain model. Input: " + layout + ". Output: logits, one per class (softmax gives probabilities)."),
+		DocString:       proto.String("A ringtrain model. Input: " + layout + ". Output: " + output + "."),
 		Graph:           g,
 		MetadataProps: []*pb.StringStringEntryProto{
 			{Key: proto.String("classes"), Value: proto.String(string(classes))},
