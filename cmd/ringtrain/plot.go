@@ -39,6 +39,10 @@ type progressLine struct {
 	SamplesPerSec float64  `json:"samples_per_sec"`
 	TestAccuracy  *float64 `json:"test_accuracy"`
 	TestBPB       *float64 `json:"test_bits_per_byte"` // a language model's
+	// TrainLoss and ValBPB are what ../shared/bench/torch_gpt.py prints
+	// at each evaluation, with Step: its curve, read beside ringtrain's.
+	TrainLoss *float64 `json:"train_loss"`
+	ValBPB    *float64 `json:"val_bpb"`
 }
 
 // logFloat is a number as zerolog writes it: a JSON number, or the
@@ -65,7 +69,8 @@ func (f *logFloat) UnmarshalJSON(b []byte) error {
 
 // curves are one rank's series: loss and samples/s by step (counted over
 // epochs), test accuracy by epoch — or a language model's validation
-// bits per byte (bpb set).
+// bits per byte by step (bpb set), at each epoch's end and each
+// eval_every.
 type curves struct {
 	loss, rate, acc plotter.XYs
 	bpb             bool
@@ -99,7 +104,7 @@ func runPlot(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("plot", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	out := fs.String("o", "curves.png", "the PNG to write")
-	by := fs.String("by", "rank", "a line per rank (of one job's logs) or per file (one log of each of several jobs; LABEL=LOG names its line)")
+	by := fs.String("by", "rank", "a line per rank (of one job's logs) or per file (one log of each of several jobs, or torch_gpt.py's output; LABEL=LOG names its line)")
 	files, err := parseWithFiles(fs, args)
 	if err != nil {
 		return fmt.Errorf("plot: %w: %w", errUsage, err)
@@ -155,17 +160,28 @@ func readCurves(path string, series map[int]*curves, key func(rank int) int) err
 		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
 			return fmt.Errorf("%s:%d: not a JSON log line (write it with --log-file): %v", path, n, err)
 		}
-		if l.Rank == nil || (l.Message != "training" && l.Message != "epoch done") || l.Steps <= 0 || l.Epoch < 1 {
+		if l.Rank == nil && l.Message == "" && l.ValBPB != nil && l.Step > 0 { // torch_gpt.py's
+			c := seriesOf(series, key(0))
+			if x := float64(l.Step); drawable(x) && drawable(*l.ValBPB) {
+				c.acc, c.bpb = append(c.acc, plotter.XY{X: x, Y: *l.ValBPB}), true
+				if l.TrainLoss != nil && drawable(*l.TrainLoss) {
+					c.loss = append(c.loss, plotter.XY{X: x, Y: *l.TrainLoss})
+				}
+			}
 			continue
 		}
-		k := key(*l.Rank)
-		c := series[k]
-		if c == nil {
-			c = &curves{}
-			series[k] = c
+		if l.Rank == nil || (l.Message != "training" && l.Message != "epoch done" && l.Message != "validation") || l.Steps <= 0 || l.Epoch < 1 {
+			continue
 		}
+		c := seriesOf(series, key(*l.Rank))
 		x := float64(l.Epoch-1)*float64(l.Steps) + float64(l.Step)
 		if !drawable(x) {
+			continue
+		}
+		if l.Message == "validation" { // between epochs' ends: a language model's score
+			if l.TestBPB != nil && drawable(*l.TestBPB) {
+				c.acc, c.bpb = append(c.acc, plotter.XY{X: x, Y: *l.TestBPB}), true
+			}
 			continue
 		}
 		if loss := float64(l.Loss); drawable(loss) { // a diverged step draws no point
@@ -177,7 +193,7 @@ func readCurves(path string, series map[int]*curves, key func(rank int) int) err
 		switch {
 		case l.Message != "epoch done":
 		case l.TestBPB != nil && drawable(*l.TestBPB):
-			c.acc, c.bpb = append(c.acc, plotter.XY{X: float64(l.Epoch), Y: *l.TestBPB}), true
+			c.acc, c.bpb = append(c.acc, plotter.XY{X: x, Y: *l.TestBPB}), true
 		case l.TestAccuracy != nil && *l.TestAccuracy >= 0 && *l.TestAccuracy <= 1:
 			c.acc = append(c.acc, plotter.XY{X: float64(l.Epoch), Y: *l.TestAccuracy})
 		}
@@ -186,6 +202,16 @@ func readCurves(path string, series map[int]*curves, key func(rank int) int) err
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	return nil
+}
+
+// seriesOf is series[k], made if there is none yet.
+func seriesOf(series map[int]*curves, k int) *curves {
+	c := series[k]
+	if c == nil {
+		c = &curves{}
+		series[k] = c
+	}
+	return c
 }
 
 // drawable: a value a float32 can hold. Training writes no other (its
@@ -217,8 +243,8 @@ func drawCurves(ranks map[int]*curves, name func(int) string, out string) error 
 		bpb = bpb || c.bpb
 	}
 	switch {
-	case bpb: // a language model's: its validation bits per byte, from 0
-		ps[1].Title.Text = "validation bits per byte"
+	case bpb: // a language model's: its validation bits per byte by step, from 0
+		ps[1].Title.Text, ps[1].X.Label.Text = "validation bits per byte", "step"
 		ps[1].Y.Max = max(1, hi*1.05)
 	case lo <= hi:
 		ps[1].Y.Min, ps[1].Y.Max = max(0, lo-0.02), min(1, hi+0.01)

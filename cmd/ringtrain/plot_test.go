@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"gonum.org/v1/plot/plotter"
 	"time"
 )
 
@@ -182,7 +184,8 @@ func TestPlotEndsOnSIGTERM(t *testing.T) {
 // image model's draws test accuracy.
 func TestPlotReadsBitsPerByte(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "peer-0.jsonl")
-	log := `{"level":"info","rank":0,"epoch":1,"step":10,"steps":10,"loss":2.5,"samples_per_sec":50,"test_accuracy":0.3,"test_bits_per_byte":3.6,"message":"epoch done"}
+	log := `{"level":"info","rank":0,"epoch":1,"step":4,"steps":10,"test_accuracy":0.2,"test_loss":2.84,"sent_bytes":0,"test_bits_per_byte":4.1,"message":"validation"}
+{"level":"info","rank":0,"epoch":1,"step":10,"steps":10,"loss":2.5,"samples_per_sec":50,"test_accuracy":0.3,"test_bits_per_byte":3.6,"message":"epoch done"}
 {"level":"info","rank":0,"epoch":2,"step":10,"steps":10,"loss":2.1,"samples_per_sec":50,"test_accuracy":0.35,"test_bits_per_byte":3.1,"message":"epoch done"}
 `
 	if err := os.WriteFile(p, []byte(log), 0o644); err != nil {
@@ -193,8 +196,22 @@ func TestPlotReadsBitsPerByte(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := series[0]
-	if c == nil || !c.bpb || len(c.acc) != 2 || c.acc[0].Y != 3.6 || c.acc[1].Y != 3.1 {
-		t.Fatalf("curves %+v; want bits per byte 3.6 and 3.1 by epoch", c)
+	if c == nil || !c.bpb || len(c.acc) != 3 || c.acc[0] != (plotter.XY{X: 4, Y: 4.1}) || c.acc[1] != (plotter.XY{X: 10, Y: 3.6}) || c.acc[2] != (plotter.XY{X: 20, Y: 3.1}) {
+		t.Fatalf("curves %+v; want bits per byte 4.1, 3.6 and 3.1 at steps 4, 10 and 20", c)
+	}
+	// torch_gpt.py's lines are a curve of their own, by step.
+	tp := filepath.Join(t.TempDir(), "torch.jsonl")
+	if err := os.WriteFile(tp, []byte(`{"step": 281, "train_loss": 2.51, "val_loss": 2.548, "val_bpb": 3.676}
+{"step": 562, "train_loss": 2.18, "val_loss": 2.219, "val_bpb": 3.2}
+{"model": "gpt L4 d128 h4 T128", "tokens_per_s": 5049, "val_loss": 2.219, "val_bpb": 3.2}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := readCurves(tp, series, func(int) int { return 1 }); err != nil {
+		t.Fatal(err)
+	}
+	if c := series[1]; c == nil || !c.bpb || len(c.acc) != 2 || c.acc[1] != (plotter.XY{X: 562, Y: 3.2}) || len(c.loss) != 2 {
+		t.Fatalf("torch_gpt.py's curves %+v; want bits per byte at steps 281 and 562", c)
 	}
 	if err := drawCurves(series, func(int) string { return "rank 0" }, filepath.Join(t.TempDir(), "lm.png")); err != nil {
 		t.Fatal(err)
