@@ -15,7 +15,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzR
 
 MODEL ?= mlp
 
-.PHONY: check test-deps test-prometheus test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-gpt bench-elastic bench-nat bench-procs bench-slow bench-gpt-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes fashion-mnist fortunes testdata demo demo-gpt clean
+.PHONY: check test-deps test-prometheus test-netns test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-gpt bench-gpt-quality bench-elastic bench-nat bench-procs bench-slow bench-gpt-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes fashion-mnist fortunes testdata demo demo-gpt clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -386,6 +386,15 @@ bench-procs: build
 # float32 run's final accuracy, the others' throughput with the slow peer
 # against without).
 SLOW_AVG = SLOW_OUTER='{"name": "sgd", "lr": 1, "momentum": 0}'
+# The GPT's validation loss against PyTorch's after 1,124 steps of
+# torch_gpt.py's settings, on 1 peer and on 4 peers of a quarter of the
+# batch, and the three curves in one plot (about 25 minutes, PyTorch's
+# run the most of it).
+bench-gpt-quality: build fortunes
+	@/usr/bin/python3 -c 'import torch' 2>/dev/null || (apt-get install -y -qq python3-torch || (apt-get update -qq && apt-get install -y -qq python3-torch)) >/dev/null 2>&1 || echo "could not install python3-torch"
+	$(GO) build -o $(BIN)/gpteval ./internal/gpteval
+	bash testdata/bench-gpt-quality.sh $(BIN)/ringtrain $(BIN)/gpteval ../shared/bench/torch_gpt.py $(BIN)/gpt-quality
+
 # DiLoCo on the GPT over 100 Mbit/s links (network namespaces, root):
 # 2 peers of batch 16 (torch_gpt.py's batch of 32 in all); synchronous
 # training for 2 epochs, then DiLoCo, dense and sparse 4-bit, for 6; the
