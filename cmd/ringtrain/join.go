@@ -743,12 +743,8 @@ func (cfg *jobConfig) progress(tested bool, status io.Writer, logger func() *zer
 	}
 	return func(p train.Progress) {
 		if p.Validation {
-			ev := logger().Info().Int("epoch", p.Epoch+1).Int("step", p.Step).Int("steps", p.Steps).
-				Float64("test_accuracy", p.TestAccuracy).Float64("test_loss", p.TestLoss).Int64("sent_bytes", p.Stats.BytesSent)
-			if cfg.context() > 0 {
-				ev = ev.Float64("test_bits_per_byte", p.TestLoss/math.Ln2)
-			}
-			ev.Msg("validation")
+			ev := logger().Info().Int("epoch", p.Epoch+1).Int("step", p.Step).Int("steps", p.Steps)
+			cfg.testFields(ev, p).Int64("sent_bytes", p.Stats.BytesSent).Msg("validation")
 			return
 		}
 		if status != nil && !p.EpochDone {
@@ -764,14 +760,24 @@ func (cfg *jobConfig) progress(tested bool, status io.Writer, logger func() *zer
 			return
 		}
 		if tested {
-			ev = ev.Float64("test_accuracy", p.TestAccuracy).Float64("test_loss", p.TestLoss)
-			if cfg.context() > 0 { // a language model: its validation loss in bits per byte too
-				ev = ev.Float64("test_bits_per_byte", p.TestLoss/math.Ln2)
-			}
+			ev = cfg.testFields(ev, p)
 		}
 		addShares(ev, p.Stats).Int("world_size", p.WorldSize).Floats64("rank_compute_s", p.RankCompute).
 			Ints("stragglers", p.Stragglers).Msg("epoch done")
 	}, every
+}
+
+// testFields logs a score of the test set: its accuracy (none for mse,
+// which has no classes) and loss, and a language model's bits per byte.
+func (cfg *jobConfig) testFields(ev *zerolog.Event, p train.Progress) *zerolog.Event {
+	if cfg.Loss != string(train.MSE) {
+		ev = ev.Float64("test_accuracy", p.TestAccuracy)
+	}
+	ev = ev.Float64("test_loss", p.TestLoss)
+	if cfg.context() > 0 {
+		ev = ev.Float64("test_bits_per_byte", p.TestLoss/math.Ln2)
+	}
+	return ev
 }
 
 // addShares logs where a replica's step time went, as shares of it all

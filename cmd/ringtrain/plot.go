@@ -39,6 +39,7 @@ type progressLine struct {
 	SamplesPerSec float64  `json:"samples_per_sec"`
 	TestAccuracy  *float64 `json:"test_accuracy"`
 	TestBPB       *float64 `json:"test_bits_per_byte"` // a language model's
+	TestLoss      *float64 `json:"test_loss"`          // drawn where there is no accuracy: an mse job's
 	// TrainLoss and ValBPB are what ../shared/bench/torch_gpt.py prints
 	// at each evaluation, with Step: its curve, read beside ringtrain's.
 	TrainLoss *float64 `json:"train_loss"`
@@ -70,10 +71,11 @@ func (f *logFloat) UnmarshalJSON(b []byte) error {
 // curves are one rank's series: loss and samples/s by step (counted over
 // epochs), test accuracy by epoch — or a language model's validation
 // bits per byte by step (bpb set), at each epoch's end and each
-// eval_every.
+// eval_every, or, for a job with no accuracy (mse), its test loss by
+// epoch (testLoss set).
 type curves struct {
 	loss, rate, acc plotter.XYs
-	bpb             bool
+	bpb, testLoss   bool
 }
 
 // parseWithFiles parses args, whose flags may come after the files too,
@@ -196,6 +198,8 @@ func readCurves(path string, series map[int]*curves, key func(rank int) int) err
 			c.acc, c.bpb = append(c.acc, plotter.XY{X: x, Y: *l.TestBPB}), true
 		case l.TestAccuracy != nil && *l.TestAccuracy >= 0 && *l.TestAccuracy <= 1:
 			c.acc = append(c.acc, plotter.XY{X: float64(l.Epoch), Y: *l.TestAccuracy})
+		case l.TestLoss != nil && drawable(*l.TestLoss):
+			c.acc, c.testLoss = append(c.acc, plotter.XY{X: float64(l.Epoch), Y: *l.TestLoss}), true
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -238,14 +242,17 @@ func drawCurves(ranks map[int]*curves, name func(int) string, out string) error 
 		}
 	}
 	ps[1].Y.Min, ps[1].Y.Max = 0, 1
-	bpb := false
+	bpb, testLoss := false, false
 	for _, c := range ranks {
-		bpb = bpb || c.bpb
+		bpb, testLoss = bpb || c.bpb, testLoss || c.testLoss
 	}
 	switch {
 	case bpb: // a language model's: its validation bits per byte by step, from 0
 		ps[1].Title.Text, ps[1].X.Label.Text = "validation bits per byte", "step"
 		ps[1].Y.Max = max(1, hi*1.05)
+	case testLoss: // a job with no classes: its test loss, from 0
+		ps[1].Title.Text = "test loss"
+		ps[1].Y.Max = hi * 1.05
 	case lo <= hi:
 		ps[1].Y.Min, ps[1].Y.Max = max(0, lo-0.02), min(1, hi+0.01)
 	}

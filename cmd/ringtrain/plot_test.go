@@ -217,3 +217,25 @@ func TestPlotReadsBitsPerByte(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An mse job's lines carry a test loss and no accuracy: its panel is the
+// test loss by epoch.
+func TestPlotReadsTestLoss(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "peer-0.jsonl")
+	log := `{"level":"info","rank":0,"epoch":1,"step":64,"steps":64,"loss":0.03,"samples_per_sec":900,"test_loss":0.045,"message":"epoch done"}
+{"level":"info","rank":0,"epoch":2,"step":64,"steps":64,"loss":0.02,"samples_per_sec":900,"test_loss":0.014,"message":"epoch done"}
+`
+	if err := os.WriteFile(p, []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	series := map[int]*curves{}
+	if err := readCurves(p, series, func(r int) int { return r }); err != nil {
+		t.Fatal(err)
+	}
+	if c := series[0]; c == nil || !c.testLoss || c.bpb || len(c.acc) != 2 || c.acc[1] != (plotter.XY{X: 2, Y: 0.014}) {
+		t.Fatalf("curves %+v; want the test loss 0.045 and 0.014 by epoch", c)
+	}
+	if err := drawCurves(series, func(int) string { return "rank 0" }, filepath.Join(t.TempDir(), "mse.png")); err != nil {
+		t.Fatal(err)
+	}
+}
