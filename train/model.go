@@ -538,7 +538,11 @@ func (lg *layerGraph) build(h *G.Node, lo, hi int, learned bool) (*G.Node, error
 		case LayerFlatten:
 			h, err = G.Reshape(h, tensor.Shape{b, lg.shapes[i][0]})
 		case LayerAdd:
-			h, err = G.Add(h, lg.saved[l.From])
+			if h.Dims() == 2 { // the kernel op is typed for matrices; conv activations take gorgonia's
+				h, err = applyKernel(addKernel{}, []bool{true, true}, h, lg.saved[l.From])
+			} else {
+				h, err = G.Add(h, lg.saved[l.From])
+			}
 			learned = learned || lg.savedLearned[l.From]
 		case LayerDropout:
 			h, err = lg.dropout(h, i, in)

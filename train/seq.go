@@ -501,3 +501,34 @@ func (k crossEntropyKernel) backward(dx [][]float32, dy []float32, in [][]float3
 	})
 	return nil
 }
+
+// addKernel is a residual add, a + b, into memory kept from step to step:
+// gorgonia's Add clones its first input first, an allocation and a copy
+// of the whole activation every step.
+type addKernel struct{}
+
+func (addKernel) String() string { return "add" }
+
+func (addKernel) shape(in []tensor.Shape) (tensor.Shape, error) {
+	if !in[0].Eq(in[1]) {
+		return nil, fmt.Errorf("add: %v and %v; want one shape", in[0], in[1])
+	}
+	return in[0].Clone(), nil
+}
+
+func (addKernel) forward(out []float32, in [][]float32) error {
+	a, b := in[0], in[1][:len(in[0])]
+	for i := range out {
+		out[i] = a[i] + b[i]
+	}
+	return nil
+}
+
+func (addKernel) backward(dx [][]float32, dy []float32, _ [][]float32, _ []float32) error {
+	for _, d := range dx {
+		if d != nil {
+			copy(d, dy)
+		}
+	}
+	return nil
+}
