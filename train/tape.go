@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
 )
 
 // tape runs the ops of a gorgonia graph that some root nodes need, each
@@ -24,6 +25,9 @@ type tape struct {
 	vals   []G.Value // per op, its value from the last run
 	at     map[*G.Node]int
 	in     []G.Value // run's scratch: one op's inputs
+	// sums are the outputs of the elementwise adds of tensors (autodiff's
+	// sums of a node's gradients, mostly), kept from run to run: see sum.
+	sums []*tensor.Dense
 }
 
 // newTape orders the ops that roots need.
@@ -56,6 +60,7 @@ func newTape(roots ...*G.Node) *tape {
 		visit(r)
 	}
 	t.vals = make([]G.Value, len(t.ops))
+	t.sums = make([]*tensor.Dense, len(t.ops))
 	return t
 }
 
@@ -78,6 +83,10 @@ func (t *tape) run() (err error) {
 				t.in = append(t.in, t.leaves[-1-r].Value())
 			}
 		}
+		if v := t.sum(i, n.Op()); v != nil {
+			t.vals[i] = v
+			continue
+		}
 		v, err := n.Op().Do(t.in...)
 		if err != nil {
 			return fmt.Errorf("%v: %w", n.Op(), err)
@@ -98,4 +107,32 @@ func (t *tape) value(n *G.Node) G.Value {
 		return n.Value()
 	}
 	return nil
+}
+
+// sum runs op i when it is gorgonia's elementwise add of two float32
+// tensors of one shape, into memory the tape keeps for it, and returns
+// the sum; else nil, and the op runs as gorgonia's. gorgonia's Add clones
+// its first input and adds into the clone: an allocation and a copy of
+// the whole tensor every run, for what is one pass (the same bits).
+func (t *tape) sum(i int, op G.Op) G.Value {
+	if len(t.in) != 2 || op.String() != "+ false" {
+		return nil
+	}
+	a, ok1 := t.in[0].(*tensor.Dense)
+	b, ok2 := t.in[1].(*tensor.Dense)
+	if !ok1 || !ok2 || a.Dims() == 0 || !a.Shape().Eq(b.Shape()) || a.Dtype() != tensor.Float32 || b.Dtype() != tensor.Float32 {
+		return nil
+	}
+	x, y := a.Data().([]float32), b.Data().([]float32)
+	out := t.sums[i]
+	if out == nil || !out.Shape().Eq(a.Shape()) {
+		out = tensor.New(tensor.WithShape(a.Shape().Clone()...), tensor.Of(tensor.Float32))
+		t.sums[i] = out
+	}
+	z := out.Data().([]float32)[:len(x)]
+	y = y[:len(x)]
+	for j := range z {
+		z[j] = x[j] + y[j]
+	}
+	return out
 }

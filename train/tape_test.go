@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
 )
 
 // TestTapeMatchesTapeMachine: the tape computes what gorgonia's
@@ -56,5 +57,40 @@ func TestTapeMatchesTapeMachine(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The tape adds tensors of one shape into memory it keeps from run to
+// run — the sum gorgonia's Add gives, without its clone each run — and
+// leaves an add of another kind (a scalar's) to gorgonia.
+func TestTapeKeepsItsSums(t *testing.T) {
+	g := G.NewGraph()
+	av := tensor.New(tensor.WithShape(2, 3), tensor.WithBacking([]float32{1, 2, 3, 4, 5, 6}))
+	bv := tensor.New(tensor.WithShape(2, 3), tensor.WithBacking([]float32{0.5, 0.25, -3, 1e-8, 5, -6}))
+	a := G.NewMatrix(g, G.Float32, G.WithShape(2, 3), G.WithName("a"), G.WithValue(av))
+	b := G.NewMatrix(g, G.Float32, G.WithShape(2, 3), G.WithName("b"), G.WithValue(bv))
+	s := G.NewScalar(g, G.Float32, G.WithName("s"), G.WithValue(float32(2)))
+	c := G.Must(G.Add(a, b))
+	d := G.Must(G.Add(s, s))
+	tp := newTape(c, d)
+	var first []float32
+	for run := range 2 {
+		if err := tp.run(); err != nil {
+			t.Fatal(err)
+		}
+		got := tp.value(c).Data().([]float32)
+		for i, x := range av.Data().([]float32) {
+			if want := x + bv.Data().([]float32)[i]; got[i] != want {
+				t.Fatalf("run %d: sum[%d] = %v; want %v", run, i, got[i], want)
+			}
+		}
+		if run == 0 {
+			first = got
+		} else if &got[0] != &first[0] {
+			t.Error("the sum moved to new memory on the second run; want the memory kept")
+		}
+		if v := tp.value(d).Data().(float32); v != 4 {
+			t.Fatalf("the scalar sum is %v; want 4", v)
+		}
 	}
 }
