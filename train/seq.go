@@ -150,7 +150,7 @@ func (k layerNormKernel) backward(dx [][]float32, dy []float32, in [][]float32, 
 			}
 		})
 	}
-// The gain's and bias's gradients sum over the rows, in row order.
+	// The gain's and bias's gradients sum over the rows, in row order.
 	dg, db := dx[1], dx[2]
 	if dg != nil {
 		clear(dg)
