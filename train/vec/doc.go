@@ -6,7 +6,9 @@
 // in a fixed order of 64 lanes (a conv layer's bias gradient), and the
 // row copies and sums of a convolution's im2col and its input gradient,
 // whose rows are a few values long (AVX-512's masks take a row's ragged
-// end in one instruction).
+// end in one instruction). A language model's elementwise functions are
+// here too: float32 exp and erf (Exp32, Erf32) and, over slices, 16 lanes
+// at a time in AVX-512, exp, erf, and the GELU with its gradient.
 //
 // Vectors matter here less for width than for denormals: a dead unit's
 // momentum decays through the subnormal range, and this CPU takes a slow
