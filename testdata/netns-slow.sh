@@ -183,8 +183,8 @@ JSON
 	es=$(grep '"message":"epoch done"' "$tmp/0.log" | grep -o '"elapsed_s":[0-9.]*' | cut -d: -f2 | paste -sd,)
 	awk -v c="$1" -v r="$2" -v s="$sent" -v sps="$sps" -v w="$wall" -v a="$acc" -v h="$hashes" -v e="$epochs" -v rate="$rate" -v n="$train" -v p="$peers" \
 		-v pk="$peak" -v st="$(field steps)" -v cs="$(field compute_s)" -v ws="$(field wait_s)" -v rs="$(field ring_s)" -v os="$(field optimizer_s)" -v ea="$eacc" -v es="$es" \
-		-v last="${SLOW_LAST_RATE:-}" -v lastcpu="${SLOW_LAST_CPU:-}" -v tl="$(field test_loss)" -v curve="$curve" \
-		'BEGIN{printf "{\"variant\":\"%s\",\"run\":%d,\"rate\":\"%s\",\"last_rate\":\"%s\",\"last_cpu\":\"%s\",\"sent_bytes\":%.0f,\"sent_bytes_per_epoch\":%.0f,\"peak_1s_bytes\":%.0f,\"samples_per_sec\":%.1f,\"epoch_s\":%.2f,\"wall_s\":%s,\"test_accuracy\":%s,\"param_hashes\":%d,\"steps\":%d,\"compute_s\":%.3f,\"wait_s\":%.3f,\"ring_s\":%.3f,\"optimizer_s\":%.3f,\"epoch_accuracy\":[%s],\"epoch_train_s\":[%s],\"test_loss\":%s,\"val_curve\":[%s]}\n", c, r, rate, last, lastcpu, s, s/e, pk, sps, n/p/sps, w, a, h, st, cs, ws, rs, os, ea, es, tl, curve}'
+		-v last="${SLOW_LAST_RATE:-}" -v lastcpu="${SLOW_LAST_CPU:-}" -v tl="$(field test_loss)" -v curve="$curve" -v outer="$(tr -d '"{}' <<<"${SLOW_OUTER:-nesterov lr 0.7 momentum 0.9}")" \
+		'BEGIN{printf "{\"variant\":\"%s\",\"run\":%d,\"rate\":\"%s\",\"last_rate\":\"%s\",\"last_cpu\":\"%s\",\"outer\":\"%s\",\"sent_bytes\":%.0f,\"sent_bytes_per_epoch\":%.0f,\"peak_1s_bytes\":%.0f,\"samples_per_sec\":%.1f,\"epoch_s\":%.2f,\"wall_s\":%s,\"test_accuracy\":%s,\"param_hashes\":%d,\"steps\":%d,\"compute_s\":%.3f,\"wait_s\":%.3f,\"ring_s\":%.3f,\"optimizer_s\":%.3f,\"epoch_accuracy\":[%s],\"epoch_train_s\":[%s],\"test_loss\":%s,\"val_curve\":[%s]}\n", c, r, rate, last, lastcpu, outer, s, s/e, pk, sps, n/p/sps, w, a, h, st, cs, ws, rs, os, ea, es, tl, curve}'
 }
 for r in $(seq "$runs"); do
 	for c in ${compressions//,/ }; do one "$c" "$r"; done
