@@ -679,8 +679,11 @@ func TestSybilsCannotLockOutADataServer(t *testing.T) {
 	slow(t)
 	m, tr, te := testData(t)
 	server := startHosts(t, 1, nil)[0]
-	srv := serveOn(t, server, DataServerConfig{MaxStreams: 6, MaxPerPeer: 2, MaxPerIP: 4, Idle: time.Second, Stale: 300 * time.Millisecond},
-		m, tr.Dataset, te.Dataset)
+	// Idle is long here, so that no sybil's stream ends on its own while
+	// a loaded machine is still opening the others: only Stale frees a
+	// slot. The manifest loop below has a server with a short Idle.
+	cfg := DataServerConfig{MaxStreams: 6, MaxPerPeer: 2, MaxPerIP: 4, Idle: time.Minute, Stale: 300 * time.Millisecond}
+	srv := serveOn(t, server, cfg, m, tr.Dataset, te.Dataset)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	manifest := append([]byte{opManifest}, func() []byte { id, _ := data.ParseID(m.ID()); return id[:] }()...)
@@ -721,7 +724,11 @@ func TestSybilsCannotLockOutADataServer(t *testing.T) {
 	st.Reset()
 	// Asking for the manifest again and again makes no progress: the
 	// stream ends at Idle all the same.
-	st, _ = rawRequest(t, honest, server.ID(), manifest)
+	cfg.Idle = time.Second
+	idle := startHosts(t, 1, nil)[0]
+	serveOn(t, idle, cfg, m, tr.Dataset, te.Dataset)
+	honest.Peerstore().AddAddrs(idle.ID(), idle.Addrs(), time.Minute)
+	st, _ = rawRequest(t, honest, idle.ID(), manifest)
 	st.SetDeadline(time.Now().Add(5 * time.Second))
 	start := time.Now()
 	br := bufio.NewReader(st)
