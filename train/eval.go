@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/ringtrain/ringtrain/data"
 )
@@ -146,4 +147,80 @@ func (t tally) result() (Result, error) {
 	r.Loss = t.lossSum / float64(r.Samples)
 	r.Accuracy = float64(all) / float64(r.Samples)
 	return r, nil
+}
+
+// validate scores the test set every EvalEvery steps, where the ranks
+// hold the same parameters, and reports it. A peer lost in it fails the
+// step's aftermath as one lost in the in-sync check does.
+func (e *epochRun) validate(ctx context.Context) error {
+	cfg := e.cfg
+	at := e.pos(e.step)
+	if cfg.EvalEvery <= 0 || cfg.Test == nil || at.Steps%cfg.EvalEvery != 0 || e.step >= e.steps || e.r.roundOpen() {
+		return nil
+	}
+	res, err := evaluate(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if cfg.Progress != nil {
+		cfg.Progress(Progress{Epoch: e.at.Epochs, Step: e.step, Steps: e.steps, Validation: true, TestAccuracy: res.Accuracy, TestLoss: res.Loss,
+			WorldSize: e.r.Coll.Size(), Stats: e.r.Stats})
+	}
+	return nil
+}
+
+// end is the epoch's end: the replicas compare hashes and score the test
+// set, the checkpoint is written and progress reported. A peer lost here
+// interrupts the run at the epoch's last position, so that the end runs
+// again in the changed ring.
+func (e *epochRun) end(ctx context.Context, s *Summary) error {
+	r, cfg := e.r, e.cfg
+	at := e.pos(e.step)
+	err := r.CheckInSync(ctx)
+	var res Result
+	if err == nil && cfg.Test != nil {
+		res, err = evaluate(ctx, cfg)
+	}
+	if errors.Is(err, ErrCollective) || errors.Is(err, ErrLiar) {
+		s.Position = at
+		return &Interrupted{At: at, Cause: err}
+	}
+	if err != nil {
+		return fmt.Errorf("train: after epoch %d: %w", at.Epochs+1, err)
+	}
+	if cfg.Test != nil {
+		s.TestLoss, s.TestAccuracy, s.PerClass, s.TestSamples = res.Loss, res.Accuracy, res.PerClass, res.Samples
+		s.EpochAccuracy = append(s.EpochAccuracy, res.Accuracy)
+	}
+	if cfg.Save != nil {
+		if err := cfg.Save(Position{Epochs: at.Epochs + 1, Steps: at.Steps}); err != nil {
+			return err
+		}
+	}
+	if cfg.Progress != nil {
+		elapsed := time.Since(e.start)
+		p := Progress{Epoch: at.Epochs, Step: e.step, Steps: e.steps, SamplesPerSec: float64(e.samples) / elapsed.Seconds(), Elapsed: elapsed,
+			EpochDone: true, WorldSize: r.Coll.Size(), Stats: r.Stats, RankCompute: r.RankCompute(), Stragglers: r.Stragglers()}
+		if e.lossN > 0 {
+			p.Loss = e.lossSum / float64(e.lossN)
+		}
+		p.TestAccuracy, p.TestLoss = s.TestAccuracy, s.TestLoss
+		cfg.Progress(p)
+	}
+	return nil
+}
+
+func evaluate(ctx context.Context, cfg RunConfig) (Result, error) {
+	test := *cfg.Test
+	test.Sampler.World, test.Sampler.Rank = cfg.Replica.Coll.Size(), cfg.Replica.Coll.Rank()
+	e, err := test.Epoch(ctx, 0)
+	if err != nil {
+		return Result{}, err
+	}
+	defer e.Close()
+	res, err := EvaluateSharded(ctx, cfg.Replica.Coll, cfg.Replica.Model, e, cfg.Classes)
+	if err != nil {
+		return res, fmt.Errorf("train: evaluating: %w", err)
+	}
+	return res, nil
 }

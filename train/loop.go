@@ -380,26 +380,6 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 	return e.newcomer()
 }
 
-// validate scores the test set every EvalEvery steps, where the ranks
-// hold the same parameters, and reports it. A peer lost in it fails the
-// step's aftermath as one lost in the in-sync check does.
-func (e *epochRun) validate(ctx context.Context) error {
-	cfg := e.cfg
-	at := e.pos(e.step)
-	if cfg.EvalEvery <= 0 || cfg.Test == nil || at.Steps%cfg.EvalEvery != 0 || e.step >= e.steps || e.r.roundOpen() {
-		return nil
-	}
-	res, err := evaluate(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	if cfg.Progress != nil {
-		cfg.Progress(Progress{Epoch: e.at.Epochs, Step: e.step, Steps: e.steps, Validation: true, TestAccuracy: res.Accuracy, TestLoss: res.Loss,
-			WorldSize: e.r.Coll.Size(), Stats: e.r.Stats})
-	}
-	return nil
-}
-
 // errEpochEnd ends an epoch part early on a rank that was behind when its
 // last outer round closed (LocalSGD with a Deadline).
 var errEpochEnd = errors.New("train: the epoch's last outer round has closed")
@@ -429,65 +409,9 @@ func (e *epochRun) newcomer() error {
 	return nil
 }
 
-// end is the epoch's end: the replicas compare hashes and score the test
-// set, the checkpoint is written and progress reported. A peer lost here
-// interrupts the run at the epoch's last position, so that the end runs
-// again in the changed ring.
-func (e *epochRun) end(ctx context.Context, s *Summary) error {
-	r, cfg := e.r, e.cfg
-	at := e.pos(e.step)
-	err := r.CheckInSync(ctx)
-	var res Result
-	if err == nil && cfg.Test != nil {
-		res, err = evaluate(ctx, cfg)
-	}
-	if errors.Is(err, ErrCollective) || errors.Is(err, ErrLiar) {
-		s.Position = at
-		return &Interrupted{At: at, Cause: err}
-	}
-	if err != nil {
-		return fmt.Errorf("train: after epoch %d: %w", at.Epochs+1, err)
-	}
-	if cfg.Test != nil {
-		s.TestLoss, s.TestAccuracy, s.PerClass, s.TestSamples = res.Loss, res.Accuracy, res.PerClass, res.Samples
-		s.EpochAccuracy = append(s.EpochAccuracy, res.Accuracy)
-	}
-	if cfg.Save != nil {
-		if err := cfg.Save(Position{Epochs: at.Epochs + 1, Steps: at.Steps}); err != nil {
-			return err
-		}
-	}
-	if cfg.Progress != nil {
-		elapsed := time.Since(e.start)
-		p := Progress{Epoch: at.Epochs, Step: e.step, Steps: e.steps, SamplesPerSec: float64(e.samples) / elapsed.Seconds(), Elapsed: elapsed,
-			EpochDone: true, WorldSize: r.Coll.Size(), Stats: r.Stats, RankCompute: r.RankCompute(), Stragglers: r.Stragglers()}
-		if e.lossN > 0 {
-			p.Loss = e.lossSum / float64(e.lossN)
-		}
-		p.TestAccuracy, p.TestLoss = s.TestAccuracy, s.TestLoss
-		cfg.Progress(p)
-	}
-	return nil
-}
-
 // roundOpen reports whether a LocalSGD round is under way whose state
 // is no checkpoint (Sync.roundOpen).
 func (r *Replica) roundOpen() bool { return r.sync().roundOpen() }
-
-func evaluate(ctx context.Context, cfg RunConfig) (Result, error) {
-	test := *cfg.Test
-	test.Sampler.World, test.Sampler.Rank = cfg.Replica.Coll.Size(), cfg.Replica.Coll.Rank()
-	e, err := test.Epoch(ctx, 0)
-	if err != nil {
-		return Result{}, err
-	}
-	defer e.Close()
-	res, err := EvaluateSharded(ctx, cfg.Replica.Coll, cfg.Replica.Model, e, cfg.Classes)
-	if err != nil {
-		return res, fmt.Errorf("train: evaluating: %w", err)
-	}
-	return res, nil
-}
 
 // SyncParams makes every replica start from rank 0's parameters.
 func (r *Replica) SyncParams(ctx context.Context) error {

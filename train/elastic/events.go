@@ -164,16 +164,16 @@ func ownCheckpoint(path string, epochs int, rep *train.Replica) (*train.Checkpoi
 func (j *Job) change(ctx context.Context, ev event, ranks []int, at train.Position, cause error) (train.Position, error) {
 	for {
 		var err error
-		if ev == newcomer {
-			var grown bool
-			if grown, err = j.grow(ctx, at); err == nil && !grown {
-				return at, nil
-			}
-		} else {
+		if ev != newcomer {
 			if err := j.budget.spend(cause); err != nil {
 				return at, err
 			}
 			err = j.reform(ctx, ev, ranks, at, cause)
+		} else {
+			var grown bool
+			if grown, err = j.grow(ctx, at); err == nil && !grown {
+				return at, nil
+			}
 		}
 		pos := at
 		if err == nil {
