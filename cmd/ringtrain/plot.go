@@ -233,29 +233,7 @@ func drawCurves(ranks map[int]*curves, name func(int) string, out string) error 
 		ps[i].Title.Text, ps[i].X.Label.Text = titles[i][0], titles[i][1]
 		ps[i].Add(plotter.NewGrid())
 	}
-	// Accuracy from a little under the lowest drawn to a little over the
-	// highest: curves that differ by a point stay apart.
-	lo, hi := 1.0, 0.0
-	for _, c := range ranks {
-		for _, xy := range c.acc {
-			lo, hi = min(lo, xy.Y), max(hi, xy.Y)
-		}
-	}
-	ps[1].Y.Min, ps[1].Y.Max = 0, 1
-	bpb, testLoss := false, false
-	for _, c := range ranks {
-		bpb, testLoss = bpb || c.bpb, testLoss || c.testLoss
-	}
-	switch {
-	case bpb: // a language model's: its validation bits per byte by step, from 0
-		ps[1].Title.Text, ps[1].X.Label.Text = "validation bits per byte", "step"
-		ps[1].Y.Max = max(1, hi*1.05)
-	case testLoss: // a job with no classes: its test loss, from 0
-		ps[1].Title.Text = "test loss"
-		ps[1].Y.Max = hi * 1.05
-	case lo <= hi:
-		ps[1].Y.Min, ps[1].Y.Max = max(0, lo-0.02), min(1, hi+0.01)
-	}
+	scoreAxis(ps[1], ranks)
 	ps[0].Legend.Top = true
 	order := make([]int, 0, len(ranks))
 	for r := range ranks {
@@ -289,6 +267,40 @@ func drawCurves(ranks map[int]*curves, name func(int) string, out string) error 
 	for i, p := range ps {
 		p.Draw(canvases[0][i])
 	}
+	return writePNG(img, out)
+}
+
+// scoreAxis titles and bounds the middle plot by what the curves score:
+// test accuracy, a language model's validation bits per byte, or the test
+// loss of a job with no classes.
+func scoreAxis(p *plot.Plot, ranks map[int]*curves) {
+	// Accuracy from a little under the lowest drawn to a little over the
+	// highest: curves that differ by a point stay apart.
+	lo, hi := 1.0, 0.0
+	for _, c := range ranks {
+		for _, xy := range c.acc {
+			lo, hi = min(lo, xy.Y), max(hi, xy.Y)
+		}
+	}
+	p.Y.Min, p.Y.Max = 0, 1
+	bpb, testLoss := false, false
+	for _, c := range ranks {
+		bpb, testLoss = bpb || c.bpb, testLoss || c.testLoss
+	}
+	switch {
+	case bpb: // a language model's: its validation bits per byte by step, from 0
+		p.Title.Text, p.X.Label.Text = "validation bits per byte", "step"
+		p.Y.Max = max(1, hi*1.05)
+	case testLoss: // a job with no classes: its test loss, from 0
+		p.Title.Text = "test loss"
+		p.Y.Max = hi * 1.05
+	case lo <= hi:
+		p.Y.Min, p.Y.Max = max(0, lo-0.02), min(1, hi+0.01)
+	}
+}
+
+// writePNG writes img to out whole or not at all.
+func writePNG(img *vgimg.Canvas, out string) error {
 	tmp, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".*")
 	if err != nil {
 		return err
