@@ -149,13 +149,20 @@ func (t tally) result() (Result, error) {
 	return r, nil
 }
 
-// validate scores the test set every EvalEvery steps, where the ranks
-// hold the same parameters, and reports it. A peer lost in it fails the
-// step's aftermath as one lost in the in-sync check does.
+// validate scores the test set once the ranks hold the same parameters
+// again after a multiple of EvalEvery steps — at the multiple itself with
+// a sync every step, at the end of the round it falls in with LocalSGD —
+// and reports it. A peer lost in it fails the step's aftermath as one
+// lost in the in-sync check does.
 func (e *epochRun) validate(ctx context.Context) error {
 	cfg := e.cfg
 	at := e.pos(e.step)
-	if cfg.EvalEvery <= 0 || cfg.Test == nil || at.Steps%cfg.EvalEvery != 0 || e.step >= e.steps || e.r.roundOpen() {
+	if e.r.roundOpen() {
+		return nil
+	}
+	passed := cfg.EvalEvery > 0 && at.Steps/cfg.EvalEvery > e.level/cfg.EvalEvery
+	e.level = at.Steps
+	if !passed || cfg.Test == nil || e.step >= e.steps {
 		return nil
 	}
 	res, err := evaluate(ctx, cfg)

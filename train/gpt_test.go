@@ -243,33 +243,59 @@ func TestGPTInTheRing(t *testing.T) {
 	}
 }
 
-// EvalEvery scores the test set between epochs' ends too, every rank
-// alike, and reports it.
+// EvalEvery scores at its multiples where every step syncs, and at the
+// end of the round a multiple falls in where LocalSGD rounds run (a
+// multiple inside a round used to pass unscored).
 func TestEvalEvery(t *testing.T) {
 	const T, batch = 8, 4
 	corpus := strings.Repeat("to be or not to be, that is the question. ", 20)
-	m, err := NewModel(ModelConfig{Spec: GPTSpec(1, 16, 2, T), Batch: batch, Seed: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	one, err := ring.New(nil, ring.Config{Size: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var validations []Progress
-	rc := RunConfig{Replica: NewReplica(m, NewAdamW(3e-3, 0.1, nil), one), Train: textLoader(t, corpus, T, batch, true),
-		Test: textLoader(t, corpus[:200], T, batch, false), Epochs: 1, Classes: 256, EvalEvery: 5,
-		Progress: func(p Progress) {
-			if p.Validation {
-				validations = append(validations, p)
+	// The corpus gives 23 steps of 4 windows: a round of 3 closes at
+	// steps 3, 6, …, 21 and at the epoch's end, 23, which the epoch's own
+	// scoring covers.
+	for _, tc := range []struct {
+		name  string
+		every int // LocalSGD's round, 0 for a sync every step
+		eval  int
+		want  []int
+	}{
+		{"every step", 0, 5, []int{5, 10, 15, 20}},
+		{"rounds of 3", 3, 2, []int{3, 6, 9, 12, 15, 18, 21}},
+		{"rounds of 3, eval 7", 3, 7, []int{9, 15, 21}},
+		{"rounds of 3, eval 19", 3, 19, []int{21}},
+		{"rounds of 3, eval 22: the epoch's end", 3, 22, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := NewModel(ModelConfig{Spec: GPTSpec(1, 16, 2, T), Batch: batch, Seed: 2})
+			if err != nil {
+				t.Fatal(err)
 			}
-		}}
-	steps := rc.Train.Batches()
-	if _, err := Run(context.Background(), rc); err != nil {
-		t.Fatal(err)
-	}
-	if want := (steps - 1) / 5; len(validations) != want || want == 0 || validations[0].Step != 5 || !(validations[0].TestLoss > 0) {
-		t.Errorf("%d validations in %d steps, the first %+v; want %d, at step 5, with a loss", len(validations), steps, validations, want)
+			one, err := ring.New(nil, ring.Config{Size: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep := NewReplica(m, NewAdamW(3e-3, 0.1, nil), one)
+			if tc.every > 0 {
+				rep = NewLocalReplica(m, &LocalSGD{Inner: NewAdamW(3e-3, 0.1, nil), Every: tc.every, LR: 1}, one)
+			}
+			var at []int
+			rc := RunConfig{Replica: rep, Train: textLoader(t, corpus, T, batch, true),
+				Test: textLoader(t, corpus[:200], T, batch, false), Epochs: 1, Classes: 256, EvalEvery: tc.eval,
+				Progress: func(p Progress) {
+					if p.Validation {
+						if !(p.TestLoss > 0) {
+							t.Errorf("a validation at step %d without a loss", p.Step)
+						}
+						at = append(at, p.Step)
+					}
+				}}
+			steps := rc.Train.Batches()
+			if _, err := Run(context.Background(), rc); err != nil {
+				t.Fatal(err)
+			}
+			if steps != 23 || !slices.Equal(at, tc.want) {
+				t.Errorf("validations at steps %v of %d; want %v of 23", at, steps, tc.want)
+			}
+		})
 	}
 }
 

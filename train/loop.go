@@ -39,8 +39,9 @@ type RunConfig struct {
 	SaveEvery int
 	// EvalEvery, if above 0 with a Test set, scores it every EvalEvery
 	// steps too, not only at every epoch's end — where the ranks hold the
-	// same parameters (not inside a LocalSGD round) — and reports it as a
-	// Progress with Validation set. Every rank must hold the same value:
+	// same parameters: a multiple that falls inside a LocalSGD round is
+	// scored at the round's end — and reports it as a Progress with
+	// Validation set. Every rank must hold the same value:
 	// the scoring is a collective.
 	EvalEvery int
 	// MaxSkips is how many steps in a row may be skipped for non-finite
@@ -184,7 +185,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		if cfg.Schedule != nil {
 			r.Opt.SetLR(cfg.Schedule.LR(at.Epochs))
 		}
-		e := epochRun{cfg: cfg, r: r, at: at, start: time.Now(), skips: &skips}
+		e := epochRun{cfg: cfg, r: r, at: at, start: time.Now(), skips: &skips, level: at.Steps}
 		var err error
 		if at, err = e.train(ctx); err != nil {
 			s.Position = at
@@ -220,6 +221,7 @@ type epochRun struct {
 	lossN   int
 	skips   *int    // steps skipped in a row, across epochs
 	open    [][]int // indices of a LocalSGD round's steps, until it closes
+	level   int     // the step count where the ranks last held the same parameters
 }
 
 // pos is the position after this part's first step steps.
