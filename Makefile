@@ -203,17 +203,22 @@ cuda-test: cuda-fetch
 	$(CUDA_ENV) $(GO) test -c -tags ringtrain_cuda -o $(BIN)/engine-cuda.test ./train/engine
 
 # Everything a GPU host without Go needs for the figures in one folder
-# (binaries stripped and xz'd, Fashion-MNIST, the bench configs and the
-# PyTorch reference): copy bin/gpu there and run `bash gpu-bench.sh OUTDIR`.
+# (binaries stripped and xz'd, Fashion-MNIST, fortunes, the bench configs
+# and the PyTorch references): copy bin/gpu there and run `bash
+# gpu-bench.sh OUTDIR` (the image models) or `bash gpu-gpt.sh OUTDIR` (the
+# GPT).
 TORCH_BENCH ?= ../shared/bench/torch_fmnist_gpu.py
-gpu-pack: cuda-fetch fashion-mnist
+TORCH_GPT ?= ../shared/bench/torch_gpt.py
+gpu-pack: cuda-fetch fashion-mnist fortunes
 	@rm -rf $(BIN)/gpu && mkdir -p $(BIN)/gpu/fmnist
 	$(CUDA_ENV) $(GO) build -tags ringtrain_cuda -ldflags='-s -w' -o $(BIN)/gpu/ringtrain-cuda ./cmd/ringtrain
 	$(CUDA_ENV) $(GO) test -c -tags ringtrain_cuda -ldflags='-s -w' -o $(BIN)/gpu/engine-cuda.test ./train/engine
 	xz -6 -T0 $(BIN)/gpu/ringtrain-cuda $(BIN)/gpu/engine-cuda.test
 	cp $(FASHION)/*.gz $(BIN)/gpu/fmnist/
-	cp testdata/gpu-bench.sh testdata/bench-cnn-1.json testdata/bench-cnn-2.json $(BIN)/gpu/
+	cp testdata/gpu-bench.sh testdata/gpu-gpt.sh testdata/bench-cnn-1.json testdata/bench-cnn-2.json testdata/gpt-quality-job.json $(BIN)/gpu/
+	mkdir -p $(BIN)/gpu/fortunes && find $(FORTUNES) -maxdepth 1 -type f ! -name '*.*' -exec cp {} $(BIN)/gpu/fortunes/ \;
 	@if [ -e $(TORCH_BENCH) ]; then cp $(TORCH_BENCH) $(BIN)/gpu/; else echo "gpu-pack: no $(TORCH_BENCH): the PyTorch side will be skipped"; fi
+	@if [ -e $(TORCH_GPT) ]; then cp $(TORCH_GPT) $(BIN)/gpu/; else echo "gpu-pack: no $(TORCH_GPT): the PyTorch side will be skipped"; fi
 	@du -sh $(BIN)/gpu
 
 # What CI can check without a GPU: the CUDA code and its tests vet and
@@ -399,13 +404,14 @@ bench-gpt-quality: build fortunes
 # 2 peers of batch 16 (torch_gpt.py's batch of 32 in all); synchronous
 # training for 2 epochs, then DiLoCo for 6 — dense and sparse 4-bit with
 # the outer Nesterov step, and sparse 4-bit with a plain average; the
-# validation loss every 200 steps and at each epoch's end; the bytes each
-# sent to reach the synchronous run's final validation loss.
+# validation loss every 200 steps (synchronous) or at every round's end
+# (DiLoCo) and at each epoch's end; the bytes each sent to reach the
+# synchronous run's final validation loss.
 GPT_SLOW := SLOW_MODEL=gpt SLOW_PEERS=2 SLOW_BATCH=16 SLOW_EVAL_EVERY=200 SLOW_LOGS=$(BIN)/slow-logs/gpt
 bench-gpt-slow: build fortunes
 	$(GPT_SLOW) bash testdata/netns-slow.sh $(BIN)/ringtrain none 1 100mbit 2 | tee $(BIN)/slow-gpt.txt
-	$(GPT_SLOW) bash testdata/netns-slow.sh $(BIN)/ringtrain none+h50,none+h50+k5+q4 1 100mbit 6 | tee -a $(BIN)/slow-gpt.txt
-	$(GPT_SLOW) SLOW_OUTER='{"name": "sgd", "lr": 1, "momentum": 0}' \
+	$(GPT_SLOW) SLOW_EVAL_EVERY=50 bash testdata/netns-slow.sh $(BIN)/ringtrain none+h50,none+h50+k5+q4 1 100mbit 6 | tee -a $(BIN)/slow-gpt.txt
+	$(GPT_SLOW) SLOW_EVAL_EVERY=50 SLOW_OUTER='{"name": "sgd", "lr": 1, "momentum": 0}' \
 	  bash testdata/netns-slow.sh $(BIN)/ringtrain none+h50+k5+q4 1 100mbit 6 | tee -a $(BIN)/slow-gpt.txt
 	python3 testdata/slow-gpt-summary.py < $(BIN)/slow-gpt.txt
 

@@ -20,10 +20,13 @@ package engine
 // typedef int (*blasGetVersion)(void *, int *);
 // typedef int (*blasSgemm)(void *, int, int, int, int, int, const float *, const float *, int,
 //                          const float *, int, const float *, float *, int);
+// typedef int (*blasSgemmStrided)(void *, int, int, int, int, int, const float *, const float *, int, long long,
+//                                 const float *, int, long long, const float *, float *, int, long long, int);
 // typedef struct {
 //   void *lib, *h;
 //   blasDestroy destroy;
 //   blasSgemm sgemm;
+//   blasSgemmStrided sgemmStrided;
 // } blas;
 //
 // // rt_blas_open loads path (after lt, cuBLASLt, which it needs, when given)
@@ -40,7 +43,8 @@ package engine
 //   blasGetVersion getVersion = (blasGetVersion)dlsym(b->lib, "cublasGetVersion_v2");
 //   b->destroy = (blasDestroy)dlsym(b->lib, "cublasDestroy_v2");
 //   b->sgemm = (blasSgemm)dlsym(b->lib, "cublasSgemm_v2");
-//   if (!create || !setStream || !setMath || !b->destroy || !b->sgemm || !getVersion) { dlclose(b->lib); return -2; }
+//   b->sgemmStrided = (blasSgemmStrided)dlsym(b->lib, "cublasSgemmStridedBatched");
+//   if (!create || !setStream || !setMath || !b->destroy || !b->sgemm || !b->sgemmStrided || !getVersion) { dlclose(b->lib); return -2; }
 //   int r = create(&b->h);
 //   if (r) { dlclose(b->lib); return r; }
 //   getVersion(b->h, version);
@@ -54,6 +58,10 @@ package engine
 // static int rt_sgemm(blas *b, int ta, int tb, int m, int n, int k, CUdeviceptr a, int lda, CUdeviceptr bb, int ldb, float beta, CUdeviceptr c, int ldc) {
 //   float one = 1.f;
 //   return b->sgemm(b->h, ta, tb, m, n, k, &one, (const float *)a, lda, (const float *)bb, ldb, &beta, (float *)c, ldc);
+// }
+// static int rt_sgemm_strided(blas *b, int ta, int tb, int m, int n, int k, float alpha, CUdeviceptr a, int lda, long long sa,
+//                             CUdeviceptr bb, int ldb, long long sb, float beta, CUdeviceptr c, int ldc, long long sc, int batch) {
+//   return b->sgemmStrided(b->h, ta, tb, m, n, k, &alpha, (const float *)a, lda, sa, (const float *)bb, ldb, sb, &beta, (float *)c, ldc, sc, batch);
 // }
 //
 // // rt_launch launches f on s with n 64-bit arguments (the kernels take
@@ -441,6 +449,26 @@ func (c *CUDA) Gemm(transA, transB bool, m, n, k int, a, b Buf, beta float32, ou
 	})
 }
 
+// GemmStrided is Gemm's swap for a batch: cuBLAS's strided batched SGEMM
+// computes every Cᵢᵀ = Bᵢᵀ·Aᵢᵀ in one launch.
+func (c *CUDA) GemmStrided(transA, transB bool, m, n, k int, alpha float32, a Buf, lda, strideA int, b Buf, ldb, strideB int,
+	beta float32, out Buf, ldc, strideC int, batch int) error {
+	op := func(t bool) C.int {
+		if t {
+			return 1 // CUBLAS_OP_T
+		}
+		return 0
+	}
+	return c.on(func() error {
+		if r := C.rt_sgemm_strided(&c.bl, op(transB), op(transA), C.int(n), C.int(m), C.int(k), C.float(alpha),
+			dev(b).p, C.int(ldb), C.longlong(strideB), dev(a).p, C.int(lda), C.longlong(strideA),
+			C.float(beta), dev(out).p, C.int(ldc), C.longlong(strideC), C.int(batch)); r != 0 {
+			return fmt.Errorf("engine: cuBLAS strided batched sgemm (%d of %d×%d×%d): status %d", batch, m, n, k, int(r))
+		}
+		return nil
+	})
+}
+
 // launch queues kernel name over n threads (grid blocks of block threads
 // when grid is given) with the given arguments, each widened to a 64-bit
 // word.
@@ -528,6 +556,51 @@ func (c *CUDA) SGD(p, g, v, hyper, skip Buf) error {
 
 func (c *CUDA) Adam(p, g, m, v, hyper, skip Buf) error {
 	return c.over("adam", p.Len(), p, g, m, v, hyper, skip, p.Len())
+}
+
+func (c *CUDA) Embed(tok, table, pos, y Buf, rows, T, dim int) error {
+	return c.over("embed", rows*dim, tok, table, pos, y, rows, T, dim)
+}
+
+func (c *CUDA) EmbedGrad(tok, dy, dTable, dPos Buf, rows, T, dim int) error {
+	if err := c.over("embed_grad", dTable.Len(), tok, dy, dTable, dTable.Len(), rows, dim); err != nil {
+		return err
+	}
+	return c.over("pos_grad", T*dim, dy, dPos, rows, T, dim)
+}
+
+func (c *CUDA) LayerNorm(x, g, b, y, stats Buf, rows, dim int) error {
+	return c.over("layer_norm", rows, x, g, b, y, stats, rows, dim)
+}
+
+func (c *CUDA) LayerNormBackward(x, g, stats, dy, dx Buf, rows, dim int) error {
+	return c.over("layer_norm_backward", rows, x, g, stats, dy, dx, rows, dim)
+}
+
+func (c *CUDA) LayerNormParamGrad(x, stats, dy, dg, db Buf, rows, dim int) error {
+	return c.over("layer_norm_param_grad", dim, x, stats, dy, dg, db, rows, dim)
+}
+
+func (c *CUDA) GELU(x, y Buf) error { return c.over("gelu", x.Len(), x, y, x.Len()) }
+
+func (c *CUDA) GELUBackward(x, dy, dx Buf) error {
+	return c.over("gelu_backward", x.Len(), x, dy, dx, x.Len())
+}
+
+func (c *CUDA) CausalSoftmax(s Buf, rows, T int) error {
+	return c.over("causal_softmax", rows, s, rows, T)
+}
+
+func (c *CUDA) CausalSoftmaxBackward(p, dp Buf, rows, T int) error {
+	return c.over("causal_softmax_backward", rows, p, dp, rows, T)
+}
+
+func (c *CUDA) Add(a, b, y Buf) error { return c.over("add", y.Len(), a, b, y, y.Len()) }
+
+func (c *CUDA) Accumulate(y, x Buf) error { return c.over("accumulate", y.Len(), y, x, y.Len()) }
+
+func (c *CUDA) Scale(p, hyper Buf, at int, skip Buf) error {
+	return c.over("scale", p.Len(), p, hyper, at, skip, p.Len())
 }
 
 // Close frees every buffer, graph and page, cuBLAS, the kernels and the

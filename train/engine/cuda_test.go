@@ -97,6 +97,14 @@ func TestCUDAKernelsMatchTheirTwins(t *testing.T) {
 		}
 		return v
 	}
+	toks := make([]float32, 12)
+	for i := range toks {
+		toks[i] = float32(rng.IntN(11))
+	}
+	stats := make([]float32, 24)
+	for r := range 12 {
+		stats[2*r], stats[2*r+1] = float32(rng.NormFloat64()), 0.5+float32(rng.Float64())
+	}
 	for _, tc := range []struct {
 		name  string
 		ins   [][]float32
@@ -136,6 +144,37 @@ func TestCUDAKernelsMatchTheirTwins(t *testing.T) {
 			func(o Ops, b []Buf) error { return o.SGD(b[0], b[1], b[2], b[3], b[4]) }, true},
 		{"adam", [][]float32{randn(rng, n), randn(rng, n), randn(rng, n), absv(randn(rng, n)), hyperAdam, {0}}, []int{0, 2, 3},
 			func(o Ops, b []Buf) error { return o.Adam(b[0], b[1], b[2], b[3], b[4], b[5]) }, true},
+		{"embed", [][]float32{toks, randn(rng, 11*6), randn(rng, 4*6), make([]float32, 12*6)}, []int{3},
+			func(o Ops, b []Buf) error { return o.Embed(b[0], b[1], b[2], b[3], 12, 4, 6) }, true},
+		{"embed_grad", [][]float32{toks, randn(rng, 12*6), make([]float32, 11*6), make([]float32, 4*6)}, []int{2, 3},
+			func(o Ops, b []Buf) error { return o.EmbedGrad(b[0], b[1], b[2], b[3], 12, 4, 6) }, true},
+		{"layer_norm", [][]float32{randn(rng, 12*20), randn(rng, 20), randn(rng, 20), make([]float32, 12*20), make([]float32, 24)}, []int{3, 4},
+			func(o Ops, b []Buf) error { return o.LayerNorm(b[0], b[1], b[2], b[3], b[4], 12, 20) }, false},
+		{"layer_norm_backward", [][]float32{randn(rng, 12*20), randn(rng, 20), stats, randn(rng, 12*20), make([]float32, 12*20)}, []int{4},
+			func(o Ops, b []Buf) error { return o.LayerNormBackward(b[0], b[1], b[2], b[3], b[4], 12, 20) }, false},
+		{"layer_norm_param_grad", [][]float32{randn(rng, 12*20), stats, randn(rng, 12*20), make([]float32, 20), make([]float32, 20)}, []int{3, 4},
+			func(o Ops, b []Buf) error { return o.LayerNormParamGrad(b[0], b[1], b[2], b[3], b[4], 12, 20) }, false},
+		{"gelu", [][]float32{randn(rng, n), make([]float32, n)}, []int{1},
+			func(o Ops, b []Buf) error { return o.GELU(b[0], b[1]) }, false},
+		{"gelu_backward", [][]float32{randn(rng, n), randn(rng, n), make([]float32, n)}, []int{2},
+			func(o Ops, b []Buf) error { return o.GELUBackward(b[0], b[1], b[2]) }, false},
+		{"causal_softmax", [][]float32{randn(rng, 3*8*8)}, []int{0},
+			func(o Ops, b []Buf) error { return o.CausalSoftmax(b[0], 3*8, 8) }, false},
+		{"causal_softmax_backward", [][]float32{absv(randn(rng, 3*8*8)), randn(rng, 3*8*8)}, []int{1},
+			func(o Ops, b []Buf) error { return o.CausalSoftmaxBackward(b[0], b[1], 3*8, 8) }, true},
+		{"add", [][]float32{randn(rng, n), randn(rng, n), make([]float32, n)}, []int{2},
+			func(o Ops, b []Buf) error { return o.Add(b[0], b[1], b[2]) }, true},
+		{"accumulate", [][]float32{randn(rng, n), randn(rng, n)}, []int{0},
+			func(o Ops, b []Buf) error { return o.Accumulate(b[0], b[1]) }, true},
+		{"scale", [][]float32{randn(rng, n), {0, 0, 0, 0, 0, 0, 0.97, 0}, {0}}, []int{0},
+			func(o Ops, b []Buf) error { return o.Scale(b[0], b[1], hyperKeep, b[2]) }, true},
+		{"scale skipped", [][]float32{randn(rng, n), {0, 0, 0, 0, 0, 0, 0.97, 0}, {1}}, []int{0},
+			func(o Ops, b []Buf) error { return o.Scale(b[0], b[1], hyperKeep, b[2]) }, true},
+		{"gemm_strided", [][]float32{randn(rng, 3*8*24), randn(rng, 3*8*24), make([]float32, 3*2*8*8)}, []int{2},
+			func(o Ops, b []Buf) error {
+				at := func(x Buf, off int) Buf { return o.Slice(x, off, x.Len()-off) }
+				return o.GemmStrided(false, true, 8, 8, 4, 0.5, at(b[0], 4), 24, 8*24, at(b[1], 12), 24, 8*24, 0, at(b[2], 64), 8, 2*64, 3)
+			}, false},
 		{"gemm", [][]float32{randn(rng, 37*53), randn(rng, 53*29), randn(rng, 37*29)}, []int{2},
 			func(o Ops, b []Buf) error { return o.Gemm(false, false, 37, 29, 53, b[0], b[1], 0, b[2]) }, false},
 		{"gemm tt beta", [][]float32{randn(rng, 53*37), randn(rng, 29*53), randn(rng, 37*29)}, []int{2},
@@ -189,14 +228,25 @@ func trainCNN(t *testing.T, ops Ops, size int, graph bool) ([][]float32, []float
 	return clone(net.Params()), losses
 }
 
-// TestCUDATrainingIsDeterministicAndMatchesHost: the cnn trained on the GPU
-// gives the same bits whether each step is replayed from a graph or run
-// call by call, on a ring of one or through the flat buffer, and run after
-// run; and it stays within float32 noise of the Host engine.
+// TestCUDATrainingIsDeterministicAndMatchesHost: the cnn (Adam) and a
+// 2-block GPT (embedding, layernorm, attention by strided batched
+// products, GELU, residual adds; AdamW) trained on the GPU give the same
+// bits whether each step is replayed from a graph or run call by call, on
+// a ring of one or through the flat buffer, and run after run; and they
+// stay within float32 noise of the Host engine.
 func TestCUDATrainingIsDeterministicAndMatchesHost(t *testing.T) {
+	for _, m := range []struct {
+		name  string
+		train func(*testing.T, Ops, int, bool) ([][]float32, []float32)
+	}{{"cnn", trainCNN}, {"gpt", trainGPT}} {
+		t.Run(m.name, func(t *testing.T) { deterministicAndNearHost(t, m.train) })
+	}
+}
+
+func deterministicAndNearHost(t *testing.T, trainOn func(*testing.T, Ops, int, bool) ([][]float32, []float32)) {
 	run := func(size int, graph bool) ([][]float32, []float32) {
 		c := newCUDAOrSkip(t)
-		return trainCNN(t, c, size, graph)
+		return trainOn(t, c, size, graph)
 	}
 	ref, refLoss := run(1, true)
 	for _, tc := range []struct {
@@ -217,7 +267,7 @@ func TestCUDATrainingIsDeterministicAndMatchesHost(t *testing.T) {
 	// Against Host, float32 noise: Adam divides each gradient by its own
 	// size, so where a gradient is near 0 the noise can flip an update's
 	// sign — up to 2·lr per step, 6 steps here — while the losses agree.
-	host, hostLoss := trainCNN(t, Host{}, 1, true)
+	host, hostLoss := trainOn(t, Host{}, 1, true)
 	for i := range host {
 		worst := 0.0
 		for j := range host[i] {
@@ -235,13 +285,15 @@ func TestCUDATrainingIsDeterministicAndMatchesHost(t *testing.T) {
 	t.Logf("losses: GPU %v, Host %v", refLoss, hostLoss)
 }
 
-// TestCUDAOutOfMemory: a batch that cannot fit says so, with the sizes.
+// TestCUDAOutOfMemory: a batch that cannot fit says so, with the sizes:
+// a GPT of context 4096 at batch 1024, whose attention keeps 2^36
+// probabilities (256 GiB), while each layer's output stays inside the
+// spec's bound on values.
 func TestCUDAOutOfMemory(t *testing.T) {
 	c := newCUDAOrSkip(t)
-	cnn, _ := train.BuiltinSpec("cnn", 1, 28, 28, 10)
-	_, err := New(c, train.ModelConfig{Spec: cnn, Batch: 1 << 20, Seed: 1})
+	_, err := New(c, train.ModelConfig{Spec: train.GPTSpec(1, 128, 4, 4096), Batch: 1024, Seed: 1})
 	if !errors.Is(err, ErrOutOfMemory) {
-		t.Fatalf("New with batch 2^20 = %v; want ErrOutOfMemory", err)
+		t.Fatalf("New of a GPT needing 256 GiB = %v; want ErrOutOfMemory", err)
 	}
 	t.Log(err)
 }

@@ -1,7 +1,9 @@
 // Package engine is ringtrain's own small compute engine for the layers of
 // the built-in models — linear, conv2d (im2col + GEMM over the whole
-// batch), maxpool2d, ReLU, flatten — softmax cross-entropy, and the SGD and
-// Adam updates. It exists for the GPU: gorgonia's CUDA engine needs cuDNN,
+// batch), maxpool2d, ReLU, flatten — and of the byte-level GPT — the
+// embedding of tokens and positions, layernorm, causal multi-head
+// attention (strided batched GEMMs per head), GELU and residual adds —
+// softmax cross-entropy, and the SGD, Adam and AdamW updates. It exists for the GPU: gorgonia's CUDA engine needs cuDNN,
 // which cannot be had here, so the CUDA path is this engine on the CUDA
 // driver API (gorgonia.org/cu for the device and context) and cuBLAS
 // (opened at run time; build tag ringtrain_cuda), with its kernels
@@ -14,8 +16,8 @@
 // body the CUDA kernel has (threads.go mirrors ptx/kernels.cu line for
 // line), so the index arithmetic and the rounding the GPU will run are the
 // ones the tests check here. Net with Host is tested against the gorgonia
-// model's loss and gradients, and Optimizer against train.SGD and
-// train.Adam bit for bit.
+// model's loss and gradients, and Optimizer against train.SGD,
+// train.Adam and train.AdamW bit for bit.
 //
 // Net keeps its parameters, and Optimizer its state, in device memory,
 // allocated once when they are built. A step queues its calls on one

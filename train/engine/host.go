@@ -170,3 +170,113 @@ func (Host) Adam(p, g, m, v, hyper, skip Buf) error {
 	}
 	return nil
 }
+
+// GemmStrided runs the batch's products one after another.
+func (h Host) GemmStrided(transA, transB bool, m, n, k int, alpha float32, a Buf, lda, strideA int, b Buf, ldb, strideB int,
+	beta float32, c Buf, ldc, strideC int, batch int) error {
+	ta, tb, _, _ := gemmArgs(transA, transB, m, n, k)
+	as, bs, cs := f32(a), f32(b), f32(c)
+	for i := range batch {
+		a, b, c := as[i*strideA:], bs[i*strideB:], cs[i*strideC:]
+		if h.BLAS != nil {
+			h.BLAS.Sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+		} else {
+			blas32.Implementation().Sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+		}
+	}
+	return nil
+}
+
+func (Host) Embed(tok, table, pos, y Buf, rows, T, dim int) error {
+	ts, tb, ps, ys := f32(tok), f32(table), f32(pos), f32(y)
+	for i := range rows * dim {
+		embedThread(i, ts, tb, ps, ys, T, dim)
+	}
+	return nil
+}
+
+func (Host) EmbedGrad(tok, dy, dTable, dPos Buf, rows, T, dim int) error {
+	ts, ds, dt, dp := f32(tok), f32(dy), f32(dTable), f32(dPos)
+	for i := range len(dt) {
+		embedGradThread(i, ts, ds, dt, rows, dim)
+	}
+	for i := range T * dim {
+		posGradThread(i, ds, dp, rows, T, dim)
+	}
+	return nil
+}
+
+func (Host) LayerNorm(x, g, b, y, stats Buf, rows, dim int) error {
+	for r := range rows {
+		layerNormThread(r, f32(x), f32(g), f32(b), f32(y), f32(stats), dim)
+	}
+	return nil
+}
+
+func (Host) LayerNormBackward(x, g, stats, dy, dx Buf, rows, dim int) error {
+	for r := range rows {
+		layerNormBackwardThread(r, f32(x), f32(g), f32(stats), f32(dy), f32(dx), dim)
+	}
+	return nil
+}
+
+func (Host) LayerNormParamGrad(x, stats, dy, dg, db Buf, rows, dim int) error {
+	for j := range dim {
+		layerNormParamGradThread(j, f32(x), f32(stats), f32(dy), f32(dg), f32(db), rows, dim)
+	}
+	return nil
+}
+
+func (Host) GELU(x, y Buf) error {
+	xs, ys := f32(x), f32(y)
+	for i := range xs {
+		geluThread(i, xs, ys)
+	}
+	return nil
+}
+
+func (Host) GELUBackward(x, dy, dx Buf) error {
+	xs, dys, dxs := f32(x), f32(dy), f32(dx)
+	for i := range xs {
+		geluBackwardThread(i, xs, dys, dxs)
+	}
+	return nil
+}
+
+func (Host) CausalSoftmax(s Buf, rows, T int) error {
+	for r := range rows {
+		causalSoftmaxThread(r, f32(s), T)
+	}
+	return nil
+}
+
+func (Host) CausalSoftmaxBackward(p, dp Buf, rows, T int) error {
+	for r := range rows {
+		causalSoftmaxBackwardThread(r, f32(p), f32(dp), T)
+	}
+	return nil
+}
+
+func (Host) Add(a, b, y Buf) error {
+	as, bs, ys := f32(a), f32(b), f32(y)
+	for i := range ys {
+		addThread(i, as, bs, ys)
+	}
+	return nil
+}
+
+func (Host) Accumulate(y, x Buf) error {
+	ys, xs := f32(y), f32(x)
+	for i := range ys {
+		accumulateThread(i, ys, xs)
+	}
+	return nil
+}
+
+func (Host) Scale(p, hyper Buf, at int, skip Buf) error {
+	ps, hs, ss := f32(p), f32(hyper), f32(skip)
+	for i := range ps {
+		scaleThread(i, ps, hs, ss, at)
+	}
+	return nil
+}

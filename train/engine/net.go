@@ -24,6 +24,19 @@ type layer struct {
 	conv    Conv // conv2d
 	pool    Pool // maxpool2d, per sample (Planes = channels)
 	outC    int  // conv2d: output channels
+	// A language model's activations are rows of one position each: rows
+	// per sample (1 for the image models), inW and outW values a row.
+	rows, inW, outW int
+	heads           int // attention
+	save            int // the saved activation this layer's output is (index into saves), or -1
+	from            int // add: the saved activation it adds, or -1
+}
+
+// saved is an activation a later add reads: its buffer, and the sum of
+// the gradients the adds send back to it.
+type saved struct {
+	act  int // index into acts
+	grad Buf
 }
 
 // Net is a model of linear, conv2d, maxpool2d, relu and flatten layers run
@@ -62,13 +75,19 @@ type Net struct {
 	dGrads  []Buf
 	acts    []Buf // acts[i] is layer i's input; the last, the logits
 	dActs   []Buf // gradients of the loss by acts
-	cols    []Buf // per layer: a conv's im2col of its input, kept for backward
-	dCol    Buf   // the largest conv's
-	tmp     Buf   // the largest conv's channel-major output or gradient
-	labels  Buf
-	dLoss   Buf // per-row losses
-	flags   Buf // [0]: the gradients hold a NaN or Inf; [1]: always 0; [2]: the averaged ones do
-	hyper   Buf // the optimizer's hyperparameters
+	saves   []saved
+	stats   []Buf // per layer: a layernorm's means and 1/σ, an attention's probabilities
+	dProbs  Buf   // the largest attention's probabilities' gradient
+	// positions is the labels a sample has: 1, or a language model's
+	// positions (then its first layer is an embedding of tokens, vocab).
+	positions, vocab int
+	cols             []Buf // per layer: a conv's im2col of its input, kept for backward
+	dCol             Buf   // the largest conv's
+	tmp              Buf   // the largest conv's channel-major output or gradient
+	labels           Buf
+	dLoss            Buf // per-row losses
+	flags            Buf // [0]: the gradients hold a NaN or Inf; [1]: always 0; [2]: the averaged ones do
+	hyper            Buf // the optimizer's hyperparameters
 
 	xPin, yPin, lossPin, flagPin, hyperPin []float32 // page-locked staging
 	flatPin                                []float32 // the replica's flat buffer
@@ -141,33 +160,71 @@ func New(ops Ops, cfg train.ModelConfig) (_ *Net, err error) {
 	if err != nil {
 		return nil, err
 	}
-	size := func(s []int) int {
-		v := 1
-		for _, d := range s {
-			v *= d
-		}
-		return v
+	last := shapes[len(shapes)-1]
+	n := &Net{ops: ops, batch: cfg.Batch, inputs: size(cfg.Spec.Input), classes: last[len(last)-1]}
+	n.positions = size(last) / n.classes
+	if err := n.layout(cfg.Spec, shapes, init); err != nil {
+		return nil, err
 	}
-	n := &Net{ops: ops, batch: cfg.Batch, classes: shapes[len(shapes)-1][0], inputs: size(cfg.Spec.Input)}
-	in := cfg.Spec.Input
-	maxCol, maxTmp := 0, 0
-	for i, l := range cfg.Spec.Layers {
-		ly := layer{kind: l.Type, in: size(in), out: size(shapes[i]), w: -1, b: -1}
+	if err := n.allocate(); err != nil {
+		return nil, err
+	}
+	n.logits = make([]float32, n.batch*n.positions*n.classes)
+	n.hostOK, n.Graph = true, true
+	if err := n.ensureDevice(); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// size is the number of values of a shape.
+func size(s []int) int {
+	v := 1
+	for _, d := range s {
+		v *= d
+	}
+	return v
+}
+
+// layout plans the layers of spec, whose outputs have shapes, and takes
+// their parameters from init.
+func (n *Net) layout(spec train.Spec, shapes [][]int, init []train.Param) error {
+	in := spec.Input
+	savedAs := map[string]int{}
+	for i, l := range spec.Layers {
+		ly := layer{kind: l.Type, in: size(in), out: size(shapes[i]), w: -1, b: -1, rows: 1, save: -1, from: -1}
+		if len(in) == 2 { // rows of positions
+			ly.rows = in[0]
+		}
+		ly.inW, ly.outW = ly.in/ly.rows, ly.out/ly.rows
 		switch l.Type {
-		case train.LayerLinear:
+		case train.LayerLinear, train.LayerLayerNorm:
 			ly.w, ly.b = len(n.params), len(n.params)+1
+		case train.LayerEmbedding:
+			if i > 0 {
+				return fmt.Errorf("engine: layer %d (embedding): %w; an embedding comes first", i, ErrUnsupported)
+			}
+			ly.w, ly.b, ly.rows, ly.outW = len(n.params), len(n.params)+1, in[0], shapes[i][1]
+			n.vocab = len(init[ly.w].Data) / ly.outW
 		case train.LayerConv2D:
 			ly.w, ly.b = len(n.params), len(n.params)+1
 			ly.conv = NewConv(in[0], in[1], in[2], l.Kernel, l.Pad)
 			ly.outC = l.Out
-			maxCol = max(maxCol, ly.conv.ColRows()*ly.conv.ColCols())
-			maxTmp = max(maxTmp, ly.outC*ly.conv.ColCols())
 		case train.LayerMaxPool2D:
 			ly.pool = NewPool(in[0], in[1], in[2], l.Kernel)
-		case train.LayerReLU, train.LayerFlatten:
+		case train.LayerAttention:
+			ly.heads = l.Heads
+		case train.LayerAdd:
+			ly.from = savedAs[l.From]
+		case train.LayerReLU, train.LayerFlatten, train.LayerGELU:
 		default:
-			return nil, fmt.Errorf("engine: layer %d (%s): %w; this engine has linear, conv2d, maxpool2d, relu and flatten (use the cpu device)",
-				i, l.Type, ErrUnsupported)
+			return fmt.Errorf("engine: layer %d (%s): %w; this engine has linear, conv2d, maxpool2d, relu, flatten, "+
+				"embedding, layernorm, attention, gelu and add (use the cpu device)", i, l.Type, ErrUnsupported)
+		}
+		if l.Save != "" {
+			ly.save = len(n.saves)
+			savedAs[l.Save] = ly.save
+			n.saves = append(n.saves, saved{act: i + 1})
 		}
 		if ly.w >= 0 {
 			for _, p := range init[ly.w : ly.w+2] {
@@ -180,8 +237,12 @@ func New(ops Ops, cfg train.ModelConfig) (_ *Net, err error) {
 		n.layers = append(n.layers, ly)
 		in = shapes[i]
 	}
+	return nil
+}
 
-	// Plan the arena, then allocate it in one piece.
+// allocate plans the arena of every buffer a step uses, then allocates it
+// in one piece, and the page-locked staging beside it.
+func (n *Net) allocate() error {
 	var plan []int
 	want := func(size int) int {
 		plan = append(plan, size)
@@ -189,30 +250,46 @@ func New(ops Ops, cfg train.ModelConfig) (_ *Net, err error) {
 	}
 	iParam, iGrad := want(n.nparams), want(n.nparams)
 	iAct, iDAct := []int{want(n.batch * n.inputs)}, []int{want(n.batch * n.inputs)}
-	iCol := make([]int, len(n.layers))
+	iCol, iStats, iSave := make([]int, len(n.layers)), make([]int, len(n.layers)), make([]int, len(n.saves))
+	maxCol, maxTmp, maxProbs := 0, 0, 0
 	for k, ly := range n.layers {
-		iCol[k] = -1
-		if ly.kind == train.LayerFlatten { // the same values, seen flat
+		iCol[k], iStats[k] = -1, -1
+		switch ly.kind {
+		case train.LayerFlatten: // the same values, seen flat
 			iAct, iDAct = append(iAct, iAct[len(iAct)-1]), append(iDAct, iDAct[len(iDAct)-1])
 			continue
+		case train.LayerAdd: // its input's gradient is its output's
+			iAct, iDAct = append(iAct, want(n.batch*ly.out)), append(iDAct, iDAct[len(iDAct)-1])
+			continue
+		case train.LayerConv2D:
+			iCol[k] = want(n.batch * ly.conv.ColRows() * ly.conv.ColCols())
+			maxCol = max(maxCol, ly.conv.ColRows()*ly.conv.ColCols())
+			maxTmp = max(maxTmp, ly.outC*ly.conv.ColCols())
+		case train.LayerLayerNorm:
+			iStats[k] = want(2 * n.batch * ly.rows)
+		case train.LayerAttention:
+			iStats[k] = want(n.batch * ly.heads * ly.rows * ly.rows)
+			maxProbs = max(maxProbs, ly.heads*ly.rows*ly.rows)
 		}
 		iAct, iDAct = append(iAct, want(n.batch*ly.out)), append(iDAct, want(n.batch*ly.out))
-		if ly.kind == train.LayerConv2D {
-			iCol[k] = want(n.batch * ly.conv.ColRows() * ly.conv.ColCols())
-		}
 	}
-	iDCol, iTmp := want(n.batch*maxCol), want(n.batch*maxTmp)
-	iLabels, iLoss, iFlags, iHyper := want(n.batch), want(n.batch), want(3), want(8)
+	for k, sv := range n.saves {
+		iSave[k] = want(n.batch * n.layers[sv.act-1].out)
+	}
+	iDCol, iTmp, iDProbs := want(n.batch*maxCol), want(n.batch*maxTmp), want(n.batch*maxProbs)
+	labels := n.batch * n.positions
+	iLabels, iLoss, iFlags, iHyper := want(labels), want(labels), want(3), want(hyperLen)
 	offs := make([]int, len(plan))
 	total := 0
 	for k, s := range plan {
 		offs[k] = total
 		total += (s + align - 1) / align * align
 	}
+	ops := n.ops
 	arena, err := ops.Alloc(total)
 	if err != nil {
 		free, all := ops.Free()
-		return nil, fmt.Errorf("engine: %d parameters at batch %d need %.1f MiB of device memory on %s (%.1f MiB free of %.1f); try a smaller batch: %w: %w",
+		return fmt.Errorf("engine: %d parameters at batch %d need %.1f MiB of device memory on %s (%.1f MiB free of %.1f); try a smaller batch: %w: %w",
 			n.nparams, n.batch, mib(4*int64(total)), ops.Name(), mib(free), mib(all), ErrOutOfMemory, err)
 	}
 	buf := func(k int) Buf {
@@ -231,12 +308,14 @@ func New(ops Ops, cfg train.ModelConfig) (_ *Net, err error) {
 	for k := range iAct {
 		n.acts, n.dActs = append(n.acts, buf(iAct[k])), append(n.dActs, buf(iDAct[k]))
 	}
-	for _, k := range iCol {
-		n.cols = append(n.cols, buf(k))
+	for k := range n.layers {
+		n.cols, n.stats = append(n.cols, buf(iCol[k])), append(n.stats, buf(iStats[k]))
 	}
-	n.dCol, n.tmp = buf(iDCol), buf(iTmp)
+	for k := range n.saves {
+		n.saves[k].grad = buf(iSave[k])
+	}
+	n.dCol, n.tmp, n.dProbs = buf(iDCol), buf(iTmp), buf(iDProbs)
 	n.labels, n.dLoss, n.flags, n.hyper = buf(iLabels), buf(iLoss), buf(iFlags), buf(iHyper)
-
 	pin := func(size int) []float32 {
 		if err != nil {
 			return nil
@@ -245,17 +324,12 @@ func New(ops Ops, cfg train.ModelConfig) (_ *Net, err error) {
 		p, err = ops.Pinned(size)
 		return p
 	}
-	n.xPin, n.yPin, n.lossPin = pin(n.batch*n.inputs), pin(n.batch), pin(n.batch)
-	n.flagPin, n.hyperPin = pin(3), pin(8)
+	n.xPin, n.yPin, n.lossPin = pin(n.batch*n.inputs), pin(labels), pin(labels)
+	n.flagPin, n.hyperPin = pin(3), pin(hyperLen)
 	if err != nil {
-		return nil, fmt.Errorf("engine: page-locked host memory for %s: %w", ops.Name(), err)
+		return fmt.Errorf("engine: page-locked host memory for %s: %w", ops.Name(), err)
 	}
-	n.logits = make([]float32, n.batch*n.classes)
-	n.hostOK, n.Graph = true, true
-	if err := n.ensureDevice(); err != nil {
-		return nil, err
-	}
-	return n, nil
+	return nil
 }
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }
@@ -302,13 +376,20 @@ func (n *Net) begin(x []float32, y []int, rows int) error {
 
 // stage checks a batch and puts it in page-locked memory.
 func (n *Net) stage(x []float32, y []int, rows int) error {
-	if rows < 1 || rows > n.batch || len(x) != rows*n.inputs || len(y) != rows {
-		return fmt.Errorf("engine: batch of %d samples with %d values and %d labels; model takes up to %d samples of %d values",
-			rows, len(x), len(y), n.batch, n.inputs)
+	if rows < 1 || rows > n.batch || len(x) != rows*n.inputs || len(y) != rows*n.positions {
+		return fmt.Errorf("engine: batch of %d samples with %d values and %d labels; model takes up to %d samples of %d values and %d labels",
+			rows, len(x), len(y), n.batch, n.inputs, n.positions)
 	}
 	for i, l := range y {
 		if l < 0 || l >= n.classes {
-			return fmt.Errorf("engine: label %d of sample %d outside [0, %d)", l, i, n.classes)
+			return fmt.Errorf("engine: label %d of sample %d outside [0, %d)", l, i/n.positions, n.classes)
+		}
+	}
+	if n.vocab > 0 {
+		for i, v := range x {
+			if t := int(v); float32(t) != v || t < 0 || t >= n.vocab {
+				return fmt.Errorf("engine: token %v at sample %d position %d; want a whole number in [0, %d)", v, i/n.inputs, i%n.inputs, n.vocab)
+			}
 		}
 	}
 	copy(n.xPin, x)
@@ -330,7 +411,7 @@ func (n *Net) queueForward(rows int) error {
 	}
 	logits := n.acts[len(n.acts)-1]
 	dLogits := n.dActs[len(n.dActs)-1]
-	e.do(n.ops.SoftmaxXent(logits, n.labels, dLogits, n.dLoss, n.batch, rows, n.classes))
+	e.do(n.ops.SoftmaxXent(logits, n.labels, dLogits, n.dLoss, n.batch*n.positions, rows*n.positions, n.classes))
 	e.do(n.ops.DownloadAsync(n.lossPin, n.dLoss))
 	if _, ok := n.ops.(Host); ok {
 		n.forwardEnd = time.Now()
@@ -344,20 +425,32 @@ func (n *Net) ForwardEnd() time.Time { return n.forwardEnd }
 
 func (n *Net) queueBackward() error {
 	var e errs
+	e.do(n.clearSaved())
 	for i := len(n.layers) - 1; i >= 0; i-- {
 		e.do(n.backward(i))
 	}
 	return e.err
 }
 
-// loss is the mean of the first rows losses, summed on the host in row
-// order (the same bits on every device).
+// clearSaved zeroes the gradients the adds send back, before a backward
+// pass sums them.
+func (n *Net) clearSaved() error {
+	for _, sv := range n.saves {
+		if err := n.ops.Zero(sv.grad); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loss is the mean loss of the first rows samples' labels, summed on the
+// host in row order (the same bits on every device).
 func (n *Net) loss(rows int) float32 {
 	sum := float32(0)
-	for _, l := range n.lossPin[:rows] {
+	for _, l := range n.lossPin[:rows*n.positions] {
 		sum += l
 	}
-	return sum / float32(rows)
+	return sum / float32(rows*n.positions)
 }
 
 // ForwardBackward computes the mean loss of the first n samples and its
@@ -483,6 +576,9 @@ func (n *Net) ForwardBackwardLayers(x []float32, y []int, rows int, flat []float
 	if err := n.queueForward(rows); err != nil {
 		return fail(err)
 	}
+	if err := n.clearSaved(); err != nil {
+		return fail(err)
+	}
 	bounds := n.LayerBounds()
 	hi, next := n.nparams, 0
 	for i := len(n.layers) - 1; i >= 0; i-- {
@@ -565,10 +661,20 @@ func (n *Net) forwardLayer(i int) error {
 	ly, x, y, ops := n.layers[i], n.acts[i], n.acts[i+1], n.ops
 	switch ly.kind {
 	case train.LayerLinear:
-		if err := ops.Gemm(false, false, n.batch, ly.out, ly.in, x, n.dParams[ly.w], 0, y); err != nil {
+		if err := ops.Gemm(false, false, n.batch*ly.rows, ly.outW, ly.inW, x, n.dParams[ly.w], 0, y); err != nil {
 			return err
 		}
-		return ops.BiasAdd(y, n.dParams[ly.b], n.batch, ly.out, 1)
+		return ops.BiasAdd(y, n.dParams[ly.b], n.batch*ly.rows, ly.outW, 1)
+	case train.LayerEmbedding:
+		return ops.Embed(x, n.dParams[ly.w], n.dParams[ly.b], y, n.batch*ly.rows, ly.rows, ly.outW)
+	case train.LayerLayerNorm:
+		return ops.LayerNorm(x, n.dParams[ly.w], n.dParams[ly.b], y, n.stats[i], n.batch*ly.rows, ly.inW)
+	case train.LayerAttention:
+		return n.attention(ly, x, n.stats[i], y)
+	case train.LayerGELU:
+		return ops.GELU(x, y)
+	case train.LayerAdd:
+		return ops.Add(x, n.acts[n.saves[ly.from].act], y)
 	case train.LayerConv2D:
 		// One im2col and one GEMM for the whole batch: the GEMM's output is
 		// channel-major (outC × batch·P), turned batch-major with the bias.
@@ -607,12 +713,23 @@ func (n *Net) backward(i int) error {
 // large as the weights' own, which the ring need not wait for.
 func (n *Net) backwardParams(i int) error {
 	ly, x, dy, ops := n.layers[i], n.acts[i], n.dActs[i+1], n.ops
-	switch ly.kind {
-	case train.LayerLinear:
-		if err := ops.Gemm(true, false, ly.in, ly.out, n.batch, x, dy, 0, n.dGrads[ly.w]); err != nil {
+	if ly.save >= 0 { // the adds that read this output add their gradients
+		if err := ops.Accumulate(dy, n.saves[ly.save].grad); err != nil {
 			return err
 		}
-		return ops.BiasGrad(dy, n.dGrads[ly.b], n.batch, ly.out, 1)
+	}
+	switch ly.kind {
+	case train.LayerLinear:
+		if err := ops.Gemm(true, false, ly.inW, ly.outW, n.batch*ly.rows, x, dy, 0, n.dGrads[ly.w]); err != nil {
+			return err
+		}
+		return ops.BiasGrad(dy, n.dGrads[ly.b], n.batch*ly.rows, ly.outW, 1)
+	case train.LayerEmbedding:
+		return ops.EmbedGrad(x, dy, n.dGrads[ly.w], n.dGrads[ly.b], n.batch*ly.rows, ly.rows, ly.outW)
+	case train.LayerLayerNorm:
+		return ops.LayerNormParamGrad(x, n.stats[i], dy, n.dGrads[ly.w], n.dGrads[ly.b], n.batch*ly.rows, ly.inW)
+	case train.LayerAdd:
+		return ops.Accumulate(n.saves[ly.from].grad, dy)
 	case train.LayerConv2D:
 		g, P := ly.conv, ly.conv.ColCols()
 		col := n.cols[i] // forward's im2col of x
@@ -639,7 +756,13 @@ func (n *Net) backwardInput(i int) error {
 	ly, x, dy, dx, ops := n.layers[i], n.acts[i], n.dActs[i+1], n.dActs[i], n.ops
 	switch ly.kind {
 	case train.LayerLinear:
-		return ops.Gemm(false, true, n.batch, ly.in, ly.out, dy, n.dParams[ly.w], 0, dx)
+		return ops.Gemm(false, true, n.batch*ly.rows, ly.inW, ly.outW, dy, n.dParams[ly.w], 0, dx)
+	case train.LayerLayerNorm:
+		return ops.LayerNormBackward(x, n.dParams[ly.w], n.stats[i], dy, dx, n.batch*ly.rows, ly.inW)
+	case train.LayerAttention:
+		return n.attentionBackward(ly, x, n.stats[i], dy, dx)
+	case train.LayerGELU:
+		return ops.GELUBackward(x, dy, dx)
 	case train.LayerConv2D:
 		g, P := ly.conv, ly.conv.ColCols()
 		t := ops.Slice(n.tmp, 0, ly.outC*n.batch*P)
@@ -656,6 +779,50 @@ func (n *Net) backwardInput(i int) error {
 		return ops.ReluBackward(n.acts[i+1], dy, dx)
 	}
 	return nil
+}
+
+// attention is causal multi-head self-attention from qkv [batch × T,
+// 3·C] into y [batch × T, C], keeping the probabilities [batch, heads, T,
+// T] in probs: per head, one strided batch of products over the samples.
+func (n *Net) attention(ly layer, qkv, probs, y Buf) error {
+	T, C, H := ly.rows, ly.outW, ly.heads
+	d := C / H
+	scale := float32(1 / math.Sqrt(float64(d)))
+	at := func(b Buf, off int) Buf { return n.ops.Slice(b, off, b.Len()-off) }
+	var e errs
+	for h := range H {
+		e.do(n.ops.GemmStrided(false, true, T, T, d, scale, at(qkv, h*d), 3*C, T*3*C, at(qkv, C+h*d), 3*C, T*3*C,
+			0, at(probs, h*T*T), T, H*T*T, n.batch))
+	}
+	e.do(n.ops.CausalSoftmax(probs, n.batch*H*T, T))
+	for h := range H {
+		e.do(n.ops.GemmStrided(false, false, T, d, T, 1, at(probs, h*T*T), T, H*T*T, at(qkv, 2*C+h*d), 3*C, T*3*C,
+			0, at(y, h*d), C, T*C, n.batch))
+	}
+	return e.err
+}
+
+// attentionBackward sets dqkv from dy: dV = Pᵀ·dY, dP = dY·Vᵀ, dS = P ⊙
+// (dP − rowsum(P ⊙ dP)), dQ = dS·K/√d, dK = dSᵀ·Q/√d.
+func (n *Net) attentionBackward(ly layer, qkv, probs, dy, dqkv Buf) error {
+	T, C, H := ly.rows, ly.outW, ly.heads
+	d := C / H
+	scale := float32(1 / math.Sqrt(float64(d)))
+	at := func(b Buf, off int) Buf { return n.ops.Slice(b, off, b.Len()-off) }
+	dp := n.dProbs
+	var e errs
+	for h := range H {
+		p, dph, g := at(probs, h*T*T), at(dp, h*T*T), at(dy, h*d)
+		e.do(n.ops.GemmStrided(true, false, T, d, T, 1, p, T, H*T*T, g, C, T*C, 0, at(dqkv, 2*C+h*d), 3*C, T*3*C, n.batch))
+		e.do(n.ops.GemmStrided(false, true, T, T, d, 1, g, C, T*C, at(qkv, 2*C+h*d), 3*C, T*3*C, 0, dph, T, H*T*T, n.batch))
+	}
+	e.do(n.ops.CausalSoftmaxBackward(probs, n.ops.Slice(dp, 0, probs.Len()), n.batch*H*T, T))
+	for h := range H {
+		dph := at(dp, h*T*T)
+		e.do(n.ops.GemmStrided(false, false, T, d, T, scale, dph, T, H*T*T, at(qkv, C+h*d), 3*C, T*3*C, 0, at(dqkv, h*d), 3*C, T*3*C, n.batch))
+		e.do(n.ops.GemmStrided(true, false, T, d, T, scale, dph, T, H*T*T, at(qkv, h*d), 3*C, T*3*C, 0, at(dqkv, C+h*d), 3*C, T*3*C, n.batch))
+	}
+	return e.err
 }
 
 // Params returns host copies of the parameters, brought from the device

@@ -80,6 +80,40 @@ type Ops interface {
 	// adamThread), skipped when skip[0] is not 0.
 	SGD(p, g, v, hyper, skip Buf) error
 	Adam(p, g, m, v, hyper, skip Buf) error
+	// GemmStrided is batch products, c_i = alpha·op(a_i)·op(b_i) +
+	// beta·c_i, with leading dimensions given, operand i starting stride
+	// values after operand i−1: a head of attention for every sample.
+	GemmStrided(transA, transB bool, m, n, k int, alpha float32, a Buf, lda, strideA int, b Buf, ldb, strideB int,
+		beta float32, c Buf, ldc, strideC int, batch int) error
+	// Embed sets row r of y (rows × dim) to the table's row tok[r] plus
+	// pos's row r mod T. The tokens, floats, must be whole numbers inside
+	// the table: the caller checks them.
+	Embed(tok, table, pos, y Buf, rows, T, dim int) error
+	// EmbedGrad sets dTable's row v to the sum of dy's rows whose token is
+	// v, and dPos's row t to the sum of those at position t.
+	EmbedGrad(tok, dy, dTable, dPos Buf, rows, T, dim int) error
+	// LayerNorm normalises each row of x (rows × dim) to mean 0 and
+	// variance 1 (eps 1e-5), then scales by g and adds b, into y; stats
+	// gets each row's mean and 1/σ (2 × rows values).
+	LayerNorm(x, g, b, y, stats Buf, rows, dim int) error
+	// LayerNormBackward sets dx from dy, and LayerNormParamGrad dg and db,
+	// with LayerNorm's stats.
+	LayerNormBackward(x, g, stats, dy, dx Buf, rows, dim int) error
+	LayerNormParamGrad(x, stats, dy, dg, db Buf, rows, dim int) error
+	// GELU is x·Φ(x), the exact form; GELUBackward its gradient.
+	GELU(x, y Buf) error
+	GELUBackward(x, dy, dx Buf) error
+	// CausalSoftmax turns each row of s (rows of T, in blocks of T rows)
+	// into the softmax of its first (row mod T)+1 values, zeros after;
+	// CausalSoftmaxBackward turns dp into the scores' gradient, in place,
+	// with the probabilities p.
+	CausalSoftmax(s Buf, rows, T int) error
+	CausalSoftmaxBackward(p, dp Buf, rows, T int) error
+	// Add sets y to a + b; Accumulate adds x to y.
+	Add(a, b, y Buf) error
+	Accumulate(y, x Buf) error
+	// Scale multiplies p by hyper[at] unless skip[0] is not 0.
+	Scale(p, hyper Buf, at int, skip Buf) error
 	// Close frees what the Ops hold; buffers die with it.
 	Close() error
 }

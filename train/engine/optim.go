@@ -16,11 +16,17 @@ import (
 //
 // With the net's Graph on, its full-batch steps are replayed from a capture
 // (a CUDA graph on a GPU); shorter batches run call by call.
+// hyperLen is the optimizer's hyperparameters' buffer: Adam's six, and
+// AdamW's decay factor at hyperKeep.
+const hyperLen, hyperKeep = 8, 6
+
 type Optimizer struct {
 	net   *Net
 	inner train.Optimizer
 	sgd   *train.SGD
 	adam  *train.Adam
+	decay []bool // AdamW's: the tensors its decoupled decay scales
+	adamW bool
 	state Buf // SGD: the velocity; Adam: the first moments, then the second
 	t     int // Adam's step count
 	// hostOK: inner's state tensors hold the device's; devOK: the device
@@ -34,7 +40,8 @@ var _ train.DeviceOptimizer = (*Optimizer)(nil)
 // ErrOptimizer means an optimizer this engine cannot run on its device.
 var ErrOptimizer = errors.New("engine: optimizer not supported on the device")
 
-// Optimizer binds opt, a *train.SGD or *train.Adam, to the net's device.
+// Optimizer binds opt, a *train.SGD, *train.Adam or *train.AdamW, to the
+// net's device.
 // Its state memory is allocated now, not in a step.
 func (n *Net) Optimizer(opt train.Optimizer) (*Optimizer, error) {
 	o := &Optimizer{net: n, inner: opt, hostOK: true}
@@ -48,8 +55,11 @@ func (n *Net) Optimizer(opt train.Optimizer) (*Optimizer, error) {
 	case *train.Adam:
 		o.adam = v
 		size = 2 * n.nparams
+	case *train.AdamW:
+		o.adam, o.decay, o.adamW = &v.Adam, v.Decay, true
+		size = 2 * n.nparams
 	default:
-		return nil, fmt.Errorf("%w: %T; want train.SGD or train.Adam", ErrOptimizer, opt)
+		return nil, fmt.Errorf("%w: %T; want train.SGD, train.Adam or train.AdamW", ErrOptimizer, opt)
 	}
 	if size > 0 {
 		var err error
@@ -110,6 +120,9 @@ func (o *Optimizer) fillHyper() {
 	bc2 := 1 - math.Pow(float64(a.Beta2), float64(t))
 	h[0], h[1], h[2] = a.LR/float32(bc1), float32(math.Sqrt(bc2)), a.WeightDecay
 	h[3], h[4], h[5] = a.Beta1, a.Beta2, a.Eps
+	if o.adamW { // the decay scales the weights, not the gradients
+		h[2], h[hyperKeep] = 0, 1-a.LR*a.WeightDecay
+	}
 }
 
 // queueUpdate queues the hyperparameters' upload and the update of every
@@ -125,6 +138,13 @@ func (o *Optimizer) queueUpdate(skip Buf) error {
 			v = n.ops.Slice(n.flags, 1, 0)
 		}
 		return ops.SGD(n.dParam, n.dGrad, v, n.hyper, skip)
+	}
+	for i, d := range o.decay {
+		if d && i < len(n.dParams) {
+			if err := ops.Scale(n.dParams[i], n.hyper, hyperKeep, skip); err != nil {
+				return err
+			}
+		}
 	}
 	return ops.Adam(n.dParam, n.dGrad, ops.Slice(o.state, 0, n.nparams), ops.Slice(o.state, n.nparams, n.nparams), n.hyper, skip)
 }

@@ -243,3 +243,170 @@ func adamThread(i int, p, g, m, v, hyper, skip []float32) {
 	v[i] = vi
 	p[i] = p[i] - float32(step*mi)/(float32(math.Sqrt(float64(vi)))/sq+eps)
 }
+
+// The language model's kernels. Activations are rows of one position each:
+// [samples × T, width].
+
+// embedThread: y[i] (row r, column j) is the token table's row tok[r]
+// plus the position table's row r mod T. Tokens are whole numbers in
+// [0, vocab), checked on the host before they are uploaded.
+func embedThread(i int, tok, table, pos, y []float32, T, dim int) {
+	r, j := i/dim, i%dim
+	y[i] = table[int(tok[r])*dim+j] + pos[(r%T)*dim+j]
+}
+
+// embedGradThread: thread i writes dTable[i] (token v, column j), the sum
+// of dy[r, j] over the rows r whose token is v, in row order; a gather,
+// so no two threads write one place.
+func embedGradThread(i int, tok, dy, dTable []float32, rows, dim int) {
+	v, j := i/dim, i%dim
+	sum := float32(0)
+	for r := 0; r < rows; r++ {
+		if int(tok[r]) == v {
+			sum += dy[r*dim+j]
+		}
+	}
+	dTable[i] = sum
+}
+
+// posGradThread: thread i writes dPos[i] (position t, column j), the sum
+// of dy over the rows of position t, in row order.
+func posGradThread(i int, dy, dPos []float32, rows, T, dim int) {
+	t, j := i/dim, i%dim
+	sum := float32(0)
+	for r := t; r < rows; r += T {
+		sum += dy[r*dim+j]
+	}
+	dPos[i] = sum
+}
+
+// layerNormEps is torch's LayerNorm eps.
+const layerNormEps = 1e-5
+
+// layerNormThread: thread r normalises row r of x to mean 0 and variance
+// 1, then scales by g and adds b; stats[2r] and stats[2r+1] keep the
+// row's mean and 1/σ for the backward pass.
+func layerNormThread(r int, x, g, b, y, stats []float32, dim int) {
+	row, out := x[r*dim:(r+1)*dim], y[r*dim:(r+1)*dim]
+	sum := float32(0)
+	for _, v := range row {
+		sum += v
+	}
+	mu := sum / float32(dim)
+	sq := float32(0)
+	for _, v := range row {
+		d := v - mu
+		sq += float32(d * d)
+	}
+	rs := float32(1 / math.Sqrt(float64(sq/float32(dim)+layerNormEps)))
+	for j, v := range row {
+		out[j] = float32(float32((v-mu)*rs)*g[j]) + b[j]
+	}
+	stats[2*r], stats[2*r+1] = mu, rs
+}
+
+// layerNormBackwardThread: thread r writes row r of dx, rs·(dx̂ −
+// mean(dx̂) − x̂·mean(dx̂·x̂)) with dx̂ = dy·g and x̂ the normalised row.
+func layerNormBackwardThread(r int, x, g, stats, dy, dx []float32, dim int) {
+	row, d, out := x[r*dim:(r+1)*dim], dy[r*dim:(r+1)*dim], dx[r*dim:(r+1)*dim]
+	mu, rs := stats[2*r], stats[2*r+1]
+	a, c := float32(0), float32(0)
+	for j, v := range row {
+		h := float32(d[j] * g[j])
+		a += h
+		c += float32(h * float32((v-mu)*rs))
+	}
+	a /= float32(dim)
+	c /= float32(dim)
+	for j, v := range row {
+		h := float32(d[j] * g[j])
+		out[j] = float32(rs * float32(float32(h-a)-float32(float32((v-mu)*rs)*c)))
+	}
+}
+
+// layerNormParamGradThread: thread j writes dg[j] and db[j], the sums
+// over rows of dy·x̂ and of dy in column j, in row order.
+func layerNormParamGradThread(j int, x, stats, dy, dg, db []float32, rows, dim int) {
+	sg, sb := float32(0), float32(0)
+	for r := 0; r < rows; r++ {
+		d := dy[r*dim+j]
+		sg += float32(d * float32((x[r*dim+j]-stats[2*r])*stats[2*r+1]))
+		sb += d
+	}
+	dg[j], db[j] = sg, sb
+}
+
+// geluThread: y = x·Φ(x), the exact GELU (erf, not tanh's fit), in
+// float64 as CUDA's erf is.
+func geluThread(i int, x, y []float32) {
+	v := float64(x[i])
+	y[i] = float32(0.5 * v * (1 + math.Erf(v/math.Sqrt2)))
+}
+
+// geluBackwardThread: dx = dy·(Φ(x) + x·φ(x)).
+func geluBackwardThread(i int, x, dy, dx []float32) {
+	v := float64(x[i])
+	d := 0.5*(1+math.Erf(v/math.Sqrt2)) + v*math.Exp(-0.5*v*v)/math.Sqrt(2*math.Pi)
+	dx[i] = float32(float64(dy[i]) * d)
+}
+
+// causalSoftmaxThread: thread r turns row r of the scores s (blocks of T
+// rows of T, row r at position r mod T) into the softmax of its first
+// (r mod T)+1 values, and zeros after them.
+func causalSoftmaxThread(r int, s []float32, T int) {
+	row, n := s[r*T:(r+1)*T], r%T+1
+	m := row[0]
+	for k := 1; k < n; k++ {
+		if row[k] > m {
+			m = row[k]
+		}
+	}
+	sum := float32(0)
+	for k := 0; k < n; k++ {
+		e := float32(math.Exp(float64(row[k] - m)))
+		row[k] = e
+		sum += e
+	}
+	inv := 1 / sum
+	for k := 0; k < T; k++ {
+		if k < n {
+			row[k] *= inv
+		} else {
+			row[k] = 0
+		}
+	}
+}
+
+// causalSoftmaxBackwardThread: thread r sets row r of dp to the scores'
+// gradient, p ⊙ (dp − Σ p·dp) over the row's first (r mod T)+1, zeros
+// after.
+func causalSoftmaxBackwardThread(r int, p, dp []float32, T int) {
+	pr, dr, n := p[r*T:(r+1)*T], dp[r*T:(r+1)*T], r%T+1
+	dot := float32(0)
+	for k := 0; k < n; k++ {
+		dot += float32(pr[k] * dr[k])
+	}
+	for k := 0; k < T; k++ {
+		if k < n {
+			dr[k] = float32(pr[k] * float32(dr[k]-dot))
+		} else {
+			dr[k] = 0
+		}
+	}
+}
+
+// addThread: y = a + b (a residual connection).
+func addThread(i int, a, b, y []float32) { y[i] = a[i] + b[i] }
+
+// accumulateThread: y += x (gradients meeting where an activation was
+// used twice).
+func accumulateThread(i int, y, x []float32) { y[i] += x[i] }
+
+// scaleThread: p *= hyper[at], unless skip[0] is not 0: AdamW's decoupled
+// decay of a tensor before the Adam step.
+func scaleThread(i int, p, hyper, skip []float32, at int) {
+	if skip[0] != 0 {
+		return
+	}
+	p[i] *= hyper[at]
+}

@@ -226,3 +226,158 @@ extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, co
   v[i] = vi;
   p[i] = p[i] - step * mi / (sqrtf(vi) / sq + eps);
 }
+
+// The language model's kernels: activations are rows of one position each.
+
+// embed: y[r, j] = table[tok[r], j] + pos[r mod T, j].
+extern "C" __global__ void embed(const float* tok, const float* table, const float* pos, float* y, i64 rows, i64 T, i64 dim) {
+  i64 i = tid();
+  if (i >= rows * dim) return;
+  i64 r = i / dim, j = i % dim;
+  y[i] = table[(i64)tok[r] * dim + j] + pos[(r % T) * dim + j];
+}
+
+// embed_grad: dTable[v, j], the sum of dy[r, j] over the rows whose token
+// is v, in row order (a gather: no atomics, the same bits every run).
+extern "C" __global__ void embed_grad(const float* tok, const float* dy, float* dTable, i64 n, i64 rows, i64 dim) {
+  i64 i = tid();
+  if (i >= n) return;
+  i64 v = i / dim, j = i % dim;
+  float sum = 0.f;
+  for (i64 r = 0; r < rows; r++)
+    if ((i64)tok[r] == v) sum += dy[r * dim + j];
+  dTable[i] = sum;
+}
+
+// pos_grad: dPos[t, j], the sum of dy over the rows at position t.
+extern "C" __global__ void pos_grad(const float* dy, float* dPos, i64 rows, i64 T, i64 dim) {
+  i64 i = tid();
+  if (i >= T * dim) return;
+  i64 t = i / dim, j = i % dim;
+  float sum = 0.f;
+  for (i64 r = t; r < rows; r += T) sum += dy[r * dim + j];
+  dPos[i] = sum;
+}
+
+// layer_norm: one thread a row; stats keeps its mean and 1/σ.
+extern "C" __global__ void layer_norm(const float* x, const float* g, const float* b, float* y, float* stats, i64 rows, i64 dim) {
+  i64 r = tid();
+  if (r >= rows) return;
+  const float* row = x + r * dim;
+  float* out = y + r * dim;
+  float sum = 0.f;
+  for (i64 j = 0; j < dim; j++) sum += row[j];
+  float mu = sum / (float)dim;
+  float sq = 0.f;
+  for (i64 j = 0; j < dim; j++) {
+    float d = row[j] - mu;
+    sq += d * d;
+  }
+  float rs = (float)(1.0 / sqrt((double)(sq / (float)dim + 1e-5f)));
+  for (i64 j = 0; j < dim; j++) out[j] = (row[j] - mu) * rs * g[j] + b[j];
+  stats[2 * r] = mu;
+  stats[2 * r + 1] = rs;
+}
+
+// layer_norm_backward: row r of dx, rs·(dx̂ − mean(dx̂) − x̂·mean(dx̂·x̂)).
+extern "C" __global__ void layer_norm_backward(const float* x, const float* g, const float* stats, const float* dy, float* dx, i64 rows, i64 dim) {
+  i64 r = tid();
+  if (r >= rows) return;
+  const float* row = x + r * dim;
+  const float* d = dy + r * dim;
+  float* out = dx + r * dim;
+  float mu = stats[2 * r], rs = stats[2 * r + 1];
+  float a = 0.f, c = 0.f;
+  for (i64 j = 0; j < dim; j++) {
+    float h = d[j] * g[j];
+    a += h;
+    c += h * ((row[j] - mu) * rs);
+  }
+  a /= (float)dim;
+  c /= (float)dim;
+  for (i64 j = 0; j < dim; j++) {
+    float h = d[j] * g[j];
+    out[j] = rs * ((h - a) - ((row[j] - mu) * rs) * c);
+  }
+}
+
+// layer_norm_param_grad: column j's dg and db, summed over rows in order.
+extern "C" __global__ void layer_norm_param_grad(const float* x, const float* stats, const float* dy, float* dg, float* db, i64 rows, i64 dim) {
+  i64 j = tid();
+  if (j >= dim) return;
+  float sg = 0.f, sb = 0.f;
+  for (i64 r = 0; r < rows; r++) {
+    float d = dy[r * dim + j];
+    sg += d * ((x[r * dim + j] - stats[2 * r]) * stats[2 * r + 1]);
+    sb += d;
+  }
+  dg[j] = sg;
+  db[j] = sb;
+}
+
+// gelu: x·Φ(x), the exact form, in double as the host twin.
+extern "C" __global__ void gelu(const float* x, float* y, i64 n) {
+  i64 i = tid();
+  if (i >= n) return;
+  double v = x[i];
+  y[i] = (float)(0.5 * v * (1.0 + erf(v * 0.70710678118654752440)));
+}
+
+extern "C" __global__ void gelu_backward(const float* x, const float* dy, float* dx, i64 n) {
+  i64 i = tid();
+  if (i >= n) return;
+  double v = x[i];
+  double d = 0.5 * (1.0 + erf(v * 0.70710678118654752440)) + v * exp(-0.5 * v * v) * 0.39894228040143267794;
+  dx[i] = (float)((double)dy[i] * d);
+}
+
+// causal_softmax: row r of blocks of T×T scores becomes the softmax of its
+// first (r mod T)+1 values, zeros after.
+extern "C" __global__ void causal_softmax(float* s, i64 rows, i64 T) {
+  i64 r = tid();
+  if (r >= rows) return;
+  float* row = s + r * T;
+  i64 n = r % T + 1;
+  float m = row[0];
+  for (i64 k = 1; k < n; k++) if (row[k] > m) m = row[k];
+  float sum = 0.f;
+  for (i64 k = 0; k < n; k++) {
+    float e = expf(row[k] - m);
+    row[k] = e;
+    sum += e;
+  }
+  float inv = 1.f / sum;
+  for (i64 k = 0; k < T; k++) row[k] = k < n ? row[k] * inv : 0.f;
+}
+
+// causal_softmax_backward: dp ← p ⊙ (dp − Σ p·dp) over the row's first
+// (r mod T)+1, zeros after.
+extern "C" __global__ void causal_softmax_backward(const float* p, float* dp, i64 rows, i64 T) {
+  i64 r = tid();
+  if (r >= rows) return;
+  const float* pr = p + r * T;
+  float* dr = dp + r * T;
+  i64 n = r % T + 1;
+  float dot = 0.f;
+  for (i64 k = 0; k < n; k++) dot += pr[k] * dr[k];
+  for (i64 k = 0; k < T; k++) dr[k] = k < n ? pr[k] * (dr[k] - dot) : 0.f;
+}
+
+extern "C" __global__ void add(const float* a, const float* b, float* y, i64 n) {
+  i64 i = tid();
+  if (i >= n) return;
+  y[i] = a[i] + b[i];
+}
+
+extern "C" __global__ void accumulate(float* y, const float* x, i64 n) {
+  i64 i = tid();
+  if (i >= n) return;
+  y[i] += x[i];
+}
+
+// scale: AdamW's decoupled decay, p *= hyper[at], skipped with the step.
+extern "C" __global__ void scale(float* p, const float* hyper, i64 at, const float* skip, i64 n) {
+  i64 i = tid();
+  if (i >= n || skip[0] != 0.f) return;
+  p[i] *= hyper[at];
+}
