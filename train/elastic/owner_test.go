@@ -107,11 +107,12 @@ func (a *accounting) check(epochs, n int) error {
 // returns their summaries, errors, the log and the sample accounting.
 func ownerRun(t *testing.T, world0, minWorld, maxWorld int, plans []peerPlan, setup func(*world, []string, []context.CancelFunc)) ([]train.Summary, []error, string, *accounting) {
 	t.Helper()
-	names := make([]string, len(plans))
-	for i := range names {
-		names[i] = fmt.Sprintf("peer-%d", i)
-	}
-	w := newWorld(t, names[:world0])
+	return ownerRunOf(t, mlpJob(t), world0, minWorld, maxWorld, plans, setup)
+}
+
+// mlpJob is an mlp of batch 16 with SGD on the test subset of
+// Fashion-MNIST (2,000 samples).
+func mlpJob(t *testing.T) ownerJob {
 	cfg, err := data.LoadConfig("../../testdata/data-config.json")
 	if err != nil {
 		t.Fatal(err)
@@ -120,6 +121,44 @@ func ownerRun(t *testing.T, world0, minWorld, maxWorld int, plans []peerPlan, se
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ownerJob{split: split, classes: 10, model: func(seed uint64) train.ModelConfig {
+		return train.ModelConfig{Spec: train.MLPSpec(784, []int{16}, 10), Batch: 16, Seed: seed}
+	}, opt: func([]string) train.Optimizer { return &train.SGD{LR: 0.05, Momentum: 0.9} }}
+}
+
+// gptJob is a byte-level GPT (1 block, dim 16, 2 heads, context 16) of
+// batch 8 with AdamW on 2,000 windows of text.
+func gptJob(t *testing.T) ownerJob {
+	const T = 16
+	corpus := strings.Repeat("It was the best of times, it was the worst of times. ", 2000*(T+1)/53+2)
+	split := &data.Split{Dataset: &data.Dataset{Source: "test corpus"}, Pipeline: &data.Pipeline{}, C: 1, H: 1,
+		Text: &data.Text{Source: "test corpus", Bytes: []byte(corpus)}}
+	if err := split.SetContext(T); err != nil {
+		t.Fatal(err)
+	}
+	return ownerJob{split: split, classes: train.DefaultVocab, model: func(seed uint64) train.ModelConfig {
+		return train.ModelConfig{Spec: train.GPTSpec(1, 16, 2, T), Batch: 8, Seed: seed}
+	}, opt: func(names []string) train.Optimizer { return train.NewAdamW(3e-3, 0.1, train.DecayWeights(names)) }}
+}
+
+// ownerJob is what the owner's peers train: the split, its classes, the
+// model of a seed and the optimizer for its tensors.
+type ownerJob struct {
+	split   *data.Split
+	classes int
+	model   func(seed uint64) train.ModelConfig
+	opt     func(names []string) train.Optimizer
+}
+
+// ownerRunOf is ownerRun training job.
+func ownerRunOf(t *testing.T, job ownerJob, world0, minWorld, maxWorld int, plans []peerPlan, setup func(*world, []string, []context.CancelFunc)) ([]train.Summary, []error, string, *accounting) {
+	t.Helper()
+	names := make([]string, len(plans))
+	for i := range names {
+		names[i] = fmt.Sprintf("peer-%d", i)
+	}
+	w := newWorld(t, names[:world0])
+	split := job.split
 	var log lockedBuffer
 	acct := &accounting{}
 	sums := make([]train.Summary, len(plans))
@@ -142,7 +181,7 @@ func ownerRun(t *testing.T, world0, minWorld, maxWorld int, plans []peerPlan, se
 	progress := make(chan int, 1024) // peer 0's steps, for newcomers to start by
 	var wg, stallers sync.WaitGroup
 	for i, p := range plans {
-		spec := train.ModelConfig{Spec: train.MLPSpec(784, []int{16}, 10), Batch: 16, Seed: uint64(i + 1)}
+		spec := job.model(uint64(i + 1))
 		m, err := train.NewModel(spec)
 		if err != nil {
 			t.Fatal(err)
@@ -160,19 +199,19 @@ func ownerRun(t *testing.T, world0, minWorld, maxWorld int, plans []peerPlan, se
 		if p.stall {
 			w.stallOnAdmit[names[i]] = true
 		}
-		job := &Job{Members: &member{w: w, name: names[i]}, WorldSize: world0, MinWorldSize: minWorld, MaxWorldSize: maxWorld,
+		ej := &Job{Members: &member{w: w, name: names[i]}, WorldSize: world0, MinWorldSize: minWorld, MaxWorldSize: maxWorld,
 			StepTimeout: stepTimeout, AdmitTimeout: time.Second, Logger: zerolog.New(&log).With().Str("peer", names[i]).Logger(),
 			Dropped: func(peers []string, _ string) { w.drop(peers) }}
 		saveEvery := 0
 		if w.checkpoints {
-			job.Checkpoint = filepath.Join(t.TempDir(), "job.ckpt")
-			job.CheckpointBase = train.Checkpoint{Model: spec, Seed: 1, Classes: split.Classes}
+			ej.Checkpoint = filepath.Join(t.TempDir(), "job.ckpt")
+			ej.CheckpointBase = train.Checkpoint{Model: spec, Seed: 1, Classes: split.Classes}
 			saveEvery = 5
 		}
-		rep := train.NewReplica(model, &train.SGD{LR: 0.05, Momentum: 0.9}, nil)
-		job.Training = train.RunConfig{Replica: rep, Epochs: 2, Classes: 10, Trained: acct.trained, ProgressEvery: 1, SaveEvery: saveEvery,
-			Train: &data.Loader{Split: split, BatchSize: 16, Seed: 1, Sampler: data.Sampler{N: split.Len(), World: 1, Seed: 1, Shuffle: true}}}
-		job.Training.Progress = func(pr train.Progress) {
+		rep := train.NewReplica(model, job.opt(m.ParamNames()), nil)
+		ej.Training = train.RunConfig{Replica: rep, Epochs: 2, Classes: job.classes, Trained: acct.trained, ProgressEvery: 1, SaveEvery: saveEvery,
+			Train: &data.Loader{Split: split, BatchSize: spec.Batch, Seed: 1, Sampler: data.Sampler{N: split.Len(), World: 1, Seed: 1, Shuffle: true}}}
+		ej.Training.Progress = func(pr train.Progress) {
 			if i == 0 && !pr.EpochDone {
 				select {
 				case progress <- pr.Stats.Steps:
@@ -201,7 +240,7 @@ func ownerRun(t *testing.T, world0, minWorld, maxWorld int, plans []peerPlan, se
 					}
 				}
 			}
-			sums[i], errs[i] = job.Run(ctxs[i])
+			sums[i], errs[i] = ej.Run(ctxs[i])
 		})
 	}
 	wg.Wait()
@@ -318,26 +357,35 @@ func TestOwnerTransitions(t *testing.T) {
 }
 
 // TestOwnerAccountingThroughThreeEvents: a newcomer, a leave and a loss in
-// one run of two epochs; every sample of each epoch is trained exactly
-// once across the world, and the three peers left end alike.
+// one run of two epochs, of the mlp and of a GPT on text; every sample of
+// each epoch is trained exactly once across the world, and the three
+// peers left end alike.
 func TestOwnerAccountingThroughThreeEvents(t *testing.T) {
-	plans := []peerPlan{{}, {leaveAtStep: 20}, {}, {killAtStep: 40}, {arriveAt: 10}}
-	sums, errs, log, acct := ownerRun(t, 4, 2, 5, plans, nil)
-	if !errors.Is(errs[1], ErrLeft) || !errors.Is(errs[3], errKilled) {
-		t.Errorf("the leaver: %v; the killed: %v", errs[1], errs[3])
-	}
-	for _, i := range []int{0, 2, 4} {
-		if errs[i] != nil || sums[i].ParamHash != sums[0].ParamHash {
-			t.Fatalf("peer %d: %v, %.16s; want rank 0's %.16s\n%s", i, errs[i], sums[i].ParamHash, sums[0].ParamHash, log)
-		}
-	}
-	for _, s := range []string{"ring grew: admitted newcomers", "ring re-formed without the peers that left", "ring re-formed without the lost peers"} {
-		if !strings.Contains(log, s) {
-			t.Errorf("the log lacks %q", s)
-		}
-	}
-	if err := acct.check(2, 2000); err != nil {
-		t.Error(err)
+	for _, tc := range []struct {
+		name string
+		job  func(*testing.T) ownerJob
+	}{{"mlp", mlpJob}, {"gpt", gptJob}} {
+		t.Run(tc.name, func(t *testing.T) {
+			job := tc.job(t)
+			plans := []peerPlan{{}, {leaveAtStep: 20}, {}, {killAtStep: 40}, {arriveAt: 10}}
+			sums, errs, log, acct := ownerRunOf(t, job, 4, 2, 5, plans, nil)
+			if !errors.Is(errs[1], ErrLeft) || !errors.Is(errs[3], errKilled) {
+				t.Errorf("the leaver: %v; the killed: %v", errs[1], errs[3])
+			}
+			for _, i := range []int{0, 2, 4} {
+				if errs[i] != nil || sums[i].ParamHash != sums[0].ParamHash {
+					t.Fatalf("peer %d: %v, %.16s; want rank 0's %.16s\n%s", i, errs[i], sums[i].ParamHash, sums[0].ParamHash, log)
+				}
+			}
+			for _, s := range []string{"ring grew: admitted newcomers", "ring re-formed without the peers that left", "ring re-formed without the lost peers"} {
+				if !strings.Contains(log, s) {
+					t.Errorf("the log lacks %q", s)
+				}
+			}
+			if err := acct.check(2, job.split.Len()); err != nil {
+				t.Error(err)
+			}
+		})
 	}
 }
 
