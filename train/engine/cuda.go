@@ -570,15 +570,15 @@ func (c *CUDA) EmbedGrad(tok, dy, dTable, dPos Buf, rows, T, dim int) error {
 }
 
 func (c *CUDA) LayerNorm(x, g, b, y, stats Buf, rows, dim int) error {
-	return c.over("layer_norm", rows, x, g, b, y, stats, rows, dim)
+	return c.launch("layer_norm", rows, warp, x, g, b, y, stats, rows, dim)
 }
 
 func (c *CUDA) LayerNormBackward(x, g, stats, dy, dx Buf, rows, dim int) error {
-	return c.over("layer_norm_backward", rows, x, g, stats, dy, dx, rows, dim)
+	return c.launch("layer_norm_backward", rows, warp, x, g, stats, dy, dx, rows, dim)
 }
 
-func (c *CUDA) LayerNormParamGrad(x, stats, dy, dg, db Buf, rows, dim int) error {
-	return c.over("layer_norm_param_grad", dim, x, stats, dy, dg, db, rows, dim)
+func (c *CUDA) NormalizedProduct(x, stats, dy, out Buf, rows, dim int) error {
+	return c.over("normalized_product", rows*dim, x, stats, dy, out, rows, dim)
 }
 
 func (c *CUDA) GELU(x, y Buf) error { return c.over("gelu", x.Len(), x, y, x.Len()) }
@@ -588,11 +588,11 @@ func (c *CUDA) GELUBackward(x, dy, dx Buf) error {
 }
 
 func (c *CUDA) CausalSoftmax(s Buf, rows, T int) error {
-	return c.over("causal_softmax", rows, s, rows, T)
+	return c.launch("causal_softmax", rows, warp, s, rows, T)
 }
 
 func (c *CUDA) CausalSoftmaxBackward(p, dp Buf, rows, T int) error {
-	return c.over("causal_softmax_backward", rows, p, dp, rows, T)
+	return c.launch("causal_softmax_backward", rows, warp, p, dp, rows, T)
 }
 
 func (c *CUDA) Add(a, b, y Buf) error { return c.over("add", y.Len(), a, b, y, y.Len()) }

@@ -11,7 +11,9 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/ringtrain/ringtrain/train"
 )
@@ -97,13 +99,17 @@ func TestCUDAKernelsMatchTheirTwins(t *testing.T) {
 		}
 		return v
 	}
+	// The GPT's kernels draw from a stream of their own, so the older
+	// cases' inputs (and the GEMMs' rounding against their tolerance) stay
+	// as they were.
+	gr := rand.New(rand.NewPCG(12, 12))
 	toks := make([]float32, 12)
 	for i := range toks {
-		toks[i] = float32(rng.IntN(11))
+		toks[i] = float32(gr.IntN(11))
 	}
 	stats := make([]float32, 24)
 	for r := range 12 {
-		stats[2*r], stats[2*r+1] = float32(rng.NormFloat64()), 0.5+float32(rng.Float64())
+		stats[2*r], stats[2*r+1] = float32(gr.NormFloat64()), 0.5+float32(gr.Float64())
 	}
 	for _, tc := range []struct {
 		name  string
@@ -144,41 +150,47 @@ func TestCUDAKernelsMatchTheirTwins(t *testing.T) {
 			func(o Ops, b []Buf) error { return o.SGD(b[0], b[1], b[2], b[3], b[4]) }, true},
 		{"adam", [][]float32{randn(rng, n), randn(rng, n), randn(rng, n), absv(randn(rng, n)), hyperAdam, {0}}, []int{0, 2, 3},
 			func(o Ops, b []Buf) error { return o.Adam(b[0], b[1], b[2], b[3], b[4], b[5]) }, true},
-		{"embed", [][]float32{toks, randn(rng, 11*6), randn(rng, 4*6), make([]float32, 12*6)}, []int{3},
-			func(o Ops, b []Buf) error { return o.Embed(b[0], b[1], b[2], b[3], 12, 4, 6) }, true},
-		{"embed_grad", [][]float32{toks, randn(rng, 12*6), make([]float32, 11*6), make([]float32, 4*6)}, []int{2, 3},
-			func(o Ops, b []Buf) error { return o.EmbedGrad(b[0], b[1], b[2], b[3], 12, 4, 6) }, true},
-		{"layer_norm", [][]float32{randn(rng, 12*20), randn(rng, 20), randn(rng, 20), make([]float32, 12*20), make([]float32, 24)}, []int{3, 4},
-			func(o Ops, b []Buf) error { return o.LayerNorm(b[0], b[1], b[2], b[3], b[4], 12, 20) }, false},
-		{"layer_norm_backward", [][]float32{randn(rng, 12*20), randn(rng, 20), stats, randn(rng, 12*20), make([]float32, 12*20)}, []int{4},
-			func(o Ops, b []Buf) error { return o.LayerNormBackward(b[0], b[1], b[2], b[3], b[4], 12, 20) }, false},
-		{"layer_norm_param_grad", [][]float32{randn(rng, 12*20), stats, randn(rng, 12*20), make([]float32, 20), make([]float32, 20)}, []int{3, 4},
-			func(o Ops, b []Buf) error { return o.LayerNormParamGrad(b[0], b[1], b[2], b[3], b[4], 12, 20) }, false},
-		{"gelu", [][]float32{randn(rng, n), make([]float32, n)}, []int{1},
-			func(o Ops, b []Buf) error { return o.GELU(b[0], b[1]) }, false},
-		{"gelu_backward", [][]float32{randn(rng, n), randn(rng, n), make([]float32, n)}, []int{2},
-			func(o Ops, b []Buf) error { return o.GELUBackward(b[0], b[1], b[2]) }, false},
-		{"causal_softmax", [][]float32{randn(rng, 3*8*8)}, []int{0},
-			func(o Ops, b []Buf) error { return o.CausalSoftmax(b[0], 3*8, 8) }, false},
-		{"causal_softmax_backward", [][]float32{absv(randn(rng, 3*8*8)), randn(rng, 3*8*8)}, []int{1},
-			func(o Ops, b []Buf) error { return o.CausalSoftmaxBackward(b[0], b[1], 3*8, 8) }, true},
-		{"add", [][]float32{randn(rng, n), randn(rng, n), make([]float32, n)}, []int{2},
-			func(o Ops, b []Buf) error { return o.Add(b[0], b[1], b[2]) }, true},
-		{"accumulate", [][]float32{randn(rng, n), randn(rng, n)}, []int{0},
-			func(o Ops, b []Buf) error { return o.Accumulate(b[0], b[1]) }, true},
-		{"scale", [][]float32{randn(rng, n), {0, 0, 0, 0, 0, 0, 0.97, 0}, {0}}, []int{0},
-			func(o Ops, b []Buf) error { return o.Scale(b[0], b[1], hyperKeep, b[2]) }, true},
-		{"scale skipped", [][]float32{randn(rng, n), {0, 0, 0, 0, 0, 0, 0.97, 0}, {1}}, []int{0},
-			func(o Ops, b []Buf) error { return o.Scale(b[0], b[1], hyperKeep, b[2]) }, true},
-		{"gemm_strided", [][]float32{randn(rng, 3*8*24), randn(rng, 3*8*24), make([]float32, 3*2*8*8)}, []int{2},
-			func(o Ops, b []Buf) error {
-				at := func(x Buf, off int) Buf { return o.Slice(x, off, x.Len()-off) }
-				return o.GemmStrided(false, true, 8, 8, 4, 0.5, at(b[0], 4), 24, 8*24, at(b[1], 12), 24, 8*24, 0, at(b[2], 64), 8, 2*64, 3)
-			}, false},
 		{"gemm", [][]float32{randn(rng, 37*53), randn(rng, 53*29), randn(rng, 37*29)}, []int{2},
 			func(o Ops, b []Buf) error { return o.Gemm(false, false, 37, 29, 53, b[0], b[1], 0, b[2]) }, false},
 		{"gemm tt beta", [][]float32{randn(rng, 53*37), randn(rng, 29*53), randn(rng, 37*29)}, []int{2},
 			func(o Ops, b []Buf) error { return o.Gemm(true, true, 37, 29, 53, b[0], b[1], 1, b[2]) }, false},
+		{"embed", [][]float32{toks, randn(gr, 11*6), randn(gr, 4*6), make([]float32, 12*6)}, []int{3},
+			func(o Ops, b []Buf) error { return o.Embed(b[0], b[1], b[2], b[3], 12, 4, 6) }, true},
+		{"embed_grad", [][]float32{toks, randn(gr, 12*6), make([]float32, 11*6), make([]float32, 4*6)}, []int{2, 3},
+			func(o Ops, b []Buf) error { return o.EmbedGrad(b[0], b[1], b[2], b[3], 12, 4, 6) }, true},
+		{"layer_norm", [][]float32{randn(gr, 12*20), randn(gr, 20), randn(gr, 20), make([]float32, 12*20), make([]float32, 24)}, []int{3, 4},
+			func(o Ops, b []Buf) error { return o.LayerNorm(b[0], b[1], b[2], b[3], b[4], 12, 20) }, true},
+		{"layer_norm 300 wide", [][]float32{randn(gr, 5*300), randn(gr, 300), randn(gr, 300), make([]float32, 5*300), make([]float32, 10)}, []int{3, 4},
+			func(o Ops, b []Buf) error { return o.LayerNorm(b[0], b[1], b[2], b[3], b[4], 5, 300) }, true},
+		{"layer_norm_backward", [][]float32{randn(gr, 12*20), randn(gr, 20), stats, randn(gr, 12*20), make([]float32, 12*20)}, []int{4},
+			func(o Ops, b []Buf) error { return o.LayerNormBackward(b[0], b[1], b[2], b[3], b[4], 12, 20) }, true},
+		{"normalized_product", [][]float32{randn(gr, 12*20), stats, randn(gr, 12*20), make([]float32, 12*20)}, []int{3},
+			func(o Ops, b []Buf) error { return o.NormalizedProduct(b[0], b[1], b[2], b[3], 12, 20) }, true},
+		{"gelu", [][]float32{randn(gr, n), make([]float32, n)}, []int{1},
+			func(o Ops, b []Buf) error { return o.GELU(b[0], b[1]) }, false},
+		{"gelu_backward", [][]float32{randn(gr, n), randn(gr, n), make([]float32, n)}, []int{2},
+			func(o Ops, b []Buf) error { return o.GELUBackward(b[0], b[1], b[2]) }, false},
+		{"causal_softmax", [][]float32{randn(gr, 3*8*8)}, []int{0},
+			func(o Ops, b []Buf) error { return o.CausalSoftmax(b[0], 3*8, 8) }, false},
+		{"causal_softmax 70 long", [][]float32{randn(gr, 2*70*70)}, []int{0},
+			func(o Ops, b []Buf) error { return o.CausalSoftmax(b[0], 2*70, 70) }, false},
+		{"causal_softmax_backward 70 long", [][]float32{absv(randn(gr, 2*70*70)), randn(gr, 2*70*70)}, []int{1},
+			func(o Ops, b []Buf) error { return o.CausalSoftmaxBackward(b[0], b[1], 2*70, 70) }, true},
+		{"causal_softmax_backward", [][]float32{absv(randn(gr, 3*8*8)), randn(gr, 3*8*8)}, []int{1},
+			func(o Ops, b []Buf) error { return o.CausalSoftmaxBackward(b[0], b[1], 3*8, 8) }, true},
+		{"add", [][]float32{randn(gr, n), randn(gr, n), make([]float32, n)}, []int{2},
+			func(o Ops, b []Buf) error { return o.Add(b[0], b[1], b[2]) }, true},
+		{"accumulate", [][]float32{randn(gr, n), randn(gr, n)}, []int{0},
+			func(o Ops, b []Buf) error { return o.Accumulate(b[0], b[1]) }, true},
+		{"scale", [][]float32{randn(gr, n), {0, 0, 0, 0, 0, 0, 0.97, 0}, {0}}, []int{0},
+			func(o Ops, b []Buf) error { return o.Scale(b[0], b[1], hyperKeep, b[2]) }, true},
+		{"scale skipped", [][]float32{randn(gr, n), {0, 0, 0, 0, 0, 0, 0.97, 0}, {1}}, []int{0},
+			func(o Ops, b []Buf) error { return o.Scale(b[0], b[1], hyperKeep, b[2]) }, true},
+		{"gemm_strided", [][]float32{randn(gr, 3*8*24), randn(gr, 3*8*24), make([]float32, 3*2*8*8)}, []int{2},
+			func(o Ops, b []Buf) error {
+				at := func(x Buf, off int) Buf { return o.Slice(x, off, x.Len()-off) }
+				return o.GemmStrided(false, true, 8, 8, 4, 0.5, at(b[0], 4), 24, 8*24, at(b[1], 12), 24, 8*24, 0, at(b[2], 64), 8, 2*64, 3)
+			}, false},
 	} {
 		host, gpu := onBoth(t, c, tc.ins, tc.outs, tc.op)
 		for k := range host {
@@ -296,4 +308,83 @@ func TestCUDAOutOfMemory(t *testing.T) {
 		t.Fatalf("New of a GPT needing 256 GiB = %v; want ErrOutOfMemory", err)
 	}
 	t.Log(err)
+}
+
+// TestCUDAGPTOpTimes prints how long each of the GPT's device calls takes
+// at torch_gpt.py's shape (batch 32, context 128, dim 128, 4 heads),
+// where RINGTRAIN_OP_TIMES is set: where a step's time goes.
+func TestCUDAGPTOpTimes(t *testing.T) {
+	if os.Getenv("RINGTRAIN_OP_TIMES") == "" {
+		t.Skip("set RINGTRAIN_OP_TIMES to time the GPT's calls")
+	}
+	c := newCUDAOrSkip(t)
+	defer c.Close()
+	const B, T, C, H, V = 32, 128, 128, 4, 256
+	R, d := B*T, C/H
+	rng := rand.New(rand.NewPCG(1, 1))
+	up := func(v []float32) Buf {
+		b, err := c.Alloc(len(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Upload(b, v); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	toks := make([]float32, R)
+	for i := range toks {
+		toks[i] = float32(rng.IntN(V))
+	}
+	tok, x, y, dy, dx := up(toks), up(randn(rng, R*4*C)), up(randn(rng, R*4*C)), up(randn(rng, R*4*C)), up(randn(rng, R*4*C))
+	g, b, stats := up(randn(rng, 4*C)), up(randn(rng, 4*C)), up(randn(rng, 2*R))
+	table, pos := up(randn(rng, V*C)), up(randn(rng, T*C))
+	probs, dprobs := up(randn(rng, B*H*T*T)), up(randn(rng, B*H*T*T))
+	qkv := up(randn(rng, R*3*C))
+	w, labels := up(randn(rng, 4*C*4*C)), up(toks)
+	p, m, v, hyper, skip := up(randn(rng, 900000)), up(randn(rng, 900000)), up(randn(rng, 900000)), up([]float32{1e-3, 1, 0, 0.9, 0.95, 1e-8, 1, 0}), up([]float32{0})
+	at := func(b Buf, off int) Buf { return c.Slice(b, off, b.Len()-off) }
+	sl := func(b Buf, n int) Buf { return c.Slice(b, 0, n) }
+	for _, op := range []struct {
+		name string
+		f    func() error
+	}{
+		{"embed", func() error { return c.Embed(tok, table, pos, sl(y, R*C), R, T, C) }},
+		{"embed_grad", func() error { return c.EmbedGrad(tok, sl(dy, R*C), sl(x, V*C), sl(dx, T*C), R, T, C) }},
+		{"layer_norm", func() error { return c.LayerNorm(sl(x, R*C), sl(g, C), sl(b, C), sl(y, R*C), stats, R, C) }},
+		{"layer_norm_backward", func() error { return c.LayerNormBackward(sl(x, R*C), sl(g, C), stats, sl(dy, R*C), sl(dx, R*C), R, C) }},
+		{"normalized_product", func() error { return c.NormalizedProduct(sl(x, R*C), stats, sl(dy, R*C), sl(y, R*C), R, C) }},
+		{"gelu 4C", func() error { return c.GELU(x, y) }},
+		{"gelu_backward 4C", func() error { return c.GELUBackward(x, dy, dx) }},
+		{"causal_softmax", func() error { return c.CausalSoftmax(probs, B*H*T, T) }},
+		{"causal_softmax_backward", func() error { return c.CausalSoftmaxBackward(probs, dprobs, B*H*T, T) }},
+		{"scores, one head", func() error {
+			return c.GemmStrided(false, true, T, T, d, 0.1, qkv, 3*C, T*3*C, at(qkv, C), 3*C, T*3*C, 0, probs, T, H*T*T, B)
+		}},
+		{"linear C→3C", func() error { return c.Gemm(false, false, R, 3*C, C, sl(x, R*C), sl(w, C*3*C), 0, sl(y, R*3*C)) }},
+		{"linear weight grad C→4C", func() error { return c.Gemm(true, false, C, 4*C, R, sl(x, R*C), dy, 0, sl(w, C*4*C)) }},
+		{"bias_add 4C", func() error { return c.BiasAdd(y, sl(b, 4*C), R, 4*C, 1) }},
+		{"bias_grad 4C", func() error { return c.BiasGrad(dy, sl(b, 4*C), R, 4*C, 1) }},
+		{"add", func() error { return c.Add(sl(x, R*C), sl(y, R*C), sl(dx, R*C)) }},
+		{"softmax_xent", func() error { return c.SoftmaxXent(sl(x, R*V), labels, sl(dx, R*V), sl(y, R), R, R, V) }},
+		{"adam 0.9M", func() error { return c.Adam(p, m, v, at(v, 0), hyper, skip) }},
+	} {
+		if err := op.f(); err != nil {
+			t.Fatalf("%s: %v", op.name, err)
+		}
+		if err := c.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		const n = 50
+		start := time.Now()
+		for range n {
+			if err := op.f(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := c.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%-26s %8.1f µs", op.name, float64(time.Since(start).Microseconds())/n)
+	}
 }

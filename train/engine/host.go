@@ -208,21 +208,22 @@ func (Host) EmbedGrad(tok, dy, dTable, dPos Buf, rows, T, dim int) error {
 
 func (Host) LayerNorm(x, g, b, y, stats Buf, rows, dim int) error {
 	for r := range rows {
-		layerNormThread(r, f32(x), f32(g), f32(b), f32(y), f32(stats), dim)
+		layerNormBlock(r, f32(x), f32(g), f32(b), f32(y), f32(stats), dim)
 	}
 	return nil
 }
 
 func (Host) LayerNormBackward(x, g, stats, dy, dx Buf, rows, dim int) error {
 	for r := range rows {
-		layerNormBackwardThread(r, f32(x), f32(g), f32(stats), f32(dy), f32(dx), dim)
+		layerNormBackwardBlock(r, f32(x), f32(g), f32(stats), f32(dy), f32(dx), dim)
 	}
 	return nil
 }
 
-func (Host) LayerNormParamGrad(x, stats, dy, dg, db Buf, rows, dim int) error {
-	for j := range dim {
-		layerNormParamGradThread(j, f32(x), f32(stats), f32(dy), f32(dg), f32(db), rows, dim)
+func (Host) NormalizedProduct(x, stats, dy, out Buf, rows, dim int) error {
+	xs, ss, ds, os := f32(x), f32(stats), f32(dy), f32(out)
+	for i := range rows * dim {
+		normalizedProductThread(i, xs, ss, ds, os, dim)
 	}
 	return nil
 }
@@ -245,14 +246,14 @@ func (Host) GELUBackward(x, dy, dx Buf) error {
 
 func (Host) CausalSoftmax(s Buf, rows, T int) error {
 	for r := range rows {
-		causalSoftmaxThread(r, f32(s), T)
+		causalSoftmaxBlock(r, f32(s), T)
 	}
 	return nil
 }
 
 func (Host) CausalSoftmaxBackward(p, dp Buf, rows, T int) error {
 	for r := range rows {
-		causalSoftmaxBackwardThread(r, f32(p), f32(dp), T)
+		causalSoftmaxBackwardBlock(r, f32(p), f32(dp), T)
 	}
 	return nil
 }

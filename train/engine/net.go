@@ -77,7 +77,7 @@ type Net struct {
 	dActs   []Buf // gradients of the loss by acts
 	saves   []saved
 	stats   []Buf // per layer: a layernorm's means and 1/σ, an attention's probabilities
-	dProbs  Buf   // the largest attention's probabilities' gradient
+	scratch Buf   // the largest attention's probabilities' gradient, or layernorm's dy·x̂
 	// positions is the labels a sample has: 1, or a language model's
 	// positions (then its first layer is an embedding of tokens, vocab).
 	positions, vocab int
@@ -251,7 +251,7 @@ func (n *Net) allocate() error {
 	iParam, iGrad := want(n.nparams), want(n.nparams)
 	iAct, iDAct := []int{want(n.batch * n.inputs)}, []int{want(n.batch * n.inputs)}
 	iCol, iStats, iSave := make([]int, len(n.layers)), make([]int, len(n.layers)), make([]int, len(n.saves))
-	maxCol, maxTmp, maxProbs := 0, 0, 0
+	maxCol, maxTmp, maxScratch := 0, 0, 0
 	for k, ly := range n.layers {
 		iCol[k], iStats[k] = -1, -1
 		switch ly.kind {
@@ -267,16 +267,17 @@ func (n *Net) allocate() error {
 			maxTmp = max(maxTmp, ly.outC*ly.conv.ColCols())
 		case train.LayerLayerNorm:
 			iStats[k] = want(2 * n.batch * ly.rows)
+			maxScratch = max(maxScratch, ly.in)
 		case train.LayerAttention:
 			iStats[k] = want(n.batch * ly.heads * ly.rows * ly.rows)
-			maxProbs = max(maxProbs, ly.heads*ly.rows*ly.rows)
+			maxScratch = max(maxScratch, ly.heads*ly.rows*ly.rows)
 		}
 		iAct, iDAct = append(iAct, want(n.batch*ly.out)), append(iDAct, want(n.batch*ly.out))
 	}
 	for k, sv := range n.saves {
 		iSave[k] = want(n.batch * n.layers[sv.act-1].out)
 	}
-	iDCol, iTmp, iDProbs := want(n.batch*maxCol), want(n.batch*maxTmp), want(n.batch*maxProbs)
+	iDCol, iTmp, iScratch := want(n.batch*maxCol), want(n.batch*maxTmp), want(n.batch*maxScratch)
 	labels := n.batch * n.positions
 	iLabels, iLoss, iFlags, iHyper := want(labels), want(labels), want(3), want(hyperLen)
 	offs := make([]int, len(plan))
@@ -314,7 +315,7 @@ func (n *Net) allocate() error {
 	for k := range n.saves {
 		n.saves[k].grad = buf(iSave[k])
 	}
-	n.dCol, n.tmp, n.dProbs = buf(iDCol), buf(iTmp), buf(iDProbs)
+	n.dCol, n.tmp, n.scratch = buf(iDCol), buf(iTmp), buf(iScratch)
 	n.labels, n.dLoss, n.flags, n.hyper = buf(iLabels), buf(iLoss), buf(iFlags), buf(iHyper)
 	pin := func(size int) []float32 {
 		if err != nil {
@@ -727,7 +728,16 @@ func (n *Net) backwardParams(i int) error {
 	case train.LayerEmbedding:
 		return ops.EmbedGrad(x, dy, n.dGrads[ly.w], n.dGrads[ly.b], n.batch*ly.rows, ly.rows, ly.outW)
 	case train.LayerLayerNorm:
-		return ops.LayerNormParamGrad(x, n.stats[i], dy, n.dGrads[ly.w], n.dGrads[ly.b], n.batch*ly.rows, ly.inW)
+		// The gain's and bias's gradients are column sums, of dy·x̂ and of
+		// dy: bias_grad's blocks sum a column in a fixed order.
+		rows, prod := n.batch*ly.rows, ops.Slice(n.scratch, 0, n.batch*ly.in)
+		if err := ops.NormalizedProduct(x, n.stats[i], dy, prod, rows, ly.inW); err != nil {
+			return err
+		}
+		if err := ops.BiasGrad(prod, n.dGrads[ly.w], rows, ly.inW, 1); err != nil {
+			return err
+		}
+		return ops.BiasGrad(dy, n.dGrads[ly.b], rows, ly.inW, 1)
 	case train.LayerAdd:
 		return ops.Accumulate(n.saves[ly.from].grad, dy)
 	case train.LayerConv2D:
@@ -809,7 +819,7 @@ func (n *Net) attentionBackward(ly layer, qkv, probs, dy, dqkv Buf) error {
 	d := C / H
 	scale := float32(1 / math.Sqrt(float64(d)))
 	at := func(b Buf, off int) Buf { return n.ops.Slice(b, off, b.Len()-off) }
-	dp := n.dProbs
+	dp := n.scratch
 	var e errs
 	for h := range H {
 		p, dph, g := at(probs, h*T*T), at(dp, h*T*T), at(dy, h*d)

@@ -96,10 +96,11 @@ type Ops interface {
 	// variance 1 (eps 1e-5), then scales by g and adds b, into y; stats
 	// gets each row's mean and 1/σ (2 × rows values).
 	LayerNorm(x, g, b, y, stats Buf, rows, dim int) error
-	// LayerNormBackward sets dx from dy, and LayerNormParamGrad dg and db,
-	// with LayerNorm's stats.
+	// LayerNormBackward sets dx from dy with LayerNorm's stats;
+	// NormalizedProduct sets out to dy times the normalised x, whose
+	// column sums (BiasGrad) are the gain's gradient.
 	LayerNormBackward(x, g, stats, dy, dx Buf, rows, dim int) error
-	LayerNormParamGrad(x, stats, dy, dg, db Buf, rows, dim int) error
+	NormalizedProduct(x, stats, dy, out Buf, rows, dim int) error
 	// GELU is x·Φ(x), the exact form; GELUBackward its gradient.
 	GELU(x, y Buf) error
 	GELUBackward(x, dy, dx Buf) error

@@ -283,21 +283,70 @@ func posGradThread(i int, dy, dPos []float32, rows, T, dim int) {
 // layerNormEps is torch's LayerNorm eps.
 const layerNormEps = 1e-5
 
-// layerNormThread: thread r normalises row r of x to mean 0 and variance
-// 1, then scales by g and adds b; stats[2r] and stats[2r+1] keep the
-// row's mean and 1/σ for the backward pass.
-func layerNormThread(r int, x, g, b, y, stats []float32, dim int) {
+// The row kernels (layernorm, the causal softmax) run a warp of 32
+// threads per row: lane l takes the row's values l, l+32, …, so a warp
+// reads whole lines, and sums what it took in order; the lanes' sums are
+// then folded in halves (lanes 0–15 add lanes 16–31's, then 0–7 8–15's,
+// …), as the kernels' shuffles do; each *Block function is one row's block.
+
+// warp is the threads a row kernel gives a row.
+const warp = 32
+
+// warpFold folds the lanes' partial sums in halves and returns lane 0's.
+func warpFold(part *[warp]float32) float32 {
+	for s := warp / 2; s > 0; s >>= 1 {
+		for l := range s {
+			part[l] += part[l+s]
+		}
+	}
+	return part[0]
+}
+
+// warpSum is the row sum of f(j) over j < n, as a row kernel's warp sums
+// it.
+func warpSum(n int, f func(j int) float32) float32 {
+	var part [warp]float32
+	for l := range warp {
+		for j := l; j < n; j += warp {
+			part[l] += f(j)
+		}
+	}
+	return warpFold(&part)
+}
+
+// warpMax is the largest of f(j) over j < n (a NaN makes a NaN row all
+// the same, through the exps that follow).
+func warpMax(n int, f func(j int) float32) float32 {
+	var part [warp]float32
+	for l := range warp {
+		part[l] = f(0)
+		for j := l; j < n; j += warp {
+			part[l] = max32(part[l], f(j))
+		}
+	}
+	for s := warp / 2; s > 0; s >>= 1 {
+		for l := range s {
+			part[l] = max32(part[l], part[l+s])
+		}
+	}
+	return part[0]
+}
+
+// max32 is CUDA's fmaxf for numbers: the larger.
+func max32(a, b float32) float32 {
+	if b > a {
+		return b
+	}
+	return a
+}
+
+// layerNormBlock: row r of x normalised to mean 0 and variance 1, then
+// scaled by g and shifted by b; stats[2r] and stats[2r+1] keep its mean
+// and 1/σ for the backward pass.
+func layerNormBlock(r int, x, g, b, y, stats []float32, dim int) {
 	row, out := x[r*dim:(r+1)*dim], y[r*dim:(r+1)*dim]
-	sum := float32(0)
-	for _, v := range row {
-		sum += v
-	}
-	mu := sum / float32(dim)
-	sq := float32(0)
-	for _, v := range row {
-		d := v - mu
-		sq += float32(d * d)
-	}
+	mu := warpSum(dim, func(j int) float32 { return row[j] }) / float32(dim)
+	sq := warpSum(dim, func(j int) float32 { d := row[j] - mu; return float32(d * d) })
 	rs := float32(1 / math.Sqrt(float64(sq/float32(dim)+layerNormEps)))
 	for j, v := range row {
 		out[j] = float32(float32((v-mu)*rs)*g[j]) + b[j]
@@ -305,35 +354,24 @@ func layerNormThread(r int, x, g, b, y, stats []float32, dim int) {
 	stats[2*r], stats[2*r+1] = mu, rs
 }
 
-// layerNormBackwardThread: thread r writes row r of dx, rs·(dx̂ −
-// mean(dx̂) − x̂·mean(dx̂·x̂)) with dx̂ = dy·g and x̂ the normalised row.
-func layerNormBackwardThread(r int, x, g, stats, dy, dx []float32, dim int) {
+// layerNormBackwardBlock: row r of dx, rs·(dx̂ − mean(dx̂) − x̂·mean(dx̂·x̂))
+// with dx̂ = dy·g and x̂ the normalised row.
+func layerNormBackwardBlock(r int, x, g, stats, dy, dx []float32, dim int) {
 	row, d, out := x[r*dim:(r+1)*dim], dy[r*dim:(r+1)*dim], dx[r*dim:(r+1)*dim]
 	mu, rs := stats[2*r], stats[2*r+1]
-	a, c := float32(0), float32(0)
-	for j, v := range row {
-		h := float32(d[j] * g[j])
-		a += h
-		c += float32(h * float32((v-mu)*rs))
-	}
-	a /= float32(dim)
-	c /= float32(dim)
+	a := warpSum(dim, func(j int) float32 { return float32(d[j] * g[j]) }) / float32(dim)
+	c := warpSum(dim, func(j int) float32 { return float32(float32(d[j]*g[j]) * float32((row[j]-mu)*rs)) }) / float32(dim)
 	for j, v := range row {
 		h := float32(d[j] * g[j])
 		out[j] = float32(rs * float32(float32(h-a)-float32(float32((v-mu)*rs)*c)))
 	}
 }
 
-// layerNormParamGradThread: thread j writes dg[j] and db[j], the sums
-// over rows of dy·x̂ and of dy in column j, in row order.
-func layerNormParamGradThread(j int, x, stats, dy, dg, db []float32, rows, dim int) {
-	sg, sb := float32(0), float32(0)
-	for r := 0; r < rows; r++ {
-		d := dy[r*dim+j]
-		sg += float32(d * float32((x[r*dim+j]-stats[2*r])*stats[2*r+1]))
-		sb += d
-	}
-	dg[j], db[j] = sg, sb
+// normalizedProductThread: out[i] = dy[i]·x̂[i], x̂ the row's value
+// normalised with its mean and 1/σ from stats.
+func normalizedProductThread(i int, x, stats, dy, out []float32, dim int) {
+	r := i / dim
+	out[i] = float32(dy[i] * float32((x[i]-stats[2*r])*stats[2*r+1]))
 }
 
 // geluThread: y = x·Φ(x), the exact GELU (erf, not tanh's fit), in
@@ -350,25 +388,17 @@ func geluBackwardThread(i int, x, dy, dx []float32) {
 	dx[i] = float32(float64(dy[i]) * d)
 }
 
-// causalSoftmaxThread: thread r turns row r of the scores s (blocks of T
-// rows of T, row r at position r mod T) into the softmax of its first
-// (r mod T)+1 values, and zeros after them.
-func causalSoftmaxThread(r int, s []float32, T int) {
+// causalSoftmaxBlock turns row r of the scores s (blocks of T rows of T,
+// row r at position r mod T) into the softmax of its first (r mod T)+1
+// values, and zeros after them.
+func causalSoftmaxBlock(r int, s []float32, T int) {
 	row, n := s[r*T:(r+1)*T], r%T+1
-	m := row[0]
-	for k := 1; k < n; k++ {
-		if row[k] > m {
-			m = row[k]
-		}
+	m := warpMax(n, func(k int) float32 { return row[k] })
+	for k := range n {
+		row[k] = float32(math.Exp(float64(row[k] - m)))
 	}
-	sum := float32(0)
-	for k := 0; k < n; k++ {
-		e := float32(math.Exp(float64(row[k] - m)))
-		row[k] = e
-		sum += e
-	}
-	inv := 1 / sum
-	for k := 0; k < T; k++ {
+	inv := 1 / warpSum(n, func(k int) float32 { return row[k] })
+	for k := range T {
 		if k < n {
 			row[k] *= inv
 		} else {
@@ -377,16 +407,12 @@ func causalSoftmaxThread(r int, s []float32, T int) {
 	}
 }
 
-// causalSoftmaxBackwardThread: thread r sets row r of dp to the scores'
-// gradient, p ⊙ (dp − Σ p·dp) over the row's first (r mod T)+1, zeros
-// after.
-func causalSoftmaxBackwardThread(r int, p, dp []float32, T int) {
+// causalSoftmaxBackwardBlock sets row r of dp to the scores' gradient, p ⊙
+// (dp − Σ p·dp) over the row's first (r mod T)+1, zeros after.
+func causalSoftmaxBackwardBlock(r int, p, dp []float32, T int) {
 	pr, dr, n := p[r*T:(r+1)*T], dp[r*T:(r+1)*T], r%T+1
-	dot := float32(0)
-	for k := 0; k < n; k++ {
-		dot += float32(pr[k] * dr[k])
-	}
-	for k := 0; k < T; k++ {
+	dot := warpSum(n, func(k int) float32 { return float32(pr[k] * dr[k]) })
+	for k := range T {
 		if k < n {
 			dr[k] = float32(pr[k] * float32(dr[k]-dot))
 		} else {

@@ -259,60 +259,76 @@ extern "C" __global__ void pos_grad(const float* dy, float* dPos, i64 rows, i64 
   dPos[i] = sum;
 }
 
-// layer_norm: one thread a row; stats keeps its mean and 1/σ.
+// The row kernels run a warp of 32 threads per row (blockDim 32, a block
+// per row): lane l takes the row's values l, l+32, …, sums what it took
+// in order, and the lanes' sums are folded in halves by shuffles — the
+// order threads.go's warpSum and warpMax follow.
+#define FULL 0xffffffffu
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int s = 16; s > 0; s >>= 1) v += __shfl_down_sync(FULL, v, s);
+  return __shfl_sync(FULL, v, 0);
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int s = 16; s > 0; s >>= 1) {
+    float o = __shfl_down_sync(FULL, v, s);
+    v = o > v ? o : v;
+  }
+  return __shfl_sync(FULL, v, 0);
+}
+
+// layer_norm: a warp a row; stats keeps its mean and 1/σ.
 extern "C" __global__ void layer_norm(const float* x, const float* g, const float* b, float* y, float* stats, i64 rows, i64 dim) {
-  i64 r = tid();
+  i64 r = blockIdx.x;
+  i64 l = threadIdx.x;
   if (r >= rows) return;
   const float* row = x + r * dim;
   float* out = y + r * dim;
   float sum = 0.f;
-  for (i64 j = 0; j < dim; j++) sum += row[j];
-  float mu = sum / (float)dim;
+  for (i64 j = l; j < dim; j += 32) sum += row[j];
+  float mu = warp_sum(sum) / (float)dim;
   float sq = 0.f;
-  for (i64 j = 0; j < dim; j++) {
+  for (i64 j = l; j < dim; j += 32) {
     float d = row[j] - mu;
     sq += d * d;
   }
+  sq = warp_sum(sq);
   float rs = (float)(1.0 / sqrt((double)(sq / (float)dim + 1e-5f)));
-  for (i64 j = 0; j < dim; j++) out[j] = (row[j] - mu) * rs * g[j] + b[j];
-  stats[2 * r] = mu;
-  stats[2 * r + 1] = rs;
+  for (i64 j = l; j < dim; j += 32) out[j] = (row[j] - mu) * rs * g[j] + b[j];
+  if (l == 0) {
+    stats[2 * r] = mu;
+    stats[2 * r + 1] = rs;
+  }
 }
 
 // layer_norm_backward: row r of dx, rs·(dx̂ − mean(dx̂) − x̂·mean(dx̂·x̂)).
 extern "C" __global__ void layer_norm_backward(const float* x, const float* g, const float* stats, const float* dy, float* dx, i64 rows, i64 dim) {
-  i64 r = tid();
+  i64 r = blockIdx.x;
+  i64 l = threadIdx.x;
   if (r >= rows) return;
   const float* row = x + r * dim;
   const float* d = dy + r * dim;
   float* out = dx + r * dim;
   float mu = stats[2 * r], rs = stats[2 * r + 1];
   float a = 0.f, c = 0.f;
-  for (i64 j = 0; j < dim; j++) {
-    float h = d[j] * g[j];
-    a += h;
-    c += h * ((row[j] - mu) * rs);
-  }
-  a /= (float)dim;
-  c /= (float)dim;
-  for (i64 j = 0; j < dim; j++) {
+  for (i64 j = l; j < dim; j += 32) a += d[j] * g[j];
+  for (i64 j = l; j < dim; j += 32) c += (d[j] * g[j]) * ((row[j] - mu) * rs);
+  a = warp_sum(a) / (float)dim;
+  c = warp_sum(c) / (float)dim;
+  for (i64 j = l; j < dim; j += 32) {
     float h = d[j] * g[j];
     out[j] = rs * ((h - a) - ((row[j] - mu) * rs) * c);
   }
 }
 
-// layer_norm_param_grad: column j's dg and db, summed over rows in order.
-extern "C" __global__ void layer_norm_param_grad(const float* x, const float* stats, const float* dy, float* dg, float* db, i64 rows, i64 dim) {
-  i64 j = tid();
-  if (j >= dim) return;
-  float sg = 0.f, sb = 0.f;
-  for (i64 r = 0; r < rows; r++) {
-    float d = dy[r * dim + j];
-    sg += d * ((x[r * dim + j] - stats[2 * r]) * stats[2 * r + 1]);
-    sb += d;
-  }
-  dg[j] = sg;
-  db[j] = sb;
+// normalized_product: out = dy·x̂, whose column sums (bias_grad) are the
+// gain's gradient.
+extern "C" __global__ void normalized_product(const float* x, const float* stats, const float* dy, float* out, i64 rows, i64 dim) {
+  i64 i = tid();
+  if (i >= rows * dim) return;
+  i64 r = i / dim;
+  out[i] = dy[i] * ((x[i] - stats[2 * r]) * stats[2 * r + 1]);
 }
 
 // gelu: x·Φ(x), the exact form, in double as the host twin.
@@ -331,36 +347,40 @@ extern "C" __global__ void gelu_backward(const float* x, const float* dy, float*
   dx[i] = (float)((double)dy[i] * d);
 }
 
-// causal_softmax: row r of blocks of T×T scores becomes the softmax of its
-// first (r mod T)+1 values, zeros after.
+// causal_softmax: a warp a row; row r of blocks of T×T scores becomes the
+// softmax of its first (r mod T)+1 values, zeros after.
 extern "C" __global__ void causal_softmax(float* s, i64 rows, i64 T) {
-  i64 r = tid();
+  i64 r = blockIdx.x;
+  i64 l = threadIdx.x;
   if (r >= rows) return;
   float* row = s + r * T;
   i64 n = r % T + 1;
   float m = row[0];
-  for (i64 k = 1; k < n; k++) if (row[k] > m) m = row[k];
+  for (i64 k = l; k < n; k += 32) m = row[k] > m ? row[k] : m;
+  m = warp_max(m);
   float sum = 0.f;
-  for (i64 k = 0; k < n; k++) {
+  for (i64 k = l; k < n; k += 32) {
     float e = expf(row[k] - m);
     row[k] = e;
     sum += e;
   }
-  float inv = 1.f / sum;
-  for (i64 k = 0; k < T; k++) row[k] = k < n ? row[k] * inv : 0.f;
+  float inv = 1.f / warp_sum(sum);
+  for (i64 k = l; k < T; k += 32) row[k] = k < n ? row[k] * inv : 0.f;
 }
 
-// causal_softmax_backward: dp ← p ⊙ (dp − Σ p·dp) over the row's first
-// (r mod T)+1, zeros after.
+// causal_softmax_backward: a warp a row; dp ← p ⊙ (dp − Σ p·dp) over the
+// row's first (r mod T)+1, zeros after.
 extern "C" __global__ void causal_softmax_backward(const float* p, float* dp, i64 rows, i64 T) {
-  i64 r = tid();
+  i64 r = blockIdx.x;
+  i64 l = threadIdx.x;
   if (r >= rows) return;
   const float* pr = p + r * T;
   float* dr = dp + r * T;
   i64 n = r % T + 1;
   float dot = 0.f;
-  for (i64 k = 0; k < n; k++) dot += pr[k] * dr[k];
-  for (i64 k = 0; k < T; k++) dr[k] = k < n ? pr[k] * (dr[k] - dot) : 0.f;
+  for (i64 k = l; k < n; k += 32) dot += pr[k] * dr[k];
+  dot = warp_sum(dot);
+  for (i64 k = l; k < T; k += 32) dr[k] = k < n ? pr[k] * (dr[k] - dot) : 0.f;
 }
 
 extern "C" __global__ void add(const float* a, const float* b, float* y, i64 n) {

@@ -39,7 +39,7 @@ var Kernels = map[string]int{
 	"pos_grad":                5,
 	"layer_norm":              7,
 	"layer_norm_backward":     7,
-	"layer_norm_param_grad":   7,
+	"normalized_product":      6,
 	"gelu":                    3,
 	"gelu_backward":           4,
 	"causal_softmax":          3,
