@@ -213,7 +213,8 @@ gpu-pack: cuda-fetch fashion-mnist fortunes
 	@rm -rf $(BIN)/gpu && mkdir -p $(BIN)/gpu/fmnist
 	$(CUDA_ENV) $(GO) build -tags ringtrain_cuda -ldflags='-s -w' -o $(BIN)/gpu/ringtrain-cuda ./cmd/ringtrain
 	$(CUDA_ENV) $(GO) test -c -tags ringtrain_cuda -ldflags='-s -w' -o $(BIN)/gpu/engine-cuda.test ./train/engine
-	xz -6 -T0 $(BIN)/gpu/ringtrain-cuda $(BIN)/gpu/engine-cuda.test
+	$(GO) build -ldflags='-s -w' -o $(BIN)/gpu/gpteval ./internal/gpteval
+	xz -6 -T0 $(BIN)/gpu/ringtrain-cuda $(BIN)/gpu/engine-cuda.test $(BIN)/gpu/gpteval
 	cp $(FASHION)/*.gz $(BIN)/gpu/fmnist/
 	cp testdata/gpu-bench.sh testdata/gpu-gpt.sh testdata/bench-cnn-1.json testdata/bench-cnn-2.json testdata/gpt-quality-job.json $(BIN)/gpu/
 	mkdir -p $(BIN)/gpu/fortunes && find $(FORTUNES) -maxdepth 1 -type f ! -name '*.*' -exec cp {} $(BIN)/gpu/fortunes/ \;

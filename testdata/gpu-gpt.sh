@@ -5,14 +5,15 @@
 #   bash gpu-gpt.sh OUTDIR
 # The engine's CUDA tests (every kernel against its Go twin, the GPT's
 # training against Host), compute-sanitizer's memcheck, racecheck and
-# initcheck on them where the host has it, then one epoch of torch_gpt.py's
-# settings on fortunes (batch 32, context 128) and 300 of PyTorch's steps.
-# About 4 minutes.
+# initcheck on them where the host has it, each of the GPT's device calls
+# timed, one epoch of torch_gpt.py's settings on fortunes (batch 32,
+# context 128) and 300 of PyTorch's steps, then the two shapes below.
+# About 2 minutes on an H100.
 set -u
 cd "$(dirname "$0")"
 OUT=${1:-out}
 mkdir -p "$OUT"
-for f in ringtrain-cuda engine-cuda.test; do [ -e $f.xz ] && xz -dkf $f.xz; chmod +x $f; done
+for f in ringtrain-cuda engine-cuda.test gpteval; do [ -e $f.xz ] && xz -dkf $f.xz; chmod +x $f; done
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/summary.txt" 2>&1
 log "engine tests"
@@ -41,4 +42,25 @@ if [ -e torch_gpt.py ] && python3 -c 'import torch' 2>/dev/null; then
   timeout 200 python3 torch_gpt.py --device cuda --data fortunes --steps 300 > "$OUT/torch-gpt.txt" 2>&1
   tail -2 "$OUT/torch-gpt.txt" | tee -a "$OUT/summary.txt"
 fi
+# Two shapes at equal steps, torch_gpt.py's and 6 layers × 384 at context
+# 256: one epoch of ringtrain on the GPU (562 steps at batch 32, context
+# 128; 140 at batch 64, context 256),
+# its checkpoint scored by gpteval on torch_gpt.py's own 64 validation
+# windows, and torch_gpt.py run for as many steps.
+shape() { # name layers dim heads ctx batch steps
+  sed "s#/usr/share/games/fortunes#$PWD/fortunes#; s/\"epochs\": 2/\"epochs\": 1/; s/\"batch_size\": 32/\"batch_size\": $6/;
+    s#\"name\": \"gpt-quality\"#\"name\": \"$1\", \"checkpoint_dir\": \"$OUT/ck\"#;
+    s/\"layers\": 4, \"dim\": 128, \"heads\": 4, \"context\": 128/\"layers\": $2, \"dim\": $3, \"heads\": $4, \"context\": $5/" gpt-quality-job.json > $1.json
+  log "ringtrain $1 (L$2 d$3 h$4 T$5 B$6), one epoch on cuda"
+  timeout 300 ./ringtrain-cuda local -n 1 --device cuda --config $1.json > "$OUT/$1.txt" 2>&1
+  echo "rc=$?" | tee -a "$OUT/summary.txt"
+  grep '"epoch done"' "$OUT/$1.txt" | grep -o '"step":[0-9]*\|"samples_per_sec":[0-9.]*\|"elapsed_s":[0-9.]*' | tr '\n' ' ' | tee -a "$OUT/summary.txt"; echo | tee -a "$OUT/summary.txt"
+  [ -x gpteval ] && ./gpteval "$OUT/ck/$1.ckpt" fortunes 2>&1 | tail -1 | tee -a "$OUT/summary.txt"
+  if [ -e torch_gpt.py ] && python3 -c 'import torch' 2>/dev/null; then
+    log "torch_gpt.py --device cuda $1, $7 steps"
+    timeout 300 python3 torch_gpt.py --device cuda --data fortunes --layers $2 --dim $3 --heads $4 --ctx $5 --batch $6 --steps $7 --eval-every $7 2>&1 | tail -1 | tee -a "$OUT/summary.txt"
+  fi
+}
+shape gpt-small 4 128 4 128 32 562
+shape gpt-large 6 384 6 256 64 140
 log done
