@@ -41,7 +41,8 @@ func pair(t *testing.T, cfg train.ModelConfig) (train.Model, *Net) {
 
 // TestNetMatchesGorgonia: on the same parameters and batch, the engine on
 // Host gives the gorgonia model's loss, logits and every gradient — for an
-// mlp, a small conv net with a short batch, the built-in cnn, and GPTs
+// mlp, a small conv net with a short batch, the built-in cnn, an mlp with
+// residual adds (one add's output saved for the next), and GPTs
 // (embedding, layernorm, attention, GELU, residual adds), full and short.
 func TestNetMatchesGorgonia(t *testing.T) {
 	cnn, err := train.BuiltinSpec("cnn", 1, 28, 28, 10)
@@ -60,6 +61,11 @@ func TestNetMatchesGorgonia(t *testing.T) {
 			{Type: "flatten"}, {Type: "linear", Out: 4},
 		}}, 3, 2},
 		{"cnn", cnn, 2, 2},
+		{"residual mlp", train.Spec{Input: []int{12}, Layers: []train.Layer{
+			{Type: "linear", Out: 16, Save: "h"}, {Type: "relu"}, {Type: "linear", Out: 16},
+			{Type: "add", From: "h", Save: "h2"}, {Type: "relu"}, {Type: "linear", Out: 16}, {Type: "add", From: "h2"},
+			{Type: "linear", Out: 5},
+		}}, 4, 3},
 		{"gpt, 1 block, 1 head", train.GPTSpec(1, 8, 1, 4), 2, 2},
 		{"gpt, 2 blocks, 2 heads", train.GPTSpec(2, 16, 2, 8), 3, 3},
 		{"gpt, short batch", train.GPTSpec(2, 16, 4, 8), 3, 2},
