@@ -312,18 +312,13 @@ func (k attentionKernel) head(qkv []float32, s, h int) (q, kk, v, p []float32) {
 func causalSoftmax(p []float32, T int) {
 	for i := range T {
 		row := p[i*T : (i+1)*T]
-		top := max4(row[:i+1])
+		top := vec.Max(row[:i+1])
 		// exp over whole vectors of 16: the lanes past i are thrown away
 		// below, and the scalar tail would cost as much as the rest.
 		n := min(T, (i+16)&^15)
-		for j := range n {
-			row[j] -= top
-		}
+		vec.AddScalar(row[:n], -top)
 		vec.ExpSlice(row[:n], row[:n])
-		inv := 1 / vec.Sum(row[:i+1])
-		for j := range i + 1 {
-			row[j] *= inv
-		}
+		vec.Scale(row[:i+1], 1/vec.Sum(row[:i+1]))
 		clear(row[i+1:])
 	}
 }
@@ -343,10 +338,7 @@ func (k attentionKernel) backward(dx [][]float32, dy []float32, in [][]float32, 
 		k.bl.SgemmSerial(blas.NoTrans, blas.Trans, T, T, d, 1, g, C, v, 3*C, 0, dp, T)
 		for i := range T {
 			pr, dr := p[i*T:(i+1)*T], dp[i*T:(i+1)*T]
-			dot := dot4(pr[:i+1], dr[:i+1])
-			for j := range i + 1 {
-				dr[j] = pr[j] * (dr[j] - float32(dot))
-			}
+			vec.MulSub(dr[:i+1], pr, float32(dot4(pr[:i+1], dr[:i+1])))
 			clear(dr[i+1:])
 		}
 		// dQ = dS·K/√d; dK = dSᵀ·Q/√d.
@@ -372,39 +364,6 @@ func dot4(a, b []float32) float64 {
 		s0 += float64(a[j]) * float64(b[j])
 	}
 	return (s0 + s1) + (s2 + s3)
-}
-
-// max4 is the largest of xs (at least one), in four running maxima, by
-// comparison: the max builtin's care for NaN and −0 costs branches, and
-// a NaN among scores makes its row's softmax NaN all the same.
-func max4(xs []float32) float32 {
-	m0, m1, m2, m3 := xs[0], xs[0], xs[0], xs[0]
-	j := 0
-	for ; j+4 <= len(xs); j += 4 {
-		if xs[j] > m0 {
-			m0 = xs[j]
-		}
-		if xs[j+1] > m1 {
-			m1 = xs[j+1]
-		}
-		if xs[j+2] > m2 {
-			m2 = xs[j+2]
-		}
-		if xs[j+3] > m3 {
-			m3 = xs[j+3]
-		}
-	}
-	for ; j < len(xs); j++ {
-		if xs[j] > m0 {
-			m0 = xs[j]
-		}
-	}
-	for _, v := range [3]float32{m1, m2, m3} {
-		if v > m0 {
-			m0 = v
-		}
-	}
-	return m0
 }
 
 // rowsEach runs f over [0, n) in parts, one per thread bl has where the
@@ -457,10 +416,9 @@ func (k crossEntropyKernel) forward(out []float32, in [][]float32) error {
 	rowsEach(k.bl, rows, len(x), func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			xr, yr, pr := x[r*V:(r+1)*V], y[r*V:(r+1)*V], probs[r*V:(r+1)*V]
-			top := max4(xr)
-			for j, v := range xr {
-				pr[j] = v - top
-			}
+			top := vec.Max(xr)
+			copy(pr, xr)
+			vec.AddScalar(pr, -top)
 			vec.ExpSlice(pr, pr)
 			sum := sum4(pr)
 			lse := float64(top) + math.Log(sum)

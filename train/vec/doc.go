@@ -8,7 +8,8 @@
 // whose rows are a few values long (AVX-512's masks take a row's ragged
 // end in one instruction). A language model's elementwise functions are
 // here too: float32 exp and erf (Exp32, Erf32) and, over slices, 16 lanes
-// at a time in AVX-512, exp, erf, and the GELU with its gradient.
+// at a time in AVX-512, exp, erf, the GELU with its gradient, and a
+// softmax's row operations (Max, AddScalar, Scale, MulSub).
 //
 // Vectors matter here less for width than for denormals: a dead unit's
 // momentum decays through the subnormal range, and this CPU takes a slow

@@ -290,3 +290,57 @@ func exp16(dst, src *float32, n int)
 
 //go:noescape
 func erf16(dst, src *float32, n int)
+
+// maxAsm is the largest of the longest prefix of x that whole vectors
+// cover, and its length (0: none, and the maximum is to be taken from
+// x[0]).
+func maxAsm(x []float32) (float32, int) {
+	if level != levelAVX512 {
+		return 0, 0
+	}
+	n := vectorPart(levelAVX512, len(x))
+	if n == 0 {
+		return 0, 0
+	}
+	return max16(&x[0], n), n
+}
+
+func addScalarAsm(x []float32, c float32) int { return scalar16(addScalar16, x, c) }
+
+func scaleAsm(x []float32, c float32) int { return scalar16(scale16, x, c) }
+
+// scalar16 runs a kernel of 16 lanes with a constant over the longest
+// prefix of x it covers, and says how far it went.
+func scalar16(kernel func(x *float32, n int, c float32), x []float32, c float32) int {
+	if level != levelAVX512 {
+		return 0
+	}
+	n := vectorPart(levelAVX512, len(x))
+	if n > 0 {
+		kernel(&x[0], n, c)
+	}
+	return n
+}
+
+func mulSubAsm(d, p []float32, c float32) int {
+	if level != levelAVX512 {
+		return 0
+	}
+	n := vectorPart(levelAVX512, len(d))
+	if n > 0 {
+		mulSub16(&d[0], &p[0], n, c)
+	}
+	return n
+}
+
+//go:noescape
+func max16(x *float32, n int) float32
+
+//go:noescape
+func addScalar16(x *float32, n int, c float32)
+
+//go:noescape
+func scale16(x *float32, n int, c float32)
+
+//go:noescape
+func mulSub16(d, p *float32, n int, c float32)

@@ -718,3 +718,97 @@ gelugradloop:
 	JNZ gelugradloop
 	VZEROUPPER
 	RET
+
+// func max16(x *float32, n int) float32
+// n is a positive multiple of 16: the largest of x[:n], four running
+// maxima folded at the end (VMAXPS takes its second source where either
+// is NaN).
+TEXT ·max16(SB), NOSPLIT, $0-20
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	VMOVUPS (SI), Z0
+	VMOVAPS Z0, Z1
+	VMOVAPS Z0, Z2
+	VMOVAPS Z0, Z3
+max4loop:
+	CMPQ CX, $64
+	JLT max1loop
+	VMAXPS (SI), Z0, Z0
+	VMAXPS 64(SI), Z1, Z1
+	VMAXPS 128(SI), Z2, Z2
+	VMAXPS 192(SI), Z3, Z3
+	ADDQ $256, SI
+	SUBQ $64, CX
+	JMP max4loop
+max1loop:
+	TESTQ CX, CX
+	JZ maxfold
+	VMAXPS (SI), Z0, Z0
+	ADDQ $64, SI
+	SUBQ $16, CX
+	JMP max1loop
+maxfold:
+	VMAXPS Z1, Z0, Z0
+	VMAXPS Z3, Z2, Z2
+	VMAXPS Z2, Z0, Z0
+	VEXTRACTF64X4 $1, Z0, Y1
+	VMAXPS Y1, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VMAXPS X1, X0, X0
+	VMOVHLPS X0, X0, X1
+	VMAXPS X1, X0, X0
+	VMOVSHDUP X0, X1
+	VMAXSS X1, X0, X0
+	MOVSS X0, ret+16(FP)
+	VZEROUPPER
+	RET
+
+// func addScalar16(x *float32, n int, c float32)
+// x += c over n, a positive multiple of 16.
+TEXT ·addScalar16(SB), NOSPLIT, $0-20
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	VBROADCASTSS c+16(FP), Z1
+addscalarloop:
+	VADDPS (SI), Z1, Z0
+	VMOVUPS Z0, (SI)
+	ADDQ $64, SI
+	SUBQ $16, CX
+	JNZ addscalarloop
+	VZEROUPPER
+	RET
+
+// func scale16(x *float32, n int, c float32)
+// x *= c over n, a positive multiple of 16.
+TEXT ·scale16(SB), NOSPLIT, $0-20
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	VBROADCASTSS c+16(FP), Z1
+scaleloop:
+	VMULPS (SI), Z1, Z0
+	VMOVUPS Z0, (SI)
+	ADDQ $64, SI
+	SUBQ $16, CX
+	JNZ scaleloop
+	VZEROUPPER
+	RET
+
+// func mulSub16(d, p *float32, n int, c float32)
+// d = p·(d − c) over n, a positive multiple of 16, the difference
+// rounded first.
+TEXT ·mulSub16(SB), NOSPLIT, $0-28
+	MOVQ d+0(FP), DI
+	MOVQ p+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSS c+24(FP), Z1
+mulsubloop:
+	VMOVUPS (DI), Z0
+	VSUBPS Z1, Z0, Z0
+	VMULPS (SI), Z0, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	SUBQ $16, CX
+	JNZ mulsubloop
+	VZEROUPPER
+	RET

@@ -35,3 +35,11 @@ func erfAsm(dst, src []float32) int { return 0 }
 func geluAsm(out, cdf, x []float32) int { return 0 }
 
 func geluGradAsm(dx, dy, x, cdf []float32) int { return 0 }
+
+func maxAsm(x []float32) (float32, int) { return 0, 0 }
+
+func addScalarAsm(x []float32, c float32) int { return 0 }
+
+func scaleAsm(x []float32, c float32) int { return 0 }
+
+func mulSubAsm(d, p []float32, c float32) int { return 0 }
