@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ringtrain/ringtrain/data"
 	"github.com/ringtrain/ringtrain/ring"
@@ -196,50 +197,63 @@ func textLoader(t *testing.T, corpus string, T, batch int, shuffle bool) *data.L
 	return &data.Loader{Split: s, BatchSize: batch, Seed: 1, Sampler: data.Sampler{N: s.Len(), World: 1, Seed: 1, Shuffle: shuffle, Exact: !shuffle}}
 }
 
-// A GPT job's features are a model's: three ranks train it in DiLoCo
-// rounds (sparse pseudo-gradients, the epoch's uneven end) to one hash,
-// validate on the held-out windows, and a checkpoint restores its bits.
+// A GPT job's features are a model's: three ranks train it in each DiLoCo
+// mode — sparse rounds, the outer sync streamed in fragments beside inner
+// steps, rounds closed by a deadline — with AdamW and clipping (the
+// epoch's uneven end included) to one hash, validate on the held-out
+// windows, and a checkpoint restores its bits.
 func TestGPTInTheRing(t *testing.T) {
 	const n, T, batch = 3, 8, 4
 	corpus := strings.Repeat("to be or not to be, that is the question. ", 30)
 	train, val := corpus[:len(corpus)*9/10], corpus[len(corpus)*9/10:]
-	rings := memRings(t, n)
-	hashes := make([][32]byte, n)
-	sums := make([]Summary, n)
-	reps := make([]*Replica, n)
-	err := onAll(n, func(i int) error {
-		m, err := NewModel(ModelConfig{Spec: GPTSpec(1, 16, 2, T), Batch: batch, Seed: 2})
-		if err != nil {
-			return err
-		}
-		o := &LocalSGD{Inner: NewAdamW(3e-3, 0.1, DecayWeights(m.ParamNames())), Every: 3, LR: 0.7, Momentum: 0.9, Nesterov: true,
-			Sparse: &sparse.Config{Fraction: 0.25, Bits: 4}}
-		reps[i] = NewLocalReplica(m, o, rings[i])
-		reps[i].ClipNorm = 1
-		sums[i], err = Run(context.Background(), RunConfig{Replica: reps[i], Train: textLoader(t, train, T, batch, true),
-			Test: textLoader(t, val, T, batch, false), Epochs: 2, Classes: 256})
-		hashes[i] = reps[i].ParamHash()
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range n {
-		if hashes[i] != hashes[0] || sums[i].TestLoss != sums[0].TestLoss {
-			t.Errorf("rank %d: hash %x, validation loss %v; rank 0 %x, %v", i, hashes[i][:4], sums[i].TestLoss, hashes[0][:4], sums[0].TestLoss)
-		}
-	}
-	if !(sums[0].TestLoss < 4.5) || sums[0].TestSamples != (len(val)-T)/(T+1)*T {
-		t.Errorf("validation loss %v over %d positions; want under 4.5 (ln 256 is 5.5), over every position of the validation windows", sums[0].TestLoss, sums[0].TestSamples)
-	}
-	c := reps[0].Snapshot(Checkpoint{Model: ModelConfig{Spec: GPTSpec(1, 16, 2, T), Batch: batch, Seed: 2}})
-	m, err := NewModel(c.Model)
-	if err != nil {
-		t.Fatal(err)
-	}
-	restored := NewReplica(m, NewAdamW(3e-3, 0.1, DecayWeights(m.ParamNames())), nil)
-	if err := c.LoadInto(m); err != nil || restored.ParamHash() != hashes[0] {
-		t.Errorf("restored from the checkpoint: %v, hash %x; want %x", err, restored.ParamHash(), hashes[0])
+	for _, tc := range []struct {
+		name string
+		sync LocalSGD
+	}{
+		{"sparse rounds", LocalSGD{Every: 3, LR: 0.7, Momentum: 0.9, Nesterov: true, Sparse: &sparse.Config{Fraction: 0.25, Bits: 4}}},
+		{"streamed", LocalSGD{Every: 4, LR: 0.7, Momentum: 0.9, Nesterov: true, Fragments: 2, Overlap: 1}},
+		{"deadline rounds", LocalSGD{Every: 3, LR: 1, Deadline: time.Minute, Quorum: 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rings := memRings(t, n)
+			hashes := make([][32]byte, n)
+			sums := make([]Summary, n)
+			reps := make([]*Replica, n)
+			err := onAll(n, func(i int) error {
+				m, err := NewModel(ModelConfig{Spec: GPTSpec(1, 16, 2, T), Batch: batch, Seed: 2})
+				if err != nil {
+					return err
+				}
+				o := tc.sync
+				o.Inner = NewAdamW(3e-3, 0.1, DecayWeights(m.ParamNames()))
+				reps[i] = NewLocalReplica(m, &o, rings[i])
+				reps[i].ClipNorm = 1
+				sums[i], err = Run(context.Background(), RunConfig{Replica: reps[i], Train: textLoader(t, train, T, batch, true),
+					Test: textLoader(t, val, T, batch, false), Epochs: 2, Classes: 256})
+				hashes[i] = reps[i].ParamHash()
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range n {
+				if hashes[i] != hashes[0] || sums[i].TestLoss != sums[0].TestLoss {
+					t.Errorf("rank %d: hash %x, validation loss %v; rank 0 %x, %v", i, hashes[i][:4], sums[i].TestLoss, hashes[0][:4], sums[0].TestLoss)
+				}
+			}
+			if !(sums[0].TestLoss < 4.5) || sums[0].TestSamples != (len(val)-T)/(T+1)*T {
+				t.Errorf("validation loss %v over %d positions; want under 4.5 (ln 256 is 5.5), over every position of the validation windows", sums[0].TestLoss, sums[0].TestSamples)
+			}
+			c := reps[0].Snapshot(Checkpoint{Model: ModelConfig{Spec: GPTSpec(1, 16, 2, T), Batch: batch, Seed: 2}})
+			m, err := NewModel(c.Model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			restored := NewReplica(m, NewAdamW(3e-3, 0.1, DecayWeights(m.ParamNames())), nil)
+			if err := c.LoadInto(m); err != nil || restored.ParamHash() != hashes[0] {
+				t.Errorf("restored from the checkpoint: %v, hash %x; want %x", err, restored.ParamHash(), hashes[0])
+			}
+		})
 	}
 }
 
