@@ -101,6 +101,12 @@ func getMsg(row []float32, v any, maxBytes int) (ok bool, err error) {
 	if dec.More() {
 		return false, fmt.Errorf("%w: data after the message", errMalformed)
 	}
+	// Only putMsg's own form: JSON that decodes alike may encode longer
+	// (a key in another case, an & that Marshal escapes to six bytes), and
+	// a message taken in must go out again within its bound.
+	if re, err := json.Marshal(v); err != nil || !bytes.Equal(re, b) {
+		return false, fmt.Errorf("%w: not the form the message is written in", errMalformed)
+	}
 	return true, nil
 }
 

@@ -49,6 +49,9 @@ func TestControlMessages(t *testing.T) {
 		{"an unknown field", func() []float32 { return encoded(`{"epochs":1,"steps":2,"skip":3,"hash":"x","lie":1}`) }},
 		{"data after the message", func() []float32 { return encoded(`{"epochs":1} {}`) }},
 		{"a number where a count goes", func() []float32 { return encoded(`{"epochs":1.5}`) }},
+		{"a key in another case", func() []float32 { return encoded(`{"EPOCHS":1,"steps":2,"skip":3,"hash":"x"}`) }},
+		{"an & that encodes as six bytes", func() []float32 { return encoded(`{"epochs":1,"steps":2,"skip":3,"hash":"a&b"}`) }},
+		{"spaces", func() []float32 { return encoded(`{"epochs": 1,"steps":2,"skip":3,"hash":"x"}`) }},
 	} {
 		var c claim
 		if ok, err := getMsg(tc.row(), &c, max); ok || !errors.Is(err, errMalformed) {
