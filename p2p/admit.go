@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
 )
 
 // AdmitProtocol tells a standby it is admitted: the message is a Hello
@@ -36,24 +38,93 @@ func (n *Node) Standbys(members []peer.ID) []peer.ID {
 
 // Admit tells standby p that the ring prev grows into members.
 func (n *Node) Admit(ctx context.Context, p peer.ID, prev *Formation, members []peer.ID) error {
+	if err := n.tellStandby(ctx, p, AdmitProtocol, "ringtrain admission", prev.Generation, members); err != nil {
+		return fmt.Errorf("p2p: admitting %s: %w", p, err)
+	}
+	return nil
+}
+
+// tellStandby sends standby p, on protocol, a Hello whose Proposal is
+// members (sorted) in generation gen, within the hello timeout.
+func (n *Node) tellStandby(ctx context.Context, p peer.ID, protocol protocol.ID, why string, gen uint64, members []peer.ID) error {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.HelloTimeout)
 	defer cancel()
 	prepareDial(n.h, p)
-	s, err := n.h.NewStream(network.WithAllowLimitedConn(ctx, "ringtrain admission"), p, AdmitProtocol)
+	s, err := n.h.NewStream(network.WithAllowLimitedConn(ctx, why), p, protocol)
 	if err != nil {
-		return fmt.Errorf("p2p: admitting %s: %w", p, err)
+		return err
 	}
 	defer s.Close()
 	s.SetDeadline(time.Now().Add(n.cfg.HelloTimeout))
 	h := &Hello{Version: ProtocolVersion, Proof: proof(n.key, n.h.ID(), p)}
-	grown := slices.Clone(members)
-	slices.Sort(grown)
-	h.setProposal(Proposal{Gen: prev.Generation, Members: grown}, &n.names)
+	sorted := slices.Clone(members)
+	slices.Sort(sorted)
+	h.setProposal(Proposal{Gen: gen, Members: sorted}, &n.names)
 	if err := writeHello(s, h); err != nil {
 		s.Reset()
-		return fmt.Errorf("p2p: admitting %s: %w", p, err)
+		return err
 	}
 	return nil
+}
+
+// EndedProtocol tells a standby that the job it waits on has ended: the
+// message is a Hello (the job's proof) whose Proposal is the ring that
+// finished. A standby believes it only from a member of the ring it
+// waits for.
+const EndedProtocol = "/ringtrain/ended/1.0.0"
+
+// ErrJobEnded means the job ended before this standby was admitted: a
+// member of the ring it waited for said so. Not a failure: there is
+// nothing left to train.
+var ErrJobEnded = errors.New("p2p: the job ended before this standby was admitted")
+
+// Ended tells the standbys outside members that the job has ended, so that
+// they stop waiting to be admitted; each is told within the hello
+// timeout, and one that cannot be reached is left to its own timeout.
+func (n *Node) Ended(ctx context.Context, members []peer.ID, gen uint64) {
+	var wg sync.WaitGroup
+	for _, p := range n.Standbys(members) {
+		wg.Go(func() {
+			if err := n.tellEnded(ctx, p, members, gen); err != nil {
+				n.cfg.Logger.Debug().Err(err).Stringer("standby", p).Msg("could not tell a standby the job has ended")
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func (n *Node) tellEnded(ctx context.Context, p peer.ID, members []peer.ID, gen uint64) error {
+	return n.tellStandby(ctx, p, EndedProtocol, "ringtrain job ended", gen, members)
+}
+
+// handleEnded takes word that the job has ended from a verified member of
+// the ring this standby waits for; from anyone else it is ignored, so
+// that no other standby can send it away.
+func (n *Node) handleEnded(s network.Stream) {
+	defer s.Close()
+	_, from, ok := n.readJobHello(s)
+	if !ok {
+		return
+	}
+	n.mu.Lock()
+	member := believeEnded(n.peers[from], n.join.Claim(), from)
+	n.mu.Unlock()
+	if !member {
+		const msg = "ignored word that the job has ended from a peer outside the ring this standby waits for"
+		n.warns.Warn(from.String(), msg).Msg(msg)
+		return
+	}
+	select {
+	case n.ended <- from:
+	default: // one is waiting already
+	}
+}
+
+// believeEnded says whether a standby takes word that the job has ended
+// from a peer (pi, nil if unknown): only from a verified member of the
+// ring it waits for (claim).
+func believeEnded(pi *peerInfo, claim *Proposal, from peer.ID) bool {
+	return pi != nil && pi.verified && claim != nil && slices.Contains(claim.Members, from)
 }
 
 // ErrClaimGone means the ring a standby waited for never showed itself:
@@ -76,6 +147,8 @@ func (n *Node) WaitAdmission(ctx context.Context, idle time.Duration) (*Formatio
 		select {
 		case f := <-n.admitted:
 			return f, nil
+		case p := <-n.ended:
+			return nil, fmt.Errorf("%w: %s, a member of its ring, said so", ErrJobEnded, p)
 		case <-ctx.Done():
 			return nil, fmt.Errorf("p2p: waiting to be admitted to job %q: %w", n.job.Name, ctx.Err())
 		case <-tick.C:

@@ -217,6 +217,7 @@ type Node struct {
 	reform      *Agreement // the latest re-formation, if any
 	current     *Formation // the ring this node is in
 	admitted    chan *Formation
+	ended       chan peer.ID // a member said the job has ended (handleEnded)
 }
 
 // NewNode registers the hello protocol on h and starts advertising the job
@@ -240,6 +241,7 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 		busy:        map[peer.ID]bool{},
 		join:        NewJoinAgreement(h.ID(), job, cfg.MaxPeers),
 		admitted:    make(chan *Formation, 1),
+		ended:       make(chan peer.ID, 1),
 		seq0:        uint64(time.Now().UnixNano()),
 		incarnation: rand.Uint64() | 1, // never 0, which says nothing
 	}
@@ -251,6 +253,7 @@ func NewNode(h *Host, job Job, cfg NodeConfig) (*Node, error) {
 	h.SetStreamHandler(HelloProtocol, n.handleHello)
 	h.SetStreamHandler(ReformProtocol, n.handleReform)
 	h.SetStreamHandler(AdmitProtocol, n.handleAdmit)
+	h.SetStreamHandler(EndedProtocol, n.handleEnded)
 	sub, err := h.EventBus().Subscribe([]any{new(event.EvtPeerIdentificationCompleted), new(event.EvtPeerProtocolsUpdated)})
 	if err != nil {
 		n.Close()
@@ -348,6 +351,7 @@ func (n *Node) Close() {
 	n.h.RemoveStreamHandler(HelloProtocol)
 	n.h.RemoveStreamHandler(ReformProtocol)
 	n.h.RemoveStreamHandler(AdmitProtocol)
+	n.h.RemoveStreamHandler(EndedProtocol)
 	n.untrust()
 	n.mu.Lock()
 	n.cancel() // under n.mu: exchange starts no hello once it is done

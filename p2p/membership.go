@@ -126,6 +126,12 @@ func (m *Membership) Standbys() []string {
 	return idStrings(m.node.Standbys(m.cur.Members))
 }
 
+// Ended tells the standbys waiting on the current ring that the job has
+// ended (Node.Ended).
+func (m *Membership) Ended(ctx context.Context) {
+	m.node.Ended(ctx, m.cur.Members, m.cur.Generation)
+}
+
 // Members are the current ring's members in rank order.
 func (m *Membership) Members() []string { return idStrings(m.cur.Members) }
 

@@ -552,6 +552,29 @@ func TestReplacementIsAdmitted(t *testing.T) {
 	}
 }
 
+// TestStandbyExitsZeroWhenTheJobEnds: a peer that joins a full ring waits
+// as a standby; when the job finishes, the members tell it so, and it
+// exits 0 at once, saying so, rather than waiting out its join timeout and
+// failing.
+func TestStandbyExitsZeroWhenTheJobEnds(t *testing.T) {
+	cfg := writeJobFile(t, t.TempDir(), `"name": "full", "world_size": 2, "epochs": 6, "join_timeout": "5m"`)
+	local := startRingtrain(t, "local", "-n", "2", "--config", cfg)
+	local.until(t, "training", func(out string) bool { return strings.Count(out, `"steps":`) >= 2 })
+	a := regexp.MustCompile(`\[(?:peer|rank) \d\] listening on (/ip4/127\.0\.0\.1/\S+)`).FindStringSubmatch(string(local.buf))
+	if a == nil {
+		t.Fatalf("no address:\n%s", tails(string(local.buf)))
+	}
+	began := time.Now()
+	out, err := ringtrain(t, 3*time.Minute, "join", "--config", cfg, "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", a[1], "--log-format", "json")
+	local.cmd.Wait()
+	if err != nil || !strings.Contains(out, "waiting as a standby") || !strings.Contains(out, "the job ended while this peer waited to be admitted") {
+		t.Fatalf("the standby: %v; want exit 0, having waited and been told the job ended\n%s", err, tails(out))
+	}
+	if took := time.Since(began); took > 2*time.Minute {
+		t.Errorf("the standby took %v to end; the job's end should reach it at once", took)
+	}
+}
+
 // TestLocalFirstPeerFailsEarly: when peer 0 fails before it prints its
 // address (here: its data cannot be loaded) and the job would let the
 // others go on without it (min_world_size 1), local stops with peer 0's

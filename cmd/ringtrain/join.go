@@ -276,10 +276,16 @@ func (j *joinRun) job(ctx context.Context) (*elastic.Job, error) {
 }
 
 // report says how the job ended for this peer: a leave is what was asked
-// for, not a failure; the summary is the peer's last log line.
+// for, not a failure, and so is a job that finished while this peer
+// waited to be admitted; the summary is the peer's last log line.
 func (j *joinRun) report(job *elastic.Job, sum train.Summary, err error) error {
 	if errors.Is(err, elastic.ErrLeft) {
 		fmt.Fprintf(j.stdout, "left the job after %d steps; the others carry on\n", sum.Steps)
+		return nil
+	}
+	if errors.Is(err, p2p.ErrJobEnded) {
+		fmt.Fprintln(j.stdout, "the job ended while this peer waited to be admitted: nothing left to train")
+		j.log.Info().Err(err).Msg("the job ended before this standby was admitted")
 		return nil
 	}
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/ringtrain/ringtrain/data"
+	"github.com/ringtrain/ringtrain/p2p"
 	"github.com/ringtrain/ringtrain/train"
 	"github.com/ringtrain/ringtrain/train/elastic"
 )
@@ -49,6 +50,11 @@ func runPipeline(ctx context.Context, cfg *jobConfig, device string, trainSplit,
 	if errors.Is(err, elastic.ErrLeft) {
 		// A spare Ctrl-C'd leaves; the stages train on without it.
 		fmt.Fprintf(stdout, "left the job (a spare of stage %d); the others carry on\n", sum.Stage)
+		return nil
+	}
+	if errors.Is(err, p2p.ErrJobEnded) {
+		fmt.Fprintln(stdout, "the job ended while this peer waited to be admitted: nothing left to train")
+		log.Info().Err(err).Msg("the job ended before this standby was admitted")
 		return nil
 	}
 	if err != nil {

@@ -95,6 +95,9 @@ type Membership interface {
 	Standbys() []string
 	// Members are the current ring's members, in rank order.
 	Members() []string
+	// Ended tells the standbys that the job has ended, so that they stop
+	// waiting to be admitted; best effort, each within a bound.
+	Ended(ctx context.Context)
 }
 
 // Job is one peer's part of an elastic job. Fill it, then call Run once.
@@ -205,6 +208,7 @@ func (j *Job) Run(ctx context.Context) (train.Summary, error) {
 		switch ev {
 		case finished:
 			j.leaveTogether()
+			j.Members.Ended(ctx)
 			return total, nil
 		case leaving:
 			return total, j.leaveAlone(ctx, total, rc.Save)

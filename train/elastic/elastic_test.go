@@ -32,8 +32,9 @@ func (f *fixedRing) Reform(context.Context, int, []int) (*ring.Ring, error) {
 func (f *fixedRing) Grow(context.Context, []string, bool, int) (*ring.Ring, error) {
 	return nil, errors.New("fixedRing: no growth")
 }
-func (f *fixedRing) Standbys() []string { return nil }
-func (f *fixedRing) Members() []string  { return f.names }
+func (f *fixedRing) Standbys() []string    { return nil }
+func (f *fixedRing) Ended(context.Context) {}
+func (f *fixedRing) Members() []string     { return f.names }
 
 // lockedBuffer is a log both peers write to.
 type lockedBuffer struct {

@@ -358,8 +358,9 @@ func TestOwnerTransitions(t *testing.T) {
 
 // TestOwnerAccountingThroughThreeEvents: a newcomer, a leave and a loss in
 // one run of two epochs, of the mlp and of a GPT on text; every sample of
-// each epoch is trained exactly once across the world, and the three
-// peers left end alike.
+// each epoch is trained exactly once across the world, the three peers
+// left end alike, and those three, not the others, tell the standbys the
+// job has ended.
 func TestOwnerAccountingThroughThreeEvents(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -368,7 +369,8 @@ func TestOwnerAccountingThroughThreeEvents(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			job := tc.job(t)
 			plans := []peerPlan{{}, {leaveAtStep: 20}, {}, {killAtStep: 40}, {arriveAt: 10}}
-			sums, errs, log, acct := ownerRunOf(t, job, 4, 2, 5, plans, nil)
+			var w *world
+			sums, errs, log, acct := ownerRunOf(t, job, 4, 2, 5, plans, func(world *world, _ []string, _ []context.CancelFunc) { w = world })
 			if !errors.Is(errs[1], ErrLeft) || !errors.Is(errs[3], errKilled) {
 				t.Errorf("the leaver: %v; the killed: %v", errs[1], errs[3])
 			}
@@ -384,6 +386,12 @@ func TestOwnerAccountingThroughThreeEvents(t *testing.T) {
 			}
 			if err := acct.check(2, job.split.Len()); err != nil {
 				t.Error(err)
+			}
+			w.mu.Lock()
+			ended := slices.Sorted(slices.Values(w.ended))
+			w.mu.Unlock()
+			if want := []string{"peer-0", "peer-2", "peer-4"}; !slices.Equal(ended, want) {
+				t.Errorf("%v told the standbys the job had ended; want those that finished, %v", ended, want)
 			}
 		})
 	}

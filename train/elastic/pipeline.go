@@ -291,6 +291,7 @@ func (j *PipelineJob) finish(ctx context.Context, world *ring.Ring, pipe *pipeli
 	j.leave(world, log)
 	switch {
 	case err == nil:
+		j.Members.Ended(ctx)
 		return nil
 	case ctx.Err() != nil:
 		return fmt.Errorf("interrupted after %d steps: %w", run.Steps, ctx.Err())

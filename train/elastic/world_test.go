@@ -56,6 +56,8 @@ type world struct {
 	growing     chan struct{}
 	grew        sync.Once
 	checkpoints bool
+	// ended are the peers that told the standbys the job had ended.
+	ended []string
 }
 
 // joiner is a peer asking for the next ring: the ring it wants (sorted;
@@ -308,6 +310,13 @@ func (m *member) Grow(ctx context.Context, add []string, admit bool, minSize int
 	r, err := m.w.join(ctx, m.name, want)
 	m.cur = m.w.current()
 	return r, err
+}
+
+// Ended records that m told the standbys the job had ended.
+func (m *member) Ended(context.Context) {
+	m.w.mu.Lock()
+	defer m.w.mu.Unlock()
+	m.w.ended = append(m.w.ended, m.name)
 }
 
 func (m *member) Standbys() []string {
