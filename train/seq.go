@@ -316,9 +316,9 @@ func causalSoftmax(p []float32, T int) {
 		// exp over whole vectors of 16: the lanes past i are thrown away
 		// below, and the scalar tail would cost as much as the rest.
 		n := min(T, (i+16)&^15)
-		vec.AddScalar(row[:n], -top)
+		vec.AddScalar(row[:n], row[:n], -top)
 		vec.ExpSlice(row[:n], row[:n])
-		vec.Scale(row[:i+1], 1/vec.Sum(row[:i+1]))
+		vec.Scale(row[:i+1], row[:i+1], 1/vec.Sum(row[:i+1]))
 		clear(row[i+1:])
 	}
 }
@@ -417,8 +417,7 @@ func (k crossEntropyKernel) forward(out []float32, in [][]float32) error {
 		for r := lo; r < hi; r++ {
 			xr, yr, pr := x[r*V:(r+1)*V], y[r*V:(r+1)*V], probs[r*V:(r+1)*V]
 			top := vec.Max(xr)
-			copy(pr, xr)
-			vec.AddScalar(pr, -top)
+			vec.AddScalar(pr, xr, -top)
 			vec.ExpSlice(pr, pr)
 			sum := sum4(pr)
 			lse := float64(top) + math.Log(sum)

@@ -21,17 +21,20 @@ func Max(x []float32) float32 {
 	return m
 }
 
-// AddScalar adds c to every value of x.
-func AddScalar(x []float32, c float32) {
-	for i := addScalarAsm(x, c); i < len(x); i++ {
-		x[i] += c
+// AddScalar sets dst[i] to src[i] + c (dst may be src; it is as long as
+// src).
+func AddScalar(dst, src []float32, c float32) {
+	dst = dst[:len(src)]
+	for i := addScalarAsm(dst, src, c); i < len(src); i++ {
+		dst[i] = src[i] + c
 	}
 }
 
-// Scale multiplies every value of x by c.
-func Scale(x []float32, c float32) {
-	for i := scaleAsm(x, c); i < len(x); i++ {
-		x[i] *= c
+// Scale sets dst[i] to src[i]·c, as AddScalar does.
+func Scale(dst, src []float32, c float32) {
+	dst = dst[:len(src)]
+	for i := scaleAsm(dst, src, c); i < len(src); i++ {
+		dst[i] = src[i] * c
 	}
 }
 

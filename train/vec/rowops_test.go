@@ -46,8 +46,10 @@ func TestRowOps(t *testing.T) {
 	for _, row := range rowOpInputs(true) {
 		for _, c := range []float32{1.5, -3.25, 0, float32(math.Copysign(0, -1)), 1e-41} {
 			add, scale, ms := append([]float32(nil), row...), append([]float32(nil), row...), append([]float32(nil), row...)
-			AddScalar(add, c)
-			Scale(scale, c)
+			AddScalar(add, add, c)
+			Scale(scale, scale, c)
+			into := make([]float32, len(row))
+			AddScalar(into, row, c)
 			p := make([]float32, len(row)+3)
 			for i := range p {
 				p[i] = float32(i%7) - 2.5
@@ -60,6 +62,7 @@ func TestRowOps(t *testing.T) {
 					}
 				}
 				same("AddScalar", add[i], v+c)
+				same("AddScalar into another slice", into[i], v+c)
 				same("Scale", scale[i], v*c)
 				same("MulSub", ms[i], p[i]*float32(v-c))
 			}

@@ -305,42 +305,33 @@ func maxAsm(x []float32) (float32, int) {
 	return max16(&x[0], n), n
 }
 
-func addScalarAsm(x []float32, c float32) int { return scalar16(addScalar16, x, c) }
+func addScalarAsm(dst, src []float32, c float32) int { return scalar16(addScalar16, dst, src, c) }
 
-func scaleAsm(x []float32, c float32) int { return scalar16(scale16, x, c) }
+func scaleAsm(dst, src []float32, c float32) int { return scalar16(scale16, dst, src, c) }
 
 // scalar16 runs a kernel of 16 lanes with a constant over the longest
-// prefix of x it covers, and says how far it went.
-func scalar16(kernel func(x *float32, n int, c float32), x []float32, c float32) int {
+// prefix of src it covers (dst as long), and says how far it went.
+func scalar16(kernel func(dst, src *float32, n int, c float32), dst, src []float32, c float32) int {
 	if level != levelAVX512 {
 		return 0
 	}
-	n := vectorPart(levelAVX512, len(x))
+	n := vectorPart(levelAVX512, len(src))
 	if n > 0 {
-		kernel(&x[0], n, c)
+		kernel(&dst[0], &src[0], n, c)
 	}
 	return n
 }
 
-func mulSubAsm(d, p []float32, c float32) int {
-	if level != levelAVX512 {
-		return 0
-	}
-	n := vectorPart(levelAVX512, len(d))
-	if n > 0 {
-		mulSub16(&d[0], &p[0], n, c)
-	}
-	return n
-}
+func mulSubAsm(d, p []float32, c float32) int { return scalar16(mulSub16, d, p, c) }
 
 //go:noescape
 func max16(x *float32, n int) float32
 
 //go:noescape
-func addScalar16(x *float32, n int, c float32)
+func addScalar16(dst, src *float32, n int, c float32)
 
 //go:noescape
-func scale16(x *float32, n int, c float32)
+func scale16(dst, src *float32, n int, c float32)
 
 //go:noescape
 func mulSub16(d, p *float32, n int, c float32)

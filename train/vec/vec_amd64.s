@@ -1,5 +1,22 @@
 #include "textflag.h"
 
+// SCALAR16 is the body of a kernel dst = src OP c over n, a positive
+// multiple of 16, with c broadcast.
+#define SCALAR16(OP, LOOP) \
+	MOVQ dst+0(FP), DI \
+	MOVQ src+8(FP), SI \
+	MOVQ n+16(FP), CX \
+	VBROADCASTSS c+24(FP), Z1 \
+LOOP: \
+	OP (SI), Z1, Z0 \
+	VMOVUPS Z0, (DI) \
+	ADDQ $64, SI \
+	ADDQ $64, DI \
+	SUBQ $16, CX \
+	JNZ LOOP \
+	VZEROUPPER \
+	RET
+
 // func sgdMomentum16(p, grad, v *float32, n int, lr, mu, wd float32)
 // n is a positive multiple of 16. Per value, in the Go loop's order:
 // t = wd·w; d = g + t; u = mu·v; m = u + d; v = m; p = w − lr·m.
@@ -763,35 +780,13 @@ maxfold:
 	VZEROUPPER
 	RET
 
-// func addScalar16(x *float32, n int, c float32)
-// x += c over n, a positive multiple of 16.
-TEXT ·addScalar16(SB), NOSPLIT, $0-20
-	MOVQ x+0(FP), SI
-	MOVQ n+8(FP), CX
-	VBROADCASTSS c+16(FP), Z1
-addscalarloop:
-	VADDPS (SI), Z1, Z0
-	VMOVUPS Z0, (SI)
-	ADDQ $64, SI
-	SUBQ $16, CX
-	JNZ addscalarloop
-	VZEROUPPER
-	RET
+// func addScalar16(dst, src *float32, n int, c float32)
+TEXT ·addScalar16(SB), NOSPLIT, $0-28
+	SCALAR16(VADDPS, addscalarloop)
 
-// func scale16(x *float32, n int, c float32)
-// x *= c over n, a positive multiple of 16.
-TEXT ·scale16(SB), NOSPLIT, $0-20
-	MOVQ x+0(FP), SI
-	MOVQ n+8(FP), CX
-	VBROADCASTSS c+16(FP), Z1
-scaleloop:
-	VMULPS (SI), Z1, Z0
-	VMOVUPS Z0, (SI)
-	ADDQ $64, SI
-	SUBQ $16, CX
-	JNZ scaleloop
-	VZEROUPPER
-	RET
+// func scale16(dst, src *float32, n int, c float32)
+TEXT ·scale16(SB), NOSPLIT, $0-28
+	SCALAR16(VMULPS, scaleloop)
 
 // func mulSub16(d, p *float32, n int, c float32)
 // d = p·(d − c) over n, a positive multiple of 16, the difference

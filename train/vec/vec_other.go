@@ -38,8 +38,8 @@ func geluGradAsm(dx, dy, x, cdf []float32) int { return 0 }
 
 func maxAsm(x []float32) (float32, int) { return 0, 0 }
 
-func addScalarAsm(x []float32, c float32) int { return 0 }
+func addScalarAsm(dst, src []float32, c float32) int { return 0 }
 
-func scaleAsm(x []float32, c float32) int { return 0 }
+func scaleAsm(dst, src []float32, c float32) int { return 0 }
 
 func mulSubAsm(d, p []float32, c float32) int { return 0 }
