@@ -292,15 +292,18 @@ const layerNormEps = 1e-5
 // warp is the threads a row kernel gives a row.
 const warp = 32
 
-// warpFold folds the lanes' partial sums in halves and returns lane 0's.
-func warpFold(part *[warp]float32) float32 {
+// warpFold folds the lanes' partial results in halves with op and
+// returns lane 0's.
+func warpFold(part *[warp]float32, op func(a, b float32) float32) float32 {
 	for s := warp / 2; s > 0; s >>= 1 {
 		for l := range s {
-			part[l] += part[l+s]
+			part[l] = op(part[l], part[l+s])
 		}
 	}
 	return part[0]
 }
+
+func add32(a, b float32) float32 { return a + b }
 
 // warpSum is the row sum of f(j) over j < n, as a row kernel's warp sums
 // it.
@@ -311,7 +314,7 @@ func warpSum(n int, f func(j int) float32) float32 {
 			part[l] += f(j)
 		}
 	}
-	return warpFold(&part)
+	return warpFold(&part, add32)
 }
 
 // warpMax is the largest of f(j) over j < n (a NaN makes a NaN row all
@@ -324,12 +327,7 @@ func warpMax(n int, f func(j int) float32) float32 {
 			part[l] = max32(part[l], f(j))
 		}
 	}
-	for s := warp / 2; s > 0; s >>= 1 {
-		for l := range s {
-			part[l] = max32(part[l], part[l+s])
-		}
-	}
-	return part[0]
+	return warpFold(&part, max32)
 }
 
 // max32 is CUDA's fmaxf for numbers: the larger.
