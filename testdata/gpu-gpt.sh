@@ -21,7 +21,7 @@ timeout 240 ./engine-cuda.test -test.v -test.run CUDA > "$OUT/tests.txt" 2>&1
 echo "rc=$?" | tee -a "$OUT/summary.txt"
 grep -E '^(--- |ok|FAIL|PASS)|losses' "$OUT/tests.txt" | tee -a "$OUT/summary.txt"
 log "the GPT's device calls at torch_gpt.py's shape"
-RINGTRAIN_OP_TIMES=1 timeout 60 ./engine-cuda.test -test.v -test.run GPTOpTimes 2>&1 | grep 'µs' | tee -a "$OUT/summary.txt"
+timeout 120 ./engine-cuda.test -test.run '^$' -test.bench GPTOps -test.benchtime 50x 2>&1 | grep 'ns/op' | tee -a "$OUT/summary.txt"
 san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$san" ]; then
   for tool in memcheck racecheck initcheck; do

@@ -11,14 +11,12 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
-	"os"
 	"testing"
-	"time"
 
 	"github.com/ringtrain/ringtrain/train"
 )
 
-func newCUDAOrSkip(t *testing.T) *CUDA {
+func newCUDAOrSkip(t testing.TB) *CUDA {
 	t.Helper()
 	c, err := NewCUDA(0, CUDAOptions{})
 	if err != nil {
@@ -310,14 +308,12 @@ func TestCUDAOutOfMemory(t *testing.T) {
 	t.Log(err)
 }
 
-// TestCUDAGPTOpTimes prints how long each of the GPT's device calls takes
-// at torch_gpt.py's shape (batch 32, context 128, dim 128, 4 heads),
-// where RINGTRAIN_OP_TIMES is set: where a step's time goes.
-func TestCUDAGPTOpTimes(t *testing.T) {
-	if os.Getenv("RINGTRAIN_OP_TIMES") == "" {
-		t.Skip("set RINGTRAIN_OP_TIMES to time the GPT's calls")
-	}
-	c := newCUDAOrSkip(t)
+// BenchmarkCUDAGPTOps times each of the GPT's device calls at
+// torch_gpt.py's shape (batch 32, context 128, dim 128, 4 heads): where a
+// step's time goes.
+func BenchmarkCUDAGPTOps(tb *testing.B) {
+	t := tb
+	c := newCUDAOrSkip(tb)
 	defer c.Close()
 	const B, T, C, H, V = 32, 128, 128, 4, 256
 	R, d := B*T, C/H
@@ -369,22 +365,17 @@ func TestCUDAGPTOpTimes(t *testing.T) {
 		{"softmax_xent", func() error { return c.SoftmaxXent(sl(x, R*V), labels, sl(dx, R*V), sl(y, R), R, R, V) }},
 		{"adam 0.9M", func() error { return c.Adam(p, m, v, at(v, 0), hyper, skip) }},
 	} {
-		if err := op.f(); err != nil {
-			t.Fatalf("%s: %v", op.name, err)
-		}
-		if err := c.Sync(); err != nil {
-			t.Fatal(err)
-		}
-		const n = 50
-		start := time.Now()
-		for range n {
-			if err := op.f(); err != nil {
-				t.Fatal(err)
+		tb.Run(op.name, func(b *testing.B) {
+			// The calls are queued: the time is theirs only with the wait
+			// for the last inside the timed part.
+			for range b.N {
+				if err := op.f(); err != nil {
+					b.Fatalf("%s: %v", op.name, err)
+				}
 			}
-		}
-		if err := c.Sync(); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("%-26s %8.1f µs", op.name, float64(time.Since(start).Microseconds())/n)
+			if err := c.Sync(); err != nil {
+				b.Fatal(err)
+			}
+		})
 	}
 }
