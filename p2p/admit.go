@@ -127,6 +127,17 @@ func believeEnded(pi *peerInfo, claim *Proposal, from peer.ID) bool {
 	return pi != nil && pi.verified && claim != nil && slices.Contains(claim.Members, from)
 }
 
+// takeAdmission says whether a standby takes an admission, whose sender
+// proved it holds the job key, from a peer (pi, nil if unknown): from any
+// but one caught lying or refused. Proof is enough; the sender's hello need
+// not have arrived: rank 0 admits a standby as soon as it has heard the
+// standby's hello, which can be before its own answer has reached the
+// standby, and an admission ignored then holds the ring in its
+// re-formation until the standby is found not to come.
+func takeAdmission(pi *peerInfo) bool {
+	return pi == nil || (!pi.lied && !pi.refused)
+}
+
 // ErrClaimGone means the ring a standby waited for never showed itself:
 // none of its members could be reached for NodeConfig.ClaimTimeout. The
 // claim is forgotten, and the peer forms again.
@@ -203,7 +214,7 @@ func (n *Node) greetMembersLocked() {
 	}
 }
 
-// handleAdmit takes an admission from a peer this node has verified, for a
+// handleAdmit takes an admission from a peer that proves the job, for a
 // well-formed ring of at most world_size that holds both.
 func (n *Node) handleAdmit(s network.Stream) {
 	defer s.Close()
@@ -212,8 +223,7 @@ func (n *Node) handleAdmit(s network.Stream) {
 		return
 	}
 	n.mu.Lock()
-	pi := n.peers[from]
-	known := pi != nil && pi.verified
+	trusted := takeAdmission(n.peers[from])
 	n.mu.Unlock()
 	m, err := h.proposal(&n.names)
 	if err == nil {
@@ -224,8 +234,8 @@ func (n *Node) handleAdmit(s network.Stream) {
 			err = fmt.Errorf("a ring of %d, the job's largest is %d", len(m.Members), n.job.maxSize())
 		}
 	}
-	if !known || err != nil || !slices.Contains(m.Members, n.h.ID()) || !slices.Contains(m.Members, from) {
-		const msg = "ignored an admission that does not come from a verified peer of the ring, or does not include this peer"
+	if !trusted || err != nil || !slices.Contains(m.Members, n.h.ID()) || !slices.Contains(m.Members, from) {
+		const msg = "ignored an admission from a peer caught lying or refused, or for a ring that does not hold both"
 		n.warns.Warn(from.String(), msg).AnErr("proposal", err).Msg(msg)
 		return
 	}

@@ -3,6 +3,7 @@ package p2p
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,45 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/rs/zerolog"
 )
+
+// lateNode starts a host and node of job j on loopback, bootstrapped from
+// boot (nil: none); with join, it joins and must find itself a standby.
+func lateNode(ctx context.Context, t *testing.T, j Job, boot *Host, cfg NodeConfig, join bool) *Node {
+	t.Helper()
+	hc := HostConfig{Listen: loopback}
+	if boot != nil {
+		hc.Bootstrap = []peer.AddrInfo{info(boot)}
+	}
+	h, err := NewHost(ctx, hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	n, err := NewNode(h, j, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	if join {
+		if _, err := n.Join(ctx); !errors.Is(err, ErrStandby) {
+			t.Fatalf("a late peer's Join = %v; want ErrStandby", err)
+		}
+	}
+	return n
+}
+
+// formedRing forms a ring of j's world size on loopback; the context it
+// returns, for the rest of the test, ends a minute from now.
+func formedRing(t *testing.T, j Job) (context.Context, *localSwarm) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	s := swarm(t, j.WorldSize, j)
+	if err := s.Join(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, s
+}
 
 // TestBelieveEnded: a standby takes word that the job has ended only from
 // a verified member of the ring it waits for.
@@ -42,29 +82,12 @@ func TestBelieveEnded(t *testing.T) {
 func TestStandbyHearsTheJobEnd(t *testing.T) {
 	j := job
 	j.WorldSize = 2
-	s := swarm(t, 2, j)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := s.Join(ctx); err != nil {
-		t.Fatal(err)
-	}
+	ctx, s := formedRing(t, j)
 	f := s.Formations[0]
 	late := make([]*Node, 2)
 	var log lockedBuffer // the standbys' logs
 	for k := range late {
-		h, err := NewHost(ctx, HostConfig{Listen: loopback, Bootstrap: []peer.AddrInfo{info(s.Hosts[k])}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { h.Close() })
-		late[k], err = NewNode(h, j, NodeConfig{Logger: zerolog.New(&log)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { late[k].Close() })
-		if _, err := late[k].Join(ctx); !errors.Is(err, ErrStandby) {
-			t.Fatalf("late peer %d's Join = %v; want ErrStandby", k, err)
-		}
+		late[k] = lateNode(ctx, t, j, s.Hosts[k], NodeConfig{Logger: zerolog.New(&log)}, true)
 	}
 	done := make(chan error, 1)
 	go func() {
@@ -100,6 +123,137 @@ func TestStandbyHearsTheJobEnd(t *testing.T) {
 		case <-time.After(500 * time.Millisecond):
 			// The member may not count the standby among its standbys yet
 			// (its hello still on the way): tell again.
+		}
+	}
+}
+
+// TestTakeAdmission: a standby takes an admission, whose sender proved the
+// job, from any peer but one caught lying or one that refused it — also
+// from one whose hello it has not heard yet.
+func TestTakeAdmission(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		pi   *peerInfo
+		want bool
+	}{
+		{"a verified peer", &peerInfo{verified: true}, true},
+		{"a peer whose hello has not arrived", nil, true},
+		{"a peer known, not verified yet", &peerInfo{}, true},
+		{"a peer caught lying", &peerInfo{verified: true, lied: true}, false},
+		{"a peer that refused this one", &peerInfo{refused: true}, false},
+	} {
+		if got := takeAdmission(tc.pi); got != tc.want {
+			t.Errorf("%s: %v; want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestAdmissionBeforeTheAdmittersHello: a standby is admitted by a member
+// it has never heard a hello from — rank 0 admits a standby as soon as it
+// has the standby's hello, and its own can be still on the way. The
+// standby must take it (it did not, and the ring then waited for it in
+// its re-formation until the join timeout).
+func TestAdmissionBeforeTheAdmittersHello(t *testing.T) {
+	j := job
+	j.WorldSize, j.MaxWorldSize = 2, 4
+	ctx, s := formedRing(t, j)
+	f := s.Formations[0]
+	// The standby waits; the admitter, a member-to-be it never met, admits it.
+	standby := lateNode(ctx, t, j, s.Hosts[0], NodeConfig{}, true)
+	admitter := lateNode(ctx, t, j, nil, NodeConfig{}, false)
+	standby.mu.Lock()
+	_, heard := standby.peers[admitter.h.ID()]
+	standby.mu.Unlock()
+	if heard {
+		t.Fatal("the standby knows the admitter already; the test needs one it has not heard from")
+	}
+	done := make(chan error, 1)
+	var got *Formation
+	go func() {
+		var err error
+		got, err = standby.WaitAdmission(ctx, time.Minute)
+		done <- err
+	}()
+	grown := append(slices.Clone(f.Members), admitter.h.ID(), standby.h.ID())
+	slices.Sort(grown)
+	admitter.h.Peerstore().AddAddrs(standby.h.ID(), standby.h.Addrs(), time.Minute)
+	if err := admitter.Admit(ctx, standby.h.ID(), f, grown); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil || !slices.Equal(got.Members, grown) || got.Generation != f.Generation {
+			t.Fatalf("WaitAdmission = %+v, %v; want the grown ring of generation %d", got, err, f.Generation)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the standby ignored an admission from a peer proving the job, whose hello it had not heard yet")
+	}
+}
+
+// TestNoShows: in a re-formation, a newcomer that answers without
+// re-forming is taken for unreachable once it has done so for the grace
+// period; a member of the ring before never is, nor anyone by a standby
+// being admitted (no ring before).
+func TestNoShows(t *testing.T) {
+	old, nw := peer.ID("old"), peer.ID("new")
+	t0 := time.Unix(1000, 0)
+	prev := &Formation{Members: []peer.ID{old}}
+	for _, tc := range []struct {
+		name string
+		prev *Formation
+		p    peer.ID
+		at   []time.Duration // answers without re-forming, after t0
+		want bool            // at the last
+	}{
+		{"a newcomer's first answer", prev, nw, []time.Duration{0}, false},
+		{"a newcomer within the grace", prev, nw, []time.Duration{0, 1999 * time.Millisecond}, false},
+		{"a newcomer past the grace", prev, nw, []time.Duration{0, time.Second, 2 * time.Second}, true},
+		{"a member of the ring before", prev, old, []time.Duration{0, time.Minute}, false},
+		{"no ring before (a standby being admitted)", nil, nw, []time.Duration{0, time.Minute}, false},
+	} {
+		nc := newNoShows(tc.prev, 2*time.Second)
+		var got bool
+		for _, d := range tc.at {
+			got = nc.notReforming(tc.p, t0.Add(d))
+		}
+		if got != tc.want {
+			t.Errorf("%s: %v; want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestReformWithoutANewcomerThatNeverCame: a ring of two grows by a
+// standby whose admission never reached it: the standby answers the
+// re-formation hellos without re-forming. The two must re-form without it
+// in seconds, not wait for it until their join timeout.
+func TestReformWithoutANewcomerThatNeverCame(t *testing.T) {
+	j := job
+	j.WorldSize = 2
+	ctx, s := formedRing(t, j)
+	// A standby that has met the members, and is never told it is admitted.
+	absent := lateNode(ctx, t, j, s.Hosts[0], NodeConfig{}, true)
+	grown := append(slices.Clone(s.Formations[0].Members), absent.h.ID())
+	slices.Sort(grown)
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	errs := make(chan error, 2)
+	fs := make([]*Formation, 2)
+	for i, n := range s.Nodes {
+		prev := &Formation{Members: grown, Rank: slices.Index(grown, n.h.ID()), Generation: s.Formations[i].Generation}
+		go func() {
+			var err error
+			fs[i], err = n.Reform(rctx, prev, 1)
+			errs <- err
+		}()
+	}
+	for range s.Nodes {
+		if err := <-errs; err != nil {
+			t.Fatalf("re-forming with a newcomer that never came: %v", err)
+		}
+	}
+	for i, f := range fs {
+		if !slices.Equal(f.Members, s.Formations[0].Members) || f.Generation != s.Formations[0].Generation+1 {
+			t.Errorf("member %d re-formed %+v; want the two of generation %d", i, f, s.Formations[0].Generation+1)
 		}
 	}
 }

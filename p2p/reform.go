@@ -39,8 +39,11 @@ func (n *Node) Reform(ctx context.Context, prev *Formation, minSize int, gone ..
 	n.mu.Unlock()
 	rd := n.newRedialer(ctx, a)
 	defer rd.stop()
+	n.mu.Lock()
+	nc := newNoShows(n.current, n.cfg.ReformTimeout)
+	n.mu.Unlock()
 	for {
-		n.reformRound(ctx, a)
+		n.reformRound(ctx, a, nc)
 		rd.redial()
 		n.mu.Lock()
 		d := a.Decide()
@@ -68,8 +71,9 @@ func (n *Node) Reform(ctx context.Context, prev *Formation, minSize int, gone ..
 }
 
 // reformRound exchanges re-formation hellos with every member not known
-// unreachable.
-func (n *Node) reformRound(ctx context.Context, a *Agreement) {
+// unreachable; a newcomer that answers without re-forming for too long is
+// taken for unreachable (noShows).
+func (n *Node) reformRound(ctx context.Context, a *Agreement, nc *noShows) {
 	n.mu.Lock()
 	unreached := a.Unreached()
 	var peers []peer.ID
@@ -93,10 +97,51 @@ func (n *Node) reformRound(ctx context.Context, a *Agreement) {
 				a.Unreachable(p)
 			case err == nil && resp.Generation == a.Generation():
 				n.stepLocked(a, p, resp)
+			case err == nil && nc.notReforming(p, time.Now()):
+				n.cfg.Logger.Info().Stringer("peer", p).Dur("for", nc.grace).
+					Msg("a standby being admitted does not re-form: the ring re-forms without it")
+				a.Unreachable(p)
 			}
 		})
 	}
 	wg.Wait()
+}
+
+// noShows tells, in a re-formation that admits standbys, a newcomer that
+// never comes: one that answers but does not re-form (its admission lost
+// on the way, or refused) would otherwise hold every member's proposal
+// until the join timeout, as a peer the ring waits for. A member of the
+// ring before is waited for: it may still be finishing its last step,
+// which can take up to the collective's timeout. The redialer greets a
+// newcomer taken for unreachable again, and an answer in this generation
+// makes it a candidate again.
+type noShows struct {
+	prev  []peer.ID // the ring before; nil for a standby being admitted, which waits for everyone
+	grace time.Duration
+	first map[peer.ID]time.Time // the first answer without re-forming, per newcomer
+}
+
+func newNoShows(prev *Formation, grace time.Duration) *noShows {
+	nc := &noShows{grace: grace, first: map[peer.ID]time.Time{}}
+	if prev != nil {
+		nc.prev = slices.Clone(prev.Members)
+	}
+	return nc
+}
+
+// notReforming records that p answered at now without re-forming, and
+// says whether it is a newcomer that has done so for the grace period.
+// n.mu held.
+func (nc *noShows) notReforming(p peer.ID, now time.Time) bool {
+	if nc.prev == nil || slices.Contains(nc.prev, p) {
+		return false
+	}
+	first, ok := nc.first[p]
+	if !ok {
+		nc.first[p] = now
+		return false
+	}
+	return now.Sub(first) >= nc.grace
 }
 
 // redialer greets again, in the background, the members a re-formation

@@ -44,6 +44,7 @@ start() { # start <i> [bootstrap]: ringtrain join in namespace i, output in $tmp
 	ip netns exec "$p$i" "$bin" "${args[@]}" >"$tmp/$i.log" 2>&1 &
 	pids[$i]=$!
 }
+NETNS_LOGS="$tmp/*.log" # every peer's tail on a failure: the others say why one was not admitted
 wait_for() { netns_wait_for netns-elastic "$@"; } # wait_for <file> <regexp> <seconds>
 
 start 0
