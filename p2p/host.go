@@ -225,15 +225,9 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("p2p: starting DHT: %w", err)
 	}
-	var errs []error
-	for _, b := range cfg.Bootstrap {
-		if err := h.Connect(ctx, b); err != nil {
-			errs = append(errs, fmt.Errorf("bootstrap %s: %w", b.ID, err))
-		}
-	}
-	if len(cfg.Bootstrap) > 0 && len(errs) == len(cfg.Bootstrap) {
+	if err := connectBootstrap(ctx, h, cfg.Bootstrap, cfg.Logger); err != nil {
 		d.Close()
-		return nil, fmt.Errorf("p2p: no bootstrap peer reachable: %w", errors.Join(errs...))
+		return nil, err
 	}
 	sub, err := h.EventBus().Subscribe([]any{new(event.EvtLocalReachabilityChanged), new(event.EvtAutoRelayAddrsUpdated)}, eventbus.Name("ringtrain nat log"))
 	if err != nil {
@@ -243,6 +237,43 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	out := &Host{Host: gh, DHT: d, Guard: guard, natLog: sub, punch: punch}
 	out.natWG.Go(func() { watchNAT(sub, cfg.Logger) })
 	return out, nil
+}
+
+// connectBootstrap connects to the bootstrap peers, and while none answers,
+// tries them all again — after 250 ms, doubling to 4 s — until one does or
+// ctx ends: peers started together, each naming the others, find none of
+// them listening yet, and a peer restarted while its bootstrap peer is
+// down waits for it, as torchrun's rendezvous waits for its store.
+func connectBootstrap(ctx context.Context, h host.Host, boot []peer.AddrInfo, log zerolog.Logger) error {
+	if len(boot) == 0 {
+		return nil
+	}
+	wait := 250 * time.Millisecond
+	for try := 1; ; try++ {
+		errs := make([]error, len(boot))
+		var wg sync.WaitGroup
+		for i, b := range boot {
+			wg.Go(func() {
+				prepareDial(h, b.ID) // a refused dial is not held against the next try
+				if err := h.Connect(ctx, b); err != nil {
+					errs[i] = fmt.Errorf("bootstrap %s: %w", b.ID, err)
+				}
+			})
+		}
+		wg.Wait()
+		if slices.Contains(errs, nil) {
+			return nil
+		}
+		if try == 1 {
+			log.Info().Int("bootstrap_peers", len(boot)).Msg("no bootstrap peer reachable yet: trying again until the join timeout")
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("p2p: no bootstrap peer reachable in %d tries: %w", try, errors.Join(errs...))
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 4*time.Second)
+	}
 }
 
 // perIPLimits are the resource manager's per-IP limits (Limits.ConnsPerIP,

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/pnet"
@@ -306,10 +307,63 @@ func TestAllowList(t *testing.T) {
 	}
 }
 
+// TestBootstrapPeerStartedLater: peers started together, each naming the
+// others, find no one listening at first: a host keeps trying its
+// bootstrap peer until the join timeout, and connects once it is up.
+func TestBootstrapPeerStartedLater(t *testing.T) {
+	slow(t)
+	key, _, err := crypto.GenerateEd25519Key(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := peer.IDFromPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp4", "127.0.0.1:0") // a free port, closed again: nobody listens there yet
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	addr := ma.StringCast(fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", port))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	started := make(chan *Host, 1)
+	refused := &logWatch{want: "no bootstrap peer reachable yet", seen: make(chan struct{})}
+	go func() {
+		h, err := NewHost(ctx, HostConfig{Listen: loopback, Bootstrap: []peer.AddrInfo{{ID: id, Addrs: []ma.Multiaddr{addr}}}, Logger: zerolog.New(refused)})
+		if err != nil {
+			t.Error(err)
+		}
+		started <- h
+	}()
+	select { // the bootstrap peer starts once the first try was refused
+	case <-refused.seen:
+	case <-ctx.Done():
+		t.Fatal("the host never said its bootstrap peer was not reachable yet")
+	}
+	boot, err := NewHost(ctx, HostConfig{Listen: []string{addr.String()}, Identity: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer boot.Close()
+	h := <-started
+	if h == nil {
+		return
+	}
+	defer h.Close()
+	if h.Network().Connectedness(id) != network.Connected {
+		t.Error("the host is not connected to its bootstrap peer, started a second after it")
+	}
+}
+
 func TestWrongSwarmKeyCannotConnect(t *testing.T) {
 	slow(t)
 	a := startHosts(t, 1, swarmKey(t))[0]
-	_, err := NewHost(context.Background(), HostConfig{Listen: loopback, SwarmKey: swarmKey(t), Bootstrap: []peer.AddrInfo{info(a)}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // the join timeout: tries until then
+	defer cancel()
+	_, err := NewHost(ctx, HostConfig{Listen: loopback, SwarmKey: swarmKey(t), Bootstrap: []peer.AddrInfo{info(a)}})
 	if err == nil || !strings.Contains(err.Error(), "no bootstrap peer reachable") {
 		t.Errorf("NewHost with another swarm key = %v; want it unable to reach the bootstrap peer", err)
 	}

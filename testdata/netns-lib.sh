@@ -1,14 +1,15 @@
 # Shared by the testdata/netns-*.sh scripts (sourced, not run).
 
-# netns_bridge <prefix> <subnet> <rate> <burst>: four network namespaces
-# <prefix>0..3, each with an eth0 at <subnet>.1–4/24 on a bridge
-# <prefix>br, every link capped at <rate> each way with tbf (handle 1: on
-# the namespace side, for a netem child where the kernel has netem).
+# netns_bridge <prefix> <subnet> <rate> <burst> [count]: count (default
+# four, at most 16) network namespaces <prefix>0…, each with an eth0 at
+# <subnet>.1…/24 on a bridge <prefix>br, every link capped at <rate> each
+# way with tbf (handle 1: on the namespace side, for a netem child where
+# the kernel has netem).
 netns_bridge() {
-	local p=$1 subnet=$2 rate=$3 burst=$4 i ns
+	local p=$1 subnet=$2 rate=$3 burst=$4 count=${5:-4} i ns
 	ip link add "${p}br" type bridge
 	ip link set "${p}br" up
-	for i in 0 1 2 3; do
+	for ((i = 0; i < count; i++)); do
 		ns=$p$i
 		ip netns add "$ns"
 		ip link add "${p}v$i" type veth peer name eth0 netns "$ns"
@@ -34,7 +35,7 @@ netns_cleanup() {
 # netns_bridge_remove <prefix>: what netns_bridge made, whatever of it exists.
 netns_bridge_remove() {
 	local i
-	for i in 0 1 2 3; do ip netns del "$1$i" 2>/dev/null || true; done
+	for ((i = 0; i < 16; i++)); do ip netns del "$1$i" 2>/dev/null || true; done
 	ip link del "$1br" 2>/dev/null || true
 }
 

@@ -561,3 +561,51 @@ func TestNarrowWire(t *testing.T) {
 		t.Errorf("bf16 over a float32-only collective: %v; want an error saying so", err)
 	}
 }
+
+// TestLevelAcrossAnEpochEnd: a peer lost in the allreduces that score an
+// epoch's end leaves the ranks that finished them in the next epoch and
+// the others, at the same step, before its end; or lost in the epoch's
+// last step, one rank past the end and another a step behind. Every rank
+// must take the position past the end (they failed with "a replica is in
+// epoch 4, this one in 3", and the job ended). A claim of an epoch further
+// on names its maker.
+func TestLevelAcrossAnEpochEnd(t *testing.T) {
+	const n = 3
+	end := Position{Epochs: 2, Steps: 30, Skip: 96}    // the epoch's steps done, its end not
+	next := Position{Epochs: 3, Steps: 30}             // past the end
+	behind := Position{Epochs: 2, Steps: 29, Skip: 64} // the epoch's last step not applied
+	for _, tc := range []struct {
+		name string
+		at   [n]Position
+		want Position
+		liar int // -1: none
+	}{
+		{"two before the end, one past it", [n]Position{end, end, next}, next, -1},
+		{"one past it first", [n]Position{next, end, end}, next, -1},
+		{"a step behind, across the end", [n]Position{behind, next, end}, next, -1},
+		{"all before the end", [n]Position{end, end, end}, end, -1},
+		{"one claims two epochs on", [n]Position{end, end, {Epochs: 4, Steps: 30}}, Position{}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rings := memRings(t, n)
+			got, errs := make([]Position, n), make([]error, n)
+			onAll(n, func(i int) error {
+				rep := NewReplica(newMLP(t, mlpCfg(4, []int{3}, 2, 2, 1)), &SGD{LR: 0.1}, rings[i])
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				got[i], errs[i] = rep.Level(ctx, tc.at[i], true)
+				return nil
+			})
+			for i := range n {
+				var liar *LiarError
+				switch {
+				case tc.liar < 0 && (errs[i] != nil || got[i] != tc.want):
+					t.Errorf("rank %d at %+v: Level = %+v, %v; want %+v", i, tc.at[i], got[i], errs[i], tc.want)
+				case tc.liar >= 0 && tc.at[i].Epochs+1 < tc.at[tc.liar].Epochs &&
+					(!errors.As(errs[i], &liar) || !slices.Equal(liar.Ranks, []int{tc.liar})):
+					t.Errorf("rank %d: Level = %v; want rank %d named", i, errs[i], tc.liar)
+				}
+			}
+		})
+	}
+}

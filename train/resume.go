@@ -139,13 +139,18 @@ func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead i
 	case len(far) > 0:
 		return out, &LiarError{Ranks: far, Why: fmt.Sprintf("they claim to be more than %d step(s) from the others (median step %d)", maxAhead, median)}
 	}
-	best := -1
+	// Furthest on: the most steps, and of those the most epochs — a peer
+	// lost in the allreduces that score an epoch's end leaves some ranks
+	// past that end and others, at the same step, before it.
+	best, bestEpochs := -1, -1
 	for _, k := range offers {
-		best = max(best, pos[k].Steps)
+		if pos[k].Steps > best || pos[k].Steps == best && pos[k].Epochs > bestEpochs {
+			best, bestEpochs = pos[k].Steps, pos[k].Epochs
+		}
 	}
 	var top []int
 	for _, k := range offers {
-		if pos[k].Steps == best {
+		if pos[k].Steps == best && pos[k].Epochs == bestEpochs {
 			top = append(top, k)
 		}
 	}
@@ -222,18 +227,21 @@ func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead i
 // others; the ones that finished have applied the step. So after a loss
 // (lost) a survivor may be one step ahead (with LocalSGD a round: those
 // that finished its outer step are at its end, the others went back to
-// its start); a claim further is a lie. After a growth every old member
-// is at the same step. Liars are named in a *LiarError; a failed
-// collective is an ErrCollective: the ring must change again.
+// its start), or at the same step but past the epoch's end, whose scoring
+// allreduces the others failed in (they skip that end); a claim further is
+// a lie. After a growth every old member is at the same step. Liars are
+// named in a *LiarError; a failed collective is an ErrCollective: the ring
+// must change again.
 func (r *Replica) Level(ctx context.Context, at Position, lost bool) (Position, error) {
 	r.sync().settle(r)
 	ahead := 0
 	if lost {
 		ahead = r.sync().maxAhead(r)
 	}
-	pos, _, err := r.adoptLatest(ctx, true, at, ahead)
-	if err == nil && pos.Epochs != at.Epochs {
-		return at, fmt.Errorf("train: after the ring changed: a replica is in epoch %d, this one in %d", pos.Epochs+1, at.Epochs+1)
+	pos, from, err := r.adoptLatest(ctx, true, at, ahead)
+	if err == nil && !nextTo(at, pos) {
+		return at, &LiarError{Ranks: []int{from}, Why: fmt.Sprintf("after the ring changed it claims epoch %d at step %d, and this rank is in epoch %d at step %d",
+			pos.Epochs+1, pos.Steps, at.Epochs+1, at.Steps)}
 	}
 	if err == nil {
 		err = r.CheckInSync(ctx)
@@ -242,6 +250,14 @@ func (r *Replica) Level(ctx context.Context, at Position, lost bool) (Position, 
 		return at, err
 	}
 	return pos, nil
+}
+
+// nextTo says whether a replica at a may take the state of one at b, the
+// furthest on after a loss: in the same epoch, or at the start of the
+// next — past the epoch's end, which a replica still before it then skips
+// (its score was logged by those past it; the parameters are the same).
+func nextTo(a, b Position) bool {
+	return b.Epochs == a.Epochs || b.Epochs == a.Epochs+1 && b.Skip == 0
 }
 
 // Admitted brings a replica admitted mid-run up to date through its new

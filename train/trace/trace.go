@@ -58,7 +58,14 @@ type File struct {
 	w     *bufio.Writer
 	start time.Time
 	err   error // the first write that failed
+	// flushed is when the buffer was last written out: at most every
+	// flushEvery, so that a peer killed loses under a second of its
+	// timeline, not the buffer's last 64 KiB (a hundred steps).
+	flushed time.Time
 }
+
+// flushEvery is how often a trace's buffer is written out as a run goes.
+const flushEvery = time.Second
 
 // Create starts a trace at path, named name (the peer's, until SetName).
 func Create(path, name string) (*File, error) {
@@ -67,6 +74,7 @@ func Create(path, name string) (*File, error) {
 		return nil, fmt.Errorf("trace: %w", err)
 	}
 	t := &File{f: f, w: bufio.NewWriterSize(f, 64<<10), start: time.Now()}
+	t.flushed = t.start
 	t.w.WriteString("[\n")
 	t.SetName(name)
 	for lane, name := range map[int]string{LaneCompute: "compute", LaneRing: "ring", LaneEvents: "events"} {
@@ -115,6 +123,9 @@ func (t *File) write(e Event) {
 	if err == nil {
 		b = append(b, ",\n"...)
 		_, err = t.w.Write(b)
+	}
+	if now := time.Now(); err == nil && now.Sub(t.flushed) >= flushEvery {
+		t.flushed, err = now, t.w.Flush()
 	}
 	t.err = err
 }

@@ -109,3 +109,27 @@ func FuzzRead(f *testing.F) {
 		}
 	})
 }
+
+// A peer killed loses at most the last flushEvery of its timeline: what was
+// written before that is on disk without Close.
+func TestFileFlushesAsItGoes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "peer.json")
+	f, err := Create(path, "peer 0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	f.Span("forward", f.start, f.start.Add(time.Millisecond), 1, -1)
+	f.mu.Lock()
+	f.flushed = f.flushed.Add(-flushEvery) // a second passes
+	f.mu.Unlock()
+	f.Span("optimizer", f.start, f.start.Add(time.Millisecond), 1, -1)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := Read(bytes.NewReader(b))
+	if err != nil || len(evs) == 0 || evs[len(evs)-1].Name != "optimizer" {
+		t.Fatalf("on disk before Close: %v, %s; want the events up to the optimizer span", err, b)
+	}
+}

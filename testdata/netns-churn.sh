@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# Churn: a job whose peers die, leave and come back every few seconds, on
+# one machine: PEERS `ringtrain join`s in network namespaces on a bridge
+# (1 Gbit/s links), min_world_size 3, the mlp on Fashion-MNIST. First the
+# job undisturbed; then the same job while, every PERIOD seconds, a random
+# peer is SIGKILLed or Ctrl-C'd (alternately) and started again 2 s later
+# with the same identity on the same address, and every NEW_EVERY seconds
+# a brand-new peer joins and one leaves for good. Every event and every
+# step of every peer process is recorded (events.tsv, --trace, and the
+# process's metrics every few seconds), and internal/churnreport prints the
+# figures against the undisturbed run and, with BOUNDS=1, fails on any
+# past its bound.
+#
+# usage: [PERIOD=15] [DURATION=600] [PEERS=6] [NEW_EVERY=180] [DATA=folder]
+#        [BOUNDS=1] [KEEP=folder] testdata/netns-churn.sh [path/to/ringtrain]
+# DURATION sets the job's epochs from SEC_PER_EPOCH (the undisturbed job's
+# seconds per epoch of DATA here); the churn runs as long as the job does.
+# make bench-churn runs it on the whole dataset, make test for two minutes
+# on testdata's 2,000 images. Addresses are 10.232.0.x inside the
+# namespaces only; everything made here is removed on exit.
+set -euo pipefail
+
+bin=$(realpath "${1:-bin/ringtrain}")
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+if [ "$(id -u)" != 0 ]; then echo "netns-churn: SKIPPED, creating network namespaces needs root"; exit 0; fi
+if ! command -v ip >/dev/null || ! command -v tc >/dev/null || ! command -v curl >/dev/null; then
+	echo "netns-churn: SKIPPED, needs ip and tc (iproute2) and curl"
+	exit 0
+fi
+
+PERIOD=${PERIOD:-15} DURATION=${DURATION:-600} PEERS=${PEERS:-6} NEW_EVERY=${NEW_EVERY:-180} BOUNDS=${BOUNDS:-1}
+DATA=${DATA:-/usr/share/datasets/fashion-mnist}
+[ -f "$DATA/train-images-idx3-ubyte.gz" ] || DATA=$here/fashion-mnist
+DATA=$(realpath "$DATA")
+# The image count, from the IDX header (gzip stops early on a closed pipe).
+images=$( (gzip -dc "$DATA/train-images-idx3-ubyte.gz" 2>/dev/null || true) | head -c 8 | od -An -tu1 | awk '{print $5*16777216 + $6*65536 + $7*256 + $8}')
+# Seconds per epoch of the undisturbed job here, per 1,000 images (6 peers, batch 32 each, 2 cores).
+SEC_PER_KIMAGE=${SEC_PER_KIMAGE:-0.09}
+EPOCHS=${EPOCHS:-$(awk -v d="$DURATION" -v n="$images" -v s="$SEC_PER_KIMAGE" 'BEGIN { e = int(d / (n / 1000 * s) + 0.5); print (e < 1 ? 1 : e) }')}
+spares=$(((DURATION + NEW_EVERY - 1) / NEW_EVERY + 1))
+count=$((PEERS + spares))
+if [ "$count" -gt 16 ]; then echo "netns-churn: $PEERS peers and $spares newcomers need $count namespaces; at most 16"; exit 1; fi
+
+. "$here/netns-lib.sh"
+p=rtc$$ # a prefix of our own for every name made here
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+	kill "${sampler:-0}" 2>/dev/null || true
+	netns_cleanup "$p"
+}
+trap cleanup EXIT
+netns_bridge "$p" 10.232.0 1gbit 256kb "$count"
+
+config() { # config <name> <dir>: the job's config
+	cat >"$2/job.json" <<EOF
+{"name": "$1", "world_size": $PEERS, "min_world_size": 3, "max_world_size": $((PEERS + 2)), "epochs": $EPOCHS, "batch_size": 32, "seed": 3, "model": "mlp",
+ "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+ "data": {"transforms": [{"name": "ToTensor", "args": []}],
+          "dataset_path": {"train": "$DATA", "test": "$DATA"}}}
+EOF
+}
+
+now_ms() { date +%s%3N; }
+record() { echo "$(now_ms) $*" >>"$dir/events.tsv"; } # record <kind> <peer> <incarnation> [status]
+
+inc=() # each peer's incarnation
+addr() { echo "/ip4/10.232.0.$(($1 + 1))/tcp/4001"; }
+boots=() # every first peer's multiaddr, so that a restarted peer finds the others whichever are down
+for ((i = 0; i < count; i++)); do
+	id=$("$bin" id --identity "$tmp/id-$i")
+	boots+=("$(addr "$i")/p2p/$id")
+done
+
+start() { # start <peer> <kind>: ringtrain join in namespace <peer>, a new incarnation
+	local i=$1 kind=$2 k args b
+	k=$((${inc[$i]:--1} + 1))
+	inc[$i]=$k
+	args=(join --config "$dir/job.json" --identity "$tmp/id-$i" --listen "$(addr "$i")" --log-format json --threads 1
+		--trace "$dir/p$i-$k.trace.json" --metrics 127.0.0.1:9100)
+	for ((b = 0; b < PEERS; b++)); do [ "$b" = "$i" ] || args+=(--bootstrap "${boots[$b]}"); done
+	record "$kind" "$i" "$k"
+	echo "$k" >"$dir/inc-$i" # for the sampler, a process of its own
+	ip netns exec "$p$i" "$bin" "${args[@]}" >"$dir/p$i-$k.log" 2>&1 &
+	pids[$i]=$!
+}
+
+reap() { # reap <peer>: wait for its process, record its exit status
+	local i=$1 rc=0
+	wait "${pids[$i]}" || rc=$?
+	record exit "$i" "${inc[$i]}" "$rc"
+	pids[$i]=
+}
+
+sample() { # every 3 s: each running peer's goroutines, open files and memory
+	local i k
+	while :; do
+		for ((i = 0; i < count; i++)); do
+			k=$(cat "$dir/inc-$i" 2>/dev/null) || continue
+			ip netns exec "$p$i" curl -s -m 1 http://127.0.0.1:9100/metrics 2>/dev/null |
+				awk -v t="$(now_ms)" '/^go_goroutines /{g=$2} /^process_open_fds /{f=$2} /^process_resident_memory_bytes /{r=$2}
+					END {if (g != "") printf "%s %s %s %s\n", t, g, f, r}' >>"$dir/p$i-$k.metrics" || true
+		done
+		sleep 3
+	done
+}
+
+running() { # the peers whose process runs, one a line
+	local i
+	for ((i = 0; i < count; i++)); do [ -n "${pids[$i]:-}" ] && kill -0 "${pids[$i]}" 2>/dev/null && echo "$i"; done
+	return 0
+}
+
+# The job undisturbed.
+dir=$tmp/undisturbed
+mkdir -p "$dir"
+config netns-churn-undisturbed "$dir"
+echo "netns-churn: $PEERS peers, $EPOCHS epochs of $images images ($DATA), undisturbed"
+for ((i = 0; i < PEERS; i++)); do start "$i" start; done
+for ((i = 0; i < PEERS; i++)); do reap "$i"; done
+
+# The same job, churned.
+dir=$tmp/churn
+mkdir -p "$dir"
+config netns-churn "$dir"
+inc=()
+echo "netns-churn: the same job while a peer is SIGKILLed or Ctrl-C'd every ${PERIOD}s and started again 2 s later; a new peer joins and one leaves for good every ${NEW_EVERY}s"
+for ((i = 0; i < PEERS; i++)); do start "$i" start; done
+sample &
+sampler=$!
+next_spare=$PEERS
+kill9=1
+last_new=$SECONDS
+netns_wait_for netns-churn "$dir/p0-0.log" '"message":"training"' 120
+while [ -n "$(running)" ]; do
+	sleep "$PERIOD"
+	mapfile -t up < <(running)
+	[ "${#up[@]}" -gt 3 ] || continue # min_world_size: never take the ring below it
+	i=${up[$((RANDOM % ${#up[@]}))]}
+	if [ $((SECONDS - last_new)) -ge "$NEW_EVERY" ] && [ "$next_spare" -lt "$count" ]; then
+		last_new=$SECONDS
+		start "$next_spare" new
+		next_spare=$((next_spare + 1))
+		record leave "$i" "${inc[$i]}"
+		kill -INT "${pids[$i]}"
+		reap "$i"
+		continue
+	fi
+	if [ "$kill9" = 1 ]; then
+		record kill "$i" "${inc[$i]}"
+		kill -9 "${pids[$i]}"
+	else
+		record int "$i" "${inc[$i]}"
+		kill -INT "${pids[$i]}"
+	fi
+	kill9=$((1 - kill9))
+	reap "$i"
+	sleep 2
+	# The job may have ended meanwhile: the restarted peer is told so, and exits 0.
+	start "$i" restart
+done
+kill "$sampler" 2>/dev/null || true
+for ((i = 0; i < count; i++)); do [ -z "${pids[$i]:-}" ] || reap "$i"; done
+[ -z "${KEEP:-}" ] || { mkdir -p "$KEEP" && cp -r "$tmp/undisturbed" "$tmp/churn" "$KEEP/"; }
+
+flags=(-period "${PERIOD}s")
+[ "$BOUNDS" = 1 ] && flags+=(-bounds)
+if ! (cd "$root" && go run ./internal/churnreport "${flags[@]}" "$tmp/churn" "$tmp/undisturbed"); then
+	echo "netns-churn: FAIL; the events:"
+	cat "$tmp/churn/events.tsv"
+	exit 1
+fi
+echo "netns-churn: ok"
