@@ -11,12 +11,12 @@
 # figures against the undisturbed run and, with BOUNDS=1, fails on any
 # past its bound.
 #
-# usage: [PERIOD=15] [DURATION=600] [PEERS=6] [NEW_EVERY=180] [DATA=folder]
+# usage: [MODE=everystep|deadline|pipeline] [PERIOD=15] [DURATION=600] [PEERS=6] [NEW_EVERY=180] [DATA=folder]
 #        [BOUNDS=1] [KEEP=folder] testdata/netns-churn.sh [path/to/ringtrain]
 # DURATION sets the job's epochs from SEC_PER_EPOCH (the undisturbed job's
 # seconds per epoch of DATA here); the churn runs as long as the job does.
 # make bench-churn runs it on the whole dataset, make test for two minutes
-# on testdata's 2,000 images. Addresses are 10.232.0.x inside the
+# on testdata's 2,000 images. Addresses are 10.236.0.x inside the
 # namespaces only; everything made here is removed on exit.
 set -euo pipefail
 
@@ -29,14 +29,17 @@ if ! command -v ip >/dev/null || ! command -v tc >/dev/null || ! command -v curl
 	exit 0
 fi
 
-PERIOD=${PERIOD:-15} DURATION=${DURATION:-600} PEERS=${PEERS:-6} NEW_EVERY=${NEW_EVERY:-180} BOUNDS=${BOUNDS:-1}
+MODE=${MODE:-everystep} PERIOD=${PERIOD:-15} DURATION=${DURATION:-600} PEERS=${PEERS:-6} NEW_EVERY=${NEW_EVERY:-180} BOUNDS=${BOUNDS:-1}
 DATA=${DATA:-/usr/share/datasets/fashion-mnist}
 [ -f "$DATA/train-images-idx3-ubyte.gz" ] || DATA=$here/fashion-mnist
 DATA=$(realpath "$DATA")
 # The image count, from the IDX header (gzip stops early on a closed pipe).
 images=$( (gzip -dc "$DATA/train-images-idx3-ubyte.gz" 2>/dev/null || true) | head -c 8 | od -An -tu1 | awk '{print $5*16777216 + $6*65536 + $7*256 + $8}')
 # Seconds per epoch of the undisturbed job here, per 1,000 images (6 peers, batch 32 each, 2 cores).
-SEC_PER_KIMAGE=${SEC_PER_KIMAGE:-0.09}
+case $MODE in
+deadline) SEC_PER_KIMAGE=${SEC_PER_KIMAGE:-0.015} ;;
+*) SEC_PER_KIMAGE=${SEC_PER_KIMAGE:-0.09} ;;
+esac
 EPOCHS=${EPOCHS:-$(awk -v d="$DURATION" -v n="$images" -v s="$SEC_PER_KIMAGE" 'BEGIN { e = int(d / (n / 1000 * s) + 0.5); print (e < 1 ? 1 : e) }')}
 spares=$(((DURATION + NEW_EVERY - 1) / NEW_EVERY + 1))
 count=$((PEERS + spares))
@@ -51,12 +54,23 @@ cleanup() {
 	netns_cleanup "$p"
 }
 trap cleanup EXIT
-netns_bridge "$p" 10.232.0 1gbit 256kb "$count"
+netns_bridge "$p" 10.236.0 1gbit 256kb "$count"
 
-config() { # config <name> <dir>: the job's config
+config() { # config <name> <dir>: the job's config, for MODE
+	local model='"mlp"' extra='' sizes=", \"min_world_size\": 3, \"max_world_size\": $((PEERS + 2))"
+	case $MODE in
+	everystep) ;;
+	deadline) extra=', "sync": {"every": 8, "outer": {"name": "nesterov", "lr": 0.7, "momentum": 0.9}, "sparse": {"fraction": 0.05, "bits": 4}, "deadline": "50ms"}' ;;
+	pipeline)
+		model='{"layers": [{"type": "linear", "out": 128}, {"type": "relu"}, {"type": "linear", "out": 128}, {"type": "relu"}, {"type": "linear", "out": 10}]}'
+		extra=', "pipeline": {"stages": 2, "micro_batches": 4, "schedule": "1f1b", "split": [2]}'
+		sizes='' # a pipeline waits for a peer to take a stage left empty, and grows no larger
+		;;
+	*) echo "netns-churn: MODE $MODE; want everystep, deadline or pipeline" >&2; exit 1 ;;
+	esac
 	cat >"$2/job.json" <<EOF
-{"name": "$1", "world_size": $PEERS, "min_world_size": 3, "max_world_size": $((PEERS + 2)), "epochs": $EPOCHS, "batch_size": 32, "seed": 3, "model": "mlp",
- "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+{"name": "$1", "world_size": $PEERS$sizes, "epochs": $EPOCHS, "batch_size": 32, "seed": 3, "model": $model,
+ "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}$extra,
  "data": {"transforms": [{"name": "ToTensor", "args": []}],
           "dataset_path": {"train": "$DATA", "test": "$DATA"}}}
 EOF
@@ -66,7 +80,7 @@ now_ms() { date +%s%3N; }
 record() { echo "$(now_ms) $*" >>"$dir/events.tsv"; } # record <kind> <peer> <incarnation> [status]
 
 inc=() # each peer's incarnation
-addr() { echo "/ip4/10.232.0.$(($1 + 1))/tcp/4001"; }
+addr() { echo "/ip4/10.236.0.$(($1 + 1))/tcp/4001"; }
 boots=() # every first peer's multiaddr, so that a restarted peer finds the others whichever are down
 for ((i = 0; i < count; i++)); do
 	id=$("$bin" id --identity "$tmp/id-$i")
@@ -116,7 +130,7 @@ running() { # the peers whose process runs, one a line
 dir=$tmp/undisturbed
 mkdir -p "$dir"
 config netns-churn-undisturbed "$dir"
-echo "netns-churn: $PEERS peers, $EPOCHS epochs of $images images ($DATA), undisturbed"
+echo "netns-churn: $MODE, $PEERS peers, $EPOCHS epochs of $images images ($DATA), undisturbed"
 for ((i = 0; i < PEERS; i++)); do start "$i" start; done
 for ((i = 0; i < PEERS; i++)); do reap "$i"; done
 
@@ -132,7 +146,7 @@ sampler=$!
 next_spare=$PEERS
 kill9=1
 last_new=$SECONDS
-netns_wait_for netns-churn "$dir/p0-0.log" '"message":"training"' 120
+netns_wait_for netns-churn "$dir/p0-0.log" '"message":"(training|pipeline formed)"' 120
 while [ -n "$(running)" ]; do
 	sleep "$PERIOD"
 	mapfile -t up < <(running)

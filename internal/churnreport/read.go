@@ -142,10 +142,17 @@ func readSteps(path string) ([]time.Time, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: no start time", path)
 	}
+	// A step ends with its optimizer; in DiLoCo's rounds, whose inner
+	// steps are local, with its backward pass.
 	var out []time.Time
-	for _, e := range evs {
-		if e.Phase == "X" && e.Name == "optimizer" {
-			out = append(out, time.UnixMicro(start+int64(e.TS+e.Dur)))
+	for _, name := range []string{"optimizer", "forward+backward", "backward"} {
+		for _, e := range evs {
+			if e.Phase == "X" && e.Name == name {
+				out = append(out, time.UnixMicro(start+int64(e.TS+e.Dur)))
+			}
+		}
+		if len(out) > 0 {
+			break
 		}
 	}
 	slices.SortFunc(out, time.Time.Compare)

@@ -40,6 +40,7 @@ type report struct {
 	hashes                    map[string]bool
 	finished                  int
 	killed                    int
+	afterEnd                  int // processes started after the job's last step: they find no one, and exit 1
 	badExits                  []string
 	goroutineGrowth, fdGrowth float64
 	rssGrowth                 float64 // a share of the first sample
@@ -66,15 +67,20 @@ func summarize(churn, base *record, period time.Duration) *report {
 			r.stalls = append(r.stalls, longestGap(steps, e.at, minTime(e.at.Add(period), jobEnd)))
 		}
 	}
+	started := map[[2]int]time.Time{}
 	for _, e := range churn.events {
-		if e.kind != "exit" {
-			continue
-		}
-		name := fmt.Sprintf("p%d-%d", e.peer, e.inc)
-		if killed[[2]int{e.peer, e.inc}] {
+		switch {
+		case e.kind == "start" || e.kind == "restart" || e.kind == "new":
+			started[[2]int{e.peer, e.inc}] = e.at
+		case e.kind != "exit":
+		case killed[[2]int{e.peer, e.inc}]:
 			r.killed++
-		} else if e.rc != 0 {
-			r.badExits = append(r.badExits, fmt.Sprintf("%s exited %d", name, e.rc))
+		case e.rc != 0 && started[[2]int{e.peer, e.inc}].After(jobEnd):
+			// Started after the job's last step: it finds no one, and
+			// cannot know the job is over rather than unreachable.
+			r.afterEnd++
+		case e.rc != 0:
+			r.badExits = append(r.badExits, fmt.Sprintf("p%d-%d exited %d", e.peer, e.inc, e.rc))
 		}
 	}
 	r.longestStall = longestGap(steps, jobStart, jobEnd)
@@ -260,6 +266,6 @@ func (r *report) print(w io.Writer) {
 	fmt.Fprintf(w, "| throughput, undisturbed wall ÷ churned (%s ÷ %s) | %.2f× | ≥ %.2f× |\n", sec(r.baseWall), sec(r.churnWall), r.throughput(), minThroughput)
 	fmt.Fprintf(w, "| test accuracy, churned vs undisturbed | %.2f%% vs %.2f%% | within %.0f point |\n", 100*r.accuracy, 100*r.baseAccuracy, 100*maxAccuracyLoss)
 	fmt.Fprintf(w, "| parameter hashes of the %d that finished | %d | 1 |\n", r.finished, len(r.hashes))
-	fmt.Fprintf(w, "| exits other than 0 (besides %d SIGKILLed) | %d | 0 |\n", r.killed, len(r.badExits))
+	fmt.Fprintf(w, "| exits other than 0 (besides %d SIGKILLed, %d started after the job's end) | %d | 0 |\n", r.killed, r.afterEnd, len(r.badExits))
 	fmt.Fprintf(w, "| growth in one process: goroutines, open files, memory | +%.0f, +%.0f, +%.0f%% | ≤ +%d, +%d, +%.0f%% |\n", r.goroutineGrowth, r.fdGrowth, 100*r.rssGrowth, maxGoroutineGrowth, maxFDGrowth, 100*maxRSSGrowth)
 }
