@@ -179,6 +179,11 @@ for ((i = 0; i < count; i++)); do [ -z "${pids[$i]:-}" ] || reap "$i"; done
 [ -z "${KEEP:-}" ] || { mkdir -p "$KEEP" && cp -r "$tmp/undisturbed" "$tmp/churn" "$KEEP/"; }
 
 flags=(-period "${PERIOD}s")
+# Every sample once an epoch, counted from the traces: in DiLoCo's
+# deadline rounds a rank behind when an epoch's last round closes leaves
+# the rest of its share for the epoch by design, and a pipeline's stages
+# count their micro-batches otherwise.
+[ "$MODE" = everystep ] && flags+=(-samples "$images")
 [ "$BOUNDS" = 1 ] && flags+=(-bounds)
 if ! (cd "$root" && go run ./internal/churnreport "${flags[@]}" "$tmp/churn" "$tmp/undisturbed"); then
 	echo "netns-churn: FAIL; the events:"

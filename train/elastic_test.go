@@ -123,6 +123,7 @@ func carryOn(ctx context.Context, cfg RunConfig, minSize int, change func(cause 
 				return total, err
 			}
 			if err == nil {
+				in.Unapplied.Trained(pos, cfg.Trained)
 				cfg.Start, cfg.InSync = pos, true
 				break
 			}
@@ -241,6 +242,104 @@ func survivorsFinish(t *testing.T, kill dying, fault int, wantAt Position, newOp
 	}
 }
 
+// failsAfter is a rank whose n-th step's allreduce completes — every rank
+// has its gradients — but fails here, as when a peer goes just after the
+// last frame this rank needed reached the others but before its own last
+// frame reached it.
+type failsAfter struct {
+	*ring.Ring
+	n int
+}
+
+func (f *failsAfter) AllreduceMean(ctx context.Context, buf []float32) error {
+	err := f.Ring.AllreduceMean(ctx, buf)
+	if f.n--; f.n == 0 && err == nil {
+		return fmt.Errorf("%w: the last frame lost (fake)", ErrCollective)
+	}
+	return err
+}
+
+// TestAppliedElsewhereIsCounted: rank 3's step 7 fails on it alone; the
+// others applied it, with rank 3's gradients, and lose it in step 8. All
+// level at step 7: rank 3's batch of step 7 was trained, though not on
+// its own run, and must be counted once — every sample of every epoch
+// once (it was counted by no one, and a churned job's count came out
+// short).
+func TestAppliedElsewhereIsCounted(t *testing.T) {
+	const world, batch, epochs = 4, 8, 2
+	rings := memRings(t, world)
+	z := &rendezvous{t: t, want: world, waiting: map[int]chan Collective{}}
+	seen := newEpochCounts(epochs)
+	errs := make([]error, world)
+	onAll(world, func(i int) error {
+		var coll Collective = rings[i]
+		if i == 3 {
+			coll = &failsAfter{Ring: rings[i], n: 7}
+		}
+		rep := newReplica(newMLP(t, mlpCfg(784, []int{16}, 10, batch, 1)), NewAdam(0.003), coll)
+		cfg := RunConfig{Replica: rep, Train: loader(t, "train", batch, true), Epochs: epochs, Classes: 10, Trained: seen.add}
+		_, errs[i] = carryOn(context.Background(), cfg, world, func(cause error, at Position) (Collective, error) {
+			if i == 3 {
+				rings[i].Close() // the others find the ring broken in their next step
+			}
+			return z.reform(i, at)
+		})
+		return nil
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", i, err)
+		}
+	}
+	if !slices.Contains(z.at, Position{Epochs: 0, Steps: 7, Skip: 7 * world * batch}) || !slices.Contains(z.at, Position{Epochs: 0, Steps: 6, Skip: 6 * world * batch}) {
+		t.Fatalf("the ranks re-formed at %+v; want rank 3 at step 6 and the others at step 7", z.at)
+	}
+	seen.check(t, loader(t, "train", batch, true).Sampler.N)
+}
+
+// epochCounts counts how many times each sample of each epoch was
+// trained (RunConfig.Trained).
+type epochCounts struct {
+	mu   sync.Mutex
+	seen []map[int]int
+}
+
+func newEpochCounts(epochs int) *epochCounts {
+	c := &epochCounts{seen: make([]map[int]int, epochs)}
+	for e := range c.seen {
+		c.seen[e] = map[int]int{}
+	}
+	return c
+}
+
+func (c *epochCounts) add(epoch int, index []int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, k := range index {
+		c.seen[epoch][k]++
+	}
+}
+
+// check fails t unless every one of the n samples was trained once in
+// every epoch.
+func (c *epochCounts) check(t *testing.T, n int) {
+	t.Helper()
+	for e, got := range c.seen {
+		missing := 0
+		for k := range n {
+			if got[k] > 1 {
+				t.Errorf("epoch %d: sample %d trained %d times", e+1, k, got[k])
+			}
+			if got[k] == 0 {
+				missing++
+			}
+		}
+		if missing > 0 || len(got) > n {
+			t.Errorf("epoch %d: %d of %d samples never trained, %d outside the dataset", e+1, missing, n, len(got)+missing-n)
+		}
+	}
+}
+
 // TestLeaverGoesOthersStay: rank 1 of 4 asks to leave; with three enough
 // (MinSize 3), it stops after the step that told the others, and they
 // re-form without it, from the position after that step, and finish in
@@ -349,21 +448,11 @@ func newcomerIsAdmitted(t *testing.T, newOpt func() any, heardAfter int) {
 	sums := make([]Summary, 4)
 	errs := make([]error, 4)
 	var mu sync.Mutex
-	seen := make([]map[int]int, epochs) // per epoch: times each index was trained
-	for e := range seen {
-		seen[e] = map[int]int{}
-	}
-	count := func(epoch int, index []int) {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, k := range index {
-			seen[epoch][k]++
-		}
-	}
+	seen := newEpochCounts(epochs)
 	var grewAt []Position
 	onAll(4, func(i int) error {
 		m := newMLP(t, mlpCfg(784, []int{16}, 10, batch, uint64(1+i)))
-		cfg := RunConfig{Train: loader(t, "train", batch, true), Epochs: epochs, Classes: 10, Trained: count}
+		cfg := RunConfig{Train: loader(t, "train", batch, true), Epochs: epochs, Classes: 10, Trained: seen.add}
 		if i == 3 { // the newcomer
 			cfg.Replica = newReplica(m, newOpt(), newRing(3))
 			pos, err := cfg.Replica.Admitted(context.Background())
@@ -408,16 +497,5 @@ func newcomerIsAdmitted(t *testing.T, newOpt func() any, heardAfter int) {
 	if len(grewAt) != 3 || slices.ContainsFunc(grewAt, func(p Position) bool { return p != want }) {
 		t.Errorf("the ring grew at %+v; want at %+v on each of the three", grewAt, want)
 	}
-	n := loader(t, "train", batch, true).Sampler.N
-	for e, got := range seen {
-		if len(got) != n {
-			t.Errorf("epoch %d: %d of %d samples trained", e+1, len(got), n)
-		}
-		for k, c := range got {
-			if c != 1 {
-				t.Errorf("epoch %d: sample %d trained %d times", e+1, k, c)
-				break
-			}
-		}
-	}
+	seen.check(t, loader(t, "train", batch, true).Sampler.N)
 }

@@ -117,6 +117,31 @@ var ErrNewcomer = errors.New("train: a newcomer waits to be admitted")
 type Interrupted struct {
 	At    Position
 	Cause error
+	// Unapplied is the step (or LocalSGD round) that failed here, if
+	// RunConfig.Trained is set: ranks that had every frame before a peer
+	// went may have applied it, with this rank's gradients in it.
+	Unapplied *Unapplied
+}
+
+// Unapplied is the dataset indices of a step, or a LocalSGD round, that
+// failed on this rank, and the step count it would have reached.
+type Unapplied struct {
+	Epoch int
+	End   int
+	Index [][]int
+}
+
+// Trained tells trained the indices if the ring levelled at or past the
+// step (at, from Replica.Level): the ranks that finished it applied it,
+// this rank's gradients in it, and the others took their state. Otherwise
+// the step runs again, and says so itself.
+func (u *Unapplied) Trained(at Position, trained func(epoch int, index []int)) {
+	if u == nil || trained == nil || at.Steps < u.End {
+		return
+	}
+	for _, ix := range u.Index {
+		trained(u.Epoch, ix)
+	}
 }
 
 func (e *Interrupted) Error() string {
@@ -221,7 +246,9 @@ type epochRun struct {
 	lossN   int
 	skips   *int    // steps skipped in a row, across epochs
 	open    [][]int // indices of a LocalSGD round's steps, until it closes
-	level   int     // the step count where the ranks last held the same parameters
+	// unapplied is the step or round that failed here, for Interrupted.
+	unapplied *Unapplied
+	level     int // the step count where the ranks last held the same parameters
 }
 
 // pos is the position after this part's first step steps.
@@ -298,7 +325,7 @@ func (e *epochRun) train(ctx context.Context) (Position, error) {
 		}
 		return at, &Interrupted{At: at, Cause: err}
 	case errors.Is(err, ErrCollective), errors.Is(err, ErrLiar), errors.Is(err, ErrNewcomer):
-		return e.pos(e.step), &Interrupted{At: e.pos(e.step), Cause: err}
+		return e.pos(e.step), &Interrupted{At: e.pos(e.step), Cause: err, Unapplied: e.unapplied}
 	case err != nil:
 		return e.pos(e.step), err
 	}
@@ -340,6 +367,10 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 		}
 		return e.newcomer()
 	case errors.Is(err, ErrCollective):
+		if cfg.Trained != nil {
+			// Not applied here; elsewhere it may have been (Unapplied).
+			e.unapplied = &Unapplied{Epoch: e.at.Epochs, End: e.pos(e.step).Steps, Index: append(e.open, slices.Clone(b.Index))}
+		}
 		e.step -= r.out.undone // not applied here: it runs again (a LocalSGD round, all of it)
 		return err
 	case err != nil:

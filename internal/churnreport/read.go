@@ -33,10 +33,18 @@ type sample struct {
 type proc struct {
 	peer, inc int
 	steps     []time.Time // when each step it took part in ended (its optimizer ran)
-	summary   *summary    // its last line, if it finished the job
-	admitted  bool        // it said it was admitted to a running ring
-	ended     bool        // it waited as a standby until the job ended
+	trained   []trainedBatch
+	summary   *summary // its last line, if it finished the job
+	admitted  bool     // it said it was admitted to a running ring
+	ended     bool     // it waited as a standby until the job ended
 	samples   []sample
+}
+
+// trainedBatch is a batch an applied step trained (the trace's "trained"
+// instants): its epoch and dataset indices.
+type trainedBatch struct {
+	epoch int
+	index []int
 }
 
 type summary struct {
@@ -67,7 +75,7 @@ func readRun(dir string) (*record, error) {
 		}
 		p := &proc{peer: e.peer, inc: e.inc}
 		base := filepath.Join(dir, fmt.Sprintf("p%d-%d", e.peer, e.inc))
-		if p.steps, err = readSteps(base + ".trace.json"); err != nil {
+		if p.steps, p.trained, err = readTrace(base + ".trace.json"); err != nil {
 			return nil, err
 		}
 		if err := readLog(base+".log", p); err != nil {
@@ -120,27 +128,39 @@ func readEvents(path string) ([]event, error) {
 	return out, sc.Err()
 }
 
-// readSteps reads when each step of a trace ended; a process killed before
-// its trace had a line leaves none.
-func readSteps(path string) ([]time.Time, error) {
+// readTrace reads when each step of a trace ended, and the batches its
+// applied steps trained; a process killed before its trace had a line
+// leaves none.
+func readTrace(path string) ([]time.Time, []trainedBatch, error) {
 	f, err := os.Open(path)
 	if os.IsNotExist(err) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer f.Close()
 	evs, err := trace.Read(f)
 	if err != nil {
 		if st, _ := f.Stat(); st != nil && st.Size() < 64 {
-			return nil, nil // killed before its first events were written
+			return nil, nil, nil // killed before its first events were written
 		}
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
 	}
 	start, ok := trace.Start(evs)
 	if !ok {
-		return nil, fmt.Errorf("%s: no start time", path)
+		return nil, nil, fmt.Errorf("%s: no start time", path)
+	}
+	var batches []trainedBatch
+	for _, e := range evs {
+		if e.Name != trace.TrainedEvent {
+			continue
+		}
+		b, err := trainedOf(e.Args)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", path, err)
+		}
+		batches = append(batches, b)
 	}
 	// A step ends with its optimizer; in DiLoCo's rounds, whose inner
 	// steps are local, with its backward pass.
@@ -156,7 +176,24 @@ func readSteps(path string) ([]time.Time, error) {
 		}
 	}
 	slices.SortFunc(out, time.Time.Compare)
-	return out, nil
+	return out, batches, nil
+}
+
+func trainedOf(args map[string]any) (trainedBatch, error) {
+	epoch, ok := args["epoch"].(float64)
+	ix, ok2 := args["index"].([]any)
+	if !ok || !ok2 {
+		return trainedBatch{}, fmt.Errorf("a %q event without its epoch and indices: %v", trace.TrainedEvent, args)
+	}
+	b := trainedBatch{epoch: int(epoch), index: make([]int, len(ix))}
+	for i, v := range ix {
+		f, ok := v.(float64)
+		if !ok {
+			return trainedBatch{}, fmt.Errorf("a %q event's index %v", trace.TrainedEvent, v)
+		}
+		b.index[i] = int(f)
+	}
+	return b, nil
 }
 
 func readLog(path string, p *proc) error {

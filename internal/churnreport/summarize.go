@@ -29,26 +29,29 @@ const (
 
 // report is what a churned run showed against the undisturbed one.
 type report struct {
-	span                      time.Duration
-	counts                    map[string]int
-	admissions                []time.Duration
-	standbysLeft, lateStarts  []string
-	stalls                    []time.Duration
-	longestStall              time.Duration
-	churnWall, baseWall       time.Duration
-	accuracy, baseAccuracy    float64
-	hashes                    map[string]bool
-	finished                  int
-	killed                    int
-	afterEnd                  int // processes started after the job's last step: they find no one, and exit 1
-	badExits                  []string
-	goroutineGrowth, fdGrowth float64
-	rssGrowth                 float64 // a share of the first sample
-	growthOf                  string  // the process that grew most, in goroutines
+	span                     time.Duration
+	counts                   map[string]int
+	admissions               []time.Duration
+	standbysLeft, lateStarts []string
+	stalls                   []time.Duration
+	longestStall             time.Duration
+	churnWall, baseWall      time.Duration
+	accuracy, baseAccuracy   float64
+	hashes                   map[string]bool
+	finished                 int
+	killed                   int
+	afterEnd                 int // processes started after the job's last step: they find no one, and exit 1
+	badExits                 []string
+	// Samples counted per epoch: of epochs × samples, those never counted
+	// and those counted more than once (-1: no counts in the traces).
+	epochs, samples, uncounted, twice int
+	goroutineGrowth, fdGrowth         float64
+	rssGrowth                         float64 // a share of the first sample
+	growthOf                          string  // the process that grew most, in goroutines
 }
 
-func summarize(churn, base *record, period time.Duration) *report {
-	r := &report{counts: map[string]int{}, hashes: map[string]bool{}}
+func summarize(churn, base *record, period time.Duration, samples int) *report {
+	r := &report{counts: map[string]int{}, hashes: map[string]bool{}, samples: samples}
 	steps := churn.allSteps()
 	jobStart, jobEnd := bounds(steps)
 	bs := base.allSteps()
@@ -106,6 +109,7 @@ func summarize(churn, base *record, period time.Duration) *report {
 		r.growth(name, p)
 	}
 	r.accuracy, r.finished = churn.finalAccuracy(r.hashes)
+	r.countSamples(churn)
 	r.baseAccuracy, _ = base.finalAccuracy(map[string]bool{})
 	return r
 }
@@ -132,6 +136,54 @@ func (r *report) growth(name string, p *proc) {
 	r.fdGrowth = max(r.fdGrowth, last.fds-first.fds)
 	if first.residentBytes > 0 {
 		r.rssGrowth = max(r.rssGrowth, last.residentBytes/first.residentBytes-1)
+	}
+}
+
+// countSamples counts, over every process, how many times each sample of
+// each epoch was trained; the epochs are those the finishers trained.
+func (r *report) countSamples(rec *record) {
+	r.uncounted, r.twice = -1, -1
+	for _, p := range rec.procs {
+		if p.summary != nil {
+			r.epochs = max(r.epochs, p.summary.Epochs)
+		}
+	}
+	if r.samples <= 0 || r.epochs == 0 {
+		return
+	}
+	counts := make([][]uint8, r.epochs)
+	for e := range counts {
+		counts[e] = make([]uint8, r.samples)
+	}
+	counted := false
+	r.uncounted, r.twice = 0, 0
+	for _, p := range rec.procs {
+		for _, b := range p.trained {
+			counted = true
+			for _, k := range b.index {
+				if b.epoch < 0 || b.epoch >= r.epochs || k < 0 || k >= r.samples {
+					r.twice++ // nothing outside the job's epochs and dataset may be trained
+					continue
+				}
+				if counts[b.epoch][k] < 255 {
+					counts[b.epoch][k]++
+				}
+			}
+		}
+	}
+	if !counted {
+		r.uncounted, r.twice = -1, -1
+		return
+	}
+	for _, c := range counts {
+		for _, n := range c {
+			switch {
+			case n == 0:
+				r.uncounted++
+			case n > 1:
+				r.twice++
+			}
+		}
 	}
 }
 
@@ -248,6 +300,7 @@ func (r *report) broken() []string {
 	check(r.throughput() >= minThroughput, "throughput %.2f× < %.2f×", r.throughput(), minThroughput)
 	check(r.finished > 0 && r.accuracy >= r.baseAccuracy-maxAccuracyLoss, "test accuracy %.4f, undisturbed %.4f", r.accuracy, r.baseAccuracy)
 	check(len(r.hashes) == 1, "%d parameter hashes at the end", len(r.hashes))
+	check(r.uncounted == 0 && r.twice == 0, "samples never trained %d, trained twice %d (of %d epochs × %d)", r.uncounted, r.twice, r.epochs, r.samples)
 	check(len(r.badExits) == 0, "exits: %v", r.badExits)
 	check(r.goroutineGrowth <= maxGoroutineGrowth, "goroutines grew by %.0f in %s", r.goroutineGrowth, r.growthOf)
 	check(r.fdGrowth <= maxFDGrowth, "open files grew by %.0f", r.fdGrowth)
@@ -266,6 +319,7 @@ func (r *report) print(w io.Writer) {
 	fmt.Fprintf(w, "| throughput, undisturbed wall ÷ churned (%s ÷ %s) | %.2f× | ≥ %.2f× |\n", sec(r.baseWall), sec(r.churnWall), r.throughput(), minThroughput)
 	fmt.Fprintf(w, "| test accuracy, churned vs undisturbed | %.2f%% vs %.2f%% | within %.0f point |\n", 100*r.accuracy, 100*r.baseAccuracy, 100*maxAccuracyLoss)
 	fmt.Fprintf(w, "| parameter hashes of the %d that finished | %d | 1 |\n", r.finished, len(r.hashes))
+	fmt.Fprintf(w, "| samples of %d epochs × %d never trained, trained twice | %d, %d | 0, 0 |\n", r.epochs, r.samples, r.uncounted, r.twice)
 	fmt.Fprintf(w, "| exits other than 0 (besides %d SIGKILLed, %d started after the job's end) | %d | 0 |\n", r.killed, r.afterEnd, len(r.badExits))
 	fmt.Fprintf(w, "| growth in one process: goroutines, open files, memory | +%.0f, +%.0f, +%.0f%% | ≤ +%d, +%d, +%.0f%% |\n", r.goroutineGrowth, r.fdGrowth, 100*r.rssGrowth, maxGoroutineGrowth, maxFDGrowth, 100*maxRSSGrowth)
 }

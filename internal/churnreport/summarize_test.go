@@ -77,7 +77,12 @@ func TestSummarize(t *testing.T) {
 		},
 	}
 	base := &record{procs: map[[2]int]*proc{{0, 0}: {steps: ats(0, 60), summary: &summary{TestAccuracy: 0.82, ParamHash: "bb"}}}}
-	r := summarize(churn, base, 15*time.Second)
+	churn.procs[[2]int{0, 0}].trained = []trainedBatch{{0, []int{0, 1}}, {1, []int{0, 1, 1}}}
+	churn.procs[[2]int{1, 1}].trained = []trainedBatch{{0, []int{2}}}
+	r := summarize(churn, base, 15*time.Second, 3)
+	if r.epochs != 2 || r.uncounted != 1 || r.twice != 1 {
+		t.Errorf("samples: %d epochs, %d never trained, %d twice; want 2, 1 (epoch 2's sample 2), 1 (its sample 1)", r.epochs, r.uncounted, r.twice)
+	}
 	if len(r.admissions) != 1 || r.admissions[0] != 1500*time.Millisecond {
 		t.Errorf("admissions %v; want the restarted peer 1's 1.5 s", r.admissions)
 	}
@@ -91,7 +96,7 @@ func TestSummarize(t *testing.T) {
 		t.Errorf("longest stall %v, goroutine growth %v; want 64s, 40", r.longestStall, r.goroutineGrowth)
 	}
 	bad := strings.Join(r.broken(), "; ")
-	for _, want := range []string{"left standbys", "stall p99", "throughput", "test accuracy", "exits", "goroutines grew"} {
+	for _, want := range []string{"left standbys", "stall p99", "throughput", "test accuracy", "exits", "goroutines grew", "samples never trained 1, trained twice 1"} {
 		if !strings.Contains(bad, want) {
 			t.Errorf("bounds broken: %s; want %q among them", bad, want)
 		}

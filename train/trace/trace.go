@@ -107,6 +107,24 @@ func (t *File) Span(name string, start, end time.Time, step, bucket int) {
 	t.write(Event{Name: name, Phase: "X", TS: t.us(start), Dur: max(t.us(end)-t.us(start), 0), PID: 1, TID: lane, Args: args})
 }
 
+// Trained records the dataset indices of a batch whose step was applied
+// (train.RunConfig.Trained) as a "trained" instant with args epoch and
+// index, and writes the buffer out at once: a count of every sample
+// trained, over peers that may be SIGKILLed, must lose none of the steps
+// they applied. (What the kernel has been given survives the process.)
+func (t *File) Trained(epoch int, index []int) {
+	now := time.Now()
+	t.write(Event{Name: TrainedEvent, Phase: "i", Scope: "p", TS: t.us(now), PID: 1, TID: LaneEvents, Args: map[string]any{"epoch": epoch, "index": index}})
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.err == nil {
+		t.flushed, t.err = now, t.w.Flush()
+	}
+}
+
+// TrainedEvent names the instants Trained writes.
+const TrainedEvent = "trained"
+
 // Instant is an event of the job at a moment: the ring formed, a peer
 // lost, a checkpoint written.
 func (t *File) Instant(name string, at time.Time, args map[string]any) {

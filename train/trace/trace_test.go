@@ -133,3 +133,28 @@ func TestFileFlushesAsItGoes(t *testing.T) {
 		t.Fatalf("on disk before Close: %v, %s; want the events up to the optimizer span", err, b)
 	}
 }
+
+// Trained writes the indices through at once: a peer killed right after a
+// step loses none of what it trained.
+func TestTrainedIsWrittenThrough(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "peer.json")
+	f, err := Create(path, "peer 0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	f.Trained(3, []int{5, 9, 2})
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := Read(bytes.NewReader(b))
+	if err != nil || len(evs) == 0 {
+		t.Fatalf("on disk before Close: %v, %s", err, b)
+	}
+	last := evs[len(evs)-1]
+	ix, _ := last.Args["index"].([]any)
+	if last.Name != TrainedEvent || last.Args["epoch"] != float64(3) || len(ix) != 3 || ix[1] != float64(9) {
+		t.Fatalf("the last event on disk: %+v; want epoch 3's indices 5, 9, 2", last)
+	}
+}
