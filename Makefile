@@ -59,14 +59,14 @@ check: vet fmt-check
 # Meanwhile, in the background, what the later steps need is installed and
 # the CUDA and arm64 checks run (compiling and qemu, while the tests wait
 # on peers); then the netns tests beside the fuzzers, two at a time: the
-# netns peers leave half the cores idle.
+# netns peers leave half the cores idle. The churn run, the longest, first.
 test: vet build
 	@{ $(MAKE) --no-print-directory test-deps && $(MAKE) --no-print-directory cuda-check && \
 	  $(MAKE) --no-print-directory test-arm64; } >$(BIN)/test-bg.log 2>&1 & bg=$$!; \
 	RINGTRAIN_TEST_BIN=$(abspath $(BIN))/ringtrain $(GO) test -race -count=1 ./... && rc=0 || rc=$$?; \
 	wait $$bg && bgrc=0 || bgrc=$$?; cat $(BIN)/test-bg.log; \
 	[ $$rc = 0 ] && [ $$bgrc = 0 ]
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-onnx test-netns test-netns-churn test-openblas test-prometheus fuzz
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-netns-churn test-netns test-onnx test-openblas test-prometheus fuzz
 
 # What make test's later steps need from Debian and npm, in one apt-get
 # (dpkg takes one at a time) and one npm install; each step checks again
