@@ -123,7 +123,7 @@ func carryOn(ctx context.Context, cfg RunConfig, minSize int, change func(cause 
 				return total, err
 			}
 			if err == nil {
-				in.Unapplied.Trained(pos, cfg.Trained)
+				in.Unapplied.Report(pos, cfg)
 				cfg.Start, cfg.InSync = pos, true
 				break
 			}
@@ -264,12 +264,15 @@ func (f *failsAfter) AllreduceMean(ctx context.Context, buf []float32) error {
 // level at step 7: rank 3's batch of step 7 was trained, though not on
 // its own run, and must be counted once — every sample of every epoch
 // once (it was counted by no one, and a churned job's count came out
-// short).
+// short). The other ranks' whole blocks must count every sample once
+// without rank 3's reports: a peer SIGKILLed just after its gradients went
+// into a step the others applied never reports its batch.
 func TestAppliedElsewhereIsCounted(t *testing.T) {
 	const world, batch, epochs = 4, 8, 2
 	rings := memRings(t, world)
 	z := &rendezvous{t: t, want: world, waiting: map[int]chan Collective{}}
 	seen := newEpochCounts(epochs)
+	blocks := newBlockCounts(epochs) // ranks 0–2's only: as if rank 3's reports were lost with it
 	errs := make([]error, world)
 	onAll(world, func(i int) error {
 		var coll Collective = rings[i]
@@ -278,6 +281,9 @@ func TestAppliedElsewhereIsCounted(t *testing.T) {
 		}
 		rep := newReplica(newMLP(t, mlpCfg(784, []int{16}, 10, batch, 1)), NewAdam(0.003), coll)
 		cfg := RunConfig{Replica: rep, Train: loader(t, "train", batch, true), Epochs: epochs, Classes: 10, Trained: seen.add}
+		if i != 3 {
+			cfg.Blocks = blocks.add
+		}
 		_, errs[i] = carryOn(context.Background(), cfg, world, func(cause error, at Position) (Collective, error) {
 			if i == 3 {
 				rings[i].Close() // the others find the ring broken in their next step
@@ -294,7 +300,49 @@ func TestAppliedElsewhereIsCounted(t *testing.T) {
 	if !slices.Contains(z.at, Position{Epochs: 0, Steps: 7, Skip: 7 * world * batch}) || !slices.Contains(z.at, Position{Epochs: 0, Steps: 6, Skip: 6 * world * batch}) {
 		t.Fatalf("the ranks re-formed at %+v; want rank 3 at step 6 and the others at step 7", z.at)
 	}
-	seen.check(t, loader(t, "train", batch, true).Sampler.N)
+	n := loader(t, "train", batch, true).Sampler.N
+	seen.check(t, n)
+	blocks.check(t, n)
+}
+
+// blockCounts counts, from RunConfig.Blocks, which block (by its first
+// position) trained each sample of each epoch; every rank reports every
+// block, so only a sample in two different blocks is trained twice.
+type blockCounts struct {
+	mu    sync.Mutex
+	from  []map[int]int
+	twice []string
+}
+
+func newBlockCounts(epochs int) *blockCounts {
+	c := &blockCounts{from: make([]map[int]int, epochs)}
+	for e := range c.from {
+		c.from[e] = map[int]int{}
+	}
+	return c
+}
+
+func (c *blockCounts) add(epoch, from int, index []int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, k := range index {
+		if f, ok := c.from[epoch][k]; ok && f != from {
+			c.twice = append(c.twice, fmt.Sprintf("epoch %d: sample %d in the blocks from %d and %d", epoch+1, k, f, from))
+		}
+		c.from[epoch][k] = from
+	}
+}
+
+func (c *blockCounts) check(t *testing.T, n int) {
+	t.Helper()
+	for _, s := range c.twice {
+		t.Error(s)
+	}
+	for e, got := range c.from {
+		if len(got) != n {
+			t.Errorf("epoch %d: %d of %d samples in the reported blocks", e+1, len(got), n)
+		}
+	}
 }
 
 // epochCounts counts how many times each sample of each epoch was
@@ -448,11 +496,11 @@ func newcomerIsAdmitted(t *testing.T, newOpt func() any, heardAfter int) {
 	sums := make([]Summary, 4)
 	errs := make([]error, 4)
 	var mu sync.Mutex
-	seen := newEpochCounts(epochs)
+	seen, blocks := newEpochCounts(epochs), newBlockCounts(epochs)
 	var grewAt []Position
 	onAll(4, func(i int) error {
 		m := newMLP(t, mlpCfg(784, []int{16}, 10, batch, uint64(1+i)))
-		cfg := RunConfig{Train: loader(t, "train", batch, true), Epochs: epochs, Classes: 10, Trained: seen.add}
+		cfg := RunConfig{Train: loader(t, "train", batch, true), Epochs: epochs, Classes: 10, Trained: seen.add, Blocks: blocks.add}
 		if i == 3 { // the newcomer
 			cfg.Replica = newReplica(m, newOpt(), newRing(3))
 			pos, err := cfg.Replica.Admitted(context.Background())
@@ -498,4 +546,5 @@ func newcomerIsAdmitted(t *testing.T, newOpt func() any, heardAfter int) {
 		t.Errorf("the ring grew at %+v; want at %+v on each of the three", grewAt, want)
 	}
 	seen.check(t, loader(t, "train", batch, true).Sampler.N)
+	blocks.check(t, loader(t, "train", batch, true).Sampler.N)
 }

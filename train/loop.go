@@ -68,6 +68,12 @@ type RunConfig struct {
 	// exactly one rank: what accounting needs. index is reused after the
 	// call.
 	Trained func(epoch int, index []int)
+	// Blocks, if set, is told on every rank each step's whole block — the
+	// positions from, from+len(index) of the epoch's permutation, every
+	// rank's batch — under the same rule as Trained. A peer killed after
+	// its gradients went into a step the others applied never reports
+	// its own batch; the others' Blocks hold it. index is not to be kept.
+	Blocks func(epoch, from int, index []int)
 }
 
 // Progress is a report from the middle of a run.
@@ -124,23 +130,40 @@ type Interrupted struct {
 }
 
 // Unapplied is the dataset indices of a step, or a LocalSGD round, that
-// failed on this rank, and the step count it would have reached.
+// failed on this rank — its batches (Index) and whole blocks (Blocks) —
+// and the step count it would have reached.
 type Unapplied struct {
-	Epoch int
-	End   int
-	Index [][]int
+	Epoch  int
+	End    int
+	Index  [][]int
+	Blocks []Block
 }
 
-// Trained tells trained the indices if the ring levelled at or past the
-// step (at, from Replica.Level): the ranks that finished it applied it,
-// this rank's gradients in it, and the others took their state. Otherwise
-// the step runs again, and says so itself.
-func (u *Unapplied) Trained(at Position, trained func(epoch int, index []int)) {
-	if u == nil || trained == nil || at.Steps < u.End {
-		return
+// Block is a step's whole block: the positions From, From+len(Index) of
+// its epoch's permutation, and their dataset indices.
+type Block struct {
+	From  int
+	Index []int
+}
+
+// Report tells cfg's Trained and Blocks what u holds if the ring levelled
+// at or past the step (at, from Replica.Level): the ranks that finished it
+// applied it, this rank's gradients in it, and the others took their
+// state. Otherwise the step runs again, and says so itself.
+func (u *Unapplied) Report(at Position, cfg RunConfig) {
+	if u != nil && at.Steps >= u.End {
+		u.report(cfg)
 	}
-	for _, ix := range u.Index {
-		trained(u.Epoch, ix)
+}
+
+func (u *Unapplied) report(cfg RunConfig) {
+	for i, ix := range u.Index {
+		if cfg.Trained != nil {
+			cfg.Trained(u.Epoch, ix)
+		}
+		if cfg.Blocks != nil {
+			cfg.Blocks(u.Epoch, u.Blocks[i].From, u.Blocks[i].Index)
+		}
 	}
 }
 
@@ -232,20 +255,24 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 
 // epochRun is one epoch of a Run, or what is left of it from at.
 type epochRun struct {
-	cfg     RunConfig
-	r       *Replica
-	at      Position // where the epoch part began
-	start   time.Time
-	fetched time.Time // when the last step ended: the loader works from then
-	step    int       // steps run in this part
-	steps   int       // steps this part has in all
-	block   int       // positions a full step trains: world × batch size
-	left    int       // positions of the epoch this part has to train
-	samples int
-	lossSum float64
-	lossN   int
-	skips   *int    // steps skipped in a row, across epochs
-	open    [][]int // indices of a LocalSGD round's steps, until it closes
+	cfg        RunConfig
+	r          *Replica
+	at         Position // where the epoch part began
+	start      time.Time
+	fetched    time.Time // when the last step ended: the loader works from then
+	step       int       // steps run in this part
+	steps      int       // steps this part has in all
+	block      int       // positions a full step trains: world × batch size
+	left       int       // positions of the epoch this part has to train
+	samples    int
+	lossSum    float64
+	lossN      int
+	skips      *int    // steps skipped in a row, across epochs
+	open       [][]int // indices of a LocalSGD round's steps, until it closes
+	openBlocks []Block // the blocks of those steps
+	// perm is the rest of the epoch's permutation from at, with
+	// RunConfig.Blocks: step k's block is perm[k·block, (k+1)·block).
+	perm []int
 	// unapplied is the step or round that failed here, for Interrupted.
 	unapplied *Unapplied
 	level     int // the step count where the ranks last held the same parameters
@@ -280,6 +307,14 @@ func (e *epochRun) train(ctx context.Context) (Position, error) {
 	e.steps = (e.left + e.block - 1) / e.block
 	if tr.Sampler.DropLast {
 		e.steps = tr.Batches()
+	}
+	if e.cfg.Blocks != nil {
+		whole := tr.Sampler
+		whole.World, whole.Rank, whole.Exact = 1, 0, true
+		var err error
+		if e.perm, err = whole.Indices(e.at.Epochs); err != nil {
+			return e.at, err
+		}
 	}
 	ep, err := tr.Epoch(ctx, e.at.Epochs)
 	if err != nil {
@@ -350,7 +385,7 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 	e.step++
 	var leave *LeaveError
 	if err == nil || Skipped(err) || errors.As(err, &leave) {
-		e.trained(b.Index)
+		e.trained(b.Index, e.step-1)
 	}
 	switch {
 	case errors.As(err, &leave):
@@ -367,9 +402,10 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 		}
 		return e.newcomer()
 	case errors.Is(err, ErrCollective):
-		if cfg.Trained != nil {
+		if cfg.Trained != nil || cfg.Blocks != nil {
 			// Not applied here; elsewhere it may have been (Unapplied).
-			e.unapplied = &Unapplied{Epoch: e.at.Epochs, End: e.pos(e.step).Steps, Index: append(e.open, slices.Clone(b.Index))}
+			e.unapplied = &Unapplied{Epoch: e.at.Epochs, End: e.pos(e.step).Steps,
+				Index: append(e.open, slices.Clone(b.Index)), Blocks: append(e.openBlocks, e.blockOf(e.step-1))}
 		}
 		e.step -= r.out.undone // not applied here: it runs again (a LocalSGD round, all of it)
 		return err
@@ -418,20 +454,30 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 var errEpochEnd = errors.New("train: the epoch's last outer round has closed")
 
 // trained reports a step's indices once the step cannot be taken back.
-func (e *epochRun) trained(index []int) {
-	if e.cfg.Trained == nil {
+func (e *epochRun) trained(index []int, step int) {
+	if e.cfg.Trained == nil && e.cfg.Blocks == nil {
 		return
 	}
+	blk := e.blockOf(step)
 	if e.r.roundOpen() {
 		// The loader reuses the batch once this returns: keep a copy.
 		e.open = append(e.open, slices.Clone(index))
+		e.openBlocks = append(e.openBlocks, blk)
 		return
 	}
-	for _, ix := range e.open {
-		e.cfg.Trained(e.at.Epochs, ix)
+	done := Unapplied{Epoch: e.at.Epochs, Index: append(e.open, index), Blocks: append(e.openBlocks, blk)}
+	done.report(e.cfg)
+	e.open, e.openBlocks = e.open[:0], e.openBlocks[:0]
+}
+
+// blockOf is block step of this epoch part (the zero Block without
+// RunConfig.Blocks).
+func (e *epochRun) blockOf(step int) Block {
+	if e.perm == nil {
+		return Block{}
 	}
-	e.open = e.open[:0]
-	e.cfg.Trained(e.at.Epochs, index)
+	from := min(step*e.block, len(e.perm))
+	return Block{From: e.at.Skip + from, Index: e.perm[from:min(from+e.block, len(e.perm))]}
 }
 
 // newcomer is ErrNewcomer after a step whose trailer said one waits.

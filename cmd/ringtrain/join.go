@@ -258,7 +258,7 @@ func (j *joinRun) job(ctx context.Context) (*elastic.Job, error) {
 	j.later(func() { model.Close() })
 	job.Training.Replica.Trace = tracerOf(j.tracer)
 	if j.tracer != nil {
-		job.Training.Trained = j.tracer.Trained // which samples each applied step trained: a churn harness counts them
+		job.Training.Blocks = j.tracer.Trained // which samples each applied step trained: a churn harness counts them
 	}
 	if m := j.metrics; m != nil {
 		m.guard(j.host.Guard)

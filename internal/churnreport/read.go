@@ -40,11 +40,12 @@ type proc struct {
 	samples   []sample
 }
 
-// trainedBatch is a batch an applied step trained (the trace's "trained"
-// instants): its epoch and dataset indices.
+// trainedBatch is the whole block an applied step trained (the trace's
+// "trained" instants): its epoch, its first position in the epoch's
+// permutation, and its dataset indices. Every rank of the step records it.
 type trainedBatch struct {
-	epoch int
-	index []int
+	epoch, from int
+	index       []int
 }
 
 type summary struct {
@@ -181,11 +182,12 @@ func readTrace(path string) ([]time.Time, []trainedBatch, error) {
 
 func trainedOf(args map[string]any) (trainedBatch, error) {
 	epoch, ok := args["epoch"].(float64)
+	from, ok1 := args["from"].(float64)
 	ix, ok2 := args["index"].([]any)
-	if !ok || !ok2 {
-		return trainedBatch{}, fmt.Errorf("a %q event without its epoch and indices: %v", trace.TrainedEvent, args)
+	if !ok || !ok1 || !ok2 {
+		return trainedBatch{}, fmt.Errorf("a %q event without its epoch, first position and indices: %v", trace.TrainedEvent, args)
 	}
-	b := trainedBatch{epoch: int(epoch), index: make([]int, len(ix))}
+	b := trainedBatch{epoch: int(epoch), from: int(from), index: make([]int, len(ix))}
 	for i, v := range ix {
 		f, ok := v.(float64)
 		if !ok {

@@ -139,8 +139,10 @@ func (r *report) growth(name string, p *proc) {
 	}
 }
 
-// countSamples counts, over every process, how many times each sample of
-// each epoch was trained; the epochs are those the finishers trained.
+// countSamples counts, over every process, in how many different blocks
+// (by first position) each sample of each epoch was trained: every rank of
+// a step records its whole block, so one block is one training. The epochs
+// are those the finishers trained.
 func (r *report) countSamples(rec *record) {
 	r.uncounted, r.twice = -1, -1
 	for _, p := range rec.procs {
@@ -151,9 +153,12 @@ func (r *report) countSamples(rec *record) {
 	if r.samples <= 0 || r.epochs == 0 {
 		return
 	}
-	counts := make([][]uint8, r.epochs)
-	for e := range counts {
-		counts[e] = make([]uint8, r.samples)
+	from := make([][]int32, r.epochs) // the block each sample was trained in, −1: none yet
+	for e := range from {
+		from[e] = make([]int32, r.samples)
+		for k := range from[e] {
+			from[e][k] = -1
+		}
 	}
 	counted := false
 	r.uncounted, r.twice = 0, 0
@@ -161,12 +166,13 @@ func (r *report) countSamples(rec *record) {
 		for _, b := range p.trained {
 			counted = true
 			for _, k := range b.index {
-				if b.epoch < 0 || b.epoch >= r.epochs || k < 0 || k >= r.samples {
+				switch {
+				case b.epoch < 0 || b.epoch >= r.epochs || k < 0 || k >= r.samples:
 					r.twice++ // nothing outside the job's epochs and dataset may be trained
-					continue
-				}
-				if counts[b.epoch][k] < 255 {
-					counts[b.epoch][k]++
+				case from[b.epoch][k] < 0:
+					from[b.epoch][k] = int32(b.from)
+				case from[b.epoch][k] != int32(b.from):
+					r.twice++
 				}
 			}
 		}
@@ -175,13 +181,10 @@ func (r *report) countSamples(rec *record) {
 		r.uncounted, r.twice = -1, -1
 		return
 	}
-	for _, c := range counts {
-		for _, n := range c {
-			switch {
-			case n == 0:
+	for _, f := range from {
+		for _, b := range f {
+			if b < 0 {
 				r.uncounted++
-			case n > 1:
-				r.twice++
 			}
 		}
 	}

@@ -77,8 +77,10 @@ func TestSummarize(t *testing.T) {
 		},
 	}
 	base := &record{procs: map[[2]int]*proc{{0, 0}: {steps: ats(0, 60), summary: &summary{TestAccuracy: 0.82, ParamHash: "bb"}}}}
-	churn.procs[[2]int{0, 0}].trained = []trainedBatch{{0, []int{0, 1}}, {1, []int{0, 1, 1}}}
-	churn.procs[[2]int{1, 1}].trained = []trainedBatch{{0, []int{2}}}
+	// Epoch 1: blocks from 0 and 2, the first recorded by two ranks (one
+	// training); epoch 2: sample 1 in two blocks, sample 2 in none.
+	churn.procs[[2]int{0, 0}].trained = []trainedBatch{{0, 0, []int{0, 1}}, {1, 0, []int{0, 1}}, {1, 2, []int{1}}}
+	churn.procs[[2]int{1, 1}].trained = []trainedBatch{{0, 0, []int{0, 1}}, {0, 2, []int{2}}}
 	r := summarize(churn, base, 15*time.Second, 3)
 	if r.epochs != 2 || r.uncounted != 1 || r.twice != 1 {
 		t.Errorf("samples: %d epochs, %d never trained, %d twice; want 2, 1 (epoch 2's sample 2), 1 (its sample 1)", r.epochs, r.uncounted, r.twice)

@@ -227,7 +227,7 @@ func (j *Job) Run(ctx context.Context) (train.Summary, error) {
 		if rc.Start, err = j.change(wctx, ev, ranks, in.At, err); err != nil {
 			return total, err
 		}
-		in.Unapplied.Trained(rc.Start, rc.Trained)
+		in.Unapplied.Report(rc.Start, rc)
 		rc.InSync = true
 	}
 }

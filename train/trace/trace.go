@@ -107,14 +107,16 @@ func (t *File) Span(name string, start, end time.Time, step, bucket int) {
 	t.write(Event{Name: name, Phase: "X", TS: t.us(start), Dur: max(t.us(end)-t.us(start), 0), PID: 1, TID: lane, Args: args})
 }
 
-// Trained records the dataset indices of a batch whose step was applied
-// (train.RunConfig.Trained) as a "trained" instant with args epoch and
-// index, and writes the buffer out at once: a count of every sample
+// Trained records a step's whole block once the step is applied
+// (train.RunConfig.Blocks: its first position in the epoch's permutation
+// and its dataset indices) as a "trained" instant with args epoch, from
+// and index, and writes the buffer out at once: a count of every sample
 // trained, over peers that may be SIGKILLed, must lose none of the steps
 // they applied. (What the kernel has been given survives the process.)
-func (t *File) Trained(epoch int, index []int) {
+func (t *File) Trained(epoch, from int, index []int) {
 	now := time.Now()
-	t.write(Event{Name: TrainedEvent, Phase: "i", Scope: "p", TS: t.us(now), PID: 1, TID: LaneEvents, Args: map[string]any{"epoch": epoch, "index": index}})
+	t.write(Event{Name: TrainedEvent, Phase: "i", Scope: "p", TS: t.us(now), PID: 1, TID: LaneEvents,
+		Args: map[string]any{"epoch": epoch, "from": from, "index": index}})
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.err == nil {

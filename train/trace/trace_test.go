@@ -143,7 +143,7 @@ func TestTrainedIsWrittenThrough(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	f.Trained(3, []int{5, 9, 2})
+	f.Trained(3, 64, []int{5, 9, 2})
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +154,7 @@ func TestTrainedIsWrittenThrough(t *testing.T) {
 	}
 	last := evs[len(evs)-1]
 	ix, _ := last.Args["index"].([]any)
-	if last.Name != TrainedEvent || last.Args["epoch"] != float64(3) || len(ix) != 3 || ix[1] != float64(9) {
-		t.Fatalf("the last event on disk: %+v; want epoch 3's indices 5, 9, 2", last)
+	if last.Name != TrainedEvent || last.Args["epoch"] != float64(3) || last.Args["from"] != float64(64) || len(ix) != 3 || ix[1] != float64(9) {
+		t.Fatalf("the last event on disk: %+v; want epoch 3's block from 64, indices 5, 9, 2", last)
 	}
 }
