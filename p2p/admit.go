@@ -157,6 +157,15 @@ func (n *Node) WaitAdmission(ctx context.Context, idle time.Duration) (*Formatio
 	for {
 		select {
 		case f := <-n.admitted:
+			n.mu.Lock()
+			c := n.join.Claim()
+			n.mu.Unlock()
+			if c != nil && f.Generation < c.Gen {
+				// Taken while this peer was still joining, and the ring
+				// has re-formed since: it will not form with this peer.
+				n.cfg.Logger.Debug().Uint64("admitted_to", f.Generation+1).Uint64("ring", c.Gen).Msg("a stale admission: waiting for the next")
+				continue
+			}
 			return f, nil
 		case p := <-n.ended:
 			return nil, fmt.Errorf("%w: %s, a member of its ring, said so", ErrJobEnded, p)

@@ -257,3 +257,37 @@ func TestReformWithoutANewcomerThatNeverCame(t *testing.T) {
 		}
 	}
 }
+
+// TestAdmittedTooLate: a standby takes an admission to the generation
+// after 1 when the members have already re-formed generation 2 without it
+// (it was still joining, say). Its re-formation must end at once with
+// ErrSuperseded, so that it waits to be admitted again; it waited for the
+// members until its join timeout, and they, admitting it again at every
+// step, dropped it each time.
+func TestAdmittedTooLate(t *testing.T) {
+	j := job
+	j.WorldSize, j.MaxWorldSize = 2, 3
+	ctx, s := formedRing(t, j)
+	f := s.Formations[0]
+	late := lateNode(ctx, t, j, s.Hosts[0], NodeConfig{}, true)
+	errs := make(chan error, 2)
+	for _, n := range s.Nodes {
+		go func() {
+			_, err := n.Reform(ctx, &Formation{Members: f.Members, Rank: slices.Index(f.Members, n.h.ID()), Generation: f.Generation}, 1)
+			errs <- err
+		}()
+	}
+	for range s.Nodes {
+		if err := <-errs; err != nil {
+			t.Fatalf("the members' re-formation: %v", err)
+		}
+	}
+	grown := append(slices.Clone(f.Members), late.h.ID())
+	slices.Sort(grown)
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	_, err := late.Reform(rctx, &Formation{Members: grown, Rank: slices.Index(grown, late.h.ID()), Generation: f.Generation}, 1)
+	if !errors.Is(err, ErrSuperseded) {
+		t.Fatalf("the late standby's re-formation = %v; want ErrSuperseded at once", err)
+	}
+}

@@ -54,6 +54,12 @@ func (m *Membership) Form(ctx context.Context) (r *ring.Ring, admitted bool, err
 			rctx, cancel := context.WithTimeout(ctx, m.timeout)
 			f, err = m.node.Reform(rctx, prev, 1)
 			cancel()
+			if errors.Is(err, ErrSuperseded) {
+				// Admitted too late: the members re-formed without it.
+				// Wait for the next admission.
+				m.node.cfg.Logger.Info().Err(err).Msg("admitted, but the ring re-formed without this peer first; waiting to be admitted again")
+				continue
+			}
 			admitted = true
 		}
 		break

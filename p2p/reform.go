@@ -43,7 +43,9 @@ func (n *Node) Reform(ctx context.Context, prev *Formation, minSize int, gone ..
 	nc := newNoShows(n.current, n.cfg.ReformTimeout)
 	n.mu.Unlock()
 	for {
-		n.reformRound(ctx, a, nc)
+		if gen, ok := n.reformRound(ctx, a, nc); !ok {
+			return nil, fmt.Errorf("%w: generation %d formed without it", ErrSuperseded, gen)
+		}
 		rd.redial()
 		n.mu.Lock()
 		d := a.Decide()
@@ -70,10 +72,17 @@ func (n *Node) Reform(ctx context.Context, prev *Formation, minSize int, gone ..
 	}
 }
 
+// ErrSuperseded means a re-formation was overtaken: a member answered
+// that a ring of its generation or later formed without this peer (a
+// standby that took an admission too late, say). Nothing will complete
+// it; the peer waits to be admitted again.
+var ErrSuperseded = errors.New("p2p: the ring re-formed without this peer")
+
 // reformRound exchanges re-formation hellos with every member not known
 // unreachable; a newcomer that answers without re-forming for too long is
-// taken for unreachable (noShows).
-func (n *Node) reformRound(ctx context.Context, a *Agreement, nc *noShows) {
+// taken for unreachable (noShows). It says false, and the generation, if
+// a member's ring of a's generation or later formed without this peer.
+func (n *Node) reformRound(ctx context.Context, a *Agreement, nc *noShows) (uint64, bool) {
 	n.mu.Lock()
 	unreached := a.Unreached()
 	var peers []peer.ID
@@ -84,12 +93,15 @@ func (n *Node) reformRound(ctx context.Context, a *Agreement, nc *noShows) {
 	}
 	n.mu.Unlock()
 	var wg sync.WaitGroup
+	var overtaken uint64
 	for _, p := range peers {
 		wg.Go(func() {
 			resp, err := n.reformHello(ctx, p, a)
 			n.mu.Lock()
 			defer n.mu.Unlock()
 			switch {
+			case err == nil && overtakes(resp, a, n.h.ID(), &n.names):
+				overtaken = max(overtaken, resp.Generation)
 			case err != nil && ctx.Err() == nil:
 				// A dead process refuses the connection; a stalled one
 				// times out. Either way it is not in the next ring.
@@ -105,6 +117,19 @@ func (n *Node) reformRound(ctx context.Context, a *Agreement, nc *noShows) {
 		})
 	}
 	wg.Wait()
+	return overtaken, overtaken == 0
+}
+
+// overtakes says whether resp, a member's answer to self's re-formation
+// hello for a, shows a ring that will never hold self: one of a's
+// generation or later that formed, or one of a's generation the member is
+// ready on (its last word on it) without self.
+func overtakes(resp *Hello, a *Agreement, self peer.ID, names *idNames) bool {
+	m, err := resp.proposal(names)
+	if err != nil || slices.Contains(m.Members, self) || len(m.Members) == 0 {
+		return false
+	}
+	return m.Formed && m.Gen >= a.Generation() || m.Ready && m.Gen == a.Generation()
 }
 
 // noShows tells, in a re-formation that admits standbys, a newcomer that
@@ -273,11 +298,19 @@ func (n *Node) handleReform(s network.Stream) {
 	} else {
 		n.stepLocked(a, from, h)
 	}
+	cur := n.current
 	n.mu.Unlock()
 	if a != nil {
 		n.poke()
 	}
-	if err := writeHello(s, n.reformHelloTo(from, a)); err != nil {
+	resp := n.reformHelloTo(from, a)
+	if a == nil && cur != nil && cur.Generation >= h.Generation && !slices.Contains(cur.Members, from) {
+		// Its ring of that generation, or a later one, formed without the
+		// asker: say so, so that it stops waiting for a ring that will not
+		// form (ErrSuperseded).
+		resp.setProposal(Proposal{Gen: cur.Generation, Members: cur.Members, Formed: true}, &n.names)
+	}
+	if err := writeHello(s, resp); err != nil {
 		s.Reset()
 	}
 }

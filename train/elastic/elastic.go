@@ -142,8 +142,33 @@ type Job struct {
 	// named), before the ring re-forms without them.
 	Dropped func(peers []string, why string)
 
-	rg     *ring.Ring
-	budget *budget
+	rg      *ring.Ring
+	budget  *budget
+	noShows noShows
+}
+
+// noShows are standbys that were admitted and did not come: each is not
+// admitted again until its wait is over, which doubles with each miss
+// from a second to half a minute — each try costs the ring the wait for
+// it in the re-formation.
+type noShows map[string]noShow
+
+type noShow struct {
+	until time.Time
+	wait  time.Duration
+}
+
+// missed notes that the standbys in ids did not come at now.
+func (n noShows) missed(ids []string, now time.Time) {
+	for _, id := range ids {
+		w := min(max(2*n[id].wait, time.Second), 30*time.Second)
+		n[id] = noShow{until: now.Add(w), wait: w}
+	}
+}
+
+// ready says whether standby id may be admitted at now.
+func (n noShows) ready(id string, now time.Time) bool {
+	return !now.Before(n[id].until)
 }
 
 // Rank is this peer's rank in the current ring.
@@ -239,6 +264,7 @@ func (j *Job) defaults() {
 	j.MaxReforms = orDefault(j.MaxReforms, defaultMaxReforms)
 	j.AdmitTimeout = orDefault(j.AdmitTimeout, defaultAdmitTimeout)
 	j.budget = newBudget(j.MaxReforms)
+	j.noShows = noShows{}
 }
 
 // runConfig is Training with this job's ring, newcomer check, checkpoint
@@ -291,7 +317,8 @@ func (j *Job) admittable() []string {
 	if room <= 0 {
 		return nil
 	}
-	s := j.Members.Standbys()
+	now := time.Now()
+	s := slices.DeleteFunc(j.Members.Standbys(), func(id string) bool { return !j.noShows.ready(id, now) })
 	return s[:min(room, len(s))]
 }
 

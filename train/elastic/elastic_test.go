@@ -181,3 +181,27 @@ func TestCheckpointFarAheadIsNotTaken(t *testing.T) {
 		t.Errorf("the log should name peer-2's claim as not taken:\n%s", log)
 	}
 }
+
+// TestNoShowsWait: a standby admitted that did not come is not admitted
+// again for a second, then two, doubling to half a minute; others are
+// admitted meanwhile.
+func TestNoShowsWait(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	n := noShows{}
+	for _, tc := range []struct {
+		missedAt time.Duration
+		wait     time.Duration
+	}{
+		{0, time.Second}, {time.Second, 2 * time.Second}, {3 * time.Second, 4 * time.Second},
+		{7 * time.Second, 8 * time.Second}, {15 * time.Second, 16 * time.Second}, {31 * time.Second, 30 * time.Second}, {61 * time.Second, 30 * time.Second},
+	} {
+		at := t0.Add(tc.missedAt)
+		n.missed([]string{"a"}, at)
+		if n.ready("a", at.Add(tc.wait-time.Millisecond)) || !n.ready("a", at.Add(tc.wait)) {
+			t.Errorf("missed at %v: ready before %v or not after it", tc.missedAt, tc.wait)
+		}
+		if !n.ready("b", at) {
+			t.Errorf("missed at %v: another standby held back", tc.missedAt)
+		}
+	}
+}
