@@ -250,6 +250,7 @@ func (n *Node) handleAdmit(s network.Stream) {
 	}
 	select {
 	case n.admitted <- &Formation{Members: m.Members, Rank: slices.Index(m.Members, n.h.ID()), Generation: m.Gen}:
+		n.poke() // a Join under way ends at once: the members wait for this peer
 	default: // one is waiting already
 	}
 }

@@ -291,3 +291,43 @@ func TestAdmittedTooLate(t *testing.T) {
 		t.Fatalf("the late standby's re-formation = %v; want ErrSuperseded at once", err)
 	}
 }
+
+// TestAdmissionEndsAJoin: a peer still joining — here alone, its Join
+// would wait out its timeout — is admitted: its Join must end at once, as
+// a standby's, and WaitAdmission hand over the admission. The members wait
+// only the re-formation hello's 2 s for an admitted peer; a restarted peer
+// admitted while it joined was dropped, and admitted again a second later.
+func TestAdmissionEndsAJoin(t *testing.T) {
+	slow(t)
+	j := job
+	j.WorldSize, j.MaxWorldSize = 2, 3
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	joining := lateNode(ctx, t, j, nil, NodeConfig{}, false)
+	admitter := lateNode(ctx, t, j, nil, NodeConfig{}, false)
+	joined := make(chan error, 1)
+	go func() {
+		_, err := joining.Join(ctx)
+		joined <- err
+	}()
+	ring := []peer.ID{admitter.h.ID(), joining.h.ID()}
+	slices.Sort(ring)
+	admitter.h.Peerstore().AddAddrs(joining.h.ID(), joining.h.Addrs(), time.Minute)
+	began := time.Now()
+	if err := admitter.Admit(ctx, joining.h.ID(), &Formation{Members: []peer.ID{admitter.h.ID()}, Generation: 4}, ring); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-joined:
+		if !errors.Is(err, ErrStandby) {
+			t.Fatalf("Join = %v; want ErrStandby (admitted)", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("an admitted peer's Join went on")
+	}
+	f, err := joining.WaitAdmission(ctx, time.Minute)
+	if err != nil || f.Generation != 4 || !slices.Equal(f.Members, ring) {
+		t.Fatalf("WaitAdmission = %+v, %v; want the ring of generation 4 it was admitted to", f, err)
+	}
+	t.Logf("admitted %v after the admission was sent", time.Since(began).Round(time.Millisecond))
+}

@@ -389,6 +389,11 @@ func (n *Node) Join(ctx context.Context) (*Formation, error) {
 			}
 			return f, err
 		}
+		if len(n.admitted) > 0 {
+			// A member admitted this peer while it was still joining: the
+			// members wait for it now (for the re-formation hello's time).
+			return nil, fmt.Errorf("%w: admitted to the job's ring under way", ErrStandby)
+		}
 		kicked, err := n.wait(ctx, pause)
 		if err != nil {
 			if errors.Is(err, context.Canceled) {
