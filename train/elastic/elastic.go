@@ -158,12 +158,10 @@ type noShow struct {
 	wait  time.Duration
 }
 
-// missed notes that the standbys in ids did not come at now.
-func (n noShows) missed(ids []string, now time.Time) {
-	for _, id := range ids {
-		w := min(max(2*n[id].wait, time.Second), 30*time.Second)
-		n[id] = noShow{until: now.Add(w), wait: w}
-	}
+// missed notes that standby id did not come at now.
+func (n noShows) missed(id string, now time.Time) {
+	w := min(max(2*n[id].wait, time.Second), 30*time.Second)
+	n[id] = noShow{until: now.Add(w), wait: w}
 }
 
 // ready says whether standby id may be admitted at now.

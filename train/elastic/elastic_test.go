@@ -196,7 +196,7 @@ func TestNoShowsWait(t *testing.T) {
 		{7 * time.Second, 8 * time.Second}, {15 * time.Second, 16 * time.Second}, {31 * time.Second, 30 * time.Second}, {61 * time.Second, 30 * time.Second},
 	} {
 		at := t0.Add(tc.missedAt)
-		n.missed([]string{"a"}, at)
+		n.missed("a", at)
 		if n.ready("a", at.Add(tc.wait-time.Millisecond)) || !n.ready("a", at.Add(tc.wait)) {
 			t.Errorf("missed at %v: ready before %v or not after it", tc.missedAt, tc.wait)
 		}

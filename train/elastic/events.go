@@ -332,7 +332,7 @@ func (j *Job) grow(ctx context.Context, at train.Position) (bool, error) {
 		if slices.Contains(members, id) {
 			delete(j.noShows, id)
 		} else {
-			j.noShows.missed([]string{id}, time.Now())
+			j.noShows.missed(id, time.Now())
 		}
 	}
 	coll := j.stepped(j.firstStep(began))
