@@ -11,11 +11,11 @@ BIN      ?= bin
 FUZZTIME ?= 30000x
 # Every fuzz target, as package:Target; `make test` runs each for FUZZTIME
 # (short, to keep make test under 10 minutes; make fuzz FUZZTIME=2000000x goes deeper).
-FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzReadIDX ./data:FuzzReadCSV ./data:FuzzReadTable ./p2p:FuzzReadHello ./data:FuzzParseManifest ./cmd/ringtrain:FuzzParseJobConfig ./train:FuzzControlMessage ./train/pipeline:FuzzReadFrame ./train/trace:FuzzRead ./p2p:FuzzStatements ./p2p:FuzzLinkHello ./p2p:FuzzSecureHello ./p2p:FuzzLinkRecords ./p2p:FuzzLANAddrs ./p2p:FuzzDataRequest ./p2p:FuzzDataReply ./train:FuzzCheckpoint ./train/sparse:FuzzDecode ./train/sparse:FuzzDecodeParts
+FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzReadIDX ./data:FuzzReadCSV ./data:FuzzReadTable ./p2p:FuzzReadHello ./data:FuzzParseManifest ./cmd/ringtrain:FuzzParseJobConfig ./train:FuzzControlMessage ./train/pipeline:FuzzReadFrame ./train/trace:FuzzRead ./p2p:FuzzStatements ./p2p:FuzzLinkHello ./p2p:FuzzSecureHello ./p2p:FuzzLinkRecords ./p2p:FuzzLANAddrs ./p2p:FuzzDataRequest ./p2p:FuzzDataReply ./train:FuzzCheckpoint ./train/sparse:FuzzDecode ./train/sparse:FuzzDecodeParts ./p2p:FuzzCheckRow ./p2p:FuzzTimeProbe
 
 MODEL ?= mlp
 
-.PHONY: check test-deps test-prometheus test-netns test-netns-churn test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-gpt bench-gpt-quality bench-elastic bench-nat bench-procs bench-slow bench-gpt-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes bench-churn fashion-mnist fortunes testdata demo demo-gpt clean
+.PHONY: check test-deps test-prometheus test-netns test-netns-churn test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-gpt bench-gpt-quality bench-elastic bench-nat bench-procs bench-slow bench-gpt-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes bench-churn bench-topology fashion-mnist fortunes testdata demo demo-gpt clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -141,6 +141,7 @@ test-netns: build
 	bash testdata/netns-pipeline.sh $(BIN)/ringtrain
 	bash testdata/netns-nat.sh $(BIN)/ringtrain
 	bash testdata/netns-served.sh $(BIN)/ringtrain
+	MIN_RATIO=1.5 bash testdata/bench-topology.sh $(BIN)/ringtrain 1 4MiB 1
 
 # Churn (testdata/netns-churn.sh): six peers in network namespaces, one
 # SIGKILLed or Ctrl-C'd every PERIOD seconds and started again 2 s later
@@ -153,6 +154,15 @@ test-netns: build
 # netns tests; bench-churn churns DURATION on the whole dataset.
 test-netns-churn: build
 	DATA=testdata/fashion-mnist DURATION=120 PERIOD=10 NEW_EVERY=45 bash testdata/netns-churn.sh $(BIN)/ringtrain
+
+# The ring order against the network (testdata/bench-topology.sh): six
+# peers on two sites, 1 Gbit/s within a site and one 100 Mbit/s link
+# between, peer IDs interleaving the sites; bench allreduce of the peers
+# ranked by ID, then by the links they measure, RUNS rounds, alternating,
+# and the medians' ratio. make test runs one short round, and fails under
+# 1.5× (3× is what the links allow).
+bench-topology: build
+	bash testdata/bench-topology.sh $(BIN)/ringtrain $(RUNS) 16MiB 3
 
 DURATION ?= 600
 PERIOD ?= 15

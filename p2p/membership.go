@@ -25,6 +25,14 @@ type Membership struct {
 	// be admitted until no peer of the job has been reachable for as long.
 	timeout time.Duration
 	cur     *Formation
+	// Order is how the ring's members are ranked; set it before Form.
+	// Every member of a job must use the same (a job config key).
+	Order RingOrder
+	memo  linkMemo
+	// shapeRow, if set, rewrites this member's measures before it signs
+	// them: tests give members the links of sites they cannot build on
+	// loopback, or make one lie.
+	shapeRow func(f *Formation, row []ring.Link)
 }
 
 // NewMembership runs a job's membership through node and links; timeout
@@ -144,6 +152,10 @@ func (m *Membership) Members() []string { return idStrings(m.cur.Members) }
 func (m *Membership) connect(ctx context.Context, f *Formation) (*ring.Ring, error) {
 	cctx, cancel := context.WithTimeout(ctx, m.timeout)
 	defer cancel()
+	f, err := m.Ordered(cctx, f)
+	if err != nil {
+		return nil, err
+	}
 	t, err := m.links.Connect(cctx, f)
 	if err != nil {
 		return nil, err
@@ -157,6 +169,17 @@ func (m *Membership) connect(ctx context.Context, f *Formation) (*ring.Ring, err
 	}
 	m.cur = f
 	return r, nil
+}
+
+// Ordered is formation f (as Node agreed it: members by ID) with its
+// members ranked as m.Order says — by ID, or in the order solved from the
+// links they measure now, which every member of f must call it for at
+// once. Form, Reform and Grow connect the ring so ordered.
+func (m *Membership) Ordered(ctx context.Context, f *Formation) (*Formation, error) {
+	if m.Order != OrderMeasured || len(f.Members) < 3 {
+		return f, nil
+	}
+	return m.ordered(ctx, f)
 }
 
 func idStrings(ps []peer.ID) []string {

@@ -212,7 +212,8 @@ const (
 	ChannelStage    Channel = 1 // the ring of a pipeline stage's peers
 	ChannelForward  Channel = 2 // stage s to s+1: activations
 	ChannelBackward Channel = 3 // stage s+1 to s: gradients
-	maxChannel              = ChannelBackward
+	ChannelProbe    Channel = 4 // the links' measures at formation (RingOrder)
+	maxChannel              = ChannelProbe
 )
 
 type inbound struct {

@@ -34,6 +34,7 @@ type jobConfig struct {
 	spec      *train.Spec   // a spec, or nil for a built-in
 	hash      string        // hex SHA-256 of the spec's canonical JSON
 	wire      ring.Encoding // parsed Compression
+	order     p2p.RingOrder // parsed RingOrder
 }
 
 // jobSpec is what defines a job: what every peer must share. Its canonical
@@ -71,6 +72,10 @@ type jobSpec struct {
 	// "bf16" or "fp16" (half the bytes), "int8" (blockwise, with error
 	// feedback: a little over a quarter; train.Replica.Wire).
 	Compression string `json:"compression,omitempty"`
+	// RingOrder is how the ring's members are ranked: "measured" (the
+	// default, written "") by the links they measure at each formation,
+	// or "id" by peer ID (p2p.RingOrder).
+	RingOrder string `json:"ring_order,omitempty"`
 	// BucketBytes is the gradient bucket size (train.Replica.BucketBytes),
 	// bucket_mb in the file: buckets change the collectives a step calls.
 	BucketBytes int `json:"bucket_bytes"`
@@ -246,6 +251,7 @@ type jobFile struct {
 	GradNormGuard float64         `json:"grad_norm_guard"`
 	EvalEvery     int             `json:"eval_every"`
 	Compression   string          `json:"compression"`
+	RingOrder     string          `json:"ring_order"`
 	// BucketMB is the gradient bucket size in MB: the own engine sends
 	// each bucket while backward still computes the layers before it.
 	// Default 25, as in PyTorch DDP; 0 sends all the gradients in one
@@ -479,7 +485,7 @@ func (f *jobFile) resolve(dir string) (*jobConfig, error) {
 	}
 	c := &jobConfig{localSettings: f.localSettings, jobSpec: jobSpec{Name: f.Name, WorldSize: f.WorldSize, MinWorldSize: f.MinWorldSize, MaxWorldSize: f.MaxWorldSize,
 		Epochs: f.Epochs, BatchSize: f.BatchSize, Seed: f.Seed, Model: f.Model, Loss: f.Loss, Optimizer: f.Optimizer,
-		GradNormGuard: f.GradNormGuard, EvalEvery: f.EvalEvery, Compression: f.Compression, Sync: f.Sync, Pipeline: f.Pipeline, BucketBytes: defaultBucketMB << 20}}
+		GradNormGuard: f.GradNormGuard, EvalEvery: f.EvalEvery, Compression: f.Compression, RingOrder: f.RingOrder, Sync: f.Sync, Pipeline: f.Pipeline, BucketBytes: defaultBucketMB << 20}}
 	if f.BucketMB != nil {
 		if mb := *f.BucketMB; !(mb >= 0 && mb <= maxBucketMB) {
 			return nil, fmt.Errorf("bucket_mb %g; want 0 (one allreduce after backward) up to %d", mb, maxBucketMB)
@@ -597,6 +603,13 @@ func (c *jobConfig) resolveSpec() error {
 	c.wire, c.Compression = wire, ""
 	if wire != ring.F32 {
 		c.Compression = wire.String()
+	}
+	if c.order, err = p2p.ParseRingOrder(c.RingOrder); err != nil {
+		return fmt.Errorf("ring_order: %w", err)
+	}
+	c.RingOrder = ""
+	if c.order != p2p.OrderMeasured {
+		c.RingOrder = c.order.String()
 	}
 	if c.Sync != nil {
 		if err := c.Sync.check(); err != nil {

@@ -64,7 +64,7 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		`, "optimizer": {"name": "adamw", "lr": 1e-3, "betas": [0.9, 1]}`, `, "optimizer": {"name": "sgd", "lr": 0.1, "betas": [0.9, 0.99]}`,
 		`, "optimizer": {"name": "adamw", "lr": 1e-3, "eps": -1}`, `, "optimizer": {"name": "adamw", "lr": 1e-3, "clip_grad_norm": -1}`,
 		`, "optimizer": {"name": "adamw", "lr": 1e-3, "warmup_steps": -5}`, `, "optimizer": {"name": "adamw", "lr": 1e-3, "min_lr": 0.1}`,
-		`, "limits": {"conns_per_ip": -1}`, `, "limits": {"peer_memory_mb": -1}`, `, "limits": {"data_streams": -1}`, `, "limits": {"data_samples_per_request": 2000000}`} {
+		`, "limits": {"conns_per_ip": -1}`, `, "limits": {"peer_memory_mb": -1}`, `, "limits": {"data_streams": -1}`, `, "limits": {"data_samples_per_request": 2000000}`, `, "ring_order": "fastest"`} {
 		p := filepath.Join(t.TempDir(), "job.json")
 		if err := os.WriteFile(p, []byte("{"+base+bad+"}"), 0o644); err != nil {
 			t.Fatal(err)
@@ -86,6 +86,8 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		{`, "grad_norm_guard": 0`, true}, // off, the default, written out
 		{`, "compression": "bf16"`, false},
 		{`, "compression": "none"`, true},
+		{`, "ring_order": "measured"`, true}, // the default, written out
+		{`, "ring_order": "id"`, false},
 		{`, "compression": "int8"`, false},
 		{`, "bucket_mb": 25`, true}, // the default, written out
 		{`, "bucket_mb": 0`, false},

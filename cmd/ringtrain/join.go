@@ -629,7 +629,9 @@ func startNode(h *p2p.Host, relayFor *atomic.Pointer[p2p.Node], f *joinFlags, cf
 	}
 	// Ring links first: a peer that forms the ring before us dials at once.
 	links := p2p.NewRingLinks(h.Host, node, p2p.LinksConfig{Plane: f.plane, Logger: log, Puncher: h})
-	return &peerNet{node: node, links: links, members: p2p.NewMembership(node, links, time.Duration(cfg.JoinTimeout))}, nil
+	members := p2p.NewMembership(node, links, time.Duration(cfg.JoinTimeout))
+	members.Order = cfg.order
+	return &peerNet{node: node, links: links, members: members}, nil
 }
 
 // newJob builds the model, optimizer, data loaders and checkpointing of

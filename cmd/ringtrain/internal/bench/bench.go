@@ -31,6 +31,7 @@ func Allreduce(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	procs := fs.Bool("procs", false, "run every rank in its own process, as gloo's and MPI's benchmarks do (no ceiling): --transport tcp is plain TCP on loopback (row tcp-procs); tls, libp2p and libp2p-tcp are the data planes, each peer its own libp2p host forming the ring as join does (rows tls-procs, libp2p-procs, libp2p-tcp-procs)")
 	netns := fs.String("netns", "", "with --procs and a data plane: run rank i in the network namespace PREFIXi (testdata/bench-planes.sh makes them), at --subnet.(i+1)")
 	subnet := fs.String("subnet", "", "with --netns: the first three octets of the namespaces' /24 (testdata/bench-planes.sh gives its own)")
+	orderName := fs.String("ring-order", "id", "with --procs and a data plane: how the peers rank themselves — id, or measured (by the links they measure at formation; rows end -measured); with --netns, the peer in namespace i is i-th by peer ID")
 	if err := cli.ParseFlags(fs, args); err != nil {
 		return fmt.Errorf("bench allreduce: %w: %w", cli.ErrUsage, err)
 	}
@@ -68,8 +69,12 @@ func Allreduce(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if (*netns == "") != (*subnet == "") {
 		return fmt.Errorf("bench allreduce: --netns and --subnet go together: %w", cli.ErrUsage)
 	}
+	order, err := p2p.ParseRingOrder(*orderName)
+	if err != nil {
+		return fmt.Errorf("bench allreduce: %w: %w", err, cli.ErrUsage)
+	}
 	if *procs {
-		if err := allreduceEachProcs(ctx, cfg, *transport, *sizes, *netns, *subnet, emit); err != nil {
+		if err := allreduceEachProcs(ctx, cfg, *transport, *sizes, order, *netns, *subnet, emit); err != nil {
 			return err
 		}
 		return encErr
@@ -109,7 +114,7 @@ func inProcess() ringbench.Transports {
 // allreduceEachProcs runs --procs for each transport: plain TCP between
 // processes, or a data plane between peers, in network namespaces where
 // netns is set.
-func allreduceEachProcs(ctx context.Context, cfg ringbench.Config, transports, sizes, netns, subnet string, emit func(ringbench.Result)) error {
+func allreduceEachProcs(ctx context.Context, cfg ringbench.Config, transports, sizes string, order p2p.RingOrder, netns, subnet string, emit func(ringbench.Result)) error {
 	for _, tr := range strings.Split(transports, ",") {
 		tr = strings.TrimSpace(tr)
 		if tr == "tcp" && netns == "" {
@@ -122,7 +127,7 @@ func allreduceEachProcs(ctx context.Context, cfg ringbench.Config, transports, s
 		if tr == "tcp" || err != nil {
 			return fmt.Errorf("bench allreduce --procs: --transport %s; want tcp (not with --netns), tls, libp2p or libp2p-tcp: %w", tr, cli.ErrUsage)
 		}
-		if err := allreducePeers(ctx, cfg, sizes, tr, plane, netns, subnet, emit); err != nil {
+		if err := allreducePeers(ctx, cfg, sizes, tr, plane, order, netns, subnet, emit); err != nil {
 			return fmt.Errorf("bench allreduce --procs --transport %s: %w", tr, err)
 		}
 	}

@@ -14,6 +14,8 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,7 +43,7 @@ type peerAddr struct {
 // transport-netns. With netns, rank i runs in the network
 // namespace netns+i at subnet.(i+1) (testdata/bench-planes.sh makes them);
 // otherwise all run on 127.0.0.1.
-func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport string, plane p2p.DataPlane, netns, subnet string, emit func(ringbench.Result)) error {
+func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport string, plane p2p.DataPlane, order p2p.RingOrder, netns, subnet string, emit func(ringbench.Result)) error {
 	n := cfg.Peers
 	if n < 2 {
 		return fmt.Errorf("%d peers; want at least 2: %w", n, cli.ErrUsage)
@@ -49,6 +51,17 @@ func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport 
 	exe, err := os.Executable()
 	if err != nil {
 		return err
+	}
+	var keys []string
+	if netns != "" {
+		dir, err := os.MkdirTemp("", "bench-peers-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		if keys, err = keysByID(dir, n); err != nil {
+			return err
+		}
 	}
 	var salt [8]byte
 	rand.Read(salt[:])
@@ -66,7 +79,10 @@ func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport 
 			ip = fmt.Sprintf("%s.%d", subnet, i+1)
 		}
 		args := []string{"bench", "allreduce-peer", "--job", job, "--plane", plane.String(), "--peers", strconv.Itoa(n),
-			"--listen", ip, "--sizes", sizes, "--iters", strconv.Itoa(cfg.Iters), "--chunk", strconv.Itoa(cfg.ChunkBytes)}
+			"--listen", ip, "--sizes", sizes, "--iters", strconv.Itoa(cfg.Iters), "--chunk", strconv.Itoa(cfg.ChunkBytes), "--ring-order", order.String()}
+		if keys != nil {
+			args = append(args, "--identity", keys[i])
+		}
 		if i > 0 {
 			select {
 			case a := <-first:
@@ -114,10 +130,41 @@ func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport 
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+	name := transport + "-procs"
 	if netns != "" {
-		return emitRows(transport+"-netns", results, len(cfg.Sizes), emit)
+		name = transport + "-netns"
 	}
-	return emitRows(transport+"-procs", results, len(cfg.Sizes), emit)
+	if order == p2p.OrderMeasured {
+		name += "-measured"
+	}
+	return emitRows(name, results, len(cfg.Sizes), emit)
+}
+
+// keysByID makes n peer keys in dir and returns their files in the order
+// of their peer IDs: the peer in network namespace i is i-th by ID, so a
+// script that builds sites from namespaces knows how IDs place them.
+func keysByID(dir string, n int) ([]string, error) {
+	type key struct {
+		file string
+		id   peer.ID
+	}
+	ks := make([]key, n)
+	for i := range ks {
+		ks[i].file = filepath.Join(dir, fmt.Sprintf("peer-%d.key", i))
+		priv, err := p2p.LoadOrCreateIdentity(ks[i].file)
+		if err != nil {
+			return nil, err
+		}
+		if ks[i].id, err = peer.IDFromPrivateKey(priv); err != nil {
+			return nil, err
+		}
+	}
+	slices.SortFunc(ks, func(a, b key) int { return strings.Compare(string(a.id), string(b.id)) })
+	files := make([]string, n)
+	for i, k := range ks {
+		files[i] = k.file
+	}
+	return files, nil
 }
 
 // peerCommand runs this binary with args as peer i: in network namespace
@@ -143,10 +190,16 @@ func AllreducePeer(ctx context.Context, args []string, stdout, stderr io.Writer)
 	sizes := fs.String("sizes", "", "comma-separated buffer sizes")
 	iters := fs.Int("iters", 5, "timed calls per size")
 	chunk := fs.Int("chunk", 0, "pipelining chunk size in bytes (0: the ring's)")
+	orderName := fs.String("ring-order", "id", "how the peers rank themselves: id or measured")
+	identity := fs.String("identity", "", "the peer's key file (default: a fresh key)")
 	if err := cli.ParseFlags(fs, args); err != nil {
 		return fmt.Errorf("bench allreduce-peer: %w: %w", cli.ErrUsage, err)
 	}
 	plane, err := p2p.ParsePlane(*planeName)
+	if err != nil {
+		return fmt.Errorf("bench allreduce-peer: %w: %w", err, cli.ErrUsage)
+	}
+	order, err := p2p.ParseRingOrder(*orderName)
 	if err != nil {
 		return fmt.Errorf("bench allreduce-peer: %w: %w", err, cli.ErrUsage)
 	}
@@ -159,6 +212,11 @@ func AllreducePeer(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return fmt.Errorf("bench allreduce-peer: want --job, --peers ≥ 2 and an IP to --listen on: %w", cli.ErrUsage)
 	}
 	hc := p2p.HostConfig{Listen: []string{fmt.Sprintf("/ip4/%s/tcp/0", ip)}}
+	if *identity != "" {
+		if hc.Identity, err = p2p.LoadOrCreateIdentity(*identity); err != nil {
+			return fmt.Errorf("bench allreduce-peer: %w", err)
+		}
+	}
 	if *bootstrap != "" {
 		a, err := ma.NewMultiaddr(*bootstrap)
 		if err != nil {
@@ -190,6 +248,11 @@ func AllreducePeer(ctx context.Context, args []string, stdout, stderr io.Writer)
 	f, err := node.Join(jctx)
 	if err != nil {
 		return fmt.Errorf("bench allreduce-peer: forming the ring: %w", err)
+	}
+	m := p2p.NewMembership(node, links, time.Minute)
+	m.Order = order
+	if f, err = m.Ordered(jctx, f); err != nil {
+		return fmt.Errorf("bench allreduce-peer: ordering the ring: %w", err)
 	}
 	t, err := links.Connect(jctx, f)
 	if err != nil {

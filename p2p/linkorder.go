@@ -1,0 +1,368 @@
+package p2p
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/protocol/ping"
+
+	"github.com/ringtrain/ringtrain/ring"
+)
+
+// RingOrder says how a ring's members are ranked.
+type RingOrder int
+
+// Ring orders.
+const (
+	// OrderMeasured ranks the members by their links: at each formation
+	// they measure the links between them, sign what they measured, share
+	// it and solve the same order from it (ring.Order).
+	OrderMeasured RingOrder = iota
+	// OrderID ranks the members by peer ID, whatever their links.
+	OrderID
+)
+
+// ParseRingOrder reads a ring order's name: measured or id ("" is
+// measured).
+func ParseRingOrder(s string) (RingOrder, error) {
+	switch s {
+	case "", "measured":
+		return OrderMeasured, nil
+	case "id":
+		return OrderID, nil
+	}
+	return 0, fmt.Errorf("p2p: ring order %q; want measured or id", s)
+}
+
+// String is the order's name in a job config.
+func (o RingOrder) String() string {
+	if o == OrderID {
+		return "id"
+	}
+	return "measured"
+}
+
+// Bounds of the measuring of links at formation: each member sends each
+// other member probeBytes at most, and waits for each round of probes
+// probeRound at most (a link too slow to carry its probe in that time is
+// measured by what it carried). probePings round trips are timed to each
+// member over its libp2p connection, the least taken.
+const (
+	probeBytes  = 512 << 10
+	probeChunk  = 32 << 10
+	probeRound  = 2 * time.Second
+	probePings  = 3
+	probeHeader = 8
+	// maxSigSize bounds a link row's signature: an RSA-4096 one is 512
+	// bytes, ed25519's 64.
+	maxSigSize = 1024
+)
+
+// links is what a Membership keeps of the links it measured in this job:
+// the link to it from each peer, by peer; pairs of members that were both
+// in the last ring are not probed again.
+type linkMemo map[peer.ID]ring.Link
+
+// ordered measures the links of formation f (members sorted by ID), shares
+// the signed measures and returns f with its members in the order solved
+// from them. Every member of f runs it at once; any that fails leaves the
+// others without its links, and the formation fails for all.
+func (m *Membership) ordered(ctx context.Context, f *Formation) (*Formation, error) {
+	start := time.Now()
+	n, me := len(f.Members), f.Rank
+	if m.memo == nil {
+		m.memo = linkMemo{}
+	}
+	rtts := m.pingAll(ctx, f)
+	row := make([]ring.Link, n)
+	var w1 io.WriteCloser
+	var r1 io.ReadCloser
+	for k := 1; k < n; k++ {
+		to, from := (me+k)%n, (me-k+n)%n
+		w, r, err := m.links.Pair(ctx, f, ChannelProbe, to, from)
+		if err != nil {
+			closeAll(w1, r1)
+			return nil, fmt.Errorf("p2p: probing links: %w", err)
+		}
+		skip := m.cur != nil && slices.Contains(m.cur.Members, f.Members[to]) && slices.Contains(m.cur.Members, f.Members[me])
+		bw, err := probe(ctx, w, r, skip, k > 1)
+		if err != nil {
+			closeAll(w, r, w1, r1)
+			return nil, fmt.Errorf("p2p: probing the link from rank %d (%s): %w", from, f.Members[from], err)
+		}
+		p := f.Members[from]
+		if bw > 0 {
+			m.memo[p] = ring.Link{Bandwidth: bw, RTT: m.memo[p].RTT}
+		}
+		row[from] = ring.Link{Bandwidth: m.memo[p].Bandwidth, RTT: rtts[from]}
+		if k == 1 {
+			w1, r1 = w, r
+		}
+	}
+	if m.shapeRow != nil {
+		m.shapeRow(f, row)
+	}
+	in, err := m.shareRows(ctx, f, row, w1, r1)
+	if err != nil {
+		return nil, err
+	}
+	order := ring.Order(in)
+	of := &Formation{Members: make([]peer.ID, n), Generation: f.Generation}
+	for k, i := range order {
+		of.Members[k] = f.Members[i]
+		if i == me {
+			of.Rank = k
+		}
+	}
+	ident := make([]int, n)
+	for i := range ident {
+		ident[i] = i
+	}
+	m.node.cfg.Logger.Info().Uint64("generation", f.Generation).Ints("order", order).
+		Float64("slowest_link_mbit", mbit(ring.OrderBottleneck(in, order))).
+		Float64("slowest_link_by_id_mbit", mbit(ring.OrderBottleneck(in, ident))).
+		Dur("took", time.Since(start)).Msg("ring ordered by measured links")
+	return of, nil
+}
+
+func mbit(bytesPerSec uint64) float64 { return math.Round(float64(bytesPerSec)*8/1e4) / 100 }
+
+func closeAll(cs ...io.Closer) {
+	for _, c := range cs {
+		if c != nil {
+			c.Close()
+		}
+	}
+}
+
+// pingAll times the round trip to each other member of f over its libp2p
+// connection, the least of probePings, within probeRound; those measured
+// in this job before are not timed again. 0 where none came back.
+func (m *Membership) pingAll(ctx context.Context, f *Formation) []uint64 {
+	ctx, cancel := context.WithTimeout(ctx, probeRound)
+	defer cancel()
+	out := make([]uint64, len(f.Members))
+	var wg sync.WaitGroup
+	for i, p := range f.Members {
+		if i == f.Rank {
+			continue
+		}
+		if l := m.memo[p]; l.RTT > 0 {
+			out[i] = l.RTT
+			continue
+		}
+		wg.Go(func() {
+			var least time.Duration
+			got := 0
+			for res := range ping.Ping(ctx, m.node.h, p) {
+				if res.Error != nil {
+					break
+				}
+				if got == 0 || res.RTT < least {
+					least = res.RTT
+				}
+				if got++; got == probePings {
+					break
+				}
+			}
+			if got > 0 {
+				out[i] = uint64(max(least, 1))
+			}
+		})
+	}
+	wg.Wait()
+	for i, p := range f.Members {
+		if out[i] > 0 {
+			m.memo[p] = ring.Link{Bandwidth: m.memo[p].Bandwidth, RTT: out[i]}
+		}
+	}
+	return out
+}
+
+// probe sends probeBytes (none if skip) on w while it times the probe
+// that comes on r, and returns the bandwidth that probe came at: 0 if the
+// sender skipped it. With done, w and r are closed after.
+func probe(ctx context.Context, w io.WriteCloser, r io.ReadCloser, skip, done bool) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, probeRound)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { w.Close(); r.Close() })
+	defer stop()
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		size := uint32(probeBytes)
+		if skip {
+			size = 0
+		}
+		var h [probeHeader]byte
+		binary.LittleEndian.PutUint32(h[:], size)
+		if _, err := w.Write(h[:]); err != nil {
+			return
+		}
+		chunk := make([]byte, probeChunk)
+		for left := int(size); left > 0; left -= probeChunk {
+			if _, err := w.Write(chunk[:min(left, probeChunk)]); err != nil {
+				return
+			}
+		}
+	}()
+	bw, err := timeProbe(ctx, r)
+	<-sent
+	if done {
+		w.Close()
+		r.Close()
+	}
+	return bw, err
+}
+
+// timeProbe reads one probe and measures it from the end of its header to
+// its last byte; a probe cut by the round's end is measured by what came.
+func timeProbe(ctx context.Context, r io.Reader) (uint64, error) {
+	var h [probeHeader]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, fmt.Errorf("its probe's header: %w", err)
+	}
+	size := binary.LittleEndian.Uint32(h[:])
+	if size > probeBytes || binary.LittleEndian.Uint32(h[4:]) != 0 {
+		return 0, fmt.Errorf("a probe of %d bytes, more than %d", size, probeBytes)
+	}
+	if size == 0 {
+		return 0, nil
+	}
+	start := time.Now()
+	buf := make([]byte, probeChunk)
+	got := 0
+	for got < int(size) {
+		k, err := r.Read(buf[:min(len(buf), int(size)-got)])
+		got += k
+		if err != nil {
+			if ctx.Err() != nil && got > 0 {
+				break // too slow for the round: measured by what came
+			}
+			return 0, fmt.Errorf("its probe after %d bytes: %w", got, err)
+		}
+	}
+	took := max(time.Since(start), time.Microsecond)
+	return uint64(float64(got) / took.Seconds()), nil
+}
+
+// rowSize is a link row's size in bytes: bandwidth and round trip per
+// member.
+func rowSize(n int) int { return 16 * n }
+
+// rowDigest is what a member signs of its row: the job, the generation,
+// the members and the row.
+func rowDigest(key []byte, f *Formation, signer int, row []byte) []byte {
+	h := hmac.New(sha256.New, key)
+	var b []byte
+	b = append(b, "ringtrain links\x00"...)
+	b = binary.LittleEndian.AppendUint64(b, f.Generation)
+	b = binary.AppendUvarint(b, uint64(signer))
+	b = binary.AppendUvarint(b, uint64(len(f.Members)))
+	for _, p := range f.Members {
+		b = binary.AppendUvarint(b, uint64(len(p)))
+		b = append(b, p...)
+	}
+	h.Write(b)
+	h.Write(row)
+	return h.Sum(nil)
+}
+
+func encodeRow(row []ring.Link) []byte {
+	b := make([]byte, 0, rowSize(len(row)))
+	for _, l := range row {
+		b = binary.LittleEndian.AppendUint64(b, l.Bandwidth)
+		b = binary.LittleEndian.AppendUint64(b, l.RTT)
+	}
+	return b
+}
+
+func decodeRow(b []byte) []ring.Link {
+	row := make([]ring.Link, len(b)/16)
+	for i := range row {
+		row[i] = ring.Link{Bandwidth: binary.LittleEndian.Uint64(b[16*i:]), RTT: binary.LittleEndian.Uint64(b[16*i+8:])}
+	}
+	return row
+}
+
+// errBadRow means a member's signed link row did not check out.
+var errBadRow = errors.New("p2p: a link row that does not check out")
+
+// shareRows signs this member's row and broadcasts every member's over
+// the ring by ID (w and r, the probe's first round's links): each row
+// comes down one path from its signer, so every member gets the same
+// row or none — a member cannot tell two others two stories, and one
+// that forwards another's row altered is caught by the signature.
+func (m *Membership) shareRows(ctx context.Context, f *Formation, row []ring.Link, w io.WriteCloser, r io.ReadCloser) ([][]ring.Link, error) {
+	n := len(f.Members)
+	mine := encodeRow(row)
+	sig, err := m.node.priv.Sign(rowDigest(m.node.key, f, f.Rank, mine))
+	if err != nil {
+		closeAll(w, r)
+		return nil, fmt.Errorf("p2p: signing the link row: %w", err)
+	}
+	if len(sig) > maxSigSize {
+		closeAll(w, r)
+		return nil, fmt.Errorf("p2p: a link row's signature of %d bytes", len(sig))
+	}
+	rr, err := ring.New(ring.NewStreams(w, r), ring.Config{Rank: f.Rank, Size: n, Generation: f.Generation})
+	if err != nil {
+		closeAll(w, r)
+		return nil, err
+	}
+	defer rr.Close()
+	size := 4 + rowSize(n) + maxSigSize
+	buf := make([]float32, (size+3)/4)
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), len(buf)*4)
+	in := make([][]ring.Link, n)
+	for root := range n {
+		clear(b)
+		if root == f.Rank {
+			binary.LittleEndian.PutUint32(b, uint32(len(sig)))
+			copy(b[4:], mine)
+			copy(b[4+len(mine):], sig)
+		}
+		if err := rr.Broadcast(ctx, buf, root); err != nil {
+			return nil, fmt.Errorf("p2p: sharing link rows: %w", err)
+		}
+		if root == f.Rank {
+			in[root] = row
+			continue
+		}
+		if in[root], err = checkRow(m.node.key, f, root, m.node.h.Peerstore().PubKey(f.Members[root]), b); err != nil {
+			return nil, fmt.Errorf("%w, by way of rank %d", err, (f.Rank-1+n)%n)
+		}
+	}
+	return in, nil
+}
+
+// checkRow reads the row of the member at rank root of f from b (the
+// signature's length, the row, the signature) and checks its signature
+// with pub, the member's key.
+func checkRow(key []byte, f *Formation, root int, pub crypto.PubKey, b []byte) ([]ring.Link, error) {
+	n := len(f.Members)
+	if len(b) < 4+rowSize(n) || pub == nil {
+		return nil, fmt.Errorf("%w: rank %d's (%s) is short or its key unknown", errBadRow, root, f.Members[root])
+	}
+	sl := int(binary.LittleEndian.Uint32(b))
+	got, sig := b[4:4+rowSize(n)], b[4+rowSize(n):]
+	if sl > min(maxSigSize, len(sig)) {
+		return nil, fmt.Errorf("%w: rank %d's (%s) signature of %d bytes", errBadRow, root, f.Members[root], sl)
+	}
+	if ok, err := pub.Verify(rowDigest(key, f, root, got), sig[:sl]); err != nil || !ok {
+		return nil, fmt.Errorf("%w: rank %d's (%s) signature", errBadRow, root, f.Members[root])
+	}
+	return decodeRow(got), nil
+}

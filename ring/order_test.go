@@ -1,0 +1,202 @@
+package ring
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// sites is n members alternating between two sites (even members in one,
+// odd in the other, as peer IDs interleave them): fast links within a
+// site, slow ones between.
+func sites(n int, fast, slow uint64) [][]Link {
+	in := make([][]Link, n)
+	for i := range in {
+		in[i] = make([]Link, n)
+		for j := range in[i] {
+			bw := fast
+			if i%2 != j%2 {
+				bw = slow
+			}
+			in[i][j] = Link{Bandwidth: bw, RTT: 100_000}
+		}
+	}
+	return in
+}
+
+func crossings(order []int) int {
+	c := 0
+	for k, m := range order {
+		if m%2 != order[(k+1)%len(order)]%2 {
+			c++
+		}
+	}
+	return c
+}
+
+func isPermutation(order []int, n int) bool {
+	s := slices.Sorted(slices.Values(order))
+	for i, v := range s {
+		if v != i {
+			return false
+		}
+	}
+	return len(s) == n
+}
+
+func TestOrderCrossesSlowLinkOnce(t *testing.T) {
+	for _, n := range []int{4, 6, 8, 16, 20} {
+		in := sites(n, 125_000_000, 12_500_000) // 1 Gbit/s and 100 Mbit/s
+		if c := crossings(make([]int, 0)); c != 0 {
+			t.Fatal(c)
+		}
+		ident := make([]int, n)
+		for i := range ident {
+			ident[i] = i
+		}
+		got := Order(in)
+		if !isPermutation(got, n) || got[0] != 0 {
+			t.Fatalf("n=%d: order %v is not a ring of the members from member 0", n, got)
+		}
+		if c := crossings(got); c != 2 {
+			t.Errorf("n=%d: order %v crosses between the sites %d times, want 2 (by ID: %d)", n, got, c, crossings(ident))
+		}
+	}
+}
+
+// TestOrderBottleneckFirst: a ring with one slow link loses to one whose
+// every link is middling, though its total time is less.
+func TestOrderBottleneckFirst(t *testing.T) {
+	const fast, mid, slow = 1_000_000_000, 100_000_000, 10_000_000
+	in := make([][]Link, 4)
+	for i := range in {
+		in[i] = make([]Link, 4)
+		for j := range in[i] {
+			in[i][j] = Link{Bandwidth: mid, RTT: 1000}
+		}
+	}
+	// 0→1→2→3→0 is fast but for 3→0; 0→2 and 2→... are middling.
+	for _, e := range [][2]int{{0, 1}, {1, 2}, {2, 3}} {
+		in[e[1]][e[0]].Bandwidth = fast
+	}
+	in[0][3].Bandwidth = slow
+	got := Order(in)
+	if OrderBottleneck(in, got) != mid {
+		t.Errorf("order %v has bottleneck %d, want %d", got, OrderBottleneck(in, got), mid)
+	}
+	if OrderBottleneck(in, []int{0, 1, 2, 3}) != slow {
+		t.Fatal("the test's matrix is not what it says")
+	}
+}
+
+// TestOrderIsExact compares the solver with every permutation of small
+// random matrices.
+func TestOrderIsExact(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for trial := range 200 {
+		n := 3 + trial%5
+		in := make([][]Link, n)
+		for i := range in {
+			in[i] = make([]Link, n)
+			for j := range in[i] {
+				in[i][j] = Link{Bandwidth: 1 + rng.Uint64N(1e9), RTT: rng.Uint64N(1e8)}
+			}
+		}
+		c := costs(in)
+		got := Order(in)
+		want := c.score(got)
+		perm := make([]int, n)
+		for i := range perm {
+			perm[i] = i
+		}
+		var walk func(k int)
+		walk = func(k int) {
+			if k == n {
+				if s := c.score(perm); s.better(want) {
+					t.Fatalf("trial %d: %v scores %+v, better than Order's %v (%+v)", trial, perm, s, got, want)
+				}
+				return
+			}
+			for i := k; i < n; i++ {
+				perm[k], perm[i] = perm[i], perm[k]
+				walk(k + 1)
+				perm[k], perm[i] = perm[i], perm[k]
+			}
+		}
+		walk(1)
+	}
+}
+
+// TestOrderStable: with measures alike (within the grid's step), the
+// members keep their given order, and the same measures give the same
+// order however often solved.
+func TestOrderStable(t *testing.T) {
+	in := sites(6, 1_000_000_000, 1_000_000_000)
+	in[3][2].Bandwidth = 1_050_000_000 // noise
+	if got := Order(in); !slices.Equal(got, []int{0, 1, 2, 3, 4, 5}) {
+		t.Errorf("alike links: order %v, want the given order", got)
+	}
+	in = sites(9, 125_000_000, 12_500_000)
+	first := Order(in)
+	for range 5 {
+		if got := Order(in); !slices.Equal(got, first) {
+			t.Fatalf("the same measures gave %v, then %v", first, got)
+		}
+	}
+}
+
+// TestOrderOfLies: whatever a member says of its links — nothing, zeros,
+// the largest numbers there are, a row of the wrong length — the solver
+// gives a ring of every member and does not fail.
+func TestOrderOfLies(t *testing.T) {
+	max := ^uint64(0)
+	cases := map[string]func(in [][]Link){
+		"zeros": func(in [][]Link) { clear(in[2]) },
+		"largest": func(in [][]Link) {
+			for j := range in[2] {
+				in[2][j] = Link{Bandwidth: max, RTT: max}
+			}
+		},
+		"all zero": func(in [][]Link) {
+			for i := range in {
+				clear(in[i])
+			}
+		},
+		"one": func(in [][]Link) {
+			for j := range in[2] {
+				in[2][j] = Link{Bandwidth: 1, RTT: 1}
+			}
+		},
+		"short row":  func(in [][]Link) { in[2] = in[2][:3] },
+		"slow twice": func(in [][]Link) { in[1][0].Bandwidth, in[0][5].Bandwidth = 1, 1 },
+	}
+	for name, lie := range cases {
+		in := sites(6, 125_000_000, 12_500_000)
+		lie(in)
+		got := Order(in)
+		if !isPermutation(got, 6) || got[0] != 0 {
+			t.Errorf("%s: order %v is not a ring of the 6 members from member 0", name, got)
+		}
+	}
+}
+
+func TestGridLevel(t *testing.T) {
+	prev := -1
+	for _, x := range []uint64{0, 4, 5, 6, 1000, 1 << 40, ^uint64(0)} {
+		l, v := gridLevel(x)
+		if l < prev || (x >= 5 && v > x) {
+			t.Errorf("gridLevel(%d) = %d, %d", x, l, v)
+		}
+		prev = l
+	}
+	if a, _ := gridLevel(1_000_000_000); a != func() int { b, _ := gridLevel(1_100_000_000); return b }() && a != func() int { b, _ := gridLevel(1_100_000_000); return b - 1 }() {
+		t.Error("10% apart is more than one step")
+	}
+}
+
+func BenchmarkOrder16(b *testing.B) {
+	in := sites(16, 125_000_000, 12_500_000)
+	for b.Loop() {
+		Order(in)
+	}
+}
