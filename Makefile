@@ -161,8 +161,8 @@ test-netns-churn: build
 # ranked by ID, then by the links they measure, RUNS rounds, alternating,
 # and the medians' ratio. make test runs one short round, and fails under
 # 1.5× (3× is what the links allow).
-bench-topology: build
-	bash testdata/bench-topology.sh $(BIN)/ringtrain $(RUNS) 16MiB 3
+bench-topology: build fashion-mnist
+	JOB_EPOCHS=1 bash testdata/bench-topology.sh $(BIN)/ringtrain $(RUNS) 16MiB 3
 
 DURATION ?= 600
 PERIOD ?= 15

@@ -300,11 +300,12 @@ func decodeRow(b []byte) []ring.Link {
 // errBadRow means a member's signed link row did not check out.
 var errBadRow = errors.New("p2p: a link row that does not check out")
 
-// shareRows signs this member's row and broadcasts every member's over
-// the ring by ID (w and r, the probe's first round's links): each row
-// comes down one path from its signer, so every member gets the same
-// row or none — a member cannot tell two others two stories, and one
-// that forwards another's row altered is caught by the signature.
+// shareRows signs this member's row and gathers every member's over the
+// ring by ID (w and r, the probe's first round's links) in one ring
+// allgather: each row comes down one path from its signer, so every
+// member gets the same row or none — a member cannot tell two others two
+// stories, and one that forwards another's row altered is caught by the
+// signature.
 func (m *Membership) shareRows(ctx context.Context, f *Formation, row []ring.Link, w io.WriteCloser, r io.ReadCloser) ([][]ring.Link, error) {
 	n := len(f.Members)
 	mine := encodeRow(row)
@@ -323,24 +324,27 @@ func (m *Membership) shareRows(ctx context.Context, f *Formation, row []ring.Lin
 		return nil, err
 	}
 	defer rr.Close()
-	size := 4 + rowSize(n) + maxSigSize
-	buf := make([]float32, (size+3)/4)
-	b := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), len(buf)*4)
+	seg := (4 + rowSize(n) + maxSigSize + 3) / 4
+	buf := make([]float32, n*seg)
+	all := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), len(buf)*4)
+	b := all[f.Rank*4*seg:]
+	binary.LittleEndian.PutUint32(b, uint32(len(sig)))
+	copy(b[4:], mine)
+	copy(b[4+len(mine):], sig)
+	counts := make([]int, n)
+	for k := range counts {
+		counts[k] = seg
+	}
+	if err := rr.Allgather(ctx, buf, counts); err != nil {
+		return nil, fmt.Errorf("p2p: sharing link rows: %w", err)
+	}
 	in := make([][]ring.Link, n)
 	for root := range n {
-		clear(b)
-		if root == f.Rank {
-			binary.LittleEndian.PutUint32(b, uint32(len(sig)))
-			copy(b[4:], mine)
-			copy(b[4+len(mine):], sig)
-		}
-		if err := rr.Broadcast(ctx, buf, root); err != nil {
-			return nil, fmt.Errorf("p2p: sharing link rows: %w", err)
-		}
 		if root == f.Rank {
 			in[root] = row
 			continue
 		}
+		b := all[root*4*seg : (root+1)*4*seg]
 		if in[root], err = checkRow(m.node.key, f, root, m.node.h.Peerstore().PubKey(f.Members[root]), b); err != nil {
 			return nil, fmt.Errorf("%w, by way of rank %d", err, (f.Rank-1+n)%n)
 		}

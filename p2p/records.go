@@ -30,12 +30,22 @@ import (
 // sequence number in its direction, so a record altered, dropped,
 // reordered or replayed fails to open, and a stream cut short is told from
 // one that ended (its last record says so).
+//
+// A key seals at most keyBytes of plaintext and keyRecords records, then
+// both ends roll to the next (RFC 8446 §5.5 puts AES-GCM's margin at
+// 2^24.5 full records, 2^38 bytes; keyBytes keeps well inside it). Both
+// ends count the same records in the same order, so they roll at the same
+// record without a message for it, each new key taken from the TLS
+// exporter with the key's number as its context: a key that leaks says
+// nothing of the others.
 
 const (
 	maxRecord     = 1 << 20 // a ring frame's default chunk
 	finalRecord   = 1 << 31
 	recordHeader  = 4
 	exporterLabel = "EXPORTER-ringtrain-link-keys"
+	keyBytes      = 1 << 34
+	keyRecords    = 1 << 24
 )
 
 // ErrLinkTampered means a record of a ring link failed authentication:
@@ -84,14 +94,25 @@ type secureConn struct {
 	raw    net.Conn
 	closed func() // after Close: RingLinks forgets the link
 
+	// export gives the keys of the link's key number k (exportKeys);
+	// dialer says which of them this end seals with.
+	export func(context []byte, n int) ([]byte, error)
+	suite  uint16
+	dialer bool
+	// keyBytes and keyRecords are how much one key seals before both ends
+	// roll to the next (tests make them small).
+	keyBytes, keyRecords uint64
+
 	wmu     sync.Mutex
 	seal    cipher.AEAD
 	sealSeq uint64
+	sealed  keyUse
 	wbuf    []byte
 	werr    error
 
 	open    cipher.AEAD
 	openSeq uint64
+	opened  keyUse
 	limit   int    // the largest record plaintext accepted
 	rbuf    []byte // a record as it came
 	plain   []byte // an opened record the caller's buffer was too small for
@@ -99,27 +120,67 @@ type secureConn struct {
 	rerr    error
 }
 
+// keyUse is what one direction's current key has sealed or opened.
+type keyUse struct {
+	key     uint64 // the key's number: 0 first
+	bytes   uint64
+	records uint64
+}
+
 // newSecureConn makes the link's record layer on raw, whose TLS
 // handshake (which read no byte past itself) gave cs.
 func newSecureConn(raw net.Conn, cs tls.ConnectionState, dialer bool) (*secureConn, error) {
-	keys, err := cs.ExportKeyingMaterial(exporterLabel, nil, 2*keyLen(cs.CipherSuite))
+	export := func(context []byte, n int) ([]byte, error) {
+		return cs.ExportKeyingMaterial(exporterLabel, context, n)
+	}
+	return newRecordConn(raw, cs.CipherSuite, export, dialer)
+}
+
+// newRecordConn makes the record layer on raw for suite, its keys from
+// export.
+func newRecordConn(raw net.Conn, suite uint16, export func(context []byte, n int) ([]byte, error), dialer bool) (*secureConn, error) {
+	s := &secureConn{raw: raw, export: export, suite: suite, dialer: dialer, keyBytes: keyBytes, keyRecords: keyRecords, limit: maxRecord}
+	var err error
+	if s.seal, err = s.key(0, dialer); err == nil {
+		s.open, err = s.key(0, !dialer)
+	}
+	return s, err
+}
+
+// key is the AEAD of key number k that the dialer (or the acceptor) seals
+// with: from the TLS exporter, with no context for the first key and
+// "roll" and k for the others.
+func (s *secureConn) key(k uint64, dialer bool) (cipher.AEAD, error) {
+	var context []byte
+	if k > 0 {
+		context = binary.BigEndian.AppendUint64([]byte("roll"), k)
+	}
+	keys, err := s.export(context, 2*keyLen(s.suite))
 	if err != nil {
 		return nil, fmt.Errorf("p2p: TLS exporter: %w", err)
 	}
-	return newRecordConn(raw, cs.CipherSuite, keys, dialer)
+	d, a, err := recordAEADs(s.suite, keys)
+	if dialer {
+		return d, err
+	}
+	return a, err
 }
 
-// newRecordConn makes the record layer on raw with keys for suite.
-func newRecordConn(raw net.Conn, suite uint16, keys []byte, dialer bool) (*secureConn, error) {
-	d, a, err := recordAEADs(suite, keys)
-	if err != nil {
-		return nil, err
+// roll counts a record of size bytes on u, first taking the next key if
+// the current one has sealed its share: it returns the key to use, aead
+// itself if it is still the current one.
+func (s *secureConn) roll(u *keyUse, aead cipher.AEAD, size int, sealing bool) (cipher.AEAD, error) {
+	if u.records > 0 && (u.bytes+uint64(size) > s.keyBytes || u.records+1 > s.keyRecords) {
+		next, err := s.key(u.key+1, s.dialer == sealing)
+		if err != nil {
+			return nil, err
+		}
+		*u = keyUse{key: u.key + 1}
+		aead = next
 	}
-	s := &secureConn{raw: raw, seal: d, open: a, limit: maxRecord}
-	if !dialer {
-		s.seal, s.open = a, d
-	}
-	return s, nil
+	u.bytes += uint64(size)
+	u.records++
+	return aead, nil
 }
 
 func nonce(seq uint64) [12]byte {
@@ -128,8 +189,13 @@ func nonce(seq uint64) [12]byte {
 	return n
 }
 
-// sealTo appends to dst the record of plain.
-func (s *secureConn) sealTo(dst, plain []byte, final bool) []byte {
+// sealTo appends to dst the record of plain, rolling the key first if it
+// has sealed its share.
+func (s *secureConn) sealTo(dst, plain []byte, final bool) ([]byte, error) {
+	var err error
+	if s.seal, err = s.roll(&s.sealed, s.seal, len(plain), true); err != nil {
+		return dst, err
+	}
 	var h [recordHeader]byte
 	v := uint32(len(plain))
 	if final {
@@ -139,7 +205,7 @@ func (s *secureConn) sealTo(dst, plain []byte, final bool) []byte {
 	dst = append(dst, h[:]...)
 	n := nonce(s.sealSeq)
 	s.sealSeq++
-	return s.seal.Seal(dst, n[:], plain, h[:])
+	return s.seal.Seal(dst, n[:], plain, h[:]), nil
 }
 
 // Write seals p into records and sends them before it returns.
@@ -180,7 +246,9 @@ func (s *secureConn) WriteBuffers(b *net.Buffers) (int64, error) {
 					return n, s.werr
 				}
 			}
-			s.wbuf = s.sealTo(s.wbuf, p[:m], false)
+			if s.wbuf, s.werr = s.sealTo(s.wbuf, p[:m], false); s.werr != nil {
+				return n, s.werr
+			}
 			n += int64(m)
 			p = p[m:]
 		}
@@ -198,7 +266,10 @@ func (s *secureConn) CloseWrite() error {
 	if s.werr != nil {
 		return s.werr
 	}
-	_, err := s.raw.Write(s.sealTo(s.wbuf[:0], nil, true))
+	last, err := s.sealTo(s.wbuf[:0], nil, true)
+	if err == nil {
+		_, err = s.raw.Write(last)
+	}
 	s.werr = net.ErrClosed
 	if tc, ok := s.raw.(interface{ CloseWrite() error }); ok && err == nil {
 		err = tc.CloseWrite()
@@ -245,6 +316,10 @@ func (s *secureConn) readRecord(p []byte) (int, error) {
 	final, size := v&finalRecord != 0, int(v&^finalRecord)
 	if size > s.limit {
 		return 0, fmt.Errorf("p2p: a ring link's record of %d bytes; at most %d", size, s.limit)
+	}
+	var err error
+	if s.open, err = s.roll(&s.opened, s.open, size, false); err != nil {
+		return 0, err
 	}
 	ct := size + s.open.Overhead()
 	if cap(s.rbuf) < ct {

@@ -2,12 +2,19 @@ package p2p
 
 import (
 	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"io"
 	"math/rand/v2"
 	"net"
+	"sync"
 	"testing"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 )
 
 // wire is one direction of a link held in memory: what a dialer's
@@ -26,20 +33,70 @@ var suites = []uint16{tls.TLS_AES_128_GCM_SHA256, tls.TLS_AES_256_GCM_SHA384, tl
 // recordPair is a dialer's sealing end and an acceptor's opening end over
 // one wire, keyed alike.
 func recordPair(t testing.TB, suite uint16) (*secureConn, *secureConn, *wire) {
-	keys := make([]byte, 2*keyLen(suite))
-	for i := range keys {
-		keys[i] = byte(i)
-	}
 	w := &wire{}
-	d, err := newRecordConn(w, suite, keys, true)
+	d, err := newRecordConn(w, suite, testExport, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := newRecordConn(w, suite, keys, false)
+	a, err := newRecordConn(w, suite, testExport, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return d, a, w
+}
+
+// testExport stands in for a TLS exporter: n bytes that depend on the
+// context, the same at both ends.
+func testExport(context []byte, n int) ([]byte, error) {
+	var out []byte
+	for i := byte(0); len(out) < n; i++ {
+		h := hmac.New(sha256.New, []byte("a handshake's secret"))
+		h.Write(append([]byte{i}, context...))
+		out = h.Sum(out)
+	}
+	return out[:n], nil
+}
+
+// TestKeysRoll: once a key has sealed its share, both ends roll to the
+// next at the same record, so everything written still reads back — and
+// an end that kept the first key cannot open what follows: the key did
+// change. With every suite, records of every size about the limit.
+func TestKeysRoll(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, suite := range suites {
+		for _, limit := range []struct{ bytes, records uint64 }{{64 << 10, 1 << 24}, {1 << 34, 5}, {1, 1 << 24}} {
+			d, a, w := recordPair(t, suite)
+			d.keyBytes, d.keyRecords = limit.bytes, limit.records
+			a.keyBytes, a.keyRecords = limit.bytes, limit.records
+			_, stale, _ := recordPair(t, suite) // the first key for ever
+			var want []byte
+			for range 40 {
+				p := make([]byte, rng.IntN(40<<10))
+				for i := range p {
+					p[i] = byte(rng.Uint32())
+				}
+				want = append(want, p...)
+				if _, err := d.Write(p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			d.CloseWrite()
+			if d.sealed.key == 0 {
+				t.Fatalf("%s, %+v: %d bytes in 41 records sealed with one key", tls.CipherSuiteName(suite), limit, len(want))
+			}
+			stale.raw = &wire{Buffer: *bytes.NewBuffer(bytes.Clone(w.Bytes()))}
+			got, err := io.ReadAll(a)
+			if err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("%s, %+v: read %d of %d bytes, %v", tls.CipherSuiteName(suite), limit, len(got), len(want), err)
+			}
+			if a.opened.key != d.sealed.key {
+				t.Errorf("%s, %+v: the reader ended on key %d, the writer on %d", tls.CipherSuiteName(suite), limit, a.opened.key, d.sealed.key)
+			}
+			if _, err := io.ReadAll(stale); !errors.Is(err, ErrLinkTampered) {
+				t.Errorf("%s, %+v: an end that never rolled read on: %v", tls.CipherSuiteName(suite), limit, err)
+			}
+		}
+	}
 }
 
 // TestRecordsCarryWhatWasWritten: with every TLS 1.3 suite, what is
@@ -184,4 +241,64 @@ func FuzzLinkRecords(f *testing.F) {
 			t.Fatalf("read %q from bytes no one sealed", got)
 		}
 	})
+}
+
+// TestKeysRollOverTLS: two ends of a real TLS 1.3 handshake roll their
+// keys from the TLS exporter at the same record.
+func TestKeysRollOverTLS(t *testing.T) {
+	ends := make([]*libp2ptls.Identity, 2)
+	ids := make([]peer.ID, 2)
+	for i := range ends {
+		priv, _, err := crypto.GenerateEd25519Key(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ends[i], err = libp2ptls.NewIdentity(priv); err != nil {
+			t.Fatal(err)
+		}
+		ids[i], _ = peer.IDFromPrivateKey(priv)
+	}
+	cc, sc := net.Pipe()
+	defer cc.Close()
+	defer sc.Close()
+	conns := make([]*secureConn, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i, raw := range []net.Conn{cc, sc} {
+		wg.Go(func() {
+			conf, _ := linkTLSConfig(ends[i], ids[1-i])
+			tc := tls.Client(&handshakeConn{Conn: raw}, conf)
+			if i == 1 {
+				conf, _ = linkTLSConfig(ends[i], "")
+				tc = tls.Server(&handshakeConn{Conn: raw}, conf)
+			}
+			if errs[i] = tc.Handshake(); errs[i] == nil {
+				conns[i], errs[i] = newSecureConn(raw, tc.ConnectionState(), i == 0)
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range conns {
+		c.keyBytes = 100 << 10
+	}
+	want := make([]byte, 1<<20)
+	for i := range want {
+		want[i] = byte(i * 7)
+	}
+	go func() {
+		for off := 0; off < len(want); off += 30 << 10 {
+			conns[0].Write(want[off:min(off+30<<10, len(want))])
+		}
+		conns[0].CloseWrite()
+	}()
+	got, err := io.ReadAll(conns[1])
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read %d of %d bytes: %v", len(got), len(want), err)
+	}
+	if conns[1].opened.key < 9 || conns[1].opened.key != conns[0].sealed.key {
+		t.Errorf("1 MiB at 100 KiB a key: the reader ended on key %d, the writer on %d", conns[1].opened.key, conns[0].sealed.key)
+	}
 }

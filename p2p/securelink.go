@@ -198,6 +198,15 @@ func (l *RingLinks) acceptSecure(c net.Conn) (*secureConn, *pendingLink, peer.ID
 	default:
 		return fail("", errors.New("TLS handshake: no peer identity"))
 	}
+	// A peer proven in the handshake holds a slot until its hello only
+	// while it has a token to present there: a stranger (no token is ever
+	// given one) or a peer past its tokens is closed at once, so that no
+	// identity, from however many addresses, keeps the slots that the
+	// ring's links wait for.
+	if !l.helloSlot(who) {
+		return fail(who, errors.New("no link is awaited from this peer, or its every awaited link is already in hand"))
+	}
+	defer l.helloDone(who)
 	cs := tc.ConnectionState()
 	if cs.NegotiatedProtocol != secureALPN {
 		return fail(who, fmt.Errorf("protocol %q, not a ring link", cs.NegotiatedProtocol))
@@ -222,6 +231,36 @@ func (l *RingLinks) acceptSecure(c net.Conn) (*secureConn, *pendingLink, peer.ID
 		return fail(who, err)
 	}
 	return sc, p, who, nil
+}
+
+// helloSlot takes one of who's slots for a hello: it has as many as the
+// tokens given it and not yet claimed.
+func (l *RingLinks) helloSlot(who peer.ID) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	awaited := 0
+	for _, p := range l.tokens {
+		if p.key.from == who && !p.claimed {
+			awaited++
+		}
+	}
+	if l.inHello[who] >= awaited {
+		return false
+	}
+	if l.inHello == nil {
+		l.inHello = map[peer.ID]int{}
+	}
+	l.inHello[who]++
+	return true
+}
+
+// helloDone gives back who's hello slot.
+func (l *RingLinks) helloDone(who peer.ID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.inHello[who]--; l.inHello[who] <= 0 {
+		delete(l.inHello, who)
+	}
 }
 
 // claim takes the pending link that hello m from peer who names, if every

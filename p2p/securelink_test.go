@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/network"
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 	"github.com/rs/zerolog"
@@ -535,4 +537,59 @@ func TestClosingLinksEndsOpenTLSLinks(t *testing.T) {
 		t.Fatalf("reading a link whose predecessor's RingLinks closed: %v; want the end of a link cut short", err)
 	}
 	runtime.KeepAlive(w) // else its socket's finalizer could close it first
+}
+
+// TestStrangerCannotHoldTheTLSHandshakeSlots: a stranger with a libp2p
+// identity, dialing the TLS plane from eight addresses, cannot keep the
+// listener's slots: past its handshake it is closed at once (no token was
+// ever given it), and from one address it gets at most maxPendingPerIP
+// connections waiting at all.
+func TestStrangerCannotHoldTheTLSHandshakeSlots(t *testing.T) {
+	hs := startHosts(t, 1, nil)
+	links := NewRingLinks(hs[0], expectNone{}, LinksConfig{Plane: PlaneTLS, TCPListen: "127.0.0.1:0", Logger: zerolog.Nop()})
+	defer links.Close()
+	ln, err := links.tcpListener()
+	if err != nil {
+		t.Fatal(err)
+	}
+	priv, _, err := crypto.GenerateEd25519Key(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := libp2ptls.NewIdentity(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 * maxPendingTCP {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i%8))}}
+		c, err := d.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conf, _ := linkTLSConfig(stranger, hs[0].ID())
+		tc := tls.Client(&handshakeConn{Conn: c}, conf)
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		if err := tc.Handshake(); err != nil {
+			t.Fatalf("connection %d: handshake: %v", i, err)
+		}
+		if _, err := c.Read(make([]byte, 1)); errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("connection %d: a stranger past its handshake is still held after 2 s", i)
+		}
+	}
+	// From one address, at most maxPendingPerIP wait for their handshake.
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 20)}}
+	for i := range maxPendingPerIP + 1 {
+		c, err := d.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		_, err = c.Read(make([]byte, 1))
+		held := errors.Is(err, os.ErrDeadlineExceeded)
+		if held != (i < maxPendingPerIP) {
+			t.Errorf("connection %d from one address: held %v (%v); want held for the first %d only", i, held, err, maxPendingPerIP)
+		}
+	}
 }

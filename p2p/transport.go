@@ -181,10 +181,13 @@ type RingLinks struct {
 	inbox  map[linkKey]chan inbound
 	ln     net.Listener
 	tokens map[[tokenSize]byte]*pendingLink // one-time tokens not yet used
-	wg     sync.WaitGroup
-	closed bool
-	tls    tlsIdentity
-	live   map[*secureConn]struct{} // TLS links open: Close ends them too
+	// inHello counts, by peer, the TLS links past their handshake and not
+	// yet past their hello: at most the tokens the peer holds.
+	inHello map[peer.ID]int
+	wg      sync.WaitGroup
+	closed  bool
+	tls     tlsIdentity
+	live    map[*secureConn]struct{} // TLS links open: Close ends them too
 	// redirect, when set, is where a dialer goes instead of the address
 	// a successor gives: tests put a man in the middle there.
 	redirect func(addr string) string

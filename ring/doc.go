@@ -1,10 +1,13 @@
 // Package ring implements the collectives of one ring generation —
 // AllreduceSum, AllreduceMean (also with bf16, fp16 or blockwise int8 on
-// the wire: AllreduceMeanAs), Broadcast and Barrier — over a Transport that
+// the wire: AllreduceMeanAs), Allgather (each rank's segment to every
+// rank, bit for bit, in n − 1 steps), Broadcast and Barrier — over a Transport that
 // carries bytes to the successor and from the predecessor. AwaitIncoming
 // says when the predecessor has begun the next collective, for a rank
 // that decides what to send once another rank has started (train's outer
-// rounds with a deadline).
+// rounds with a deadline). Order solves a ring's order from its members'
+// measures of their links: the slowest link as fast as it can be, then the
+// least time, the same order from the same measures on any CPU.
 //
 // It knows nothing of libp2p or of training: a Transport is two byte streams,
 // and the package frames, checks and pipelines what goes over them. MemRing

@@ -23,6 +23,7 @@ const (
 	OpAllreduceMean Op = 2
 	OpBroadcast     Op = 3
 	OpBarrier       Op = 4
+	OpAllgather     Op = 5
 )
 
 func (o Op) String() string {
@@ -35,6 +36,8 @@ func (o Op) String() string {
 		return "Broadcast"
 	case OpBarrier:
 		return "Barrier"
+	case OpAllgather:
+		return "Allgather"
 	}
 	return fmt.Sprintf("Op(%d)", uint32(o))
 }

@@ -13,9 +13,9 @@ const maxGatherBytes = 1 << 24
 
 // allgatherBytes gives every rank every rank's bytes, in rank order, over
 // a Collective: the lengths in one AllreduceSum (each rank's at its place,
-// zero elsewhere), then each rank's bytes broadcast from it — copied, not
-// added, so they arrive bit for bit. A rank sends its bytes once and
-// forwards the others' (n−1 payloads in all), as a ring allgather would.
+// zero elsewhere), then the bytes in one ring allgather where the
+// Collective has one (Allgatherer), else each rank's broadcast from it —
+// copied, not added, so they arrive bit for bit.
 // limit bounds every rank's length; a rank that announces more, or a
 // length that is not a whole number, is an error before anything else is
 // read.
@@ -51,6 +51,26 @@ func broadcastEach(ctx context.Context, c Collective, mine []byte, sums []float3
 		return nil, fmt.Errorf("train: this rank has %d bytes to gather and the sum says %d", len(mine), lens[me])
 	}
 	out := make([][]byte, n)
+	if ag, ok := c.(Allgatherer); ok {
+		counts := make([]int, n)
+		for k, l := range lens {
+			counts[k] = (l + 3) / 4
+		}
+		buf := make([]float32, 0, (sumInts(lens)+3*n)/4)
+		for k, l := range lens {
+			seg := buf[len(buf) : len(buf)+counts[k]]
+			buf = buf[:len(buf)+counts[k]]
+			b := f32Bytes(seg)
+			if k == me {
+				copy(b, mine)
+			}
+			out[k] = b[:l:l]
+		}
+		if err := ag.Allgather(ctx, buf, counts); err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
 	for k := range n {
 		l := lens[k]
 		buf := make([]float32, (l+3)/4)
@@ -64,6 +84,21 @@ func broadcastEach(ctx context.Context, c Collective, mine []byte, sums []float3
 		out[k] = b[:l:l]
 	}
 	return out, nil
+}
+
+// Allgatherer is a Collective with a ring allgather (ring.Ring): every
+// rank's segment to every rank in n − 1 steps, where n broadcasts would
+// each pass every rank.
+type Allgatherer interface {
+	Allgather(ctx context.Context, buf []float32, counts []int) error
+}
+
+func sumInts(v []int) int {
+	s := 0
+	for _, x := range v {
+		s += x
+	}
+	return s
 }
 
 // f32Bytes views f as its bytes (the machine's order), without copying.

@@ -15,26 +15,40 @@ import (
 // and bit for bit — also bytes that, read as float32, are NaN, −0 or
 // denormal, which an allreduce would not keep — and lengths that are not
 // multiples of 4, and nothing.
+// Both ways: the ring's allgather, and broadcasts from each rank where a
+// Collective has no allgather.
 func TestAllgatherBytes(t *testing.T) {
 	const n = 3
-	rings := memRings(t, n)
-	mine := [][]byte{{0, 0, 0, 0x80, 0xff, 0xff, 0xff, 0xff, 1}, nil, {1, 0, 0, 0, 7}}
-	got := make([][][]byte, n)
-	if err := onAll(n, func(i int) error {
-		var err error
-		got[i], err = allgatherBytes(context.Background(), rings[i], mine[i], 64)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	for i := range n {
-		for k := range n {
-			if !slices.Equal(got[i][k], mine[k]) {
-				t.Errorf("rank %d got rank %d's bytes as %x, want %x", i, k, got[i][k], mine[k])
+	for _, broadcasts := range []bool{false, true} {
+		rings := memRings(t, n)
+		colls := make([]Collective, n)
+		for i, r := range rings {
+			colls[i] = r
+			if broadcasts {
+				colls[i] = broadcastsOnly{r}
+			}
+		}
+		mine := [][]byte{{0, 0, 0, 0x80, 0xff, 0xff, 0xff, 0xff, 1}, nil, {1, 0, 0, 0, 7}}
+		got := make([][][]byte, n)
+		if err := onAll(n, func(i int) error {
+			var err error
+			got[i], err = allgatherBytes(context.Background(), colls[i], mine[i], 64)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			for k := range n {
+				if !slices.Equal(got[i][k], mine[k]) {
+					t.Errorf("broadcasts %v: rank %d got rank %d's bytes as %x, want %x", broadcasts, i, k, got[i][k], mine[k])
+				}
 			}
 		}
 	}
 }
+
+// broadcastsOnly is a Collective without the ring's allgather.
+type broadcastsOnly struct{ Collective }
 
 // TestAllgatherRefusesAnOversizedLength: a rank that announces more bytes
 // than the bound is refused by every rank before anything is broadcast,

@@ -447,6 +447,13 @@ func (s steppedRing) AllreduceSum(ctx context.Context, buf []float32) error {
 	return s.Ring.AllreduceSum(ctx, buf)
 }
 
+// Allgather is a sparse round's exchange (train.Allgatherer).
+func (s steppedRing) Allgather(ctx context.Context, buf []float32, counts []int) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	return s.Ring.Allgather(ctx, buf, counts)
+}
+
 func (s steppedRing) Broadcast(ctx context.Context, buf []float32, root int) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
