@@ -50,7 +50,9 @@ type Job struct {
 // maxSize is how many members a ring of the job may have.
 func (j Job) maxSize() int { return max(j.MaxWorldSize, j.WorldSize) }
 
-// Formation is an agreed ring: its members in rank order.
+// Formation is an agreed ring: its members in rank order — by peer ID as
+// Node agrees it, in the measured order once Membership.Ordered has
+// ranked them.
 type Formation struct {
 	Members    []peer.ID
 	Rank       int

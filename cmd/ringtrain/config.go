@@ -237,7 +237,7 @@ type jobFile struct {
 	Name          string          `json:"name"`
 	WorldSize     int             `json:"world_size"`
 	Nodes         int             `json:"nodes"` // = world_size
-	Rank          *int            `json:"rank"`  // informational: ranks follow peer IDs
+	Rank          *int            `json:"rank"`  // informational: ranks follow the ring order
 	Nr            *int            `json:"nr"`    // = rank
 	Epochs        int             `json:"epochs"`
 	BatchSize     int             `json:"batch_size"`
