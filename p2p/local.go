@@ -27,6 +27,9 @@ type localSwarm struct {
 	Nodes      []*Node
 	Formations []*Formation // by host, once Join has run
 	Errs       []error      // what each node's Join returned
+	// streams, if set, is how many connections each TLS link opens
+	// (RingLinks.streams): tests stripe links on loopback.
+	streams int
 }
 
 // startLocalSwarm starts the hosts and nodes; Join forms the ring.
@@ -133,6 +136,7 @@ func (s *localSwarm) Connect(ctx context.Context, plane DataPlane) ([]ring.Trans
 			cfg.PunchWait = -1 // the stand-in NATs let no hole punch through
 		}
 		links[i] = NewRingLinks(h, s.Nodes[i], cfg)
+		links[i].streams = s.streams
 		wg.Go(func() { ts[s.Formations[i].Rank], errs[i] = links[i].Connect(ctx, s.Formations[i]) })
 	}
 	wg.Wait()

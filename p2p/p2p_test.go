@@ -417,8 +417,12 @@ func TestAllreduceOverLibp2pMatchesMemory(t *testing.T) {
 		return out
 	}
 	want := run(ring.MemRing(n))
-	for _, plane := range []DataPlane{PlaneTLS, PlaneLibp2p, PlaneTCP} {
-		ts, done, err := s.Connect(ctx, plane)
+	for _, c := range []struct {
+		plane   DataPlane
+		streams int // TLS links striped over this many connections
+	}{{PlaneTLS, 0}, {PlaneTLS, 3}, {PlaneLibp2p, 0}, {PlaneTCP, 0}, {PlaneTCP, 2}} {
+		s.streams = c.streams
+		ts, done, err := s.Connect(ctx, c.plane)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -427,7 +431,7 @@ func TestAllreduceOverLibp2pMatchesMemory(t *testing.T) {
 		for r := range n {
 			for i := range got[r] {
 				if got[r][i] != want[r][i] {
-					t.Fatalf("plane %v, rank %d element %d: %v over the network, %v in memory", plane, r, i, got[r][i], want[r][i])
+					t.Fatalf("plane %v, %d connections a link, rank %d element %d: %v over the network, %v in memory", c.plane, c.streams, r, i, got[r][i], want[r][i])
 				}
 			}
 		}
@@ -449,7 +453,7 @@ func TestTCPPlaneRefusesWrongToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	c.Write(make([]byte, tokenSize)) // all zeros: never handed out
+	c.Write(append(make([]byte, tokenSize), 0, 1)) // all zeros: never handed out
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	_, err = c.Read(make([]byte, 1))
 	var ne net.Error

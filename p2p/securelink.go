@@ -34,7 +34,7 @@ const secureALPN = "/ringtrain/link/1"
 
 const (
 	secureHelloMagic uint32 = 0x314c5352 // "RSL1"
-	secureHelloSize         = 4 + tokenSize + sha256.Size + 8 + 4 + 4
+	secureHelloSize         = 4 + tokenSize + sha256.Size + 8 + 4 + 4 + 2
 	// secureHandshake bounds a link's TLS handshake and hello.
 	secureHandshake = 10 * time.Second
 )
@@ -46,6 +46,9 @@ type secureHello struct {
 	gen   uint64
 	rank  int
 	ch    Channel
+	// stream is this connection's place among the link's streams
+	// connections (stripe.go); a link of one connection is 0 of 1.
+	stream, streams int
 }
 
 func (m secureHello) encode() []byte {
@@ -54,7 +57,8 @@ func (m secureHello) encode() []byte {
 	b = append(b, m.job[:]...)
 	b = binary.LittleEndian.AppendUint64(b, m.gen)
 	b = binary.LittleEndian.AppendUint32(b, uint32(m.rank))
-	return binary.LittleEndian.AppendUint32(b, uint32(m.ch))
+	b = binary.LittleEndian.AppendUint32(b, uint32(m.ch))
+	return append(b, byte(m.stream), byte(max(m.streams, 1)))
 }
 
 // parseSecureHello reads a secure link's hello, its magic, rank and
@@ -74,7 +78,10 @@ func parseSecureHello(b []byte) (secureHello, error) {
 	m.gen = binary.LittleEndian.Uint64(b)
 	m.rank = int(binary.LittleEndian.Uint32(b[8:]))
 	m.ch = Channel(binary.LittleEndian.Uint32(b[12:]))
+	m.stream, m.streams = int(b[16]), int(b[17])
 	switch {
+	case m.streams < 1 || m.streams > maxLinkStreams || m.stream >= m.streams:
+		return m, fmt.Errorf("connection %d of %d; a link has 1 to %d", m.stream, m.streams, maxLinkStreams)
 	case m.rank >= maxHelloPeers:
 		return m, fmt.Errorf("rank %d; a ring holds at most %d peers", m.rank, maxHelloPeers)
 	case m.ch > maxChannel:
@@ -90,12 +97,16 @@ func JobDigest(j Job) [sha256.Size]byte {
 }
 
 // pendingLink is a link the successor handed a token out for: the peer,
-// generation, channel and rank it must come from.
+// generation, channel and rank it must come from. Its connections come
+// one by one (parts, by place, under RingLinks.mu); once all have, the
+// link goes on conn and claimed is set.
 type pendingLink struct {
 	key     linkKey
 	rank    int
 	conn    chan io.ReadCloser // gets the link once claimed
 	claimed bool               // under RingLinks.mu
+	parts   []io.ReadCloser
+	have    int
 }
 
 // tlsIdentity is this host's libp2p identity as TLS certificates, made
@@ -129,8 +140,9 @@ func linkTLSConfig(id *libp2ptls.Identity, remote peer.ID) (*tls.Config, <-chan 
 	return conf, keys
 }
 
-// dialSecure opens a TLS link to succ at addr and says hello in it.
-func dialSecure(ctx context.Context, id *libp2ptls.Identity, succ peer.ID, addr string, hello secureHello) (*secureConn, error) {
+// dialSecure opens a TLS connection to succ at addr; the caller says
+// hello in it (sayHello) before the successor's handshake deadline.
+func dialSecure(ctx context.Context, id *libp2ptls.Identity, succ peer.ID, addr string) (*secureConn, error) {
 	ctx, cancel := context.WithTimeout(ctx, secureHandshake)
 	defer cancel()
 	var d net.Dialer
@@ -154,27 +166,30 @@ func dialSecure(ctx context.Context, id *libp2ptls.Identity, succ peer.ID, addr 
 		c.Close()
 		return nil, err
 	}
-	if deadline, ok := ctx.Deadline(); ok {
-		c.SetWriteDeadline(deadline)
-	}
+	return sc, nil
+}
+
+// sayHello sends hello on sc within secureHandshake.
+func sayHello(sc *secureConn, succ peer.ID, hello secureHello) error {
+	sc.raw.SetWriteDeadline(time.Now().Add(secureHandshake))
 	if _, err := sc.Write(hello.encode()); err != nil {
 		sc.Close()
-		return nil, fmt.Errorf("TLS data plane: hello to %s: %w", succ, err)
+		return fmt.Errorf("TLS data plane: hello to %s: %w", succ, err)
 	}
-	c.SetWriteDeadline(time.Time{})
-	return sc, nil
+	sc.raw.SetWriteDeadline(time.Time{})
+	return nil
 }
 
 // acceptSecure runs the acceptor's side of a TLS link on c: the
 // handshake, which proves the dialer's libp2p identity, then its hello,
-// which must name a pending link for exactly that peer. It returns the
-// link and the pending one it fills, which it has taken out of pending;
-// on error c is closed and the returned peer (if the handshake got that
-// far) is who to blame.
-func (l *RingLinks) acceptSecure(c net.Conn) (*secureConn, *pendingLink, peer.ID, error) {
-	fail := func(who peer.ID, err error) (*secureConn, *pendingLink, peer.ID, error) {
+// which must name a pending link for exactly that peer. The connection
+// joins that link (claim), which goes to its waiter once its every
+// connection has come. It returns who dialed; on error c is closed and
+// the peer (if the handshake got that far) is who to blame.
+func (l *RingLinks) acceptSecure(c net.Conn) (peer.ID, error) {
+	fail := func(who peer.ID, err error) (peer.ID, error) {
 		c.Close()
-		return nil, nil, who, err
+		return who, err
 	}
 	id, err := l.tls.get(l.h.Peerstore().PrivKey(l.h.ID()))
 	if err != nil {
@@ -226,22 +241,22 @@ func (l *RingLinks) acceptSecure(c net.Conn) (*secureConn, *pendingLink, peer.ID
 		return fail(who, err)
 	}
 	c.SetDeadline(time.Time{})
-	p, err := l.claim(who, m)
-	if err != nil {
-		return fail(who, err)
+	if _, err := l.claim(who, m, l.track(sc)); err != nil {
+		sc.Close()
+		return who, err
 	}
-	return sc, p, who, nil
+	return who, nil
 }
 
 // helloSlot takes one of who's slots for a hello: it has as many as the
-// tokens given it and not yet claimed.
+// connections the tokens given it may still bring.
 func (l *RingLinks) helloSlot(who peer.ID) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	awaited := 0
 	for _, p := range l.tokens {
 		if p.key.from == who && !p.claimed {
-			awaited++
+			awaited += maxLinkStreams - p.have
 		}
 	}
 	if l.inHello[who] >= awaited {
@@ -267,7 +282,7 @@ func (l *RingLinks) helloDone(who peer.ID) {
 // field matches what its token was given for; a token presented by the
 // wrong peer, or for another job, generation, channel or rank, is left
 // for the one it was given to.
-func (l *RingLinks) claim(who peer.ID, m secureHello) (*pendingLink, error) {
+func (l *RingLinks) claim(who peer.ID, m secureHello, sc io.ReadCloser) (*pendingLink, error) {
 	job := l.gate.JobDigest()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -290,7 +305,29 @@ func (l *RingLinks) claim(who peer.ID, m secureHello) (*pendingLink, error) {
 	case m.ch != found.key.ch || m.rank != found.rank:
 		return nil, fmt.Errorf("a link from rank %d on channel %d; the token is for rank %d on channel %d", m.rank, m.ch, found.rank, found.key.ch)
 	}
+	return found, l.joinLocked(found, tok, m.stream, m.streams, sc)
+}
+
+// joinLocked adds connection stream of streams to link p, whose token is
+// tok; once the link has every connection, it goes to its waiter (on
+// p.conn) and the token is spent.
+func (l *RingLinks) joinLocked(p *pendingLink, tok [tokenSize]byte, stream, streams int, c io.ReadCloser) error {
+	if p.parts != nil && (streams != len(p.parts) || p.parts[stream] != nil) {
+		return fmt.Errorf("connection %d of %d of a link that has %d of its %d", stream, streams, p.have, len(p.parts))
+	}
+	if p.parts == nil {
+		p.parts = make([]io.ReadCloser, streams)
+	}
+	p.parts[stream] = c
+	if p.have++; p.have < len(p.parts) {
+		return nil
+	}
 	delete(l.tokens, tok)
-	found.claimed = true
-	return found, nil
+	p.claimed = true
+	if len(p.parts) == 1 {
+		p.conn <- p.parts[0]
+	} else {
+		p.conn <- &stripedReader{parts: p.parts}
+	}
+	return nil
 }

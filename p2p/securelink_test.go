@@ -18,6 +18,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 	"github.com/rs/zerolog"
 
@@ -155,7 +156,7 @@ func TestTLSLinkRefusesWhatTheRingDidNotName(t *testing.T) {
 		{"the member, naming another channel", r.predID(t), func() secureHello { h := good; h.ch = ChannelStage; return h }()},
 	}
 	for _, c := range cases {
-		sc, err := dialSecure(r.ctx, c.id, r.s.Hosts[r.succ].ID(), addr, c.hello)
+		sc, err := dialSecureHello(r.ctx, c.id, r.s.Hosts[r.succ].ID(), addr, c.hello)
 		if err != nil {
 			t.Fatalf("%s: the handshake itself failed (%v); the refusal must come from the hello", c.name, err)
 		}
@@ -168,7 +169,7 @@ func TestTLSLinkRefusesWhatTheRingDidNotName(t *testing.T) {
 			t.Fatalf("%s: the ring was handed the link", c.name)
 		}
 	}
-	sc, err := dialSecure(r.ctx, r.predID(t), r.s.Hosts[r.succ].ID(), addr, good)
+	sc, err := dialSecureHello(r.ctx, r.predID(t), r.s.Hosts[r.succ].ID(), addr, good)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +261,7 @@ func TestReplayedHandshakeIsRefused(t *testing.T) {
 			// The member opens the link, through the recorder.
 			var w io.WriteCloser
 			if plane == PlaneTLS {
-				sc, err := dialSecure(r.ctx, r.predID(t), r.s.Hosts[r.succ].ID(), p.ln.Addr().String(), r.hello(tok, ChannelRing))
+				sc, err := dialSecureHello(r.ctx, r.predID(t), r.s.Hosts[r.succ].ID(), p.ln.Addr().String(), r.hello(tok, ChannelRing))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -270,7 +271,7 @@ func TestReplayedHandshakeIsRefused(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				c.Write(tok[:])
+				c.Write(append(tok[:], 0, 1)) // connection 0 of 1
 				w = c
 			}
 			st.Close()
@@ -592,4 +593,14 @@ func TestStrangerCannotHoldTheTLSHandshakeSlots(t *testing.T) {
 			t.Errorf("connection %d from one address: held %v (%v); want held for the first %d only", i, held, err, maxPendingPerIP)
 		}
 	}
+}
+
+// dialSecureHello is a dialer's one connection of a link: the handshake,
+// then hello.
+func dialSecureHello(ctx context.Context, id *libp2ptls.Identity, succ peer.ID, addr string, hello secureHello) (*secureConn, error) {
+	sc, err := dialSecure(ctx, id, succ, addr)
+	if err != nil {
+		return nil, err
+	}
+	return sc, sayHello(sc, succ, hello)
 }

@@ -34,7 +34,7 @@ import (
 // stream; with the TLS and TCP data planes it carries the one-time token
 // for a direct TCP connection, or, for a TLS link that cannot be direct,
 // the frames themselves.
-const RingProtocol = "/ringtrain/ring/4.0.0"
+const RingProtocol = "/ringtrain/ring/5.0.0"
 
 // DataPlane says what carries the ring's frames.
 type DataPlane int
@@ -191,6 +191,9 @@ type RingLinks struct {
 	// redirect, when set, is where a dialer goes instead of the address
 	// a successor gives: tests put a man in the middle there.
 	redirect func(addr string) string
+	// streams, when set, is how many connections each TLS link opens
+	// whatever its round trip: tests stripe links on loopback.
+	streams int
 	// punching are the relayed successors a background loop tries to
 	// reach directly (punchOn); stop ends those loops at Close.
 	punching map[peer.ID]bool
@@ -423,11 +426,20 @@ func (l *RingLinks) admit(s network.Stream, k linkKey, rank int) (io.ReadCloser,
 	defer func() {
 		l.mu.Lock()
 		delete(l.tokens, tok)
-		claimed := p.claimed
+		claimed, parts := p.claimed, p.parts
 		l.mu.Unlock()
-		if claimed && !received {
-			// Claimed as we gave up: the acceptor is handing it over.
+		switch {
+		case claimed && !received:
+			// Claimed as we gave up: the acceptor has handed it over.
 			(<-p.conn).Close()
+		case !claimed:
+			// Some of a link's connections came, not all: no one takes
+			// them now (the token is gone).
+			for _, c := range parts {
+				if c != nil {
+					c.Close()
+				}
+			}
 		}
 	}()
 	msg := append([]byte{byte(len(addr))}, addr...)
@@ -536,39 +548,40 @@ func (l *RingLinks) acceptLoop(ln net.Listener) {
 				<-pending
 			}()
 			if l.cfg.Plane == PlaneTLS {
-				sc, p, who, err := l.acceptSecure(c)
-				if err != nil {
+				// A link's last connection hands the link over (claim).
+				if who, err := l.acceptSecure(c); err != nil {
 					const msg = "closed a TLS data-plane connection that is no ring link of ours"
 					l.warns.Warn(hostOf(c.RemoteAddr()), msg).Str("peer", who.String()).Err(err).Msg(msg)
-					return
 				}
-				p.conn <- l.track(sc)
 				return
 			}
-			var tok [tokenSize]byte
+			// A token, then which of the link's connections this is.
+			var b [tokenSize + 2]byte
 			c.SetReadDeadline(time.Now().Add(5 * time.Second))
-			if _, err := io.ReadFull(c, tok[:]); err != nil {
+			if _, err := io.ReadFull(c, b[:]); err != nil {
 				c.Close()
 				return
 			}
 			c.SetReadDeadline(time.Time{})
+			stream, streams := int(b[tokenSize]), int(b[tokenSize+1])
 			l.mu.Lock()
 			var p *pendingLink
+			var tok [tokenSize]byte
 			for t, tp := range l.tokens {
-				if subtle.ConstantTimeCompare(t[:], tok[:]) == 1 {
-					p = tp
-					p.claimed = true
-					delete(l.tokens, t)
+				if subtle.ConstantTimeCompare(t[:], b[:tokenSize]) == 1 {
+					p, tok = tp, t
 				}
 			}
-			l.mu.Unlock()
-			if p == nil {
-				const msg = "closed a TCP data-plane connection without a valid token"
-				l.warns.Warn(hostOf(c.RemoteAddr()), msg).Msg(msg)
-				c.Close()
-				return
+			err := errors.New("no valid token")
+			if p != nil && streams >= 1 && streams <= maxLinkStreams && stream < streams {
+				err = l.joinLocked(p, tok, stream, streams, c)
 			}
-			p.conn <- c
+			l.mu.Unlock()
+			if err != nil {
+				const msg = "closed a TCP data-plane connection without a valid token"
+				l.warns.Warn(hostOf(c.RemoteAddr()), msg).Err(err).Msg(msg)
+				c.Close()
+			}
 		})
 	}
 }
@@ -900,28 +913,100 @@ func (l *RingLinks) dial(ctx context.Context, succ peer.ID, f *Formation, ch Cha
 		return w, nil
 	}
 	defer s.Close()
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
+	w, err := l.dialStriped(succ, func(k int) (io.WriteCloser, time.Duration, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, 0, fmt.Errorf("TCP data plane to %s: %w", addr, err)
+		}
+		return c, connRTT(c), nil
+	}, func(c io.WriteCloser, stream, streams int) error {
+		_, err := c.Write(append(tok[:], byte(stream), byte(streams)))
+		return err
+	})
 	if err != nil {
-		return nil, fmt.Errorf("TCP data plane to %s: %w", addr, err)
-	}
-	if _, err := c.Write(tok[:]); err != nil {
-		c.Close()
 		return nil, err
 	}
 	logLink(PlaneTCP)
-	return c, nil
+	return w, nil
 }
 
-// dialTLS opens the TLS link to succ at addr.
+// dialStriped opens a link of one connection, or over a long round trip
+// (the first connection's) as many as linkStreams says, striped: open
+// dials one connection, hello says which of how many it is.
+func (l *RingLinks) dialStriped(succ peer.ID, open func(k int) (io.WriteCloser, time.Duration, error), hello func(c io.WriteCloser, stream, streams int) error) (io.WriteCloser, error) {
+	first, rtt, err := open(0)
+	if err != nil {
+		return nil, err
+	}
+	k := linkStreams(rtt)
+	if l.streams > 0 {
+		k = l.streams
+	}
+	if err := hello(first, 0, k); err != nil {
+		first.Close()
+		return nil, err
+	}
+	parts := make([]io.WriteCloser, k)
+	parts[0] = first
+	errs := make([]error, k)
+	var wg sync.WaitGroup
+	// Two at a time: the successor holds at most maxPendingPerIP
+	// connections from one address before their hellos, for all the links
+	// this peer opens to it at once.
+	sem := make(chan struct{}, 2)
+	for i := 1; i < k; i++ {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			c, _, err := open(i)
+			if err == nil {
+				if err = hello(c, i, k); err != nil {
+					c.Close()
+				} else {
+					parts[i] = c
+				}
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		closeAll(toClosers(parts)...)
+		return nil, err
+	}
+	if k == 1 {
+		return parts[0], nil
+	}
+	l.log.Debug().Str("peer", succ.String()).Int("connections", k).Dur("rtt", rtt).Msg("a long ring link: striped over several connections")
+	return &stripedWriter{parts: parts}, nil
+}
+
+func toClosers[C io.Closer](cs []C) []io.Closer {
+	out := make([]io.Closer, 0, len(cs))
+	for _, c := range cs {
+		if any(c) != nil {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// dialTLS opens the TLS link to succ at addr (dialStriped).
 func (l *RingLinks) dialTLS(ctx context.Context, succ peer.ID, addr string, hello secureHello) (io.WriteCloser, error) {
 	id, err := l.tls.get(l.h.Peerstore().PrivKey(l.h.ID()))
 	if err != nil {
 		return nil, err
 	}
-	c, err := dialSecure(ctx, id, succ, addr, hello)
-	if err != nil {
-		return nil, err
-	}
-	return l.track(c), nil
+	return l.dialStriped(succ, func(int) (io.WriteCloser, time.Duration, error) {
+		sc, err := dialSecure(ctx, id, succ, addr)
+		if err != nil {
+			return nil, 0, err
+		}
+		return l.track(sc), connRTT(sc.raw), nil
+	}, func(c io.WriteCloser, stream, streams int) error {
+		h := hello
+		h.stream, h.streams = stream, streams
+		return sayHello(c.(*secureConn), succ, h)
+	})
 }

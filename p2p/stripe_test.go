@@ -1,0 +1,85 @@
+package p2p
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"testing"
+	"time"
+)
+
+// pipeEnd is one connection of a striped link held in memory.
+type pipeEnd struct {
+	*io.PipeReader
+	w *io.PipeWriter
+}
+
+func (p pipeEnd) Write(b []byte) (int, error) { return p.w.Write(b) }
+func (p pipeEnd) Close() error                { p.w.Close(); return p.PipeReader.Close() }
+func (p pipeEnd) CloseWrite() error           { return p.w.Close() }
+
+// TestStripesCarryWhatWasWritten: over 1 to 4 connections, writes of any
+// size — a byte, a stripe and a bit, many stripes, buffers — read back in
+// order with reads of any size, and the link's end is io.EOF.
+func TestStripesCarryWhatWasWritten(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for k := 1; k <= 4; k++ {
+		w := &stripedWriter{}
+		r := &stripedReader{}
+		for range k {
+			pr, pw := io.Pipe()
+			e := pipeEnd{pr, pw}
+			w.parts = append(w.parts, e)
+			r.parts = append(r.parts, e)
+		}
+		var want []byte
+		done := make(chan error, 1)
+		wrng := rand.New(rand.NewPCG(uint64(k), 9)) // the writer's own
+		go func() {
+			for _, n := range []int{1, stripeBytes + 3, 5*stripeBytes - 1, 0, 17, 3 * stripeBytes} {
+				p := make([]byte, n)
+				for i := range p {
+					p[i] = byte(wrng.Uint32())
+				}
+				want = append(want, p...)
+				b := net.Buffers{p[:n/2], p[n/2:]}
+				if _, err := w.WriteBuffers(&b); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- w.CloseWrite()
+		}()
+		var got []byte
+		buf := make([]byte, stripeBytes*2)
+		for {
+			n, err := r.Read(buf[:1+rng.IntN(len(buf)-1)])
+			got = append(got, buf[:n]...)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%d connections: read %d bytes, %d written, or out of order", k, len(got), len(want))
+		}
+	}
+}
+
+func TestLinkStreams(t *testing.T) {
+	for _, c := range []struct {
+		rtt  time.Duration
+		want int
+	}{{0, 1}, {time.Millisecond, 1}, {15 * time.Millisecond, 1}, {20 * time.Millisecond, 2}, {100 * time.Millisecond, 6}, {time.Second, maxLinkStreams}} {
+		if got := linkStreams(c.rtt); got != c.want {
+			t.Errorf("linkStreams(%v) = %d, want %d", c.rtt, got, c.want)
+		}
+	}
+}
