@@ -10,7 +10,9 @@
 // Transport, accepted only from the members a Gate expects: by default
 // direct TLS links, each bound to both peers' libp2p identities and to the
 // job, generation and place in the ring, carrying large AEAD records keyed
-// from the TLS handshake (falling back to libp2p streams where no direct
+// from the TLS handshake and rolled before a key has sealed 2^34 bytes,
+// over several striped connections where the round trip is long
+// (falling back to libp2p streams where no direct
 // connection can be had); or libp2p streams; or token-gated TCP in the
 // clear. DataServer and DataClient serve and fetch
 // datasets (data.Manifest) over DataProtocol, announced in the DHT; a

@@ -49,14 +49,19 @@ type Checkpoint struct {
 	Layers   *[2]int     `json:"layers,omitempty"`
 	Params   [][]float32 `json:"-"`
 	OptState [][]float32 `json:"-"`
+	// Feedback is the error feedback of a rank's sparse DiLoCo rounds, a
+	// tensor per fragment (empty for one not coded yet): what its past
+	// rounds left out, its own, so each peer's checkpoint holds its own.
+	Feedback [][]float32 `json:"-"`
 }
 
 // header is what goes before the tensors: the checkpoint's fields and the
 // lengths of its tensors.
 type header struct {
 	Checkpoint
-	ParamLens []int `json:"param_lens"`
-	StateLens []int `json:"state_lens"`
+	ParamLens    []int `json:"param_lens"`
+	StateLens    []int `json:"state_lens"`
+	FeedbackLens []int `json:"feedback_lens,omitempty"`
 }
 
 // Save writes c to path atomically: to a temporary file in the same
@@ -71,6 +76,9 @@ func (c *Checkpoint) Save(path string) (err error) {
 	}
 	for _, s := range c.OptState {
 		h.StateLens = append(h.StateLens, len(s))
+	}
+	for _, f := range c.Feedback {
+		h.FeedbackLens = append(h.FeedbackLens, len(f))
 	}
 	hb, err := json.Marshal(h)
 	if err != nil {
@@ -98,7 +106,7 @@ func (c *Checkpoint) Save(path string) (err error) {
 		return err
 	}
 	buf := make([]byte, 0, 1<<16)
-	for _, t := range slices.Concat(c.Params, c.OptState) {
+	for _, t := range slices.Concat(c.Params, c.OptState, c.Feedback) {
 		for _, v := range t {
 			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
 			if len(buf) == cap(buf) {
@@ -188,7 +196,7 @@ func decodeCheckpoint(b []byte, path string) (*Checkpoint, error) {
 	}
 	tensors := rest[4+hl:]
 	total := 0
-	for _, l := range slices.Concat(h.ParamLens, h.StateLens) {
+	for _, l := range slices.Concat(h.ParamLens, h.StateLens, h.FeedbackLens) {
 		if l < 0 || l > len(tensors)/4 {
 			return nil, fail("a tensor of %d values in %d bytes", l, len(tensors))
 		}
@@ -225,7 +233,7 @@ func decodeCheckpoint(b []byte, path string) (*Checkpoint, error) {
 		}
 		return out
 	}
-	c.Params, c.OptState = read(h.ParamLens), read(h.StateLens)
+	c.Params, c.OptState, c.Feedback = read(h.ParamLens), read(h.StateLens), read(h.FeedbackLens)
 	return &c, nil
 }
 

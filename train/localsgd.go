@@ -28,7 +28,8 @@ import (
 // checkpoints, the parameter-hash check, admission and resuming work as
 // in synchronous training; a checkpoint keeps the outer momentum as the
 // optimizer's state (Replica.OptimizerState). (With Sparse each rank also keeps error feedback of its own,
-// which no checkpoint holds: a restored or admitted rank starts without.) (DiLoCo's paper keeps each worker's own inner Adam state across
+// which its own checkpoint holds (Checkpoint.Feedback) and a re-formation
+// leaves as it is; an admitted rank, which has none, starts without.) (DiLoCo's paper keeps each worker's own inner Adam state across
 // rounds; that would need a checkpoint per rank and a way to hand a lost
 // rank's to its successor, so here each round starts its inner optimizer
 // afresh.)
@@ -120,7 +121,10 @@ func (o *LocalSGD) state(inner Optimizer) (string, int, [][]float32) {
 // restored is a state between rounds.
 func (o *LocalSGD) setState(inner Optimizer, step int, tensors, params [][]float32) error {
 	o.open, o.done, o.outer = false, 0, step
-	o.coders, o.encoded = nil, nil // the error feedback is this rank's alone: not in a checkpoint
+	// The error feedback committed so far stays: it is this rank's own,
+	// what its past rounds left out, whoever the state came from (Level).
+	// What an open round coded and no outer step committed goes.
+	clear(o.encoded)
 	o.velocity = nil
 	if len(tensors) > 0 {
 		v, err := restore(tensors, params)
@@ -249,6 +253,52 @@ func (o *LocalSGD) encode(k int, d []float32) ([]byte, error) {
 	p, err := o.coders[k].Encode(d)
 	o.encoded[k] = err == nil
 	return p, err
+}
+
+// feedback is this rank's committed error feedback, a tensor per
+// fragment, empty for one not coded yet; nil without Sparse or before
+// any round.
+func (o *LocalSGD) feedback() [][]float32 {
+	if o.Sparse == nil || o.coders == nil {
+		return nil
+	}
+	out := make([][]float32, len(o.coders))
+	for k, c := range o.coders {
+		if c != nil {
+			out[k] = c.Residual()
+		}
+	}
+	return out
+}
+
+// setFeedback restores what feedback returned for a model of nparams
+// values, each tensor checked against its fragment's size.
+func (o *LocalSGD) setFeedback(fb [][]float32, nparams int) error {
+	if o.Sparse == nil {
+		return fmt.Errorf("train: error feedback for a job without sparse rounds: %w", ErrCheckpoint)
+	}
+	if len(fb) != o.fragments() {
+		return fmt.Errorf("train: error feedback of %d fragments for %d: %w", len(fb), o.fragments(), ErrCheckpoint)
+	}
+	o.coders, o.encoded = make([]*sparse.Coder, len(fb)), make([]bool, len(fb))
+	for k, t := range fb {
+		if len(t) == 0 {
+			continue
+		}
+		lo, hi := o.fragment(k, nparams)
+		if len(t) != hi-lo {
+			return fmt.Errorf("train: error feedback of %d values for fragment %d of %d: %w", len(t), k, hi-lo, ErrCheckpoint)
+		}
+		c, err := sparse.NewCoder(*o.Sparse, hi-lo)
+		if err != nil {
+			return err
+		}
+		if err := c.SetResidual(t); err != nil {
+			return err
+		}
+		o.coders[k] = c
+	}
+	return nil
 }
 
 // commit keeps the error feedback of fragments [from, to): their outer

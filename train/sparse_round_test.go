@@ -5,6 +5,7 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -165,6 +166,93 @@ func TestBroadcastEachChecksLengths(t *testing.T) {
 		}
 		if err == nil && !bytes.Equal(got[0], mine) {
 			t.Errorf("a length of %v × %v: got %v; want %v", tc.sum, tc.f, got[0], mine)
+		}
+	}
+}
+
+// TestSparseFeedbackResumes: each rank's error feedback goes into its
+// checkpoint, so ranks restored from theirs after R rounds end 2R rounds
+// on the same bits as ranks that never stopped — and without it they do
+// not (what a restored rank lost before). A re-formation's Level (the
+// optimizer state set from another rank) leaves it as it is.
+func TestSparseFeedbackResumes(t *testing.T) {
+	const n, h, rounds = 3, 4, 3
+	cfg := mlpCfg(12, []int{64}, 3, 4, 1)
+	newRep := func(ring Collective) *Replica {
+		o := &LocalSGD{Inner: NewAdam(0.01), Every: h, LR: 0.7, Momentum: 0.9, Nesterov: true, Sparse: &sparse.Config{Fraction: 0.05, Bits: 2}}
+		return NewLocalReplica(newMLP(t, cfg), o, ring)
+	}
+	train := func(reps []*Replica, rngs []*rand.Rand, steps int) {
+		t.Helper()
+		rings := memRings(t, n)
+		if err := onAll(n, func(i int) error {
+			reps[i].Coll = rings[i]
+			for range steps {
+				x, y := randomBatch(rngs[i], 4, 12, 3)
+				if _, err := reps[i].Step(context.Background(), x, y, 4); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rngsFor := func() []*rand.Rand {
+		out := make([]*rand.Rand, n)
+		for i := range out {
+			out[i] = rand.New(rand.NewPCG(5, uint64(i)))
+		}
+		return out
+	}
+	whole := make([]*Replica, n)
+	for i := range whole {
+		whole[i] = newRep(nil)
+	}
+	train(whole, rngsFor(), 2*h*rounds)
+	want := slices.Concat(whole[0].Model.Params()...)
+
+	for _, keep := range []bool{true, false} {
+		reps, rngs := make([]*Replica, n), rngsFor()
+		for i := range reps {
+			reps[i] = newRep(nil)
+		}
+		train(reps, rngs, h*rounds)
+		for i := range reps {
+			path := filepath.Join(t.TempDir(), "ckpt")
+			if err := reps[i].Snapshot(Checkpoint{Model: cfg}).Save(path); err != nil {
+				t.Fatal(err)
+			}
+			c, err := LoadCheckpoint(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(c.Feedback) != 1 || !slices.ContainsFunc(c.Feedback[0], func(x float32) bool { return x != 0 }) {
+				t.Fatalf("rank %d's checkpoint holds error feedback %d tensors long, or all zero", i, len(c.Feedback))
+			}
+			if !keep {
+				c.Feedback = nil
+			}
+			reps[i] = newRep(nil)
+			if err := reps[i].Restore(c); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if keep {
+			// A Level's optimizer state from another rank leaves the feedback.
+			before := slices.Clone(reps[1].local().coders[0].Residual())
+			_, step, state := reps[0].OptimizerState()
+			if err := reps[1].setOptimizerState(step, state); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(reps[1].local().coders[0].Residual(), before) {
+				t.Error("setting the optimizer state, as Level does, changed the error feedback")
+			}
+		}
+		train(reps, rngs, h*rounds)
+		got := slices.Concat(reps[0].Model.Params()...)
+		if slices.Equal(got, want) != keep {
+			t.Errorf("feedback restored %v: the resumed ranks end on the whole run's bits: %v", keep, slices.Equal(got, want))
 		}
 	}
 }

@@ -433,7 +433,26 @@ func (r *Replica) Snapshot(base Checkpoint) *Checkpoint {
 	for _, t := range state {
 		c.OptState = append(c.OptState, slices.Clone(t))
 	}
+	c.Feedback = nil
+	if o := r.local(); o != nil {
+		for _, t := range o.feedback() {
+			c.Feedback = append(c.Feedback, slices.Clone(t))
+		}
+	}
 	return &c
+}
+
+// local is the replica's LocalSGD, nil if it syncs every step.
+func (r *Replica) local() *LocalSGD {
+	switch s := r.sync().(type) {
+	case rounds:
+		return s.o
+	case *streamed:
+		return s.o
+	case *deadlineRounds:
+		return s.o
+	}
+	return nil
 }
 
 // Restore loads a checkpoint's parameters and optimizer state, refusing
@@ -445,7 +464,17 @@ func (r *Replica) Restore(c *Checkpoint) error {
 	if name, _, _ := r.OptimizerState(); name != c.Optimizer {
 		return fmt.Errorf("train: checkpoint was made with %s, this run uses %s: %w", c.Optimizer, name, ErrCheckpoint)
 	}
-	return r.setOptimizerState(c.OptStep, c.OptState)
+	if err := r.setOptimizerState(c.OptStep, c.OptState); err != nil {
+		return err
+	}
+	if len(c.Feedback) == 0 {
+		return nil
+	}
+	o := r.local()
+	if o == nil {
+		return fmt.Errorf("train: checkpoint holds error feedback, and this run syncs every step: %w", ErrCheckpoint)
+	}
+	return o.setFeedback(c.Feedback, r.nparams)
 }
 
 // OptimizerState is what a checkpoint keeps of the optimizer: its name,
