@@ -96,8 +96,22 @@ func (m *Membership) ordered(ctx context.Context, f *Formation) (*Formation, err
 			closeAll(w1, r1)
 			return nil, fmt.Errorf("p2p: probing links: %w", err)
 		}
-		skip := m.cur != nil && slices.Contains(m.cur.Members, f.Members[to]) && slices.Contains(m.cur.Members, f.Members[me])
-		bw, err := probe(ctx, w, r, skip, k > 1)
+		size := uint32(probeBytes)
+		if m.cur != nil && slices.Contains(m.cur.Members, f.Members[to]) && slices.Contains(m.cur.Members, f.Members[me]) {
+			size = 0 // measured before
+		}
+		if m.badProbes && k > 1 {
+			size = probeBytes + 1
+		}
+		bw, err := probe(ctx, w, r, size, k > 1)
+		if errors.Is(err, errBadProbe) && k > 1 {
+			// A probe no honest member sends: the link counts as not
+			// measured. The first round's link carries the rows after,
+			// and fails them.
+			const msg = "a member sent a malformed link probe; its link counts as not measured"
+			m.node.cfg.Logger.Warn().Str("peer", f.Members[from].String()).Err(err).Msg(msg)
+			bw, err = 0, nil
+		}
 		if err != nil {
 			closeAll(w, r, w1, r1)
 			return nil, fmt.Errorf("p2p: probing the link from rank %d (%s): %w", from, f.Members[from], err)
@@ -130,7 +144,7 @@ func (m *Membership) ordered(ctx context.Context, f *Formation) (*Formation, err
 	for i := range ident {
 		ident[i] = i
 	}
-	m.node.cfg.Logger.Info().Uint64("generation", f.Generation).Ints("order", order).
+	m.node.cfg.Logger.Info().Uint64("generation", f.Generation).Int("rank", of.Rank).Int("world_size", n).Ints("order", order).
 		Float64("slowest_link_mbit", mbit(ring.OrderBottleneck(in, order))).
 		Float64("slowest_link_by_id_mbit", mbit(ring.OrderBottleneck(in, ident))).
 		Dur("took", time.Since(start)).Msg("ring ordered by measured links")
@@ -191,10 +205,11 @@ func (m *Membership) pingAll(ctx context.Context, f *Formation) []uint64 {
 	return out
 }
 
-// probe sends probeBytes (none if skip) on w while it times the probe
-// that comes on r, and returns the bandwidth that probe came at: 0 if the
-// sender skipped it. With done, w and r are closed after.
-func probe(ctx context.Context, w io.WriteCloser, r io.ReadCloser, skip, done bool) (uint64, error) {
+// probe sends size bytes (0: none, the link measured before) on w while
+// it times the probe that comes on r, and returns the bandwidth that
+// probe came at: 0 if the sender skipped it. With done, w and r are
+// closed after.
+func probe(ctx context.Context, w io.WriteCloser, r io.ReadCloser, size uint32, done bool) (uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, probeRound)
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { w.Close(); r.Close() })
@@ -202,10 +217,6 @@ func probe(ctx context.Context, w io.WriteCloser, r io.ReadCloser, skip, done bo
 	sent := make(chan struct{})
 	go func() {
 		defer close(sent)
-		size := uint32(probeBytes)
-		if skip {
-			size = 0
-		}
 		var h [probeHeader]byte
 		binary.LittleEndian.PutUint32(h[:], size)
 		if _, err := w.Write(h[:]); err != nil {
@@ -236,7 +247,7 @@ func timeProbe(ctx context.Context, r io.Reader) (uint64, error) {
 	}
 	size := binary.LittleEndian.Uint32(h[:])
 	if size > probeBytes || binary.LittleEndian.Uint32(h[4:]) != 0 {
-		return 0, fmt.Errorf("a probe of %d bytes, more than %d", size, probeBytes)
+		return 0, fmt.Errorf("%w: %d bytes, at most %d, and its reserved word %#x", errBadProbe, size, probeBytes, binary.LittleEndian.Uint32(h[4:]))
 	}
 	if size == 0 {
 		return 0, nil
@@ -296,6 +307,9 @@ func decodeRow(b []byte) []ring.Link {
 	}
 	return row
 }
+
+// errBadProbe means a link probe's header is out of bounds.
+var errBadProbe = errors.New("p2p: a malformed link probe")
 
 // errBadRow means a member's signed link row did not check out.
 var errBadRow = errors.New("p2p: a link row that does not check out")

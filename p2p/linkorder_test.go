@@ -40,20 +40,22 @@ func TestMembershipOrdersByLinks(t *testing.T) {
 	cases := []struct {
 		name      string
 		liar      func(f *Formation, row []ring.Link)
-		crossings int // -1: any
+		crossings int  // -1: any
+		badProbes bool // the liar's probes are out of bounds too
 	}{
-		{"honest", nil, 2},
+		{"honest", nil, 2, false},
+		{"liar sends malformed probes", twoSites, -1, true},
 		{"liar says every link is the fastest", func(f *Formation, row []ring.Link) {
 			for j := range row {
 				row[j] = ring.Link{Bandwidth: ^uint64(0), RTT: 1}
 			}
-		}, -1},
-		{"liar says nothing", func(f *Formation, row []ring.Link) { clear(row) }, -1},
+		}, -1, false},
+		{"liar says nothing", func(f *Formation, row []ring.Link) { clear(row) }, -1, false},
 		{"liar says its site's links are slowest", func(f *Formation, row []ring.Link) {
 			for j := range row {
 				row[j] = ring.Link{Bandwidth: 1, RTT: ^uint64(0) / 4}
 			}
-		}, -1},
+		}, -1, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -80,6 +82,7 @@ func TestMembershipOrdersByLinks(t *testing.T) {
 				ms[i].shapeRow = twoSites
 				if tc.liar != nil && h.ID() == ids[2] {
 					ms[i].shapeRow = tc.liar
+					ms[i].badProbes = tc.badProbes
 				}
 				wg.Go(func() { rings[i], _, errs[i] = ms[i].Form(ctx) })
 			}
@@ -222,6 +225,9 @@ func TestTimeProbe(t *testing.T) {
 		bw, err := timeProbe(context.Background(), bytes.NewReader(tc.b))
 		if tc.ok != (err == nil) || tc.zero != (bw == 0) {
 			t.Errorf("%s: %d, %v", tc.name, bw, err)
+		}
+		if bad := tc.name == "too large" || tc.name == "reserved set"; bad != errors.Is(err, errBadProbe) {
+			t.Errorf("%s: %v; errBadProbe %v", tc.name, err, bad)
 		}
 	}
 }

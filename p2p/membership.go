@@ -33,6 +33,9 @@ type Membership struct {
 	// them: tests give members the links of sites they cannot build on
 	// loopback, or make one lie.
 	shapeRow func(f *Formation, row []ring.Link)
+	// badProbes, set by tests, makes this member send probes no honest
+	// one does (too long) after the first round.
+	badProbes bool
 }
 
 // NewMembership runs a job's membership through node and links; timeout

@@ -58,6 +58,13 @@ var eventMessages = []string{
 	"the stages' parameters gathered", "summary", "epoch done",
 }
 
+// setsRank says whether a status record gives the peer's rank in a new
+// ring: one formed (or re-formed, or grown), and then the ranks the
+// measured links ordered (p2p), which come after and may differ.
+func setsRank(r statusRecord) bool {
+	return r.Rank != nil && (strings.Contains(r.Message, "formed") || strings.HasPrefix(r.Message, "ring ordered by measured links"))
+}
+
 // isEvent says whether a record is printed above the bars.
 func isEvent(r statusRecord) bool {
 	if r.Level == "warn" || r.Level == "error" || r.Level == "fatal" {
@@ -200,7 +207,7 @@ var jobEvents = []string{"ring formed", "ring re-formed", "pipeline formed", "pi
 func (d *display) record(peer int, r statusRecord) {
 	v := d.view(peer)
 	d.mu.Lock()
-	if r.Rank != nil && strings.Contains(r.Message, "formed") {
+	if setsRank(r) {
 		v.rank = *r.Rank
 	}
 	current := int64(-1)

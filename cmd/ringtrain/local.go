@@ -346,7 +346,7 @@ func (p *peerOut) status(r io.ReadCloser) {
 		if !ok {
 			continue
 		}
-		if rec.Rank != nil && strings.Contains(rec.Message, "formed") {
+		if setsRank(rec) {
 			p.mu.Lock()
 			p.prefix = fmt.Sprintf("[rank %d] ", *rec.Rank)
 			p.mu.Unlock()

@@ -20,6 +20,8 @@ func TestRankPrefix(t *testing.T) {
 		{`{"level":"info","generation":1,"rank":2,"world_size":3,"message":"ring formed"}`, "training", "[rank 2] "},
 		{`{"level":"info","generation":2,"rank":1,"world_size":2,"message":"ring re-formed without the lost peers; running the step again"}`, "training", "[rank 1] "},
 		{`{"level":"info","rank":0,"message":"pipeline formed"}`, "x", "[rank 0] "},
+		{`{"level":"info","generation":3,"rank":2,"world_size":3,"message":"ring formed"}`, "x", "[rank 2] "},
+		{`{"level":"info","generation":3,"rank":1,"world_size":3,"order":[0,2,1],"message":"ring ordered by measured links"}`, "rank 1 of 3", "[rank 1] "},
 	}
 	var out bytes.Buffer
 	p := &peerOut{peer: 4, prefix: "[peer 4] ", mu: &sync.Mutex{}}
