@@ -555,34 +555,39 @@ func (l *RingLinks) acceptLoop(ln net.Listener) {
 				}
 				return
 			}
-			// A token, then which of the link's connections this is.
-			var b [tokenSize + 2]byte
-			c.SetReadDeadline(time.Now().Add(5 * time.Second))
-			if _, err := io.ReadFull(c, b[:]); err != nil {
-				c.Close()
-				return
-			}
-			c.SetReadDeadline(time.Time{})
-			stream, streams := int(b[tokenSize]), int(b[tokenSize+1])
-			l.mu.Lock()
-			var p *pendingLink
-			var tok [tokenSize]byte
-			for t, tp := range l.tokens {
-				if subtle.ConstantTimeCompare(t[:], b[:tokenSize]) == 1 {
-					p, tok = tp, t
-				}
-			}
-			err := errors.New("no valid token")
-			if p != nil && streams >= 1 && streams <= maxLinkStreams && stream < streams {
-				err = l.joinLocked(p, tok, stream, streams, c)
-			}
-			l.mu.Unlock()
-			if err != nil {
-				const msg = "closed a TCP data-plane connection without a valid token"
-				l.warns.Warn(hostOf(c.RemoteAddr()), msg).Err(err).Msg(msg)
-				c.Close()
-			}
+			l.acceptTCP(c)
 		})
+	}
+}
+
+// acceptTCP takes a clear TCP plane connection: a token, then which of
+// its link's connections this is; one without a live token is closed.
+func (l *RingLinks) acceptTCP(c net.Conn) {
+	var b [tokenSize + 2]byte
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		c.Close()
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	stream, streams := int(b[tokenSize]), int(b[tokenSize+1])
+	l.mu.Lock()
+	var p *pendingLink
+	var tok [tokenSize]byte
+	for t, tp := range l.tokens {
+		if subtle.ConstantTimeCompare(t[:], b[:tokenSize]) == 1 {
+			p, tok = tp, t
+		}
+	}
+	err := errors.New("no valid token")
+	if p != nil && streams >= 1 && streams <= maxLinkStreams && stream < streams {
+		err = l.joinLocked(p, tok, stream, streams, c)
+	}
+	l.mu.Unlock()
+	if err != nil {
+		const msg = "closed a TCP data-plane connection without a valid token"
+		l.warns.Warn(hostOf(c.RemoteAddr()), msg).Err(err).Msg(msg)
+		c.Close()
 	}
 }
 
@@ -866,32 +871,21 @@ func (l *RingLinks) dial(ctx context.Context, succ peer.ID, f *Formation, ch Cha
 		logLink(PlaneLibp2p)
 		return s, nil
 	}
-	s.SetReadDeadline(time.Now().Add(10 * time.Second))
-	var n [1]byte
-	if _, err := io.ReadFull(s, n[:]); err != nil {
+	addr, tok, err := readLinkAddr(s)
+	if err != nil {
 		s.Reset()
-		return nil, fmt.Errorf("reading the link's address: %w", err)
+		return nil, err
 	}
-	if n[0] == 0 {
+	if addr == "" {
 		if plane == PlaneTLS {
 			// The successor cannot be reached directly: the stream is
 			// the link.
-			s.SetReadDeadline(time.Time{})
 			logLink(PlaneLibp2p)
 			return s, nil
 		}
 		s.Close()
 		return nil, fmt.Errorf("%w: %s is behind NAT from here (we reach it %s)", ErrPlaneBehindNAT, succ, natPath(conn))
 	}
-	buf := make([]byte, int(n[0])+tokenSize)
-	if _, err := io.ReadFull(s, buf); err != nil {
-		s.Reset()
-		return nil, fmt.Errorf("reading the link's address and token: %w", err)
-	}
-	s.SetReadDeadline(time.Time{})
-	addr := string(buf[:n[0]])
-	var tok [tokenSize]byte
-	copy(tok[:], buf[n[0]:])
 	if l.redirect != nil {
 		addr = l.redirect(addr)
 	}
@@ -913,7 +907,39 @@ func (l *RingLinks) dial(ctx context.Context, succ peer.ID, f *Formation, ch Cha
 		return w, nil
 	}
 	defer s.Close()
-	w, err := l.dialStriped(succ, func(k int) (io.WriteCloser, time.Duration, error) {
+	w, err := l.dialTCP(ctx, succ, addr, tok)
+	if err != nil {
+		return nil, err
+	}
+	logLink(PlaneTCP)
+	return w, nil
+}
+
+// readLinkAddr reads what the successor answers a link's hello with on
+// the TLS and TCP planes: the address of its listener and a token, or ""
+// where it cannot be reached directly.
+func readLinkAddr(s network.Stream) (addr string, tok [tokenSize]byte, err error) {
+	s.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var n [1]byte
+	if _, err := io.ReadFull(s, n[:]); err != nil {
+		return "", tok, fmt.Errorf("reading the link's address: %w", err)
+	}
+	if n[0] > 0 {
+		buf := make([]byte, int(n[0])+tokenSize)
+		if _, err := io.ReadFull(s, buf); err != nil {
+			return "", tok, fmt.Errorf("reading the link's address and token: %w", err)
+		}
+		addr = string(buf[:n[0]])
+		copy(tok[:], buf[n[0]:])
+	}
+	s.SetReadDeadline(time.Time{})
+	return addr, tok, nil
+}
+
+// dialTCP opens the clear TCP plane's link to succ at addr, each of its
+// connections presenting tok and its place (dialStriped).
+func (l *RingLinks) dialTCP(ctx context.Context, succ peer.ID, addr string, tok [tokenSize]byte) (io.WriteCloser, error) {
+	return l.dialStriped(succ, func(int) (io.WriteCloser, time.Duration, error) {
 		var d net.Dialer
 		c, err := d.DialContext(ctx, "tcp", addr)
 		if err != nil {
@@ -924,11 +950,6 @@ func (l *RingLinks) dial(ctx context.Context, succ peer.ID, f *Formation, ch Cha
 		_, err := c.Write(append(tok[:], byte(stream), byte(streams)))
 		return err
 	})
-	if err != nil {
-		return nil, err
-	}
-	logLink(PlaneTCP)
-	return w, nil
 }
 
 // dialStriped opens a link of one connection, or over a long round trip

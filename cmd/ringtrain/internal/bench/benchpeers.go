@@ -52,16 +52,12 @@ func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport 
 	if err != nil {
 		return err
 	}
-	var keys []string
-	if netns != "" {
-		dir, err := os.MkdirTemp("", "bench-peers-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
-		if keys, err = keysByID(dir, n); err != nil {
-			return err
-		}
+	keys, err := netnsKeys(netns, n)
+	if err != nil {
+		return err
+	}
+	if keys != nil {
+		defer os.RemoveAll(filepath.Dir(keys[0]))
 	}
 	var salt [8]byte
 	rand.Read(salt[:])
@@ -130,6 +126,12 @@ func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport 
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+	return emitRows(rowName(transport, netns, order), results, len(cfg.Sizes), emit)
+}
+
+// rowName is a row's transport: transport-procs, or transport-netns
+// between namespaces, with -measured where the ring was ordered so.
+func rowName(transport, netns string, order p2p.RingOrder) string {
 	name := transport + "-procs"
 	if netns != "" {
 		name = transport + "-netns"
@@ -137,7 +139,24 @@ func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport 
 	if order == p2p.OrderMeasured {
 		name += "-measured"
 	}
-	return emitRows(name, results, len(cfg.Sizes), emit)
+	return name
+}
+
+// netnsKeys makes, where the peers run in namespaces, their keys in a
+// folder of their own (keysByID); nil elsewhere.
+func netnsKeys(netns string, n int) ([]string, error) {
+	if netns == "" {
+		return nil, nil
+	}
+	dir, err := os.MkdirTemp("", "bench-peers-")
+	if err != nil {
+		return nil, err
+	}
+	keys, err := keysByID(dir, n)
+	if err != nil {
+		os.RemoveAll(dir)
+	}
+	return keys, err
 }
 
 // keysByID makes n peer keys in dir and returns their files in the order
@@ -245,14 +264,9 @@ func AllreducePeer(ctx context.Context, args []string, stdout, stderr io.Writer)
 	defer node.Close()
 	links := p2p.NewRingLinks(h.Host, node, p2p.LinksConfig{Plane: plane, TCPListen: net.JoinHostPort(ip.String(), "0"), Logger: zerolog.Nop()})
 	defer links.Close()
-	f, err := node.Join(jctx)
+	f, err := formOrdered(jctx, node, links, order)
 	if err != nil {
-		return fmt.Errorf("bench allreduce-peer: forming the ring: %w", err)
-	}
-	m := p2p.NewMembership(node, links, time.Minute)
-	m.Order = order
-	if f, err = m.Ordered(jctx, f); err != nil {
-		return fmt.Errorf("bench allreduce-peer: ordering the ring: %w", err)
+		return err
 	}
 	t, err := links.Connect(jctx, f)
 	if err != nil {
@@ -266,4 +280,19 @@ func AllreducePeer(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 	})
 	return errors.Join(err, encErr)
+}
+
+// formOrdered forms the ring as join does and ranks its members as order
+// says.
+func formOrdered(ctx context.Context, node *p2p.Node, links *p2p.RingLinks, order p2p.RingOrder) (*p2p.Formation, error) {
+	f, err := node.Join(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("bench allreduce-peer: forming the ring: %w", err)
+	}
+	m := p2p.NewMembership(node, links, time.Minute)
+	m.Order = order
+	if f, err = m.Ordered(ctx, f); err != nil {
+		return nil, fmt.Errorf("bench allreduce-peer: ordering the ring: %w", err)
+	}
+	return f, nil
 }
