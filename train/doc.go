@@ -31,7 +31,8 @@
 // the engine's — and narrowed to bf16, fp16 or int8 with error feedback),
 // DiLoCo's local steps with an outer step every few (LocalSGD; its
 // pseudo-gradients whole, or sparse and low-bit with error feedback, coded
-// by train/sparse and gathered from every rank). How a step syncs is a
+// by train/sparse and gathered from every rank in one ring allgather, then
+// averaged or, with Robust, aggregated by CenteredClip). How a step syncs is a
 // Sync chosen once, when the replica is made, a file per mode: every step
 // (everystep.go), DiLoCo rounds (rounds.go), the outer sync streamed in
 // fragments, each exchange beside inner steps (stream.go), or rounds that

@@ -51,6 +51,10 @@ type LocalSGD struct {
 	// rather than summed round the ring, with error feedback kept per
 	// rank; nil sends it whole, in the ring's encoding.
 	Sparse *sparse.Config
+	// Robust, if set (with Sparse), aggregates the gathered
+	// pseudo-gradients robustly instead of averaging them: a rank that
+	// sends an outlier moves the round only by a clipped step.
+	Robust *Robust
 	// Fragments, if above 1, streams the outer sync (Streaming DiLoCo,
 	// arXiv 2501.18512): the parameters, end to end, in this many equal
 	// ranges, each with an outer step of its own every Every steps,
@@ -167,9 +171,14 @@ func (o *LocalSGD) validate() error {
 		return fmt.Errorf("train: local SGD every %d steps; want 1 or more", o.Every)
 	case !(o.LR > 0) || !(o.Momentum >= 0 && o.Momentum < 1):
 		return fmt.Errorf("train: outer lr %v, momentum %v; want lr > 0 and momentum in [0, 1)", o.LR, o.Momentum)
+	case o.Robust != nil && o.Sparse == nil:
+		return fmt.Errorf("train: robust aggregation takes every rank's pseudo-gradient apart, which only sparse rounds gather")
 	case o.Sparse != nil:
 		if err := o.Sparse.Validate(); err != nil {
 			return err
+		}
+		if o.Robust != nil {
+			return o.Robust.Validate()
 		}
 	}
 	if err := CheckStreaming(o.Every, o.Fragments, o.Overlap); err != nil {
@@ -442,6 +451,9 @@ func (o *LocalSGD) gatherSparse(ctx context.Context, r *Replica, avg, tail []flo
 		return err
 	}
 	clear(avg)
+	if o.Robust != nil {
+		return o.robust(avg, parts, all)
+	}
 	w := 1 / float32(len(all))
 	for k, p := range all {
 		if len(p) == 0 {
@@ -450,6 +462,37 @@ func (o *LocalSGD) gatherSparse(ctx context.Context, r *Replica, avg, tail []flo
 		if err := sparse.DecodeParts(parts, p, w); err != nil {
 			return fmt.Errorf("rank %d's pseudo-gradient: %w", k, err)
 		}
+	}
+	return nil
+}
+
+// robust writes into avg, whose fragments are parts, the Robust
+// aggregate of the ranks' payloads that are not empty, times their share
+// of all ranks — what the mean of every rank's would be had the others
+// sent the aggregate — so that a round whose late ranks sent nothing
+// scales it as it scales the mean.
+func (o *LocalSGD) robust(avg []float32, parts [][]float32, all [][]byte) error {
+	var xs [][]float32
+	for k, p := range all {
+		if len(p) == 0 {
+			continue
+		}
+		x := make([]float32, len(avg))
+		xparts := make([][]float32, len(parts))
+		off := 0
+		for i, d := range parts {
+			xparts[i] = x[off : off+len(d)]
+			off += len(d)
+		}
+		if err := sparse.DecodeParts(xparts, p, 1); err != nil {
+			return fmt.Errorf("rank %d's pseudo-gradient: %w", k, err)
+		}
+		xs = append(xs, x)
+	}
+	centeredClip(avg, xs, o.Robust.Clip, o.Robust.Iters)
+	share := float32(len(xs)) / float32(len(all))
+	for j := range avg {
+		avg[j] *= share
 	}
 	return nil
 }

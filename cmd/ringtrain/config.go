@@ -295,6 +295,16 @@ type syncConfig struct {
 	// Deadline, if set, closes each round without a peer slow to compute
 	// (train.LocalSGD's Deadline), with at least min_world_size peers in.
 	Deadline duration `json:"deadline,omitempty"`
+	// Robust, with sparse, aggregates the gathered pseudo-gradients by
+	// CenteredClip instead of the mean (train.Robust): {} takes clip 2
+	// and 3 iterations.
+	Robust *robustConfig `json:"robust,omitempty"`
+}
+
+// robustConfig is "robust": {"clip": 2, "iters": 3}, written out in full.
+type robustConfig struct {
+	Clip  float64 `json:"clip"`
+	Iters int     `json:"iters"`
 }
 
 // sparse is the sparse section as train/sparse takes it; nil without one.
@@ -317,6 +327,17 @@ func (s *syncConfig) check() error {
 	if o.Name != "nesterov" && o.Name != "sgd" {
 		return fmt.Errorf("sync outer optimizer %q; want nesterov or sgd", o.Name)
 	}
+	if r := s.Robust; r != nil {
+		if s.Sparse == nil {
+			return errors.New(`sync robust aggregates each peer's pseudo-gradient apart, which only "sparse" rounds gather; add "sparse"`)
+		}
+		if r.Clip == 0 && r.Iters == 0 {
+			r.Clip, r.Iters = 2, 3
+		}
+		if err := (&train.Robust{Clip: r.Clip, Iters: r.Iters}).Validate(); err != nil {
+			return fmt.Errorf("sync robust: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -325,7 +346,15 @@ func (s *syncConfig) check() error {
 // a deadline closes with (min_world_size).
 func (s *syncConfig) localSGD(inner train.Optimizer, quorum int) *train.LocalSGD {
 	return &train.LocalSGD{Inner: inner, Every: s.Every, LR: s.Outer.LR, Momentum: s.Outer.Momentum, Nesterov: s.Outer.Name == "nesterov",
-		Sparse: s.sparse(), Fragments: s.Fragments, Overlap: s.Overlap, Deadline: time.Duration(s.Deadline), Quorum: quorum}
+		Sparse: s.sparse(), Fragments: s.Fragments, Overlap: s.Overlap, Deadline: time.Duration(s.Deadline), Quorum: quorum, Robust: s.robust()}
+}
+
+// robust is the robust section as train takes it; nil without one.
+func (s *syncConfig) robust() *train.Robust {
+	if s.Robust == nil {
+		return nil
+	}
+	return &train.Robust{Clip: s.Robust.Clip, Iters: s.Robust.Iters}
 }
 
 // defaultBucketMB is PyTorch DDP's bucket_cap_mb.

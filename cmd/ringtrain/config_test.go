@@ -64,7 +64,9 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		`, "optimizer": {"name": "adamw", "lr": 1e-3, "betas": [0.9, 1]}`, `, "optimizer": {"name": "sgd", "lr": 0.1, "betas": [0.9, 0.99]}`,
 		`, "optimizer": {"name": "adamw", "lr": 1e-3, "eps": -1}`, `, "optimizer": {"name": "adamw", "lr": 1e-3, "clip_grad_norm": -1}`,
 		`, "optimizer": {"name": "adamw", "lr": 1e-3, "warmup_steps": -5}`, `, "optimizer": {"name": "adamw", "lr": 1e-3, "min_lr": 0.1}`,
-		`, "limits": {"conns_per_ip": -1}`, `, "limits": {"peer_memory_mb": -1}`, `, "limits": {"data_streams": -1}`, `, "limits": {"data_samples_per_request": 2000000}`, `, "ring_order": "fastest"`} {
+		`, "limits": {"conns_per_ip": -1}`, `, "limits": {"peer_memory_mb": -1}`, `, "limits": {"data_streams": -1}`, `, "limits": {"data_samples_per_request": 2000000}`, `, "ring_order": "fastest"`,
+		`, "sync": {"every": 5, "robust": {}}`, `, "sync": {"every": 5, "sparse": {"fraction": 0.01, "bits": 2}, "robust": {"clip": -1, "iters": 3}}`,
+		`, "sync": {"every": 5, "sparse": {"fraction": 0.01, "bits": 2}, "robust": {"clip": 2, "iters": 0}}`} {
 		p := filepath.Join(t.TempDir(), "job.json")
 		if err := os.WriteFile(p, []byte("{"+base+bad+"}"), 0o644); err != nil {
 			t.Fatal(err)
@@ -114,6 +116,12 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 	dense := `, "sync": {"every": 50, "outer": {"lr": 0.7}}`
 	if hash(dense) == hash(dense[:len(dense)-1]+`, "sparse": {"fraction": 0.01, "bits": 2}}`) {
 		t.Error("sparse and dense DiLoCo jobs have one config hash")
+	}
+	// Peers that aggregate robustly and peers that average cannot share a
+	// ring either; "robust": {} is its defaults written out.
+	sp := dense[:len(dense)-1] + `, "sparse": {"fraction": 0.01, "bits": 2}`
+	if hash(sp+`}`) == hash(sp+`, "robust": {}}`) || hash(sp+`, "robust": {}}`) != hash(sp+`, "robust": {"clip": 2, "iters": 3}}`) {
+		t.Error(`"robust": want its own hash, and {} the same as clip 2, 3 iterations`)
 	}
 	// Nor can peers that stream the outer sync and peers that do not, or
 	// that stream it otherwise; a sync section without them is as before.
