@@ -70,7 +70,7 @@ const (
 	maxSigSize = 1024
 )
 
-// links is what a Membership keeps of the links it measured in this job:
+// linkMemo is what a Membership keeps of the links it measured in this job:
 // the link to it from each peer, by peer; pairs of members that were both
 // in the last ring are not probed again.
 type linkMemo map[peer.ID]ring.Link
