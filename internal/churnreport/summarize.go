@@ -303,7 +303,9 @@ func (r *report) broken() []string {
 	check(r.throughput() >= minThroughput, "throughput %.2f× < %.2f×", r.throughput(), minThroughput)
 	check(r.finished > 0 && r.accuracy >= r.baseAccuracy-maxAccuracyLoss, "test accuracy %.4f, undisturbed %.4f", r.accuracy, r.baseAccuracy)
 	check(len(r.hashes) == 1, "%d parameter hashes at the end", len(r.hashes))
-	check(r.uncounted == 0 && r.twice == 0, "samples never trained %d, trained twice %d (of %d epochs × %d)", r.uncounted, r.twice, r.epochs, r.samples)
+	// With no samples to count (-samples 0: rounds by a deadline skip a
+	// late peer's samples by design) there is nothing to hold them to.
+	check(r.samples <= 0 || r.uncounted == 0 && r.twice == 0, "samples never trained %d, trained twice %d (of %d epochs × %d)", r.uncounted, r.twice, r.epochs, r.samples)
 	check(len(r.badExits) == 0, "exits: %v", r.badExits)
 	check(r.goroutineGrowth <= maxGoroutineGrowth, "goroutines grew by %.0f in %s", r.goroutineGrowth, r.growthOf)
 	check(r.fdGrowth <= maxFDGrowth, "open files grew by %.0f", r.fdGrowth)
@@ -322,7 +324,11 @@ func (r *report) print(w io.Writer) {
 	fmt.Fprintf(w, "| throughput, undisturbed wall ÷ churned (%s ÷ %s) | %.2f× | ≥ %.2f× |\n", sec(r.baseWall), sec(r.churnWall), r.throughput(), minThroughput)
 	fmt.Fprintf(w, "| test accuracy, churned vs undisturbed | %.2f%% vs %.2f%% | within %.0f point |\n", 100*r.accuracy, 100*r.baseAccuracy, 100*maxAccuracyLoss)
 	fmt.Fprintf(w, "| parameter hashes of the %d that finished | %d | 1 |\n", r.finished, len(r.hashes))
-	fmt.Fprintf(w, "| samples of %d epochs × %d never trained, trained twice | %d, %d | 0, 0 |\n", r.epochs, r.samples, r.uncounted, r.twice)
+	if r.samples > 0 {
+		fmt.Fprintf(w, "| samples of %d epochs × %d never trained, trained twice | %d, %d | 0, 0 |\n", r.epochs, r.samples, r.uncounted, r.twice)
+	} else {
+		fmt.Fprintf(w, "| samples trained once in every epoch | not counted in this mode | — |\n")
+	}
 	fmt.Fprintf(w, "| exits other than 0 (besides %d SIGKILLed, %d started after the job's end) | %d | 0 |\n", r.killed, r.afterEnd, len(r.badExits))
 	fmt.Fprintf(w, "| growth in one process: goroutines, open files, memory | +%.0f, +%.0f, +%.0f%% | ≤ +%d, +%d, +%.0f%% |\n", r.goroutineGrowth, r.fdGrowth, 100*r.rssGrowth, maxGoroutineGrowth, maxFDGrowth, 100*maxRSSGrowth)
 }

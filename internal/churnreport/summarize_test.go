@@ -103,6 +103,12 @@ func TestSummarize(t *testing.T) {
 			t.Errorf("bounds broken: %s; want %q among them", bad, want)
 		}
 	}
+	// Without samples to count (a mode that does not count them), none is
+	// held to the bound.
+	uncounted := summarize(churn, base, 15*time.Second, 0)
+	if bad := strings.Join(uncounted.broken(), "; "); strings.Contains(bad, "samples never trained") {
+		t.Errorf("bounds broken without samples to count: %s", bad)
+	}
 	var out strings.Builder
 	r.print(&out)
 	if !strings.Contains(out.String(), "| admissions, start to first step (1) | p50 1.50 s, p99 1.50 s |") {
