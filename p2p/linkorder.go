@@ -87,48 +87,39 @@ func (m *Membership) ordered(ctx context.Context, f *Formation) (*Formation, err
 	}
 	rtts := m.pingAll(ctx, f)
 	row := make([]ring.Link, n)
-	var w1 io.WriteCloser
-	var r1 io.ReadCloser
 	for k := 1; k < n; k++ {
 		to, from := (me+k)%n, (me-k+n)%n
 		w, r, err := m.links.Pair(ctx, f, ChannelProbe, to, from)
 		if err != nil {
-			closeAll(w1, r1)
 			return nil, fmt.Errorf("p2p: probing links: %w", err)
 		}
 		size := uint32(probeBytes)
 		if m.cur != nil && slices.Contains(m.cur.Members, f.Members[to]) && slices.Contains(m.cur.Members, f.Members[me]) {
 			size = 0 // measured before
 		}
-		if m.badProbes && k > 1 {
+		if m.badProbes {
 			size = probeBytes + 1
 		}
-		bw, err := probe(ctx, w, r, size, k > 1)
-		if errors.Is(err, errBadProbe) && k > 1 {
-			// A probe no honest member sends: the link counts as not
-			// measured. The first round's link carries the rows after,
-			// and fails them.
-			const msg = "a member sent a malformed link probe; its link counts as not measured"
-			m.node.cfg.Logger.Warn().Str("peer", f.Members[from].String()).Err(err).Msg(msg)
-			bw, err = 0, nil
-		}
+		bw, err := probe(ctx, w, r, size)
 		if err != nil {
-			closeAll(w, r, w1, r1)
-			return nil, fmt.Errorf("p2p: probing the link from rank %d (%s): %w", from, f.Members[from], err)
+			// A probe cut short — a relay's byte limit cuts a relayed
+			// link's — or one no honest member sends: the link counts as
+			// not measured. A member that is gone fails the rows' ring
+			// after.
+			const msg = "a link's probe did not come whole; the link counts as not measured"
+			m.node.cfg.Logger.Warn().Str("peer", f.Members[from].String()).Err(err).Msg(msg)
+			bw = 0
 		}
 		p := f.Members[from]
 		if bw > 0 {
 			m.memo[p] = ring.Link{Bandwidth: bw, RTT: m.memo[p].RTT}
 		}
 		row[from] = ring.Link{Bandwidth: m.memo[p].Bandwidth, RTT: rtts[from]}
-		if k == 1 {
-			w1, r1 = w, r
-		}
 	}
 	if m.shapeRow != nil {
 		m.shapeRow(f, row)
 	}
-	in, err := m.shareRows(ctx, f, row, w1, r1)
+	in, err := m.shareRows(ctx, f, row)
 	if err != nil {
 		return nil, err
 	}
@@ -207,9 +198,8 @@ func (m *Membership) pingAll(ctx context.Context, f *Formation) []uint64 {
 
 // probe sends size bytes (0: none, the link measured before) on w while
 // it times the probe that comes on r, and returns the bandwidth that
-// probe came at: 0 if the sender skipped it. With done, w and r are
-// closed after.
-func probe(ctx context.Context, w io.WriteCloser, r io.ReadCloser, size uint32, done bool) (uint64, error) {
+// probe came at: 0 if the sender skipped it. w and r are closed after.
+func probe(ctx context.Context, w io.WriteCloser, r io.ReadCloser, size uint32) (uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, probeRound)
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { w.Close(); r.Close() })
@@ -231,10 +221,8 @@ func probe(ctx context.Context, w io.WriteCloser, r io.ReadCloser, size uint32, 
 	}()
 	bw, err := timeProbe(ctx, r)
 	<-sent
-	if done {
-		w.Close()
-		r.Close()
-	}
+	w.Close()
+	r.Close()
 	return bw, err
 }
 
@@ -314,34 +302,39 @@ var errBadProbe = errors.New("p2p: a malformed link probe")
 // errBadRow means a member's signed link row did not check out.
 var errBadRow = errors.New("p2p: a link row that does not check out")
 
-// shareRows signs this member's row and gathers every member's over the
-// ring by ID (w and r, the probe's first round's links) in one ring
-// allgather: each row comes down one path from its signer, so every
-// member gets the same row or none — a member cannot tell two others two
-// stories, and one that forwards another's row altered is caught by the
-// signature.
-func (m *Membership) shareRows(ctx context.Context, f *Formation, row []ring.Link, w io.WriteCloser, r io.ReadCloser) ([][]ring.Link, error) {
+// shareRows signs this member's row and gathers every member's over a
+// ring by ID of their own (ChannelRows) in one ring allgather: each row
+// comes down one path from its signer, so every member gets the same row
+// or none — a member cannot tell two others two stories, and one that
+// forwards another's row altered is caught by the signature.
+func (m *Membership) shareRows(ctx context.Context, f *Formation, row []ring.Link) ([][]ring.Link, error) {
 	n := len(f.Members)
 	mine := encodeRow(row)
 	sig, err := m.node.priv.Sign(rowDigest(m.node.key, f, f.Rank, mine))
 	if err != nil {
-		closeAll(w, r)
 		return nil, fmt.Errorf("p2p: signing the link row: %w", err)
 	}
 	if len(sig) > maxSigSize {
-		closeAll(w, r)
 		return nil, fmt.Errorf("p2p: a link row's signature of %d bytes", len(sig))
 	}
-	rr, err := ring.New(ring.NewStreams(w, r), ring.Config{Rank: f.Rank, Size: n, Generation: f.Generation})
+	all := make([]int, n)
+	for i := range all {
+		all[i] = i
+	}
+	t, err := m.links.ConnectRing(ctx, f, ChannelRows, all)
 	if err != nil {
-		closeAll(w, r)
+		return nil, fmt.Errorf("p2p: the link rows' ring: %w", err)
+	}
+	rr, err := ring.New(t, ring.Config{Rank: f.Rank, Size: n, Generation: f.Generation})
+	if err != nil {
+		t.Close()
 		return nil, err
 	}
 	defer rr.Close()
 	seg := (4 + rowSize(n) + maxSigSize + 3) / 4
 	buf := make([]float32, n*seg)
-	all := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), len(buf)*4)
-	b := all[f.Rank*4*seg:]
+	raw := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), len(buf)*4)
+	b := raw[f.Rank*4*seg:]
 	binary.LittleEndian.PutUint32(b, uint32(len(sig)))
 	copy(b[4:], mine)
 	copy(b[4+len(mine):], sig)
@@ -358,7 +351,7 @@ func (m *Membership) shareRows(ctx context.Context, f *Formation, row []ring.Lin
 			in[root] = row
 			continue
 		}
-		b := all[root*4*seg : (root+1)*4*seg]
+		b := raw[root*4*seg : (root+1)*4*seg]
 		if in[root], err = checkRow(m.node.key, f, root, m.node.h.Peerstore().PubKey(f.Members[root]), b); err != nil {
 			return nil, fmt.Errorf("%w, by way of rank %d", err, (f.Rank-1+n)%n)
 		}

@@ -34,7 +34,7 @@ type Membership struct {
 	// loopback, or make one lie.
 	shapeRow func(f *Formation, row []ring.Link)
 	// badProbes, set by tests, makes this member send probes no honest
-	// one does (too long) after the first round.
+	// one does (too long).
 	badProbes bool
 }
 

@@ -219,7 +219,8 @@ const (
 	ChannelForward  Channel = 2 // stage s to s+1: activations
 	ChannelBackward Channel = 3 // stage s+1 to s: gradients
 	ChannelProbe    Channel = 4 // the links' measures at formation (RingOrder)
-	maxChannel              = ChannelProbe
+	ChannelRows     Channel = 5 // the ring by ID that gathers the measures
+	maxChannel              = ChannelRows
 )
 
 type inbound struct {
