@@ -144,14 +144,6 @@ func (m *Membership) ordered(ctx context.Context, f *Formation) (*Formation, err
 
 func mbit(bytesPerSec uint64) float64 { return math.Round(float64(bytesPerSec)*8/1e4) / 100 }
 
-func closeAll(cs ...io.Closer) {
-	for _, c := range cs {
-		if c != nil {
-			c.Close()
-		}
-	}
-}
-
 // pingAll times the round trip to each other member of f over its libp2p
 // connection, the least of probePings, within probeRound; those measured
 // in this job before are not timed again. 0 where none came back.

@@ -140,30 +140,27 @@ func newSecureConn(raw net.Conn, cs tls.ConnectionState, dialer bool) (*secureCo
 // export.
 func newRecordConn(raw net.Conn, suite uint16, export func(context []byte, n int) ([]byte, error), dialer bool) (*secureConn, error) {
 	s := &secureConn{raw: raw, export: export, suite: suite, dialer: dialer, keyBytes: keyBytes, keyRecords: keyRecords, limit: maxRecord}
-	var err error
-	if s.seal, err = s.key(0, dialer); err == nil {
-		s.open, err = s.key(0, !dialer)
+	d, a, err := s.keys(0)
+	s.seal, s.open = d, a
+	if !dialer {
+		s.seal, s.open = a, d
 	}
 	return s, err
 }
 
-// key is the AEAD of key number k that the dialer (or the acceptor) seals
-// with: from the TLS exporter, with no context for the first key and
-// "roll" and k for the others.
-func (s *secureConn) key(k uint64, dialer bool) (cipher.AEAD, error) {
+// keys are the AEADs of key number k, the dialer's and the acceptor's:
+// from the TLS exporter, with no context for the first key and "roll" and
+// k for the others.
+func (s *secureConn) keys(k uint64) (dialer, acceptor cipher.AEAD, err error) {
 	var context []byte
 	if k > 0 {
 		context = binary.BigEndian.AppendUint64([]byte("roll"), k)
 	}
-	keys, err := s.export(context, 2*keyLen(s.suite))
+	material, err := s.export(context, 2*keyLen(s.suite))
 	if err != nil {
-		return nil, fmt.Errorf("p2p: TLS exporter: %w", err)
+		return nil, nil, fmt.Errorf("p2p: TLS exporter: %w", err)
 	}
-	d, a, err := recordAEADs(s.suite, keys)
-	if dialer {
-		return d, err
-	}
-	return a, err
+	return recordAEADs(s.suite, material)
 }
 
 // roll counts a record of size bytes on u, first taking the next key if
@@ -171,9 +168,13 @@ func (s *secureConn) key(k uint64, dialer bool) (cipher.AEAD, error) {
 // itself if it is still the current one.
 func (s *secureConn) roll(u *keyUse, aead cipher.AEAD, size int, sealing bool) (cipher.AEAD, error) {
 	if u.records > 0 && (u.bytes+uint64(size) > s.keyBytes || u.records+1 > s.keyRecords) {
-		next, err := s.key(u.key+1, s.dialer == sealing)
+		d, a, err := s.keys(u.key + 1)
 		if err != nil {
 			return nil, err
+		}
+		next := a // what the acceptor seals with, the dialer opens with
+		if s.dialer == sealing {
+			next = d
 		}
 		*u = keyUse{key: u.key + 1}
 		aead = next

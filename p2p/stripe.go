@@ -132,10 +132,14 @@ func (s *stripedReader) Read(p []byte) (int, error) {
 
 func (s *stripedReader) Close() error { return closeParts(s.parts) }
 
+// closeParts closes a link's connections, those there are (nil where a
+// connection never came).
 func closeParts[C io.Closer](parts []C) error {
 	var errs []error
 	for _, p := range parts {
-		errs = append(errs, p.Close())
+		if any(p) != nil {
+			errs = append(errs, p.Close())
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -436,11 +436,7 @@ func (l *RingLinks) admit(s network.Stream, k linkKey, rank int) (io.ReadCloser,
 		case !claimed:
 			// Some of a link's connections came, not all: no one takes
 			// them now (the token is gone).
-			for _, c := range parts {
-				if c != nil {
-					c.Close()
-				}
-			}
+			closeParts(parts)
 		}
 	}()
 	msg := append([]byte{byte(len(addr))}, addr...)
@@ -940,7 +936,7 @@ func readLinkAddr(s network.Stream) (addr string, tok [tokenSize]byte, err error
 // dialTCP opens the clear TCP plane's link to succ at addr, each of its
 // connections presenting tok and its place (dialStriped).
 func (l *RingLinks) dialTCP(ctx context.Context, succ peer.ID, addr string, tok [tokenSize]byte) (io.WriteCloser, error) {
-	return l.dialStriped(succ, func(int) (io.WriteCloser, time.Duration, error) {
+	return l.dialStriped(succ, func() (io.WriteCloser, time.Duration, error) {
 		var d net.Dialer
 		c, err := d.DialContext(ctx, "tcp", addr)
 		if err != nil {
@@ -955,9 +951,10 @@ func (l *RingLinks) dialTCP(ctx context.Context, succ peer.ID, addr string, tok 
 
 // dialStriped opens a link of one connection, or over a long round trip
 // (the first connection's) as many as linkStreams says, striped: open
-// dials one connection, hello says which of how many it is.
-func (l *RingLinks) dialStriped(succ peer.ID, open func(k int) (io.WriteCloser, time.Duration, error), hello func(c io.WriteCloser, stream, streams int) error) (io.WriteCloser, error) {
-	first, rtt, err := open(0)
+// dials one connection and gives its round trip, hello says which of how
+// many it is.
+func (l *RingLinks) dialStriped(succ peer.ID, open func() (io.WriteCloser, time.Duration, error), hello func(c io.WriteCloser, stream, streams int) error) (io.WriteCloser, error) {
+	first, rtt, err := open()
 	if err != nil {
 		return nil, err
 	}
@@ -981,7 +978,7 @@ func (l *RingLinks) dialStriped(succ peer.ID, open func(k int) (io.WriteCloser, 
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			c, _, err := open(i)
+			c, _, err := open()
 			if err == nil {
 				if err = hello(c, i, k); err != nil {
 					c.Close()
@@ -994,7 +991,7 @@ func (l *RingLinks) dialStriped(succ peer.ID, open func(k int) (io.WriteCloser, 
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		closeAll(toClosers(parts)...)
+		closeParts(parts)
 		return nil, err
 	}
 	if k == 1 {
@@ -1004,23 +1001,13 @@ func (l *RingLinks) dialStriped(succ peer.ID, open func(k int) (io.WriteCloser, 
 	return &stripedWriter{parts: parts}, nil
 }
 
-func toClosers[C io.Closer](cs []C) []io.Closer {
-	out := make([]io.Closer, 0, len(cs))
-	for _, c := range cs {
-		if any(c) != nil {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
 // dialTLS opens the TLS link to succ at addr (dialStriped).
 func (l *RingLinks) dialTLS(ctx context.Context, succ peer.ID, addr string, hello secureHello) (io.WriteCloser, error) {
 	id, err := l.tls.get(l.h.Peerstore().PrivKey(l.h.ID()))
 	if err != nil {
 		return nil, err
 	}
-	return l.dialStriped(succ, func(int) (io.WriteCloser, time.Duration, error) {
+	return l.dialStriped(succ, func() (io.WriteCloser, time.Duration, error) {
 		sc, err := dialSecure(ctx, id, succ, addr)
 		if err != nil {
 			return nil, 0, err

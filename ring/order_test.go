@@ -47,9 +47,6 @@ func isPermutation(order []int, n int) bool {
 func TestOrderCrossesSlowLinkOnce(t *testing.T) {
 	for _, n := range []int{4, 6, 8, 16, 20} {
 		in := sites(n, 125_000_000, 12_500_000) // 1 Gbit/s and 100 Mbit/s
-		if c := crossings(make([]int, 0)); c != 0 {
-			t.Fatal(c)
-		}
 		ident := make([]int, n)
 		for i := range ident {
 			ident[i] = i
@@ -189,8 +186,12 @@ func TestGridLevel(t *testing.T) {
 		}
 		prev = l
 	}
-	if a, _ := gridLevel(1_000_000_000); a != func() int { b, _ := gridLevel(1_100_000_000); return b }() && a != func() int { b, _ := gridLevel(1_100_000_000); return b - 1 }() {
-		t.Error("10% apart is more than one step")
+	// 10% apart is at most one step: noise of that size moves a link by
+	// one level at most.
+	a, _ := gridLevel(1_000_000_000)
+	b, _ := gridLevel(1_100_000_000)
+	if b-a > 1 {
+		t.Errorf("1.0e9 and 1.1e9 are %d steps apart", b-a)
 	}
 }
 

@@ -31,6 +31,7 @@ iters=${4:-3}
 slow=${5:-100mbit}
 if [ "$(id -u)" != 0 ]; then echo "bench-topology: SKIPPED, creating network namespaces needs root"; exit 0; fi
 
+. "$(dirname "$0")/netns-lib.sh"
 p=rto$$
 tmp=$(mktemp -d)
 pids=()
@@ -52,17 +53,9 @@ for s in a b; do
 	ip link set "${p}b$s" up
 done
 for ((i = 0; i < 6; i++)); do
-	ns=$p$i
 	site=a
 	if ((i % 2)); then site=b; fi
-	ip netns add "$ns"
-	ip link add "${p}v$i" type veth peer name eth0 netns "$ns"
-	ip link set "${p}v$i" master "${p}b$site" up
-	ip -n "$ns" link set lo up
-	ip -n "$ns" addr add "10.237.0.$((i + 1))/24" dev eth0
-	ip -n "$ns" link set eth0 up
-	tc qdisc add dev "${p}v$i" root tbf rate 1gbit burst 125000 latency 50ms
-	ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate 1gbit burst 125000 latency 50ms
+	netns_on_bridge "$p" "$i" "${p}b$site" 10.237.0 1gbit 125000
 done
 ip link add "${p}xa" type veth peer name "${p}xb"
 ip link set "${p}xa" master "${p}ba" up

@@ -6,20 +6,27 @@
 # way with tbf (handle 1: on the namespace side, for a netem child where
 # the kernel has netem).
 netns_bridge() {
-	local p=$1 subnet=$2 rate=$3 burst=$4 count=${5:-4} i ns
+	local p=$1 subnet=$2 rate=$3 burst=$4 count=${5:-4} i
 	ip link add "${p}br" type bridge
 	ip link set "${p}br" up
 	for ((i = 0; i < count; i++)); do
-		ns=$p$i
-		ip netns add "$ns"
-		ip link add "${p}v$i" type veth peer name eth0 netns "$ns"
-		ip link set "${p}v$i" master "${p}br" up
-		ip -n "$ns" link set lo up
-		ip -n "$ns" addr add "$subnet.$((i + 1))/24" dev eth0
-		ip -n "$ns" link set eth0 up
-		tc qdisc add dev "${p}v$i" root tbf rate "$rate" burst "$burst" latency 50ms
-		ip netns exec "$ns" tc qdisc add dev eth0 root handle 1: tbf rate "$rate" burst "$burst" latency 50ms
+		netns_on_bridge "$p" "$i" "${p}br" "$subnet" "$rate" "$burst"
 	done
+}
+
+# netns_on_bridge <prefix> <i> <bridge> <subnet> <rate> <burst>: namespace
+# <prefix><i> with an eth0 at <subnet>.(i+1)/24 on <bridge>, its link
+# capped at <rate> each way with tbf (handle 1: on the namespace side).
+netns_on_bridge() {
+	local p=$1 i=$2 br=$3 subnet=$4 rate=$5 burst=$6 ns=$1$2
+	ip netns add "$ns"
+	ip link add "${p}v$i" type veth peer name eth0 netns "$ns"
+	ip link set "${p}v$i" master "$br" up
+	ip -n "$ns" link set lo up
+	ip -n "$ns" addr add "$subnet.$((i + 1))/24" dev eth0
+	ip -n "$ns" link set eth0 up
+	tc qdisc add dev "${p}v$i" root tbf rate "$rate" burst "$burst" latency 50ms
+	ip netns exec "$ns" tc qdisc add dev eth0 root handle 1: tbf rate "$rate" burst "$burst" latency 50ms
 }
 
 # netns_cleanup <prefix>: the EXIT trap of a script that keeps its

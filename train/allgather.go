@@ -52,19 +52,19 @@ func broadcastEach(ctx context.Context, c Collective, mine []byte, sums []float3
 	}
 	out := make([][]byte, n)
 	if ag, ok := c.(Allgatherer); ok {
-		counts := make([]int, n)
+		counts, total := make([]int, n), 0
 		for k, l := range lens {
 			counts[k] = (l + 3) / 4
+			total += counts[k]
 		}
-		buf := make([]float32, 0, (sumInts(lens)+3*n)/4)
-		for k, l := range lens {
-			seg := buf[len(buf) : len(buf)+counts[k]]
-			buf = buf[:len(buf)+counts[k]]
-			b := f32Bytes(seg)
+		buf := make([]float32, total)
+		for k, off := 0, 0; k < n; k++ {
+			b := f32Bytes(buf[off : off+counts[k]])
+			off += counts[k]
 			if k == me {
 				copy(b, mine)
 			}
-			out[k] = b[:l:l]
+			out[k] = b[:lens[k]:lens[k]]
 		}
 		if err := ag.Allgather(ctx, buf, counts); err != nil {
 			return nil, err
@@ -91,14 +91,6 @@ func broadcastEach(ctx context.Context, c Collective, mine []byte, sums []float3
 // each pass every rank.
 type Allgatherer interface {
 	Allgather(ctx context.Context, buf []float32, counts []int) error
-}
-
-func sumInts(v []int) int {
-	s := 0
-	for _, x := range v {
-		s += x
-	}
-	return s
 }
 
 // f32Bytes views f as its bytes (the machine's order), without copying.

@@ -8,7 +8,7 @@
 // namespace's tun0 caps its rate as on any link. It runs until killed,
 // after printing "ready". Linux only; needs root.
 //
-//	netdelay -ns rtl -count 4 -subnet 10.238.0 -delay 50ms
+//	netdelay -ns PREFIX -count 4 -subnet A.B.C -delay 50ms  (testdata/bench-longlinks.sh)
 package main
 
 import (
@@ -28,7 +28,7 @@ import (
 func main() {
 	ns := flag.String("ns", "", "the namespaces' prefix: PREFIX0, PREFIX1, …")
 	count := flag.Int("count", 2, "how many namespaces")
-	subnet := flag.String("subnet", "10.238.0", "the first three octets of the namespaces' /24")
+	subnet := flag.String("subnet", "", "the first three octets of the namespaces' /24 (the script that made them names it)")
 	delay := flag.Duration("delay", 50*time.Millisecond, "how long every packet is held, each way")
 	mtu := flag.Int("mtu", 65000, "the TUN devices' MTU: large packets keep a second's packets few")
 	flag.Parse()
@@ -45,8 +45,8 @@ type held struct {
 }
 
 func run(prefix string, count int, subnet string, delay time.Duration, mtu int) error {
-	if prefix == "" || count < 2 || count > 250 {
-		return fmt.Errorf("want -ns and a -count of 2 to 250")
+	if prefix == "" || subnet == "" || count < 2 || count > 250 {
+		return fmt.Errorf("want -ns, -subnet and a -count of 2 to 250")
 	}
 	base, err := netip.ParseAddr(subnet + ".0")
 	if err != nil || !base.Is4() {

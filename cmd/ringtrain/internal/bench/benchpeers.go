@@ -62,6 +62,10 @@ func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport 
 	var salt [8]byte
 	rand.Read(salt[:])
 	job := "bench-peers-" + hex.EncodeToString(salt[:])
+	listen := func(i int) string { return "127.0.0.1" }
+	if netns != "" {
+		listen = func(i int) string { return fmt.Sprintf("%s.%d", subnet, i+1) }
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	results := make([][]ringbench.RankResult, n) // by process, by size
@@ -70,12 +74,7 @@ func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport 
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for i := range n {
-		ip := "127.0.0.1"
-		if netns != "" {
-			ip = fmt.Sprintf("%s.%d", subnet, i+1)
-		}
-		args := []string{"bench", "allreduce-peer", "--job", job, "--plane", plane.String(), "--peers", strconv.Itoa(n),
-			"--listen", ip, "--sizes", sizes, "--iters", strconv.Itoa(cfg.Iters), "--chunk", strconv.Itoa(cfg.ChunkBytes), "--ring-order", order.String()}
+		args := peerArgs(job, plane, cfg, sizes, listen(i), order)
 		if keys != nil {
 			args = append(args, "--identity", keys[i])
 		}
@@ -88,14 +87,8 @@ func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport 
 				return errors.Join(append(errs, ctx.Err())...)
 			}
 		}
-		cmd := peerCommand(ctx, exe, netns, i, args)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.StdoutPipe()
+		cmd, out, stderr, err := startPeer(ctx, exe, netns, i, args)
 		if err != nil {
-			return err
-		}
-		if err := cmd.Start(); err != nil {
 			return err
 		}
 		wg.Go(func() {
@@ -127,6 +120,12 @@ func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport 
 		return err
 	}
 	return emitRows(rowName(transport, netns, order), results, len(cfg.Sizes), emit)
+}
+
+// peerArgs are the arguments of one `bench allreduce-peer` of the ring.
+func peerArgs(job string, plane p2p.DataPlane, cfg ringbench.Config, sizes, listen string, order p2p.RingOrder) []string {
+	return []string{"bench", "allreduce-peer", "--job", job, "--plane", plane.String(), "--peers", strconv.Itoa(cfg.Peers),
+		"--listen", listen, "--sizes", sizes, "--iters", strconv.Itoa(cfg.Iters), "--chunk", strconv.Itoa(cfg.ChunkBytes), "--ring-order", order.String()}
 }
 
 // rowName is a row's transport: transport-procs, or transport-netns
@@ -186,6 +185,46 @@ func keysByID(dir string, n int) ([]string, error) {
 	return files, nil
 }
 
+// peerHost is an allreduce-peer's host: listening on ip, with the key in
+// identity ("" for a fresh one) and bootstrap ("" for none) to meet.
+func peerHost(ip net.IP, identity, bootstrap string) (p2p.HostConfig, error) {
+	hc := p2p.HostConfig{Listen: []string{fmt.Sprintf("/ip4/%s/tcp/0", ip)}}
+	var err error
+	if identity != "" {
+		if hc.Identity, err = p2p.LoadOrCreateIdentity(identity); err != nil {
+			return hc, fmt.Errorf("bench allreduce-peer: %w", err)
+		}
+	}
+	if bootstrap != "" {
+		a, err := ma.NewMultiaddr(bootstrap)
+		if err != nil {
+			return hc, fmt.Errorf("bench allreduce-peer: --bootstrap: %w: %w", err, cli.ErrUsage)
+		}
+		info, err := peer.AddrInfoFromP2pAddr(a)
+		if err != nil {
+			return hc, fmt.Errorf("bench allreduce-peer: --bootstrap: %w: %w", err, cli.ErrUsage)
+		}
+		hc.Bootstrap = []peer.AddrInfo{*info}
+	}
+	return hc, nil
+}
+
+// startPeer starts peer i (peerCommand), its output to read and its
+// standard error kept.
+func startPeer(ctx context.Context, exe, netns string, i int, args []string) (*exec.Cmd, io.ReadCloser, *bytes.Buffer, error) {
+	cmd := peerCommand(ctx, exe, netns, i, args)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, nil, err
+	}
+	return cmd, out, &stderr, nil
+}
+
 // peerCommand runs this binary with args as peer i: in network namespace
 // netns+i where netns is set, else here.
 func peerCommand(ctx context.Context, exe, netns string, i int, args []string) *exec.Cmd {
@@ -230,22 +269,9 @@ func AllreducePeer(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if ip == nil || *job == "" || *peers < 2 {
 		return fmt.Errorf("bench allreduce-peer: want --job, --peers ≥ 2 and an IP to --listen on: %w", cli.ErrUsage)
 	}
-	hc := p2p.HostConfig{Listen: []string{fmt.Sprintf("/ip4/%s/tcp/0", ip)}}
-	if *identity != "" {
-		if hc.Identity, err = p2p.LoadOrCreateIdentity(*identity); err != nil {
-			return fmt.Errorf("bench allreduce-peer: %w", err)
-		}
-	}
-	if *bootstrap != "" {
-		a, err := ma.NewMultiaddr(*bootstrap)
-		if err != nil {
-			return fmt.Errorf("bench allreduce-peer: --bootstrap: %w: %w", err, cli.ErrUsage)
-		}
-		info, err := peer.AddrInfoFromP2pAddr(a)
-		if err != nil {
-			return fmt.Errorf("bench allreduce-peer: --bootstrap: %w: %w", err, cli.ErrUsage)
-		}
-		hc.Bootstrap = []peer.AddrInfo{*info}
+	hc, err := peerHost(ip, *identity, *bootstrap)
+	if err != nil {
+		return err
 	}
 	jctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
