@@ -115,8 +115,9 @@ var ErrNoDevice = errors.New("engine: no CUDA device found")
 // ErrNoCUBLAS means no cuBLAS library could be loaded.
 var ErrNoCUBLAS = errors.New("engine: cuBLAS not found")
 
-// CUDA is Ops on an NVIDIA GPU: cuBLAS for Gemm, the kernels of package
-// ptx for the rest, all queued on one stream. Each call makes the context
+// CUDA is Ops on an NVIDIA GPU: cuBLAS for Gemm, cuDNN for the
+// convolutions where the host has it, the kernels of package ptx for the
+// rest, all queued on one stream. Each call makes the context
 // current on a locked OS thread, since a CUDA context belongs to a thread
 // and goroutines move between threads.
 type CUDA struct {
@@ -131,6 +132,7 @@ type CUDA struct {
 	mem    []C.CUdeviceptr
 	pinned []unsafe.Pointer
 	graphs []C.CUgraphExec
+	dnn    dnnState
 }
 
 type devBuf struct {
@@ -203,6 +205,8 @@ func NewCUDA(ordinal int, opt CUDAOptions) (_ *CUDA, err error) {
 	if err := c.openBLAS(opt.TF32); err != nil {
 		return nil, err
 	}
+	c.dnn.tf32 = opt.TF32
+	c.openDNN()
 	return c, nil
 }
 
@@ -603,8 +607,8 @@ func (c *CUDA) Scale(p, hyper Buf, at int, skip Buf) error {
 	return c.over("scale", p.Len(), p, hyper, at, skip, p.Len())
 }
 
-// Close frees every buffer, graph and page, cuBLAS, the kernels and the
-// context.
+// Close frees every buffer, graph and page, cuBLAS, cuDNN, the kernels
+// and the context.
 func (c *CUDA) Close() error {
 	return c.on(func() error {
 		var errs []error
@@ -613,6 +617,7 @@ func (c *CUDA) Close() error {
 			errs = append(errs, cuErr(C.cuGraphExecDestroy(g), "freeing a graph"))
 		}
 		C.rt_blas_close(&c.bl)
+		errs = append(errs, c.closeDNN())
 		for _, p := range c.mem {
 			errs = append(errs, cuErr(C.cuMemFree(p), "freeing device memory"))
 		}

@@ -9,8 +9,10 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/ringtrain/ringtrain/train"
@@ -22,7 +24,7 @@ func newCUDAOrSkip(t testing.TB) *CUDA {
 	if err != nil {
 		t.Fatalf("NewCUDA: %v", err)
 	}
-	t.Logf("%s, %s", c.Name(), c.BLAS())
+	t.Logf("%s, %s, %s", c.Name(), c.BLAS(), c.DNN())
 	return c
 }
 
@@ -219,6 +221,9 @@ func trainCNN(t *testing.T, ops Ops, size int, graph bool) ([][]float32, []float
 		t.Fatal(err)
 	}
 	defer net.Close()
+	if size == 1 && graph {
+		t.Log(net.Device())
+	}
 	o, err := net.Optimizer(train.NewAdam(1e-3))
 	if err != nil {
 		t.Fatal(err)
@@ -238,8 +243,8 @@ func trainCNN(t *testing.T, ops Ops, size int, graph bool) ([][]float32, []float
 	return clone(net.Params()), losses
 }
 
-// TestCUDATrainingIsDeterministicAndMatchesHost: the cnn (Adam) and a
-// 2-block GPT (embedding, layernorm, attention by strided batched
+// TestCUDATrainingIsDeterministicAndMatchesHost: the cnn (Adam), with its
+// convolutions by cuDNN and by im2col and cuBLAS, and a 2-block GPT (embedding, layernorm, attention by strided batched
 // products, GELU, residual adds; AdamW) trained on the GPU give the same
 // bits whether each step is replayed from a graph or run call by call, on
 // a ring of one or through the flat buffer, and run after run; and they
@@ -248,8 +253,12 @@ func TestCUDATrainingIsDeterministicAndMatchesHost(t *testing.T) {
 	for _, m := range []struct {
 		name  string
 		train func(*testing.T, Ops, int, bool) ([][]float32, []float32)
-	}{{"cnn", trainCNN}, {"gpt", trainGPT}} {
-		t.Run(m.name, func(t *testing.T) { deterministicAndNearHost(t, m.train) })
+		cuDNN string
+	}{{"cnn", trainCNN, ""}, {"cnn, im2col", trainCNN, "off"}, {"gpt", trainGPT, ""}} {
+		t.Run(m.name, func(t *testing.T) {
+			t.Setenv("RINGTRAIN_CUDNN", m.cuDNN)
+			deterministicAndNearHost(t, m.train)
+		})
 	}
 }
 
@@ -293,6 +302,96 @@ func deterministicAndNearHost(t *testing.T, trainOn func(*testing.T, Ops, int, b
 		}
 	}
 	t.Logf("losses: GPU %v, Host %v", refLoss, hostLoss)
+}
+
+// TestCUDAConvolvesLikeIm2col: cuDNN's three directions, planned for the
+// cnn's two convolutions (batch 8), a padded 3×3 and an unpadded 2×2 one,
+// give the definition's values (the tests' directHost, itself checked
+// against im2col) within float32 summation order, and the same bits run
+// after run.
+func TestCUDAConvolvesLikeIm2col(t *testing.T) {
+	c := newCUDAOrSkip(t)
+	defer c.Close()
+	if !c.dnn.ok {
+		t.Skip(c.DNN())
+	}
+	t.Log(c.DNN())
+	rng := rand.New(rand.NewPCG(12, 12))
+	rnd := func(n int) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64())
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		g          Conv
+		out, batch int
+	}{{NewConv(1, 28, 28, 5, 2), 32, 8}, {NewConv(32, 14, 14, 5, 2), 64, 8}, {NewConv(3, 9, 7, 3, 1), 4, 5}, {NewConv(2, 5, 5, 2, 0), 3, 3}} {
+		g := tc.g
+		nx, nw, ny := tc.batch*g.C*g.H*g.W, tc.out*g.ColRows(), tc.batch*tc.out*g.ColCols()
+		x, w, dy := rnd(nx), rnd(nw), rnd(ny)
+		d := &directHost{}
+		hp, _ := d.ConvPlan(g, tc.out, tc.batch)
+		want := [][]float32{make([]float32, ny), make([]float32, nx), make([]float32, nw)}
+		if err := errors.Join(d.ConvForward(hp, hostBuf(x), hostBuf(w), hostBuf(want[0])),
+			d.ConvBackwardData(hp, hostBuf(w), hostBuf(dy), hostBuf(want[1])),
+			d.ConvBackwardFilter(hp, hostBuf(x), hostBuf(dy), hostBuf(want[2]))); err != nil {
+			t.Fatal(err)
+		}
+		p, err := c.ConvPlan(g, tc.out, tc.batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		run := func() [][]float32 {
+			bufs := make([]Buf, 6)
+			for i, v := range [][]float32{x, w, dy, want[0], want[1], want[2]} {
+				if bufs[i], err = c.Alloc(len(v)); err != nil {
+					t.Fatal(err)
+				}
+				if i < 3 {
+					if err := c.Upload(bufs[i], v); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if err := errors.Join(c.ConvForward(p, bufs[0], bufs[1], bufs[3]), c.ConvBackwardData(p, bufs[1], bufs[2], bufs[4]),
+				c.ConvBackwardFilter(p, bufs[0], bufs[2], bufs[5]), c.Sync()); err != nil {
+				t.Fatal(err)
+			}
+			got := make([][]float32, 3)
+			for i := range got {
+				got[i] = make([]float32, len(want[i]))
+				if err := c.Download(got[i], bufs[3+i]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return got
+		}
+		got, again := run(), run()
+		for i, what := range convDirections {
+			if d := maxOfMax(want[i], got[i]); d > 1e-4 {
+				t.Errorf("%+v, %d out, batch %d: %s differs by %.2e of its largest value", g, tc.out, tc.batch, what, d)
+			}
+			if !slices.Equal(got[i], again[i]) {
+				t.Errorf("%+v: %s: another run, other bits", g, what)
+			}
+		}
+	}
+}
+
+// maxOfMax is the largest difference of a and b over a's largest value.
+func maxOfMax(a, b []float32) float64 {
+	top, worst := 0.0, 0.0
+	for i := range a {
+		top = max(top, math.Abs(float64(a[i])))
+		d := math.Abs(float64(a[i] - b[i]))
+		if math.IsNaN(d) {
+			return math.Inf(1)
+		}
+		worst = max(worst, d)
+	}
+	return worst / top
 }
 
 // TestCUDAOutOfMemory: a batch that cannot fit says so, with the sizes:
@@ -378,4 +477,46 @@ func BenchmarkCUDAGPTOps(tb *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkCUDACNNLayers times each layer's calls of the cnn at batch 256
+// — its forward, its parameters' gradients, its input's gradient — and a
+// whole step (ForwardBackward, the batch in and the loss out): where a
+// step's time goes, with cuDNN's convolutions or, under
+// RINGTRAIN_CUDNN=off, im2col's.
+func BenchmarkCUDACNNLayers(tb *testing.B) {
+	c := newCUDAOrSkip(tb)
+	cnn, err := train.BuiltinSpec("cnn", 1, 28, 28, 10)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	const batch = 256
+	net, err := New(c, train.ModelConfig{Spec: cnn, Batch: batch, Seed: 1})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer net.Close()
+	x, y := batchOf(rand.New(rand.NewPCG(1, 1)), batch, 784, 10)
+	if _, err := net.ForwardBackward(x, y, batch); err != nil {
+		tb.Fatal(err)
+	}
+	timed := func(name string, f func() error) {
+		tb.Run(name, func(b *testing.B) {
+			for range b.N {
+				if err := f(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			// The calls are queued: the wait for the last is inside the time.
+			if err := c.Sync(); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+	for i, ly := range net.layers {
+		timed(fmt.Sprintf("%d %s forward", i, ly.kind), func() error { return net.forwardLayer(i) })
+		timed(fmt.Sprintf("%d %s params", i, ly.kind), func() error { return net.backwardParams(i) })
+		timed(fmt.Sprintf("%d %s input", i, ly.kind), func() error { return net.backwardInput(i) })
+	}
+	timed("step", func() error { _, err := net.ForwardBackward(x, y, batch); return err })
 }

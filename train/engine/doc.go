@@ -3,11 +3,14 @@
 // batch), maxpool2d, ReLU, flatten — and of the byte-level GPT — the
 // embedding of tokens and positions, layernorm, causal multi-head
 // attention (strided batched GEMMs per head), GELU and residual adds —
-// softmax cross-entropy, and the SGD, Adam and AdamW updates. It exists for the GPU: gorgonia's CUDA engine needs cuDNN,
-// which cannot be had here, so the CUDA path is this engine on the CUDA
-// driver API (gorgonia.org/cu for the device and context) and cuBLAS
-// (opened at run time; build tag ringtrain_cuda), with its kernels
-// committed as PTX (package ptx).
+// softmax cross-entropy, and the SGD, Adam and AdamW updates. It exists for
+// the GPU: gorgonia's CUDA engine links cuDNN, which cannot be had where
+// the project builds, so the CUDA path is this engine on the CUDA driver
+// API (gorgonia.org/cu for the device and context), cuBLAS and, where the
+// host has it, cuDNN for the convolutions (both opened at run time; build
+// tag ringtrain_cuda), with its kernels committed as PTX (package ptx).
+// An Ops that convolves directly (cuDNN) is used in place of im2col and a
+// GEMM for each conv layer it can plan.
 //
 // The network logic (Net: which primitive runs when, on which buffers) is
 // written once against Ops, the device primitives. Two Ops exist: Host, in

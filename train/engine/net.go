@@ -81,9 +81,11 @@ type Net struct {
 	// positions is the labels a sample has: 1, or a language model's
 	// positions (then its first layer is an embedding of tokens, vocab).
 	positions, vocab int
-	cols             []Buf // per layer: a conv's im2col of its input, kept for backward
-	dCol             Buf   // the largest conv's
-	tmp              Buf   // the largest conv's channel-major output or gradient
+	cols             []Buf  // per layer: a conv's im2col of its input, kept for backward
+	plans            []int  // per layer: a conv's plan on the Ops's convolver, or -1 (im2col)
+	convs            string // what Device adds: how the convolutions run, where not all by im2col
+	dCol             Buf    // the largest conv's
+	tmp              Buf    // the largest conv's channel-major output or gradient
 	labels           Buf
 	dLoss            Buf // per-row losses
 	flags            Buf // [0]: the gradients hold a NaN or Inf; [1]: always 0; [2]: the averaged ones do
@@ -166,6 +168,7 @@ func New(ops Ops, cfg train.ModelConfig) (_ *Net, err error) {
 	if err := n.layout(cfg.Spec, shapes, init); err != nil {
 		return nil, err
 	}
+	n.planConvs()
 	if err := n.allocate(); err != nil {
 		return nil, err
 	}
@@ -240,6 +243,39 @@ func (n *Net) layout(spec train.Spec, shapes [][]int, init []train.Param) error 
 	return nil
 }
 
+// planConvs has an Ops that convolves directly plan each conv2d layer; a
+// layer it cannot plan keeps im2col and a GEMM, and Device says why.
+func (n *Net) planConvs() {
+	n.plans = make([]int, len(n.layers))
+	cv, _ := n.ops.(convolver)
+	var planned, all int
+	var why error
+	for k, ly := range n.layers {
+		n.plans[k] = -1
+		if ly.kind != train.LayerConv2D {
+			continue
+		}
+		all++
+		if cv == nil {
+			continue
+		}
+		p, err := cv.ConvPlan(ly.conv, ly.outC, n.batch)
+		if err != nil {
+			why = fmt.Errorf("layer %d: %w", k, err)
+			continue
+		}
+		n.plans[k] = p
+		planned++
+	}
+	switch {
+	case all == 0 || cv == nil:
+	case planned == all:
+		n.convs = "convolutions direct"
+	case why != nil:
+		n.convs = fmt.Sprintf("%d of %d convolutions direct, the rest by im2col (%v)", planned, all, why)
+	}
+}
+
 // allocate plans the arena of every buffer a step uses, then allocates it
 // in one piece, and the page-locked staging beside it.
 func (n *Net) allocate() error {
@@ -262,6 +298,9 @@ func (n *Net) allocate() error {
 			iAct, iDAct = append(iAct, want(n.batch*ly.out)), append(iDAct, iDAct[len(iDAct)-1])
 			continue
 		case train.LayerConv2D:
+			if n.plans[k] >= 0 {
+				break
+			}
 			iCol[k] = want(n.batch * ly.conv.ColRows() * ly.conv.ColCols())
 			maxCol = max(maxCol, ly.conv.ColRows()*ly.conv.ColCols())
 			maxTmp = max(maxTmp, ly.outC*ly.conv.ColCols())
@@ -677,6 +716,12 @@ func (n *Net) forwardLayer(i int) error {
 	case train.LayerAdd:
 		return ops.Add(x, n.acts[n.saves[ly.from].act], y)
 	case train.LayerConv2D:
+		if p := n.plans[i]; p >= 0 {
+			if err := n.ops.(convolver).ConvForward(p, x, n.dParams[ly.w], y); err != nil {
+				return err
+			}
+			return ops.BiasAdd(y, n.dParams[ly.b], n.batch, ly.outC, ly.conv.ColCols())
+		}
 		// One im2col and one GEMM for the whole batch: the GEMM's output is
 		// channel-major (outC × batch·P), turned batch-major with the bias.
 		g, P := ly.conv, ly.conv.ColCols()
@@ -741,6 +786,12 @@ func (n *Net) backwardParams(i int) error {
 	case train.LayerAdd:
 		return ops.Accumulate(n.saves[ly.from].grad, dy)
 	case train.LayerConv2D:
+		if p := n.plans[i]; p >= 0 {
+			if err := ops.BiasGrad(dy, n.dGrads[ly.b], n.batch, ly.outC, ly.conv.ColCols()); err != nil {
+				return err
+			}
+			return n.ops.(convolver).ConvBackwardFilter(p, x, dy, n.dGrads[ly.w])
+		}
 		g, P := ly.conv, ly.conv.ColCols()
 		col := n.cols[i] // forward's im2col of x
 		t := ops.Slice(n.tmp, 0, ly.outC*n.batch*P)
@@ -774,6 +825,9 @@ func (n *Net) backwardInput(i int) error {
 	case train.LayerGELU:
 		return ops.GELUBackward(x, dy, dx)
 	case train.LayerConv2D:
+		if p := n.plans[i]; p >= 0 {
+			return n.ops.(convolver).ConvBackwardData(p, n.dParams[ly.w], dy, dx)
+		}
 		g, P := ly.conv, ly.conv.ColCols()
 		t := ops.Slice(n.tmp, 0, ly.outC*n.batch*P)
 		dCol := ops.Slice(n.dCol, 0, g.ColRows()*n.batch*P)
@@ -871,7 +925,13 @@ func (n *Net) Logits() []float32 {
 	return n.logits
 }
 
-// Device names the Ops the net runs on.
-func (n *Net) Device() string { return n.ops.Name() }
+// Device names the Ops the net runs on, and says so where its
+// convolutions are direct (cuDNN on a GPU) rather than by im2col.
+func (n *Net) Device() string {
+	if n.convs != "" {
+		return n.ops.Name() + ", " + n.convs
+	}
+	return n.ops.Name()
+}
 
 func (n *Net) Close() error { return n.ops.Close() }

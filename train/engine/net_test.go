@@ -108,25 +108,32 @@ func TestNetMatchesGorgonia(t *testing.T) {
 					t.Fatalf("logit %d: %v; gorgonia %v", i, g, v)
 				}
 			}
-			for ti, ref := range ref.Grads() {
-				top := 0.0
-				for _, v := range ref {
-					top = max(top, math.Abs(float64(v)))
-				}
-				if top == 0 {
-					t.Fatalf("%s: gorgonia's gradient is all zeros", net.ParamNames()[ti])
-				}
-				for j, v := range ref {
-					if g := net.Grads()[ti][j]; math.Abs(float64(g-v)) > max(1e-5+1e-3*math.Abs(float64(v)), 1e-4*top) {
-						t.Fatalf("%s[%d]: gradient %v; gorgonia %v (largest %v)", net.ParamNames()[ti], j, g, v, top)
-					}
-				}
-			}
+			gradsNearGorgonia(t, net, ref)
 			fwd, err := net.Forward(x, y, tt.n)
 			if err != nil || fwd != got {
 				t.Errorf("Forward = %v, %v; want ForwardBackward's loss %v", fwd, err, got)
 			}
 		})
+	}
+}
+
+// gradsNearGorgonia fails t unless net's gradients are ref's within
+// float32 summation order, none of ref's all zeros.
+func gradsNearGorgonia(t *testing.T, net *Net, ref train.Model) {
+	t.Helper()
+	for ti, ref := range ref.Grads() {
+		top := 0.0
+		for _, v := range ref {
+			top = max(top, math.Abs(float64(v)))
+		}
+		if top == 0 {
+			t.Fatalf("%s: gorgonia's gradient is all zeros", net.ParamNames()[ti])
+		}
+		for j, v := range ref {
+			if g := net.Grads()[ti][j]; math.Abs(float64(g-v)) > max(1e-5+1e-3*math.Abs(float64(v)), 1e-4*top) {
+				t.Fatalf("%s[%d]: gradient %v; gorgonia %v (largest %v)", net.ParamNames()[ti], j, g, v, top)
+			}
+		}
 	}
 }
 

@@ -119,11 +119,31 @@ type Ops interface {
 	Close() error
 }
 
+// convolver is an Ops that convolves directly — cuDNN on a GPU — in place
+// of an im2col and a GEMM: no unrolled copy of the input (at batch 256 the
+// cnn's second one is 160 MB, written and read twice a step), and kernels
+// chosen for the shape. x is batch × C × H × W, w is out × C × K × K, y is
+// batch × out × OH × OW, as Net keeps them.
+type convolver interface {
+	// ConvPlan prepares convolutions of geometry g with out channels over
+	// batch samples and returns a handle for the calls below; an error
+	// means this shape is left to im2col and a GEMM.
+	ConvPlan(g Conv, out, batch int) (int, error)
+	// ConvForward sets y to x convolved with w (no bias).
+	ConvForward(plan int, x, w, y Buf) error
+	// ConvBackwardFilter sets dw to the weights' gradient from x and dy,
+	// in an order that is the same every run.
+	ConvBackwardFilter(plan int, x, dy, dw Buf) error
+	// ConvBackwardData sets dx to the input's gradient from w and dy, as
+	// deterministically.
+	ConvBackwardData(plan int, w, dy, dx Buf) error
+}
+
 // CUDAOptions are the CUDA engine's settings.
 type CUDAOptions struct {
 	// TF32 lets cuBLAS multiply on tensor cores in TF32 (10-bit
 	// mantissas): faster GEMMs, with relative errors near 1e-3 instead of
-	// float32's 1e-7. Off by default.
+	// float32's 1e-7; with cuDNN, its convolutions too. Off by default.
 	TF32 bool
 }
 

@@ -41,7 +41,7 @@ type Options struct {
 // AddFlags defines the engine's flags on fs.
 func AddFlags(fs *flag.FlagSet) *Options {
 	var o Options
-	fs.BoolVar(&o.TF32, "tf32", false, "cuda: let cuBLAS multiply in TF32 on tensor cores (faster; GEMM errors near 1e-3 instead of 1e-7)")
+	fs.BoolVar(&o.TF32, "tf32", false, "cuda: let cuBLAS and cuDNN multiply in TF32 on tensor cores (faster; errors near 1e-3 instead of 1e-7)")
 	fs.BoolVar(&o.NoGraph, "no-graph", false, "cuda and host: run every step call by call instead of replaying a captured one (CUDA graph)")
 	return &o
 }
