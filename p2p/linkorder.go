@@ -120,6 +120,12 @@ func (m *Membership) ordered(ctx context.Context, f *Formation) (*Formation, err
 		m.shapeRow(f, row)
 	}
 	in, err := m.shareRows(ctx, f, row)
+	if errors.Is(err, errBadRow) {
+		// Every member learned it in the same allreduce: all keep the
+		// order by ID, which needs no one's word.
+		m.node.cfg.Logger.Warn().Uint64("generation", f.Generation).Err(err).Msg("link rows did not check out; this ring keeps the ID order")
+		return f, nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -298,7 +304,10 @@ var errBadRow = errors.New("p2p: a link row that does not check out")
 // ring by ID of their own (ChannelRows) in one ring allgather: each row
 // comes down one path from its signer, so every member gets the same row
 // or none — a member cannot tell two others two stories, and one that
-// forwards another's row altered is caught by the signature.
+// forwards another's row altered is caught by the signature. Then one
+// allreduce counts the members that found a row that does not check out:
+// if any did, every member returns errBadRow, so that all fall back alike
+// rather than some ordering and the others not.
 func (m *Membership) shareRows(ctx context.Context, f *Formation, row []ring.Link) ([][]ring.Link, error) {
 	n := len(f.Members)
 	mine := encodeRow(row)
@@ -316,6 +325,9 @@ func (m *Membership) shareRows(ctx context.Context, f *Formation, row []ring.Lin
 	t, err := m.links.ConnectRing(ctx, f, ChannelRows, all)
 	if err != nil {
 		return nil, fmt.Errorf("p2p: the link rows' ring: %w", err)
+	}
+	if m.garbleRows != nil {
+		t = m.garbleRows(t)
 	}
 	rr, err := ring.New(t, ring.Config{Rank: f.Rank, Size: n, Generation: f.Generation})
 	if err != nil {
@@ -338,15 +350,29 @@ func (m *Membership) shareRows(ctx context.Context, f *Formation, row []ring.Lin
 		return nil, fmt.Errorf("p2p: sharing link rows: %w", err)
 	}
 	in := make([][]ring.Link, n)
+	var bad error
 	for root := range n {
 		if root == f.Rank {
 			in[root] = row
 			continue
 		}
 		b := raw[root*4*seg : (root+1)*4*seg]
-		if in[root], err = checkRow(m.node.key, f, root, m.node.h.Peerstore().PubKey(f.Members[root]), b); err != nil {
-			return nil, fmt.Errorf("%w, by way of rank %d", err, (f.Rank-1+n)%n)
+		if in[root], err = checkRow(m.node.key, f, root, m.node.h.Peerstore().PubKey(f.Members[root]), b); err != nil && bad == nil {
+			bad = fmt.Errorf("%w, by way of rank %d", err, (f.Rank-1+n)%n)
 		}
+	}
+	verdict := []float32{0}
+	if bad != nil {
+		verdict[0] = 1
+	}
+	if err := rr.AllreduceSum(ctx, verdict); err != nil {
+		return nil, fmt.Errorf("p2p: telling which link rows checked out: %w", err)
+	}
+	switch {
+	case bad != nil:
+		return nil, bad
+	case verdict[0] != 0:
+		return nil, fmt.Errorf("%w: %v member(s) found one", errBadRow, verdict[0])
 	}
 	return in, nil
 }

@@ -42,20 +42,24 @@ func TestMembershipOrdersByLinks(t *testing.T) {
 		liar      func(f *Formation, row []ring.Link)
 		crossings int  // -1: any
 		badProbes bool // the liar's probes are out of bounds too
+		garble    bool // the liar alters the rows it forwards, and the verdict
 	}{
-		{"honest", nil, 2, false},
-		{"liar sends malformed probes", twoSites, -1, true},
+		{"honest", nil, 2, false, false},
+		{"liar sends malformed probes", twoSites, -1, true, false},
 		{"liar says every link is the fastest", func(f *Formation, row []ring.Link) {
 			for j := range row {
 				row[j] = ring.Link{Bandwidth: ^uint64(0), RTT: 1}
 			}
-		}, -1, false},
-		{"liar says nothing", func(f *Formation, row []ring.Link) { clear(row) }, -1, false},
+		}, -1, false, false},
+		{"liar says nothing", func(f *Formation, row []ring.Link) { clear(row) }, -1, false, false},
 		{"liar says its site's links are slowest", func(f *Formation, row []ring.Link) {
 			for j := range row {
 				row[j] = ring.Link{Bandwidth: 1, RTT: ^uint64(0) / 4}
 			}
-		}, -1, false},
+		}, -1, false, false},
+		// Rows that do not check out leave every member with the ID
+		// order, which crosses between the interleaved sites each hop.
+		{"liar alters what it forwards", twoSites, 6, false, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -83,6 +87,9 @@ func TestMembershipOrdersByLinks(t *testing.T) {
 				if tc.liar != nil && h.ID() == ids[2] {
 					ms[i].shapeRow = tc.liar
 					ms[i].badProbes = tc.badProbes
+					if tc.garble {
+						ms[i].garbleRows = func(t ring.Transport) ring.Transport { return garbling{t, new(bool)} }
+					}
 				}
 				wg.Go(func() { rings[i], _, errs[i] = ms[i].Form(ctx) })
 			}
@@ -120,6 +127,26 @@ func TestMembershipOrdersByLinks(t *testing.T) {
 			}
 		})
 	}
+}
+
+// garbling alters every payload it writes but its first, its own row:
+// the member before it in the rows' ring then finds every row whole, and
+// learns from the verdict that others did not. The frames' headers pass.
+type garbling struct {
+	ring.Transport
+	own *bool
+}
+
+func (g garbling) Write(p []byte) (int, error) {
+	if len(p) == ring.HeaderSize || !*g.own {
+		*g.own = *g.own || len(p) != ring.HeaderSize
+		return g.Transport.Write(p)
+	}
+	q := slices.Clone(p)
+	for i := range q {
+		q[i] ^= 0x5a
+	}
+	return g.Transport.Write(q)
 }
 
 func mustDecode(t *testing.T, s string) peer.ID {

@@ -36,6 +36,9 @@ type Membership struct {
 	// badProbes, set by tests, makes this member send probes no honest
 	// one does (too long).
 	badProbes bool
+	// garbleRows, set by tests, wraps this member's side of the link
+	// rows' ring: one that alters what it forwards.
+	garbleRows func(ring.Transport) ring.Transport
 }
 
 // NewMembership runs a job's membership through node and links; timeout

@@ -540,6 +540,39 @@ func TestClosingLinksEndsOpenTLSLinks(t *testing.T) {
 	runtime.KeepAlive(w) // else its socket's finalizer could close it first
 }
 
+// TestClosingLinksEndsUnclaimedTLSLinks: a TLS link that arrived and was
+// never claimed — a neighbour that solved another ring order dials for a
+// link this peer never asks for — is closed by RingLinks.Close, which
+// returns. Closing such a link while holding the links' lock once hung
+// Close for good: the link's own close takes the lock too.
+func TestClosingLinksEndsUnclaimedTLSLinks(t *testing.T) {
+	r := newTLSRing(t, PlaneTLS)
+	w, _, err := r.links[r.pred].Pair(r.ctx, r.f[r.pred], ChannelProbe, 1, -1)
+	if err != nil {
+		t.Fatalf("the link: %v", err)
+	}
+	defer w.Close()
+	succ := r.links[r.succ]
+	for waiting := 0; waiting == 0; {
+		succ.mu.Lock()
+		for _, ch := range succ.inbox {
+			waiting += len(ch)
+		}
+		succ.mu.Unlock()
+		if r.ctx.Err() != nil {
+			t.Fatal("the link never reached the successor's inbox")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	done := make(chan struct{})
+	go func() { succ.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("RingLinks.Close with an unclaimed TLS link waiting did not return")
+	}
+}
+
 // TestStrangerCannotHoldTheTLSHandshakeSlots: a stranger with a libp2p
 // identity, dialing the TLS plane from eight addresses, cannot keep the
 // listener's slots: past its handshake it is closed at once (no token was

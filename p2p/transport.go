@@ -275,10 +275,13 @@ func (l *RingLinks) Close() {
 	l.stop()
 	l.mu.Lock()
 	l.closed = true
+	// Closed after the lock is let go: closing a TLS link takes it
+	// (track's closed).
+	var unclaimed []io.Closer
 	for k, ch := range l.inbox {
 		select {
 		case in := <-ch:
-			in.r.Close()
+			unclaimed = append(unclaimed, in.r)
 		default:
 		}
 		delete(l.inbox, k)
@@ -289,6 +292,9 @@ func (l *RingLinks) Close() {
 	live := l.live
 	l.live = map[*secureConn]struct{}{}
 	l.mu.Unlock()
+	for _, r := range unclaimed {
+		r.Close()
+	}
 	for c := range live {
 		c.Close()
 	}
