@@ -15,7 +15,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzR
 
 MODEL ?= mlp
 
-.PHONY: check test-deps test-prometheus test-netns test-netns-churn test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-gpt bench-gpt-quality bench-elastic bench-nat bench-procs bench-slow bench-gpt-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes bench-churn bench-topology fashion-mnist fortunes testdata demo demo-gpt clean
+.PHONY: check test-deps test-prometheus test-netns test-netns-churn test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-gpt bench-gpt-quality bench-elastic bench-nat bench-procs bench-slow bench-gpt-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes bench-churn bench-topology bench-donors fashion-mnist fortunes testdata demo demo-gpt clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -363,6 +363,12 @@ bench-gpt: build fortunes
 # Figures: SIGKILL of one of 4 peers to the survivors' first step
 # in the new generation (median of 5), and the accuracy cost of losing a
 # peer in a 3-epoch mlp run on the full Fashion-MNIST.
+# A newcomer's catching up from 1, 2 and 4 donors (a 9.8M-parameter mlp
+# with Adam, 1 Gbit/s links in network namespaces) against the time its
+# bytes take on one link; RUNS runs each.
+bench-donors: build fashion-mnist
+	bash testdata/bench-donors.sh $(BIN)/ringtrain $(RUNS) "1 2 4"
+
 bench-elastic: fashion-mnist
 	$(GO) test -tags bench -v -count=1 -run '^TestBenchElastic$$' -timeout 60m ./cmd/ringtrain | grep -E '^bench-elastic|FAIL|ok'
 

@@ -161,7 +161,8 @@ func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead i
 		}
 		return out, &LiarError{Ranks: odd, Why: fmt.Sprintf("at step %d they hold other parameters than most ranks at that step", best)}
 	}
-	root := top[0]
+	// Every rank at the top holds the state: all of them send it.
+	root, donor := top[0], slices.Contains(top, rank)
 	out.From = root
 	got := pos[root]
 	// The optimizer's step count and shape.
@@ -182,35 +183,40 @@ func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead i
 		return out, &LiarError{Ranks: []int{root}, Why: fmt.Sprintf("it sends %d optimizer state tensors (step %d) for %d parameter tensors", nState, optStep, len(params))}
 	}
 	// Parameters, then every state tensor (each shaped like a parameter).
+	// A rank with state of its own keeps a copy, not to lose it on a lie.
 	var keep [][]float32
-	if rank != root {
+	if !donor && has {
 		for _, p := range params {
 			keep = append(keep, slices.Clone(p))
 		}
 	}
-	if err := r.broadcastTensors(ctx, params, root); err != nil {
-		return out, fmt.Errorf("%w: sending the parameters: %w", ErrCollective, err)
+	if err := r.takeState(ctx, top, params); err != nil {
+		if !donor {
+			putBack(params, keep)
+		}
+		return out, fmt.Errorf("sending the parameters: %w", err)
 	}
 	if paramHash(r.ParamHash()) != claims[root].Hash {
 		// Put this rank's own parameters back: they are not to be lost on
 		// a lie.
-		for i, p := range params {
-			copy(p, keep[i])
-		}
+		putBack(params, keep)
 		return out, &LiarError{Ranks: []int{root}, Why: "the parameters it sent do not match the hash it declared"}
 	}
 	var state [][]float32
-	if rank == root {
+	if donor {
 		_, _, state = r.OptimizerState()
+		if len(state) != nState {
+			return out, fmt.Errorf("train: this rank holds %d optimizer state tensors, rank %d %d, at the same step with the same parameters", len(state), root, nState)
+		}
 	} else {
 		for i := range nState {
 			state = append(state, make([]float32, len(params[i%len(params)])))
 		}
 	}
-	if err := r.broadcastTensors(ctx, state, root); err != nil {
-		return out, fmt.Errorf("%w: sending the optimizer state: %w", ErrCollective, err)
+	if err := r.takeState(ctx, top, state); err != nil {
+		return out, fmt.Errorf("sending the optimizer state: %w", err)
 	}
-	if rank != root {
+	if !donor {
 		if err := r.setOptimizerState(optStep, state); err != nil {
 			return out, err
 		}
@@ -250,6 +256,14 @@ func (r *Replica) Level(ctx context.Context, at Position, lost bool) (Position, 
 		return at, err
 	}
 	return pos, nil
+}
+
+// putBack copies keep back into params, when kept (a rank that took
+// another's state and must not lose its own on a lie).
+func putBack(params, keep [][]float32) {
+	for i := range keep {
+		copy(params[i], keep[i])
+	}
 }
 
 // nextTo says whether a replica at a may take the state of one at b, the

@@ -292,13 +292,14 @@ func (j *Job) begin(ctx context.Context, rep *train.Replica, admitted bool, foun
 	if !admitted {
 		return j.resume(ctx, rep, found)
 	}
+	t0 := time.Now()
 	start, err := rep.Admitted(ctx)
 	if err != nil {
 		return start, err
 	}
 	j.Log().Info().Int("world_size", j.rg.Size()).Uint64("generation", j.rg.Generation()).Int("epochs_done", start.Epochs).
-		Int("steps_done", start.Steps).Int("samples_into_epoch", start.Skip).
-		Msg("admitted to the ring; caught up with its parameters, optimizer state and position")
+		Int("steps_done", start.Steps).Int("samples_into_epoch", start.Skip).Int64("state_bytes", stateBytes(rep)).
+		Dur("took", time.Since(t0)).Msg("admitted to the ring; caught up with its parameters, optimizer state and position")
 	return start, nil
 }
 
@@ -458,4 +459,17 @@ func (s steppedRing) Broadcast(ctx context.Context, buf []float32, root int) err
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	return s.Ring.Broadcast(ctx, buf, root)
+}
+
+// stateBytes is what a newcomer takes on admission: the parameters and
+// the optimizer's state.
+func stateBytes(rep *train.Replica) int64 {
+	_, _, state := rep.OptimizerState()
+	var n int64
+	for _, ts := range [][][]float32{rep.Model.Params(), state} {
+		for _, t := range ts {
+			n += 4 * int64(len(t))
+		}
+	}
+	return n
 }

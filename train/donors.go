@@ -1,0 +1,166 @@
+package train
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"slices"
+	"sync"
+)
+
+// partHashBytes is how much of a part's SHA-256 the donors compare.
+const partHashBytes = 8
+
+// maxDonorTensors bounds the tensors whose part hashes go round: a model's
+// parameters and an optimizer's two state tensors each, with room to
+// spare.
+const maxDonorTensors = 1 << 12
+
+// donorParts splits n values among d donors: part k is [cut[k], cut[k+1]).
+// Every rank computes the same cuts from the same n and d.
+func donorParts(n, d int) []int {
+	cut := make([]int, d+1)
+	for k := range cut {
+		cut[k] = n * k / d
+	}
+	return cut
+}
+
+// donorCounts are the segments of one ring allgather that stripes a
+// tensor of n values over the donors (ascending ranks of a ring of size):
+// donor k's part at its rank, nothing elsewhere. Since the donors are in
+// rank order, the segments laid end to end are the tensor itself.
+func donorCounts(n, size int, donors []int) []int {
+	cut := donorParts(n, len(donors))
+	counts := make([]int, size)
+	for k, rank := range donors {
+		counts[rank] = cut[k+1] - cut[k]
+	}
+	return counts
+}
+
+// partHashes is each tensor's parts' hashes, tensor after tensor.
+func partHashes(ts [][]float32, d int) []byte {
+	out := make([]byte, 0, partHashBytes*d*len(ts))
+	for _, t := range ts {
+		cut := donorParts(len(t), d)
+		for k := range d {
+			h := sha256.Sum256(f32Bytes(t[cut[k]:cut[k+1]]))
+			out = append(out, h[:partHashBytes]...)
+		}
+	}
+	return out
+}
+
+// takeState gives every rank the donors' tensors ts — the donors, ranks
+// in ascending order that hold them alike, send them; the others' are
+// overwritten. Where the Collective has a ring allgather and there are
+// several donors, each donor sends an equal part of every tensor, all at
+// once in one allgather per tensor: a newcomer's state comes from every
+// donor, no one of them sending it all. Each part is checked against the
+// hash the donors agree it has (each donor hashes every part of its own
+// copy while the tensors travel, and the hashes are gathered after): a
+// rank that takes them names a donor whose part does not match; a donor,
+// as a broadcast's root does, keeps its own tensors and checks nothing it
+// forwards. Where every rank is a donor only the hashes go round, and
+// must agree. With one donor, or no allgather, the first donor
+// broadcasts the tensors; the caller checks what it can (the parameters'
+// hash).
+func (r *Replica) takeState(ctx context.Context, donors []int, ts [][]float32) error {
+	ag, ok := r.Coll.(Allgatherer)
+	if !ok || len(donors) < 2 || len(ts) > maxDonorTensors {
+		return r.broadcastTensors(ctx, ts, donors[0])
+	}
+	size, rank, d := r.Coll.Size(), r.Coll.Rank(), len(donors)
+	me := slices.Index(donors, rank)
+	want := partHashBytes * d * len(ts)
+	if me >= 0 && size == d { // every rank holds the state: compare hashes alone
+		return r.agreeOnParts(ctx, donors, partHashes(ts, d), want, nil)
+	}
+	// The hashes are hashed while the tensors travel, on both sides, and
+	// compared after. Every rank goes through every tensor's allgather,
+	// lie or not, so that none waits in one the others have left. A
+	// donor sends its part from a copy and keeps its own tensors whatever
+	// comes.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	var mine []byte
+	var got [][]byte // on a rank that takes the tensors
+	if me >= 0 {
+		wg.Go(func() { mine = partHashes(ts, d) })
+	} else {
+		got = make([][]byte, len(ts))
+	}
+	var scratch []float32
+	for i, t := range ts {
+		into := t
+		if me >= 0 {
+			scratch = grow(scratch, len(t))
+			cut := donorParts(len(t), d)
+			into = scratch
+			copy(into[cut[me]:cut[me+1]], t[cut[me]:cut[me+1]])
+		}
+		if err := ag.Allgather(ctx, into, donorCounts(len(t), size, donors)); err != nil {
+			return fmt.Errorf("%w: taking tensor %d from %d donors: %w", ErrCollective, i, d, err)
+		}
+		if me < 0 {
+			wg.Go(func() { got[i] = partHashes([][]float32{t}, d) })
+		}
+	}
+	wg.Wait()
+	return r.agreeOnParts(ctx, donors, mine, want, got)
+}
+
+// agreeOnParts gathers the donors' part hashes (mine, on a donor) and,
+// on a rank that took the tensors, checks the hashes of what came (got,
+// tensor by tensor) against the ones the donors agree on: the first
+// donor whose part does not match is named.
+func (r *Replica) agreeOnParts(ctx context.Context, donors []int, mine []byte, want int, got [][]byte) error {
+	hashes, err := allgatherBytes(ctx, r.Coll, mine, want)
+	if err != nil {
+		return fmt.Errorf("%w: gathering the donors' part hashes: %w", ErrCollective, err)
+	}
+	agreed, err := agreedParts(hashes, donors, want)
+	if err != nil {
+		return err
+	}
+	d := len(donors)
+	for i, g := range got {
+		for k, from := range donors {
+			at := (i*d + k) * partHashBytes
+			if !bytes.Equal(g[k*partHashBytes:(k+1)*partHashBytes], agreed[at:at+partHashBytes]) {
+				return &LiarError{Ranks: []int{from}, Why: fmt.Sprintf("part %d of %d of state tensor %d that it sent does not match the hash the donors agree on", k+1, d, i)}
+			}
+		}
+	}
+	return nil
+}
+
+// agreedParts is, for every part, the hash most donors gave: each donor
+// must give one for every part, and a donor that disagrees with the
+// others is named; where no hash has a majority, no one can be.
+func agreedParts(hashes [][]byte, donors []int, want int) ([]byte, error) {
+	var bad []int
+	for k, h := range hashes {
+		if isDonor := slices.Contains(donors, k); isDonor && len(h) != want || !isDonor && len(h) != 0 {
+			bad = append(bad, k)
+		}
+	}
+	if len(bad) > 0 {
+		return nil, &LiarError{Ranks: bad, Why: fmt.Sprintf("they send part hashes of the wrong length (want %d bytes from each donor %v, none from the others)", want, donors)}
+	}
+	agreed := make([]byte, want)
+	for at := 0; at < want; at += partHashBytes {
+		of := func(k int) string { return string(hashes[k][at : at+partHashBytes]) }
+		odd, majority := oddOnes(donors, of)
+		if len(odd) > 0 && !majority {
+			return nil, fmt.Errorf("train: the donors %v disagree on a part of the state, and no majority tells which are right", donors)
+		}
+		if len(odd) > 0 {
+			return nil, &LiarError{Ranks: odd, Why: "their state's part hashes differ from the other donors'"}
+		}
+		copy(agreed[at:], hashes[donors[0]][at:at+partHashBytes])
+	}
+	return agreed, nil
+}
