@@ -78,8 +78,8 @@ func (r *Replica) takeState(ctx context.Context, donors []int, ts [][]float32) e
 	if me >= 0 && size == d { // every rank holds the state: compare hashes alone
 		return r.agreeOnParts(ctx, donors, partHashes(ts, d), want, nil)
 	}
-	// The hashes are hashed while the tensors travel, on both sides, and
-	// compared after. Every rank goes through every tensor's allgather,
+	// The parts are hashed while the tensors travel, on both sides, and
+	// the hashes compared after. Every rank goes through every tensor's allgather,
 	// lie or not, so that none waits in one the others have left. A
 	// donor sends its part from a copy and keeps its own tensors whatever
 	// comes.
