@@ -38,6 +38,18 @@ func lateNode(ctx context.Context, t *testing.T, j Job, boot *Host, cfg NodeConf
 	return n
 }
 
+// TestLateJoinerOfAJobOfOne: a job of world size 1 whose ring trains; a
+// peer started with its member as bootstrap waits as a standby to be
+// admitted, rather than forming a ring of its own before its first hello
+// is answered — the two rings of one job would then train apart, and
+// merge only to name each other liars.
+func TestLateJoinerOfAJobOfOne(t *testing.T) {
+	j := job
+	j.WorldSize, j.MaxWorldSize = 1, 2
+	ctx, s := formedRing(t, j)
+	lateNode(ctx, t, j, s.Hosts[0], NodeConfig{}, true)
+}
+
 // formedRing forms a ring of j's world size on loopback; the context it
 // returns, for the rest of the test, ends a minute from now.
 func formedRing(t *testing.T, j Job) (context.Context, *localSwarm) {

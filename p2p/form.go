@@ -374,22 +374,19 @@ func (n *Node) Join(ctx context.Context) (*Formation, error) {
 	defer wg.Wait()
 	defer stop()
 	wg.Go(func() { n.discoverLoop(dctx) })
+	first, start := n.connectedPeers(), time.Now()
 	pause := n.cfg.Interval
 	for {
 		n.exchange()
-		if f, err := n.decideJoin(); f != nil || err != nil {
-			if f != nil {
-				n.cfg.Logger.Info().Int("rank", f.Rank).Int("world_size", len(f.Members)).Uint64("generation", f.Generation).
-					Stringers("members", peerStringers(f.Members)).Msg("ring formed")
-				n.mu.Lock()
-				if n.ctx.Err() == nil {
-					n.keepMembersLocked(f.Members)
-					n.passOnLocked()
-					n.useDHT() // so that peers who come later find the job
-				}
-				n.mu.Unlock()
+		// A peer this one was started next to (its bootstrap) may be a
+		// member of the job's ring already: its answer says so, and this
+		// peer then waits to be admitted. Deciding first, a job of world
+		// size 1 would form a second ring of this peer alone.
+		if !n.greeting(first, start) {
+			if f, err := n.decideJoin(); f != nil || err != nil {
+				n.formed(f)
+				return f, err
 			}
-			return f, err
 		}
 		if len(n.admitted) > 0 {
 			// A member admitted this peer while it was still joining: the
@@ -409,6 +406,48 @@ func (n *Node) Join(ctx context.Context) (*Formation, error) {
 			pause = min(2*pause, time.Second)
 		}
 	}
+}
+
+// formed logs a first ring formed (f; nil: none) and keeps its members.
+func (n *Node) formed(f *Formation) {
+	if f == nil {
+		return
+	}
+	n.cfg.Logger.Info().Int("rank", f.Rank).Int("world_size", len(f.Members)).Uint64("generation", f.Generation).
+		Stringers("members", peerStringers(f.Members)).Msg("ring formed")
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.ctx.Err() == nil {
+		n.keepMembersLocked(f.Members)
+		n.passOnLocked()
+		n.useDHT() // so that peers who come later find the job
+	}
+}
+
+// connectedPeers are the peers connected now that speak the hello
+// protocol — the bootstrap peers, which NewHost connected — noted so that
+// this round greets them.
+func (n *Node) connectedPeers() []peer.ID {
+	var out []peer.ID
+	for _, p := range n.h.Network().Peers() {
+		if ok, _ := n.h.Peerstore().SupportsProtocols(p, HelloProtocol); len(ok) > 0 {
+			n.near(p)
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// greeting says whether a hello to one of first, the peers connected
+// when Join began, is still under way, for at most one hello's timeout
+// from start.
+func (n *Node) greeting(first []peer.ID, start time.Time) bool {
+	if len(first) == 0 || time.Since(start) >= n.cfg.HelloTimeout {
+		return false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.ContainsFunc(first, func(p peer.ID) bool { return n.busy[p] })
 }
 
 // passOn goes on passing statements to the peers that lack them once this
