@@ -306,6 +306,13 @@ func (a *Agreement) Decide() Decision {
 		}
 	}
 	if a.lock == nil {
+		if c := a.claim(); c != nil {
+			// A ring trains (or is all but ready) without this peer: it
+			// waits to be admitted rather than form another of the same
+			// job — with a world size of 1 it could form one alone.
+			a.seen = max(a.seen, c.Gen)
+			return Decision{Err: fmt.Errorf("%w: the job's ring of %d (generation %d) formed without this peer", ErrStandby, len(c.Members), c.Gen)}
+		}
 		// Ready on this peer's own proposal once all its members propose
 		// it, or — in a first formation — on one whose other members are
 		// all ready on it already. A re-formation takes only its own: one
@@ -336,13 +343,6 @@ func (a *Agreement) Decide() Decision {
 			return Decision{Formed: &Formation{Members: slices.Clone(a.lock), Rank: slices.Index(a.lock, a.self), Generation: a.gen}}
 		}
 		return Decision{}
-	}
-	if c := a.claim(); c != nil {
-		// A ring is training (or all but ready) without this peer —
-		// perhaps smaller than it began, having lost members: wait to be
-		// admitted.
-		a.seen = max(a.seen, c.Gen)
-		return Decision{Err: fmt.Errorf("%w: the job's ring of %d (generation %d) formed without this peer", ErrStandby, len(c.Members), c.Gen)}
 	}
 	return Decision{}
 }

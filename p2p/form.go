@@ -424,16 +424,14 @@ func (n *Node) formed(f *Formation) {
 	}
 }
 
-// connectedPeers are the peers connected now that speak the hello
-// protocol — the bootstrap peers, which NewHost connected — noted so that
-// this round greets them.
+// connectedPeers are the peers connected now — the bootstrap peers,
+// which NewHost connected — noted so that this round greets them. Their
+// protocols are not asked: identify may not have told them yet, and a
+// hello to a peer that does not speak it fails at once.
 func (n *Node) connectedPeers() []peer.ID {
-	var out []peer.ID
-	for _, p := range n.h.Network().Peers() {
-		if ok, _ := n.h.Peerstore().SupportsProtocols(p, HelloProtocol); len(ok) > 0 {
-			n.near(p)
-			out = append(out, p)
-		}
+	out := n.h.Network().Peers()
+	for _, p := range out {
+		n.near(p)
 	}
 	return out
 }

@@ -14,6 +14,7 @@
 # here is removed on exit.
 #
 # usage: testdata/bench-donors.sh BIN [RUNS=3] [DONORS="1 2 4"] [MAX_RATIO]
+# (PLANE=tcp: the peers' clear TCP data plane instead of TLS)
 set -euo pipefail
 
 bin=$(realpath "$1")
@@ -31,13 +32,10 @@ pids=()
 trap 'netns_cleanup "$p"' EXIT
 
 one() { # one <donors> <run>: a JSON line
-	local d=$1 run=$2 i boot="" line took bytes ws=$1 min=$1
+	local d=$1 run=$2 i boot="" line took bytes
 	netns_bridge "$p" 10.238.0 1gbit 125000 $((d + 1))
-	# A job of world size 1 would let the newcomer form a ring of its own
-	# at once; one member of two leaves instead, and the other carries on.
-	if ((d == 1)); then ws=2 min=1; fi
 	cat >"$tmp/job.json" <<JSON
-{"name": "donors-$d-$run-$$", "world_size": $ws, "min_world_size": $min, "max_world_size": $((d + 1)), "epochs": 1,
+{"name": "donors-$d-$run-$$", "world_size": $d, "min_world_size": $d, "max_world_size": $((d + 1)), "epochs": 1,
  "batch_size": 64, "seed": 1, "optimizer": {"name": "adam", "lr": 0.001},
  "model": {"input": [1, 28, 28], "layers": [{"type": "flatten"}, {"type": "linear", "out": 4096}, {"type": "relu"},
    {"type": "linear", "out": 1600}, {"type": "relu"}, {"type": "linear", "out": 10}]},
@@ -56,18 +54,11 @@ JSON
 	start 0 0.log
 	netns_wait_for bench-donors "$tmp/0.log" '^listening on /ip4/10.238.0.1/' 30
 	boot=$(grep -m1 '^listening on /ip4/10.238.0.1/' "$tmp/0.log" | cut -d' ' -f3)
-	for ((i = 1; i < ws; i++)); do start "$i" "$i.log"; done
+	for ((i = 1; i < d; i++)); do start "$i" "$i.log"; done
 	netns_wait_for bench-donors "$tmp/0.log" '"message":"training"' 120
-	local at=$d
-	if ((d == 1)); then # the second member leaves (Ctrl-C); the newcomer takes its namespace
-		kill -INT "${pids[1]}"
-		wait "${pids[1]}" || true
-		netns_wait_for bench-donors "$tmp/0.log" '"message":"ring re-formed' 60
-		at=1
-	fi
 	sleep 3
 	: >"$tmp/new.log"
-	start "$at" new.log
+	start "$d" new.log
 	NETNS_LOGS="$tmp/*.log" netns_wait_for bench-donors "$tmp/new.log" 'admitted to the ring; caught up' 180
 	line=$(grep -m1 'admitted to the ring; caught up' "$tmp/new.log")
 	took=$(grep -o '"took":[0-9.]*' <<<"$line" | cut -d: -f2)
