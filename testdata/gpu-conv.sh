@@ -91,6 +91,6 @@ for b in 256 64; do
   pt "B=$b graph fp32" NVIDIA_TF32_OVERRIDE=0 --batch $b --mode graph
   pt "B=$b eager tf32" TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 --batch $b --mode eager
   pt "B=$b graph tf32" TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 --batch $b --mode graph
-  pt "B=$b eager default (tf32 convolutions, fp32 linear)" TORCH_DEFAULTS=1 --batch $b --mode eager
+  pt "B=$b eager default (tf32 convolutions, fp32 linear)" "" --batch $b --mode eager
 done
 log done

@@ -90,7 +90,7 @@ func (r *Replica) adoptLatest(ctx context.Context, has bool, mine Position, maxA
 // can hold one ahead of stale ones.
 func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead int, refuse bool) (Resumed, error) {
 	out := Resumed{From: -1}
-	size, rank := r.Coll.Size(), r.Coll.Rank()
+	size := r.Coll.Size()
 	var mineClaim *claim
 	if has {
 		mineClaim = &claim{Epochs: mine.Epochs, Steps: mine.Steps, Skip: mine.Skip, Hash: paramHash(r.ParamHash())}
@@ -162,25 +162,39 @@ func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead i
 		return out, &LiarError{Ranks: odd, Why: fmt.Sprintf("at step %d they hold other parameters than most ranks at that step", best)}
 	}
 	// Every rank at the top holds the state: all of them send it.
-	root, donor := top[0], slices.Contains(top, rank)
+	root := top[0]
 	out.From = root
 	got := pos[root]
+	if err := r.takeFrom(ctx, top, claims[root].Hash, has); err != nil {
+		return out, err
+	}
+	out.Position = got
+	return out, nil
+}
+
+// takeFrom gives every rank the parameters and optimizer state of the
+// donors top (rank order; the first, root, says the optimizer's shape),
+// which declared the parameters' hash; a rank with state of its own (has)
+// keeps a copy of its parameters, not to lose them on a lie.
+func (r *Replica) takeFrom(ctx context.Context, top []int, hash string, has bool) error {
+	rank := r.Coll.Rank()
+	root, donor := top[0], slices.Contains(top, rank)
 	// The optimizer's step count and shape.
 	var shape *optShape
 	if rank == root {
 		_, optStep, state := r.OptimizerState()
 		shape = &optShape{Step: optStep, Tensors: len(state)}
 	}
-	shape, err = broadcastMsg(ctx, r.Coll, root, shape, maxShapeBytes)
+	shape, err := broadcastMsg(ctx, r.Coll, root, shape, maxShapeBytes)
 	if err != nil {
-		return out, fmt.Errorf("sending the optimizer's shape: %w", err)
+		return fmt.Errorf("sending the optimizer's shape: %w", err)
 	}
 	optStep, nState := shape.Step, shape.Tensors
 	params := r.Model.Params()
 	// What another rank sends is checked before anything is made from it:
 	// an optimizer keeps at most two tensors per parameter (Adam).
 	if optStep < 0 || nState < 0 || nState > 2*len(params) || nState%max(len(params), 1) != 0 {
-		return out, &LiarError{Ranks: []int{root}, Why: fmt.Sprintf("it sends %d optimizer state tensors (step %d) for %d parameter tensors", nState, optStep, len(params))}
+		return &LiarError{Ranks: []int{root}, Why: fmt.Sprintf("it sends %d optimizer state tensors (step %d) for %d parameter tensors", nState, optStep, len(params))}
 	}
 	// Parameters, then every state tensor (each shaped like a parameter).
 	// A rank with state of its own keeps a copy, not to lose it on a lie.
@@ -194,19 +208,19 @@ func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead i
 		if !donor {
 			putBack(params, keep)
 		}
-		return out, fmt.Errorf("sending the parameters: %w", err)
+		return fmt.Errorf("sending the parameters: %w", err)
 	}
-	if paramHash(r.ParamHash()) != claims[root].Hash {
+	if paramHash(r.ParamHash()) != hash {
 		// Put this rank's own parameters back: they are not to be lost on
 		// a lie.
 		putBack(params, keep)
-		return out, &LiarError{Ranks: []int{root}, Why: "the parameters it sent do not match the hash it declared"}
+		return &LiarError{Ranks: []int{root}, Why: "the parameters it sent do not match the hash it declared"}
 	}
 	var state [][]float32
 	if donor {
 		_, _, state = r.OptimizerState()
 		if len(state) != nState {
-			return out, fmt.Errorf("train: this rank holds %d optimizer state tensors, rank %d %d, at the same step with the same parameters", len(state), root, nState)
+			return fmt.Errorf("train: this rank holds %d optimizer state tensors, rank %d %d, at the same step with the same parameters", len(state), root, nState)
 		}
 	} else {
 		for i := range nState {
@@ -214,15 +228,14 @@ func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead i
 		}
 	}
 	if err := r.takeState(ctx, top, state); err != nil {
-		return out, fmt.Errorf("sending the optimizer state: %w", err)
+		return fmt.Errorf("sending the optimizer state: %w", err)
 	}
 	if !donor {
 		if err := r.setOptimizerState(optStep, state); err != nil {
-			return out, err
+			return err
 		}
 	}
-	out.Position = got
-	return out, nil
+	return nil
 }
 
 // Level brings the replicas of a changed ring to one state after an

@@ -165,17 +165,7 @@ func TestNetConvolvesDirectly(t *testing.T) {
 			}
 			rng := rand.New(rand.NewPCG(1, 2))
 			x, y := batchOf(rng, tt.n, len(net.xPin)/tt.batch, 4)
-			want, err := ref.ForwardBackward(x, y, tt.n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := net.ForwardBackward(x, y, tt.n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if math.Abs(float64(got-want)) > 1e-5*math.Abs(float64(want)) {
-				t.Errorf("loss %v; gorgonia %v", got, want)
-			}
+			lossNearGorgonia(t, net, ref, x, y, tt.n)
 			gradsNearGorgonia(t, net, ref)
 			// The first layer's input is the data: no gradient of it.
 			wantCalls := map[string]int{"forward": tt.plans, "filter": tt.plans, "data": tt.plans - 1}

@@ -92,17 +92,7 @@ func TestNetMatchesGorgonia(t *testing.T) {
 			} else {
 				x, y = batchOf(rng, tt.n, len(net.xPin)/tt.batch, classes)
 			}
-			want, err := ref.ForwardBackward(x, y, tt.n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := net.ForwardBackward(x, y, tt.n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if math.Abs(float64(got-want)) > 1e-5*math.Abs(float64(want)) {
-				t.Errorf("loss %v; gorgonia %v", got, want)
-			}
+			got := lossNearGorgonia(t, net, ref, x, y, tt.n)
 			for i, v := range ref.Logits()[:len(y)*classes] {
 				if g := net.Logits()[i]; math.Abs(float64(g-v)) > 1e-4*(1+math.Abs(float64(v))) {
 					t.Fatalf("logit %d: %v; gorgonia %v", i, g, v)
@@ -115,6 +105,24 @@ func TestNetMatchesGorgonia(t *testing.T) {
 			}
 		})
 	}
+}
+
+// lossNearGorgonia runs a forward and backward pass of both on the batch
+// and returns net's loss, failing t unless it is ref's within 1e-5.
+func lossNearGorgonia(t *testing.T, net *Net, ref train.Model, x []float32, y []int, n int) float32 {
+	t.Helper()
+	want, err := ref.ForwardBackward(x, y, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := net.ForwardBackward(x, y, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(float64(got-want)) > 1e-5*math.Abs(float64(want)) {
+		t.Errorf("loss %v; gorgonia %v", got, want)
+	}
+	return got
 }
 
 // gradsNearGorgonia fails t unless net's gradients are ref's within
