@@ -133,6 +133,8 @@ type CUDA struct {
 	pinned []unsafe.Pointer
 	graphs []C.CUgraphExec
 	dnn    dnnState
+	// scratches: see scratch.
+	scratches map[int]Buf
 }
 
 type devBuf struct {
@@ -525,10 +527,47 @@ func (c *CUDA) BiasAdd(y, b Buf, rows, cols, inner int) error {
 	return c.over("bias_add", rows*cols*inner, y, b, rows*cols*inner, cols, inner)
 }
 
-// BiasGrad runs a block of blockSize threads per channel (see
-// biasGradBlock).
+// BiasGrad sums each channel's parts (a block of blockSize threads a part,
+// or one thread a column and part where inner is 1) into a scratch buffer
+// kept for the shape, then the parts in order (see BiasSplit). A part
+// alone goes straight to db.
 func (c *CUDA) BiasGrad(dy, db Buf, rows, cols, inner int) error {
-	return c.launch("bias_grad", cols, blockSize, dy, db, rows, cols, inner)
+	sp := NewBiasSplit(rows, inner)
+	part := db
+	if sp.Parts > 1 {
+		var err error
+		if part, err = c.scratch(sp.Parts * cols); err != nil {
+			return err
+		}
+	}
+	var err error
+	if inner == 1 {
+		err = c.over("bias_grad_rows", sp.Parts*cols, dy, part, rows, cols, sp.Seg, sp.Parts)
+	} else {
+		err = c.launch("bias_grad_part", sp.Parts*cols, blockSize, dy, part, rows, cols, inner, sp.Seg)
+	}
+	if err != nil || sp.Parts == 1 {
+		return err
+	}
+	return c.over("bias_grad_sum", cols, part, db, cols, sp.Parts)
+}
+
+// scratch is a buffer of n floats for the queued calls' intermediate sums,
+// one per size, kept until Close: a captured graph holds its address, and
+// the stream runs the calls that share it one after the other.
+func (c *CUDA) scratch(n int) (Buf, error) {
+	if b, ok := c.scratches[n]; ok {
+		return b, nil
+	}
+	b, err := c.Alloc(n)
+	if err != nil {
+		return nil, err
+	}
+	if c.scratches == nil {
+		c.scratches = map[int]Buf{}
+	}
+	c.scratches[n] = b
+	return b, nil
 }
 
 func (c *CUDA) Relu(x, y Buf) error { return c.over("relu", x.Len(), x, y, x.Len()) }

@@ -31,6 +31,29 @@ func NewPool(planes, h, w, k int) Pool {
 	return Pool{Planes: planes, H: h, W: w, K: k, OH: h / k, OW: w / k}
 }
 
+// BiasSplit is how every engine sums a bias gradient, so that every replica
+// gets the same bits: a channel's rows × inner values are cut into Parts
+// segments of Seg values (of Seg rows where inner is 1), each segment is
+// summed on its own, and the parts are then added in order. One block a
+// channel, summing all of it, left most of a GPU idle on a convolution,
+// whose few channels each hold batch × positions values.
+type BiasSplit struct{ Seg, Parts int }
+
+// Segment sizes: a block's worth of work for 256 threads, and rows enough
+// that a thread's sum amortizes its launch.
+const (
+	biasSegValues = 32 * blockSize
+	biasSegRows   = 64
+)
+
+// NewBiasSplit is the split of a rows × cols × inner gradient.
+func NewBiasSplit(rows, inner int) BiasSplit {
+	if inner == 1 {
+		return BiasSplit{Seg: biasSegRows, Parts: max(1, (rows+biasSegRows-1)/biasSegRows)}
+	}
+	return BiasSplit{Seg: biasSegValues, Parts: max(1, (rows*inner+biasSegValues-1)/biasSegValues)}
+}
+
 // Threads per block of every elementwise kernel.
 const blockSize = 256
 

@@ -104,8 +104,31 @@ func (Host) BiasAdd(y, b Buf, rows, cols, inner int) error {
 }
 
 func (Host) BiasGrad(dy, db Buf, rows, cols, inner int) error {
-	for j := range cols {
-		biasGradBlock(j, f32(dy), f32(db), rows, cols, inner)
+	sp := NewBiasSplit(rows, inner)
+	part := f32(db)
+	if sp.Parts > 1 {
+		part = make([]float32, sp.Parts*cols)
+	}
+	if inner == 1 {
+		// Row by row, every column at once: the same sums in the same
+		// order as one thread a column, in the order memory holds them.
+		clear(part)
+		for r := range rows {
+			s := r / sp.Seg
+			p, d := part[s*cols:(s+1)*cols], f32(dy)[r*cols:(r+1)*cols]
+			for j := range p {
+				p[j] += d[j]
+			}
+		}
+	} else {
+		for b := range sp.Parts * cols {
+			biasGradPartBlock(b, f32(dy), part, rows, cols, inner, sp.Seg)
+		}
+	}
+	if sp.Parts > 1 {
+		for j := range cols {
+			biasGradSumThread(j, part, f32(db), cols, sp.Parts)
+		}
 	}
 	return nil
 }

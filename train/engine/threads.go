@@ -82,26 +82,49 @@ func biasAddThread(i int, y, b []float32, cols, inner int) {
 	y[i] += b[(i/inner)%cols]
 }
 
-// biasGradBlock: block j writes db[j], the sum of dy over rows and inner
-// positions of channel j, as the kernel's 256 threads do it: thread t sums
-// elements t, t+256, …, then a tree adds the partial sums in a fixed order.
-// Same order, same bits.
-func biasGradBlock(j int, dy, db []float32, rows, cols, inner int) {
-	var part [blockSize]float32
+// biasGradPartBlock: block b writes part[s·cols + j], j = b mod cols and
+// s = b / cols, the sum of channel j's values seg·s … seg·(s+1) − 1 in the
+// rows × inner order, as the kernel's 256 threads do it: thread t sums
+// every 256th value from the segment's t-th, then a tree adds the partial
+// sums in a fixed order. Same order, same bits.
+func biasGradPartBlock(b int, dy, part []float32, rows, cols, inner, seg int) {
+	j, s := b%cols, b/cols
+	hi := min(rows*inner, (s+1)*seg)
+	var sh [blockSize]float32
 	for t := range blockSize {
 		sum := float32(0)
-		for e := t; e < rows*inner; e += blockSize {
+		for e := s*seg + t; e < hi; e += blockSize {
 			r, k := e/inner, e%inner
 			sum += dy[(r*cols+j)*inner+k]
 		}
-		part[t] = sum
+		sh[t] = sum
 	}
-	for s := blockSize / 2; s > 0; s >>= 1 {
-		for t := 0; t < s; t++ {
-			part[t] += part[t+s]
+	for w := blockSize / 2; w > 0; w >>= 1 {
+		for t := 0; t < w; t++ {
+			sh[t] += sh[t+w]
 		}
 	}
-	db[j] = part[0]
+	part[s*cols+j] = sh[0]
+}
+
+// biasGradRowsThread: for one value a row, part[i], i = s·cols + j, is
+// column j summed over rows seg·s … seg·(s+1) − 1 in order.
+func biasGradRowsThread(i int, dy, part []float32, rows, cols, seg int) {
+	j, s := i%cols, i/cols
+	sum := float32(0)
+	for r := s * seg; r < min(rows, (s+1)*seg); r++ {
+		sum += dy[r*cols+j]
+	}
+	part[i] = sum
+}
+
+// biasGradSumThread: db[j], the parts of column j added in order.
+func biasGradSumThread(j int, part, db []float32, cols, parts int) {
+	sum := float32(0)
+	for s := range parts {
+		sum += part[s*cols+j]
+	}
+	db[j] = sum
 }
 
 func reluThread(i int, x, y []float32) {

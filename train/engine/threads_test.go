@@ -113,10 +113,12 @@ func TestUnbatchRebatch(t *testing.T) {
 }
 
 // TestBiasGrad: each channel's sum, over rows and inner positions, for
-// shapes smaller and larger than a block.
+// shapes smaller and larger than a block and than a part; where inner is 1
+// the host's row-by-row loop gives the bits of the kernel's one thread a
+// column and part.
 func TestBiasGrad(t *testing.T) {
 	rng := rand.New(rand.NewPCG(6, 6))
-	for _, sh := range [][3]int{{1, 3, 1}, {64, 10, 1}, {1, 32, 64 * 784}, {5, 7, 300}} {
+	for _, sh := range [][3]int{{1, 3, 1}, {64, 10, 1}, {1, 32, 64 * 784}, {5, 7, 300}, {200, 5, 1}, {256, 4, 784}, {3, 2, 5000}, {9, 3, 2}} {
 		rows, cols, inner := sh[0], sh[1], sh[2]
 		dy := randn(rng, rows*cols*inner)
 		db := make([]float32, cols)
@@ -131,6 +133,20 @@ func TestBiasGrad(t *testing.T) {
 			if math.Abs(float64(db[j])-want) > 1e-5*float64(rows*inner) {
 				t.Errorf("%v: db[%d] = %v; want %v", sh, j, db[j], want)
 			}
+		}
+		if inner != 1 {
+			continue
+		}
+		sp := NewBiasSplit(rows, inner)
+		part, twin := make([]float32, sp.Parts*cols), make([]float32, cols)
+		for i := range part {
+			biasGradRowsThread(i, dy, part, rows, cols, sp.Seg)
+		}
+		for j := range cols {
+			biasGradSumThread(j, part, twin, cols, sp.Parts)
+		}
+		if !slices.Equal(db, twin) {
+			t.Errorf("%v: host %v; the kernels' threads %v", sh, db, twin)
 		}
 	}
 }

@@ -82,27 +82,66 @@ extern "C" __global__ void bias_add(float* y, const float* b, i64 n, i64 cols, i
   y[i] += b[(i / inner) % cols];
 }
 
-// bias_grad: block j (of 256 threads) writes db[j], the sum of dy over rows
-// and inner positions of channel j. Each thread sums a fixed stride of the
-// values and a fixed tree adds the 256 partial sums: no atomics, so the
+// The bias gradient is summed in two passes (see BiasSplit in ../geom.go):
+// the parts of each channel, then the parts in order. No atomics, so the
 // result is the same bits on every run and every replica.
-extern "C" __global__ void bias_grad(const float* dy, float* db, i64 rows, i64 cols, i64 inner) {
-  __shared__ float part[256];
-  i64 j = blockIdx.x;
+
+// bias_grad_part: block b (of 256 threads) writes part[s·cols + j], j = b mod
+// cols and s = b / cols, the sum of channel j's values seg·s … seg·(s+1) − 1
+// in the rows × inner order. Thread t sums every 256th value from the
+// segment's t-th and a fixed tree adds the 256 partial sums. The row and
+// position step by a constant, so the loop divides only once.
+extern "C" __global__ void bias_grad_part(const float* dy, float* part, i64 rows, i64 cols, i64 inner, i64 seg) {
+  __shared__ float sh[256];
+  i64 j = blockIdx.x % cols;
+  i64 s = blockIdx.x / cols;
   i64 t = threadIdx.x;
+  i64 hi = min(rows * inner, (s + 1) * seg);
   float sum = 0.f;
-  for (i64 e = t; e < rows * inner; e += 256) {
-    i64 r = e / inner;
-    i64 k = e % inner;
-    sum += dy[(r * cols + j) * inner + k];
+  i64 e = s * seg + t;
+  if (e < hi) {
+    i64 r = e / inner, k = e % inner;
+    i64 q = 256 / inner, rm = 256 % inner;
+    for (; e < hi; e += 256) {
+      sum += dy[(r * cols + j) * inner + k];
+      r += q;
+      k += rm;
+      if (k >= inner) {
+        k -= inner;
+        r++;
+      }
+    }
   }
-  part[t] = sum;
+  sh[t] = sum;
   __syncthreads();
-  for (int s = 128; s > 0; s >>= 1) {
-    if (t < s) part[t] += part[t + s];
+  for (int w = 128; w > 0; w >>= 1) {
+    if (t < w) sh[t] += sh[t + w];
     __syncthreads();
   }
-  if (t == 0) db[j] = part[0];
+  if (t == 0) part[s * cols + j] = sh[0];
+}
+
+// bias_grad_rows: for one value a row (inner = 1), thread i = s·cols + j sums
+// column j over rows seg·s … seg·(s+1) − 1 in order into part[i]: a warp
+// reads adjacent columns, so the loads are coalesced.
+extern "C" __global__ void bias_grad_rows(const float* dy, float* part, i64 rows, i64 cols, i64 seg, i64 parts) {
+  i64 i = tid();
+  if (i >= parts * cols) return;
+  i64 j = i % cols;
+  i64 s = i / cols;
+  i64 hi = min(rows, (s + 1) * seg);
+  float sum = 0.f;
+  for (i64 r = s * seg; r < hi; r++) sum += dy[r * cols + j];
+  part[i] = sum;
+}
+
+// bias_grad_sum: db[j] = part[j] + part[cols + j] + … in order.
+extern "C" __global__ void bias_grad_sum(const float* part, float* db, i64 cols, i64 parts) {
+  i64 j = tid();
+  if (j >= cols) return;
+  float sum = 0.f;
+  for (i64 s = 0; s < parts; s++) sum += part[s * cols + j];
+  db[j] = sum;
 }
 
 extern "C" __global__ void relu(const float* x, float* y, i64 n) {
