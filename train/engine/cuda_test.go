@@ -328,11 +328,20 @@ func TestCUDAConvolvesLikeIm2col(t *testing.T) {
 		}
 		return v
 	}
-	for _, tc := range []struct {
+	type shape struct {
 		g          Conv
 		out, batch int
-	}{{NewConv(1, 28, 28, 5, 2), 32, 8}, {NewConv(32, 14, 14, 5, 2), 64, 8}, {NewConv(3, 9, 7, 3, 1), 4, 5}, {NewConv(2, 5, 5, 2, 0), 3, 3}} {
+		filter     string // RINGTRAIN_CUDNN_FILTER: the weights' gradient by cuDNN, by im2col and a GEMM, or the faster
+	}
+	var shapes []shape
+	for _, f := range []string{"cudnn", "gemm", ""} {
+		for _, s := range []shape{{NewConv(1, 28, 28, 5, 2), 32, 8, f}, {NewConv(32, 14, 14, 5, 2), 64, 8, f}, {NewConv(3, 9, 7, 3, 1), 4, 5, f}, {NewConv(2, 5, 5, 2, 0), 3, 3, f}} {
+			shapes = append(shapes, s)
+		}
+	}
+	for _, tc := range shapes {
 		g := tc.g
+		t.Setenv("RINGTRAIN_CUDNN_FILTER", tc.filter)
 		nx, nw, ny := tc.batch*g.C*g.H*g.W, tc.out*g.ColRows(), tc.batch*tc.out*g.ColCols()
 		x, w, dy := rnd(nx), rnd(nw), rnd(ny)
 		d := &directHost{}
@@ -346,6 +355,9 @@ func TestCUDAConvolvesLikeIm2col(t *testing.T) {
 		p, err := c.ConvPlan(g, tc.out, tc.batch)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if byGEMM := c.dnn.gemm[p].batch > 0; tc.filter != "" && byGEMM != (tc.filter == "gemm") {
+			t.Fatalf("%+v: filter %q, yet by GEMM %v", g, tc.filter, byGEMM)
 		}
 		run := func() [][]float32 {
 			bufs := make([]Buf, 6)
@@ -375,10 +387,10 @@ func TestCUDAConvolvesLikeIm2col(t *testing.T) {
 		got, again := run(), run()
 		for i, what := range convDirections {
 			if d := maxOfMax(want[i], got[i]); d > 1e-4 {
-				t.Errorf("%+v, %d out, batch %d: %s differs by %.2e of its largest value", g, tc.out, tc.batch, what, d)
+				t.Errorf("%+v, %d out, batch %d, filter %q: %s differs by %.2e of its largest value", g, tc.out, tc.batch, tc.filter, what, d)
 			}
 			if !slices.Equal(got[i], again[i]) {
-				t.Errorf("%+v: %s: another run, other bits", g, what)
+				t.Errorf("%+v, filter %q: %s: another run, other bits", g, tc.filter, what)
 			}
 		}
 	}
@@ -415,10 +427,19 @@ func TestCUDAOutOfMemory(t *testing.T) {
 // torch_gpt.py's shape (batch 32, context 128, dim 128, 4 heads): where a
 // step's time goes.
 func BenchmarkCUDAGPTOps(tb *testing.B) {
-	t := tb
 	c := newCUDAOrSkip(tb)
 	defer c.Close()
-	const B, T, C, H, V = 32, 128, 128, 4, 256
+	// torch_gpt.py's default shape, and the larger one.
+	for _, sh := range []struct {
+		name          string
+		B, T, C, H, V int
+	}{{"L4d128T128B32", 32, 128, 128, 4, 256}, {"L6d384T256B64", 64, 256, 384, 6, 256}} {
+		tb.Run(sh.name, func(tb *testing.B) { benchGPTOps(tb, c, sh.B, sh.T, sh.C, sh.H, sh.V) })
+	}
+}
+
+func benchGPTOps(tb *testing.B, c *CUDA, B, T, C, H, V int) {
+	t := tb
 	R, d := B*T, C/H
 	rng := rand.New(rand.NewPCG(1, 1))
 	up := func(v []float32) Buf {

@@ -142,9 +142,11 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 	"unsafe"
 )
 
@@ -158,6 +160,17 @@ type dnnState struct {
 	ws      C.CUdeviceptr
 	wsBytes C.size_t
 	plans   []C.dnnPlan
+	// gemm is, per plan, the shape whose weights' gradient im2col and one
+	// GEMM compute in place of cuDNN's filter algorithm (zero Conv: cuDNN).
+	gemm []filterGEMM
+}
+
+// filterGEMM is a plan's weights' gradient by im2col and one GEMM, with
+// the scratch buffers it runs in.
+type filterGEMM struct {
+	g          Conv
+	out, batch int
+	col, t     Buf
 }
 
 // dnnMaxWorkspace bounds one algorithm's workspace: cuDNN's fastest
@@ -241,9 +254,12 @@ func (c *CUDA) ConvPlan(g Conv, out, batch int) (int, error) {
 		return 0, errNoDNN
 	}
 	var p C.dnnPlan
+	var fg filterGEMM
 	// FindEx times the algorithms on buffers of ours, zeroed, rather than
-	// on scratch of cuDNN's that nothing wrote.
-	sizes := []int{batch * g.C * g.H * g.W, out * g.ColRows(), batch * out * g.ColCols(), dnnMaxWorkspace / 4}
+	// on scratch of cuDNN's that nothing wrote; the last two are im2col's
+	// columns and the channel-major dy, to time the GEMM way in.
+	sizes := []int{batch * g.C * g.H * g.W, out * g.ColRows(), batch * out * g.ColCols(), dnnMaxWorkspace / 4,
+		g.ColRows() * batch * g.ColCols(), out * batch * g.ColCols()}
 	err := c.on(func() error {
 		var tmp []C.CUdeviceptr
 		defer func() {
@@ -272,7 +288,15 @@ func (c *CUDA) ConvPlan(g Conv, out, batch int) (int, error) {
 			C.rt_dnn_free_plan(&c.dnn.lib, &p)
 			return c.dnnError(r, fmt.Sprintf("%s of %d×%d×%d by %d %d×%d kernels at batch %d", what, g.C, g.H, g.W, out, g.K, g.K, batch))
 		}
+		var err error
+		if fg, err = c.chooseFilter(&p, g, out, batch, tmp); err != nil {
+			C.rt_dnn_free_plan(&c.dnn.lib, &p)
+			return err
+		}
 		need := max(p.ws[0], p.ws[1], p.ws[2])
+		if fg.batch > 0 {
+			need = max(p.ws[0], p.ws[1])
+		}
 		if need <= c.dnn.wsBytes {
 			return nil
 		}
@@ -293,7 +317,83 @@ func (c *CUDA) ConvPlan(g Conv, out, batch int) (int, error) {
 		return 0, err
 	}
 	c.dnn.plans = append(c.dnn.plans, p)
+	c.dnn.gemm = append(c.dnn.gemm, fg)
 	return len(c.dnn.plans) - 1, nil
+}
+
+// chooseFilter times the weights' gradient of p by cuDNN's algorithm and
+// by im2col and one GEMM (tmp: x, w, dy, workspace, columns, channel-major
+// dy) and returns the GEMM's shape and scratch if it is the faster:
+// cuDNN's exact, deterministic filter algorithms lose to it on some
+// shapes (both of the cnn's layers at batch 256 on an H200, in FP32).
+// RINGTRAIN_CUDNN_FILTER=gemm or cudnn decides instead of the clock.
+func (c *CUDA) chooseFilter(p *C.dnnPlan, g Conv, out, batch int, tmp []C.CUdeviceptr) (filterGEMM, error) {
+	n := func(i int) int { return []int{batch * g.C * g.H * g.W, 0, batch * out * g.ColCols(), 0, g.ColRows() * batch * g.ColCols(), out * batch * g.ColCols()}[i] }
+	x, dy, dw := devBuf{tmp[0], n(0)}, devBuf{tmp[2], n(2)}, devBuf{tmp[1], out * g.ColRows()}
+	byDNN := func() error {
+		if r := C.rt_dnn_run(&c.dnn.lib, p, 2, tmp[0], tmp[2], tmp[1], tmp[3], dnnMaxWorkspace); r != 0 {
+			return c.dnnError(r, "backward filter")
+		}
+		return nil
+	}
+	fg := filterGEMM{g: g, out: out, batch: batch, col: devBuf{tmp[4], n(4)}, t: devBuf{tmp[5], n(5)}}
+	byGEMM := func() error { return c.filterByGEMM(fg, x, dy, dw) }
+	useGEMM := false
+	switch os.Getenv("RINGTRAIN_CUDNN_FILTER") {
+	case "gemm":
+		useGEMM = true
+	case "cudnn":
+	default:
+		td, err := c.timeCalls(byDNN)
+		if err != nil {
+			return filterGEMM{}, err
+		}
+		tg, err := c.timeCalls(byGEMM)
+		if err != nil {
+			return filterGEMM{}, err
+		}
+		useGEMM = tg < td
+	}
+	if !useGEMM {
+		return filterGEMM{}, nil
+	}
+	var err error
+	if fg.col, err = c.scratch(n(4)); err != nil {
+		return filterGEMM{}, err
+	}
+	if fg.t, err = c.scratch(n(5)); err != nil {
+		return filterGEMM{}, err
+	}
+	return fg, nil
+}
+
+// timeCalls is the least of three timings of f, each run alone after a
+// first call that warms it up.
+func (c *CUDA) timeCalls(f func() error) (time.Duration, error) {
+	best := time.Duration(math.MaxInt64)
+	for i := range 4 {
+		start := time.Now()
+		if err := errors.Join(f(), c.Sync()); err != nil {
+			return 0, err
+		}
+		if i > 0 {
+			best = min(best, time.Since(start))
+		}
+	}
+	return best, nil
+}
+
+// filterByGEMM is the im2col path's weights' gradient: x's columns, dy
+// channel-major, and one GEMM that sums over the batch.
+func (c *CUDA) filterByGEMM(fg filterGEMM, x, dy, dw Buf) error {
+	P := fg.g.ColCols()
+	if err := c.Im2colBatch(x, fg.col, fg.g, fg.batch); err != nil {
+		return err
+	}
+	if err := c.Rebatch(dy, fg.t, fg.batch, fg.out, P); err != nil {
+		return err
+	}
+	return c.Gemm(false, true, fg.out, fg.g.ColRows(), fg.batch*P, fg.t, fg.col, 0, dw)
 }
 
 func (c *CUDA) convRun(plan, dir int, a, b, out Buf) error {
@@ -314,6 +414,9 @@ func (c *CUDA) ConvForward(plan int, x, w, y Buf) error { return c.convRun(plan,
 func (c *CUDA) ConvBackwardData(plan int, w, dy, dx Buf) error { return c.convRun(plan, 1, w, dy, dx) }
 
 func (c *CUDA) ConvBackwardFilter(plan int, x, dy, dw Buf) error {
+	if plan >= 0 && plan < len(c.dnn.gemm) && c.dnn.gemm[plan].batch > 0 {
+		return c.filterByGEMM(c.dnn.gemm[plan], x, dy, dw)
+	}
 	return c.convRun(plan, 2, x, dy, dw)
 }
 
@@ -325,7 +428,7 @@ func (c *CUDA) closeDNN() error {
 	for i := range c.dnn.plans {
 		C.rt_dnn_free_plan(&c.dnn.lib, &c.dnn.plans[i])
 	}
-	c.dnn.plans = nil
+	c.dnn.plans, c.dnn.gemm = nil, nil
 	var err error
 	if c.dnn.ws != 0 {
 		err = cuErr(C.cuMemFree(c.dnn.ws), "freeing cuDNN's workspace")
