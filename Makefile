@@ -15,7 +15,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzR
 
 MODEL ?= mlp
 
-.PHONY: check test-deps test-prometheus test-netns test-netns-churn test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-gpt bench-gpt-quality bench-elastic bench-nat bench-procs bench-slow bench-gpt-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes bench-churn bench-topology bench-donors fashion-mnist fortunes testdata demo demo-gpt clean
+.PHONY: check test-attack test-deps test-prometheus test-netns test-netns-churn test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-gpt bench-gpt-quality bench-elastic bench-nat bench-procs bench-slow bench-gpt-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes bench-churn bench-topology bench-donors fashion-mnist fortunes testdata demo demo-gpt clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -66,7 +66,17 @@ test: vet build
 	RINGTRAIN_TEST_BIN=$(abspath $(BIN))/ringtrain $(GO) test -race -count=1 ./... && rc=0 || rc=$$?; \
 	wait $$bg && bgrc=0 || bgrc=$$?; cat $(BIN)/test-bg.log; \
 	[ $$rc = 0 ] && [ $$bgrc = 0 ]
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-netns-churn test-netns test-onnx test-openblas test-prometheus fuzz
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-netns-churn test-netns test-onnx test-openblas test-prometheus test-attack fuzz
+
+# Members that lie with their updates: peers of a build tagged
+# ringtrain_attack send their pseudo-gradients altered (RINGTRAIN_ATTACK),
+# and the honest ones must name and drop them; the default binary must not
+# hold the attack at all.
+test-attack: build
+	$(GO) test -tags ringtrain_attack -count=1 -run 'Byzantine' ./cmd/ringtrain
+	@if $(GO) tool nm $(BIN)/ringtrain | grep -q 'ringtrain/train\.attack'; then \
+	  echo "test-attack: the default binary holds train.attack; only builds tagged ringtrain_attack may"; exit 1; fi; \
+	echo "test-attack: the default binary holds no attack"
 
 # What make test's later steps need from Debian and npm, in one apt-get
 # (dpkg takes one at a time) and one npm install; each step checks again

@@ -32,7 +32,8 @@
 // DiLoCo's local steps with an outer step every few (LocalSGD; its
 // pseudo-gradients whole, or sparse and low-bit with error feedback, coded
 // by train/sparse and gathered from every rank in one ring allgather, then
-// averaged or, with Robust, aggregated by CenteredClip). How a step syncs is a
+// averaged or, with Robust, aggregated by CenteredClip, a rank whose
+// update stands apart round after round named as a liar). How a step syncs is a
 // Sync chosen once, when the replica is made, a file per mode: every step
 // (everystep.go), DiLoCo rounds (rounds.go), the outer sync streamed in
 // fragments, each exchange beside inner steps (stream.go), or rounds that

@@ -93,6 +93,11 @@ type LocalSGD struct {
 	// step.
 	coders  []*sparse.Coder
 	encoded []bool
+	// outliers: Robust's count of the rounds each rank stood apart.
+	outliers outliers
+	// tamper, if set, alters this rank's pseudo-gradient before it is
+	// sent (attack): set only by tests and attacker builds.
+	tamper func(d []float32)
 }
 
 // NewLocalReplica wires a model, LocalSGD and a collective: the replica's
@@ -344,6 +349,9 @@ func (o *LocalSGD) delta(dst []float32, params [][]float32) int {
 		}
 		off += len(p)
 	}
+	if o.tamper != nil {
+		o.tamper(dst[:off])
+	}
 	return bad
 }
 
@@ -418,8 +426,9 @@ func (o *LocalSGD) back(params [][]float32) int {
 // tail in an allreduce, then every rank's payload gathered and decoded
 // into avg in rank order, so that every rank adds up the same bits. A
 // rank whose round is not finite sends nothing; its flag in the trailer
-// makes every rank skip the round.
-func (o *LocalSGD) gatherSparse(ctx context.Context, r *Replica, avg, tail []float32, from, to, bad int) error {
+// makes every rank skip the round. With Robust it also returns the ranks
+// to name once the round is applied (Robust.NameAfter), or nil.
+func (o *LocalSGD) gatherSparse(ctx context.Context, r *Replica, avg, tail []float32, from, to, bad int) (*LiarError, error) {
 	parts, sizes := make([][]float32, 0, to-from), make([]int, 0, to-from)
 	base, _ := o.fragment(from, r.nparams)
 	for k := from; k < to; k++ {
@@ -431,7 +440,7 @@ func (o *LocalSGD) gatherSparse(ctx context.Context, r *Replica, avg, tail []flo
 		for i, d := range parts {
 			p, err := o.encode(from+i, d)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			mine = sparse.AppendPart(mine, p)
 		}
@@ -443,16 +452,16 @@ func (o *LocalSGD) gatherSparse(ctx context.Context, r *Replica, avg, tail []flo
 	copy(withLens, tail)
 	withLens[len(tail)+r.Coll.Rank()] = float32(len(mine))
 	if err := r.Coll.AllreduceMean(ctx, withLens); err != nil {
-		return err
+		return nil, err
 	}
 	copy(tail, withLens)
 	all, err := broadcastEach(ctx, r.Coll, mine, withLens[len(tail):], float64(size), o.Sparse.MaxParts(sizes))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	clear(avg)
 	if o.Robust != nil {
-		return o.robust(avg, parts, all)
+		return o.robust(r.Coll, avg, parts, all)
 	}
 	w := 1 / float32(len(all))
 	for k, p := range all {
@@ -460,18 +469,19 @@ func (o *LocalSGD) gatherSparse(ctx context.Context, r *Replica, avg, tail []flo
 			continue
 		}
 		if err := sparse.DecodeParts(parts, p, w); err != nil {
-			return fmt.Errorf("rank %d's pseudo-gradient: %w", k, err)
+			return nil, fmt.Errorf("rank %d's pseudo-gradient: %w", k, err)
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 // robust writes into avg, whose fragments are parts, the Robust
 // aggregate of the ranks' payloads that are not empty, times their share
 // of all ranks — what the mean of every rank's would be had the others
 // sent the aggregate — so that a round whose late ranks sent nothing
-// scales it as it scales the mean.
-func (o *LocalSGD) robust(avg []float32, parts [][]float32, all [][]byte) error {
+// scales it as it scales the mean; and scores the payloads
+// (Robust.score) on ring.
+func (o *LocalSGD) robust(ring Collective, avg []float32, parts [][]float32, all [][]byte) (*LiarError, error) {
 	var xs [][]float32
 	for k, p := range all {
 		if len(p) == 0 {
@@ -485,16 +495,17 @@ func (o *LocalSGD) robust(avg []float32, parts [][]float32, all [][]byte) error 
 			off += len(d)
 		}
 		if err := sparse.DecodeParts(xparts, p, 1); err != nil {
-			return fmt.Errorf("rank %d's pseudo-gradient: %w", k, err)
+			return nil, fmt.Errorf("rank %d's pseudo-gradient: %w", k, err)
 		}
 		xs = append(xs, x)
 	}
-	centeredClip(avg, xs, o.Robust.Clip, o.Robust.Iters)
+	scores := centeredClip(avg, xs, o.Robust.Clip, o.Robust.Iters)
+	named := o.Robust.score(&o.outliers, ring, all, xs, scores, o.outer)
 	share := float32(len(xs)) / float32(len(all))
 	for j := range avg {
 		avg[j] *= share
 	}
-	return nil
+	return named, nil
 }
 
 // inner is a LocalSGD step's part on this rank alone (innerStep), timed

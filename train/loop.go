@@ -420,6 +420,11 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 	if r.InnerSkip != nil && cfg.OnSkip != nil {
 		cfg.OnSkip(r.InnerSkip)
 	}
+	if r.out.named != nil {
+		// Every rank scored the same payloads: all name the same ranks
+		// after the same applied step, which the others then go on from.
+		return r.out.named
+	}
 	if r.out.outerDone && !r.out.outerChecked && e.step < e.steps {
 		// Every outer step is checked, as every epoch is (a round with a
 		// Deadline checks the one before it itself).

@@ -116,6 +116,7 @@ type quorumRound struct {
 	done   chan struct{} // closed when the exchange has ended, err and sent set
 	err    error
 	sent   int64
+	named  *LiarError // see gatherSparse
 }
 
 // stateOf is where the round stands.
@@ -358,7 +359,9 @@ func (d *deadlineRounds) watchQuorum(ctx context.Context, r *Replica, x *quorumR
 		if x.state == roundLate {
 			bad = 0 // sends no payload
 		}
-		return o.gatherSparse(ctx, r, x.buf[:n], x.buf[n:], 0, 1, bad)
+		var err error
+		x.named, err = o.gatherSparse(ctx, r, x.buf[:n], x.buf[n:], 0, 1, bad)
+		return err
 	})
 }
 
@@ -392,6 +395,7 @@ func (d *deadlineRounds) endQuorum(ctx context.Context, r *Replica, x *quorumRou
 	}
 	if err = d.outcome(r, x, avg, tail, badRanks, in); err == nil {
 		d.take(r, x, avg)
+		r.out.named = x.named
 	} else if errors.Is(err, ErrNoQuorum) && !x.closing {
 		clear(o.encoded) // nothing was taken: every rank carries on
 	} else {

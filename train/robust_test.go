@@ -2,9 +2,11 @@ package train
 
 import (
 	"context"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/ringtrain/ringtrain/train/sparse"
@@ -99,12 +101,6 @@ func TestCenteredClip(t *testing.T) {
 	}
 }
 
-func scaleBy(x []float32, f float32) {
-	for j := range x {
-		x[j] *= f
-	}
-}
-
 // TestRobustRounds: four ranks in sparse DiLoCo rounds, one of which
 // steps a thousand times too far: with the robust aggregate every rank
 // ends on the same bits near where four honest ranks go; with the mean,
@@ -165,5 +161,107 @@ func TestRobustConfig(t *testing.T) {
 		if err := o.validate(); err == nil {
 			t.Errorf("%+v: no error", o.Robust)
 		}
+	}
+}
+
+// teacherBatch draws n samples whose labels a fixed linear teacher gives,
+// around a mean of the rank's own: shards that differ (non-IID) but teach
+// the same thing, as honest members' do.
+func teacherBatch(rng *rand.Rand, rank, n, features, classes int) ([]float32, []int) {
+	tr := rand.New(rand.NewPCG(99, 99))
+	w := make([]float64, classes*features)
+	for i := range w {
+		w[i] = tr.NormFloat64()
+	}
+	x := make([]float32, n*features)
+	y := make([]int, n)
+	for s := range n {
+		row := x[s*features : (s+1)*features]
+		for f := range row {
+			row[f] = float32(rng.NormFloat64())
+		}
+		row[rank%features] += 1.5
+		best := math.Inf(-1)
+		for c := range classes {
+			v := 0.0
+			for f, xf := range row {
+				v += w[c*features+f] * float64(xf)
+			}
+			if v > best {
+				best, y[s] = v, c
+			}
+		}
+	}
+	return x, y
+}
+
+// TestRobustNamesOutliers: four ranks in sparse DiLoCo rounds on non-IID
+// shards of one teacher. A rank that sends its pseudo-gradient scaled,
+// flipped or replaced by noise is named by every rank after the same applied round, the
+// third (NameAfter 3), with its distance and payload hash; with every
+// rank honest nobody is named in 20 rounds, for several seeds; with
+// naming off nobody is either.
+func TestRobustNamesOutliers(t *testing.T) {
+	const n, h, features, classes = 4, 4, 12, 3
+	cfg := mlpCfg(features, []int{16}, classes, 32, 1)
+	rb := &Robust{Clip: 2, Iters: 3, NameAfter: 3}
+	type named struct {
+		step int
+		lie  *LiarError
+	}
+	run := func(rb *Robust, kind string, seed uint64, rounds int) [n]named {
+		rings := memRings(t, n)
+		var got [n]named
+		if err := onAll(n, func(i int) error {
+			o := &LocalSGD{Inner: NewAdam(0.01), Every: h, LR: 1, Sparse: &sparse.Config{Fraction: 0.2, Bits: 4}, Robust: rb}
+			if kind != "" && i == n-1 {
+				var err error
+				if o.tamper, err = attack(kind, seed); err != nil {
+					return err
+				}
+			}
+			rep := NewLocalReplica(newMLP(t, cfg), o, rings[i])
+			rng := rand.New(rand.NewPCG(seed, uint64(i)))
+			for s := range h * rounds {
+				x, y := teacherBatch(rng, i, 32, features, classes)
+				if _, err := rep.Step(context.Background(), x, y, 32); err != nil {
+					return err
+				}
+				if rep.out.named != nil && got[i].lie == nil {
+					got[i] = named{s + 1, rep.out.named}
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	// A replay of an old round is not told apart: it is an honest
+	// update, stale, and the clip bounds what it moves.
+	for _, tc := range []struct{ name string }{{"scale"}, {"flip"}, {"noise"}} {
+		got := run(rb, tc.name, 7, 6)
+		for i := range n {
+			if got[i].lie == nil || !slices.Equal(got[i].lie.Ranks, []int{n - 1}) || got[i].step != 3*h {
+				t.Fatalf("%s: rank %d named %+v at step %d; want rank %d named at step %d on every rank", tc.name, i, got[i].lie, got[i].step, n-1, 3*h)
+			}
+			if got[i].lie.Why != got[0].lie.Why {
+				t.Errorf("%s: rank %d says %q, rank 0 %q; want one verdict", tc.name, i, got[i].lie.Why, got[0].lie.Why)
+			}
+		}
+		if !strings.Contains(got[0].lie.Why, "payload sha256") || !errors.Is(got[0].lie, ErrLiar) {
+			t.Errorf("%s: %v; want the evidence and an ErrLiar", tc.name, got[0].lie)
+		}
+		t.Logf("%s: %v", tc.name, got[0].lie)
+	}
+	for seed := range uint64(5) {
+		for i, g := range run(rb, "", seed, 20) {
+			if g.lie != nil {
+				t.Errorf("honest, seed %d: rank %d named %v at step %d", seed, i, g.lie, g.step)
+			}
+		}
+	}
+	if got := run(&Robust{Clip: 2, Iters: 3}, "scale", 7, 6); got[0].lie != nil {
+		t.Errorf("naming off: %v", got[0].lie)
 	}
 }

@@ -41,8 +41,12 @@ func (s rounds) exchange(ctx context.Context, r *Replica, _ []float32, _ []int, 
 	avg, tail := flat[:r.nparams], flat[r.nparams:]
 	bad := o.delta(avg, r.Model.Params())
 	send := r.allreduce(ctx, narrow)
+	var named *LiarError
 	if o.Sparse != nil {
-		send = func([]float32) error { return o.gatherSparse(ctx, r, avg, tail, 0, 1, bad) }
+		send = func([]float32) (err error) {
+			named, err = o.gatherSparse(ctx, r, avg, tail, 0, 1, bad)
+			return err
+		}
 	}
 	if err := r.send(ctx, flat, bad, &says, t0, false, send); err != nil {
 		return 0, err
@@ -56,7 +60,7 @@ func (s rounds) exchange(ctx context.Context, r *Replica, _ []float32, _ []int, 
 	if err == nil {
 		if applied = finite(avg); applied {
 			o.apply(r.Model.Params(), avg)
-			r.out.outerDone = true
+			r.out.outerDone, r.out.named = true, named
 		}
 	}
 	if !applied { // the round is skipped on every rank

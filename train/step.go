@@ -189,12 +189,14 @@ type epochPart struct {
 // whether it applied an outer step, and whether that compared the ranks'
 // anchors itself (a round with a Deadline); whether it closed the part's
 // last outer round while this rank was behind, which ends its part of the
-// epoch there; whether its trailer said a newcomer waits.
+// epoch there; whether its trailer said a newcomer waits; the ranks its
+// applied round named for their outlying updates (Robust.NameAfter).
 type stepOutcome struct {
 	undone                  int
 	outerDone, outerChecked bool
 	epochEnd                bool
 	newcomer                bool
+	named                   *LiarError
 }
 
 // ReplicaStats is where a replica's steps spent their time and what they

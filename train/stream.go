@@ -85,6 +85,8 @@ type exchange struct {
 	done chan struct{} // closed when the exchange has ended, err and sent set
 	err  error
 	sent int64 // bytes this rank sent in it, where the collective counts them
+	// named: see gatherSparse.
+	named *LiarError
 }
 
 // dueExchange says whether this streaming step talks to the ring: to end
@@ -198,7 +200,9 @@ func (s *streamed) runExchange(ctx context.Context, r *Replica, x *exchange) {
 	x.sent, x.err = r.countSent(len(x.buf), func() error {
 		avg, tail := x.buf[:x.hi-x.lo], x.buf[x.hi-x.lo:]
 		if o.Sparse != nil {
-			return o.gatherSparse(ctx, r, avg, tail, x.from, x.to, x.bad)
+			var err error
+			x.named, err = o.gatherSparse(ctx, r, avg, tail, x.from, x.to, x.bad)
+			return err
 		}
 		return r.Coll.AllreduceMean(ctx, x.buf)
 	})
@@ -234,6 +238,7 @@ func (s *streamed) endExchange(ctx context.Context, r *Replica, x *exchange) err
 		o.outer++
 		o.commit(x.from, x.to)
 		r.out.outerDone = x.to == o.fragments()
+		r.out.named = x.named
 	}
 	if Skipped(err) {
 		r.Stats.Skipped++

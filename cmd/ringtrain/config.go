@@ -297,14 +297,27 @@ type syncConfig struct {
 	Deadline duration `json:"deadline,omitempty"`
 	// Robust, with sparse, aggregates the gathered pseudo-gradients by
 	// CenteredClip instead of the mean (train.Robust): {} takes clip 2
-	// and 3 iterations.
+	// and 3 iterations, and names (then drops) a peer whose update stood
+	// apart in 3 rounds in a row.
 	Robust *robustConfig `json:"robust,omitempty"`
 }
 
-// robustConfig is "robust": {"clip": 2, "iters": 3}, written out in full.
+// robustConfig is "robust": {"clip": 2, "iters": 3, "name_after": 3,
+// "name_above": 3}, written out in full; name_after 0 never names.
 type robustConfig struct {
-	Clip  float64 `json:"clip"`
-	Iters int     `json:"iters"`
+	Clip      float64 `json:"clip"`
+	Iters     int     `json:"iters"`
+	NameAfter *int    `json:"name_after,omitempty"`
+	NameAbove float64 `json:"name_above,omitempty"`
+}
+
+// robust is the section as train takes it.
+func (r *robustConfig) robust() *train.Robust {
+	rb := &train.Robust{Clip: r.Clip, Iters: r.Iters, NameAfter: 3, NameAbove: r.NameAbove} // as check writes them out
+	if r.NameAfter != nil {
+		rb.NameAfter = *r.NameAfter
+	}
+	return rb
 }
 
 // sparse is the sparse section as train/sparse takes it; nil without one.
@@ -334,7 +347,16 @@ func (s *syncConfig) check() error {
 		if r.Clip == 0 && r.Iters == 0 {
 			r.Clip, r.Iters = 2, 3
 		}
-		if err := (&train.Robust{Clip: r.Clip, Iters: r.Iters}).Validate(); err != nil {
+		// Written out, so that the config hash holds them: peers that
+		// would name other ranks cannot share a ring.
+		if r.NameAfter == nil {
+			three := 3
+			r.NameAfter = &three
+		}
+		if r.NameAbove == 0 {
+			r.NameAbove = 3
+		}
+		if err := r.robust().Validate(); err != nil {
 			return fmt.Errorf("sync robust: %w", err)
 		}
 	}
@@ -354,7 +376,7 @@ func (s *syncConfig) robust() *train.Robust {
 	if s.Robust == nil {
 		return nil
 	}
-	return &train.Robust{Clip: s.Robust.Clip, Iters: s.Robust.Iters}
+	return s.Robust.robust()
 }
 
 // defaultBucketMB is PyTorch DDP's bucket_cap_mb.

@@ -66,7 +66,9 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		`, "optimizer": {"name": "adamw", "lr": 1e-3, "warmup_steps": -5}`, `, "optimizer": {"name": "adamw", "lr": 1e-3, "min_lr": 0.1}`,
 		`, "limits": {"conns_per_ip": -1}`, `, "limits": {"peer_memory_mb": -1}`, `, "limits": {"data_streams": -1}`, `, "limits": {"data_samples_per_request": 2000000}`, `, "ring_order": "fastest"`,
 		`, "sync": {"every": 5, "robust": {}}`, `, "sync": {"every": 5, "sparse": {"fraction": 0.01, "bits": 2}, "robust": {"clip": -1, "iters": 3}}`,
-		`, "sync": {"every": 5, "sparse": {"fraction": 0.01, "bits": 2}, "robust": {"clip": 2, "iters": 0}}`} {
+		`, "sync": {"every": 5, "sparse": {"fraction": 0.01, "bits": 2}, "robust": {"clip": 2, "iters": 0}}`,
+		`, "sync": {"every": 5, "sparse": {"fraction": 0.01, "bits": 2}, "robust": {"name_after": -1}}`,
+		`, "sync": {"every": 5, "sparse": {"fraction": 0.01, "bits": 2}, "robust": {"name_above": -2}}`} {
 		p := filepath.Join(t.TempDir(), "job.json")
 		if err := os.WriteFile(p, []byte("{"+base+bad+"}"), 0o644); err != nil {
 			t.Fatal(err)
@@ -120,8 +122,11 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 	// Peers that aggregate robustly and peers that average cannot share a
 	// ring either; "robust": {} is its defaults written out.
 	sp := dense[:len(dense)-1] + `, "sparse": {"fraction": 0.01, "bits": 2}`
-	if hash(sp+`}`) == hash(sp+`, "robust": {}}`) || hash(sp+`, "robust": {}}`) != hash(sp+`, "robust": {"clip": 2, "iters": 3}}`) {
-		t.Error(`"robust": want its own hash, and {} the same as clip 2, 3 iterations`)
+	if hash(sp+`}`) == hash(sp+`, "robust": {}}`) || hash(sp+`, "robust": {}}`) != hash(sp+`, "robust": {"clip": 2, "iters": 3, "name_after": 3, "name_above": 3}}`) {
+		t.Error(`"robust": want its own hash, and {} the same as clip 2, 3 iterations, naming after 3 rounds past 3 τ`)
+	}
+	if hash(sp+`, "robust": {}}`) == hash(sp+`, "robust": {"name_after": 0}}`) {
+		t.Error(`"robust": peers that name and peers that never do share a hash`)
 	}
 	// Nor can peers that stream the outer sync and peers that do not, or
 	// that stream it otherwise; a sync section without them is as before.

@@ -279,7 +279,13 @@ type started struct {
 func startRingtrain(t *testing.T, args ...string) *started {
 	t.Helper()
 	skipShort(t)
-	cmd := peerCommand(context.Background(), t, args...)
+	return startCmd(t, peerCommand(context.Background(), t, args...))
+}
+
+// startCmd starts cmd with its combined output being read; it is killed
+// when the test ends.
+func startCmd(t *testing.T, cmd *exec.Cmd) *started {
+	t.Helper()
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -705,7 +705,9 @@ func setBetas(a *train.Adam, o optimizerConfig) {
 func (cfg *jobConfig) replica(model train.Model, opt train.Optimizer) *train.Replica {
 	rep := train.NewReplica(model, opt, nil)
 	if cfg.Sync != nil {
-		rep = train.NewLocalReplica(model, cfg.Sync.localSGD(opt, cfg.MinWorldSize), nil)
+		o := cfg.Sync.localSGD(opt, cfg.MinWorldSize)
+		attacker(o)
+		rep = train.NewLocalReplica(model, o, nil)
 	}
 	rep.NormGuard = cfg.GradNormGuard
 	rep.ClipNorm = cfg.Optimizer.ClipGradNorm

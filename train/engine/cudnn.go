@@ -328,7 +328,9 @@ func (c *CUDA) ConvPlan(g Conv, out, batch int) (int, error) {
 // shapes (both of the cnn's layers at batch 256 on an H200, in FP32).
 // RINGTRAIN_CUDNN_FILTER=gemm or cudnn decides instead of the clock.
 func (c *CUDA) chooseFilter(p *C.dnnPlan, g Conv, out, batch int, tmp []C.CUdeviceptr) (filterGEMM, error) {
-	n := func(i int) int { return []int{batch * g.C * g.H * g.W, 0, batch * out * g.ColCols(), 0, g.ColRows() * batch * g.ColCols(), out * batch * g.ColCols()}[i] }
+	n := func(i int) int {
+		return []int{batch * g.C * g.H * g.W, 0, batch * out * g.ColCols(), 0, g.ColRows() * batch * g.ColCols(), out * batch * g.ColCols()}[i]
+	}
 	x, dy, dw := devBuf{tmp[0], n(0)}, devBuf{tmp[2], n(2)}, devBuf{tmp[1], out * g.ColRows()}
 	byDNN := func() error {
 		if r := C.rt_dnn_run(&c.dnn.lib, p, 2, tmp[0], tmp[2], tmp[1], tmp[3], dnnMaxWorkspace); r != 0 {

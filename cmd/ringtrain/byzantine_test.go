@@ -1,0 +1,90 @@
+//go:build ringtrain_attack
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// startAs is a peer run by this test binary (built with the attacker
+// tag), with env added to its environment.
+func startAs(t *testing.T, env []string, args ...string) *started {
+	t.Helper()
+	skipShort(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(context.Background(), self, args...)
+	cmd.Env = append(append(os.Environ(), "RINGTRAIN_TEST_AS_MAIN=1"), env...)
+	return startCmd(t, cmd)
+}
+
+// TestByzantinePeerIsNamedAndDropped: four `ringtrain join` processes in
+// sparse DiLoCo rounds with "robust": {}, one of them an attacker that
+// sends its pseudo-gradient flipped, or scaled. The three honest peers
+// name it with the evidence, re-form without it and finish the job on one
+// hash; the attacker ends, named, with a non-zero status.
+func TestByzantinePeerIsNamedAndDropped(t *testing.T) {
+	for _, kind := range []string{"flip", "scale"} {
+		t.Run(kind, func(t *testing.T) {
+			dir := t.TempDir()
+			cfg := writeJobFile(t, dir, `"name": "byz", "world_size": 4, "min_world_size": 3, "epochs": 3,
+				"sync": {"every": 4, "sparse": {"fraction": 0.1, "bits": 4}, "robust": {}}`)
+			join := func(i int, env []string, boot ...string) *started {
+				args := []string{"join", "--config", cfg, "--identity", filepath.Join(dir, fmt.Sprintf("id-%d", i)),
+					"--listen", "/ip4/127.0.0.1/tcp/0", "--log-format", "json"}
+				for _, b := range boot {
+					args = append(args, "--bootstrap", b)
+				}
+				return startAs(t, env, args...)
+			}
+			addrRe := regexp.MustCompile(`listening on (/ip4/127\.0\.0\.1/tcp/\d+/p2p/\S+)`)
+			first := join(0, nil)
+			first.until(t, "its address", func(out string) bool { return addrRe.MatchString(out) })
+			boot := addrRe.FindStringSubmatch(string(first.buf))[1]
+			peers := []*started{first, join(1, nil, boot), join(2, nil, boot), join(3, []string{"RINGTRAIN_ATTACK=" + kind}, boot)}
+			outs := make([]string, len(peers))
+			errs := make([]error, len(peers))
+			var wg sync.WaitGroup
+			for i, p := range peers {
+				wg.Go(func() {
+					stuck := time.AfterFunc(3*time.Minute, func() { p.cmd.Process.Kill() })
+					defer stuck.Stop()
+					rest, _ := io.ReadAll(p.out)
+					errs[i] = p.cmd.Wait()
+					outs[i] = string(append(p.buf, rest...))
+				})
+			}
+			wg.Wait()
+			all := strings.Join(outs, "\n")
+			if !strings.Contains(outs[3], "this peer sends its pseudo-gradients altered") || errs[3] == nil || !strings.Contains(outs[3], "stood apart") {
+				t.Errorf("the attacker: exit %v; want it to say it attacks, be named and end non-zero\n%s", errs[3], tails(outs[3]))
+			}
+			var hashes []string
+			for i := range 3 {
+				if errs[i] != nil || !strings.Contains(outs[i], "stood apart") || !strings.Contains(outs[i], "payload sha256") ||
+					!strings.Contains(outs[i], "re-forming the ring without them") {
+					t.Errorf("honest peer %d: exit %v; want it to name the attacker with the evidence and finish\n%s", i, errs[i], tails(outs[i]))
+				}
+				if m := regexp.MustCompile(`"world_size":3,"epochs":3,.*"param_hash":"([0-9a-f]{64})"`).FindStringSubmatch(outs[i]); m != nil {
+					hashes = append(hashes, m[1])
+				}
+			}
+			t.Log(regexp.MustCompile(`.*re-forming the ring without them.*`).FindString(outs[0]))
+			if len(hashes) != 3 || hashes[0] != hashes[1] || hashes[1] != hashes[2] {
+				t.Errorf("honest peers' summaries: hashes %v; want three equal ones of a world of 3\n%s", hashes, tails(all))
+			}
+		})
+	}
+}
