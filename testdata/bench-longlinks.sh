@@ -5,9 +5,11 @@
 # capped at RATE with tbf. Prints the round trip it gives (TCP connects
 # timed from the first namespace to the second, the least of 5), then
 # ROUNDS `bench allreduce --procs` rows of 4 TLS-plane peers (JSON lines,
-# ringbench.Result), then a summary: the median busbw and its share of
-# the link rate. CHUNK, if set, is the ring's chunk size (bench allreduce
-# --chunk).
+# ringbench.Result) each way of timing — every call after a barrier of
+# its own (rows tls-netns), and ITERS calls back to back after one barrier
+# as nccl-tests times them (--loop, rows tls-netns-loop) — then a summary
+# per way: the median busbw and its share of the link rate. CHUNK, if
+# set, is the ring's chunk size (bench allreduce --chunk).
 # Addresses are 10.238.0.1–4, inside the namespaces only; everything made
 # here is removed on exit.
 #
@@ -59,17 +61,20 @@ for _ in range(5):
 print(json.dumps({"rtt_ms": round(min(rtts) * 1000, 1), "delay_each_way": "'"$delay"'", "rate": "'"$rate"'"}))'
 
 for round in $(seq "$rounds"); do
-	"$bin" bench allreduce --procs --netns "$p" --subnet 10.238.0 --transport tls --peers 4 \
-		--sizes "$sizes" --iters "$iters" ${CHUNK:+--chunk "$CHUNK"} --json | sed "s/^{/{\"round\":$round,\"delay\":\"$delay\",\"rate\":\"$rate\",/"
+	for loop in false true; do
+		"$bin" bench allreduce --procs --netns "$p" --subnet 10.238.0 --transport tls --peers 4 --loop="$loop" \
+			--sizes "$sizes" --iters "$iters" ${CHUNK:+--chunk "$CHUNK"} --json | sed "s/^{/{\"round\":$round,\"delay\":\"$delay\",\"rate\":\"$rate\",/"
+	done
 done | tee "/tmp/$p.rows"
 python3 - "/tmp/$p.rows" "$rate" <<'PY'
 import json, re, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 m = re.fullmatch(r"(\d+)(k|m|g)?bit", sys.argv[2])
 rate = int(m[1]) * {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}[m[2]] / 8 / 1e9  # GB/s
-for size in sorted({r["bytes"] for r in rows}):
-    b = statistics.median(r["busbw_GBps"] for r in rows if r["bytes"] == size)
-    print(json.dumps({"summary": "long links", "bytes": size, "runs": sum(r["bytes"] == size for r in rows),
-                      "busbw_GBps": round(b, 4), "of_link_rate": round(b / rate, 3)}))
+for way, size in sorted({(r["transport"], r["bytes"]) for r in rows}):
+    mine = [r for r in rows if r["bytes"] == size and r["transport"] == way]
+    b = statistics.median(r["busbw_GBps"] for r in mine)
+    print(json.dumps({"summary": "long links", "timing": "loop" if way.endswith("-loop") else "barrier each call",
+                      "bytes": size, "runs": len(mine), "busbw_GBps": round(b, 4), "of_link_rate": round(b / rate, 3)}))
 PY
 rm -f "/tmp/$p.rows"

@@ -648,7 +648,12 @@ func TestBenchAllreduceProcs(t *testing.T) {
 	if err != nil || !strings.Contains(out, `"transport":"tls-procs","peers":2,"bytes":65536`) {
 		t.Errorf("--procs over the TLS plane: %v\n%s", err, tails(out))
 	}
-	for _, args := range [][]string{{"--procs", "--transport", "mem"}, {"--procs", "--netns", "x", "--subnet", "x", "--transport", "tcp"}, {"--netns", "x", "--subnet", "x", "--transport", "tcp"}, {"--procs", "--netns", "x", "--transport", "tls"}} {
+	// Calls timed back to back after one barrier, as nccl-tests does.
+	out, err = ringtrain(t, time.Minute, "bench", "allreduce", "--procs", "--transport", "tls", "--peers", "2", "--sizes", "64KiB", "--iters", "3", "--loop", "--json")
+	if err != nil || !strings.Contains(out, `"transport":"tls-procs-loop","peers":2,"bytes":65536`) {
+		t.Errorf("--procs --loop over the TLS plane: %v\n%s", err, tails(out))
+	}
+	for _, args := range [][]string{{"--procs", "--transport", "mem"}, {"--procs", "--netns", "x", "--subnet", "x", "--transport", "tcp"}, {"--netns", "x", "--subnet", "x", "--transport", "tcp"}, {"--procs", "--netns", "x", "--transport", "tls"}, {"--loop", "--transport", "tcp"}} {
 		if out, err := ringtrain(t, time.Minute, append([]string{"bench", "allreduce"}, args...)...); err == nil || !strings.Contains(out, "usage") {
 			t.Errorf("bench allreduce %v: %v, %s; want a usage error", args, err, out)
 		}

@@ -21,7 +21,8 @@ type RankResult struct {
 
 // RunRank runs, on rank of a ring of cfg.Peers over t, one untimed and then
 // cfg.Iters timed AllreduceSum calls of every size in cfg.Sizes, each after
-// a Barrier, and emits each size's times. The other ranks must run the same cfg; each call
+// a Barrier — or, with cfg.Loop, all of them after one, timed together —
+// and emits each size's times (with Loop, one: the calls' mean). The other ranks must run the same cfg; each call
 // waits for its neighbours, so the calls of all ranks proceed together;
 // at the end all leave the ring together (ring.Ring.Leave). t is closed
 // when RunRank returns.
@@ -39,6 +40,13 @@ func RunRank(ctx context.Context, t ring.Transport, rank int, cfg Config, emit f
 	for _, size := range cfg.Sizes {
 		buf := make([]float32, size/4)
 		res := RankResult{Rank: rank, Bytes: size}
+		if cfg.Loop {
+			if err := loopRank(ctx, r, rank, cfg.iters(), buf, &res); err != nil {
+				return err
+			}
+			emit(res)
+			continue
+		}
 		for i := range cfg.iters() + 1 {
 			for j := range buf {
 				buf[j] = float32(j&127) * 0.25
@@ -68,6 +76,38 @@ func RunRank(ctx context.Context, t ring.Transport, rank int, cfg Config, emit f
 		return fmt.Errorf("rank %d: the last barrier: %w", rank, err)
 	}
 	return r.Leave(ctx)
+}
+
+// loopRank is RunRank's size with cfg.Loop: one untimed call, a barrier,
+// then iters calls timed together into res.
+func loopRank(ctx context.Context, r *ring.Ring, rank, iters int, buf []float32, res *RankResult) error {
+	call := func() error {
+		for j := range buf {
+			buf[j] = float32(j&127) * 0.25
+		}
+		return r.AllreduceSum(ctx, buf)
+	}
+	if err := call(); err != nil {
+		return fmt.Errorf("rank %d: allreduce of %d bytes: %w", rank, res.Bytes, err)
+	}
+	if err := r.Barrier(ctx); err != nil {
+		return fmt.Errorf("rank %d: barrier: %w", rank, err)
+	}
+	cpu0 := cpuSeconds()
+	s, err := timed(func() error {
+		for range iters {
+			if err := call(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("rank %d: allreduce of %d bytes: %w", rank, res.Bytes, err)
+	}
+	res.Seconds = []float64{s / float64(iters)}
+	res.CPU = (cpuSeconds() - cpu0) / float64(iters)
+	return nil
 }
 
 // Combine makes one table row from every rank's result for one size. A

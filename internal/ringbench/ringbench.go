@@ -45,6 +45,12 @@ type Config struct {
 	Iters     int   // timed calls per size; the median is reported. Zero means 5.
 	// ChunkBytes is the ring's pipelining unit; zero means ring.DefaultChunkBytes.
 	ChunkBytes int
+	// Loop, with ranks in processes (RunRank), times the Iters calls back
+	// to back after one barrier, as nccl-tests does, instead of each after
+	// a barrier of its own: a call then starts when this rank's last one
+	// ended, not when the barrier's last message reached it, which over a
+	// long link differs between ranks by up to a one-way delay.
+	Loop bool
 }
 
 // Result is one row of the table. Bandwidths follow nccl-tests: algbw =

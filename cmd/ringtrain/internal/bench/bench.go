@@ -28,6 +28,7 @@ func Allreduce(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	iters := fs.Int("iters", 5, "timed calls per size; the median is reported")
 	chunk := fs.String("chunk", "", "pipelining chunk size (default: the ring's)")
 	asJSON := fs.Bool("json", false, "one JSON object per line instead of a table")
+	loop := fs.Bool("loop", false, "with --procs: time the --iters calls back to back after one barrier, as nccl-tests does (rows end -loop), instead of each after a barrier of its own")
 	procs := fs.Bool("procs", false, "run every rank in its own process, as gloo's and MPI's benchmarks do (no ceiling): --transport tcp is plain TCP on loopback (row tcp-procs); tls, libp2p and libp2p-tcp are the data planes, each peer its own libp2p host forming the ring as join does (rows tls-procs, libp2p-procs, libp2p-tcp-procs)")
 	netns := fs.String("netns", "", "with --procs and a data plane: run rank i in the network namespace PREFIXi (testdata/bench-planes.sh makes them), at --subnet.(i+1)")
 	subnet := fs.String("subnet", "", "with --netns: the first three octets of the namespaces' /24 (testdata/bench-planes.sh gives its own)")
@@ -35,7 +36,7 @@ func Allreduce(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := cli.ParseFlags(fs, args); err != nil {
 		return fmt.Errorf("bench allreduce: %w: %w", cli.ErrUsage, err)
 	}
-	cfg := ringbench.Config{Transport: *transport, Peers: *peers, Iters: *iters}
+	cfg := ringbench.Config{Transport: *transport, Peers: *peers, Iters: *iters, Loop: *loop}
 	var err error
 	if cfg.Sizes, err = parseSizes(*sizes); err != nil {
 		return fmt.Errorf("bench allreduce: --sizes: %w: %w", err, cli.ErrUsage)
@@ -79,8 +80,8 @@ func Allreduce(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		return encErr
 	}
-	if *netns != "" {
-		return fmt.Errorf("bench allreduce: --netns goes with --procs: %w", cli.ErrUsage)
+	if *netns != "" || *loop {
+		return fmt.Errorf("bench allreduce: --netns and --loop go with --procs: %w", cli.ErrUsage)
 	}
 	// Several transports run one after another in this process, so their
 	// figures come from the same run.

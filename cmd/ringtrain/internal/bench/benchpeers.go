@@ -119,13 +119,14 @@ func allreducePeers(ctx context.Context, cfg ringbench.Config, sizes, transport 
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	return emitRows(rowName(transport, netns, order), results, len(cfg.Sizes), emit)
+	return emitRows(loopName(rowName(transport, netns, order), cfg.Loop), results, len(cfg.Sizes), emit)
 }
 
 // peerArgs are the arguments of one `bench allreduce-peer` of the ring.
 func peerArgs(job string, plane p2p.DataPlane, cfg ringbench.Config, sizes, listen string, order p2p.RingOrder) []string {
 	return []string{"bench", "allreduce-peer", "--job", job, "--plane", plane.String(), "--peers", strconv.Itoa(cfg.Peers),
-		"--listen", listen, "--sizes", sizes, "--iters", strconv.Itoa(cfg.Iters), "--chunk", strconv.Itoa(cfg.ChunkBytes), "--ring-order", order.String()}
+		"--listen", listen, "--sizes", sizes, "--iters", strconv.Itoa(cfg.Iters), "--chunk", strconv.Itoa(cfg.ChunkBytes), "--ring-order", order.String(),
+		"--loop=" + strconv.FormatBool(cfg.Loop)}
 }
 
 // rowName is a row's transport: transport-procs, or transport-netns
@@ -137,6 +138,14 @@ func rowName(transport, netns string, order p2p.RingOrder) string {
 	}
 	if order == p2p.OrderMeasured {
 		name += "-measured"
+	}
+	return name
+}
+
+// loopName marks the rows of --loop.
+func loopName(name string, loop bool) string {
+	if loop {
+		return name + "-loop"
 	}
 	return name
 }
@@ -250,6 +259,7 @@ func AllreducePeer(ctx context.Context, args []string, stdout, stderr io.Writer)
 	chunk := fs.Int("chunk", 0, "pipelining chunk size in bytes (0: the ring's)")
 	orderName := fs.String("ring-order", "id", "how the peers rank themselves: id or measured")
 	identity := fs.String("identity", "", "the peer's key file (default: a fresh key)")
+	loop := fs.Bool("loop", false, "time the calls back to back after one barrier")
 	if err := cli.ParseFlags(fs, args); err != nil {
 		return fmt.Errorf("bench allreduce-peer: %w: %w", cli.ErrUsage, err)
 	}
@@ -261,7 +271,7 @@ func AllreducePeer(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return fmt.Errorf("bench allreduce-peer: %w: %w", err, cli.ErrUsage)
 	}
-	cfg := ringbench.Config{Peers: *peers, Iters: *iters, ChunkBytes: *chunk}
+	cfg := ringbench.Config{Peers: *peers, Iters: *iters, ChunkBytes: *chunk, Loop: *loop}
 	if cfg.Sizes, err = parseSizes(*sizes); err != nil {
 		return fmt.Errorf("bench allreduce-peer: --sizes: %w: %w", err, cli.ErrUsage)
 	}

@@ -61,7 +61,7 @@ func allreduceProcs(ctx context.Context, cfg ringbench.Config, sizes string, emi
 		}
 		args := []string{"bench", "allreduce-rank", "--rank", strconv.Itoa(i), "--peers", strconv.Itoa(n),
 			"--next", lns[(i+1)%n].Addr().String(), "--sizes", sizes, "--iters", strconv.Itoa(cfg.Iters),
-			"--chunk", strconv.Itoa(cfg.ChunkBytes)}
+			"--chunk", strconv.Itoa(cfg.ChunkBytes), "--loop=" + strconv.FormatBool(cfg.Loop)}
 		cmd := exec.CommandContext(ctx, exe, args...)
 		cmd.ExtraFiles = []*os.File{f} // fd 3 in the child
 		var stderr bytes.Buffer
@@ -91,7 +91,7 @@ func allreduceProcs(ctx context.Context, cfg ringbench.Config, sizes string, emi
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	return emitRows("tcp-procs", results, len(cfg.Sizes), emit)
+	return emitRows(loopName("tcp-procs", cfg.Loop), results, len(cfg.Sizes), emit)
 }
 
 // readRankResults reads a rank process's JSON lines to their end.
@@ -140,10 +140,11 @@ func AllreduceRank(ctx context.Context, args []string, stdout, stderr io.Writer)
 	sizes := fs.String("sizes", "", "comma-separated buffer sizes")
 	iters := fs.Int("iters", 5, "timed calls per size")
 	chunk := fs.Int("chunk", 0, "pipelining chunk size in bytes (0: the ring's)")
+	loop := fs.Bool("loop", false, "time the calls back to back after one barrier")
 	if err := cli.ParseFlags(fs, args); err != nil {
 		return fmt.Errorf("bench allreduce-rank: %w: %w", cli.ErrUsage, err)
 	}
-	cfg := ringbench.Config{Peers: *peers, Iters: *iters, ChunkBytes: *chunk}
+	cfg := ringbench.Config{Peers: *peers, Iters: *iters, ChunkBytes: *chunk, Loop: *loop}
 	var err error
 	if cfg.Sizes, err = parseSizes(*sizes); err != nil {
 		return fmt.Errorf("bench allreduce-rank: --sizes: %w: %w", err, cli.ErrUsage)
