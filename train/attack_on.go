@@ -2,14 +2,19 @@
 
 package train
 
-// Attack makes this rank send its pseudo-gradients altered by kind (see
-// attack): for the attacker builds of tests and benches only, never the
+// Attack makes this rank send its updates altered by kind (see attack):
+// its pseudo-gradients if o is set (DiLoCo), else its gradients every
+// step. For the attacker builds of tests and benches only, never the
 // default binary.
-func (o *LocalSGD) Attack(kind string, seed uint64) error {
+func (r *Replica) Attack(o *LocalSGD, kind string, seed uint64) error {
 	f, err := attack(kind, seed)
 	if err != nil {
 		return err
 	}
-	o.tamper = f
+	if o != nil {
+		o.tamper = f
+	} else {
+		r.tamper = f
+	}
 	return nil
 }

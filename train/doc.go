@@ -28,7 +28,9 @@
 // with a non-finite check that skips the step on every rank and leave
 // requests riding in the same allreduce (the gradients sent whole or in
 // buckets that go round while backward still computes — Layered models,
-// the engine's — and narrowed to bf16, fp16 or int8 with error feedback),
+// the engine's — and narrowed to bf16, fp16 or int8 with error feedback;
+// with Sketch, each rank's count sketch in the trailer checks the sum and
+// names a rank whose gradients stand far apart),
 // DiLoCo's local steps with an outer step every few (LocalSGD; its
 // pseudo-gradients whole, or sparse and low-bit with error feedback, coded
 // by train/sparse and gathered from every rank in one ring allgather, then

@@ -40,12 +40,26 @@ func (everyStep) exchange(ctx context.Context, r *Replica, x []float32, y []int,
 		return 0, err
 	}
 	defer r.timeOptimizer(time.Now())
-	badRanks, leaving, err := r.heard(ctx, flat[r.nparams:], says.leave)
+	badRanks, leaving, err := r.heard(ctx, r.tailOf(flat), says.leave)
 	if err != nil {
 		return 0, err
 	}
-	if err = r.apply(flat, bad, badRanks); Skipped(err) {
+	var named *LiarError
+	if r.sketching() && badRanks == 0 {
+		// Every rank holds the same average and sketches: all decide
+		// alike.
+		if err = r.sk.check(r.Sketch, flat[:r.nparams], flat[r.nparams+r.trailerLen():], r.Wire); errors.As(err, &named) {
+			err = nil
+		}
+	}
+	if err == nil {
+		err = r.apply(flat, bad, badRanks)
+	}
+	if Skipped(err) {
 		r.Stats.Skipped++
+	}
+	if err == nil || Skipped(err) {
+		r.out.named = named
 	}
 	if errors.Is(err, errDevice) {
 		return loss, err
@@ -100,6 +114,9 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 	}
 	if bad < 0 {
 		r.scale(flat[:r.nparams])
+		if r.tamper != nil {
+			r.tamper(flat[:r.nparams])
+		}
 	}
 	return loss, bad, r.send(ctx, flat, bad, says, t0, true, r.allreduce(ctx, narrow))
 }
@@ -136,7 +153,7 @@ var errDevice = errors.New("train: the device failed to apply the step")
 // DeviceOptimizer checks the average itself, where it applies it; the host
 // checks it otherwise.
 func (r *Replica) apply(flat []float32, bad, badRanks int) error {
-	avg, tail := flat[:r.nparams], flat[r.nparams:]
+	avg, tail := flat[:r.nparams], r.tailOf(flat)
 	applied, err := false, r.skipped(avg, tail, bad, badRanks)
 	if err == nil && r.ClipNorm > 0 {
 		if r.inModel {
@@ -260,8 +277,14 @@ func (r *Replica) send(ctx context.Context, flat []float32, bad int, says *stepS
 	// Asked during the computation (a pipeline stage hears it in the
 	// step's frames): this step's trailer carries it.
 	says.leave = says.leave || r.leaving()
-	tail := flat[r.nparams:]
-	says.put(tail, r.Coll.Rank(), r.Coll.Size())
+	says.put(r.tailOf(flat), r.Coll.Rank(), r.Coll.Size())
+	if r.sketching() {
+		r.sketchBegin()
+		if bad < 0 {
+			sketchAdd(r.sk.own, flat[:r.nparams], 0, r.sk.seed(r.Sketch))
+		}
+		r.sketchPut(flat, bad)
+	}
 	t1 := time.Now()
 	r.Stats.Compute += t1.Sub(t0)
 	if traced {
@@ -423,6 +446,7 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 	bad = -1
 	checked := false // bad is known already: the buckets need no scan
 	var squares float64
+	r.sketchBegin()
 	next := 0
 	ready := func(lo int) error { // flat[lo:] is final: send the buckets it completes
 		for ; next < len(plan) && plan[next][0] >= lo; next++ {
@@ -433,12 +457,18 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 			}
 			if bad < 0 {
 				r.scale(g)
+				if r.tamper != nil {
+					r.tamper(g) // bucket by bucket
+				}
 				if r.Wire == ring.I8 {
 					r.feedback(flat, b[0], b[1])
 				}
 				if r.NormGuard > 0 {
 					v := norm2(g)
 					squares += v * v
+				}
+				if r.sketching() {
+					sketchAdd(r.sk.own, g, b[0], r.sk.seed(r.Sketch))
 				}
 			}
 			jobs <- b
@@ -471,13 +501,13 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 		<-done
 		return 0, -1, err
 	}
-	tail := flat[r.nparams:]
 	if r.NormGuard > 0 && bad < 0 {
 		says.norm = float32(math.Sqrt(squares))
 	}
 	says.nonFinite = bad >= 0
 	says.leave = says.leave || r.leaving() // as in average
-	says.put(tail, r.Coll.Rank(), r.Coll.Size())
+	says.put(r.tailOf(flat), r.Coll.Rank(), r.Coll.Size())
+	r.sketchPut(flat, bad)
 	jobs <- [2]int{r.nparams, len(flat)}
 	close(jobs)
 	if err := <-done; err != nil {

@@ -387,6 +387,13 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 	if err == nil || Skipped(err) || errors.As(err, &leave) {
 		e.trained(b.Index, e.step-1)
 	}
+	if r.out.named != nil && (err == nil || Skipped(err)) {
+		// Every rank judged the same updates: all name the same ranks
+		// after the same step, applied or skipped alike, which the others
+		// then go on from.
+		e.samples += b.N
+		return r.out.named
+	}
 	switch {
 	case errors.As(err, &leave):
 		return err // applied (or skipped) on every rank
@@ -419,11 +426,6 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 	}
 	if r.InnerSkip != nil && cfg.OnSkip != nil {
 		cfg.OnSkip(r.InnerSkip)
-	}
-	if r.out.named != nil {
-		// Every rank scored the same payloads: all name the same ranks
-		// after the same applied step, which the others then go on from.
-		return r.out.named
 	}
 	if r.out.outerDone && !r.out.outerChecked && e.step < e.steps {
 		// Every outer step is checked, as every epoch is (a round with a

@@ -57,27 +57,37 @@ func (c *Robust) nameAbove() float64 {
 	return c.NameAbove
 }
 
-// outliers is the count, per rank, of the applied rounds in a row whose
-// pseudo-gradient was an outlier, for the ring it was counted on.
+// outliers is the count, per rank, of the rounds in a row in which its
+// update stood apart from the others', for the ring it was counted on:
+// robust DiLoCo rounds' pseudo-gradients, every-step rings' sketches.
 type outliers struct {
 	ring   Collective
 	streak []int
 }
 
-// score judges one round's gathered payloads, ranks' payloads in rank
-// order (empty: not in the round; xs holds the others', in order), and
-// the ranks' distances over τ: it counts each rank's streak and returns a
-// LiarError naming those whose streak reached NameAfter, or nil. A rank's
-// direction is judged against the coordinate-wise median of the others'
-// alone: against the aggregate, which holds a share of its own, a flipped
-// pseudo-gradient can still point forward when honest ones agree only
-// loosely (non-IID shards).
-func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, xs [][]float32, scores []float64, outer int) *LiarError {
-	if c.NameAfter <= 0 {
-		return nil
-	}
-	if o.ring != ring || len(o.streak) != len(payloads) {
-		o.ring, o.streak = ring, make([]int, len(payloads))
+// judged is one rank's update in a round: its distance to the
+// coordinate-wise median over τ and its cosine against the others'
+// median.
+type judged struct {
+	rank      int
+	dist, cos float64
+}
+
+// count scores one round on ring of size ranks: xs are the updates of
+// the ranks in (in rank order, ranks[i] being xs[i]'s), dist their
+// distances over τ. A rank stands apart past above τ, or, with against,
+// pointing against the coordinate-wise median of the others' alone —
+// against an aggregate that holds a share of its own, a flipped update
+// can still point forward when honest ones agree only loosely (non-IID
+// shards). Honest updates of a step or a few disagree too often for
+// direction to count there.
+// It returns the ranks whose streak reached after, with what was judged
+// of them, and starts their count again. Nobody is judged from fewer than
+// 3 updates, or when half or more stand apart (the round tells nothing of
+// who lies); a rank not in the round keeps its streak.
+func (o *outliers) count(ring Collective, size int, ranks []int, xs [][]float32, dist []float64, above float64, against bool, after int) []judged {
+	if o.ring != ring || len(o.streak) != size {
+		o.ring, o.streak = ring, make([]int, size)
 	}
 	if len(xs) < 3 {
 		return nil
@@ -100,37 +110,52 @@ func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, xs [][]f
 	out := make([]bool, len(xs))
 	nOut := 0
 	for i := range xs {
-		out[i] = scores[i] > c.nameAbove() || cos[i] < 0
+		out[i] = dist[i] > above || against && cos[i] < 0
 		if out[i] {
 			nOut++
 		}
 	}
 	if 2*nOut >= len(xs) {
-		// Half or more stand apart: the round tells nothing of who lies.
 		clear(o.streak)
 		return nil
 	}
-	var named []int
-	var why []string
-	i := 0
-	for k, p := range payloads {
-		if len(p) == 0 {
-			continue // not in this round: its streak waits
-		}
+	var named []judged
+	for i, k := range ranks {
 		if !out[i] {
 			o.streak[k] = 0
-		} else if o.streak[k]++; o.streak[k] >= c.NameAfter {
-			sum := sha256.Sum256(p)
-			named = append(named, k)
-			why = append(why, fmt.Sprintf("rank %d: distance %.3g τ, cosine %.3f against the others' median, payload sha256 %x", k, scores[i], cos[i], sum[:8]))
+		} else if o.streak[k]++; o.streak[k] >= after {
+			named = append(named, judged{k, dist[i], cos[i]})
 			o.streak[k] = 0
 		}
-		i++
 	}
+	return named
+}
+
+// score judges one robust round's gathered payloads, in rank order
+// (empty: not in the round; xs holds the others', in order), with the
+// ranks' distances over τ, and returns a LiarError naming those that
+// stood apart NameAfter rounds in a row (outliers.count), or nil.
+func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, xs [][]float32, scores []float64, outer int) *LiarError {
+	if c.NameAfter <= 0 {
+		return nil
+	}
+	var ranks []int
+	for k, p := range payloads {
+		if len(p) > 0 {
+			ranks = append(ranks, k)
+		}
+	}
+	named := o.count(ring, len(payloads), ranks, xs, scores, c.nameAbove(), true, c.NameAfter)
 	if named == nil {
 		return nil
 	}
-	return &LiarError{Ranks: named, Why: fmt.Sprintf("their pseudo-gradients stood apart from the others' in %d rounds in a row, the last outer round %d (%s; an outlier is past %v τ from the median or points against the others')",
+	ks, why := make([]int, len(named)), make([]string, len(named))
+	for i, j := range named {
+		sum := sha256.Sum256(payloads[j.rank])
+		ks[i] = j.rank
+		why[i] = fmt.Sprintf("rank %d: distance %.3g τ, cosine %.3f against the others' median, payload sha256 %x", j.rank, j.dist, j.cos, sum[:8])
+	}
+	return &LiarError{Ranks: ks, Why: fmt.Sprintf("their pseudo-gradients stood apart from the others' in %d rounds in a row, the last outer round %d (%s; an outlier is past %v τ from the median or points against the others')",
 		c.NameAfter, outer+1, strings.Join(why, "; "), c.nameAbove())}
 }
 

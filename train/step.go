@@ -49,7 +49,7 @@ var ErrGradientNorm = errors.New("train: gradient norm guard")
 // (ErrNonFinite, ErrGradientNorm, or an outer round below its quorum,
 // ErrNoQuorum): training goes on with the next one.
 func Skipped(err error) bool {
-	return errors.Is(err, ErrNonFinite) || errors.Is(err, ErrGradientNorm) || errors.Is(err, ErrNoQuorum)
+	return errors.Is(err, ErrNonFinite) || errors.Is(err, ErrGradientNorm) || errors.Is(err, ErrNoQuorum) || errors.Is(err, ErrTampered)
 }
 
 // Replica is one rank's copy of the model, kept in step with the others:
@@ -88,6 +88,11 @@ type Replica struct {
 	// is bounded by the honest ranks' own norms. Every rank must hold the
 	// same value (the job config's grad_norm_guard, part of its hash).
 	NormGuard float64
+	// Sketch, if set, checks the gradients of a ring that syncs every
+	// step (no Sync) with sketches in the step's trailer (see Sketch).
+	// Every rank must hold the same value (the job config's
+	// update_checks, part of its hash).
+	Sketch *Sketch
 	// Wire is how the gradients travel in the step's allreduce: ring.F32
 	// (the default), or narrowed to ring.BF16 or ring.FP16 — half the bytes;
 	// the sums are still float32 and every rank ends with the same bits.
@@ -165,6 +170,52 @@ type Replica struct {
 	// residual is error feedback's remainder from the last applied step;
 	// pending the one this step leaves, kept only if it is applied.
 	residual, pending []float32
+	// sk is Sketch's state.
+	sk sketches
+	// tamper, if set, alters this rank's gradients before they are sent
+	// (attack): set only by tests and attacker builds.
+	tamper func(g []float32)
+}
+
+// trailerLen is the step trailer's length in the flat buffer.
+func (r *Replica) trailerLen() int { return stepTrailer(r.Coll.Size(), r.NormGuard > 0) }
+
+// sketching reports whether this step's trailer carries sketches: with
+// Sketch, on a ring that syncs every step and has others to check.
+func (r *Replica) sketching() bool { return r.Sketch != nil && r.Sync == nil && r.Coll.Size() > 1 }
+
+// sketchSlots is the values the sketches take after the trailer.
+func (r *Replica) sketchSlots() int {
+	if !r.sketching() {
+		return 0
+	}
+	return r.Sketch.slots(r.Coll.Size())
+}
+
+// tailOf is the trailer part of the flat buffer flat, without the
+// sketches after it.
+func (r *Replica) tailOf(flat []float32) []float32 {
+	return flat[r.nparams : r.nparams+r.trailerLen()]
+}
+
+// sketchBegin starts this step's sketch of this rank's gradients.
+func (r *Replica) sketchBegin() {
+	if r.sketching() {
+		r.sk.reset(r.Sketch, r.Coll)
+		clear(r.sk.own)
+	}
+}
+
+// sketchPut writes this rank's sketch after the trailer in flat; a rank
+// whose gradients are not finite sends none (the step is skipped).
+func (r *Replica) sketchPut(flat []float32, bad int) {
+	if !r.sketching() {
+		return
+	}
+	if bad >= 0 {
+		clear(r.sk.own)
+	}
+	r.sk.put(flat[r.nparams+r.trailerLen():], r.Coll.Rank())
 }
 
 // buckets is the gradient buckets' plan (bucketPlan's) and when an
@@ -284,7 +335,7 @@ type DeviceOptimizer interface {
 // buffer returns the flat buffer for the collective's size; it is made
 // once per ring, not per step, in the model's memory if it is Resident.
 func (r *Replica) buffer() ([]float32, error) {
-	if want := r.nparams + stepTrailer(r.Coll.Size(), r.NormGuard > 0); len(r.flat) != want {
+	if want := r.nparams + r.trailerLen() + r.sketchSlots(); len(r.flat) != want {
 		if res, ok := r.Model.(Resident); ok {
 			flat, err := res.FlatBuffer(want)
 			if err != nil {

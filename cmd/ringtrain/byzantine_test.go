@@ -30,17 +30,23 @@ func startAs(t *testing.T, env []string, args ...string) *started {
 	return startCmd(t, cmd)
 }
 
-// TestByzantinePeerIsNamedAndDropped: four `ringtrain join` processes in
-// sparse DiLoCo rounds with "robust": {}, one of them an attacker that
-// sends its pseudo-gradient flipped, or scaled. The three honest peers
-// name it with the evidence, re-form without it and finish the job on one
-// hash; the attacker ends, named, with a non-zero status.
+// TestByzantinePeerIsNamedAndDropped: four `ringtrain join` processes,
+// one of them an attacker: in sparse DiLoCo rounds with "robust": {}, it
+// sends its pseudo-gradient flipped, or scaled; in a ring that syncs
+// every step with "update_checks", its gradients scaled. The three honest
+// peers name it with the evidence, re-form without it and finish the job
+// on one hash; the attacker ends, named, with a non-zero status.
 func TestByzantinePeerIsNamedAndDropped(t *testing.T) {
-	for _, kind := range []string{"flip", "scale"} {
-		t.Run(kind, func(t *testing.T) {
+	const rounds = `"sync": {"every": 4, "sparse": {"fraction": 0.1, "bits": 4}, "robust": {}}`
+	for _, tc := range []struct{ name, kind, job, says string }{
+		{"rounds flip", "flip", rounds, "pseudo-gradients stood apart"},
+		{"rounds scale", "scale", rounds, "pseudo-gradients stood apart"},
+		{"every step scale", "scale", `"update_checks": {"window": 4}`, "sketches of their gradients stood apart"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kind := tc.kind
 			dir := t.TempDir()
-			cfg := writeJobFile(t, dir, `"name": "byz", "world_size": 4, "min_world_size": 3, "epochs": 3,
-				"sync": {"every": 4, "sparse": {"fraction": 0.1, "bits": 4}, "robust": {}}`)
+			cfg := writeJobFile(t, dir, `"name": "byz", "world_size": 4, "min_world_size": 3, "epochs": 3, `+tc.job)
 			join := func(i int, env []string, boot ...string) *started {
 				args := []string{"join", "--config", cfg, "--identity", filepath.Join(dir, fmt.Sprintf("id-%d", i)),
 					"--listen", "/ip4/127.0.0.1/tcp/0", "--log-format", "json"}
@@ -68,12 +74,12 @@ func TestByzantinePeerIsNamedAndDropped(t *testing.T) {
 			}
 			wg.Wait()
 			all := strings.Join(outs, "\n")
-			if !strings.Contains(outs[3], "this peer sends its pseudo-gradients altered") || errs[3] == nil || !strings.Contains(outs[3], "stood apart") {
+			if !strings.Contains(outs[3], "this peer sends its updates altered") || errs[3] == nil || !strings.Contains(outs[3], tc.says) {
 				t.Errorf("the attacker: exit %v; want it to say it attacks, be named and end non-zero\n%s", errs[3], tails(outs[3]))
 			}
 			var hashes []string
 			for i := range 3 {
-				if errs[i] != nil || !strings.Contains(outs[i], "stood apart") || !strings.Contains(outs[i], "payload sha256") ||
+				if errs[i] != nil || !strings.Contains(outs[i], tc.says) || !strings.Contains(outs[i], "τ") ||
 					!strings.Contains(outs[i], "re-forming the ring without them") {
 					t.Errorf("honest peer %d: exit %v; want it to name the attacker with the evidence and finish\n%s", i, errs[i], tails(outs[i]))
 				}

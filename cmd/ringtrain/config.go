@@ -83,6 +83,11 @@ type jobSpec struct {
 	// own with the optimizer above, then the ranks average their
 	// parameter changes and take an outer step.
 	Sync *syncConfig `json:"sync,omitempty"`
+	// UpdateChecks, if set, sends a sketch of each peer's gradients with
+	// every step, to skip a step whose sum a forwarder altered and name a
+	// peer whose gradients stand far apart (train.Sketch); not with sync
+	// or pipeline.
+	UpdateChecks *updateChecks `json:"update_checks,omitempty"`
 	// Pipeline, if set, cuts the model's layers into stages held by
 	// different peers (elastic.PipelineJob); its schedule and boundary
 	// are written out.
@@ -256,9 +261,11 @@ type jobFile struct {
 	// each bucket while backward still computes the layers before it.
 	// Default 25, as in PyTorch DDP; 0 sends all the gradients in one
 	// allreduce after backward.
-	BucketMB *float64         `json:"bucket_mb"`
-	Sync     *syncConfig      `json:"sync"`
-	Pipeline *pipeline.Config `json:"pipeline"`
+	BucketMB *float64    `json:"bucket_mb"`
+	Sync     *syncConfig `json:"sync"`
+	// UpdateChecks: see jobSpec.
+	UpdateChecks *updateChecks    `json:"update_checks"`
+	Pipeline     *pipeline.Config `json:"pipeline"`
 	localSettings
 }
 
@@ -300,6 +307,42 @@ type syncConfig struct {
 	// and 3 iterations, and names (then drops) a peer whose update stood
 	// apart in 3 rounds in a row.
 	Robust *robustConfig `json:"robust,omitempty"`
+}
+
+// updateChecks is "update_checks": {"dims": 32, "window": 16,
+// "name_after": 3, "name_above": 3}, written out in full once checked;
+// name_after 0 never names.
+type updateChecks struct {
+	Dims      int     `json:"dims"`
+	Window    int     `json:"window"`
+	NameAfter *int    `json:"name_after,omitempty"`
+	NameAbove float64 `json:"name_above"`
+}
+
+// fill writes the defaults out, so that the config hash holds them.
+func (u *updateChecks) fill() {
+	if u.Dims == 0 {
+		u.Dims = 32
+	}
+	if u.Window == 0 {
+		u.Window = 16
+	}
+	if u.NameAfter == nil {
+		three := 3
+		u.NameAfter = &three
+	}
+	if u.NameAbove == 0 {
+		u.NameAbove = 3
+	}
+}
+
+// sketch is the section as train takes it (after fill).
+func (u *updateChecks) sketch() *train.Sketch {
+	s := &train.Sketch{Dims: u.Dims, Window: u.Window, NameAbove: u.NameAbove}
+	if u.NameAfter != nil {
+		s.NameAfter = *u.NameAfter
+	}
+	return s
 }
 
 // robustConfig is "robust": {"clip": 2, "iters": 3, "name_after": 3,
@@ -536,7 +579,8 @@ func (f *jobFile) resolve(dir string) (*jobConfig, error) {
 	}
 	c := &jobConfig{localSettings: f.localSettings, jobSpec: jobSpec{Name: f.Name, WorldSize: f.WorldSize, MinWorldSize: f.MinWorldSize, MaxWorldSize: f.MaxWorldSize,
 		Epochs: f.Epochs, BatchSize: f.BatchSize, Seed: f.Seed, Model: f.Model, Loss: f.Loss, Optimizer: f.Optimizer,
-		GradNormGuard: f.GradNormGuard, EvalEvery: f.EvalEvery, Compression: f.Compression, RingOrder: f.RingOrder, Sync: f.Sync, Pipeline: f.Pipeline, BucketBytes: defaultBucketMB << 20}}
+		GradNormGuard: f.GradNormGuard, EvalEvery: f.EvalEvery, Compression: f.Compression, RingOrder: f.RingOrder, Sync: f.Sync, Pipeline: f.Pipeline, BucketBytes: defaultBucketMB << 20,
+		UpdateChecks: f.UpdateChecks}}
 	if f.BucketMB != nil {
 		if mb := *f.BucketMB; !(mb >= 0 && mb <= maxBucketMB) {
 			return nil, fmt.Errorf("bucket_mb %g; want 0 (one allreduce after backward) up to %d", mb, maxBucketMB)
@@ -673,6 +717,15 @@ func (c *jobConfig) resolveSpec() error {
 	if c.Pipeline != nil {
 		if err := c.checkPipeline(); err != nil {
 			return err
+		}
+	}
+	if u := c.UpdateChecks; u != nil {
+		if c.Sync != nil || c.Pipeline != nil {
+			return errors.New(`update_checks sketch the gradients of a ring that syncs every step; with "sync", "robust" judges the peers' updates, and "pipeline" has none to check`)
+		}
+		u.fill()
+		if err := u.sketch().Validate(); err != nil {
+			return fmt.Errorf("update_checks: %w", err)
 		}
 	}
 	if c.BucketBytes < 0 || c.BucketBytes > maxBucketMB<<20 {

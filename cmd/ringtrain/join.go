@@ -704,12 +704,16 @@ func setBetas(a *train.Adam, o optimizerConfig) {
 // replica is a replica of model with the job's step options.
 func (cfg *jobConfig) replica(model train.Model, opt train.Optimizer) *train.Replica {
 	rep := train.NewReplica(model, opt, nil)
+	var o *train.LocalSGD
 	if cfg.Sync != nil {
-		o := cfg.Sync.localSGD(opt, cfg.MinWorldSize)
-		attacker(o)
+		o = cfg.Sync.localSGD(opt, cfg.MinWorldSize)
 		rep = train.NewLocalReplica(model, o, nil)
 	}
+	attacker(rep, o)
 	rep.NormGuard = cfg.GradNormGuard
+	if cfg.UpdateChecks != nil {
+		rep.Sketch = cfg.UpdateChecks.sketch()
+	}
 	rep.ClipNorm = cfg.Optimizer.ClipGradNorm
 	rep.Wire = cfg.wire
 	rep.BucketBytes = cfg.BucketBytes

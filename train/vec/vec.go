@@ -1,5 +1,7 @@
 package vec
 
+import "math"
+
 // SGD updates p in place as torch.optim.SGD does with weight decay wd:
 // d = g + wd·p; with momentum mu, v ← mu·v + d and p ← p − lr·v, else
 // p ← p − lr·d. v is ignored when mu is 0. g and v must be at least as
@@ -112,6 +114,42 @@ func sumGo(x []float32) float32 {
 		}
 	}
 	return s[0]
+}
+
+// SignedSums sets out[i] to the sum of block i of v — values 64i to
+// 64i+63 — with value 64i+j negated where bit j of signs[i] is set: a
+// count sketch's share of each block. len(v) must be 64·len(signs), and
+// out as long as signs (only the blocks all three cover are summed).
+// Within a block, in a fixed order at every level: lane l of 16 takes
+// (x_l + x_{16+l}) + (x_{32+l} + x_{48+l}), then the lanes are halved
+// pairwise (l plus l+8, then l+4, l+2, l+1).
+func SignedSums(v []float32, signs []uint64, out []float32) {
+	n := min(len(v)/64, len(signs), len(out))
+	v, signs, out = v[:64*n], signs[:n], out[:n]
+	if n == 0 || signedSumsAsm(v, signs, out) {
+		return
+	}
+	signedSumsGo(v, signs, out)
+}
+
+func signedSumsGo(v []float32, signs []uint64, out []float32) {
+	for i, m := range signs {
+		b := v[64*i : 64*i+64]
+		var t [64]float32
+		for j, x := range b {
+			t[j] = math.Float32frombits(math.Float32bits(x) ^ uint32(m>>uint(j)&1)<<31)
+		}
+		var c [16]float32
+		for l := range c {
+			c[l] = (t[l] + t[16+l]) + (t[32+l] + t[48+l])
+		}
+		for w := 8; w >= 1; w /= 2 {
+			for l := range w {
+				c[l] += c[l+w]
+			}
+		}
+		out[i] = c[0]
+	}
 }
 
 // Finite reports whether every value of x is finite: no NaN, no ±Inf.

@@ -240,6 +240,20 @@ func reluGrad8(y, dy, dx *float32, n int)
 //go:noescape
 func sum16(x *float32, blocks, m0, m1, m2, m3 int) float32
 
+//go:noescape
+func signedSums16(v *float32, signs *uint64, out *float32, blocks int)
+
+// signedSumsAsm is SignedSums in AVX-512, reporting false where this CPU
+// has none: a block's four vectors, each negated under 16 bits of its
+// mask, added as signedSumsGo adds them.
+func signedSumsAsm(v []float32, signs []uint64, out []float32) bool {
+	if level != levelAVX512 {
+		return false
+	}
+	signedSums16(&v[0], &signs[0], &out[0], len(signs))
+	return true
+}
+
 func expAsm(dst, src []float32) int { return lanes16(exp16, dst, src) }
 
 func erfAsm(dst, src []float32) int { return lanes16(erf16, dst, src) }

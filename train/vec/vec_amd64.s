@@ -1,5 +1,17 @@
 #include "textflag.h"
 
+// HALVE_Z0 adds Z0's 16 lanes into lane 0 of X0, halving pairwise: lane
+// l plus l+8, then l+4, l+2, l+1 (clobbers Z1).
+#define HALVE_Z0 \
+	VEXTRACTF32X8 $1, Z0, Y1 \
+	VADDPS Y1, Y0, Y0 \
+	VEXTRACTF128 $1, Y0, X1 \
+	VADDPS X1, X0, X0 \
+	VMOVHLPS X0, X0, X1 \
+	VADDPS X1, X0, X0 \
+	VMOVSHDUP X0, X1 \
+	VADDSS X1, X0, X0
+
 // SCALAR16 is the body of a kernel dst = src OP c over n, a positive
 // multiple of 16, with c broadcast.
 #define SCALAR16(OP, LOOP) \
@@ -456,14 +468,7 @@ sumrest:
 	VADDPS Z2, Z0, Z0
 	VADDPS Z3, Z1, Z1
 	VADDPS Z1, Z0, Z0
-	VEXTRACTF32X8 $1, Z0, Y1
-	VADDPS Y1, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS X1, X0, X0
-	VMOVHLPS X0, X0, X1
-	VADDPS X1, X0, X0
-	VMOVSHDUP X0, X1
-	VADDSS X1, X0, X0
+	HALVE_Z0
 	MOVSS X0, ret+48(FP)
 	VZEROUPPER
 	RET
@@ -805,5 +810,46 @@ mulsubloop:
 	ADDQ $64, DI
 	SUBQ $16, CX
 	JNZ mulsubloop
+	VZEROUPPER
+	RET
+
+// func signedSums16(v *float32, signs *uint64, out *float32, blocks int)
+// For each block of 64 values: the four vectors, each with its lanes
+// negated (the sign bit flipped) under 16 bits of the block's mask, added
+// as (Z0+Z1)+(Z2+Z3), then halved to one lane as sum16 does.
+TEXT ·signedSums16(SB), NOSPLIT, $0-32
+	MOVQ v+0(FP), SI
+	MOVQ signs+8(FP), DX
+	MOVQ out+16(FP), DI
+	MOVQ blocks+24(FP), CX
+	MOVL $0x80000000, AX
+	VPBROADCASTD AX, Z8
+ssloop:
+	MOVQ (DX), BX
+	VMOVUPS (SI), Z0
+	VMOVUPS 64(SI), Z1
+	VMOVUPS 128(SI), Z2
+	VMOVUPS 192(SI), Z3
+	KMOVW BX, K1
+	SHRQ $16, BX
+	KMOVW BX, K2
+	SHRQ $16, BX
+	KMOVW BX, K3
+	SHRQ $16, BX
+	KMOVW BX, K4
+	VPXORD Z8, Z0, K1, Z0
+	VPXORD Z8, Z1, K2, Z1
+	VPXORD Z8, Z2, K3, Z2
+	VPXORD Z8, Z3, K4, Z3
+	VADDPS Z1, Z0, Z0
+	VADDPS Z3, Z2, Z2
+	VADDPS Z2, Z0, Z0
+	HALVE_Z0
+	VMOVSS X0, (DI)
+	ADDQ $256, SI
+	ADDQ $8, DX
+	ADDQ $4, DI
+	DECQ CX
+	JNZ ssloop
 	VZEROUPPER
 	RET

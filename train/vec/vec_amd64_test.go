@@ -243,3 +243,32 @@ func TestCopyFiniteAtEveryLevel(t *testing.T) {
 		}
 	}
 }
+
+// TestSignedSumsAtEveryLevel: the AVX-512 signed sums are
+// signedSumsGo's, bit for bit, over 1 to 9 blocks with masks of every
+// kind, signed zeros and subnormals among the values.
+func TestSignedSumsAtEveryLevel(t *testing.T) {
+	if level < levelAVX512 {
+		t.Skip("AVX-512 signed sums only; the Go loop everywhere else")
+	}
+	for blocks := 1; blocks <= 9; blocks++ {
+		rng := rand.New(rand.NewPCG(uint64(blocks), 5))
+		x := values(rng, 64*blocks)
+		x[rng.IntN(len(x))] = float32(math.Copysign(0, -1))
+		x[rng.IntN(len(x))] = 1e-40
+		signs := make([]uint64, blocks)
+		for i := range signs {
+			signs[i] = [...]uint64{0, ^uint64(0), 1 << 63, 0xffff0000ffff, rng.Uint64()}[rng.IntN(5)]
+		}
+		got, want := make([]float32, blocks), make([]float32, blocks)
+		if !signedSumsAsm(x, signs, got) {
+			t.Fatal("no AVX-512 signed sums on a CPU with AVX-512")
+		}
+		signedSumsGo(x, signs, want)
+		for i := range got {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%d blocks, block %d (mask %#x): asm %v, Go %v", blocks, i, signs[i], got[i], want[i])
+			}
+		}
+	}
+}

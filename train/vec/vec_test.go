@@ -223,3 +223,29 @@ func TestSumOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestSignedSums: each block's sum with the masked values negated, near
+// the float64 sum, and nothing past the blocks all three slices cover.
+func TestSignedSums(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	x := values(rng, 64*3+5)
+	signs := []uint64{0, ^uint64(0), 0xa5a5a5a5a5a5a5a5, 7}
+	out := []float32{0, 0, 0, 42}
+	SignedSums(x, signs, out)
+	for i := range 3 {
+		want := 0.0
+		for j := range 64 {
+			v := float64(x[64*i+j])
+			if signs[i]>>uint(j)&1 == 1 {
+				v = -v
+			}
+			want += v
+		}
+		if math.Abs(float64(out[i])-want) > 1e-4 {
+			t.Errorf("block %d: %v; want %v", i, out[i], want)
+		}
+	}
+	if out[3] != 42 {
+		t.Errorf("a block past the values was written: %v", out[3])
+	}
+}

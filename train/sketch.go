@@ -1,0 +1,264 @@
+package train
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/ringtrain/ringtrain/ring"
+	"github.com/ringtrain/ringtrain/train/vec"
+)
+
+// Sketch checks the gradients of every-step rings, where no rank sees
+// another's contribution: each rank sends, in the step's trailer, a
+// linear sketch of its gradients — Dims values, each the sum of the
+// gradient's entries in one random bucket with random signs (a count
+// sketch) drawn from a seed every rank of the ring shares — so every rank
+// holds every rank's sketch after the allreduce.
+//
+// Because the sketch is linear, the sketch of the ring's average must be
+// the average of the ranks' sketches: a member that alters what it
+// forwards while the ring sums makes them differ, and every rank skips
+// the step (ErrTampered). And a rank whose gradients are far off —
+// scaled, noise — shows in its sketches: summed over Window steps of one
+// projection, a rank's sketch farther than NameAbove τ from the
+// coordinate-wise median in NameAfter windows in a row is named (a
+// LiarError: Run drops it, as any liar). Direction is not judged here:
+// honest gradients of a few steps on shards that differ point apart too
+// often (a flipped rank is caught in robust DiLoCo rounds, not here).
+type Sketch struct {
+	// Dims is the values in a rank's sketch; 0 is 32.
+	Dims int
+	// Window is the steps whose sketches are summed before the ranks are
+	// judged; 0 is 16.
+	Window int
+	// NameAfter, above 0, names a rank that stood apart in this many
+	// windows in a row; 0 never names.
+	NameAfter int
+	// NameAbove is the distance from the median, in units of τ (twice
+	// the median distance), past which a rank stands apart; 0 is 3.
+	NameAbove float64
+}
+
+// ErrTampered means the ring's average of the gradients is not the
+// average of the ranks' own, as their sketches say: a member altered what
+// it forwarded. Every rank skips the step.
+var ErrTampered = errors.New("train: the ring's average does not match the ranks' sketches")
+
+// Validate says what is wrong with the settings.
+func (c *Sketch) Validate() error {
+	if c.Dims < 0 || c.Dims > 1024 || c.Window < 0 || c.Window > 1<<20 || c.NameAfter < 0 || c.NameAfter > 1000 ||
+		!(c.NameAbove >= 0 && c.NameAbove <= 1e6) {
+		return fmt.Errorf("train: sketches of %d values over %d steps, naming after %d windows past %v τ; want 0 to 1024 values (0: 32), 0 to 2^20 steps (0: 16), 0 to 1000 windows and a distance in [0, 1e6] (0: 3)",
+			c.Dims, c.Window, c.NameAfter, c.NameAbove)
+	}
+	return nil
+}
+
+func (c *Sketch) dims() int   { return cmpOr(c.Dims, 32) }
+func (c *Sketch) window() int { return cmpOr(c.Window, 16) }
+func (c *Sketch) nameAbove() float64 {
+	if c.NameAbove == 0 {
+		return 3
+	}
+	return c.NameAbove
+}
+
+func cmpOr(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// slots is how many trailer values the sketches take on a ring of size.
+func (c *Sketch) slots(size int) int { return c.dims() * size }
+
+// sketches is a replica's state of Sketch: its own sketch of the step,
+// the window's sums per rank and the count of windows each stood apart.
+type sketches struct {
+	ring  Collective
+	steps int       // exchanges on ring: with Window, the seed
+	own   []float64 // this step's sketch of this rank's gradients
+	sums  [][]float32
+	apart outliers
+}
+
+// reset starts the state for ring, a ring of size ranks, if it is not
+// that ring's already: the seed counts exchanges on one ring, and every
+// rank of a ring has run the same ones.
+func (s *sketches) reset(c *Sketch, ring Collective) {
+	if s.ring == ring && s.own != nil {
+		return
+	}
+	s.ring, s.steps = ring, 0
+	s.own = make([]float64, c.dims())
+	s.sums = make([][]float32, ring.Size())
+	for k := range s.sums {
+		s.sums[k] = make([]float32, c.dims())
+	}
+}
+
+// seed is the projection's seed for the step: one per window.
+func (s *sketches) seed(c *Sketch) uint64 { return splitmix(uint64(s.steps/c.window()) + 0x5ce7c4) }
+
+func splitmix(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// sketchAdd adds to s the count sketch, under seed, of v, whose first
+// value is coordinate off of the flat gradients: coordinates go in blocks
+// of 64 to a bucket the block's hash picks, each with a sign from one bit
+// of it (blockHash). Whole blocks are summed by vec.SignedSums, many at
+// a time; a block a piece's edge cuts, value by value. A vector sketched
+// whole or in pieces of any bounds gives the same sketch up to rounding;
+// the same call on the same values, the same bits.
+func sketchAdd(s []float64, v []float32, off int, seed uint64) {
+	const batch = 256
+	var signs [batch]uint64
+	var buckets [batch]int
+	var sums [batch]float32
+	for i := 0; i < len(v); {
+		e := off + i
+		if e&63 != 0 || i+64 > len(v) {
+			bucket, mask := blockHash(seed, e>>6, len(s))
+			end := min(len(v), i+64-(e&63))
+			var acc float64
+			for ; i < end; i++ {
+				acc += float64(math.Float32frombits(math.Float32bits(v[i]) ^ uint32(mask>>uint((off+i)&63)&1)<<31))
+			}
+			s[bucket] += acc
+			continue
+		}
+		n := min(batch, (len(v)-i)/64)
+		for b := range n {
+			buckets[b], signs[b] = blockHash(seed, e>>6+b, len(s))
+		}
+		vec.SignedSums(v[i:i+64*n], signs[:n], sums[:n])
+		for b, x := range sums[:n] {
+			s[buckets[b]] += float64(x)
+		}
+		i += 64 * n
+	}
+}
+
+// blockHash is block blk's bucket of k and its 64 signs under seed: one
+// splitmix of the two, the signs its bits, the bucket its high half
+// mixed once more and taken into [0, k) by a multiply.
+func blockHash(seed uint64, blk, k int) (int, uint64) {
+	h := splitmix(seed ^ uint64(blk)*0xd6e8feb86659fd93)
+	return int(((h * 0x9e3779b97f4a7c15) >> 32) * uint64(k) >> 32), h
+}
+
+// put writes this rank's sketch into its slots of the trailer's sketch
+// part, clearing the others'.
+func (s *sketches) put(slots []float32, rank int) {
+	clear(slots)
+	k := len(s.own)
+	for j, v := range s.own {
+		slots[rank*k+j] = float32(v)
+	}
+}
+
+// check is the step's verdict once the ring has averaged it: avg the
+// average, slots the averaged sketch part (each rank's sketch over the
+// ring's size). It returns an ErrTampered where the average's sketch is
+// not the slots' sum, a LiarError where a window closed with ranks to
+// name, or nil; and counts the step.
+func (s *sketches) check(c *Sketch, avg, slots []float32, wire ring.Encoding) error {
+	size, k := s.ring.Size(), c.dims()
+	want, got := make([]float64, k), make([]float64, k)
+	sketchAdd(got, avg, 0, s.seed(c))
+	var scale float64
+	for r := range size {
+		var nn float64
+		for j, v := range slots[r*k : (r+1)*k] {
+			want[j] += float64(v)
+			nn += float64(v) * float64(v)
+		}
+		scale += math.Sqrt(nn)
+	}
+	var diff, gn float64
+	for j := range got {
+		d := got[j] - want[j]
+		diff += d * d
+		gn += got[j] * got[j]
+	}
+	scale += math.Sqrt(gn)
+	// Sums in other orders round apart by ~1e-6 of the norms; a narrowed
+	// wire's hops by up to a few percent.
+	tol := 1e-3
+	if wire != ring.F32 {
+		tol = 5e-2
+	}
+	if math.Sqrt(diff) > tol*scale+1e-30 {
+		s.steps++
+		return fmt.Errorf("%w: the average's sketch is %.3g away from the ranks' sketches' average, whose norms add to %.3g (a member altered what it forwarded); skipped on all",
+			ErrTampered, math.Sqrt(diff), scale)
+	}
+	for r := range size {
+		for j, v := range slots[r*k : (r+1)*k] {
+			s.sums[r][j] += v * float32(size)
+		}
+	}
+	s.steps++
+	if s.steps%c.window() != 0 {
+		return nil
+	}
+	defer func() {
+		for _, w := range s.sums {
+			clear(w)
+		}
+	}()
+	if c.NameAfter <= 0 {
+		return nil
+	}
+	ranks := make([]int, size)
+	for r := range ranks {
+		ranks[r] = r
+	}
+	named := s.apart.count(s.ring, size, ranks, s.sums, spread(s.sums, 2), c.nameAbove(), false, c.NameAfter)
+	if named == nil {
+		return nil
+	}
+	ks, why := make([]int, len(named)), make([]string, len(named))
+	for i, j := range named {
+		ks[i] = j.rank
+		why[i] = fmt.Sprintf("rank %d: distance %.3g τ, cosine %.3f against the others' median", j.rank, j.dist, j.cos)
+	}
+	w := s.steps / c.window()
+	return &LiarError{Ranks: ks, Why: fmt.Sprintf("the sketches of their gradients stood apart from the others' in %d windows of %d steps in a row, the last steps %d to %d on this ring (%s; past %v τ from the median)",
+		c.NameAfter, c.window(), (w-1)*c.window()+1, w*c.window(), strings.Join(why, "; "), c.nameAbove())}
+}
+
+// spread is each of xs's distance to their coordinate-wise median over
+// τ, clip times the median of those distances (0 where τ is 0).
+func spread(xs [][]float32, clip float64) []float64 {
+	med := make([]float32, len(xs[0]))
+	coordMedian(med, xs)
+	dist := make([]float64, len(xs))
+	for i, x := range xs {
+		var acc float64
+		for j, v := range x {
+			d := float64(v) - float64(med[j])
+			acc += d * d
+		}
+		dist[i] = math.Sqrt(acc)
+	}
+	sorted := slices.Clone(dist)
+	slices.Sort(sorted)
+	tau := clip * sorted[(len(xs)-1)/2]
+	for i := range dist {
+		if tau > 0 {
+			dist[i] /= tau
+		} else {
+			dist[i] = 0
+		}
+	}
+	return dist
+}

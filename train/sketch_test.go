@@ -1,0 +1,226 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/ringtrain/ringtrain/ring"
+)
+
+// TestSketchIsLinear: the sketch of a sum is the sum of the sketches, a
+// vector sketched in pieces of any bounds gives the whole's sketch, and
+// another seed another sketch.
+func TestSketchIsLinear(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 3))
+	const n, k = 10_000, 32
+	randn := func() []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64())
+		}
+		return v
+	}
+	a, b, ab := randn(), randn(), make([]float32, n)
+	for i := range ab {
+		ab[i] = a[i] + b[i]
+	}
+	sk := func(v []float32, seed uint64) []float64 {
+		s := make([]float64, k)
+		sketchAdd(s, v, 0, seed)
+		return s
+	}
+	near := func(x, y []float64) bool {
+		var d, m float64
+		for i := range x {
+			d = max(d, math.Abs(x[i]-y[i]))
+			m = max(m, math.Abs(x[i]))
+		}
+		return d <= 1e-6*m
+	}
+	sa, sb, sab := sk(a, 1), sk(b, 1), sk(ab, 1)
+	sum := make([]float64, k)
+	for i := range sum {
+		sum[i] = sa[i] + sb[i]
+	}
+	if !near(sum, sab) {
+		t.Errorf("sketch(a)+sketch(b) = %v; sketch(a+b) = %v", sum, sab)
+	}
+	pieces := make([]float64, k)
+	for lo := 0; lo < n; {
+		hi := min(n, lo+1+rng.IntN(300))
+		sketchAdd(pieces, a[lo:hi], lo, 1)
+		lo = hi
+	}
+	if !near(pieces, sa) {
+		t.Errorf("in pieces %v; whole %v", pieces, sa)
+	}
+	if near(sk(a, 2), sa) {
+		t.Error("two seeds, one sketch")
+	}
+}
+
+// scaledGrads is a member whose gradients are f times its own.
+type scaledGrads struct {
+	Model
+	f float32
+}
+
+func (m scaledGrads) ForwardBackward(x []float32, y []int, n int) (float32, error) {
+	loss, err := m.Model.ForwardBackward(x, y, n)
+	for _, g := range m.Model.Grads() {
+		scaleBy(g, m.f)
+	}
+	return loss, err
+}
+
+// alteredSums is a ring in which some forwarder altered a value of the
+// gradients' sum, as every rank receives it.
+type alteredSums struct {
+	Collective
+	nparams int
+}
+
+func (a alteredSums) AllreduceMean(ctx context.Context, buf []float32) error {
+	if err := a.Collective.AllreduceMean(ctx, buf); err != nil {
+		return err
+	}
+	if len(buf) > a.nparams {
+		buf[7] += 0.5
+	}
+	return nil
+}
+
+// TestSketchesInTheRing: four ranks that sync every step on non-IID
+// shards, with sketches in the trailer. Honest, over float32, bf16 and
+// int8 wires and with buckets beside backward: nothing is skipped or
+// named and every rank holds the same bits. A forwarder that alters the
+// sum: every rank skips every step (ErrTampered). A rank whose gradients
+// are scaled, or flipped and scaled (the norm guard skipping its steps):
+// named by every rank after the third window.
+func TestSketchesInTheRing(t *testing.T) {
+	const n, features, classes, batch, window = 4, 12, 3, 32, 16
+	cfg := mlpCfg(features, []int{16}, classes, batch, 1)
+	sk := &Sketch{Dims: 32, Window: window, NameAfter: 3}
+	type outcome struct {
+		skipped  int
+		tampered bool
+		namedAt  int
+		named    *LiarError
+		params   []float32
+	}
+	run := func(wire ring.Encoding, bucket int, liar func(Model) Model, altered bool, steps int) [n]outcome {
+		rings := memRings(t, n)
+		var out [n]outcome
+		if err := onAll(n, func(i int) error {
+			m := newMLP(t, cfg)
+			if liar != nil && i == n-1 {
+				m = liar(m)
+			}
+			var c Collective = rings[i]
+			if altered {
+				c = alteredSums{rings[i], len(slices.Concat(m.Params()...))}
+			}
+			rep := NewReplica(m, NewAdam(0.01), c)
+			rep.Sketch, rep.Wire, rep.BucketBytes = sk, wire, bucket
+			// The norm guard skips a far-off rank's steps, as a job
+			// facing liars would: the model stays the honest ranks'.
+			rep.NormGuard = 5
+			rng := rand.New(rand.NewPCG(5, uint64(i)))
+			for s := range steps {
+				x, y := teacherBatch(rng, i, batch, features, classes)
+				_, err := rep.Step(context.Background(), x, y, batch)
+				if errors.Is(err, ErrTampered) {
+					out[i].tampered = true
+				} else if err != nil && !Skipped(err) {
+					return err
+				}
+				if rep.out.named != nil && out[i].named == nil {
+					out[i].named, out[i].namedAt = rep.out.named, s+1
+				}
+			}
+			out[i].skipped, out[i].params = rep.Stats.Skipped, slices.Concat(rep.Model.Params()...)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		wire   ring.Encoding
+		bucket int
+	}{{ring.F32, 0}, {ring.BF16, 0}, {ring.I8, 0}, {ring.F32, 256}} {
+		out := run(tc.wire, tc.bucket, nil, false, 40)
+		for i, o := range out {
+			if o.skipped != 0 || o.named != nil || !slices.Equal(o.params, out[0].params) {
+				t.Errorf("honest, %v, buckets of %d: rank %d skipped %d, named %v, same bits %v", tc.wire, tc.bucket, i, o.skipped, o.named, slices.Equal(o.params, out[0].params))
+			}
+		}
+	}
+	for i, o := range run(ring.F32, 0, nil, true, 6) {
+		if o.skipped != 6 || !o.tampered {
+			t.Errorf("altered sums: rank %d skipped %d of 6 steps (tampered seen %v); want all", i, o.skipped, o.tampered)
+		}
+	}
+	for _, f := range []float32{100, -30} {
+		out := run(ring.F32, 0, func(m Model) Model { return scaledGrads{m, f} }, false, 3*window)
+		for i, o := range out {
+			if o.named == nil || !slices.Equal(o.named.Ranks, []int{n - 1}) || o.namedAt != 3*window || o.named.Why != out[0].named.Why {
+				t.Errorf("gradients ×%v: rank %d named %v at step %d; want rank %d at step %d, one verdict", f, i, o.named, o.namedAt, n-1, 3*window)
+			}
+		}
+		if out[0].named != nil {
+			t.Logf("×%v: %v", f, out[0].named)
+		}
+	}
+}
+
+// BenchmarkSketch: one sketch of a million gradients, what a step adds
+// twice (its own, and the average's).
+func BenchmarkSketch(b *testing.B) {
+	v := make([]float32, 1<<20)
+	for i := range v {
+		v[i] = float32(i%97) - 48
+	}
+	s := make([]float64, 32)
+	b.SetBytes(4 << 20)
+	for b.Loop() {
+		sketchAdd(s, v, 0, 7)
+	}
+}
+
+// BenchmarkStepWithSketches: a step of the mlp on two in-memory ranks,
+// without and with sketches, for what the checks cost a step.
+func BenchmarkStepWithSketches(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		b.Run(map[bool]string{false: "off", true: "on"}[on], func(b *testing.B) {
+			t := &testing.T{}
+			rings := memRings(t, 2)
+			reps := make([]*Replica, 2)
+			for i := range reps {
+				m, err := NewModel(mlpCfg(784, []int{256, 128}, 10, 32, 1))
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer m.Close()
+				reps[i] = NewReplica(m, NewAdam(0.001), rings[i])
+				if on {
+					reps[i].Sketch = &Sketch{}
+				}
+			}
+			rng := rand.New(rand.NewPCG(1, 1))
+			x, y := randomBatch(rng, 32, 784, 10)
+			for b.Loop() {
+				if err := onAll(2, func(i int) error {
+					_, err := reps[i].Step(context.Background(), x, y, 32)
+					return err
+				}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
