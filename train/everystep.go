@@ -456,20 +456,7 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 				bad = r.tensorAt(b[0], g)
 			}
 			if bad < 0 {
-				r.scale(g)
-				if r.tamper != nil {
-					r.tamper(g) // bucket by bucket
-				}
-				if r.Wire == ring.I8 {
-					r.feedback(flat, b[0], b[1])
-				}
-				if r.NormGuard > 0 {
-					v := norm2(g)
-					squares += v * v
-				}
-				if r.sketching() {
-					sketchAdd(r.sk.own, g, b[0], r.sk.seed(r.Sketch))
-				}
+				squares += r.prepareBucket(flat, b)
 			}
 			jobs <- b
 		}
@@ -514,6 +501,29 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 		return 0, -1, fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
 	}
 	return loss, bad, nil
+}
+
+// prepareBucket readies the finite gradients flat[b[0]:b[1]] to go
+// round, as average readies all of them: scaled by the rank's share,
+// rounded for int8 with error feedback, added to the step's sketch; it
+// returns their squared norm where the norm guard needs it.
+func (r *Replica) prepareBucket(flat []float32, b [2]int) float64 {
+	g := flat[b[0]:b[1]]
+	r.scale(g)
+	if r.tamper != nil {
+		r.tamper(g) // bucket by bucket
+	}
+	if r.Wire == ring.I8 {
+		r.feedback(flat, b[0], b[1])
+	}
+	if r.sketching() {
+		sketchAdd(r.sk.own, g, b[0], r.sk.seed(r.Sketch))
+	}
+	if r.NormGuard > 0 {
+		v := norm2(g)
+		return v * v
+	}
+	return 0
 }
 
 // tensorAt returns the index of the first tensor with a NaN or Inf in g,

@@ -372,14 +372,7 @@ func (e *epochRun) train(ctx context.Context) (Position, error) {
 // newcomer the step announced.
 func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 	r, cfg := e.r, e.cfg
-	r.part.closing = e.step+1 == e.steps // a LocalSGD round ends with the epoch
-	r.part.step = e.step + 1
-	if sch := cfg.Schedule; sch != nil && sch.PerStep() {
-		r.Opt.SetLR(sch.StepLR(e.pos(e.step).Steps, e.at.Epochs))
-	}
-	if block := min(e.block, e.left-e.step*e.block); block > 0 && !e.cfg.Train.Sampler.DropLast {
-		r.share = float32(b.N*r.Coll.Size()) / float32(block)
-	}
+	e.prepare(b)
 	loss, err := r.Step(ctx, b.X, b.Y, b.N)
 	r.share = 0
 	e.step++
@@ -387,12 +380,9 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 	if err == nil || Skipped(err) || errors.As(err, &leave) {
 		e.trained(b.Index, e.step-1)
 	}
-	if r.out.named != nil && (err == nil || Skipped(err)) {
-		// Every rank judged the same updates: all name the same ranks
-		// after the same step, applied or skipped alike, which the others
-		// then go on from.
-		e.samples += b.N
-		return r.out.named
+	if lie := r.out.named; lie != nil && (err == nil || Skipped(err)) {
+		e.samples += b.N // every rank names the same ranks after this step
+		return lie
 	}
 	switch {
 	case errors.As(err, &leave):
@@ -454,6 +444,21 @@ func (e *epochRun) stepOn(ctx context.Context, b *data.Batch) error {
 		e.lossSum, e.lossN = 0, 0
 	}
 	return e.newcomer()
+}
+
+// prepare sets what the next step needs to know of its place: whether it
+// is the epoch part's last (a LocalSGD round ends with the epoch), its
+// learning rate, and this rank's share of its samples.
+func (e *epochRun) prepare(b *data.Batch) {
+	r := e.r
+	r.part.closing = e.step+1 == e.steps
+	r.part.step = e.step + 1
+	if sch := e.cfg.Schedule; sch != nil && sch.PerStep() {
+		r.Opt.SetLR(sch.StepLR(e.pos(e.step).Steps, e.at.Epochs))
+	}
+	if block := min(e.block, e.left-e.step*e.block); block > 0 && !e.cfg.Train.Sampler.DropLast {
+		r.share = float32(b.N*r.Coll.Size()) / float32(block)
+	}
 }
 
 // errEpochEnd ends an epoch part early on a rank that was behind when its

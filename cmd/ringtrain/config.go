@@ -319,6 +319,23 @@ type updateChecks struct {
 	NameAbove float64 `json:"name_above"`
 }
 
+// check fills in the defaults and says what is wrong; nil is no section.
+// The checks sketch the gradients of a ring that syncs every step: not
+// with DiLoCo rounds or pipeline stages (notEveryStep).
+func (u *updateChecks) check(notEveryStep bool) error {
+	if u == nil {
+		return nil
+	}
+	if notEveryStep {
+		return errors.New(`update_checks sketch the gradients of a ring that syncs every step; with "sync", "robust" judges the peers' updates, and "pipeline" has none to check`)
+	}
+	u.fill()
+	if err := u.sketch().Validate(); err != nil {
+		return fmt.Errorf("update_checks: %w", err)
+	}
+	return nil
+}
+
 // fill writes the defaults out, so that the config hash holds them.
 func (u *updateChecks) fill() {
 	if u.Dims == 0 {
@@ -719,14 +736,8 @@ func (c *jobConfig) resolveSpec() error {
 			return err
 		}
 	}
-	if u := c.UpdateChecks; u != nil {
-		if c.Sync != nil || c.Pipeline != nil {
-			return errors.New(`update_checks sketch the gradients of a ring that syncs every step; with "sync", "robust" judges the peers' updates, and "pipeline" has none to check`)
-		}
-		u.fill()
-		if err := u.sketch().Validate(); err != nil {
-			return fmt.Errorf("update_checks: %w", err)
-		}
+	if err := c.UpdateChecks.check(c.Sync != nil || c.Pipeline != nil); err != nil {
+		return err
 	}
 	if c.BucketBytes < 0 || c.BucketBytes > maxBucketMB<<20 {
 		return fmt.Errorf("bucket of %d bytes; want 0 (one allreduce after backward) up to %d MB", c.BucketBytes, maxBucketMB)
