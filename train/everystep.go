@@ -61,6 +61,9 @@ func (everyStep) exchange(ctx context.Context, r *Replica, x []float32, y []int,
 	if err == nil || Skipped(err) {
 		r.out.named = named
 	}
+	if r.sketching() && badRanks == 0 && r.NormGuard > 0 && named == nil {
+		r.out.named = r.sk.guard(r.Sketch, r.out.far, r.NormGuard)
+	}
 	if errors.Is(err, errDevice) {
 		return loss, err
 	}

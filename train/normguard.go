@@ -30,6 +30,7 @@ func (r *Replica) normGuard(avg, tail []float32) error {
 			far = append(far, k)
 		}
 	}
+	r.out.far = far
 	if far != nil {
 		var got []string
 		for _, k := range far {

@@ -25,7 +25,9 @@ import (
 // scaled, noise — shows in its sketches: summed over Window steps of one
 // projection, a rank's sketch farther than NameAbove τ from the
 // coordinate-wise median in NameAfter windows in a row is named (a
-// LiarError: Run drops it, as any liar). Direction is not judged here:
+// LiarError: Run drops it, as any liar), where at least four ranks had
+// samples in the window. With the norm guard on, a rank whose gradients
+// it keeps out NameAfter steps in a row is named too. Direction is not judged here:
 // honest gradients of a few steps on shards that differ point apart too
 // often (a flipped rank is caught in robust DiLoCo rounds, not here).
 type Sketch struct {
@@ -84,6 +86,9 @@ type sketches struct {
 	own   []float64 // this step's sketch of this rank's gradients
 	sums  [][]float32
 	apart outliers
+	// guarded counts, per rank, the steps in a row the norm guard found
+	// its gradients over its bound.
+	guarded []int
 }
 
 // reset starts the state for ring, a ring of size ranks, if it is not
@@ -95,6 +100,7 @@ func (s *sketches) reset(c *Sketch, ring Collective) {
 	}
 	s.ring, s.steps = ring, 0
 	s.own = make([]float64, c.dims())
+	s.guarded = make([]int, ring.Size())
 	s.sums = make([][]float32, ring.Size())
 	for k := range s.sums {
 		s.sums[k] = make([]float32, c.dims())
@@ -218,11 +224,20 @@ func (s *sketches) check(c *Sketch, avg, slots []float32, wire ring.Encoding) er
 	if c.NameAfter <= 0 {
 		return nil
 	}
-	ranks := make([]int, size)
-	for r := range ranks {
-		ranks[r] = r
+	// A rank with no samples in the window has nothing to judge.
+	var ranks []int
+	var xs [][]float32
+	for r, w := range s.sums {
+		if slices.ContainsFunc(w, func(v float32) bool { return v != 0 }) {
+			ranks, xs = append(ranks, r), append(xs, w)
+		}
 	}
-	named := s.apart.count(s.ring, size, ranks, s.sums, spread(s.sums, 2), c.nameAbove(), false, c.NameAfter)
+	if len(xs) < 4 {
+		// Of three, two alike make the third far whatever it holds: a
+		// window's few steps leave honest sketches too close for that.
+		return nil
+	}
+	named := s.apart.count(s.ring, size, ranks, xs, spread(xs, 2), c.nameAbove(), false, c.NameAfter)
 	if named == nil {
 		return nil
 	}
@@ -234,6 +249,30 @@ func (s *sketches) check(c *Sketch, avg, slots []float32, wire ring.Encoding) er
 	w := s.steps / c.window()
 	return &LiarError{Ranks: ks, Why: fmt.Sprintf("the sketches of their gradients stood apart from the others' in %d windows of %d steps in a row, the last steps %d to %d on this ring (%s; past %v τ from the median)",
 		c.NameAfter, c.window(), (w-1)*c.window()+1, w*c.window(), strings.Join(why, "; "), c.nameAbove())}
+}
+
+// guard counts the ranks the norm guard found over its bound this step
+// (far; every rank holds the same declared norms) and names those over
+// it NameAfter steps in a row: the guard keeps their gradients out, but a
+// member whose every step is skipped would otherwise end the job (its
+// limit of skips in a row) rather than be dropped from it.
+func (s *sketches) guard(c *Sketch, far []int, bound float64) *LiarError {
+	if c.NameAfter <= 0 {
+		return nil
+	}
+	var named []int
+	for r := range s.guarded {
+		if !slices.Contains(far, r) {
+			s.guarded[r] = 0
+		} else if s.guarded[r]++; s.guarded[r] >= c.NameAfter {
+			named = append(named, r)
+			s.guarded[r] = 0
+		}
+	}
+	if named == nil || 2*len(far) >= len(s.guarded) {
+		return nil
+	}
+	return &LiarError{Ranks: named, Why: fmt.Sprintf("the norm of their gradients was over %g × the median in %d steps in a row", bound, c.NameAfter)}
 }
 
 // spread is each of xs's distance to their coordinate-wise median over

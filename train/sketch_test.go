@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/ringtrain/ringtrain/ring"
@@ -99,8 +100,9 @@ func (a alteredSums) AllreduceMean(ctx context.Context, buf []float32) error {
 // int8 wires and with buckets beside backward: nothing is skipped or
 // named and every rank holds the same bits. A forwarder that alters the
 // sum: every rank skips every step (ErrTampered). A rank whose gradients
-// are scaled, or flipped and scaled (the norm guard skipping its steps):
-// named by every rank after the third window.
+// are scaled, or flipped and scaled: with the norm guard on, named by
+// every rank after the guard has kept its gradients out 3 steps in a row;
+// without, after the sketches' third window.
 func TestSketchesInTheRing(t *testing.T) {
 	const n, features, classes, batch, window = 4, 12, 3, 32, 16
 	cfg := mlpCfg(features, []int{16}, classes, batch, 1)
@@ -112,7 +114,7 @@ func TestSketchesInTheRing(t *testing.T) {
 		named    *LiarError
 		params   []float32
 	}
-	run := func(wire ring.Encoding, bucket int, liar func(Model) Model, altered bool, steps int) [n]outcome {
+	run := func(wire ring.Encoding, bucket int, guard float64, liar func(Model) Model, altered bool, steps int) [n]outcome {
 		rings := memRings(t, n)
 		var out [n]outcome
 		if err := onAll(n, func(i int) error {
@@ -126,9 +128,7 @@ func TestSketchesInTheRing(t *testing.T) {
 			}
 			rep := NewReplica(m, NewAdam(0.01), c)
 			rep.Sketch, rep.Wire, rep.BucketBytes = sk, wire, bucket
-			// The norm guard skips a far-off rank's steps, as a job
-			// facing liars would: the model stays the honest ranks'.
-			rep.NormGuard = 5
+			rep.NormGuard = guard
 			rng := rand.New(rand.NewPCG(5, uint64(i)))
 			for s := range steps {
 				x, y := teacherBatch(rng, i, batch, features, classes)
@@ -153,27 +153,36 @@ func TestSketchesInTheRing(t *testing.T) {
 		wire   ring.Encoding
 		bucket int
 	}{{ring.F32, 0}, {ring.BF16, 0}, {ring.I8, 0}, {ring.F32, 256}} {
-		out := run(tc.wire, tc.bucket, nil, false, 40)
+		out := run(tc.wire, tc.bucket, 5, nil, false, 40)
 		for i, o := range out {
 			if o.skipped != 0 || o.named != nil || !slices.Equal(o.params, out[0].params) {
 				t.Errorf("honest, %v, buckets of %d: rank %d skipped %d, named %v, same bits %v", tc.wire, tc.bucket, i, o.skipped, o.named, slices.Equal(o.params, out[0].params))
 			}
 		}
 	}
-	for i, o := range run(ring.F32, 0, nil, true, 6) {
+	for i, o := range run(ring.F32, 0, 0, nil, true, 6) {
 		if o.skipped != 6 || !o.tampered {
 			t.Errorf("altered sums: rank %d skipped %d of 6 steps (tampered seen %v); want all", i, o.skipped, o.tampered)
 		}
 	}
-	for _, f := range []float32{100, -30} {
-		out := run(ring.F32, 0, func(m Model) Model { return scaledGrads{m, f} }, false, 3*window)
+	// With the norm guard on, it keeps a far rank's gradients out and
+	// names it after 3 of its steps in a row; without, the sketches name
+	// it after 3 windows.
+	for _, tc := range []struct {
+		f     float32
+		guard float64
+		at    int
+		says  string
+	}{{100, 5, 3, "norm of their gradients"}, {-30, 5, 3, "norm of their gradients"}, {100, 0, 3 * window, "sketches of their gradients"}} {
+		out := run(ring.F32, 0, tc.guard, func(m Model) Model { return scaledGrads{m, tc.f} }, false, 3*window)
 		for i, o := range out {
-			if o.named == nil || !slices.Equal(o.named.Ranks, []int{n - 1}) || o.namedAt != 3*window || o.named.Why != out[0].named.Why {
-				t.Errorf("gradients ×%v: rank %d named %v at step %d; want rank %d at step %d, one verdict", f, i, o.named, o.namedAt, n-1, 3*window)
+			if o.named == nil || !slices.Equal(o.named.Ranks, []int{n - 1}) || o.namedAt != tc.at || o.named.Why != out[0].named.Why ||
+				!strings.Contains(o.named.Why, tc.says) {
+				t.Errorf("gradients ×%v, guard %v: rank %d named %v at step %d; want rank %d at step %d, one verdict: %s", tc.f, tc.guard, i, o.named, o.namedAt, n-1, tc.at, tc.says)
 			}
 		}
 		if out[0].named != nil {
-			t.Logf("×%v: %v", f, out[0].named)
+			t.Logf("×%v, guard %v: %v", tc.f, tc.guard, out[0].named)
 		}
 	}
 }

@@ -248,6 +248,7 @@ type stepOutcome struct {
 	epochEnd                bool
 	newcomer                bool
 	named                   *LiarError
+	far                     []int // the ranks the norm guard found over its bound
 }
 
 // ReplicaStats is where a replica's steps spent their time and what they

@@ -42,6 +42,7 @@ func TestByzantinePeerIsNamedAndDropped(t *testing.T) {
 		{"rounds flip", "flip", rounds, "pseudo-gradients stood apart"},
 		{"rounds scale", "scale", rounds, "pseudo-gradients stood apart"},
 		{"every step scale", "scale", `"update_checks": {"window": 4}`, "sketches of their gradients stood apart"},
+		{"every step scale, guarded", "scale", `"update_checks": {}, "grad_norm_guard": 5`, "norm of their gradients was over"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			kind := tc.kind
@@ -79,7 +80,7 @@ func TestByzantinePeerIsNamedAndDropped(t *testing.T) {
 			}
 			var hashes []string
 			for i := range 3 {
-				if errs[i] != nil || !strings.Contains(outs[i], tc.says) || !strings.Contains(outs[i], "τ") ||
+				if errs[i] != nil || !strings.Contains(outs[i], tc.says) || !strings.Contains(outs[i], `"dropped":[`) ||
 					!strings.Contains(outs[i], "re-forming the ring without them") {
 					t.Errorf("honest peer %d: exit %v; want it to name the attacker with the evidence and finish\n%s", i, errs[i], tails(outs[i]))
 				}
