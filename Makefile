@@ -15,7 +15,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzR
 
 MODEL ?= mlp
 
-.PHONY: check test-attack test-deps test-prometheus test-netns test-netns-churn test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-gpt bench-gpt-quality bench-elastic bench-nat bench-procs bench-slow bench-gpt-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes bench-churn bench-topology bench-donors fashion-mnist fortunes testdata demo demo-gpt clean
+.PHONY: check test-attack bench-byzantine test-deps test-prometheus test-netns test-netns-churn test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-gpt bench-gpt-quality bench-elastic bench-nat bench-procs bench-slow bench-gpt-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes bench-churn bench-topology bench-donors fashion-mnist fortunes testdata demo demo-gpt clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -67,6 +67,15 @@ test: vet build
 	wait $$bg && bgrc=0 || bgrc=$$?; cat $(BIN)/test-bg.log; \
 	[ $$rc = 0 ] && [ $$bgrc = 0 ]
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-netns-churn test-netns test-onnx test-openblas test-prometheus test-attack fuzz
+
+# Members that lie with their updates, as figures: testdata/bench-byzantine.py
+# runs 4 peers with 1 attacker and 8 with 2, each attack, in robust DiLoCo
+# rounds and in every-step rings with update checks, on the full
+# Fashion-MNIST; clean runs on non-IID shards of testdata's subset; and the
+# clean job with the checks on and off in turn.
+bench-byzantine: fashion-mnist
+	$(GO) build -tags ringtrain_attack -o $(BIN)/ringtrain-attack ./cmd/ringtrain
+	python3 testdata/bench-byzantine.py $(BIN)/ringtrain-attack $(FASHION) $(abspath testdata/fashion-mnist)
 
 # Members that lie with their updates: peers of a build tagged
 # ringtrain_attack send their pseudo-gradients altered (RINGTRAIN_ATTACK),

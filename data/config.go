@@ -142,6 +142,20 @@ type Split struct {
 	remote *remote // a served split's fetching; nil for local files
 }
 
+// LabelGroups is each sample's label modulo g, for Sampler.Groups
+// (shards that differ by label); only a local image split has labels to
+// group by.
+func (s *Split) LabelGroups(g int) ([]int, error) {
+	if s.Text != nil || s.Table != nil || s.remote != nil || s.Dataset == nil || g < 1 {
+		return nil, fmt.Errorf("data: %s: shards by label need a local image dataset and at least one shard", s.Describe())
+	}
+	out := make([]int, s.Len())
+	for i := range out {
+		out[i] = s.Label(i) % g
+	}
+	return out, nil
+}
+
 // Len is the split's samples: its images, or a text split's windows.
 func (s *Split) Len() int {
 	if s.Text != nil {

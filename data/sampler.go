@@ -33,6 +33,16 @@ type Sampler struct {
 	// start, so a run resumed with the world size it stopped with gets the
 	// very batches it would have had.
 	Skip int
+	// Groups, if set, gives each of the N samples a group, 0 to G−1
+	// (G = the largest plus one): shards that differ, for tests of what
+	// honest members whose data differs send (non-IID). Each epoch's
+	// permutation then deals the groups round its positions — position
+	// q·G + g holds the q-th sample of group g, in the epoch's shuffled
+	// order — until the smallest group runs out, and the rest follow in
+	// that order. With G ranks, rank r trains on group r for most of the
+	// epoch. It is still one permutation of every sample, independent of
+	// the world size, so Skip and re-formations keep their meaning.
+	Groups []int
 }
 
 func (s Sampler) validate() error {
@@ -58,6 +68,40 @@ func (s Sampler) NumSamples() int {
 	return (n + s.World - 1) / s.World
 }
 
+// dealGroups reorders perm so that position q·G + g holds the q-th of
+// perm's samples in group g, until the smallest group runs out; the rest
+// follow in perm's order.
+func dealGroups(perm, groups []int) ([]int, error) {
+	if len(groups) != len(perm) {
+		return nil, fmt.Errorf("data: %d samples' groups for %d samples", len(groups), len(perm))
+	}
+	g := 0
+	for i, v := range groups {
+		if v < 0 || v > 1<<16 {
+			return nil, fmt.Errorf("data: sample %d in group %d; want 0 to 65536", i, v)
+		}
+		g = max(g, v+1)
+	}
+	lists := make([][]int, g)
+	for _, i := range perm {
+		lists[groups[i]] = append(lists[groups[i]], i)
+	}
+	short := len(perm)
+	for _, l := range lists {
+		short = min(short, len(l))
+	}
+	out := make([]int, 0, len(perm))
+	for q := range short {
+		for _, l := range lists {
+			out = append(out, l[q])
+		}
+	}
+	for _, l := range lists {
+		out = append(out, l[short:]...)
+	}
+	return out, nil
+}
+
 // Indices returns this rank's dataset indices for the epoch.
 func (s Sampler) Indices(epoch int) ([]int, error) {
 	if err := s.validate(); err != nil {
@@ -70,6 +114,12 @@ func (s Sampler) Indices(epoch int) ([]int, error) {
 		perm = make([]int, s.N)
 		for i := range perm {
 			perm[i] = i
+		}
+	}
+	if s.Groups != nil {
+		var err error
+		if perm, err = dealGroups(perm, s.Groups); err != nil {
+			return nil, err
 		}
 	}
 	rest := perm[s.Skip:]

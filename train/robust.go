@@ -92,21 +92,7 @@ func (o *outliers) count(ring Collective, size int, ranks []int, xs [][]float32,
 	if len(xs) < 3 {
 		return nil
 	}
-	cos := make([]float64, len(xs))
-	others, ref := make([][]float32, 0, len(xs)-1), make([]float32, len(xs[0]))
-	for i, x := range xs {
-		others = append(append(others[:0], xs[:i]...), xs[i+1:]...)
-		coordMedian(ref, others)
-		var xa, xx, aa float64
-		for j, v := range x {
-			xa += float64(v) * float64(ref[j])
-			xx += float64(v) * float64(v)
-			aa += float64(ref[j]) * float64(ref[j])
-		}
-		if xx > 0 && aa > 0 {
-			cos[i] = xa / math.Sqrt(xx*aa)
-		}
-	}
+	cos := othersCosines(xs, support(xs))
 	out := make([]bool, len(xs))
 	nOut := 0
 	for i := range xs {
@@ -159,17 +145,108 @@ func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, xs [][]f
 		c.NameAfter, outer+1, strings.Join(why, "; "), c.nameAbove())}
 }
 
+// othersCosines is, for each of xs, its cosine against the coordinate-wise
+// median of the others alone (coordMedian's, of all but it). One sort of
+// each coordinate's values gives every rank's: without the value at
+// sorted position k, the others' middle is at most two positions over.
+func othersCosines(xs [][]float32, sup []int) []float64 {
+	n := len(xs)
+	xa, xx, aa := make([]float64, n), make([]float64, n), make([]float64, n)
+	idx, col := make([]int, n), make([]float32, n)
+	m := n - 1
+	at := func(j, k int) float32 { // the others' j-th smallest, without position k
+		if j < k {
+			return col[j]
+		}
+		return col[j+1]
+	}
+	for _, j := range sup { // elsewhere every term is 0
+		for i := range idx {
+			idx[i] = i
+		}
+		for a := 1; a < n; a++ { // insertion sort: a few values
+			for b := a; b > 0 && xs[idx[b]][j] < xs[idx[b-1]][j]; b-- {
+				idx[b], idx[b-1] = idx[b-1], idx[b]
+			}
+		}
+		for k, i := range idx {
+			col[k] = xs[i][j]
+		}
+		for k, i := range idx {
+			ref := at(m/2, k)
+			if m%2 == 0 {
+				ref = float32(float64(at(m/2-1, k))/2 + float64(at(m/2, k))/2)
+			}
+			v := float64(xs[i][j])
+			xa[i] += v * float64(ref)
+			xx[i] += v * v
+			aa[i] += float64(ref) * float64(ref)
+		}
+	}
+	cos := make([]float64, n)
+	for i := range cos {
+		if xx[i] > 0 && aa[i] > 0 {
+			cos[i] = xa[i] / math.Sqrt(xx[i]*aa[i])
+		}
+	}
+	return cos
+}
+
+// support is the coordinates where some x is not 0, in order: sparse
+// payloads leave most of them 0 on every rank.
+// Without branches: which coordinates are 0 is as good as random.
+func support(xs [][]float32) []int {
+	mark := make([]uint8, len(xs[0]))
+	for _, x := range xs {
+		for j, v := range x {
+			u := math.Float32bits(v) << 1 // ±0 both 0
+			mark[j] |= uint8((u | -u) >> 31)
+		}
+	}
+	n := 0
+	for _, m := range mark {
+		n += int(m)
+	}
+	sup := make([]int, n+1)
+	k := 0
+	for j, m := range mark {
+		sup[k] = j
+		k += int(m)
+	}
+	return sup[:n]
+}
+
 // coordMedian writes into dst the coordinate-wise median of xs (at least
 // one, each as long as dst): the middle value, or the mean of the middle
 // two.
 func coordMedian(dst []float32, xs [][]float32) {
+	coordMedianOn(dst, xs, nil)
+}
+
+// coordMedianOn is coordMedian where every x is 0 off the coordinates
+// sup (all of them if nil): the median there is 0.
+func coordMedianOn(dst []float32, xs [][]float32, sup []int) {
 	n := len(xs)
 	col := make([]float32, n)
-	for j := range dst {
+	if sup != nil {
+		clear(dst)
+	}
+	for k := range dst {
+		j := k
+		if sup != nil {
+			if k >= len(sup) {
+				return
+			}
+			j = sup[k]
+		}
 		for i, x := range xs {
 			col[i] = x[j]
 		}
-		slices.Sort(col)
+		for a := 1; a < n; a++ { // insertion sort: a few values
+			for b := a; b > 0 && col[b] < col[b-1]; b-- {
+				col[b], col[b-1] = col[b-1], col[b]
+			}
+		}
 		if n%2 == 1 {
 			dst[j] = col[n/2]
 		} else {
@@ -192,13 +269,17 @@ func centeredClip(dst []float32, xs [][]float32, clip float64, iters int) []floa
 		clear(dst)
 		return scores
 	}
-	coordMedian(dst, xs)
+	// Where every x is 0 the median is 0 and stays so, and every term
+	// below is 0: the loops run over the others alone, in order, which
+	// gives the same bits (sparse payloads leave most coordinates there).
+	sup := support(xs)
+	coordMedianOn(dst, xs, sup)
 	dist := make([]float64, n)
 	distances := func() {
 		for i, x := range xs {
 			var acc float64
-			for j, v := range x {
-				d := float64(v) - float64(dst[j])
+			for _, j := range sup {
+				d := float64(x[j]) - float64(dst[j])
 				acc += float64(d * d)
 			}
 			dist[i] = math.Sqrt(acc)
@@ -228,11 +309,11 @@ func centeredClip(dst []float32, xs [][]float32, clip float64, iters int) []floa
 				w = tau / dist[i]
 			}
 			w /= float64(n)
-			for j, v := range x {
-				step[j] += float64(w * (float64(v) - float64(dst[j])))
+			for _, j := range sup {
+				step[j] += float64(w * (float64(x[j]) - float64(dst[j])))
 			}
 		}
-		for j := range dst {
+		for _, j := range sup {
 			dst[j] = float32(float64(dst[j]) + step[j])
 		}
 	}

@@ -265,3 +265,73 @@ func TestRobustNamesOutliers(t *testing.T) {
 		t.Errorf("naming off: %v", got[0].lie)
 	}
 }
+
+// TestOthersCosines: each cosine against the coordinate-wise median of
+// the others, as coordMedian of all but that one gives it, for odd and
+// even counts and with ties.
+func TestOthersCosines(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 4))
+	for _, n := range []int{3, 4, 5, 8} {
+		xs := make([][]float32, n)
+		for i := range xs {
+			xs[i] = make([]float32, 50)
+			for j := range xs[i] {
+				if j%5 != 0 { // every fifth coordinate 0 on every rank
+					xs[i][j] = float32(rng.IntN(7) - 3) // ties
+				}
+			}
+		}
+		got := othersCosines(xs, support(xs))
+		for i, x := range xs {
+			others := append(append([][]float32{}, xs[:i]...), xs[i+1:]...)
+			ref := make([]float32, len(x))
+			coordMedian(ref, others)
+			var xa, xx, aa float64
+			for j, v := range x {
+				xa += float64(v) * float64(ref[j])
+				xx += float64(v) * float64(v)
+				aa += float64(ref[j]) * float64(ref[j])
+			}
+			want := 0.0
+			if xx > 0 && aa > 0 {
+				want = xa / math.Sqrt(xx*aa)
+			}
+			if math.Abs(got[i]-want) > 1e-12 {
+				t.Errorf("%d ranks, rank %d: %v; want %v", n, i, got[i], want)
+			}
+		}
+	}
+}
+
+// BenchmarkRobustRound: one round's robust aggregate and scores of four
+// sparse payloads (top 5% of 235k values in 4 bits), as every rank
+// computes it.
+func BenchmarkRobustRound(b *testing.B) {
+	const n, size = 4, 235_146
+	rng := rand.New(rand.NewPCG(2, 2))
+	cfg := sparse.Config{Fraction: 0.05, Bits: 4}
+	all := make([][]byte, n)
+	for k := range all {
+		d := make([]float32, size)
+		for i := range d {
+			d[i] = float32(rng.NormFloat64())
+		}
+		c, err := sparse.NewCoder(cfg, size)
+		if err != nil {
+			b.Fatal(err)
+		}
+		p, err := c.Encode(d)
+		if err != nil {
+			b.Fatal(err)
+		}
+		all[k] = sparse.AppendPart(nil, p)
+	}
+	o := &LocalSGD{Robust: &Robust{Clip: 2, Iters: 3, NameAfter: 3}}
+	avg := make([]float32, size)
+	ring := memRings(&testing.T{}, n)[0]
+	for b.Loop() {
+		if _, err := o.robust(ring, avg, [][]float32{avg}, all); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

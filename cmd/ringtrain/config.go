@@ -83,6 +83,11 @@ type jobSpec struct {
 	// own with the optimizer above, then the ranks average their
 	// parameter changes and take an outer step.
 	Sync *syncConfig `json:"sync,omitempty"`
+	// NonIIDShards, if above 0, deals the training set's samples by label
+	// modulo this many groups (data.Sampler.Groups): with as many peers,
+	// each trains mostly on its own labels — shards that differ, to try
+	// what honest peers with other data send. 0, the default, shuffles.
+	NonIIDShards int `json:"non_iid_shards,omitempty"`
 	// UpdateChecks, if set, sends a sketch of each peer's gradients with
 	// every step, to skip a step whose sum a forwarder altered and name a
 	// peer whose gradients stand far apart (train.Sketch); not with sync
@@ -263,8 +268,9 @@ type jobFile struct {
 	// allreduce after backward.
 	BucketMB *float64    `json:"bucket_mb"`
 	Sync     *syncConfig `json:"sync"`
-	// UpdateChecks: see jobSpec.
+	// UpdateChecks and NonIIDShards: see jobSpec.
 	UpdateChecks *updateChecks    `json:"update_checks"`
+	NonIIDShards int              `json:"non_iid_shards"`
 	Pipeline     *pipeline.Config `json:"pipeline"`
 	localSettings
 }
@@ -597,7 +603,7 @@ func (f *jobFile) resolve(dir string) (*jobConfig, error) {
 	c := &jobConfig{localSettings: f.localSettings, jobSpec: jobSpec{Name: f.Name, WorldSize: f.WorldSize, MinWorldSize: f.MinWorldSize, MaxWorldSize: f.MaxWorldSize,
 		Epochs: f.Epochs, BatchSize: f.BatchSize, Seed: f.Seed, Model: f.Model, Loss: f.Loss, Optimizer: f.Optimizer,
 		GradNormGuard: f.GradNormGuard, EvalEvery: f.EvalEvery, Compression: f.Compression, RingOrder: f.RingOrder, Sync: f.Sync, Pipeline: f.Pipeline, BucketBytes: defaultBucketMB << 20,
-		UpdateChecks: f.UpdateChecks}}
+		UpdateChecks: f.UpdateChecks, NonIIDShards: f.NonIIDShards}}
 	if f.BucketMB != nil {
 		if mb := *f.BucketMB; !(mb >= 0 && mb <= maxBucketMB) {
 			return nil, fmt.Errorf("bucket_mb %g; want 0 (one allreduce after backward) up to %d", mb, maxBucketMB)
@@ -738,6 +744,9 @@ func (c *jobConfig) resolveSpec() error {
 	}
 	if err := c.UpdateChecks.check(c.Sync != nil || c.Pipeline != nil); err != nil {
 		return err
+	}
+	if c.NonIIDShards < 0 || c.NonIIDShards > 1024 || c.NonIIDShards > 0 && c.Pipeline != nil {
+		return fmt.Errorf("non_iid_shards %d; want 0 (shuffled) to 1024, and no pipeline", c.NonIIDShards)
 	}
 	if c.BucketBytes < 0 || c.BucketBytes > maxBucketMB<<20 {
 		return fmt.Errorf("bucket of %d bytes; want 0 (one allreduce after backward) up to %d MB", c.BucketBytes, maxBucketMB)

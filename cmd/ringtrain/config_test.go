@@ -70,7 +70,7 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		`, "sync": {"every": 5, "sparse": {"fraction": 0.01, "bits": 2}, "robust": {"name_after": -1}}`,
 		`, "sync": {"every": 5, "sparse": {"fraction": 0.01, "bits": 2}, "robust": {"name_above": -2}}`,
 		`, "update_checks": {"dims": -1}`, `, "update_checks": {"dims": 5000}`, `, "update_checks": {"window": -3}`, `, "update_checks": {"name_after": -1}`,
-		`, "update_checks": {}, "sync": {"every": 5}`} {
+		`, "update_checks": {}, "sync": {"every": 5}`, `, "non_iid_shards": -1`} {
 		p := filepath.Join(t.TempDir(), "job.json")
 		if err := os.WriteFile(p, []byte("{"+base+bad+"}"), 0o644); err != nil {
 			t.Fatal(err)

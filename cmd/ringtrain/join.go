@@ -656,6 +656,12 @@ func newJob(cfg *jobConfig, device string, devOpt devices.Options, trainSplit, t
 	job := &elastic.Job{Members: members, WorldSize: cfg.WorldSize, MinWorldSize: cfg.MinWorldSize, MaxWorldSize: cfg.MaxWorldSize,
 		StepTimeout: time.Duration(cfg.StepTimeout), AdmitTimeout: time.Duration(cfg.AdmissionTimeout), Logger: log, Out: stdout}
 	job.Training = cfg.runConfig(trainSplit, testSplit)
+	if cfg.NonIIDShards > 0 {
+		if job.Training.Train.Sampler.Groups, err = trainSplit.LabelGroups(cfg.NonIIDShards); err != nil {
+			model.Close()
+			return nil, nil, fmt.Errorf("non_iid_shards: %w", err)
+		}
+	}
 	job.Training.Replica = cfg.replica(model, opt)
 	if cfg.CheckpointDir != "" {
 		job.Checkpoint = filepath.Join(cfg.CheckpointDir, cfg.Name+".ckpt")

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Members that lie with their updates, as processes on this machine.
+
+Runs `ringtrain join` processes on loopback, built with the ringtrain_attack
+tag (`make bench-byzantine` builds it), some of them attackers
+(RINGTRAIN_ATTACK=scale|flip|noise|replay), in two kinds of job: sparse
+DiLoCo rounds with "robust" (rounds) and a ring that syncs every step with
+"update_checks" and grad_norm_guard 5 (everystep). Prints a JSON line per
+run and then a table per mode: final test accuracy against the clean run,
+whether every attacker was named and dropped and at which step, honest
+peers dropped. Then CLEAN runs of each mode on non-IID shards (labels dealt
+by peer, "non_iid_shards") of the small DATA_SMALL, counting honest peers
+dropped; and the clean job with the checks on and off in turn (samples/s).
+
+usage: bench-byzantine.py BIN DATA DATA_SMALL [EPOCHS=2] [CLEAN=20] [PAIRS=3]
+"""
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN, DATA, SMALL = sys.argv[1], sys.argv[2], sys.argv[3]
+EPOCHS = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+CLEAN = int(sys.argv[5]) if len(sys.argv) > 5 else 20
+PAIRS = int(sys.argv[6]) if len(sys.argv) > 6 else 3
+
+MODES = {
+    "rounds": {"sync": {"every": 8, "sparse": {"fraction": 0.05, "bits": 4}, "robust": {}}},
+    "everystep": {"update_checks": {}, "grad_norm_guard": 5},
+}
+OFF = {"rounds": {"sync": {"every": 8, "sparse": {"fraction": 0.05, "bits": 4}}}, "everystep": {}}
+
+
+def job(dirname, name, peers, attackers, data, extra, seed=1):
+    cfg = {"name": name, "world_size": peers, "min_world_size": peers - attackers, "epochs": EPOCHS,
+           "batch_size": 32, "seed": seed, "model": "mlp", "optimizer": {"name": "adam", "lr": 0.001},
+           "join_timeout": "60s",
+           "data": {"transforms": [{"name": "ToTensor", "args": []}],
+                    "dataset_path": {"train": data, "test": data}}}
+    cfg.update(extra)
+    path = os.path.join(dirname, name + ".json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def run(peers, attackers, kind, data, extra, seed=1):
+    """One job: returns what each peer printed and its exit status."""
+    with tempfile.TemporaryDirectory() as d:
+        cfg = job(d, "byz%d" % int(time.time() * 1000 % 1e9), peers, attackers, data, extra, seed)
+        ids = []
+        for i in range(peers):
+            key = os.path.join(d, "id-%d" % i)
+            ids.append(subprocess.run([BIN, "id", "--identity", key], capture_output=True, text=True, check=True).stdout.strip())
+        procs, outs = [], []
+        boot = None
+        for i in range(peers):
+            args = [BIN, "join", "--config", cfg, "--identity", os.path.join(d, "id-%d" % i),
+                    "--listen", "/ip4/127.0.0.1/tcp/0", "--log-format", "json", "--threads", "1"]
+            if boot:
+                args += ["--bootstrap", boot]
+            env = dict(os.environ)
+            env.pop("RINGTRAIN_ATTACK", None)
+            if kind != "clean" and i >= peers - attackers:
+                env["RINGTRAIN_ATTACK"] = kind
+            out = open(os.path.join(d, "p%d.log" % i), "w+")
+            procs.append(subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env))
+            outs.append(out)
+            if boot is None:
+                for _ in range(200):
+                    out.flush()
+                    m = re.search(r"listening on (/ip4/127\.0\.0\.1/tcp/\d+/p2p/\S+)", open(out.name).read())
+                    if m:
+                        boot = m.group(1)
+                        break
+                    time.sleep(0.05)
+        codes = []
+        for p in procs:
+            try:
+                codes.append(p.wait(timeout=1800))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes.append(-9)
+        texts = [open(o.name).read() for o in outs]
+        return ids, codes, texts
+
+
+def judge(mode, peers, attackers, kind, ids, codes, texts):
+    honest = range(peers - attackers)
+    liars = set(ids[peers - attackers:]) if kind != "clean" else set()
+    dropped, steps, acc, hashes, sps = set(), [], [], set(), []
+    for i in honest:
+        for line in texts[i].splitlines():
+            if '"dropped":' in line:
+                e = json.loads(line)
+                dropped.update(e["dropped"])
+                steps.append(e.get("steps_done", 0))
+            elif '"param_hash"' in line and '"test_accuracy"' in line:
+                e = json.loads(line)
+                acc.append(e["test_accuracy"])
+                hashes.add(e["param_hash"])
+                sps.append(e["samples_per_sec"])
+    return {"mode": mode, "peers": peers, "attackers": attackers if kind != "clean" else 0, "attack": kind,
+            "honest_exits": [codes[i] for i in honest], "accuracy": statistics.median(acc) if acc else None,
+            "one_hash": len(hashes) == 1 and len(acc) == len(honest),
+            "attackers_dropped": len(liars & dropped), "honest_dropped": len(dropped - liars),
+            "dropped_at_steps": sorted(set(steps)), "samples_per_sec": statistics.median(sps) if sps else None}
+
+
+def main():
+    rows = []
+    for mode, extra in MODES.items():
+        for peers, attackers in ((4, 1), (8, 2)):
+            for kind in ("clean", "scale", "flip", "noise", "replay"):
+                r = judge(mode, peers, attackers, kind, *run(peers, attackers, kind, DATA, extra))
+                print(json.dumps(r), flush=True)
+                rows.append(r)
+    for mode in MODES:
+        print("\n%s: accuracy against the clean run; attackers named and dropped (at step)" % mode)
+        for peers in (4, 8):
+            clean = next(r for r in rows if r["mode"] == mode and r["peers"] == peers and r["attack"] == "clean")
+            for r in (r for r in rows if r["mode"] == mode and r["peers"] == peers):
+                d = None if r["accuracy"] is None or clean["accuracy"] is None else round(100 * (r["accuracy"] - clean["accuracy"]), 2)
+                print("  %d peers, %-6s acc %s (%+s points)  dropped %d/%d at %s, honest dropped %d, one hash %s" % (
+                    peers, r["attack"], r["accuracy"], d, r["attackers_dropped"], r["attackers"], r["dropped_at_steps"],
+                    r["honest_dropped"], r["one_hash"]))
+    for mode, extra in MODES.items():
+        bad = 0
+        for seed in range(CLEAN):
+            x = dict(extra, non_iid_shards=4)
+            r = judge(mode, 4, 0, "clean", *run(4, 0, "clean", SMALL, x, seed=seed + 1))
+            bad += r["honest_dropped"] > 0
+        print(json.dumps({"summary": "clean non-IID runs", "mode": mode, "runs": CLEAN, "runs_with_an_honest_peer_dropped": bad}), flush=True)
+    for mode in MODES:
+        on, off = [], []
+        for _ in range(PAIRS):
+            off.append(judge(mode, 4, 0, "clean", *run(4, 0, "clean", DATA, OFF[mode]))["samples_per_sec"])
+            on.append(judge(mode, 4, 0, "clean", *run(4, 0, "clean", DATA, MODES[mode]))["samples_per_sec"])
+        print(json.dumps({"summary": "checks on against off", "mode": mode, "off": off, "on": on,
+                          "ratio": round(statistics.median(on) / statistics.median(off), 3)}), flush=True)
+
+
+main()
