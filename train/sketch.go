@@ -178,6 +178,12 @@ func (s *sketches) put(slots []float32, rank int) {
 // name, or nil; and counts the step.
 func (s *sketches) check(c *Sketch, avg, slots []float32, wire ring.Encoding) error {
 	size, k := s.ring.Size(), c.dims()
+	if !finite(slots) {
+		// Only a lie puts one there (a rank's sketch of finite gradients
+		// is finite), and it would blind the checks below.
+		s.steps++
+		return fmt.Errorf("%w: the sketches hold a NaN or Inf; skipped on all", ErrTampered)
+	}
 	want, got := make([]float64, k), make([]float64, k)
 	sketchAdd(got, avg, 0, s.seed(c))
 	var scale float64

@@ -79,17 +79,22 @@ func (m scaledGrads) ForwardBackward(x []float32, y []int, n int) (float32, erro
 }
 
 // alteredSums is a ring in which some forwarder altered a value of the
-// gradients' sum, as every rank receives it.
+// gradients' sum, as every rank receives it — or, with nan, put a NaN in
+// the last rank's sketch, which would blind the checks.
 type alteredSums struct {
 	Collective
 	nparams int
+	nan     bool
 }
 
 func (a alteredSums) AllreduceMean(ctx context.Context, buf []float32) error {
 	if err := a.Collective.AllreduceMean(ctx, buf); err != nil {
 		return err
 	}
-	if len(buf) > a.nparams {
+	switch {
+	case len(buf) > a.nparams && a.nan:
+		buf[len(buf)-1] = float32(math.NaN())
+	case len(buf) > a.nparams:
 		buf[7] += 0.5
 	}
 	return nil
@@ -114,7 +119,7 @@ func TestSketchesInTheRing(t *testing.T) {
 		named    *LiarError
 		params   []float32
 	}
-	run := func(wire ring.Encoding, bucket int, guard float64, liar func(Model) Model, altered bool, steps int) [n]outcome {
+	run := func(wire ring.Encoding, bucket int, guard float64, liar func(Model) Model, altered, nan bool, steps int) [n]outcome {
 		rings := memRings(t, n)
 		var out [n]outcome
 		if err := onAll(n, func(i int) error {
@@ -124,7 +129,7 @@ func TestSketchesInTheRing(t *testing.T) {
 			}
 			var c Collective = rings[i]
 			if altered {
-				c = alteredSums{rings[i], len(slices.Concat(m.Params()...))}
+				c = alteredSums{rings[i], len(slices.Concat(m.Params()...)), nan}
 			}
 			rep := NewReplica(m, NewAdam(0.01), c)
 			rep.Sketch, rep.Wire, rep.BucketBytes = sk, wire, bucket
@@ -153,16 +158,18 @@ func TestSketchesInTheRing(t *testing.T) {
 		wire   ring.Encoding
 		bucket int
 	}{{ring.F32, 0}, {ring.BF16, 0}, {ring.I8, 0}, {ring.F32, 256}} {
-		out := run(tc.wire, tc.bucket, 5, nil, false, 40)
+		out := run(tc.wire, tc.bucket, 5, nil, false, false, 40)
 		for i, o := range out {
 			if o.skipped != 0 || o.named != nil || !slices.Equal(o.params, out[0].params) {
 				t.Errorf("honest, %v, buckets of %d: rank %d skipped %d, named %v, same bits %v", tc.wire, tc.bucket, i, o.skipped, o.named, slices.Equal(o.params, out[0].params))
 			}
 		}
 	}
-	for i, o := range run(ring.F32, 0, 0, nil, true, 6) {
-		if o.skipped != 6 || !o.tampered {
-			t.Errorf("altered sums: rank %d skipped %d of 6 steps (tampered seen %v); want all", i, o.skipped, o.tampered)
+	for _, nan := range []bool{false, true} {
+		for i, o := range run(ring.F32, 0, 0, nil, true, nan, 6) {
+			if o.skipped != 6 || !o.tampered {
+				t.Errorf("altered sums (a NaN sketch %v): rank %d skipped %d of 6 steps (tampered seen %v); want all", nan, i, o.skipped, o.tampered)
+			}
 		}
 	}
 	// With the norm guard on, it keeps a far rank's gradients out and
@@ -174,7 +181,7 @@ func TestSketchesInTheRing(t *testing.T) {
 		at    int
 		says  string
 	}{{100, 5, 3, "norm of their gradients"}, {-30, 5, 3, "norm of their gradients"}, {100, 0, 3 * window, "sketches of their gradients"}} {
-		out := run(ring.F32, 0, tc.guard, func(m Model) Model { return scaledGrads{m, tc.f} }, false, 3*window)
+		out := run(ring.F32, 0, tc.guard, func(m Model) Model { return scaledGrads{m, tc.f} }, false, false, 3*window)
 		for i, o := range out {
 			if o.named == nil || !slices.Equal(o.named.Ranks, []int{n - 1}) || o.namedAt != tc.at || o.named.Why != out[0].named.Why ||
 				!strings.Contains(o.named.Why, tc.says) {
