@@ -12,7 +12,7 @@ peers dropped. Then CLEAN runs of each mode on non-IID shards (labels dealt
 by peer, "non_iid_shards") of the small DATA_SMALL, counting honest peers
 dropped; and the clean job with the checks on and off in turn (samples/s).
 
-usage: [MODES=rounds,everystep] [KINDS=clean,scale,flip,noise,replay]
+usage: [MODES=rounds,everystep] [KINDS=clean,scale,flip,noise,replay] [GUARD=5]
        bench-byzantine.py BIN DATA DATA_SMALL [EPOCHS=2] [CLEAN=20] [PAIRS=3]
 """
 import json
@@ -31,7 +31,7 @@ PAIRS = int(sys.argv[6]) if len(sys.argv) > 6 else 3
 
 MODES = {
     "rounds": {"sync": {"every": 8, "sparse": {"fraction": 0.05, "bits": 4}, "robust": {}}},
-    "everystep": {"update_checks": {}, "grad_norm_guard": 5},
+    "everystep": {"update_checks": {}, "grad_norm_guard": float(os.environ.get("GUARD", "5"))},
 }
 MODES = {m: MODES[m] for m in os.environ.get("MODES", ",".join(MODES)).split(",")}
 KINDS = os.environ.get("KINDS", "clean,scale,flip,noise,replay").split(",")
