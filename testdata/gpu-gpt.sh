@@ -40,8 +40,8 @@ elif [ -n "$san" ]; then
     log "compute-sanitizer --tool $tool"
     timeout 150 "$san" --tool $tool --error-exitcode 9 ./engine-cuda.test -test.run 'CUDAKernels|CUDAGPT' > "$OUT/sanitizer-$tool.txt" 2>&1
     echo "rc=$?" | tee -a "$OUT/summary.txt"; tail -2 "$OUT/sanitizer-$tool.txt" | tee -a "$OUT/summary.txt"
-      # The tool's count of errors says nothing of the tests run under it.
-      grep -E '^\s*--- FAIL|^FAIL$' "$OUT/sanitizer-$tool.txt" | sed "s/^/under $tool: /" | tee -a "$OUT/summary.txt"
+    # The tool's count of errors says nothing of the tests run under it.
+    grep -E '^\s*--- FAIL|^FAIL$' "$OUT/sanitizer-$tool.txt" | sed "s/^/under $tool: /" | tee -a "$OUT/summary.txt"
   done
 else
   log "no compute-sanitizer on this host"
