@@ -98,6 +98,9 @@ type LocalSGD struct {
 	// tamper, if set, alters this rank's pseudo-gradient before it is
 	// sent (attack): set only by tests and attacker builds.
 	tamper func(d []float32)
+	// dense holds the ranks' decoded payloads for Robust, kept between
+	// rounds: a round's gathered payloads are a few MB dense.
+	dense [][]float32
 }
 
 // NewLocalReplica wires a model, LocalSGD and a collective: the replica's
@@ -487,7 +490,11 @@ func (o *LocalSGD) robust(ring Collective, avg []float32, parts [][]float32, all
 		if len(p) == 0 {
 			continue
 		}
-		x := make([]float32, len(avg))
+		if len(o.dense) <= len(xs) || len(o.dense[len(xs)]) != len(avg) {
+			o.dense = append(o.dense[:len(xs)], make([]float32, len(avg)))
+		}
+		x := o.dense[len(xs)]
+		clear(x)
 		xparts := make([][]float32, len(parts))
 		off := 0
 		for i, d := range parts {
@@ -499,8 +506,9 @@ func (o *LocalSGD) robust(ring Collective, avg []float32, parts [][]float32, all
 		}
 		xs = append(xs, x)
 	}
-	scores := centeredClip(avg, xs, o.Robust.Clip, o.Robust.Iters)
-	named := o.Robust.score(&o.outliers, ring, all, xs, scores, o.outer)
+	sup := support(xs)
+	scores := centeredClip(avg, xs, sup, o.Robust.Clip, o.Robust.Iters)
+	named := o.Robust.score(&o.outliers, ring, all, xs, sup, scores, o.outer)
 	share := float32(len(xs)) / float32(len(all))
 	for j := range avg {
 		avg[j] *= share

@@ -75,7 +75,8 @@ type judged struct {
 
 // count scores one round on ring of size ranks: xs are the updates of
 // the ranks in (in rank order, ranks[i] being xs[i]'s), dist their
-// distances over τ. A rank stands apart past above τ, or, with against,
+// distances over τ; every x is 0 off the coordinates sup (all of them if
+// nil). A rank stands apart past above τ, or, with against,
 // pointing against the coordinate-wise median of the others' alone —
 // against an aggregate that holds a share of its own, a flipped update
 // can still point forward when honest ones agree only loosely (non-IID
@@ -85,14 +86,14 @@ type judged struct {
 // of them, and starts their count again. Nobody is judged from fewer than
 // 3 updates, or when half or more stand apart (the round tells nothing of
 // who lies); a rank not in the round keeps its streak.
-func (o *outliers) count(ring Collective, size int, ranks []int, xs [][]float32, dist []float64, above float64, against bool, after int) []judged {
+func (o *outliers) count(ring Collective, size int, ranks []int, xs [][]float32, sup []int, dist []float64, above float64, against bool, after int) []judged {
 	if o.ring != ring || len(o.streak) != size {
 		o.ring, o.streak = ring, make([]int, size)
 	}
 	if len(xs) < 3 {
 		return nil
 	}
-	cos := othersCosines(xs, support(xs))
+	cos := othersCosines(xs, sup)
 	out := make([]bool, len(xs))
 	nOut := 0
 	for i := range xs {
@@ -121,7 +122,7 @@ func (o *outliers) count(ring Collective, size int, ranks []int, xs [][]float32,
 // (empty: not in the round; xs holds the others', in order), with the
 // ranks' distances over τ, and returns a LiarError naming those that
 // stood apart NameAfter rounds in a row (outliers.count), or nil.
-func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, xs [][]float32, scores []float64, outer int) *LiarError {
+func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, xs [][]float32, sup []int, scores []float64, outer int) *LiarError {
 	if c.NameAfter <= 0 {
 		return nil
 	}
@@ -131,7 +132,7 @@ func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, xs [][]f
 			ranks = append(ranks, k)
 		}
 	}
-	named := o.count(ring, len(payloads), ranks, xs, scores, c.nameAbove(), true, c.NameAfter)
+	named := o.count(ring, len(payloads), ranks, xs, sup, scores, c.nameAbove(), true, c.NameAfter)
 	if named == nil {
 		return nil
 	}
@@ -159,6 +160,12 @@ func othersCosines(xs [][]float32, sup []int) []float64 {
 			return col[j]
 		}
 		return col[j+1]
+	}
+	if sup == nil {
+		sup = make([]int, len(xs[0]))
+		for j := range sup {
+			sup[j] = j
+		}
 	}
 	for _, j := range sup { // elsewhere every term is 0
 		for i := range idx {
@@ -259,10 +266,12 @@ func coordMedianOn(dst []float32, xs [][]float32, sup []int) {
 // one as long as dst: from v the coordinate-wise median, iters times
 // v ← v + (1/n) Σ (x_i − v)·min(1, τ/‖x_i − v‖), τ = clip × the median of
 // the ‖x_i − v‖ at the start. It returns each x_i's distance to the
-// start over τ: above 1, it was clipped. Every sum runs in one order and
+// start over τ: above 1, it was clipped. sup is the coordinates where
+// some x is not 0 (support): elsewhere every x, the median and the
+// aggregate are 0. Every sum runs in one order and
 // every product is rounded before it is added, so the bits do not depend
 // on the CPU.
-func centeredClip(dst []float32, xs [][]float32, clip float64, iters int) []float64 {
+func centeredClip(dst []float32, xs [][]float32, sup []int, clip float64, iters int) []float64 {
 	n := len(xs)
 	scores := make([]float64, n)
 	if n == 0 {
@@ -270,9 +279,8 @@ func centeredClip(dst []float32, xs [][]float32, clip float64, iters int) []floa
 		return scores
 	}
 	// Where every x is 0 the median is 0 and stays so, and every term
-	// below is 0: the loops run over the others alone, in order, which
-	// gives the same bits (sparse payloads leave most coordinates there).
-	sup := support(xs)
+	// below is 0: the loops run over sup alone, in order, which gives the
+	// same bits (sparse payloads leave most coordinates there).
 	coordMedianOn(dst, xs, sup)
 	dist := make([]float64, n)
 	distances := func() {
@@ -297,7 +305,7 @@ func centeredClip(dst []float32, xs [][]float32, clip float64, iters int) []floa
 	if tau == 0 {
 		return scores // at least half the ranks agree exactly: the median is it
 	}
-	step := make([]float64, len(dst))
+	step := make([]float64, len(sup))
 	for it := range iters {
 		if it > 0 {
 			distances()
@@ -309,12 +317,12 @@ func centeredClip(dst []float32, xs [][]float32, clip float64, iters int) []floa
 				w = tau / dist[i]
 			}
 			w /= float64(n)
-			for _, j := range sup {
-				step[j] += float64(w * (float64(x[j]) - float64(dst[j])))
+			for k, j := range sup {
+				step[k] += float64(w * (float64(x[j]) - float64(dst[j])))
 			}
 		}
-		for _, j := range sup {
-			dst[j] = float32(float64(dst[j]) + step[j])
+		for k, j := range sup {
+			dst[j] = float32(float64(dst[j]) + step[k])
 		}
 	}
 	return scores

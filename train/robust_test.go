@@ -69,9 +69,9 @@ func TestCenteredClip(t *testing.T) {
 			}
 		}
 		got := make([]float32, dim)
-		scores := centeredClip(got, xs, 2, 3)
+		scores := centeredClip(got, xs, support(xs), 2, 3)
 		again := make([]float32, dim)
-		centeredClip(again, xs, 2, 3)
+		centeredClip(again, xs, support(xs), 2, 3)
 		if !slices.Equal(got, again) {
 			t.Fatalf("%s: two runs on the same vectors differ", name)
 		}
@@ -95,7 +95,7 @@ func TestCenteredClip(t *testing.T) {
 	}
 	same := [][]float32{{1, 2, 3}, {1, 2, 3}, {1, 2, 3}}
 	got := make([]float32, 3)
-	centeredClip(got, same, 2, 3)
+	centeredClip(got, same, support(same), 2, 3)
 	if !slices.Equal(got, same[0]) {
 		t.Errorf("alike vectors aggregate to %v", got)
 	}

@@ -243,7 +243,7 @@ func (s *sketches) check(c *Sketch, avg, slots []float32, wire ring.Encoding) er
 		// window's few steps leave honest sketches too close for that.
 		return nil
 	}
-	named := s.apart.count(s.ring, size, ranks, xs, spread(xs, 2), c.nameAbove(), false, c.NameAfter)
+	named := s.apart.count(s.ring, size, ranks, xs, nil, spread(xs, 2), c.nameAbove(), false, c.NameAfter)
 	if named == nil {
 		return nil
 	}
