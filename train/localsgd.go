@@ -472,7 +472,7 @@ func (o *LocalSGD) gatherSparse(ctx context.Context, r *Replica, avg, tail []flo
 			continue
 		}
 		if err := sparse.DecodeParts(parts, p, w); err != nil {
-			return nil, fmt.Errorf("rank %d's pseudo-gradient: %w", k, err)
+			return nil, &LiarError{Ranks: []int{k}, Why: fmt.Sprintf("the pseudo-gradient it sent does not decode: %v", err)}
 		}
 	}
 	return nil, nil
@@ -502,7 +502,7 @@ func (o *LocalSGD) robust(ring Collective, avg []float32, parts [][]float32, all
 			off += len(d)
 		}
 		if err := sparse.DecodeParts(xparts, p, 1); err != nil {
-			return nil, fmt.Errorf("rank %d's pseudo-gradient: %w", k, err)
+			return nil, &LiarError{Ranks: []int{k}, Why: fmt.Sprintf("the pseudo-gradient it sent does not decode: %v", err)}
 		}
 		xs = append(xs, x)
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ringtrain/ringtrain/ring"
 	"github.com/ringtrain/ringtrain/train/sparse"
 )
 
@@ -332,6 +333,55 @@ func BenchmarkRobustRound(b *testing.B) {
 	for b.Loop() {
 		if _, err := o.robust(ring, avg, [][]float32{avg}, all); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// garbledPayload is a rank that sends a payload that does not decode.
+type garbledPayload struct{ *ring.Ring }
+
+func (g garbledPayload) Allgather(ctx context.Context, buf []float32, counts []int) error {
+	off := 0
+	for _, c := range counts[:g.Rank()] {
+		off += c
+	}
+	for i := range counts[g.Rank()] {
+		buf[off+i] = float32(math.NaN())
+	}
+	return g.Ring.Allgather(ctx, buf, counts)
+}
+
+// TestUndecodablePayloadIsALie: a rank whose payload does not decode is
+// named by every rank, in the round's failed collective (so the round
+// is taken back and runs again without it), with or without Robust —
+// before, it ended the job on every rank.
+func TestUndecodablePayloadIsALie(t *testing.T) {
+	const n, h = 4, 4
+	cfg := mlpCfg(12, []int{16}, 3, 8, 1)
+	for _, rb := range []*Robust{nil, {Clip: 2, Iters: 3, NameAfter: 3}} {
+		rings := memRings(t, n)
+		errs := make([]error, n)
+		onAll(n, func(i int) error {
+			var c Collective = rings[i]
+			if i == n-1 {
+				c = garbledPayload{rings[i]}
+			}
+			o := &LocalSGD{Inner: NewAdam(0.01), Every: h, LR: 1, Sparse: &sparse.Config{Fraction: 0.2, Bits: 4}, Robust: rb}
+			rep := NewLocalReplica(newMLP(t, cfg), o, c)
+			rng := rand.New(rand.NewPCG(3, uint64(i)))
+			for range h {
+				x, y := teacherBatch(rng, i, 8, 12, 3)
+				if _, errs[i] = rep.Step(context.Background(), x, y, 8); errs[i] != nil {
+					return nil
+				}
+			}
+			return nil
+		})
+		for i, err := range errs {
+			var lie *LiarError
+			if !errors.As(err, &lie) || !slices.Equal(lie.Ranks, []int{n - 1}) || !errors.Is(err, ErrCollective) {
+				t.Errorf("robust %v: rank %d: %v; want rank %d named in a failed collective", rb != nil, i, err, n-1)
+			}
 		}
 	}
 }
