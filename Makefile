@@ -72,7 +72,8 @@ test: vet build
 # runs 4 peers with 1 attacker and 8 with 2, each attack, in robust DiLoCo
 # rounds and in every-step rings with update checks, on the full
 # Fashion-MNIST; clean runs on non-IID shards of testdata's subset; and the
-# clean job with the checks on and off in turn.
+# clean job with the checks on and off in turn. MODEL=gpt SIZES=4:1 with
+# fortunes for DATA runs the GPT (validation loss; see the script).
 bench-byzantine: fashion-mnist
 	$(GO) build -tags ringtrain_attack -o $(BIN)/ringtrain-attack ./cmd/ringtrain
 	python3 testdata/bench-byzantine.py $(BIN)/ringtrain-attack $(FASHION) $(abspath testdata/fashion-mnist)

@@ -12,7 +12,12 @@ peers dropped. Then CLEAN runs of each mode on non-IID shards (labels dealt
 by peer, "non_iid_shards") of the small DATA_SMALL, counting honest peers
 dropped; and the clean job with the checks on and off in turn (samples/s).
 
-usage: [MODES=rounds,everystep] [KINDS=clean,scale,flip,noise,replay] [GUARD=5]
+With MODEL=gpt the model is testdata/gpt-demo-job.json's GPT (batch 16,
+AdamW with warm-up and clipping) on DATA, a folder of text (fortunes),
+and the figure is the validation loss.
+
+usage: [MODES=rounds,everystep] [KINDS=clean,scale,flip,noise,replay] [GUARD=5] [MODEL=mlp|gpt]
+       [SIZES=4:1,8:2 (peers:attackers)]
        bench-byzantine.py BIN DATA DATA_SMALL [EPOCHS=2] [CLEAN=20] [PAIRS=3]
 """
 import json
@@ -35,7 +40,11 @@ MODES = {
 }
 MODES = {m: MODES[m] for m in os.environ.get("MODES", ",".join(MODES)).split(",")}
 KINDS = os.environ.get("KINDS", "clean,scale,flip,noise,replay").split(",")
+SIZES = [tuple(int(v) for v in s.split(":")) for s in os.environ.get("SIZES", "4:1,8:2").split(",")]
 OFF = {"rounds": {"sync": {"every": 8, "sparse": {"fraction": 0.05, "bits": 4}}}, "everystep": {}}
+
+
+GPT = os.environ.get("MODEL", "mlp") == "gpt"
 
 
 def job(dirname, name, peers, attackers, data, extra, seed=1):
@@ -44,6 +53,10 @@ def job(dirname, name, peers, attackers, data, extra, seed=1):
            "join_timeout": "60s",
            "data": {"transforms": [{"name": "ToTensor", "args": []}],
                     "dataset_path": {"train": data, "test": data}}}
+    if GPT:
+        cfg.update({"batch_size": 16, "model": {"gpt": {"layers": 4, "dim": 128, "heads": 4, "context": 128}},
+                    "optimizer": {"name": "adamw", "lr": 2e-3, "weight_decay": 0.1, "warmup_steps": 20, "clip_grad_norm": 1},
+                    "data": {"text": {"folder": data}}})
     cfg.update(extra)
     path = os.path.join(dirname, name + ".json")
     with open(path, "w") as f:
@@ -102,9 +115,9 @@ def judge(mode, peers, attackers, kind, ids, codes, texts):
                 e = json.loads(line)
                 dropped.update(e["dropped"])
                 steps.append(e.get("steps_done", 0))
-            elif '"param_hash"' in line and '"test_accuracy"' in line:
+            elif '"param_hash"' in line and ('"test_accuracy"' in line or '"test_loss"' in line):
                 e = json.loads(line)
-                acc.append(e["test_accuracy"])
+                acc.append(e["test_loss"] if GPT else e["test_accuracy"])
                 hashes.add(e["param_hash"])
                 sps.append(e["samples_per_sec"])
     return {"mode": mode, "peers": peers, "attackers": attackers if kind != "clean" else 0, "attack": kind,
@@ -117,19 +130,22 @@ def judge(mode, peers, attackers, kind, ids, codes, texts):
 def main():
     rows = []
     for mode, extra in MODES.items():
-        for peers, attackers in ((4, 1), (8, 2)):
+        for peers, attackers in SIZES:
             for kind in KINDS:
                 r = judge(mode, peers, attackers, kind, *run(peers, attackers, kind, DATA, extra))
                 print(json.dumps(r), flush=True)
                 rows.append(r)
     for mode in MODES:
         print("\n%s: accuracy against the clean run; attackers named and dropped (at step)" % mode)
-        for peers in (4, 8):
+        for peers, _ in SIZES:
             clean = next((r for r in rows if r["mode"] == mode and r["peers"] == peers and r["attack"] == "clean"), {"accuracy": None})
             for r in (r for r in rows if r["mode"] == mode and r["peers"] == peers):
                 d = None if r["accuracy"] is None or clean["accuracy"] is None else round(100 * (r["accuracy"] - clean["accuracy"]), 2)
-                print("  %d peers, %-6s acc %s (%+s points)  dropped %d/%d at %s, honest dropped %d, one hash %s" % (
-                    peers, r["attack"], r["accuracy"], d, r["attackers_dropped"], r["attackers"], r["dropped_at_steps"],
+                if GPT and d is not None:
+                    d = round(d / clean["accuracy"], 2)  # the validation loss, in % of the clean run's
+                print("  %d peers, %-6s %s %s (%+s %s)  dropped %d/%d at %s, honest dropped %d, one hash %s" % (
+                    peers, r["attack"], "loss" if GPT else "acc", r["accuracy"], d, "%" if GPT else "points",
+                    r["attackers_dropped"], r["attackers"], r["dropped_at_steps"],
                     r["honest_dropped"], r["one_hash"]))
     for mode, extra in MODES.items():
         bad = 0
