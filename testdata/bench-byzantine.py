@@ -16,7 +16,7 @@ With MODEL=gpt the model is testdata/gpt-demo-job.json's GPT (batch 16,
 AdamW with warm-up and clipping) on DATA, a folder of text (fortunes),
 and the figure is the validation loss.
 
-usage: [MODES=rounds,everystep] [KINDS=clean,scale,flip,noise,replay] [GUARD=5] [MODEL=mlp|gpt]
+usage: [MODES=rounds,everystep] [KINDS=clean,scale,flip,noise,replay] [GUARD=5] [CHECKS='{}'] [MODEL=mlp|gpt]
        [SIZES=4:1,8:2 (peers:attackers)]
        bench-byzantine.py BIN DATA DATA_SMALL [EPOCHS=2] [CLEAN=20] [PAIRS=3]
 """
@@ -36,7 +36,7 @@ PAIRS = int(sys.argv[6]) if len(sys.argv) > 6 else 3
 
 MODES = {
     "rounds": {"sync": {"every": 8, "sparse": {"fraction": 0.05, "bits": 4}, "robust": {}}},
-    "everystep": {"update_checks": {}, "grad_norm_guard": float(os.environ.get("GUARD", "5"))},
+    "everystep": {"update_checks": json.loads(os.environ.get("CHECKS", "{}")), "grad_norm_guard": float(os.environ.get("GUARD", "5"))},
 }
 MODES = {m: MODES[m] for m in os.environ.get("MODES", ",".join(MODES)).split(",")}
 KINDS = os.environ.get("KINDS", "clean,scale,flip,noise,replay").split(",")
