@@ -36,6 +36,24 @@ func (n *Node) Standbys(members []peer.ID) []peer.ID {
 	return out
 }
 
+// Distrust marks peers the training caught lying as the node marks one
+// that proposed what no honest peer could: never a standby again, its
+// admissions ignored and no exemption from the guard's limits — for as
+// long as the node remembers it, across its restarts with the same
+// identity. A restarted liar would otherwise be admitted as a newcomer.
+func (n *Node) Distrust(ps []peer.ID) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, p := range ps {
+		if p == n.h.ID() {
+			continue
+		}
+		if pi := n.trackLocked(p); pi != nil {
+			pi.lied = true
+		}
+	}
+}
+
 // Admit tells standby p that the ring prev grows into members.
 func (n *Node) Admit(ctx context.Context, p peer.ID, prev *Formation, members []peer.ID) error {
 	if err := n.tellStandby(ctx, p, AdmitProtocol, "ringtrain admission", prev.Generation, members); err != nil {

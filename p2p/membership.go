@@ -146,6 +146,19 @@ func (m *Membership) Standbys() []string {
 	return idStrings(m.node.Standbys(m.cur.Members))
 }
 
+// Distrust leaves the peers caught lying (by what they trained: peer IDs)
+// out of every later ring and admission (Node.Distrust); a string that
+// is no peer ID is skipped.
+func (m *Membership) Distrust(peers []string) {
+	var ids []peer.ID
+	for _, s := range peers {
+		if id, err := peer.Decode(s); err == nil {
+			ids = append(ids, id)
+		}
+	}
+	m.node.Distrust(ids)
+}
+
 // Ended tells the standbys waiting on the current ring that the job has
 // ended (Node.Ended).
 func (m *Membership) Ended(ctx context.Context) {

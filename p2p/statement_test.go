@@ -191,16 +191,24 @@ func TestForgedStatementIsIgnored(t *testing.T) {
 // member heard from it, and rank 0 never admitted it (the netns test's
 // replacement waited until the job ended).
 func TestLateStandbyIsKnownToEveryMember(t *testing.T) {
+	lateStandby(t)
+}
+
+// lateStandby forms a ring of 3 and starts a late peer bootstrapped from
+// the member with the highest ID (never rank 0, who admits); it returns
+// once every member counts the late peer a standby, with the ring, the
+// late peer's host and the ring's members.
+func lateStandby(t *testing.T) (*localSwarm, *Host, []peer.ID) {
+	t.Helper()
 	j := job
 	j.WorldSize = 3
 	s := swarm(t, 3, j)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	if err := s.Join(ctx); err != nil {
 		t.Fatal(err)
 	}
 	members := s.Formations[0].Members
-	// Bootstrap from the member with the highest ID: never rank 0.
 	last := slices.IndexFunc(s.Hosts, func(h *Host) bool { return h.ID() == members[len(members)-1] })
 	h, err := NewHost(ctx, HostConfig{Listen: loopback, Bootstrap: []peer.AddrInfo{info(s.Hosts[last])}})
 	if err != nil {
@@ -211,9 +219,7 @@ func TestLateStandbyIsKnownToEveryMember(t *testing.T) {
 	if _, err := late.Join(ctx); !errors.Is(err, ErrStandby) {
 		t.Fatalf("late peer's Join = %v; want ErrStandby", err)
 	}
-	wctx, stop := context.WithCancel(ctx)
-	defer stop()
-	go late.WaitAdmission(wctx, time.Minute)
+	go late.WaitAdmission(ctx, time.Minute)
 	for i, n := range s.Nodes {
 		for !slices.Contains(n.Standbys(members), h.ID()) {
 			select {
@@ -223,6 +229,7 @@ func TestLateStandbyIsKnownToEveryMember(t *testing.T) {
 			}
 		}
 	}
+	return s, h, members
 }
 
 // TestPokeWakesEveryLoop: news wakes both a Join or Reform loop and
@@ -288,4 +295,17 @@ func FuzzStatements(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestDistrustedPeerIsNoStandby: a late peer waits as a standby; once the
+// members distrust it (the training caught it lying) it is no standby on
+// any of them, though still connected and proving the job.
+func TestDistrustedPeerIsNoStandby(t *testing.T) {
+	s, h, members := lateStandby(t)
+	for i, n := range s.Nodes {
+		n.Distrust([]peer.ID{h.ID(), n.h.ID()}) // its own ID is skipped
+		if slices.Contains(n.Standbys(members), h.ID()) {
+			t.Errorf("member %d still counts the distrusted peer a standby: it would admit it", i)
+		}
+	}
 }

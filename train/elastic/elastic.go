@@ -95,6 +95,9 @@ type Membership interface {
 	Standbys() []string
 	// Members are the current ring's members, in rank order.
 	Members() []string
+	// Distrust leaves peers caught lying out of every later ring and
+	// admission, across their restarts.
+	Distrust(peers []string)
 	// Ended tells the standbys that the job has ended, so that they stop
 	// waiting to be admitted; best effort, each within a bound.
 	Ended(ctx context.Context)

@@ -33,6 +33,7 @@ func (f *fixedRing) Grow(context.Context, []string, bool, int) (*ring.Ring, erro
 	return nil, errors.New("fixedRing: no growth")
 }
 func (f *fixedRing) Standbys() []string    { return nil }
+func (f *fixedRing) Distrust([]string)     {}
 func (f *fixedRing) Ended(context.Context) {}
 func (f *fixedRing) Members() []string     { return f.names }
 

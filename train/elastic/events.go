@@ -253,6 +253,7 @@ func (j *Job) reform(ctx context.Context, ev event, ranks []int, at train.Positi
 		}
 		log.Error().Strs("dropped", pick(old, gone)).Str("why", why).Int("epoch", at.Epochs+1).Int("steps_done", at.Steps).
 			Msg("peers told the others what no honest replica could; re-forming the ring without them")
+		j.Members.Distrust(pick(old, gone))
 		if j.Dropped != nil {
 			j.Dropped(pick(old, gone), why)
 		}

@@ -307,6 +307,9 @@ func TestOwnerTransitions(t *testing.T) {
 					if len(w.dropped) != 2 || w.dropped[0] != n[2] || w.dropped[1] != n[2] {
 						t.Errorf("Dropped heard %v; want %s from each of the other two", w.dropped, n[2])
 					}
+					if len(w.distrusted) != 2 || w.distrusted[0] != n[2] || w.distrusted[1] != n[2] {
+						t.Errorf("memberships told to keep out %v; want %s by each of the other two", w.distrusted, n[2])
+					}
 				})
 			},
 			ended: map[int]error{2: errNamedLiar}, wantLog: []string{"what no honest replica could"}, wantFinalLen: 2},

@@ -49,7 +49,9 @@ var ErrPipelineChange = errors.New("elastic: a pipeline job's peers changed")
 //
 // A peer lost — or a stage beside one that fails — fails the step on
 // every peer, and the survivors re-form; a peer its stage's replicas
-// catch lying (train.LiarError) is left out of the re-formation, and ends. A peer keeps its stage; every
+// catch lying (train.LiarError) is left out of the re-formation, and ends,
+// and the membership keeps it out after (Membership.Distrust), restarted
+// or not. A peer keeps its stage; every
 // stage then trains with as many replicas as the stage with the fewest
 // peers has left, and a stage's peers beyond that wait as spares (they
 // take part again when the job re-forms). Every peer keeps its stage's

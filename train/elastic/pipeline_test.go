@@ -358,7 +358,8 @@ func TestPipelineJobGivesUpOnAnEmptyStage(t *testing.T) {
 // A peer whose stage catches it lying (its parameters drift from the
 // stage's other replicas') is dropped: the others re-form without it —
 // the stage beside its own too, which only saw its stage fail — and it is
-// in no ring after; the job trains on to its end.
+// in no ring after, nor admitted if it starts again; the job trains on to
+// its end.
 func TestPipelineLiarIsDropped(t *testing.T) {
 	sums, errs, log, _, w := pipelineRunIn(t, filepath.Join(t.TempDir(), "model.ckpt"), 6, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}},
 		events{stopPeer: -1, killPeer: -1, liar: 5, driftAt: 10})
@@ -382,6 +383,10 @@ func TestPipelineLiarIsDropped(t *testing.T) {
 	}
 	if len(w.formed) < 2 || !slices.Contains(w.dropped, "peer-5") {
 		t.Errorf("rings %v, dropped %v; want a ring without peer-5, which its stage named\n%s", w.formed, w.dropped, log)
+	}
+	// Its membership keeps it out after: started again, it is no standby.
+	if !slices.Contains(w.distrusted, "peer-5") {
+		t.Errorf("distrusted %v; want peer-5 kept out of later rings", w.distrusted)
 	}
 }
 

@@ -233,6 +233,7 @@ func (s *stageRun) reform(ev event, gone []int, cause error) error {
 			why = liar.Why
 		}
 		s.log.Error().Strs("dropped", pick(old, gone)).Str("why", why).Msg("peers of this stage told the others what no honest replica could; re-forming the pipeline without them")
+		j.Members.Distrust(pick(old, gone))
 		if j.Dropped != nil {
 			j.Dropped(pick(old, gone), why)
 		}

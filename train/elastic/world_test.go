@@ -28,18 +28,20 @@ var errKilled = errors.New("killed")
 type world struct {
 	t       *testing.T
 	dropped []string // peers the jobs said they dropped for lying, under mu
-	mu      sync.Mutex
-	cond    *sync.Cond
-	gen     uint64
-	members []string // the current ring, in rank order
-	rings   map[string]*ring.Ring
-	owned   map[string][]io.Closer // every stream a peer holds, closed when it is killed
-	dead    map[string]bool
-	standby []string
-	pending map[string]*joiner // the peers asking for the next ring
-	formed  [][]string         // every ring made, in order
-	stages  map[string][]ring.Transport
-	pipes   map[string][2]io.ReadWriteCloser
+	// distrusted: peers the jobs told their membership to keep out, under mu
+	distrusted []string
+	mu         sync.Mutex
+	cond       *sync.Cond
+	gen        uint64
+	members    []string // the current ring, in rank order
+	rings      map[string]*ring.Ring
+	owned      map[string][]io.Closer // every stream a peer holds, closed when it is killed
+	dead       map[string]bool
+	standby    []string
+	pending    map[string]*joiner // the peers asking for the next ring
+	formed     [][]string         // every ring made, in order
+	stages     map[string][]ring.Transport
+	pipes      map[string][2]io.ReadWriteCloser
 	// killOnReform kills a peer when it asks to re-form; killOnAdmit a
 	// newcomer when the ring grows to take it; leaveOnReform cancels a
 	// peer's context (Ctrl-C) when it asks to re-form.
@@ -326,6 +328,13 @@ func (m *member) Standbys() []string {
 }
 
 func (m *member) Members() []string { return m.cur }
+
+// Distrust records the peers m was told to keep out.
+func (m *member) Distrust(peers []string) {
+	m.w.mu.Lock()
+	defer m.w.mu.Unlock()
+	m.w.distrusted = append(m.w.distrusted, peers...)
+}
 
 // rankLocked is the member's rank in the current ring, or −1.
 func (m *member) rankLocked() int { return slices.Index(m.w.members, m.name) }
