@@ -95,3 +95,58 @@ func TestByzantinePeerIsNamedAndDropped(t *testing.T) {
 		})
 	}
 }
+
+// TestDroppedLiarIsNotAdmittedBack: the attacker, named and dropped,
+// started again with its identity (and no attack) waits as a standby and
+// is never admitted while the other three train on to the job's end —
+// before, the members took it back as a newcomer.
+func TestDroppedLiarIsNotAdmittedBack(t *testing.T) {
+	dir := t.TempDir()
+	// No norm guard: late in a long run on 2,000 images an honest peer's
+	// norm can be over 5 × the median three steps in a row.
+	cfg := writeJobFile(t, dir, `"name": "byz-back", "world_size": 4, "min_world_size": 3, "epochs": 40, "update_checks": {"window": 4}`)
+	join := func(i int, env []string, boot ...string) *started {
+		args := []string{"join", "--config", cfg, "--identity", filepath.Join(dir, fmt.Sprintf("id-%d", i)),
+			"--listen", "/ip4/127.0.0.1/tcp/0", "--log-format", "json"}
+		for _, b := range boot {
+			args = append(args, "--bootstrap", b)
+		}
+		return startAs(t, env, args...)
+	}
+	addrRe := regexp.MustCompile(`listening on (/ip4/127\.0\.0\.1/tcp/\d+/p2p/\S+)`)
+	first := join(0, nil)
+	first.until(t, "its address", func(out string) bool { return addrRe.MatchString(out) })
+	boot := addrRe.FindStringSubmatch(string(first.buf))[1]
+	honest := []*started{first, join(1, nil, boot), join(2, nil, boot)}
+	// Their output is read as it comes: a peer whose pipe is full stalls
+	// its step, and the ring with it.
+	outs, errs := make([]string, len(honest)), make([]error, len(honest))
+	var wg sync.WaitGroup
+	for i, p := range honest {
+		wg.Go(func() {
+			stuck := time.AfterFunc(4*time.Minute, func() { p.cmd.Process.Kill() })
+			defer stuck.Stop()
+			rest, _ := io.ReadAll(p.out)
+			errs[i], outs[i] = p.cmd.Wait(), string(append(p.buf, rest...))
+		})
+	}
+	liar := join(3, []string{"RINGTRAIN_ATTACK=scale"}, boot)
+	liar.until(t, "its naming", func(out string) bool { return strings.Contains(out, "sketches of their gradients stood apart") })
+	go io.Copy(io.Discard, liar.out)
+	liar.cmd.Wait()
+	back := join(3, nil, boot)
+	back.until(t, "waiting as a standby", func(out string) bool { return strings.Contains(out, "waiting as a standby") })
+	backOut := make(chan []byte, 1)
+	go func() { rest, _ := io.ReadAll(back.out); backOut <- rest }()
+	wg.Wait()
+	for i, out := range outs {
+		if errs[i] != nil || !strings.Contains(out, `"world_size":3,"epochs":40`) {
+			t.Errorf("honest peer %d: %v; want the job's end in a ring of 3\n%s", i, errs[i], tails(out))
+		}
+	}
+	back.cmd.Process.Kill()
+	back.cmd.Wait()
+	if out := string(append(back.buf, <-backOut...)); strings.Contains(out, "admitted to the ring") || strings.Contains(out, `"message":"ring formed"`) {
+		t.Errorf("the liar, started again, was taken back:\n%s", tails(out))
+	}
+}
