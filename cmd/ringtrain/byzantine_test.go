@@ -30,6 +30,23 @@ func startAs(t *testing.T, env []string, args ...string) *started {
 	return startCmd(t, cmd)
 }
 
+// firstPeer starts peer 0 of a job of config cfg (identities in dir) and
+// returns a way to start peer i with env added, peer 0 and its address.
+func firstPeer(t *testing.T, dir, cfg string) (join func(i int, env []string, boot ...string) *started, first *started, boot string) {
+	join = func(i int, env []string, boot ...string) *started {
+		args := []string{"join", "--config", cfg, "--identity", filepath.Join(dir, fmt.Sprintf("id-%d", i)),
+			"--listen", "/ip4/127.0.0.1/tcp/0", "--log-format", "json"}
+		for _, b := range boot {
+			args = append(args, "--bootstrap", b)
+		}
+		return startAs(t, env, args...)
+	}
+	addrRe := regexp.MustCompile(`listening on (/ip4/127\.0\.0\.1/tcp/\d+/p2p/\S+)`)
+	first = join(0, nil)
+	first.until(t, "its address", func(out string) bool { return addrRe.MatchString(out) })
+	return join, first, addrRe.FindStringSubmatch(string(first.buf))[1]
+}
+
 // TestByzantinePeerIsNamedAndDropped: four `ringtrain join` processes,
 // one of them an attacker: in sparse DiLoCo rounds with "robust": {}, it
 // sends its pseudo-gradient flipped, or scaled; in a ring that syncs
@@ -48,18 +65,7 @@ func TestByzantinePeerIsNamedAndDropped(t *testing.T) {
 			kind := tc.kind
 			dir := t.TempDir()
 			cfg := writeJobFile(t, dir, `"name": "byz", "world_size": 4, "min_world_size": 3, "epochs": 3, `+tc.job)
-			join := func(i int, env []string, boot ...string) *started {
-				args := []string{"join", "--config", cfg, "--identity", filepath.Join(dir, fmt.Sprintf("id-%d", i)),
-					"--listen", "/ip4/127.0.0.1/tcp/0", "--log-format", "json"}
-				for _, b := range boot {
-					args = append(args, "--bootstrap", b)
-				}
-				return startAs(t, env, args...)
-			}
-			addrRe := regexp.MustCompile(`listening on (/ip4/127\.0\.0\.1/tcp/\d+/p2p/\S+)`)
-			first := join(0, nil)
-			first.until(t, "its address", func(out string) bool { return addrRe.MatchString(out) })
-			boot := addrRe.FindStringSubmatch(string(first.buf))[1]
+			join, first, boot := firstPeer(t, dir, cfg)
 			peers := []*started{first, join(1, nil, boot), join(2, nil, boot), join(3, []string{"RINGTRAIN_ATTACK=" + kind}, boot)}
 			outs := make([]string, len(peers))
 			errs := make([]error, len(peers))
@@ -105,18 +111,7 @@ func TestDroppedLiarIsNotAdmittedBack(t *testing.T) {
 	// No norm guard: late in a long run on 2,000 images an honest peer's
 	// norm can be over 5 × the median three steps in a row.
 	cfg := writeJobFile(t, dir, `"name": "byz-back", "world_size": 4, "min_world_size": 3, "epochs": 40, "update_checks": {"window": 4}`)
-	join := func(i int, env []string, boot ...string) *started {
-		args := []string{"join", "--config", cfg, "--identity", filepath.Join(dir, fmt.Sprintf("id-%d", i)),
-			"--listen", "/ip4/127.0.0.1/tcp/0", "--log-format", "json"}
-		for _, b := range boot {
-			args = append(args, "--bootstrap", b)
-		}
-		return startAs(t, env, args...)
-	}
-	addrRe := regexp.MustCompile(`listening on (/ip4/127\.0\.0\.1/tcp/\d+/p2p/\S+)`)
-	first := join(0, nil)
-	first.until(t, "its address", func(out string) bool { return addrRe.MatchString(out) })
-	boot := addrRe.FindStringSubmatch(string(first.buf))[1]
+	join, first, boot := firstPeer(t, dir, cfg)
 	honest := []*started{first, join(1, nil, boot), join(2, nil, boot)}
 	// Their output is read as it comes: a peer whose pipe is full stalls
 	// its step, and the ring with it.
