@@ -1,6 +1,7 @@
 package train
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"fmt"
 	"math"
@@ -50,12 +51,7 @@ func (c *Robust) Validate() error {
 }
 
 // nameAbove is NameAbove with its default.
-func (c *Robust) nameAbove() float64 {
-	if c.NameAbove == 0 {
-		return 3
-	}
-	return c.NameAbove
-}
+func (c *Robust) nameAbove() float64 { return cmp.Or(c.NameAbove, 3) }
 
 // outliers is the count, per rank, of the rounds in a row in which its
 // update stood apart from the others', for the ring it was counted on:

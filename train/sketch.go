@@ -1,6 +1,7 @@
 package train
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -59,21 +60,9 @@ func (c *Sketch) Validate() error {
 	return nil
 }
 
-func (c *Sketch) dims() int   { return cmpOr(c.Dims, 32) }
-func (c *Sketch) window() int { return cmpOr(c.Window, 16) }
-func (c *Sketch) nameAbove() float64 {
-	if c.NameAbove == 0 {
-		return 3
-	}
-	return c.NameAbove
-}
-
-func cmpOr(v, def int) int {
-	if v == 0 {
-		return def
-	}
-	return v
-}
+func (c *Sketch) dims() int          { return cmp.Or(c.Dims, 32) }
+func (c *Sketch) window() int        { return cmp.Or(c.Window, 16) }
+func (c *Sketch) nameAbove() float64 { return cmp.Or(c.NameAbove, 3) }
 
 // slots is how many trailer values the sketches take on a ring of size.
 func (c *Sketch) slots(size int) int { return c.dims() * size }
