@@ -71,7 +71,11 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	if j.cfg.Pipeline != nil {
-		return runPipeline(ctx, j.cfg, j.device, j.trainSplit, j.testSplit, j.peer.members, j.stdout, j.status, tracerOf(j.tracer), j.log)
+		observe, err := j.serveMetrics(ctx)
+		if err != nil {
+			return err
+		}
+		return runPipeline(ctx, j.cfg, j.device, j.trainSplit, j.testSplit, j.peer.members, j.stdout, j.status, tracerOf(j.tracer), observe, j.log)
 	}
 	job, err := j.job(ctx)
 	if err != nil {
@@ -260,22 +264,43 @@ func (j *joinRun) job(ctx context.Context) (*elastic.Job, error) {
 	if j.tracer != nil {
 		job.Training.Blocks = j.tracer.Trained // which samples each applied step trained: a churn harness counts them
 	}
-	if m := j.metrics; m != nil {
-		m.guard(j.host.Guard)
-		job.Dropped = m.droppedLiars
-		addr, stop, err := m.serve(ctx, j.f.metrics)
-		if err != nil {
-			return nil, fmt.Errorf("--metrics: %w", err)
-		}
-		j.later(stop)
-		fmt.Fprintf(j.stdout, "metrics on http://%s/metrics\n", addr)
-		report, withTest := job.Training.Progress, j.testSplit != nil
+	obs, err := j.serveMetrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if obs != nil {
+		job.Dropped = obs.dropped
+		report := job.Training.Progress
 		job.Training.Progress = func(p train.Progress) {
-			m.observe(p, withTest)
+			obs.progress(p)
 			report(p)
 		}
 	}
 	return job, nil
+}
+
+// observer is what a job reports to the metrics endpoint.
+type observer struct {
+	progress func(train.Progress)
+	dropped  func(peers []string, why string)
+}
+
+// serveMetrics serves --metrics, if asked, for either kind of job; nil
+// when not asked.
+func (j *joinRun) serveMetrics(ctx context.Context) (*observer, error) {
+	m := j.metrics
+	if m == nil {
+		return nil, nil
+	}
+	m.guard(j.host.Guard)
+	addr, stop, err := m.serve(ctx, j.f.metrics)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics: %w", err)
+	}
+	j.later(stop)
+	fmt.Fprintf(j.stdout, "metrics on http://%s/metrics\n", addr)
+	withTest := j.testSplit != nil
+	return &observer{progress: func(p train.Progress) { m.observe(p, withTest) }, dropped: m.droppedLiars}, nil
 }
 
 // report says how the job ended for this peer: a leave is what was asked

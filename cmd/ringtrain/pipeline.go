@@ -21,7 +21,7 @@ import (
 // (elastic.PipelineJob): which stage this peer builds is known once the
 // ring has formed.
 func runPipeline(ctx context.Context, cfg *jobConfig, device string, trainSplit, testSplit *data.Split, members elastic.StageNet,
-	stdout, status io.Writer, tracer train.Tracer, log zerolog.Logger) error {
+	stdout, status io.Writer, tracer train.Tracer, obs *observer, log zerolog.Logger) error {
 	if device != "" && device != "cpu" {
 		return fmt.Errorf("device %s: a pipeline stage computes on the CPU engine only: %w", device, errUsage)
 	}
@@ -42,14 +42,23 @@ func runPipeline(ctx context.Context, cfg *jobConfig, device string, trainSplit,
 		}}
 	job.Training = cfg.runConfig(trainSplit, testSplit)
 	job.Training.Progress, job.Training.ProgressEvery = cfg.progress(testSplit != nil, status, func() *zerolog.Logger { return &log })
+	if obs != nil {
+		report := job.Training.Progress
+		job.Training.Progress = func(p train.Progress) {
+			obs.progress(p)
+			report(p)
+		}
+		job.Dropped = obs.dropped
+	}
 	if cfg.CheckpointDir != "" {
 		job.Checkpoint = filepath.Join(cfg.CheckpointDir, cfg.Name+".ckpt")
 		job.CheckpointBase = cfg.checkpointBase(spec, trainSplit)
 	}
 	sum, err := job.Run(ctx)
 	if errors.Is(err, elastic.ErrLeft) {
-		// A spare Ctrl-C'd leaves; the stages train on without it.
-		fmt.Fprintf(stdout, "left the job (a spare of stage %d); the others carry on\n", sum.Stage)
+		// A peer Ctrl-C'd whose stage has other peers leaves; the stages
+		// train on without it.
+		fmt.Fprintf(stdout, "left the job (stage %d); the others carry on\n", sum.Stage)
 		return nil
 	}
 	if errors.Is(err, p2p.ErrJobEnded) {

@@ -49,10 +49,13 @@ type trainedBatch struct {
 }
 
 type summary struct {
-	Epochs        int     `json:"epochs"`
-	WorldSize     int     `json:"world_size"`
-	TestAccuracy  float64 `json:"test_accuracy"`
-	ParamHash     string  `json:"param_hash"`
+	Epochs       int     `json:"epochs"`
+	WorldSize    int     `json:"world_size"`
+	TestAccuracy float64 `json:"test_accuracy"`
+	ParamHash    string  `json:"param_hash"`
+	// Stage is a pipeline peer's stage (absent: the whole model), whose
+	// hash its stage's other replicas share.
+	Stage         *int    `json:"stage"`
 	SamplesPerSec float64 `json:"samples_per_sec"`
 }
 

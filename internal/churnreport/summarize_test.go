@@ -109,6 +109,29 @@ func TestSummarize(t *testing.T) {
 	if bad := strings.Join(uncounted.broken(), "; "); strings.Contains(bad, "samples never trained") {
 		t.Errorf("bounds broken without samples to count: %s", bad)
 	}
+	// A pipeline's stages each hold one hash; a stage whose replicas
+	// differ breaks the bound.
+	zero, one := 0, 1
+	staged := func(stage *int, hash string) *summary {
+		return &summary{TestAccuracy: 0.82, ParamHash: hash, Stage: stage}
+	}
+	for _, tt := range []struct {
+		hashes []string
+		want   int
+	}{{[]string{"s0", "s1", "s0", "s1"}, 1}, {[]string{"s0", "s1", "s0", "xx"}, 2}} {
+		pipe := &record{procs: map[[2]int]*proc{}}
+		for i, h := range tt.hashes {
+			stage := &zero
+			if i%2 == 1 {
+				stage = &one
+			}
+			pipe.procs[[2]int{i, 0}] = &proc{steps: ats(0, 60), summary: staged(stage, h)}
+		}
+		pr := summarize(pipe, base, 15*time.Second, 0)
+		if pr.hashCount() != tt.want || strings.Contains(strings.Join(pr.broken(), ";"), "parameter hashes") != (tt.want != 1) {
+			t.Errorf("stage hashes %v: %d a stage, bounds broken %v; want %d", tt.hashes, pr.hashCount(), pr.broken(), tt.want)
+		}
+	}
 	var out strings.Builder
 	r.print(&out)
 	if !strings.Contains(out.String(), "| admissions, start to first step (1) | p50 1.50 s, p99 1.50 s |") {

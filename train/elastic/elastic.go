@@ -167,6 +167,18 @@ func (n noShows) missed(id string, now time.Time) {
 	n[id] = noShow{until: now.Add(w), wait: w}
 }
 
+// admitted notes, after a growth that tried to admit add, which came (in
+// members) and which did not, at now.
+func (n noShows) admitted(add, members []string, now time.Time) {
+	for _, id := range add {
+		if slices.Contains(members, id) {
+			delete(n, id)
+		} else {
+			n.missed(id, now)
+		}
+	}
+}
+
 // ready says whether standby id may be admitted at now.
 func (n noShows) ready(id string, now time.Time) bool {
 	return !now.Before(n[id].until)

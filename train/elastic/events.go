@@ -328,14 +328,7 @@ func (j *Job) grow(ctx context.Context, at train.Position) (bool, error) {
 	}
 	grew := rg.Size() > j.rg.Size()
 	j.rg = rg
-	members := j.Members.Members()
-	for _, id := range add {
-		if slices.Contains(members, id) {
-			delete(j.noShows, id)
-		} else {
-			j.noShows.missed(id, time.Now())
-		}
-	}
+	j.noShows.admitted(add, j.Members.Members(), time.Now())
 	coll := j.stepped(j.firstStep(began))
 	coll.timeout = j.AdmitTimeout // until the newcomers are level (change)
 	j.Training.Replica.Coll = coll

@@ -43,9 +43,16 @@ var ErrPipelineChange = errors.New("elastic: a pipeline job's peers changed")
 // gradients back.
 //
 // A stop asked of any peer (ctx's end) stops every peer after the same
-// step (the step's frames tell its column, the stages' rings the rest);
-// the first stage's first peer then gathers the whole model and writes it
-// to Checkpoint.
+// step (the step's frames tell its column, the stages' rings the rest),
+// and every member learns who asked. When every stage keeps a peer
+// without those that asked, they leave (Run returns ErrLeft) and the
+// others go on from that step; else the job ends there, and the first
+// stage's first peer gathers the whole model and writes it to
+// Checkpoint. Standbys are admitted the same way: while a stage trains,
+// the first peer of stage 0 looks for standbys the job has room for
+// (WorldSize), and once one waits, every peer stops after the same step,
+// the world grows with it, and it takes the stage with the fewest peers,
+// its state from that stage's peers.
 //
 // A peer lost — or a stage beside one that fails — fails the step on
 // every peer, and the survivors re-form; a peer its stage's replicas
@@ -82,9 +89,9 @@ type PipelineJob struct {
 	// MaxReforms is how many times in a row the job may re-form without a
 	// step completed in between. Zero means 5.
 	MaxReforms int
-	// WorldSize is how many peers the job wants: a stage left with no
-	// peer waits for standbys to take it, up to this many members. Zero
-	// means the first ring's size.
+	// WorldSize is how many peers the job wants: standbys are admitted
+	// up to this many members, and a stage left with no peer waits for
+	// one. Zero means the first ring's size.
 	WorldSize int
 	// PauseTimeout bounds that wait. Zero means 10 minutes.
 	PauseTimeout time.Duration
@@ -269,28 +276,20 @@ func (j *PipelineJob) leave(world *ring.Ring, log zerolog.Logger) {
 	}
 }
 
-// finish ends the job on an active peer: after a stop it writes its
-// stage's checkpoint; then the first replicas gather the whole model, and
-// all leave the ring together.
+// finish ends the job on an active peer (its state at the stop is kept
+// already): the first replicas gather the whole model, and all leave the
+// ring together.
 func (j *PipelineJob) finish(ctx context.Context, world *ring.Ring, pipe *pipeline.Pipe, replica, stage int, run train.Summary, err error,
-	save func(train.Position) error, log zerolog.Logger) error {
+	log zerolog.Logger) error {
 	if err != nil {
 		log.Warn().Int("epochs_done", run.Epochs).Int("steps_done", run.Steps).Msg("interrupted: every stage stopped after the same step")
-		if serr := save(run.Position); serr != nil {
-			return serr
-		}
 	}
 	if replica == 0 {
 		if gerr := j.gather(pipe, stage, run.Position, log); gerr != nil {
 			return gerr
 		}
 	}
-	bctx, cancel := context.WithTimeout(context.Background(), j.StepTimeout)
-	defer cancel()
-	if berr := world.Barrier(bctx); berr != nil {
-		log.Debug().Err(berr).Msg("a peer left before confirming the end of the job; this peer's results are complete")
-	}
-	j.leave(world, log)
+	j.endTogether(world, log)
 	switch {
 	case err == nil:
 		j.Members.Ended(ctx)
@@ -299,6 +298,17 @@ func (j *PipelineJob) finish(ctx context.Context, world *ring.Ring, pipe *pipeli
 		return fmt.Errorf("interrupted after %d steps: %w", run.Steps, ctx.Err())
 	}
 	return fmt.Errorf("stopped after %d steps because a peer was interrupted: %w", run.Steps, train.ErrStopped)
+}
+
+// endTogether is every member's last barrier, then its leave: a spare's
+// and an active peer's alike.
+func (j *PipelineJob) endTogether(world *ring.Ring, log zerolog.Logger) {
+	bctx, cancel := context.WithTimeout(context.Background(), j.StepTimeout)
+	defer cancel()
+	if berr := world.Barrier(bctx); berr != nil {
+		log.Debug().Err(berr).Msg("a peer left before confirming the end of the job; this peer's results are complete")
+	}
+	j.leave(world, log)
 }
 
 // stagePlan is who trains which stage in a generation: replica[rank] is a
@@ -349,6 +359,10 @@ func (p stagePlan) rankOf(s, r int) int {
 	}
 	return -1
 }
+
+// root is the world rank of stage 0's first replica: the peer whose view
+// of the standbys the generation takes.
+func (p stagePlan) root() int { return p.rankOf(0, 0) }
 
 // stageRanks are the world ranks of stage s's active peers, in order: its
 // ring's members, rank for rank.
@@ -582,8 +596,8 @@ func (j *PipelineJob) agreeStart(ctx context.Context, world *ring.Ring, plan sta
 		}
 	} else {
 		// Each peer's snapshots' steps, two slots a rank (step+1; 0 for
-		// none): the start is the latest step every active peer that has
-		// trained holds.
+		// none): the start is the latest step each stage's active peers
+		// hold (commonStep).
 		held := make([]float32, 2*world.Size())
 		if r != nil {
 			for k, c := range snaps.kept {
@@ -598,12 +612,12 @@ func (j *PipelineJob) agreeStart(ctx context.Context, world *ring.Ring, plan sta
 		}
 		switch {
 		case r == nil:
-		case len(snaps.kept) > 0:
-			if found = snaps.at(target); found == nil || r.Restore(found) != nil {
+		case snaps.at(target) != nil:
+			if found = snaps.at(target); r.Restore(found) != nil {
 				return train.Position{}, fmt.Errorf("%w: restoring the snapshot of step %d", ErrPipelineChange, target)
 			}
 			log.Info().Int("stage", stage).Int("epochs_done", found.Epoch).Int("steps_done", found.Step).Msg("back to the latest snapshot every peer holds")
-		default: // a newcomer
+		default: // a newcomer, or a spare whose snapshots are stale
 			c, err := ownCheckpoint()
 			if err != nil {
 				return train.Position{}, err
@@ -645,10 +659,24 @@ func (j *PipelineJob) agreeStart(ctx context.Context, world *ring.Ring, plan sta
 	return res.Position, nil
 }
 
-// commonStep is the latest step that every active peer of the plan
-// holding any snapshot (a newcomer holds none) holds a snapshot of, from
-// two slots a rank of step+1 (0: none); −1 if none.
+// commonStep is the latest step of which every stage whose active peers
+// hold any snapshot has one holding a snapshot, from two slots a rank of
+// step+1 (0: none); −1 if none. An active peer that does not hold it — a
+// newcomer, or a spare again active whose snapshots went stale while its
+// stage trained on — takes it from its stage's peers that do; a stage of
+// newcomers alone, from their own checkpoints of the stage (agreeStart
+// checks that they are of that step).
 func commonStep(held []float32, plan stagePlan) int {
+	stages := 0
+	for _, st := range plan.stage {
+		stages = max(stages, st+1)
+	}
+	holds := make([]bool, stages) // the stage's active peers hold any snapshot
+	for rank, rep := range plan.replica {
+		if rep >= 0 && (held[2*rank] != 0 || held[2*rank+1] != 0) {
+			holds[plan.stage[rank]] = true
+		}
+	}
 	best := -1
 	for rank, rep := range plan.replica {
 		for k := range 2 {
@@ -656,14 +684,16 @@ func commonStep(held []float32, plan stagePlan) int {
 			if rep < 0 || v == 0 || int(v)-1 <= best {
 				continue
 			}
-			all := true
+			has := make([]bool, stages)
+			for st := range has {
+				has[st] = !holds[st]
+			}
 			for other, orep := range plan.replica {
-				h := held[2*other : 2*other+2]
-				if orep >= 0 && (h[0] != 0 || h[1] != 0) && h[0] != v && h[1] != v {
-					all = false
+				if h := held[2*other : 2*other+2]; orep >= 0 && (h[0] == v || h[1] == v) {
+					has[plan.stage[other]] = true
 				}
 			}
-			if all {
+			if !slices.Contains(has, false) {
 				best = int(v) - 1
 			}
 		}

@@ -32,7 +32,9 @@ func pipelineRun(t *testing.T, n int, cfg pipeline.Config, stopPeer, stopAt int)
 // killed once it has done killAt (−1: none).
 type events struct {
 	stopPeer, stopAt, killPeer, killAt int
+	stopAll                            bool // every peer is stopped at stopAt
 	newcomer                           bool // one more peer starts once the killed one is gone
+	newcomerAt                         int  // and, if set, once peer 0 has done this many steps
 	pause                              time.Duration
 	// spareLeaves is a peer stopped (Ctrl-C) once it waits as a spare.
 	spareLeaves int
@@ -68,8 +70,11 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 	}
 	sums := make([]PipelineSummary, total)
 	errs := make([]error, total)
-	killed := make(chan struct{})
-	var once sync.Once
+	killed, later := make(chan struct{}), make(chan struct{})
+	var once, onceLater sync.Once
+	if ev.newcomerAt == 0 {
+		close(later)
+	}
 	var wg sync.WaitGroup
 	cancels := make([]context.CancelFunc, total)
 	for i := range total {
@@ -93,9 +98,12 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 			Train: &data.Loader{Split: split, BatchSize: 16, Seed: 1, Sampler: data.Sampler{N: split.Len(), World: 1, Seed: 1, Shuffle: true}},
 			Test:  &data.Loader{Split: test, BatchSize: 16, Seed: 1, Sampler: data.Sampler{N: test.Len(), World: 1, Seed: 1, Exact: true}}}
 		job.Training.Progress = func(p train.Progress) {
+			if i == 0 && ev.newcomerAt > 0 && p.Stats.Steps >= ev.newcomerAt {
+				onceLater.Do(func() { close(later) })
+			}
 			switch {
 			case p.EpochDone:
-			case i == ev.stopPeer && p.Stats.Steps >= ev.stopAt:
+			case (i == ev.stopPeer || ev.stopAll) && p.Stats.Steps >= ev.stopAt:
 				cancel()
 			case i == ev.killPeer && p.Stats.Steps >= ev.killAt:
 				w.kill(fmt.Sprintf("peer-%d", i))
@@ -105,6 +113,7 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 		wg.Go(func() {
 			if i == n {
 				<-killed
+				<-later
 			}
 			if sums[i], errs[i] = job.Run(ctx); errs[i] != nil {
 				w.kill(fmt.Sprintf("peer-%d", i)) // its process exits
@@ -180,10 +189,12 @@ func TestPipelineJobTrainsAndGathers(t *testing.T) {
 
 // Ctrl-C on any one peer stops every peer after the same step, and the
 // gathered model is written all the same.
+// A peer asked to stop that holds its stage alone stops every stage after
+// the same step, and the model is gathered there.
 func TestPipelineJobStopsTogether(t *testing.T) {
-	for _, asker := range []int{0, 3} {
+	for _, asker := range []int{0, 1} {
 		t.Run(fmt.Sprint(asker), func(t *testing.T) {
-			sums, errs, log, ckpt := pipelineRun(t, 4, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}}, asker, 5)
+			sums, errs, log, ckpt := pipelineRun(t, 2, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}}, asker, 5)
 			for i, err := range errs {
 				want := train.ErrStopped
 				if i == asker {
@@ -216,7 +227,7 @@ func TestPipelineJobResumes(t *testing.T) {
 		t.Fatalf("%v\n%s", err, log)
 	}
 	ckpt := filepath.Join(t.TempDir(), "model.ckpt")
-	stopped, _, log, _, _ := pipelineRunIn(t, ckpt, 4, cfg, events{stopPeer: 2, stopAt: 7, killPeer: -1})
+	stopped, _, log, _, _ := pipelineRunIn(t, ckpt, 4, cfg, events{stopPeer: -1, stopAll: true, stopAt: 7, killPeer: -1})
 	if stopped[0].Steps < 7 || stopped[0].Steps >= whole[0].Steps {
 		t.Fatalf("stopped after %d steps of %d\n%s", stopped[0].Steps, whole[0].Steps, log)
 	}
@@ -249,6 +260,73 @@ func TestPipelineJobResumes(t *testing.T) {
 		if !errors.Is(err, train.ErrCheckpoint) {
 			t.Errorf("peer %d: %v; want stages at different steps refused", i, err)
 		}
+	}
+}
+
+// A peer asked to stop whose stage has other peers leaves after the step
+// every peer stops after; the others go on from that step without it
+// (nothing done twice), its stage with one replica fewer, and end whole.
+func TestPipelineReplicaLeaves(t *testing.T) {
+	for _, leaver := range []int{0, 5} {
+		t.Run(fmt.Sprint(leaver), func(t *testing.T) {
+			ckpt := filepath.Join(t.TempDir(), "model.ckpt")
+			sums, errs, log, _, _ := pipelineRunIn(t, ckpt, 6, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}},
+				events{stopPeer: leaver, stopAt: 5, killPeer: -1})
+			if !errors.Is(errs[leaver], ErrLeft) {
+				t.Fatalf("the peer asked to stop: %v; want ErrLeft\n%s", errs[leaver], log)
+			}
+			left := sums[leaver].Steps
+			back := fmt.Sprintf(`"steps_done":%d,"message":"back to the latest snapshot every peer holds"`, left)
+			if left < 5 || !strings.Contains(log, back) {
+				t.Errorf("left after %d steps; the others did not go on from there\n%s", left, log)
+			}
+			hashes := map[int]string{}
+			for i, err := range errs {
+				if i == leaver {
+					continue
+				}
+				if err != nil {
+					t.Fatalf("peer %d: %v\n%s", i, err, log)
+				}
+				if s := sums[i]; s.Replica >= 0 {
+					if s.Epochs != 2 || s.Replicas != 2 {
+						t.Errorf("peer %d: %d epochs, %d replicas; want 2 and 2", i, s.Epochs, s.Replicas)
+					}
+					if h, ok := hashes[s.Stage]; ok && h != s.ParamHash {
+						t.Errorf("stage %d's replicas end apart: %.12s and %.12s", s.Stage, h, s.ParamHash)
+					}
+					hashes[s.Stage] = s.ParamHash
+				}
+			}
+			if c, err := train.LoadCheckpoint(ckpt); err != nil || c.Epoch != 2 {
+				t.Errorf("gathered model: %v, %+v", err, c)
+			}
+		})
+	}
+}
+
+// A standby — a peer started again, or a new one — is admitted into a
+// stage that still has peers at a step every peer stops after, takes the
+// stage's state from them, and trains to the end; the spare that the loss
+// made (peer 1), whose snapshots went stale meanwhile, is active again
+// and takes its stage's state from peer 0.
+func TestPipelineStandbyIsAdmitted(t *testing.T) {
+	sums, errs, log, _, _ := pipelineRunIn(t, filepath.Join(t.TempDir(), "model.ckpt"), 4, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}},
+		events{stopPeer: -1, killPeer: 3, killAt: 30, newcomer: true, newcomerAt: 90})
+	for _, i := range []int{0, 1, 2, 4} {
+		if errs[i] != nil {
+			t.Fatalf("peer %d: %v\n%s", i, errs[i], log)
+		}
+		if s := sums[i]; s.Epochs != 2 || s.Replicas != 2 || s.Replica < 0 {
+			t.Errorf("peer %d: %d epochs, replica %d of %d; want 2 epochs, every peer a replica of 2", i, s.Epochs, s.Replica, s.Replicas)
+		}
+	}
+	if !strings.Contains(log, "standbys admitted to the pipeline") {
+		t.Errorf("no admission:\n%s", log)
+	}
+	if sums[4].Stage != 1 || sums[4].ParamHash != sums[2].ParamHash || sums[1].ParamHash != sums[0].ParamHash {
+		t.Errorf("stage 1: newcomer %.12s, peer 2 %.12s (newcomer in stage %d); stage 0: peer 0 %.12s, peer 1 %.12s",
+			sums[4].ParamHash, sums[2].ParamHash, sums[4].Stage, sums[0].ParamHash, sums[1].ParamHash)
 	}
 }
 
@@ -434,19 +512,26 @@ func TestPlaceNewcomers(t *testing.T) {
 }
 
 func TestCommonStep(t *testing.T) {
-	plan := stagePlan{replica: []int{0, 0, -1}, replicas: 1}
+	one := stagePlan{stage: []int{0, 1, 0}, replica: []int{0, 0, -1}, replicas: 1}
+	two := stagePlan{stage: []int{0, 0, 1, 1}, replica: []int{0, 1, 0, 1}, replicas: 2}
 	tests := []struct {
+		plan stagePlan
 		held []float32 // step+1, two slots a rank
 		want int
 	}{
-		{[]float32{21, 41, 21, 41, 0, 0}, 40},  // both hold 20 and 40
-		{[]float32{21, 41, 1, 21, 0, 0}, 20},   // one snapshot later than the other's newest
-		{[]float32{21, 41, 0, 0, 0, 0}, 40},    // rank 1 a newcomer, holding none
-		{[]float32{21, 41, 61, 81, 0, 0}, -1},  // nothing in common
-		{[]float32{21, 41, 21, 41, 99, 0}, 40}, // a spare's slots do not count
+		{one, []float32{21, 41, 21, 41, 0, 0}, 40},  // both hold 20 and 40
+		{one, []float32{21, 41, 1, 21, 0, 0}, 20},   // one snapshot later than the other's newest
+		{one, []float32{21, 41, 0, 0, 0, 0}, 40},    // stage 1 held by a newcomer alone: its own checkpoint
+		{one, []float32{21, 41, 61, 81, 0, 0}, -1},  // nothing in common
+		{one, []float32{21, 41, 21, 41, 99, 0}, 40}, // a spare's slots do not count
+		{two, []float32{21, 41, 0, 0, 21, 41, 21, 41}, 40},
+		// Rank 1 a spare again active, its snapshots stale: it takes its
+		// stage's state from rank 0.
+		{two, []float32{2342, 2358, 1782, 1787, 2342, 2358, 2342, 2358}, 2357},
+		{two, []float32{21, 41, 21, 41, 1, 11, 0, 0}, -1}, // stage 1 holds none of stage 0's steps
 	}
 	for _, tt := range tests {
-		if got := commonStep(tt.held, plan); got != tt.want {
+		if got := commonStep(tt.held, tt.plan); got != tt.want {
 			t.Errorf("commonStep(%v) = %d; want %d", tt.held, got, tt.want)
 		}
 	}

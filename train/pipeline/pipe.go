@@ -55,6 +55,7 @@ type Pipe struct {
 	// stopping is closed when it will (this peer was asked, or a frame
 	// said so), and flag is set for the frames of that step.
 	stop     <-chan struct{}
+	stopWhen func() bool
 	stopping chan struct{}
 	flag     bool
 	// later are the sizes of the parameter tensors of the stages after
@@ -163,8 +164,20 @@ func (p *Pipe) SetLinks(prev, next Link) error {
 
 // SetStop makes a closed stop ask the peers of this stage's column to
 // stop after the next step: it begins on them all alike, as the step's
-// frames carry the request to every stage of the column.
-func (p *Pipe) SetStop(stop <-chan struct{}) { p.stop = stop }
+// frames carry the request to every stage of the column. It also clears a
+// stop already under way, so that a column stopped to change its peers
+// can train again (Stopping is then a new channel).
+func (p *Pipe) SetStop(stop <-chan struct{}) {
+	p.stop = stop
+	if p.flag {
+		p.flag, p.stopping = false, make(chan struct{})
+	}
+}
+
+// SetStopWhen makes f, asked at the start of every step (nil: never), a
+// stop request as a closed stop is: the column stops after that step.
+// It runs on the goroutine that calls ForwardBackward.
+func (p *Pipe) SetStopWhen(f func() bool) { p.stopWhen = f }
 
 // Stopping is closed during the step after which this peer's column
 // stops: the channel to give train.Run as its Stop, so that the stage's
@@ -340,6 +353,9 @@ func (p *Pipe) ForwardBackward(x []float32, y []int, n int) (float32, error) {
 	case <-p.stop:
 		p.stopped()
 	default:
+		if p.stopWhen != nil && p.stopWhen() {
+			p.stopped()
+		}
 	}
 	held := make(map[int][][]float32, count)
 	var heldBytes int64

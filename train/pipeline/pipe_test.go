@@ -345,22 +345,32 @@ func TestStopReachesEveryStage(t *testing.T) {
 			pipes, reps := grid(t, ctx, Config{Stages: S, MicroBatches: 4, Split: []int{2, 8}}, R, model)
 			pipes[asker[0]][asker[1]].SetStop(stop)
 			xs, ys := batches(3, 4, 8, 12, 5)
-			for step := range 3 {
-				if step == 2 {
+			for step := range 4 {
+				switch step {
+				case 2:
 					close(stop)
+				case 3:
+					// A new stop channel clears the stop: the column
+					// trains on (a pipeline job's next generation).
+					for s := range S {
+						for r := range R {
+							pipes[s][r].SetStop(make(chan struct{}))
+							reps[s][r].Leave = pipes[s][r].Stopping()
+						}
+					}
 				}
 				errs := make([]error, S*R)
 				var wg sync.WaitGroup
 				for s := range S {
 					for r := range R {
-						wg.Go(func() { _, errs[s*R+r] = reps[s][r].Step(ctx, xs[step], ys[step], 8) })
+						wg.Go(func() { _, errs[s*R+r] = reps[s][r].Step(ctx, xs[step], ys[step], len(ys[step])) })
 					}
 				}
 				wg.Wait()
 				for i, err := range errs {
 					var leave *train.LeaveError
 					switch {
-					case step < 2 && err != nil:
+					case step != 2 && err != nil:
 						t.Fatalf("step %d, stage %d replica %d: %v", step, i/R, i%R, err)
 					case step == 2 && (!errors.As(err, &leave) || fmt.Sprint(leave.Ranks) != fmt.Sprint([]int{asker[1]})):
 						t.Errorf("step %d, stage %d replica %d: %v; want a leave request from replica %d", step, i/R, i%R, err, asker[1])
