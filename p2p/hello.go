@@ -28,10 +28,12 @@ const HelloProtocol = "/ringtrain/hello/3.0.0"
 // (train/conv.go), other bits again; version 6 sums its bias gradient in
 // vec.Sum's order, and other bits again; version 7 sends a sparse
 // outer round's payload lengths in its trailer's allreduce, one
-// collective fewer, which a version-6 peer would not follow.
+// collective fewer, which a version-6 peer would not follow; version 8
+// sends a newcomer its state over direct links from each donor (channel
+// 6), where a version-7 peer waits for it round the ring.
 // The hello's wire form is unchanged, so the two still understand the
 // refusal.
-const ProtocolVersion = 7
+const ProtocolVersion = 8
 
 // Bounds on a hello: a peer list of hundreds of members with a few
 // addresses each fits in maxHelloBytes with room to spare.

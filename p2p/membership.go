@@ -262,6 +262,40 @@ func (m *Membership) Boundary(ctx context.Context, prev, next int) (toPrev, toNe
 	return toPrev, toNext, nil
 }
 
+// DirectLinks opens, over the job's data plane, a link to each member of
+// the current formation at the ranks in to, and takes one from each at
+// the ranks in from (train.DirectLinker): a newcomer takes its state
+// straight from every donor, no member forwarding it. All come, or none.
+func (m *Membership) DirectLinks(ctx context.Context, to, from []int) ([]io.WriteCloser, []io.ReadCloser, error) {
+	cctx, cancel := context.WithTimeout(ctx, m.timeout)
+	defer cancel()
+	out := make([]io.WriteCloser, len(to))
+	in := make([]io.ReadCloser, len(from))
+	errs := make([]error, len(to)+len(from))
+	var wg sync.WaitGroup
+	for i, k := range to {
+		wg.Go(func() { out[i], _, errs[i] = m.links.Pair(cctx, m.cur, ChannelState, k, -1) })
+	}
+	for i, k := range from {
+		wg.Go(func() { _, in[i], errs[len(to)+i] = m.links.Pair(cctx, m.cur, ChannelState, -1, k) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, w := range out {
+			if w != nil {
+				w.Close()
+			}
+		}
+		for _, r := range in {
+			if r != nil {
+				r.Close()
+			}
+		}
+		return nil, nil, fmt.Errorf("p2p: direct links: %w", err)
+	}
+	return out, in, nil
+}
+
 // duplex is a link each way between two peers as one stream.
 type duplex struct {
 	w io.WriteCloser

@@ -220,7 +220,8 @@ const (
 	ChannelBackward Channel = 3 // stage s+1 to s: gradients
 	ChannelProbe    Channel = 4 // the links' measures at formation (RingOrder)
 	ChannelRows     Channel = 5 // the ring by ID that gathers the measures
-	maxChannel              = ChannelRows
+	ChannelState    Channel = 6 // a donor's part of the state to a newcomer (DirectLinks)
+	maxChannel              = ChannelState
 )
 
 type inbound struct {

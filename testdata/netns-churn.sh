@@ -38,6 +38,7 @@ images=$( (gzip -dc "$DATA/train-images-idx3-ubyte.gz" 2>/dev/null || true) | he
 # Seconds per epoch of the undisturbed job here, per 1,000 images (6 peers, batch 32 each, 2 cores).
 case $MODE in
 deadline) SEC_PER_KIMAGE=${SEC_PER_KIMAGE:-0.015} ;;
+pipeline) SEC_PER_KIMAGE=${SEC_PER_KIMAGE:-0.055} ;;
 *) SEC_PER_KIMAGE=${SEC_PER_KIMAGE:-0.09} ;;
 esac
 EPOCHS=${EPOCHS:-$(awk -v d="$DURATION" -v n="$images" -v s="$SEC_PER_KIMAGE" 'BEGIN { e = int(d / (n / 1000 * s) + 0.5); print (e < 1 ? 1 : e) }')}

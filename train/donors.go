@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"sync"
 )
@@ -53,9 +55,124 @@ func partHashes(ts [][]float32, d int) []byte {
 	return out
 }
 
+// DirectLinker opens streams between this rank and others of its ring,
+// outside the ring (p2p.Membership has it).
+type DirectLinker interface {
+	// DirectLinks opens a stream to each rank of to and takes one from
+	// each rank of from; all come, or none. Those ranks call it at the
+	// same time with this rank in their from and to.
+	DirectLinks(ctx context.Context, to, from []int) ([]io.WriteCloser, []io.ReadCloser, error)
+}
+
+// directLinks are one rank's streams of a state transfer: a donor's to
+// every rank that takes the state, or a taker's from every donor.
+type directLinks struct {
+	out []io.WriteCloser
+	in  []io.ReadCloser
+}
+
+// openDirect opens the streams of a transfer from donors to the other
+// ranks, when the Replica has Direct and some rank takes the state; nil
+// otherwise (the ring carries it).
+func (r *Replica) openDirect(ctx context.Context, donors []int) (*directLinks, error) {
+	size, rank := r.Coll.Size(), r.Coll.Rank()
+	if r.Direct == nil || len(donors) >= size {
+		return nil, nil
+	}
+	var takers []int
+	for k := range size {
+		if !slices.Contains(donors, k) {
+			takers = append(takers, k)
+		}
+	}
+	l := &directLinks{}
+	var err error
+	if slices.Contains(donors, rank) {
+		l.out, _, err = r.Direct.DirectLinks(ctx, takers, nil)
+	} else {
+		_, l.in, err = r.Direct.DirectLinks(ctx, nil, donors)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: links from the donors %v to the ranks taking their state: %w", ErrCollective, donors, err)
+	}
+	return l, nil
+}
+
+// close closes every stream.
+func (l *directLinks) close() {
+	if l == nil {
+		return
+	}
+	for _, w := range l.out {
+		w.Close()
+	}
+	for _, c := range l.in {
+		c.Close()
+	}
+}
+
+// sendDirect is takeState over direct links: each donor writes its part
+// of every tensor, tensor after tensor, to every taker at once, and each
+// taker reads every donor's parts at once into ts — exactly the bytes its
+// own shapes say, so a donor can send no more — hashing what came. The
+// donors' part hashes are then compared over the ring (agreeOnParts), as
+// after an allgather. ctx's end closes the streams under a transfer that
+// stalls.
+func (r *Replica) sendDirect(ctx context.Context, donors []int, ts [][]float32, l *directLinks) error {
+	d := len(donors)
+	me := slices.Index(donors, r.Coll.Rank())
+	want := partHashBytes * d * len(ts)
+	stop := context.AfterFunc(ctx, l.close)
+	defer stop()
+	var mine []byte
+	var got [][]byte
+	var wg sync.WaitGroup
+	errs := make([]error, max(len(l.out), len(l.in)))
+	if me >= 0 {
+		wg.Go(func() { mine = partHashes(ts, d) })
+		for j, w := range l.out {
+			wg.Go(func() {
+				for _, t := range ts {
+					cut := donorParts(len(t), d)
+					if _, err := w.Write(f32Bytes(t[cut[me]:cut[me+1]])); err != nil {
+						errs[j] = err
+						return
+					}
+				}
+			})
+		}
+	} else {
+		got = make([][]byte, len(ts))
+		for i := range got {
+			got[i] = make([]byte, d*partHashBytes)
+		}
+		for k, in := range l.in {
+			wg.Go(func() {
+				for i, t := range ts {
+					cut := donorParts(len(t), d)
+					part := f32Bytes(t[cut[k]:cut[k+1]])
+					if _, err := io.ReadFull(in, part); err != nil {
+						errs[k] = fmt.Errorf("from donor rank %d: %w", donors[k], err)
+						return
+					}
+					h := sha256.Sum256(part)
+					copy(got[i][k*partHashBytes:], h[:partHashBytes])
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: the state over direct links: %w", ErrCollective, err)
+	}
+	return r.agreeOnParts(ctx, donors, mine, want, got)
+}
+
 // takeState gives every rank the donors' tensors ts — the donors, ranks
 // in ascending order that hold them alike, send them; the others' are
-// overwritten. Where the Collective has a ring allgather and there are
+// overwritten. Over direct links (openDirect), each donor sends its part
+// of every tensor straight to every rank that takes them (sendDirect).
+// Else, where the Collective has a ring allgather and there are
 // several donors, each donor sends an equal part of every tensor, all at
 // once in one allgather per tensor: a newcomer's state comes from every
 // donor, no one of them sending it all. Each part is checked against the
@@ -67,7 +184,10 @@ func partHashes(ts [][]float32, d int) []byte {
 // must agree. With one donor, or no allgather, the first donor
 // broadcasts the tensors; the caller checks what it can (the parameters'
 // hash).
-func (r *Replica) takeState(ctx context.Context, donors []int, ts [][]float32) error {
+func (r *Replica) takeState(ctx context.Context, donors []int, ts [][]float32, direct *directLinks) error {
+	if direct != nil && len(ts) <= maxDonorTensors {
+		return r.sendDirect(ctx, donors, ts, direct)
+	}
 	ag, ok := r.Coll.(Allgatherer)
 	if !ok || len(donors) < 2 || len(ts) > maxDonorTensors {
 		return r.broadcastTensors(ctx, ts, donors[0])

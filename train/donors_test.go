@@ -3,6 +3,8 @@ package train
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -57,11 +59,71 @@ func (s *striping) Allgather(ctx context.Context, buf []float32, counts []int) e
 	return s.Collective.(Allgatherer).Allgather(ctx, buf, counts)
 }
 
+// pipeNet is an in-memory DirectLinker for n ranks: a pipe for each
+// ordered pair, made by whichever end asks first. A rank in tamper alters
+// the first byte of every write it makes.
+type pipeNet struct {
+	mu     sync.Mutex
+	pipes  map[[2]int]*pipePair
+	tamper int
+}
+
+type pipePair struct {
+	r *io.PipeReader
+	w *io.PipeWriter
+}
+
+func (p *pipeNet) pair(from, to int) *pipePair {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k := [2]int{from, to}
+	if p.pipes[k] == nil {
+		r, w := io.Pipe()
+		p.pipes[k] = &pipePair{r, w}
+	}
+	return p.pipes[k]
+}
+
+// rank is rank's end of the net.
+type rankLinks struct {
+	net  *pipeNet
+	rank int
+}
+
+func (l rankLinks) DirectLinks(_ context.Context, to, from []int) ([]io.WriteCloser, []io.ReadCloser, error) {
+	var out []io.WriteCloser
+	var in []io.ReadCloser
+	for _, k := range to {
+		w := io.WriteCloser(l.net.pair(l.rank, k).w)
+		if l.rank == l.net.tamper {
+			w = tamperer{w}
+		}
+		out = append(out, w)
+	}
+	for _, k := range from {
+		in = append(in, l.net.pair(k, l.rank).r)
+	}
+	return out, in, nil
+}
+
+// tamperer flips a bit of the first byte of each write.
+type tamperer struct{ io.WriteCloser }
+
+func (t tamperer) Write(b []byte) (int, error) {
+	c := slices.Clone(b)
+	if len(c) > 0 {
+		c[0] ^= 1
+	}
+	return t.WriteCloser.Write(c)
+}
+
 // donorsRun runs takeState on n ranks over an in-memory ring: the donors
 // hold the same random tensors (rank odd, if ≥ 0, others), the rest zeros
-// of the same shapes; rank tamper alters what it sends. It returns each
-// rank's tensors and error, and the segments each rank's allgathers had.
-func donorsRun(t *testing.T, n int, donors []int, odd, tamper int) ([][][]float32, []error, [][][]int) {
+// of the same shapes; rank tamper alters what it sends. With direct, the
+// donors send over in-memory links of their own (DirectLinker). It
+// returns each rank's tensors and error, and the segments each rank's
+// allgathers had.
+func donorsRun(t *testing.T, n int, donors []int, odd, tamper int, direct bool) ([][][]float32, []error, [][][]int) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(5, 5))
 	shape := []int{37, 5, 1, 130}
@@ -76,6 +138,7 @@ func donorsRun(t *testing.T, n int, donors []int, odd, tamper int) ([][][]float3
 	ts := make([][][]float32, n)
 	errs := make([]error, n)
 	colls := make([]*striping, n)
+	net := &pipeNet{pipes: map[[2]int]*pipePair{}, tamper: tamper}
 	onAll(n, func(i int) error {
 		colls[i] = &striping{Collective: rings[i], tamper: i == tamper}
 		ts[i] = make([][]float32, len(shape))
@@ -89,7 +152,16 @@ func donorsRun(t *testing.T, n int, donors []int, odd, tamper int) ([][][]float3
 			}
 		}
 		rep := NewReplica(newMLP(t, mlpCfg(4, []int{3}, 2, 2, 1)), &SGD{LR: 0.1}, colls[i])
-		errs[i] = rep.takeState(context.Background(), donors, ts[i])
+		if direct {
+			rep.Direct = rankLinks{net, i}
+		}
+		links, err := rep.openDirect(context.Background(), donors)
+		if err != nil {
+			errs[i] = err
+			return nil
+		}
+		defer links.close()
+		errs[i] = rep.takeState(context.Background(), donors, ts[i], links)
 		return nil
 	})
 	segs := make([][][]int, n)
@@ -101,24 +173,36 @@ func donorsRun(t *testing.T, n int, donors []int, odd, tamper int) ([][][]float3
 
 // TestStateFromManyDonors: a newcomer and a rank behind take every tensor
 // from three donors at once — each donor's part in its own segment of one
-// allgather per tensor — bit for bit; the donors keep theirs.
+// allgather per tensor, or over direct links — bit for bit; the donors
+// keep theirs.
 func TestStateFromManyDonors(t *testing.T) {
 	donors := []int{0, 1, 3}
-	ts, errs, segs := donorsRun(t, 5, donors, -1, -1)
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	for i := range ts {
-		if !slices.EqualFunc(ts[i], ts[0], slices.Equal[[]float32]) {
-			t.Errorf("rank %d's tensors differ from donor 0's", i)
-		}
-	}
-	// One allgather a tensor, then one of the part hashes.
-	if got := len(segs[2]); got != 4+1 {
-		t.Fatalf("%d allgathers; want 4 of tensors and 1 of hashes", got)
-	}
-	if want := []int{12, 12, 0, 13, 0}; !slices.Equal(segs[2][0], want) {
-		t.Errorf("the first tensor's segments %v; want %v (37 values over 3 donors)", segs[2][0], want)
+	for _, direct := range []bool{false, true} {
+		t.Run(fmt.Sprint("direct=", direct), func(t *testing.T) {
+			ts, errs, segs := donorsRun(t, 5, donors, -1, -1, direct)
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			for i := range ts {
+				if !slices.EqualFunc(ts[i], ts[0], slices.Equal[[]float32]) {
+					t.Errorf("rank %d's tensors differ from donor 0's", i)
+				}
+			}
+			if direct {
+				// The ring carries the part hashes alone.
+				if got := len(segs[2]); got != 1 {
+					t.Errorf("%d allgathers; want 1 of hashes", got)
+				}
+				return
+			}
+			// One allgather a tensor, then one of the part hashes.
+			if got := len(segs[2]); got != 4+1 {
+				t.Fatalf("%d allgathers; want 4 of tensors and 1 of hashes", got)
+			}
+			if want := []int{12, 12, 0, 13, 0}; !slices.Equal(segs[2][0], want) {
+				t.Errorf("the first tensor's segments %v; want %v (37 values over 3 donors)", segs[2][0], want)
+			}
+		})
 	}
 }
 
@@ -131,8 +215,10 @@ func TestDonorsThatDisagreeOrLie(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		odd, tamper int
-	}{{"holds other values", 1, -1}, {"alters its part", -1, 1}} {
-		ts, errs, _ := donorsRun(t, 5, donors, tc.odd, tc.tamper)
+		direct      bool
+	}{{"holds other values", 1, -1, false}, {"alters its part", -1, 1, false},
+		{"holds other values, direct", 1, -1, true}, {"alters its part, direct", -1, 1, true}} {
+		ts, errs, _ := donorsRun(t, 5, donors, tc.odd, tc.tamper, tc.direct)
 		for i, err := range errs {
 			if i == 1 || tc.tamper >= 0 && slices.Contains(donors, i) {
 				continue // the liar; donors check nothing they forward
@@ -146,11 +232,11 @@ func TestDonorsThatDisagreeOrLie(t *testing.T) {
 			t.Errorf("%s: the honest donors' tensors changed", tc.name)
 		}
 	}
-	_, errs, segs := donorsRun(t, 3, []int{0, 1, 2}, -1, -1)
+	_, errs, segs := donorsRun(t, 3, []int{0, 1, 2}, -1, -1, true)
 	if err := errors.Join(errs...); err != nil || len(segs[0]) != 1 {
 		t.Errorf("every rank a donor: %v, %d allgathers; want no error and the hashes' alone", err, len(segs[0]))
 	}
-	_, errs, _ = donorsRun(t, 3, []int{0, 1, 2}, 2, -1)
+	_, errs, _ = donorsRun(t, 3, []int{0, 1, 2}, 2, -1, true)
 	var liar *LiarError
 	if !errors.As(errs[0], &liar) || !slices.Equal(liar.Ranks, []int{2}) {
 		t.Errorf("every rank a donor, rank 2 odd: %v; want rank 2 named", errs[0])

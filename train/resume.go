@@ -196,6 +196,11 @@ func (r *Replica) takeFrom(ctx context.Context, top []int, hash string, has bool
 	if optStep < 0 || nState < 0 || nState > 2*len(params) || nState%max(len(params), 1) != 0 {
 		return &LiarError{Ranks: []int{root}, Why: fmt.Sprintf("it sends %d optimizer state tensors (step %d) for %d parameter tensors", nState, optStep, len(params))}
 	}
+	direct, err := r.openDirect(ctx, top)
+	if err != nil {
+		return err
+	}
+	defer direct.close()
 	// Parameters, then every state tensor (each shaped like a parameter).
 	// A rank with state of its own keeps a copy, not to lose it on a lie.
 	var keep [][]float32
@@ -204,7 +209,7 @@ func (r *Replica) takeFrom(ctx context.Context, top []int, hash string, has bool
 			keep = append(keep, slices.Clone(p))
 		}
 	}
-	if err := r.takeState(ctx, top, params); err != nil {
+	if err := r.takeState(ctx, top, params, direct); err != nil {
 		if !donor {
 			putBack(params, keep)
 		}
@@ -227,7 +232,7 @@ func (r *Replica) takeFrom(ctx context.Context, top []int, hash string, has bool
 			state = append(state, make([]float32, len(params[i%len(params)])))
 		}
 	}
-	if err := r.takeState(ctx, top, state); err != nil {
+	if err := r.takeState(ctx, top, state, direct); err != nil {
 		return fmt.Errorf("sending the optimizer state: %w", err)
 	}
 	if !donor {

@@ -72,6 +72,11 @@ type Replica struct {
 	// may close it during ForwardBackward to stop after that step (a
 	// pipeline stage that heard of a stop from the stages beside it).
 	Leave <-chan struct{}
+	// Direct, if set, opens streams between this rank and others of the
+	// ring, outside it: a newcomer then takes its state straight from each
+	// donor, where a ring would pass every byte through every member
+	// (Level). Every rank of a ring must have it, or none.
+	Direct DirectLinker
 	// Waiting, if set, is asked before each step that talks to the ring
 	// whether a newcomer waits to be admitted. The answer rides in the
 	// step's trailer, so every rank hears it after the same step, and Run

@@ -286,6 +286,9 @@ func (j *Job) runConfig(ctx context.Context) train.RunConfig {
 	rc := j.Training
 	rc.Replica.Coll = j.stepped(nil)
 	rc.Replica.Waiting = j.waiting
+	if d, ok := j.Members.(train.DirectLinker); ok {
+		rc.Replica.Direct = d // a newcomer's state straight from each donor
+	}
 	if rc.OnSkip == nil {
 		rc.OnSkip = func(err error) {
 			j.Log().Warn().Str("why", err.Error()).Msg("step skipped on every rank")

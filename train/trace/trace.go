@@ -185,11 +185,11 @@ func Read(r io.Reader) ([]Event, error) {
 		return nil, errors.New("trace: not a trace-event JSON array or object")
 	}
 	if b[len(b)-1] != ']' {
-		// Unterminated: a line a kill cut short goes, then the comma.
-		if b[len(b)-1] != ',' {
-			if i := bytes.LastIndexByte(b, '\n'); i > 0 {
-				b = b[:i]
-			}
+		// Unterminated: a line a kill cut short goes — one that is no
+		// JSON value without its comma, wherever the cut fell (after a
+		// comma inside it too) — then the comma.
+		if i := bytes.LastIndexByte(b, '\n'); i > 0 && !json.Valid(bytes.TrimRight(b[i+1:], ", ")) {
+			b = b[:i]
 		}
 		b = append(bytes.TrimRight(b, ",\n "), ']')
 	}
