@@ -147,18 +147,7 @@ func (r *Replica) sendDirect(ctx context.Context, donors []int, ts [][]float32, 
 			got[i] = make([]byte, d*partHashBytes)
 		}
 		for k, in := range l.in {
-			wg.Go(func() {
-				for i, t := range ts {
-					cut := donorParts(len(t), d)
-					part := f32Bytes(t[cut[k]:cut[k+1]])
-					if _, err := io.ReadFull(in, part); err != nil {
-						errs[k] = fmt.Errorf("from donor rank %d: %w", donors[k], err)
-						return
-					}
-					h := sha256.Sum256(part)
-					copy(got[i][k*partHashBytes:], h[:partHashBytes])
-				}
-			})
+			wg.Go(func() { errs[k] = receivePart(in, ts, d, k, got) })
 		}
 	}
 	wg.Wait()
@@ -166,6 +155,52 @@ func (r *Replica) sendDirect(ctx context.Context, donors []int, ts [][]float32, 
 		return fmt.Errorf("%w: the state over direct links: %w", ErrCollective, err)
 	}
 	return r.agreeOnParts(ctx, donors, mine, want, got)
+}
+
+// receiveChunk is how much of a part is read before it is handed to the
+// hasher: small enough that hashing keeps up with the link, so that the
+// sender is not held while a whole part is hashed.
+const receiveChunk = 1 << 20
+
+// receivePart reads donor k's part of every tensor of ts (of d donors)
+// from in, into the tensors, and its hash into got[i] at k's place; the
+// hashing runs beside the reading, a chunk behind.
+func receivePart(in io.Reader, ts [][]float32, d, k int, got [][]byte) error {
+	type chunk struct {
+		i    int
+		b    []byte
+		last bool
+	}
+	chunks := make(chan chunk, 8)
+	hashed := make(chan struct{})
+	go func() {
+		defer close(hashed)
+		h := sha256.New()
+		for c := range chunks {
+			h.Write(c.b)
+			if c.last {
+				copy(got[c.i][k*partHashBytes:], h.Sum(nil)[:partHashBytes])
+				h.Reset()
+			}
+		}
+	}()
+	defer func() { close(chunks); <-hashed }()
+	for i, t := range ts {
+		cut := donorParts(len(t), d)
+		part := f32Bytes(t[cut[k]:cut[k+1]])
+		for at := 0; ; at += receiveChunk {
+			b := part[at:min(at+receiveChunk, len(part))]
+			if _, err := io.ReadFull(in, b); err != nil {
+				return fmt.Errorf("from donor %d of %d: %w", k+1, d, err)
+			}
+			last := at+receiveChunk >= len(part)
+			chunks <- chunk{i, b, last}
+			if last {
+				break
+			}
+		}
+	}
+	return nil
 }
 
 // takeState gives every rank the donors' tensors ts — the donors, ranks
@@ -183,15 +218,20 @@ func (r *Replica) sendDirect(ctx context.Context, donors []int, ts [][]float32, 
 // forwards. Where every rank is a donor only the hashes go round, and
 // must agree. With one donor, or no allgather, the first donor
 // broadcasts the tensors; the caller checks what it can (the parameters'
-// hash).
-func (r *Replica) takeState(ctx context.Context, donors []int, ts [][]float32, direct *directLinks) error {
+// hash): checked says whether the parts were checked here.
+func (r *Replica) takeState(ctx context.Context, donors []int, ts [][]float32, direct *directLinks) (checked bool, err error) {
 	if direct != nil && len(ts) <= maxDonorTensors {
-		return r.sendDirect(ctx, donors, ts, direct)
+		return true, r.sendDirect(ctx, donors, ts, direct)
 	}
 	ag, ok := r.Coll.(Allgatherer)
 	if !ok || len(donors) < 2 || len(ts) > maxDonorTensors {
-		return r.broadcastTensors(ctx, ts, donors[0])
+		return false, r.broadcastTensors(ctx, ts, donors[0])
 	}
+	return true, r.stripeState(ctx, ag, donors, ts)
+}
+
+// stripeState is takeState over the ring's allgather: see there.
+func (r *Replica) stripeState(ctx context.Context, ag Allgatherer, donors []int, ts [][]float32) error {
 	size, rank, d := r.Coll.Size(), r.Coll.Rank(), len(donors)
 	me := slices.Index(donors, rank)
 	want := partHashBytes * d * len(ts)

@@ -161,7 +161,7 @@ func donorsRun(t *testing.T, n int, donors []int, odd, tamper int, direct bool) 
 			return nil
 		}
 		defer links.close()
-		errs[i] = rep.takeState(context.Background(), donors, ts[i], links)
+		_, errs[i] = rep.takeState(context.Background(), donors, ts[i], links)
 		return nil
 	})
 	segs := make([][][]int, n)

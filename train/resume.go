@@ -209,13 +209,16 @@ func (r *Replica) takeFrom(ctx context.Context, top []int, hash string, has bool
 			keep = append(keep, slices.Clone(p))
 		}
 	}
-	if err := r.takeState(ctx, top, params, direct); err != nil {
+	checked, err := r.takeState(ctx, top, params, direct)
+	if err != nil {
 		if !donor {
 			putBack(params, keep)
 		}
 		return fmt.Errorf("sending the parameters: %w", err)
 	}
-	if paramHash(r.ParamHash()) != hash {
+	// Parts checked against the donors' agreed hashes are the parameters
+	// the donors declared: hashing them all again would only cost time.
+	if !checked && paramHash(r.ParamHash()) != hash {
 		// Put this rank's own parameters back: they are not to be lost on
 		// a lie.
 		putBack(params, keep)
@@ -232,7 +235,7 @@ func (r *Replica) takeFrom(ctx context.Context, top []int, hash string, has bool
 			state = append(state, make([]float32, len(params[i%len(params)])))
 		}
 	}
-	if err := r.takeState(ctx, top, state, direct); err != nil {
+	if _, err := r.takeState(ctx, top, state, direct); err != nil {
 		return fmt.Errorf("sending the optimizer state: %w", err)
 	}
 	if !donor {
