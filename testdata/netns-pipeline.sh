@@ -5,8 +5,11 @@
 # residual crossing the boundary) runs as a `ringtrain join` in each; one
 # is SIGKILLed mid-training. The three others must re-form: every stage
 # trains on with one replica (the other stage's second peer waits as a
-# spare), back from the latest snapshot they all hold, and the job must
-# end with the whole model gathered into one file that predict takes.
+# spare), back from the latest snapshot they all hold. The killed peer is
+# started again with its identity on its address: it must be admitted at
+# a step boundary into the stage that lost it, and all four end the job as
+# 2 × 2, one hash per stage, with the whole model gathered into one file
+# that predict takes.
 # Addresses are 10.232.0.1–4, inside the namespaces only; everything made
 # here is removed on exit, also on failure.
 #
@@ -59,20 +62,26 @@ killed=$(grep -o '"stage":[01],"stages":2,"replica":[01]' "$tmp/3.log" | head -1
 echo "netns-pipeline: SIGKILLed the peer in ${p}3 ($killed) in epoch 5"
 for i in 0 1 2; do wait_for "$tmp/$i.log" 'pipeline re-formed' 60; done
 echo "netns-pipeline: the 3 survivors re-formed"
-for i in 0 1 2; do
+mv "$tmp/3.log" "$tmp/3-killed.log"
+start 3 "$boot"
+for i in 0 1 2; do wait_for "$tmp/$i.log" 'standbys admitted to the pipeline' 60; done
+echo "netns-pipeline: the killed peer, started again, was admitted"
+for i in 0 1 2 3; do
 	if ! wait "${pids[$i]}"; then echo "netns-pipeline: FAIL, peer $i exited non-zero:"; cat "$tmp/$i.log"; exit 1; fi
 done
 spares=$(grep -l 'a spare of its stage' "$tmp"/[012].log | wc -l)
 back=$(grep -l 'back to the latest snapshot every peer holds' "$tmp"/[012].log | wc -l)
-done=$(grep -c '"epochs":60,"test_accuracy"' "$tmp"/[012].log | awk -F: '{s += $2} END {print s}')
+done=$(grep -c '"epochs":60,"test_accuracy"' "$tmp"/[0123].log | awk -F: '{s += $2} END {print s}')
+# One hash per stage among the four that finish.
+hashes=$(grep -h -o 'stage [01] of 2, replica [01] of 2: .*stage param hash [0-9a-f]*' "$tmp"/[0123].log | sed 's/, replica.*hash / /' | sort -u | wc -l)
 model=$(ls "$tmp"/ckpt-*/pipeline-demo.ckpt 2>/dev/null | head -1)
-if [ "$spares" != 1 ] || [ "$back" != 2 ] || [ "$done" != 2 ] || [ -z "$model" ]; then
-	echo "netns-pipeline: FAIL, want one spare, two peers back at a snapshot that finish 60 epochs, and a gathered model; got $spares, $back, $done, '$model'"
-	cat "$tmp"/[012].log
+if [ "$spares" != 1 ] || [ "$back" -lt 2 ] || [ "$done" != 4 ] || [ "$hashes" != 2 ] || [ -z "$model" ]; then
+	echo "netns-pipeline: FAIL, want one spare, the survivors back at a snapshot, four peers of 2 × 2 that finish 60 epochs with one hash per stage, and a gathered model; got $spares, $back, $done, $hashes, '$model'"
+	cat "$tmp"/[0123].log
 	exit 1
 fi
 img=$(ls "$here"/fashion-folder/test/*/* | head -1)
 "$bin" predict --checkpoint "$model" --image "$img" >/dev/null
-acc=$(grep -h -o '"epochs":60,"test_accuracy":[0-9.]*' "$tmp"/[012].log | head -1 | cut -d: -f3)
+acc=$(grep -h -o '"epochs":60,"test_accuracy":[0-9.]*' "$tmp"/[0123].log | head -1 | cut -d: -f3)
 netns_no_refusals "netns-pipeline"
-echo "netns-pipeline: ok, one stage lost a replica; the others trained on as 2 stages × 1 (test accuracy $acc) and the gathered model predicts"
+echo "netns-pipeline: ok, one stage lost a replica, the others trained on as 2 stages × 1, the replica started again was admitted, and all four ended as 2 × 2 (test accuracy $acc); the gathered model predicts"

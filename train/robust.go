@@ -59,6 +59,41 @@ func (c *Robust) nameAbove() float64 { return cmp.Or(c.NameAbove, 3) }
 type outliers struct {
 	ring   Collective
 	streak []int
+	// last is what each rank sent in the exchange before (its bytes, or
+	// their hash), and same the exchanges in a row it sent that again.
+	last []string
+	same []int
+}
+
+// on starts the counts again for ring, a ring of size ranks, if they are
+// another ring's.
+func (o *outliers) on(ring Collective, size int) {
+	if o.ring != ring || len(o.streak) != size {
+		o.ring, o.streak, o.last, o.same = ring, make([]int, size), make([]string, size), make([]int, size)
+	}
+}
+
+// repeated counts, for each rank, the exchanges in a row in which it sent
+// what it sent the exchange before, bit for bit (keys[k]: rank k's update
+// or its hash; "" for none, which ends a run), and returns those whose
+// run reached after (above 0) — an honest rank's update changes with its
+// batch and parameters at every step, so the same one again is a replay.
+// Nobody is named when half or more would be.
+func (o *outliers) repeated(ring Collective, keys []string, after int) []int {
+	o.on(ring, len(keys))
+	var named []int
+	for k, key := range keys {
+		if key == "" || key != o.last[k] {
+			o.same[k] = 0
+		} else if o.same[k]++; after > 0 && o.same[k] >= after {
+			named = append(named, k)
+		}
+		o.last[k] = key
+	}
+	if 2*len(named) >= len(keys) {
+		return nil
+	}
+	return named
 }
 
 // judged is one rank's update in a round: its distance to the
@@ -83,9 +118,7 @@ type judged struct {
 // 3 updates, or when half or more stand apart (the round tells nothing of
 // who lies); a rank not in the round keeps its streak.
 func (o *outliers) count(ring Collective, size int, ranks []int, xs [][]float32, sup []int, dist []float64, above float64, against bool, after int) []judged {
-	if o.ring != ring || len(o.streak) != size {
-		o.ring, o.streak = ring, make([]int, size)
-	}
+	o.on(ring, size)
 	if len(xs) < 3 {
 		return nil
 	}
@@ -123,10 +156,17 @@ func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, xs [][]f
 		return nil
 	}
 	var ranks []int
+	keys := make([]string, len(payloads))
 	for k, p := range payloads {
 		if len(p) > 0 {
 			ranks = append(ranks, k)
+			sum := sha256.Sum256(p)
+			keys[k] = string(sum[:])
 		}
+	}
+	if again := o.repeated(ring, keys, c.NameAfter); again != nil {
+		return &LiarError{Ranks: again, Why: fmt.Sprintf("they sent the same pseudo-gradient, bit for bit, %d rounds in a row, the last outer round %d (a replay: an honest rank's changes with every round's steps)",
+			c.NameAfter+1, outer+1)}
 	}
 	named := o.count(ring, len(payloads), ranks, xs, sup, scores, c.nameAbove(), true, c.NameAfter)
 	if named == nil {

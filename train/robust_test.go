@@ -255,6 +255,12 @@ func TestRobustNamesOutliers(t *testing.T) {
 		}
 		t.Logf("%s: %v", tc.name, got[0].lie)
 	}
+	// A replay of its first pseudo-gradient through the coder is not told
+	// apart: the error feedback makes every round's payload another (a
+	// payload sent again byte for byte is: TestRobustNamesRepeatedPayloads).
+	if got := run(rb, "replay", 7, 8); got[0].lie != nil {
+		t.Logf("replay named: %v", got[0].lie)
+	}
 	for seed := range uint64(5) {
 		for i, g := range run(rb, "", seed, 20) {
 			if g.lie != nil {
@@ -264,6 +270,27 @@ func TestRobustNamesOutliers(t *testing.T) {
 	}
 	if got := run(&Robust{Clip: 2, Iters: 3}, "scale", 7, 6); got[0].lie != nil {
 		t.Errorf("naming off: %v", got[0].lie)
+	}
+}
+
+// TestRobustNamesRepeatedPayloads: a rank whose payload comes back byte for
+// byte round after round (a replay of what it sent) is named once it has
+// sent it NameAfter+1 times in a row, on every rank alike; an empty
+// payload (a rank not in the round) ends no one's count but its own.
+func TestRobustNamesRepeatedPayloads(t *testing.T) {
+	rb := &Robust{NameAfter: 3}
+	ring := memRings(t, 4)[0]
+	var o outliers
+	xs := [][]float32{{1, 0}, {0, 1}, {1, 1}, {2, 1}}
+	for round := range 5 {
+		payloads := [][]byte{{byte(round), 1}, {byte(round), 2}, nil, {9, 9}}
+		lie := rb.score(&o, ring, payloads, [][]float32{xs[0], xs[1], xs[3]}, nil, []float64{0, 0, 0}, round)
+		switch {
+		case round < 3 && lie != nil:
+			t.Fatalf("round %d: %v", round, lie)
+		case round == 3 && (lie == nil || !slices.Equal(lie.Ranks, []int{3}) || !strings.Contains(lie.Why, "a replay")):
+			t.Fatalf("round %d: %v; want rank 3 named for a replay", round, lie)
+		}
 	}
 }
 

@@ -27,8 +27,10 @@ import (
 // projection, a rank's sketch farther than NameAbove τ from the
 // coordinate-wise median in NameAfter windows in a row is named (a
 // LiarError: Run drops it, as any liar), where at least four ranks had
-// samples in the window. With the norm guard on, a rank whose gradients
-// it keeps out NameAfter steps in a row is named too. Direction is not judged here:
+// samples in the window. A rank whose sketch comes back bit for bit
+// NameAfter steps in a row within a window is named for a replay. With
+// the norm guard on, a rank whose gradients it keeps out NameAfter steps
+// in a row is named too. Direction is not judged here:
 // honest gradients of a few steps on shards that differ point apart too
 // often (a flipped rank is caught in robust DiLoCo rounds, not here).
 type Sketch struct {
@@ -94,6 +96,26 @@ func (s *sketches) reset(c *Sketch, ring Collective) {
 	for k := range s.sums {
 		s.sums[k] = make([]float32, c.dims())
 	}
+}
+
+// repeated names the ranks whose sketch this step (slots, as averaged)
+// is, bit for bit, the one they sent the step before, NameAfter steps in
+// a row (outliers.repeated): within a window the projection is one, so
+// the same gradients give the same sketch; across its end they do not,
+// and a zero sketch (no samples) is none.
+func (s *sketches) repeated(c *Sketch, slots []float32) *LiarError {
+	k := c.dims()
+	keys := make([]string, s.ring.Size())
+	for r := range keys {
+		if now := slots[r*k : (r+1)*k]; slices.ContainsFunc(now, func(v float32) bool { return v != 0 }) {
+			keys[r] = string(f32Bytes(now))
+		}
+	}
+	named := s.apart.repeated(s.ring, keys, c.NameAfter)
+	if named == nil {
+		return nil
+	}
+	return &LiarError{Ranks: named, Why: fmt.Sprintf("they sent the same gradients, bit for bit, %d steps in a row (a replay: an honest rank's change with its batch)", c.NameAfter+1)}
 }
 
 // seed is the projection's seed for the step: one per window.
@@ -202,12 +224,16 @@ func (s *sketches) check(c *Sketch, avg, slots []float32, wire ring.Encoding) er
 		return fmt.Errorf("%w: the average's sketch is %.3g away from the ranks' sketches' average, whose norms add to %.3g (a member altered what it forwarded); skipped on all",
 			ErrTampered, math.Sqrt(diff), scale)
 	}
+	replayed := s.repeated(c, slots)
 	for r := range size {
 		for j, v := range slots[r*k : (r+1)*k] {
 			s.sums[r][j] += v * float32(size)
 		}
 	}
 	s.steps++
+	if replayed != nil {
+		return replayed
+	}
 	if s.steps%c.window() != 0 {
 		return nil
 	}

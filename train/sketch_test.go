@@ -78,6 +78,26 @@ func (m scaledGrads) ForwardBackward(x []float32, y []int, n int) (float32, erro
 	return loss, err
 }
 
+// replayedGrads sends the gradients of its first step again at every
+// step (the attacker build's replay).
+type replayedGrads struct {
+	Model
+	first *[][]float32
+}
+
+func (m replayedGrads) ForwardBackward(x []float32, y []int, n int) (float32, error) {
+	loss, err := m.Model.ForwardBackward(x, y, n)
+	if *m.first == nil {
+		for _, g := range m.Model.Grads() {
+			*m.first = append(*m.first, slices.Clone(g))
+		}
+	}
+	for i, g := range m.Model.Grads() {
+		copy(g, (*m.first)[i])
+	}
+	return loss, err
+}
+
 // alteredSums is a ring in which some forwarder altered a value of the
 // gradients' sum, as every rank receives it — or, with nan, put a NaN in
 // the last rank's sketch, which would blind the checks.
@@ -192,51 +212,41 @@ func TestSketchesInTheRing(t *testing.T) {
 			t.Logf("×%v, guard %v: %v", tc.f, tc.guard, out[0].named)
 		}
 	}
-}
-
-// BenchmarkSketch: one sketch of a million gradients, what a step adds
-// twice (its own, and the average's).
-func BenchmarkSketch(b *testing.B) {
-	v := make([]float32, 1<<20)
-	for i := range v {
-		v[i] = float32(i%97) - 48
-	}
-	s := make([]float64, 32)
-	b.SetBytes(4 << 20)
-	for b.Loop() {
-		sketchAdd(s, v, 0, 7)
+	// A rank that sends the same gradients step after step is named
+	// after its third repeat (its fourth step), guard or not; a repeat
+	// across a window's end (another projection) does not count.
+	for _, guard := range []float64{0, 5} {
+		out := run(ring.F32, 0, guard, func(m Model) Model { return replayedGrads{m, new([][]float32)} }, false, false, window)
+		for i, o := range out {
+			if o.named == nil || !slices.Equal(o.named.Ranks, []int{n - 1}) || o.namedAt != 4 || !strings.Contains(o.named.Why, "a replay") {
+				t.Errorf("replay, guard %v: rank %d named %v at step %d; want rank %d at step 4 for a replay", guard, i, o.named, o.namedAt, n-1)
+			}
+		}
 	}
 }
 
-// BenchmarkStepWithSketches: a step of the mlp on two in-memory ranks,
-// without and with sketches, for what the checks cost a step.
-func BenchmarkStepWithSketches(b *testing.B) {
-	for _, on := range []bool{false, true} {
-		b.Run(map[bool]string{false: "off", true: "on"}[on], func(b *testing.B) {
-			t := &testing.T{}
-			rings := memRings(t, 2)
-			reps := make([]*Replica, 2)
-			for i := range reps {
-				m, err := NewModel(mlpCfg(784, []int{256, 128}, 10, 32, 1))
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer m.Close()
-				reps[i] = NewReplica(m, NewAdam(0.001), rings[i])
-				if on {
-					reps[i].Sketch = &Sketch{}
-				}
-			}
-			rng := rand.New(rand.NewPCG(1, 1))
-			x, y := randomBatch(rng, 32, 784, 10)
-			for b.Loop() {
-				if err := onAll(2, func(i int) error {
-					_, err := reps[i].Step(context.Background(), x, y, 32)
-					return err
-				}); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+// TestRepeats: the same update again counts only while it is bit for bit
+// the one before (a sketch of the next window is another projection), and
+// never while there is none (no samples); half the ranks or more are
+// never named.
+func TestRepeats(t *testing.T) {
+	ring := memRings(t, 4)[0]
+	var o outliers
+	for step, tc := range []struct {
+		keys  []string
+		same  []int
+		named []int
+	}{
+		{[]string{"a", "", "x1", "y1"}, []int{0, 0, 0, 0}, nil},
+		{[]string{"a", "", "x2", "y2"}, []int{1, 0, 0, 0}, nil},
+		{[]string{"a", "", "x3", "y3"}, []int{2, 0, 0, 0}, []int{0}},
+		{[]string{"b", "", "x4", "y4"}, []int{0, 0, 0, 0}, nil}, // a window's end: another projection
+		{[]string{"b", "", "x4", "y4"}, []int{1, 0, 1, 1}, nil},
+		{[]string{"b", "", "x4", "y4"}, []int{2, 0, 2, 2}, nil}, // three of four: the round tells nothing
+	} {
+		named := o.repeated(ring, tc.keys, 2)
+		if !slices.Equal(o.same, tc.same) || !slices.Equal(named, tc.named) {
+			t.Errorf("step %d: runs %v, named %v; want %v, %v", step, o.same, named, tc.same, tc.named)
+		}
 	}
 }
