@@ -26,8 +26,9 @@
 // whether they are direct or relayed, and the clear TCP plane refuses links
 // that cross a NAT (ErrPlaneBehindNAT). A link belongs to a Channel of its
 // generation, so one formation holds the ring of all members, a pipeline
-// stage's ring (RingLinks.ConnectRing) and the links between stages
-// (RingLinks.Pair) at once. Membership wraps a Node and its RingLinks as the
+// stage's ring (RingLinks.ConnectRing), the links between stages
+// (RingLinks.Pair) and a newcomer's links straight from each donor of its
+// state (Membership.DirectLinks) at once. Membership wraps a Node and its RingLinks as the
 // train/elastic.Membership (and StageNet) the elastic runner drives; at
 // each formation its members measure the links between them (probes of
 // bounded bytes and time over the data plane, round trips by libp2p

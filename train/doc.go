@@ -50,7 +50,9 @@
 // leaving, liars caught, a newcomer waiting) it returns an *Interrupted
 // with the position it reached, and the elastic job around all of it —
 // train/elastic's — changes the ring, brings the replicas level
-// (Replica.Level, Replica.Admitted) and runs again from there. Control
+// (Replica.Level, Replica.Admitted: every rank at the newest step a donor,
+// each sending a hash-checked part of the state, over the ring or straight
+// to the ranks that take it, Replica.Direct) and runs again from there. Control
 // data between the ranks (claims, hashes, peer lists) are typed messages
 // with one codec (control.go). A Replica's Tracer is told each phase of
 // every step (data, forward, backward, each allreduce, the optimizer): the

@@ -28,8 +28,10 @@
 //     re-formed without them, as for a loss.
 //   - newcomer (rank 0 saw a verified standby and the ring is below
 //     MaxWorldSize; a flag in the step's trailer): the ring grows at that
-//     step boundary, the newcomers take the state from the ring
-//     (hash-checked, each collective bounded by AdmitTimeout) and the rest
+//     step boundary, the newcomers take the state from the ring's
+//     donors — straight from each, where the Membership is a
+//     train.DirectLinker — (hash-checked, each collective bounded by
+//     AdmitTimeout) and the rest
 //     of the epoch is shared out anew. A newcomer that vanishes or stalls
 //     is dropped by the re-formation that follows, as a lost peer is.
 //
@@ -42,7 +44,10 @@
 // one formation of all peers gives each its stage and replica, each
 // stage's peers form a ring of their own (StageNet.StageRing) beside
 // links to the stages before and after (StageNet.Boundary), and a stop on
-// any peer stops all after the same step. A lost peer makes the survivors
+// any peer stops all after the same step; then the peers asked to stop
+// leave and the others go on from that step, if every stage keeps a peer,
+// else the job ends there. Standbys are admitted the same way, at a step
+// every peer stops after. A lost peer makes the survivors
 // re-form and go back to the latest snapshot all of them hold; a peer its
 // stage catches lying is dropped as in a replica job (its stage's peers
 // re-form without it; the stages beside, which saw only their neighbour
