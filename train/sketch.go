@@ -237,6 +237,14 @@ func (s *sketches) check(c *Sketch, avg, slots []float32, wire ring.Encoding) er
 	if s.steps%c.window() != 0 {
 		return nil
 	}
+	return s.judgeWindow(c)
+}
+
+// judgeWindow judges the window that has just closed, from each rank's
+// sums of its sketches, and starts the next: it names the ranks whose
+// sums stood apart NameAfter windows in a row.
+func (s *sketches) judgeWindow(c *Sketch) error {
+	size := s.ring.Size()
 	defer func() {
 		for _, w := range s.sums {
 			clear(w)
