@@ -339,8 +339,8 @@ func (r *Replica) heard(ctx context.Context, tail []float32, asked bool) (badRan
 
 // clipNorm scales ts, end to end one vector, to a norm of at most max,
 // as torch's clip_grad_norm_ does: by max/(norm+1e-6) where that is
-// below 1. The norm is summed in float64 in one order, so it is the same
-// bits wherever ts are.
+// below 1. Each tensor's norm is norm2's (one order, the same bits on
+// every CPU), their squares summed in float64.
 func clipNorm(ts [][]float32, max float64) {
 	var sum float64
 	for _, t := range ts {

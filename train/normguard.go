@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/ringtrain/ringtrain/ring"
+	"github.com/ringtrain/ringtrain/train/vec"
 )
 
 // normGuard decides, from the averaged gradients and the declared norms in
@@ -65,8 +66,20 @@ func guardSlack(wire ring.Encoding, n int) float64 {
 	return 1.001 + float64(n)*per
 }
 
-// norm2 is the Euclidean norm of v, summed in float64.
+// norm2 is the Euclidean norm of v: its squares summed in vec.SumSquares'
+// order (vectors where the CPU has them, the same bits everywhere), or,
+// where that sum leaves float32's range — over it, or so small that
+// squares may have rounded to zero — in float64: a norm past 1.8e19 or
+// under 1e-10 is still one a clip or a guard can use.
 func norm2(v []float32) float64 {
+	if s := vec.SumSquares(v); s >= 1e-20 && s <= math.MaxFloat32 {
+		return math.Sqrt(float64(s))
+	}
+	return norm2Wide(v)
+}
+
+// norm2Wide is norm2 summed in float64, in one order.
+func norm2Wide(v []float32) float64 {
 	var s0, s1, s2, s3 float64
 	i := 0
 	for ; i+4 <= len(v); i += 4 {

@@ -108,12 +108,42 @@ func sumGo(x []float32) float32 {
 	for l, v := range x {
 		s[l] += v
 	}
+	return halve(&s)
+}
+
+// halve adds Sum's 64 running sums pairwise: sum l plus sum l+32, then
+// l+16, …, l+1.
+func halve(s *[64]float32) float32 {
 	for w := 32; w >= 1; w /= 2 {
 		for l := range w {
 			s[l] += s[l+w]
 		}
 	}
 	return s[0]
+}
+
+// SumSquares returns the sum of the squares of x in Sum's order: each
+// square rounded to float32, added to running sum i mod 64 in turn, then
+// halved pairwise. The same bits at every level.
+func SumSquares(x []float32) float32 {
+	if s, ok := sumSquaresAsm(x); ok {
+		return s
+	}
+	return sumSquaresGo(x)
+}
+
+func sumSquaresGo(x []float32) float32 {
+	var s [64]float32
+	for len(x) >= 64 {
+		for l, v := range x[:64] {
+			s[l] += float32(v * v) // the conversion rounds: never fused
+		}
+		x = x[64:]
+	}
+	for l, v := range x {
+		s[l] += float32(v * v)
+	}
+	return halve(&s)
 }
 
 // SignedSums sets out[i] to the sum of block i of v — values 64i to

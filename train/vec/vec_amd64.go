@@ -153,12 +153,32 @@ func sumAsm(x []float32) (float32, bool) {
 	if len(x) == 0 {
 		return 0, true
 	}
-	rest := len(x) % 64
+	m := tailMasks(len(x))
+	return sum16(&x[0], len(x)/64, m[0], m[1], m[2], m[3]), true
+}
+
+// tailMasks are the four vectors' masks over the last len(x) mod 64
+// values, lane by lane.
+func tailMasks(n int) [4]int {
+	rest := n % 64
 	var m [4]int
 	for v := range m {
 		m[v] = 1<<min(16, max(0, rest-16*v)) - 1
 	}
-	return sum16(&x[0], len(x)/64, m[0], m[1], m[2], m[3]), true
+	return m
+}
+
+// sumSquaresAsm is SumSquares in AVX-512, as sumAsm is Sum: each square
+// rounded (a multiply, then an add; no fused one), under the same masks.
+func sumSquaresAsm(x []float32) (float32, bool) {
+	if level != levelAVX512 {
+		return 0, false
+	}
+	if len(x) == 0 {
+		return 0, true
+	}
+	m := tailMasks(len(x))
+	return sumSquares16(&x[0], len(x)/64, m[0], m[1], m[2], m[3]), true
 }
 
 // finiteAt checks the longest prefix of x the level's vectors cover: its
@@ -239,6 +259,9 @@ func reluGrad8(y, dy, dx *float32, n int)
 
 //go:noescape
 func sum16(x *float32, blocks, m0, m1, m2, m3 int) float32
+
+//go:noescape
+func sumSquares16(x *float32, blocks, m0, m1, m2, m3 int) float32
 
 //go:noescape
 func signedSums16(v *float32, signs *uint64, out *float32, blocks int)

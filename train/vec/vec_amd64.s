@@ -853,3 +853,59 @@ ssloop:
 	JNZ ssloop
 	VZEROUPPER
 	RET
+
+// func sumSquares16(x *float32, blocks, m0, m1, m2, m3 int) float32
+// sum16 over the squares: each rounded by its own multiply, then added.
+TEXT ·sumSquares16(SB), NOSPLIT, $0-52
+	MOVQ x+0(FP), SI
+	MOVQ blocks+8(FP), CX
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	TESTQ CX, CX
+	JZ sqrest
+sqloop:
+	VMOVUPS (SI), Z4
+	VMOVUPS 64(SI), Z5
+	VMOVUPS 128(SI), Z6
+	VMOVUPS 192(SI), Z7
+	VMULPS Z4, Z4, Z4
+	VMULPS Z5, Z5, Z5
+	VMULPS Z6, Z6, Z6
+	VMULPS Z7, Z7, Z7
+	VADDPS Z4, Z0, Z0
+	VADDPS Z5, Z1, Z1
+	VADDPS Z6, Z2, Z2
+	VADDPS Z7, Z3, Z3
+	ADDQ $256, SI
+	DECQ CX
+	JNZ sqloop
+sqrest:
+	MOVQ m0+16(FP), AX
+	KMOVW AX, K1
+	VMOVUPS.Z (SI), K1, Z4
+	VMULPS Z4, Z4, Z4
+	VADDPS Z4, Z0, K1, Z0
+	MOVQ m1+24(FP), AX
+	KMOVW AX, K1
+	VMOVUPS.Z 64(SI), K1, Z4
+	VMULPS Z4, Z4, Z4
+	VADDPS Z4, Z1, K1, Z1
+	MOVQ m2+32(FP), AX
+	KMOVW AX, K1
+	VMOVUPS.Z 128(SI), K1, Z4
+	VMULPS Z4, Z4, Z4
+	VADDPS Z4, Z2, K1, Z2
+	MOVQ m3+40(FP), AX
+	KMOVW AX, K1
+	VMOVUPS.Z 192(SI), K1, Z4
+	VMULPS Z4, Z4, Z4
+	VADDPS Z4, Z3, K1, Z3
+	VADDPS Z2, Z0, Z0
+	VADDPS Z3, Z1, Z1
+	VADDPS Z1, Z0, Z0
+	HALVE_Z0
+	MOVSS X0, ret+48(FP)
+	VZEROUPPER
+	RET

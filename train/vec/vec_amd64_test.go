@@ -168,7 +168,8 @@ func TestMaxPool2AtEveryLevel(t *testing.T) {
 	}
 }
 
-// TestSumAtEveryLevel: the AVX-512 sum is sumGo's, bit for bit, for
+// TestSumAtEveryLevel: the AVX-512 sum is sumGo's, and its sum of
+// squares sumSquaresGo's, bit for bit, for
 // lengths under, at and over its 64 lanes, with NaN, infinities, signed
 // zeros and subnormals among the values.
 func TestSumAtEveryLevel(t *testing.T) {
@@ -202,6 +203,11 @@ func TestSumAtEveryLevel(t *testing.T) {
 			want := sumGo(x)
 			if math.Float32bits(got) != math.Float32bits(want) && !(got != got && want != want) {
 				t.Fatalf("n %d trial %d: Sum %v (%#x), sumGo %v (%#x)", n, trial, got, math.Float32bits(got), want, math.Float32bits(want))
+			}
+			got, _ = sumSquaresAsm(x)
+			want = sumSquaresGo(x)
+			if math.Float32bits(got) != math.Float32bits(want) && !(got != got && want != want) {
+				t.Fatalf("n %d trial %d: SumSquares %v (%#x), sumSquaresGo %v (%#x)", n, trial, got, math.Float32bits(got), want, math.Float32bits(want))
 			}
 		}
 	}

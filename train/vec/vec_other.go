@@ -20,6 +20,8 @@ func copyFiniteAsm(dst, src []float32) (int, bool) { return 0, true }
 
 func sumAsm(x []float32) (float32, bool) { return 0, false }
 
+func sumSquaresAsm(x []float32) (float32, bool) { return 0, false }
+
 func signedSumsAsm(v []float32, signs []uint64, out []float32) bool { return false }
 
 func rowsAsm(add bool, dst []float32, ldd int, src []float32, lds int, rows, n int) bool {

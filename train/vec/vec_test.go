@@ -224,6 +224,27 @@ func TestSumOrder(t *testing.T) {
 	}
 }
 
+// TestSumSquaresOrder: SumSquares is Sum of the rounded squares, and
+// within float32 rounding of the exact sum of squares.
+func TestSumSquaresOrder(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	for _, n := range []int{0, 1, 5, 64, 100, 196, 5000} {
+		x := values(rng, n)
+		sq := make([]float32, n)
+		exact := 0.0
+		for i, v := range x {
+			sq[i] = v * v
+			exact += float64(v) * float64(v)
+		}
+		if got := SumSquares(x); math.Float32bits(got) != math.Float32bits(sumGo(sq)) {
+			t.Fatalf("n %d: SumSquares %v, Sum of the squares %v", n, got, sumGo(sq))
+		}
+		if d := math.Abs(float64(SumSquares(x)) - exact); d > 1e-6*float64(n)*exact+1e-30 {
+			t.Fatalf("n %d: SumSquares %v, exact %v", n, SumSquares(x), exact)
+		}
+	}
+}
+
 // TestSignedSums: each block's sum with the masked values negated, near
 // the float64 sum, and nothing past the blocks all three slices cover.
 func TestSignedSums(t *testing.T) {
