@@ -284,7 +284,7 @@ func (r *Replica) send(ctx context.Context, flat []float32, bad int, says *stepS
 	if r.sketching() {
 		r.sketchBegin()
 		if bad < 0 {
-			sketchAdd(r.sk.own, flat[:r.nparams], 0, r.sk.seed(r.Sketch))
+			r.sk.add(r.Sketch, r.sk.own, flat[:r.nparams], 0, r.nparams)
 		}
 		r.sketchPut(flat, bad)
 	}
@@ -520,7 +520,7 @@ func (r *Replica) prepareBucket(flat []float32, b [2]int) float64 {
 		r.feedback(flat, b[0], b[1])
 	}
 	if r.sketching() {
-		sketchAdd(r.sk.own, g, b[0], r.sk.seed(r.Sketch))
+		r.sk.add(r.Sketch, r.sk.own, g, b[0], r.nparams)
 	}
 	if r.NormGuard > 0 {
 		v := norm2(g)

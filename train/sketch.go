@@ -80,6 +80,14 @@ type sketches struct {
 	// guarded counts, per rank, the steps in a row the norm guard found
 	// its gradients over its bound.
 	guarded []int
+	tab     sketchTable // the window's projection
+}
+
+// add adds to sk the sketch of v (coordinates from off) under this step's
+// projection, for a model of nparams values.
+func (s *sketches) add(c *Sketch, sk []float64, v []float32, off, nparams int) {
+	seed := s.seed(c)
+	sketchAddFrom(sk, v, off, seed, s.tab.cover(seed, c.dims(), (nparams+63)/64))
 }
 
 // reset starts the state for ring, a ring of size ranks, if it is not
@@ -136,14 +144,48 @@ func splitmix(x uint64) uint64 {
 // whole or in pieces of any bounds gives the same sketch up to rounding;
 // the same call on the same values, the same bits.
 func sketchAdd(s []float64, v []float32, off int, seed uint64) {
+	sketchAddFrom(s, v, off, seed, nil)
+}
+
+// sketchTable is blockHash's answers for blocks 0 to len(signs)−1 under
+// one seed and bucket count: a window's projection, worked out once for
+// its steps (each step sketches twice, a rank's own and the average).
+type sketchTable struct {
+	seed    uint64
+	dims    int
+	buckets []int32
+	signs   []uint64
+}
+
+// cover makes t the table of seed and dims for at least blocks blocks.
+func (t *sketchTable) cover(seed uint64, dims, blocks int) *sketchTable {
+	if t.seed != seed || t.dims != dims {
+		t.seed, t.dims, t.buckets, t.signs = seed, dims, t.buckets[:0], t.signs[:0]
+	}
+	for b := len(t.signs); b < blocks; b++ {
+		bucket, mask := blockHash(seed, b, dims)
+		t.buckets, t.signs = append(t.buckets, int32(bucket)), append(t.signs, mask)
+	}
+	return t
+}
+
+// sketchAddFrom is sketchAdd with the blocks' hashes from tab where it
+// covers them (nil: none).
+func sketchAddFrom(s []float64, v []float32, off int, seed uint64, tab *sketchTable) {
 	const batch = 256
 	var signs [batch]uint64
 	var buckets [batch]int
 	var sums [batch]float32
+	hash := func(blk int) (int, uint64) {
+		if tab != nil && blk < len(tab.signs) {
+			return int(tab.buckets[blk]), tab.signs[blk]
+		}
+		return blockHash(seed, blk, len(s))
+	}
 	for i := 0; i < len(v); {
 		e := off + i
 		if e&63 != 0 || i+64 > len(v) {
-			bucket, mask := blockHash(seed, e>>6, len(s))
+			bucket, mask := hash(e >> 6)
 			end := min(len(v), i+64-(e&63))
 			var acc float64
 			for ; i < end; i++ {
@@ -154,7 +196,7 @@ func sketchAdd(s []float64, v []float32, off int, seed uint64) {
 		}
 		n := min(batch, (len(v)-i)/64)
 		for b := range n {
-			buckets[b], signs[b] = blockHash(seed, e>>6+b, len(s))
+			buckets[b], signs[b] = hash(e>>6 + b)
 		}
 		vec.SignedSums(v[i:i+64*n], signs[:n], sums[:n])
 		for b, x := range sums[:n] {
@@ -196,7 +238,7 @@ func (s *sketches) check(c *Sketch, avg, slots []float32, wire ring.Encoding) er
 		return fmt.Errorf("%w: the sketches hold a NaN or Inf; skipped on all", ErrTampered)
 	}
 	want, got := make([]float64, k), make([]float64, k)
-	sketchAdd(got, avg, 0, s.seed(c))
+	s.add(c, got, avg, 0, len(avg))
 	var scale float64
 	for r := range size {
 		var nn float64

@@ -62,6 +62,24 @@ func TestSketchIsLinear(t *testing.T) {
 	if near(sk(a, 2), sa) {
 		t.Error("two seeds, one sketch")
 	}
+	// A window's table of the blocks' hashes gives the same bits, whole
+	// and in pieces, where it covers them and past its end; one of
+	// another seed is redone.
+	var tab sketchTable
+	for _, seed := range []uint64{1, 2, 1} {
+		tab.cover(seed, k, (n/2+63)/64)
+		whole, cut := make([]float64, k), make([]float64, k)
+		sketchAddFrom(whole, a, 0, seed, &tab)
+		sketchAddFrom(cut, a[:777], 0, seed, &tab)
+		sketchAddFrom(cut, a[777:], 777, seed, &tab)
+		plain, plainCut := make([]float64, k), make([]float64, k)
+		sketchAdd(plain, a, 0, seed)
+		sketchAdd(plainCut, a[:777], 0, seed)
+		sketchAdd(plainCut, a[777:], 777, seed)
+		if !slices.Equal(whole, plain) || !slices.Equal(cut, plainCut) {
+			t.Errorf("seed %d: with the table %v / %v; without %v / %v", seed, whole, cut, plain, plainCut)
+		}
+	}
 }
 
 // scaledGrads is a member whose gradients are f times its own.
