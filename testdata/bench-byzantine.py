@@ -17,7 +17,7 @@ AdamW with warm-up and clipping) on DATA, a folder of text (fortunes),
 and the figure is the validation loss.
 
 usage: [MODES=rounds,everystep] [KINDS=clean,scale,flip,noise,replay] [GUARD=5] [CHECKS='{}'] [MODEL=mlp|gpt]
-       [SIZES=4:1,8:2 (peers:attackers)]
+       [SIZES=4:1,8:2 (peers:attackers)] [RUNS=3 (job seeds 1 … RUNS; the table holds medians)]
        bench-byzantine.py BIN DATA DATA_SMALL [EPOCHS=2] [CLEAN=20] [PAIRS=3]
 """
 import json
@@ -33,6 +33,7 @@ BIN, DATA, SMALL = sys.argv[1], sys.argv[2], sys.argv[3]
 EPOCHS = int(sys.argv[4]) if len(sys.argv) > 4 else 2
 CLEAN = int(sys.argv[5]) if len(sys.argv) > 5 else 20
 PAIRS = int(sys.argv[6]) if len(sys.argv) > 6 else 3
+RUNS = int(os.environ.get("RUNS", "3"))  # seeds 1 … RUNS of each configuration, medians
 
 MODES = {
     "rounds": {"sync": {"every": 8, "sparse": {"fraction": 0.05, "bits": 4}, "robust": {}}},
@@ -127,13 +128,37 @@ def judge(mode, peers, attackers, kind, ids, codes, texts):
             "dropped_at_steps": sorted(set(steps)), "samples_per_sec": statistics.median(sps) if sps else None}
 
 
+def median_of(runs):
+    """One row from RUNS runs of a configuration (seeds 1, 2, …): the
+    median accuracy and drop step; attackers counted dropped only where
+    every run dropped them, honest peers where any run did."""
+    r = dict(runs[0])
+    accs = [x["accuracy"] for x in runs if x["accuracy"] is not None]
+    r["accuracy"] = round(statistics.median(accs), 4) if accs else None
+    r["runs"] = len(runs)
+    r["accuracies"] = [x["accuracy"] for x in runs]
+    r["one_hash"] = all(x["one_hash"] for x in runs)
+    r["attackers_dropped"] = min(x["attackers_dropped"] for x in runs)
+    r["runs_all_dropped"] = sum(x["attackers_dropped"] == x["attackers"] for x in runs)
+    r["honest_dropped"] = max(x["honest_dropped"] for x in runs)
+    firsts = [x["dropped_at_steps"][0] for x in runs if x["dropped_at_steps"]]
+    r["dropped_at_steps"] = [statistics.median(firsts)] if firsts else []
+    r["dropped_at_each_run"] = [x["dropped_at_steps"] for x in runs]
+    return r
+
+
 def main():
     rows = []
     for mode, extra in MODES.items():
         for peers, attackers in SIZES:
             for kind in KINDS:
-                r = judge(mode, peers, attackers, kind, *run(peers, attackers, kind, DATA, extra))
-                print(json.dumps(r), flush=True)
+                runs = []
+                for seed in range(1, RUNS + 1):
+                    runs.append(judge(mode, peers, attackers, kind, *run(peers, attackers, kind, DATA, extra, seed=seed)))
+                    print(json.dumps(runs[-1]), flush=True)
+                r = median_of(runs)
+                if RUNS > 1:
+                    print(json.dumps(r), flush=True)
                 rows.append(r)
     for mode in MODES:
         print("\n%s: accuracy against the clean run; attackers named and dropped (at step)" % mode)
@@ -143,9 +168,9 @@ def main():
                 d = None if r["accuracy"] is None or clean["accuracy"] is None else round(100 * (r["accuracy"] - clean["accuracy"]), 2)
                 if GPT and d is not None:
                     d = round(d / clean["accuracy"], 2)  # the validation loss, in % of the clean run's
-                print("  %d peers, %-6s %s %s (%+s %s)  dropped %d/%d at %s, honest dropped %d, one hash %s" % (
+                print("  %d peers, %-6s %s %s (%+s %s)  dropped %d/%d at %s (in %d of %d runs), honest dropped %d, one hash %s" % (
                     peers, r["attack"], "loss" if GPT else "acc", r["accuracy"], d, "%" if GPT else "points",
-                    r["attackers_dropped"], r["attackers"], r["dropped_at_steps"],
+                    r["attackers_dropped"], r["attackers"], r["dropped_at_steps"], r["runs_all_dropped"], r["runs"],
                     r["honest_dropped"], r["one_hash"]))
     for mode, extra in MODES.items():
         bad = 0
