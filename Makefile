@@ -69,7 +69,8 @@ test: vet build
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-netns-churn test-netns test-onnx test-openblas test-prometheus test-attack fuzz
 
 # Members that lie with their updates, as figures: testdata/bench-byzantine.py
-# runs 4 peers with 1 attacker and 8 with 2, each attack, in robust DiLoCo
+# runs 4 peers with 1 attacker and 8 with 2, each attack, three job seeds
+# each (RUNS; the table holds medians), in robust DiLoCo
 # rounds and in every-step rings with update checks, on the full
 # Fashion-MNIST; clean runs on non-IID shards of testdata's subset; and the
 # clean job with the checks on and off in turn. MODEL=gpt SIZES=4:1 with
