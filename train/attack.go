@@ -15,15 +15,18 @@ import (
 //   - "flip": −d, a step the wrong way;
 //   - "noise": Gaussian noise ten times d's norm in place of d;
 //   - "replay": the pseudo-gradient of the first round it sent, again.
-func attack(kind string, seed uint64) (func(d []float32), error) {
+//
+// The function is called on the whole update, or piece by piece (a
+// bucket of gradients at a time), with the piece's first coordinate off.
+func attack(kind string, seed uint64) (func(d []float32, off int), error) {
 	switch kind {
 	case "scale":
-		return func(d []float32) { scaleBy(d, 100) }, nil
+		return func(d []float32, _ int) { scaleBy(d, 100) }, nil
 	case "flip":
-		return func(d []float32) { scaleBy(d, -1) }, nil
+		return func(d []float32, _ int) { scaleBy(d, -1) }, nil
 	case "noise":
 		rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-		return func(d []float32) {
+		return func(d []float32, _ int) {
 			var nn float64
 			for _, v := range d {
 				nn += float64(v) * float64(v)
@@ -34,13 +37,13 @@ func attack(kind string, seed uint64) (func(d []float32), error) {
 			}
 		}, nil
 	case "replay":
-		var first []float32
-		return func(d []float32) {
-			if first == nil {
-				first = append([]float32(nil), d...)
+		first := map[int][]float32{} // each piece's first, by where it starts
+		return func(d []float32, off int) {
+			if f, ok := first[off]; ok && len(f) == len(d) {
+				copy(d, f)
 				return
 			}
-			copy(d, first)
+			first[off] = append([]float32(nil), d...)
 		}, nil
 	}
 	return nil, fmt.Errorf("train: attack %q; want scale, flip, noise or replay", kind)

@@ -118,7 +118,7 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 	if bad < 0 {
 		r.scale(flat[:r.nparams])
 		if r.tamper != nil {
-			r.tamper(flat[:r.nparams])
+			r.tamper(flat[:r.nparams], 0)
 		}
 	}
 	return loss, bad, r.send(ctx, flat, bad, says, t0, true, r.allreduce(ctx, narrow))
@@ -514,7 +514,7 @@ func (r *Replica) prepareBucket(flat []float32, b [2]int) float64 {
 	g := flat[b[0]:b[1]]
 	r.scale(g)
 	if r.tamper != nil {
-		r.tamper(g) // bucket by bucket
+		r.tamper(g, b[0]) // bucket by bucket
 	}
 	if r.Wire == ring.I8 {
 		r.feedback(flat, b[0], b[1])

@@ -97,7 +97,7 @@ type LocalSGD struct {
 	outliers outliers
 	// tamper, if set, alters this rank's pseudo-gradient before it is
 	// sent (attack): set only by tests and attacker builds.
-	tamper func(d []float32)
+	tamper func(d []float32, off int)
 	// dense holds the ranks' decoded payloads for Robust, kept between
 	// rounds: a round's gathered payloads are a few MB dense.
 	dense [][]float32
@@ -353,7 +353,7 @@ func (o *LocalSGD) delta(dst []float32, params [][]float32) int {
 		off += len(p)
 	}
 	if o.tamper != nil {
-		o.tamper(dst[:off])
+		o.tamper(dst[:off], 0)
 	}
 	return bad
 }

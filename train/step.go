@@ -179,7 +179,7 @@ type Replica struct {
 	sk sketches
 	// tamper, if set, alters this rank's gradients before they are sent
 	// (attack): set only by tests and attacker builds.
-	tamper func(g []float32)
+	tamper func(g []float32, off int)
 }
 
 // trailerLen is the step trailer's length in the flat buffer.
