@@ -87,7 +87,7 @@ type sketches struct {
 // projection, for a model of nparams values.
 func (s *sketches) add(c *Sketch, sk []float64, v []float32, off, nparams int) {
 	seed := s.seed(c)
-	sketchAddFrom(sk, v, off, seed, s.tab.cover(seed, c.dims(), (nparams+63)/64))
+	sketchAdd(sk, v, off, seed, s.tab.cover(seed, c.dims(), (nparams+63)/64))
 }
 
 // reset starts the state for ring, a ring of size ranks, if it is not
@@ -136,17 +136,6 @@ func splitmix(x uint64) uint64 {
 	return x ^ (x >> 31)
 }
 
-// sketchAdd adds to s the count sketch, under seed, of v, whose first
-// value is coordinate off of the flat gradients: coordinates go in blocks
-// of 64 to a bucket the block's hash picks, each with a sign from one bit
-// of it (blockHash). Whole blocks are summed by vec.SignedSums, many at
-// a time; a block a piece's edge cuts, value by value. A vector sketched
-// whole or in pieces of any bounds gives the same sketch up to rounding;
-// the same call on the same values, the same bits.
-func sketchAdd(s []float64, v []float32, off int, seed uint64) {
-	sketchAddFrom(s, v, off, seed, nil)
-}
-
 // sketchTable is blockHash's answers for blocks 0 to len(signs)−1 under
 // one seed and bucket count: a window's projection, worked out once for
 // its steps (each step sketches twice, a rank's own and the average).
@@ -169,9 +158,15 @@ func (t *sketchTable) cover(seed uint64, dims, blocks int) *sketchTable {
 	return t
 }
 
-// sketchAddFrom is sketchAdd with the blocks' hashes from tab where it
-// covers them (nil: none).
-func sketchAddFrom(s []float64, v []float32, off int, seed uint64, tab *sketchTable) {
+// sketchAdd adds to s the count sketch, under seed, of v, whose first
+// value is coordinate off of the flat gradients: coordinates go in blocks
+// of 64 to a bucket the block's hash picks, each with a sign from one bit
+// of it (blockHash). Whole blocks are summed by vec.SignedSums, many at
+// a time; a block a piece's edge cuts, value by value. A vector sketched
+// whole or in pieces of any bounds gives the same sketch up to rounding;
+// the same call on the same values, the same bits. The blocks' hashes
+// come from tab where it covers them (nil: none).
+func sketchAdd(s []float64, v []float32, off int, seed uint64, tab *sketchTable) {
 	const batch = 256
 	var signs [batch]uint64
 	var buckets [batch]int

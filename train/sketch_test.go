@@ -31,7 +31,7 @@ func TestSketchIsLinear(t *testing.T) {
 	}
 	sk := func(v []float32, seed uint64) []float64 {
 		s := make([]float64, k)
-		sketchAdd(s, v, 0, seed)
+		sketchAdd(s, v, 0, seed, nil)
 		return s
 	}
 	near := func(x, y []float64) bool {
@@ -53,7 +53,7 @@ func TestSketchIsLinear(t *testing.T) {
 	pieces := make([]float64, k)
 	for lo := 0; lo < n; {
 		hi := min(n, lo+1+rng.IntN(300))
-		sketchAdd(pieces, a[lo:hi], lo, 1)
+		sketchAdd(pieces, a[lo:hi], lo, 1, nil)
 		lo = hi
 	}
 	if !near(pieces, sa) {
@@ -69,13 +69,13 @@ func TestSketchIsLinear(t *testing.T) {
 	for _, seed := range []uint64{1, 2, 1} {
 		tab.cover(seed, k, (n/2+63)/64)
 		whole, cut := make([]float64, k), make([]float64, k)
-		sketchAddFrom(whole, a, 0, seed, &tab)
-		sketchAddFrom(cut, a[:777], 0, seed, &tab)
-		sketchAddFrom(cut, a[777:], 777, seed, &tab)
+		sketchAdd(whole, a, 0, seed, &tab)
+		sketchAdd(cut, a[:777], 0, seed, &tab)
+		sketchAdd(cut, a[777:], 777, seed, &tab)
 		plain, plainCut := make([]float64, k), make([]float64, k)
-		sketchAdd(plain, a, 0, seed)
-		sketchAdd(plainCut, a[:777], 0, seed)
-		sketchAdd(plainCut, a[777:], 777, seed)
+		sketchAdd(plain, a, 0, seed, nil)
+		sketchAdd(plainCut, a[:777], 0, seed, nil)
+		sketchAdd(plainCut, a[777:], 777, seed, nil)
 		if !slices.Equal(whole, plain) || !slices.Equal(cut, plainCut) {
 			t.Errorf("seed %d: with the table %v / %v; without %v / %v", seed, whole, cut, plain, plainCut)
 		}

@@ -269,12 +269,7 @@ func (j *joinRun) job(ctx context.Context) (*elastic.Job, error) {
 		return nil, err
 	}
 	if obs != nil {
-		job.Dropped = obs.dropped
-		report := job.Training.Progress
-		job.Training.Progress = func(p train.Progress) {
-			obs.progress(p)
-			report(p)
-		}
+		job.Dropped, job.Training.Progress = obs.dropped, obs.around(job.Training.Progress)
 	}
 	return job, nil
 }
@@ -283,6 +278,14 @@ func (j *joinRun) job(ctx context.Context) (*elastic.Job, error) {
 type observer struct {
 	progress func(train.Progress)
 	dropped  func(peers []string, why string)
+}
+
+// around is report with the metrics told of each progress first.
+func (o *observer) around(report func(train.Progress)) func(train.Progress) {
+	return func(p train.Progress) {
+		o.progress(p)
+		report(p)
+	}
 }
 
 // serveMetrics serves --metrics, if asked, for either kind of job; nil

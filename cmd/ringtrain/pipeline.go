@@ -43,12 +43,7 @@ func runPipeline(ctx context.Context, cfg *jobConfig, device string, trainSplit,
 	job.Training = cfg.runConfig(trainSplit, testSplit)
 	job.Training.Progress, job.Training.ProgressEvery = cfg.progress(testSplit != nil, status, func() *zerolog.Logger { return &log })
 	if obs != nil {
-		report := job.Training.Progress
-		job.Training.Progress = func(p train.Progress) {
-			obs.progress(p)
-			report(p)
-		}
-		job.Dropped = obs.dropped
+		job.Dropped, job.Training.Progress = obs.dropped, obs.around(job.Training.Progress)
 	}
 	if cfg.CheckpointDir != "" {
 		job.Checkpoint = filepath.Join(cfg.CheckpointDir, cfg.Name+".ckpt")

@@ -331,7 +331,7 @@ func (r *report) print(w io.Writer) {
 	fmt.Fprintf(w, "| longest stall after an event (%d) | p50 %s, p99 %s; longest in the run %s | p99 ≤ %s |\n", len(r.stalls), sec(percentile(r.stalls, 50)), sec(percentile(r.stalls, 99)), sec(r.longestStall), sec(maxStallP99))
 	fmt.Fprintf(w, "| throughput, undisturbed wall ÷ churned (%s ÷ %s) | %.2f× | ≥ %.2f× |\n", sec(r.baseWall), sec(r.churnWall), r.throughput(), minThroughput)
 	fmt.Fprintf(w, "| test accuracy, churned vs undisturbed | %.2f%% vs %.2f%% | within %.0f point |\n", 100*r.accuracy, 100*r.baseAccuracy, 100*maxAccuracyLoss)
-	if len(r.hashes) > 1 || r.hashes[-1] == nil && len(r.hashes) == 1 {
+	if r.hashes[-1] == nil && len(r.hashes) > 0 { // a pipeline's: hashes by stage
 		fmt.Fprintf(w, "| parameter hashes of the %d that finished, the most in one of %d stages | %d | 1 |\n", r.finished, len(r.hashes), r.hashCount())
 	} else {
 		fmt.Fprintf(w, "| parameter hashes of the %d that finished | %d | 1 |\n", r.finished, r.hashCount())

@@ -184,6 +184,16 @@ func (n noShows) admitted(add, members []string, now time.Time) {
 	}
 }
 
+// admittable are the standbys, up to room of them, but for those
+// admitted before that did not come, while they wait out their miss.
+func (n noShows) admittable(standbys []string, room int, now time.Time) []string {
+	if room <= 0 {
+		return nil
+	}
+	s := slices.DeleteFunc(standbys, func(id string) bool { return !n.ready(id, now) })
+	return s[:min(room, len(s))]
+}
+
 // ready says whether standby id may be admitted at now.
 func (n noShows) ready(id string, now time.Time) bool {
 	return !now.Before(n[id].until)
@@ -335,13 +345,7 @@ func (j *Job) waiting() bool {
 // admittable are the standbys this peer would admit now, up to
 // MaxWorldSize.
 func (j *Job) admittable() []string {
-	room := j.MaxWorldSize - j.rg.Size()
-	if room <= 0 {
-		return nil
-	}
-	now := time.Now()
-	s := slices.DeleteFunc(j.Members.Standbys(), func(id string) bool { return !j.noShows.ready(id, now) })
-	return s[:min(room, len(s))]
+	return j.noShows.admittable(j.Members.Standbys(), j.MaxWorldSize-j.rg.Size(), time.Now())
 }
 
 // ErrLeft is what Run returns to a peer that left the job while the others

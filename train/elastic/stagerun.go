@@ -236,13 +236,7 @@ func (s *stageRun) train(plan stagePlan) (train.Summary, error) {
 // admittable are the standbys the job has room for (WorldSize), but for
 // those admitted before that did not come, for a while (noShows).
 func (s *stageRun) admittable() []string {
-	room := s.j.WorldSize - s.world.Size()
-	if room <= 0 {
-		return nil
-	}
-	now := time.Now()
-	add := slices.DeleteFunc(s.j.Members.Standbys(), func(id string) bool { return !s.noShows.ready(id, now) })
-	return add[:min(room, len(add))]
+	return s.noShows.admittable(s.j.Members.Standbys(), s.j.WorldSize-s.world.Size(), time.Now())
 }
 
 // settle acts on a run that every active peer ended after the same step:

@@ -12,6 +12,33 @@
 	VMOVSHDUP X0, X1 \
 	VADDSS X1, X0, X0
 
+// SUM64_BEGIN loads sum16's and sumSquares16's arguments and zeroes
+// their 64 running sums, Z0–Z3.
+#define SUM64_BEGIN \
+	MOVQ x+0(FP), SI \
+	MOVQ blocks+8(FP), CX \
+	VPXORD Z0, Z0, Z0 \
+	VPXORD Z1, Z1, Z1 \
+	VPXORD Z2, Z2, Z2 \
+	VPXORD Z3, Z3, Z3
+
+// SUM64_TAIL loads the 16 values at off(SI) under the mask in argument
+// marg into Z4 (zeros past it) and the mask into K1.
+#define SUM64_TAIL(off, marg) \
+	MOVQ marg(FP), AX \
+	KMOVW AX, K1 \
+	VMOVUPS.Z off(SI), K1, Z4
+
+// SUM64_END halves the 64 running sums into the result and returns.
+#define SUM64_END \
+	VADDPS Z2, Z0, Z0 \
+	VADDPS Z3, Z1, Z1 \
+	VADDPS Z1, Z0, Z0 \
+	HALVE_Z0 \
+	MOVSS X0, ret+48(FP) \
+	VZEROUPPER \
+	RET
+
 // SCALAR16 is the body of a kernel dst = src OP c over n, a positive
 // multiple of 16, with c broadcast.
 #define SCALAR16(OP, LOOP) \
@@ -432,12 +459,7 @@ mprownext:
 // halved: Z0+Z2, Z1+Z3 (l and l+32), their sum (l+16), and within a
 // vector l+8, l+4, l+2, l+1.
 TEXT ·sum16(SB), NOSPLIT, $0-52
-	MOVQ x+0(FP), SI
-	MOVQ blocks+8(FP), CX
-	VPXORD Z0, Z0, Z0
-	VPXORD Z1, Z1, Z1
-	VPXORD Z2, Z2, Z2
-	VPXORD Z3, Z3, Z3
+	SUM64_BEGIN
 	TESTQ CX, CX
 	JZ sumrest
 sumloop:
@@ -449,29 +471,15 @@ sumloop:
 	DECQ CX
 	JNZ sumloop
 sumrest:
-	MOVQ m0+16(FP), AX
-	KMOVW AX, K1
-	VMOVUPS.Z (SI), K1, Z4
+	SUM64_TAIL(0, m0+16)
 	VADDPS Z4, Z0, K1, Z0
-	MOVQ m1+24(FP), AX
-	KMOVW AX, K1
-	VMOVUPS.Z 64(SI), K1, Z4
+	SUM64_TAIL(64, m1+24)
 	VADDPS Z4, Z1, K1, Z1
-	MOVQ m2+32(FP), AX
-	KMOVW AX, K1
-	VMOVUPS.Z 128(SI), K1, Z4
+	SUM64_TAIL(128, m2+32)
 	VADDPS Z4, Z2, K1, Z2
-	MOVQ m3+40(FP), AX
-	KMOVW AX, K1
-	VMOVUPS.Z 192(SI), K1, Z4
+	SUM64_TAIL(192, m3+40)
 	VADDPS Z4, Z3, K1, Z3
-	VADDPS Z2, Z0, Z0
-	VADDPS Z3, Z1, Z1
-	VADDPS Z1, Z0, Z0
-	HALVE_Z0
-	MOVSS X0, ret+48(FP)
-	VZEROUPPER
-	RET
+	SUM64_END
 
 // func copyFinite16(dst, src *float32, n int) bool
 // n is a positive multiple of 16. Each vector is stored, and its lanes
@@ -857,12 +865,7 @@ ssloop:
 // func sumSquares16(x *float32, blocks, m0, m1, m2, m3 int) float32
 // sum16 over the squares: each rounded by its own multiply, then added.
 TEXT ·sumSquares16(SB), NOSPLIT, $0-52
-	MOVQ x+0(FP), SI
-	MOVQ blocks+8(FP), CX
-	VPXORD Z0, Z0, Z0
-	VPXORD Z1, Z1, Z1
-	VPXORD Z2, Z2, Z2
-	VPXORD Z3, Z3, Z3
+	SUM64_BEGIN
 	TESTQ CX, CX
 	JZ sqrest
 sqloop:
@@ -882,30 +885,16 @@ sqloop:
 	DECQ CX
 	JNZ sqloop
 sqrest:
-	MOVQ m0+16(FP), AX
-	KMOVW AX, K1
-	VMOVUPS.Z (SI), K1, Z4
+	SUM64_TAIL(0, m0+16)
 	VMULPS Z4, Z4, Z4
 	VADDPS Z4, Z0, K1, Z0
-	MOVQ m1+24(FP), AX
-	KMOVW AX, K1
-	VMOVUPS.Z 64(SI), K1, Z4
+	SUM64_TAIL(64, m1+24)
 	VMULPS Z4, Z4, Z4
 	VADDPS Z4, Z1, K1, Z1
-	MOVQ m2+32(FP), AX
-	KMOVW AX, K1
-	VMOVUPS.Z 128(SI), K1, Z4
+	SUM64_TAIL(128, m2+32)
 	VMULPS Z4, Z4, Z4
 	VADDPS Z4, Z2, K1, Z2
-	MOVQ m3+40(FP), AX
-	KMOVW AX, K1
-	VMOVUPS.Z 192(SI), K1, Z4
+	SUM64_TAIL(192, m3+40)
 	VMULPS Z4, Z4, Z4
 	VADDPS Z4, Z3, K1, Z3
-	VADDPS Z2, Z0, Z0
-	VADDPS Z3, Z1, Z1
-	VADDPS Z1, Z0, Z0
-	HALVE_Z0
-	MOVSS X0, ret+48(FP)
-	VZEROUPPER
-	RET
+	SUM64_END
