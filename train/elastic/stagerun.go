@@ -252,7 +252,11 @@ func (s *stageRun) settle(plan stagePlan, run train.Summary, runErr error, close
 			return true, err
 		}
 	}
-	out, err := s.decide(s.ctx, plan, runErr == nil)
+	// Bounded as every collective of an active peer is: a member that
+	// stalls here (a spare stopped by a debugger, say) is a peer lost.
+	dctx, cancel := context.WithTimeout(s.ctx, s.j.StepTimeout)
+	out, err := s.decide(dctx, plan, runErr == nil)
+	cancel()
 	if err != nil {
 		closeStage()
 		return false, s.reform(lost, nil, err)
