@@ -39,12 +39,12 @@ images=$( (gzip -dc "$DATA/train-images-idx3-ubyte.gz" 2>/dev/null || true) | he
 case $MODE in
 deadline) SEC_PER_KIMAGE=${SEC_PER_KIMAGE:-0.015} ;;
 pipeline) SEC_PER_KIMAGE=${SEC_PER_KIMAGE:-0.055} ;;
-*) SEC_PER_KIMAGE=${SEC_PER_KIMAGE:-0.09} ;;
+*) SEC_PER_KIMAGE=${SEC_PER_KIMAGE:-0.072} ;;
 esac
 EPOCHS=${EPOCHS:-$(awk -v d="$DURATION" -v n="$images" -v s="$SEC_PER_KIMAGE" 'BEGIN { e = int(d / (n / 1000 * s) + 0.5); print (e < 1 ? 1 : e) }')}
 spares=$(((DURATION + NEW_EVERY - 1) / NEW_EVERY + 1))
 count=$((PEERS + spares))
-if [ "$count" -gt 16 ]; then echo "netns-churn: $PEERS peers and $spares newcomers need $count namespaces; at most 16"; exit 1; fi
+if [ "$count" -gt 32 ]; then echo "netns-churn: $PEERS peers and $spares newcomers need $count namespaces; at most 32"; exit 1; fi
 
 . "$here/netns-lib.sh"
 p=rtc$$ # a prefix of our own for every name made here

@@ -1,7 +1,7 @@
 # Shared by the testdata/netns-*.sh scripts (sourced, not run).
 
 # netns_bridge <prefix> <subnet> <rate> <burst> [count]: count (default
-# four, at most 16) network namespaces <prefix>0…, each with an eth0 at
+# four, at most 32) network namespaces <prefix>0…, each with an eth0 at
 # <subnet>.1…/24 on a bridge <prefix>br, every link capped at <rate> each
 # way with tbf (handle 1: on the namespace side, for a netem child where
 # the kernel has netem).
@@ -42,7 +42,7 @@ netns_cleanup() {
 # netns_bridge_remove <prefix>: what netns_bridge made, whatever of it exists.
 netns_bridge_remove() {
 	local i
-	for ((i = 0; i < 16; i++)); do ip netns del "$1$i" 2>/dev/null || true; done
+	for ((i = 0; i < 32; i++)); do ip netns del "$1$i" 2>/dev/null || true; done
 	ip link del "$1br" 2>/dev/null || true
 }
 
