@@ -98,9 +98,13 @@ type LocalSGD struct {
 	// tamper, if set, alters this rank's pseudo-gradient before it is
 	// sent (attack): set only by tests and attacker builds.
 	tamper func(d []float32, off int)
-	// dense holds the ranks' decoded payloads for Robust, kept between
-	// rounds: a round's gathered payloads are a few MB dense.
-	dense [][]float32
+	// entries holds the ranks' decoded payloads for Robust, kept between
+	// rounds: each rank's entries, and all of them in columns.
+	entries struct {
+		idx  [][]int32
+		val  [][]float32
+		cols columns
+	}
 }
 
 // NewLocalReplica wires a model, LocalSGD and a collective: the replica's
@@ -485,31 +489,29 @@ func (o *LocalSGD) gatherSparse(ctx context.Context, r *Replica, avg, tail []flo
 // scales it as it scales the mean; and scores the payloads
 // (Robust.score) on ring.
 func (o *LocalSGD) robust(ring Collective, avg []float32, parts [][]float32, all [][]byte) (*LiarError, error) {
-	var xs [][]float32
+	sizes := make([]int, len(parts))
+	for i, d := range parts {
+		sizes[i] = len(d)
+	}
+	n := 0
 	for k, p := range all {
 		if len(p) == 0 {
 			continue
 		}
-		if len(o.dense) <= len(xs) || len(o.dense[len(xs)]) != len(avg) {
-			o.dense = append(o.dense[:len(xs)], make([]float32, len(avg)))
+		if len(o.entries.idx) <= n {
+			o.entries.idx, o.entries.val = append(o.entries.idx, nil), append(o.entries.val, nil)
 		}
-		x := o.dense[len(xs)]
-		clear(x)
-		xparts := make([][]float32, len(parts))
-		off := 0
-		for i, d := range parts {
-			xparts[i] = x[off : off+len(d)]
-			off += len(d)
-		}
-		if err := sparse.DecodeParts(xparts, p, 1); err != nil {
+		idx, val, err := sparse.AppendEntries(o.entries.idx[n][:0], o.entries.val[n][:0], sizes, p)
+		if err != nil {
 			return nil, &LiarError{Ranks: []int{k}, Why: fmt.Sprintf("the pseudo-gradient it sent does not decode: %v", err)}
 		}
-		xs = append(xs, x)
+		o.entries.idx[n], o.entries.val[n] = idx, val
+		n++
 	}
-	sup := support(xs)
-	scores := centeredClip(avg, xs, sup, o.Robust.Clip, o.Robust.Iters)
-	named := o.Robust.score(&o.outliers, ring, all, xs, sup, scores, o.outer)
-	share := float32(len(xs)) / float32(len(all))
+	cols := o.entries.cols.merge(len(avg), o.entries.idx[:n], o.entries.val[:n])
+	scores := centeredClip(avg, cols, o.Robust.Clip, o.Robust.Iters)
+	named := o.Robust.score(&o.outliers, ring, all, cols, scores, o.outer)
+	share := float32(n) / float32(len(all))
 	for j := range avg {
 		avg[j] *= share
 	}

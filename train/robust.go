@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"crypto/sha256"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 )
@@ -104,10 +103,9 @@ type judged struct {
 	dist, cos float64
 }
 
-// count scores one round on ring of size ranks: xs are the updates of
-// the ranks in (in rank order, ranks[i] being xs[i]'s), dist their
-// distances over τ; every x is 0 off the coordinates sup (all of them if
-// nil). A rank stands apart past above τ, or, with against,
+// count scores one round on ring of size ranks: c holds the updates of
+// the ranks in (in rank order, ranks[i] being rank i of c), dist their
+// distances over τ. A rank stands apart past above τ, or, with against,
 // pointing against the coordinate-wise median of the others' alone —
 // against an aggregate that holds a share of its own, a flipped update
 // can still point forward when honest ones agree only loosely (non-IID
@@ -117,21 +115,21 @@ type judged struct {
 // of them, and starts their count again. Nobody is judged from fewer than
 // 3 updates, or when half or more stand apart (the round tells nothing of
 // who lies); a rank not in the round keeps its streak.
-func (o *outliers) count(ring Collective, size int, ranks []int, xs [][]float32, sup []int, dist []float64, above float64, against bool, after int) []judged {
+func (o *outliers) count(ring Collective, size int, ranks []int, c *columns, dist []float64, above float64, against bool, after int) []judged {
 	o.on(ring, size)
-	if len(xs) < 3 {
+	if c.n < 3 {
 		return nil
 	}
-	cos := othersCosines(xs, sup)
-	out := make([]bool, len(xs))
+	cos := c.othersCosines()
+	out := make([]bool, c.n)
 	nOut := 0
-	for i := range xs {
+	for i := range c.n {
 		out[i] = dist[i] > above || against && cos[i] < 0
 		if out[i] {
 			nOut++
 		}
 	}
-	if 2*nOut >= len(xs) {
+	if 2*nOut >= c.n {
 		clear(o.streak)
 		return nil
 	}
@@ -148,10 +146,10 @@ func (o *outliers) count(ring Collective, size int, ranks []int, xs [][]float32,
 }
 
 // score judges one robust round's gathered payloads, in rank order
-// (empty: not in the round; xs holds the others', in order), with the
+// (empty: not in the round; cols holds the others', in order), with the
 // ranks' distances over τ, and returns a LiarError naming those that
 // stood apart NameAfter rounds in a row (outliers.count), or nil.
-func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, xs [][]float32, sup []int, scores []float64, outer int) *LiarError {
+func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, cols *columns, scores []float64, outer int) *LiarError {
 	if c.NameAfter <= 0 {
 		return nil
 	}
@@ -168,7 +166,7 @@ func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, xs [][]f
 		return &LiarError{Ranks: again, Why: fmt.Sprintf("they sent the same pseudo-gradient, bit for bit, %d rounds in a row, the last outer round %d (a replay: an honest rank's changes with every round's steps)",
 			c.NameAfter+1, outer+1)}
 	}
-	named := o.count(ring, len(payloads), ranks, xs, sup, scores, c.nameAbove(), true, c.NameAfter)
+	named := o.count(ring, len(payloads), ranks, cols, scores, c.nameAbove(), true, c.NameAfter)
 	if named == nil {
 		return nil
 	}
@@ -182,154 +180,30 @@ func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, xs [][]f
 		c.NameAfter, outer+1, strings.Join(why, "; "), c.nameAbove())}
 }
 
-// othersCosines is, for each of xs, its cosine against the coordinate-wise
-// median of the others alone (coordMedian's, of all but it). One sort of
-// each coordinate's values gives every rank's: without the value at
-// sorted position k, the others' middle is at most two positions over.
-func othersCosines(xs [][]float32, sup []int) []float64 {
-	n := len(xs)
-	xa, xx, aa := make([]float64, n), make([]float64, n), make([]float64, n)
-	idx, col := make([]int, n), make([]float32, n)
-	m := n - 1
-	at := func(j, k int) float32 { // the others' j-th smallest, without position k
-		if j < k {
-			return col[j]
-		}
-		return col[j+1]
-	}
-	if sup == nil {
-		sup = make([]int, len(xs[0]))
-		for j := range sup {
-			sup[j] = j
-		}
-	}
-	for _, j := range sup { // elsewhere every term is 0
-		for i := range idx {
-			idx[i] = i
-		}
-		for a := 1; a < n; a++ { // insertion sort: a few values
-			for b := a; b > 0 && xs[idx[b]][j] < xs[idx[b-1]][j]; b-- {
-				idx[b], idx[b-1] = idx[b-1], idx[b]
-			}
-		}
-		for k, i := range idx {
-			col[k] = xs[i][j]
-		}
-		for k, i := range idx {
-			ref := at(m/2, k)
-			if m%2 == 0 {
-				ref = float32(float64(at(m/2-1, k))/2 + float64(at(m/2, k))/2)
-			}
-			v := float64(xs[i][j])
-			xa[i] += v * float64(ref)
-			xx[i] += v * v
-			aa[i] += float64(ref) * float64(ref)
-		}
-	}
-	cos := make([]float64, n)
-	for i := range cos {
-		if xx[i] > 0 && aa[i] > 0 {
-			cos[i] = xa[i] / math.Sqrt(xx[i]*aa[i])
-		}
-	}
-	return cos
-}
-
-// support is the coordinates where some x is not 0, in order: sparse
-// payloads leave most of them 0 on every rank.
-// Without branches: which coordinates are 0 is as good as random.
-func support(xs [][]float32) []int {
-	mark := make([]uint8, len(xs[0]))
-	for _, x := range xs {
-		for j, v := range x {
-			u := math.Float32bits(v) << 1 // ±0 both 0
-			mark[j] |= uint8((u | -u) >> 31)
-		}
-	}
-	n := 0
-	for _, m := range mark {
-		n += int(m)
-	}
-	sup := make([]int, n+1)
-	k := 0
-	for j, m := range mark {
-		sup[k] = j
-		k += int(m)
-	}
-	return sup[:n]
-}
-
-// coordMedian writes into dst the coordinate-wise median of xs (at least
-// one, each as long as dst): the middle value, or the mean of the middle
-// two.
-func coordMedian(dst []float32, xs [][]float32) {
-	coordMedianOn(dst, xs, nil)
-}
-
-// coordMedianOn is coordMedian where every x is 0 off the coordinates
-// sup (all of them if nil): the median there is 0.
-func coordMedianOn(dst []float32, xs [][]float32, sup []int) {
-	n := len(xs)
-	col := make([]float32, n)
-	if sup != nil {
-		clear(dst)
-	}
-	for k := range dst {
-		j := k
-		if sup != nil {
-			if k >= len(sup) {
-				return
-			}
-			j = sup[k]
-		}
-		for i, x := range xs {
-			col[i] = x[j]
-		}
-		for a := 1; a < n; a++ { // insertion sort: a few values
-			for b := a; b > 0 && col[b] < col[b-1]; b-- {
-				col[b], col[b-1] = col[b-1], col[b]
-			}
-		}
-		if n%2 == 1 {
-			dst[j] = col[n/2]
-		} else {
-			dst[j] = float32(float64(col[n/2-1])/2 + float64(col[n/2])/2)
-		}
-	}
-}
-
-// centeredClip writes into dst the CenteredClip aggregate of xs, every
-// one as long as dst: from v the coordinate-wise median, iters times
+// centeredClip writes into dst the CenteredClip aggregate of the
+// columns' updates (dst as long as the dense updates; +0 off c.at): from
+// v the coordinate-wise median, iters times
 // v ← v + (1/n) Σ (x_i − v)·min(1, τ/‖x_i − v‖), τ = clip × the median of
 // the ‖x_i − v‖ at the start. It returns each x_i's distance to the
-// start over τ: above 1, it was clipped. sup is the coordinates where
-// some x is not 0 (support): elsewhere every x, the median and the
-// aggregate are 0. Every sum runs in one order and
-// every product is rounded before it is added, so the bits do not depend
-// on the CPU.
-func centeredClip(dst []float32, xs [][]float32, sup []int, clip float64, iters int) []float64 {
-	n := len(xs)
+// start over τ: above 1, it was clipped. Off the columns every x, the
+// median and the aggregate are 0, and every term below is 0. Every sum
+// runs in one order and every product is rounded before it is added, so
+// the bits do not depend on the CPU.
+func centeredClip(dst []float32, c *columns, clip float64, iters int) []float64 {
+	n := c.n
 	scores := make([]float64, n)
+	clear(dst)
 	if n == 0 {
-		clear(dst)
 		return scores
 	}
-	// Where every x is 0 the median is 0 and stays so, and every term
-	// below is 0: the loops run over sup alone, in order, which gives the
-	// same bits (sparse payloads leave most coordinates there).
-	coordMedianOn(dst, xs, sup)
-	dist := make([]float64, n)
-	distances := func() {
-		for i, x := range xs {
-			var acc float64
-			for _, j := range sup {
-				d := float64(x[j]) - float64(dst[j])
-				acc += float64(d * d)
-			}
-			dist[i] = math.Sqrt(acc)
+	v := make([]float32, len(c.at))
+	defer func() {
+		for k, j := range c.at {
+			dst[j] = v[k]
 		}
-	}
-	distances()
+	}()
+	dist := make([]float64, n)
+	c.median(v, dist)
 	sorted := slices.Clone(dist)
 	slices.Sort(sorted)
 	tau := clip * sorted[(n-1)/2]
@@ -341,25 +215,20 @@ func centeredClip(dst []float32, xs [][]float32, sup []int, clip float64, iters 
 	if tau == 0 {
 		return scores // at least half the ranks agree exactly: the median is it
 	}
-	step := make([]float64, len(sup))
+	w := make([]float64, n)
 	for it := range iters {
-		if it > 0 {
-			distances()
-		}
-		clear(step)
-		for i, x := range xs {
-			w := 1.0
+		for i := range w {
+			w[i] = 1.0
 			if dist[i] > tau {
-				w = tau / dist[i]
+				w[i] = tau / dist[i]
 			}
-			w /= float64(n)
-			for k, j := range sup {
-				step[k] += float64(w * (float64(x[j]) - float64(dst[j])))
-			}
+			w[i] /= float64(n)
 		}
-		for k, j := range sup {
-			dst[j] = float32(float64(dst[j]) + step[k])
+		next := dist
+		if it == iters-1 {
+			next = nil // no step follows to weigh
 		}
+		c.clipStep(v, w, next)
 	}
 	return scores
 }

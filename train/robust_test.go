@@ -13,6 +13,9 @@ import (
 	"github.com/ringtrain/ringtrain/train/sparse"
 )
 
+// denseColumns is the columns of the dense updates xs at their support.
+func denseColumns(xs [][]float32) *columns { return new(columns).gather(xs, refSupport(xs)) }
+
 func dist(a, b []float32) float64 {
 	var acc float64
 	for i := range a {
@@ -70,9 +73,9 @@ func TestCenteredClip(t *testing.T) {
 			}
 		}
 		got := make([]float32, dim)
-		scores := centeredClip(got, xs, support(xs), 2, 3)
+		scores := centeredClip(got, denseColumns(xs), 2, 3)
 		again := make([]float32, dim)
-		centeredClip(again, xs, support(xs), 2, 3)
+		centeredClip(again, denseColumns(xs), 2, 3)
 		if !slices.Equal(got, again) {
 			t.Fatalf("%s: two runs on the same vectors differ", name)
 		}
@@ -96,7 +99,7 @@ func TestCenteredClip(t *testing.T) {
 	}
 	same := [][]float32{{1, 2, 3}, {1, 2, 3}, {1, 2, 3}}
 	got := make([]float32, 3)
-	centeredClip(got, same, support(same), 2, 3)
+	centeredClip(got, denseColumns(same), 2, 3)
 	if !slices.Equal(got, same[0]) {
 		t.Errorf("alike vectors aggregate to %v", got)
 	}
@@ -284,7 +287,7 @@ func TestRobustNamesRepeatedPayloads(t *testing.T) {
 	xs := [][]float32{{1, 0}, {0, 1}, {1, 1}, {2, 1}}
 	for round := range 5 {
 		payloads := [][]byte{{byte(round), 1}, {byte(round), 2}, nil, {9, 9}}
-		lie := rb.score(&o, ring, payloads, [][]float32{xs[0], xs[1], xs[3]}, nil, []float64{0, 0, 0}, round)
+		lie := rb.score(&o, ring, payloads, new(columns).gather([][]float32{xs[0], xs[1], xs[3]}, nil), []float64{0, 0, 0}, round)
 		switch {
 		case round < 3 && lie != nil:
 			t.Fatalf("round %d: %v", round, lie)
@@ -295,7 +298,7 @@ func TestRobustNamesRepeatedPayloads(t *testing.T) {
 }
 
 // TestOthersCosines: each cosine against the coordinate-wise median of
-// the others, as coordMedian of all but that one gives it, for odd and
+// the others, as the median of all but that one gives it, for odd and
 // even counts and with ties.
 func TestOthersCosines(t *testing.T) {
 	rng := rand.New(rand.NewPCG(4, 4))
@@ -309,11 +312,11 @@ func TestOthersCosines(t *testing.T) {
 				}
 			}
 		}
-		got := othersCosines(xs, support(xs))
+		got := denseColumns(xs).othersCosines()
 		for i, x := range xs {
 			others := append(append([][]float32{}, xs[:i]...), xs[i+1:]...)
 			ref := make([]float32, len(x))
-			coordMedian(ref, others)
+			refMedian(ref, others)
 			var xa, xx, aa float64
 			for j, v := range x {
 				xa += float64(v) * float64(ref[j])

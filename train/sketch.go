@@ -303,7 +303,8 @@ func (s *sketches) judgeWindow(c *Sketch) error {
 		// window's few steps leave honest sketches too close for that.
 		return nil
 	}
-	named := s.apart.count(s.ring, size, ranks, xs, nil, spread(xs, 2), c.nameAbove(), false, c.NameAfter)
+	cols := new(columns).gather(xs, nil)
+	named := s.apart.count(s.ring, size, ranks, cols, spread(cols, 2), c.nameAbove(), false, c.NameAfter)
 	if named == nil {
 		return nil
 	}
@@ -341,23 +342,14 @@ func (s *sketches) guard(c *Sketch, far []int, bound float64) *LiarError {
 	return &LiarError{Ranks: named, Why: fmt.Sprintf("the norm of their gradients was over %g × the median in %d steps in a row", bound, c.NameAfter)}
 }
 
-// spread is each of xs's distance to their coordinate-wise median over
-// τ, clip times the median of those distances (0 where τ is 0).
-func spread(xs [][]float32, clip float64) []float64 {
-	med := make([]float32, len(xs[0]))
-	coordMedian(med, xs)
-	dist := make([]float64, len(xs))
-	for i, x := range xs {
-		var acc float64
-		for j, v := range x {
-			d := float64(v) - float64(med[j])
-			acc += d * d
-		}
-		dist[i] = math.Sqrt(acc)
-	}
+// spread is each rank's distance to the coordinate-wise median over τ,
+// clip times the median of those distances (0 where τ is 0).
+func spread(c *columns, clip float64) []float64 {
+	dist := make([]float64, c.n)
+	c.median(make([]float32, len(c.at)), dist)
 	sorted := slices.Clone(dist)
 	slices.Sort(sorted)
-	tau := clip * sorted[(len(xs)-1)/2]
+	tau := clip * sorted[(c.n-1)/2]
 	for i := range dist {
 		if tau > 0 {
 			dist[i] /= tau

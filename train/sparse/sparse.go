@@ -160,9 +160,15 @@ func Decode(dst []float32, payload []byte, weight float32) error {
 	if err != nil {
 		return err
 	}
+	h.decode(dst, payload, weight)
+	return nil
+}
+
+// decode adds weight times the vector of p, parsed as h, to dst.
+func (h header) decode(dst []float32, p []byte, weight float32) {
 	levels := uint32(1)<<h.bits - 1
 	mask := levels
-	r := payload[h.gaps:]
+	r := p[h.gaps:]
 	i := -1
 	for j := range h.k {
 		g, w := binary.Uvarint(r)
@@ -172,7 +178,24 @@ func Decode(dst []float32, payload []byte, weight float32) error {
 		q := uint32(h.vals[bit/8]>>(bit%8)) & mask
 		dst[i] += weight * dequantize(q, h.scale, levels)
 	}
-	return nil
+}
+
+// entries appends to idx and val the entries of p, parsed as h: their
+// indices plus off, ascending, and their values.
+func (h header) entries(idx []int32, val []float32, p []byte, off int) ([]int32, []float32) {
+	levels := uint32(1)<<h.bits - 1
+	mask := levels
+	r := p[h.gaps:]
+	i := off - 1
+	for j := range h.k {
+		g, w := binary.Uvarint(r)
+		r = r[w:]
+		i += int(g) + 1
+		bit := j * h.bits
+		q := uint32(h.vals[bit/8]>>(bit%8)) & mask
+		idx, val = append(idx, int32(i)), append(val, dequantize(q, h.scale, levels))
+	}
+	return idx, val
 }
 
 // AppendPart appends payload to dst as one part of a payload in parts:
@@ -195,27 +218,66 @@ func (c Config) MaxParts(sizes []int) int {
 // weight times its vector to dst[k]. Nothing is added unless every part
 // decodes and no byte is left over.
 func DecodeParts(dst [][]float32, payload []byte, weight float32) error {
-	parts := make([][]byte, len(dst))
+	sizes := make([]int, len(dst))
+	for k, d := range dst {
+		sizes[k] = len(d)
+	}
+	hs, ps, err := splitParts(payload, sizes)
+	if err != nil {
+		return err
+	}
+	for k, h := range hs {
+		h.decode(dst[k], ps[k], weight)
+	}
+	return nil
+}
+
+// AppendEntries appends to idx and val the entries a payload in parts
+// (AppendPart) holds for vectors of sizes, as one vector of them all in
+// order: each entry's index in that (ascending) and its value, as Decode
+// at weight 1 would add it. Nothing is appended unless every part
+// decodes and no byte is left over, and the indices fit an int32.
+func AppendEntries(idx []int32, val []float32, sizes []int, payload []byte) ([]int32, []float32, error) {
+	hs, ps, err := splitParts(payload, sizes)
+	if err != nil {
+		return idx, val, err
+	}
+	total := 0
+	for _, n := range sizes {
+		total += n
+	}
+	if total > math.MaxInt32 {
+		return idx, val, fmt.Errorf("%w: vectors of %d entries in all; entries are indexed by int32", ErrBadPayload, total)
+	}
+	off := 0
+	for k, h := range hs {
+		idx, val = h.entries(idx, val, ps[k], off)
+		off += sizes[k]
+	}
+	return idx, val, nil
+}
+
+// splitParts checks every part of a payload in parts for vectors of
+// sizes, and that no byte is left over, and returns each part's header
+// and bytes.
+func splitParts(payload []byte, sizes []int) ([]header, [][]byte, error) {
+	hs, ps := make([]header, len(sizes)), make([][]byte, len(sizes))
 	r := payload
-	for k := range dst {
+	for k, n := range sizes {
 		l, w := binary.Uvarint(r)
 		if w <= 0 || l > uint64(len(r)-w) {
-			return fmt.Errorf("%w: part %d of %d: its length is missing or runs past the payload's %d bytes", ErrBadPayload, k+1, len(dst), len(payload))
+			return nil, nil, fmt.Errorf("%w: part %d of %d: its length is missing or runs past the payload's %d bytes", ErrBadPayload, k+1, len(sizes), len(payload))
 		}
-		parts[k], r = r[w:w+int(l)], r[w+int(l):]
-		if _, err := parse(parts[k], len(dst[k])); err != nil {
-			return fmt.Errorf("part %d of %d: %w", k+1, len(dst), err)
+		ps[k], r = r[w:w+int(l)], r[w+int(l):]
+		var err error
+		if hs[k], err = parse(ps[k], n); err != nil {
+			return nil, nil, fmt.Errorf("part %d of %d: %w", k+1, len(sizes), err)
 		}
 	}
 	if len(r) > 0 {
-		return fmt.Errorf("%w: %d bytes after the last of %d parts", ErrBadPayload, len(r), len(dst))
+		return nil, nil, fmt.Errorf("%w: %d bytes after the last of %d parts", ErrBadPayload, len(r), len(sizes))
 	}
-	for k, p := range parts {
-		if err := Decode(dst[k], p, weight); err != nil {
-			return err // parsed above: cannot happen
-		}
-	}
-	return nil
+	return hs, ps, nil
 }
 
 type header struct {

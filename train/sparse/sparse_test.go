@@ -272,6 +272,7 @@ func TestDecodeParts(t *testing.T) {
 			t.Errorf("part %d: %v, want %v", k, got[k], want[k])
 		}
 	}
+	checkEntries(t, sizes, payload)
 	for _, tc := range []struct {
 		name    string
 		payload []byte
@@ -294,6 +295,13 @@ func TestDecodeParts(t *testing.T) {
 		err := DecodeParts(dst, tc.payload, 1)
 		if !errors.Is(err, ErrBadPayload) {
 			t.Errorf("%s: %v; want ErrBadPayload", tc.name, err)
+		}
+		partSizes := make([]int, len(dst))
+		for k := range dst {
+			partSizes[k] = len(dst[k])
+		}
+		if idx, val, err := AppendEntries([]int32{7}, []float32{1}, partSizes, tc.payload); !errors.Is(err, ErrBadPayload) || len(idx) != 1 || len(val) != 1 {
+			t.Errorf("%s: entries %v %v, %v; want ErrBadPayload and nothing appended", tc.name, idx, val, err)
 		}
 		for k := range dst {
 			if slices.ContainsFunc(dst[k], func(x float32) bool { return x != 0 }) {
@@ -320,6 +328,52 @@ func FuzzDecodeParts(f *testing.F) {
 					t.Fatalf("refused (%v), yet added", err)
 				}
 			}
+			sizes := make([]int, len(dst))
+			for k := range sizes {
+				sizes[k] = int(n)
+			}
+			if idx, val, err2 := AppendEntries(nil, nil, sizes, p); err2 == nil || len(idx)+len(val) > 0 {
+				t.Fatalf("DecodeParts refused (%v), AppendEntries gave %d entries, %v", err, len(idx), err2)
+			}
+			return
 		}
+		sizes := make([]int, len(dst))
+		for k := range sizes {
+			sizes[k] = int(n)
+		}
+		checkEntries(t, sizes, p)
 	})
+}
+
+// checkEntries checks that AppendEntries gives a good payload's entries
+// in one ascending run, each value what DecodeParts adds there at weight 1
+// (to +0, so a −0 entry is +0 there).
+func checkEntries(t *testing.T, sizes []int, payload []byte) {
+	t.Helper()
+	dst := make([][]float32, len(sizes))
+	total := 0
+	for k, n := range sizes {
+		dst[k] = make([]float32, n)
+		total += n
+	}
+	if err := DecodeParts(dst, payload, 1); err != nil {
+		t.Fatal(err)
+	}
+	idx, val, err := AppendEntries([]int32{-1}, []float32{0}, sizes, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat := make([]float32, total)
+	for i, j := range idx[1:] {
+		if j <= idx[i] || int(j) >= total {
+			t.Fatalf("entry %d at %d after %d, of %d: not ascending within the vector", i, j, idx[i], total)
+		}
+		flat[j] = val[i+1]
+	}
+	want := slices.Concat(dst...)
+	for j := range want {
+		if flat[j] != want[j] { // ±0 alike: DecodeParts adds to +0
+			t.Fatalf("entry at %d: %v, DecodeParts %v", j, flat[j], want[j])
+		}
+	}
 }
