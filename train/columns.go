@@ -105,25 +105,25 @@ func (c *columns) merge(size int, idx [][]int32, val [][]float32) *columns {
 // median writes into m (one value a column) the coordinate-wise median:
 // the middle value, or the mean of the middle two. Where more than half
 // the values are +0 that is +0, without sorting. With dist, it writes
-// there each rank's distance to the median too (sumSquares).
-func (c *columns) median(m []float32, dist []float64) {
+// there each rank's distance to the median too (distances); with cos,
+// each rank's cosine against the median of the others' alone
+// (othersCosines), from the same sort of each column.
+func (c *columns) median(m []float32, dist []float64, cos []float64) {
 	n, vals := c.n, c.v
-	col := make([]float32, n)
-	var acc []float64
-	if dist != nil {
-		acc = dist[:n]
-		clear(acc)
+	var oc *othersCos
+	if cos != nil {
+		oc = &othersCos{xa: make([]float64, n), aa: make([]float64, n)}
 	}
+	idx, col := make([]int, n), make([]float32, n)
 	for k, nz := range c.nz {
 		row := vals[k*n : k*n+n : k*n+n]
+		againstZero := 2*(n-int(nz)-1) > n-1 // every rank's others' median is +0
+		sorted := 2*int(nz) >= n || oc != nil && !againstZero
+		if sorted {
+			sortRanks(idx, col, row)
+		}
 		var mk float32
 		if 2*int(nz) >= n {
-			copy(col, row)
-			for a := 1; a < len(col); a++ { // insertion sort: a few values
-				for b := a; b > 0 && col[b] < col[b-1]; b-- {
-					col[b], col[b-1] = col[b-1], col[b]
-				}
-			}
 			if n%2 == 1 {
 				mk = col[n/2]
 			} else {
@@ -131,27 +131,82 @@ func (c *columns) median(m []float32, dist []float64) {
 			}
 		}
 		m[k] = mk
-		if acc != nil {
-			sumSquares(acc, row, float64(mk))
+		if oc != nil && !againstZero {
+			oc.add(row, idx, col)
 		}
 	}
-	sqrtAll(acc)
-}
-
-// sumSquares adds to acc[i] the square of row[i] − ref, rounded before
-// it is added: column by column, each rank's distance sums its terms in
-// one order whatever the CPU.
-func sumSquares(acc []float64, row []float32, ref float64) {
-	acc = acc[:len(row)]
-	for i, x := range row {
-		d := float64(x) - ref
-		acc[i] += float64(d * d)
+	if dist != nil {
+		c.distances(dist, m)
+	}
+	if oc != nil {
+		// A rank's own squares add up alike whatever the median.
+		oc.xx = make([]float64, n)
+		c.squares(oc.xx, nil)
+		oc.cosines(cos)
 	}
 }
 
-func sqrtAll(a []float64) {
-	for i := range a {
-		a[i] = math.Sqrt(a[i])
+// sortRanks writes into idx the ranks in the order of their values in
+// row, and those values in that order into col: an insertion sort, for
+// a few values.
+func sortRanks(idx []int, col, row []float32) {
+	for i := range idx {
+		idx[i] = i
+	}
+	for a := 1; a < len(idx); a++ {
+		for b := a; b > 0 && row[idx[b]] < row[idx[b-1]]; b-- {
+			idx[b], idx[b-1] = idx[b-1], idx[b]
+		}
+	}
+	for p, i := range idx {
+		col[p] = row[i]
+	}
+}
+
+// distances writes into dist each rank's Euclidean distance to v (one
+// value a column).
+func (c *columns) distances(dist []float64, v []float32) {
+	c.squares(dist, v)
+	for i, a := range dist[:c.n] {
+		dist[i] = math.Sqrt(a)
+	}
+}
+
+// squares writes into acc each rank's sum of the squares of its values
+// less v's (one value a column; nil: 0 everywhere), column by column in
+// order, each rounded before it is added, so the bits do not depend on
+// the CPU. Four ranks at a time, each with a sum of its own: the sums
+// stay in registers, and four chains of adds run side by side.
+func (c *columns) squares(acc []float64, v []float32) {
+	n, vals := c.n, c.v
+	cols := len(c.nz)
+	ref := func(k int) float64 {
+		if v == nil {
+			return 0
+		}
+		return float64(v[k])
+	}
+	i0 := 0
+	for ; i0+4 <= n; i0 += 4 {
+		var a0, a1, a2, a3 float64
+		for k := range cols {
+			r := vals[k*n+i0 : k*n+i0+4 : k*n+i0+4]
+			mk := ref(k)
+			d0, d1, d2, d3 := float64(r[0])-mk, float64(r[1])-mk, float64(r[2])-mk, float64(r[3])-mk
+			a0 += float64(d0 * d0)
+			a1 += float64(d1 * d1)
+			a2 += float64(d2 * d2)
+			a3 += float64(d3 * d3)
+		}
+		acc[i0], acc[i0+1], acc[i0+2], acc[i0+3] = a0, a1, a2, a3
+	}
+	for ; i0 < n; i0++ { // the last ranks, one at a time
+		var a float64
+		for k := range cols {
+			d := float64(vals[k*n+i0]) - ref(k)
+			a += float64(d * d)
+		}
+		acc[i0] = a
 	}
 }
 
@@ -162,11 +217,6 @@ func sqrtAll(a []float64) {
 func (c *columns) clipStep(v []float32, w []float64, dist []float64) {
 	n, vals := c.n, c.v
 	w = w[:n]
-	var acc []float64
-	if dist != nil {
-		acc = dist[:n]
-		clear(acc)
-	}
 	for k, vk := range v {
 		row := vals[k*n : k*n+n : k*n+n]
 		ref := float64(vk)
@@ -175,67 +225,54 @@ func (c *columns) clipStep(v []float32, w []float64, dist []float64) {
 			step += float64(w[i] * (float64(x) - ref))
 		}
 		v[k] = float32(ref + step)
-		if acc != nil {
-			sumSquares(acc, row, float64(v[k]))
-		}
 	}
-	sqrtAll(acc)
+	if dist != nil {
+		c.distances(dist, v)
+	}
 }
 
 // othersCosines is, for each rank, the cosine of its update against the
 // coordinate-wise median of the others' alone (the median of all but
-// it). One sort of each column's values gives every rank's: without the
-// value at sorted position k, the others' middle is at most two
-// positions over. Where more than half of every rank's others are +0,
-// that median is +0 for all of them, without sorting.
+// it).
 func (c *columns) othersCosines() []float64 {
-	n := c.n
-	xa, xx, aa := make([]float64, n), make([]float64, n), make([]float64, n)
-	idx, col := make([]int, n), make([]float32, n)
-	m := n - 1
-	at := func(j, k int) float32 { // the others' j-th smallest, without position k
-		if j < k {
+	cos := make([]float64, c.n)
+	c.median(make([]float32, len(c.nz)), nil, cos)
+	return cos
+}
+
+// othersCos is othersCosines's sums: each rank's products with the
+// others' median, its own squares and the median's.
+type othersCos struct{ xa, xx, aa []float64 }
+
+// add adds the products and the median's squares of a column, row, whose
+// ranks idx sorts to the values col: without the value at sorted
+// position p, the others' middle is at most two positions over, so one
+// sort gives every rank's median of the others. (A column where every
+// rank's others' median is +0 adds nothing to them but zeros' signs.)
+func (o *othersCos) add(row []float32, idx []int, col []float32) {
+	m := len(row) - 1
+	at := func(j, p int) float32 { // the others' j-th smallest, without position p
+		if j < p {
 			return col[j]
 		}
 		return col[j+1]
 	}
-	for k := range c.nz {
-		row := c.v[k*n : k*n+n : k*n+n]
-		if 2*(n-int(c.nz[k])-1) > m {
-			// Every term against a +0 median: only the rank's own
-			// squares add anything but zeros' signs.
-			for i, x := range row {
-				xx[i] += float64(x) * float64(x)
-			}
-			continue
+	for p, i := range idx {
+		ref := at(m/2, p)
+		if m%2 == 0 {
+			ref = float32(float64(at(m/2-1, p))/2 + float64(at(m/2, p))/2)
 		}
-		for i := range idx {
-			idx[i] = i
-		}
-		for a := 1; a < n; a++ { // insertion sort: a few values
-			for b := a; b > 0 && row[idx[b]] < row[idx[b-1]]; b-- {
-				idx[b], idx[b-1] = idx[b-1], idx[b]
-			}
-		}
-		for p, i := range idx {
-			col[p] = row[i]
-		}
-		for p, i := range idx {
-			ref := at(m/2, p)
-			if m%2 == 0 {
-				ref = float32(float64(at(m/2-1, p))/2 + float64(at(m/2, p))/2)
-			}
-			v := float64(row[i])
-			xa[i] += v * float64(ref)
-			xx[i] += v * v
-			aa[i] += float64(ref) * float64(ref)
-		}
+		o.xa[i] += float64(row[i]) * float64(ref)
+		o.aa[i] += float64(ref) * float64(ref)
 	}
-	cos := make([]float64, n)
+}
+
+// cosines writes each rank's cosine into cos (0 where either vector is 0).
+func (o *othersCos) cosines(cos []float64) {
 	for i := range cos {
-		if xx[i] > 0 && aa[i] > 0 {
-			cos[i] = xa[i] / math.Sqrt(xx[i]*aa[i])
+		cos[i] = 0
+		if o.xx[i] > 0 && o.aa[i] > 0 {
+			cos[i] = o.xa[i] / math.Sqrt(o.xx[i]*o.aa[i])
 		}
 	}
-	return cos
 }

@@ -27,15 +27,20 @@ func TestColumnsMatchDense(t *testing.T) {
 				}
 				want, got := make([]float32, 300), make([]float32, 300)
 				wantScores := refCenteredClip(want, xs, sup, 2, 3)
-				gotScores := centeredClip(got, merged, 2, 3)
+				gotCos := make([]float64, n)
+				gotScores := centeredClip(got, merged, 2, 3, gotCos)
 				if !sameBits(got, want) || !slices.Equal(gotScores, wantScores) {
 					t.Fatalf("%d ranks, density %v, trial %d: the aggregate or scores differ from the dense version's", n, density, trial)
 				}
-				if c, w := merged.othersCosines(), refOthersCosines(xs, sup); !slices.Equal(c, w) {
-					t.Fatalf("%d ranks, density %v, trial %d: cosines %v; want %v", n, density, trial, c, w)
+				if c, w := merged.othersCosines(), refOthersCosines(xs, sup); !slices.Equal(c, w) || !slices.Equal(gotCos, w) {
+					t.Fatalf("%d ranks, density %v, trial %d: cosines %v and %v from the aggregate's pass; want %v", n, density, trial, c, gotCos, w)
 				}
-				if s, w := spread(new(columns).gather(xs, nil), 2), refSpread(xs, 2); !slices.Equal(s, w) {
-					t.Fatalf("%d ranks, density %v, trial %d: spread %v; want %v", n, density, trial, s, w)
+				dist, cos := spread(new(columns).gather(xs, nil), 2)
+				if w := refSpread(xs, 2); !slices.Equal(dist, w) {
+					t.Fatalf("%d ranks, density %v, trial %d: spread %v; want %v", n, density, trial, dist, w)
+				}
+				if w := refOthersCosines(xs, nil); !slices.Equal(cos, w) {
+					t.Fatalf("%d ranks, density %v, trial %d: spread's cosines %v; want %v", n, density, trial, cos, w)
 				}
 			}
 		}

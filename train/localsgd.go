@@ -509,8 +509,12 @@ func (o *LocalSGD) robust(ring Collective, avg []float32, parts [][]float32, all
 		n++
 	}
 	cols := o.entries.cols.merge(len(avg), o.entries.idx[:n], o.entries.val[:n])
-	scores := centeredClip(avg, cols, o.Robust.Clip, o.Robust.Iters)
-	named := o.Robust.score(&o.outliers, ring, all, cols, scores, o.outer)
+	var cos []float64
+	if o.Robust.NameAfter > 0 {
+		cos = make([]float64, n)
+	}
+	scores := centeredClip(avg, cols, o.Robust.Clip, o.Robust.Iters, cos)
+	named := o.Robust.score(&o.outliers, ring, all, scores, cos, o.outer)
 	share := float32(n) / float32(len(all))
 	for j := range avg {
 		avg[j] *= share

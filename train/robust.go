@@ -103,9 +103,10 @@ type judged struct {
 	dist, cos float64
 }
 
-// count scores one round on ring of size ranks: c holds the updates of
-// the ranks in (in rank order, ranks[i] being rank i of c), dist their
-// distances over τ. A rank stands apart past above τ, or, with against,
+// count scores one round on ring of size ranks: dist are the distances
+// over τ of the updates of the ranks in (in rank order, ranks[i] being
+// dist[i]'s), cos their cosines against the others' median
+// (othersCosines). A rank stands apart past above τ, or, with against,
 // pointing against the coordinate-wise median of the others' alone —
 // against an aggregate that holds a share of its own, a flipped update
 // can still point forward when honest ones agree only loosely (non-IID
@@ -115,21 +116,21 @@ type judged struct {
 // of them, and starts their count again. Nobody is judged from fewer than
 // 3 updates, or when half or more stand apart (the round tells nothing of
 // who lies); a rank not in the round keeps its streak.
-func (o *outliers) count(ring Collective, size int, ranks []int, c *columns, dist []float64, above float64, against bool, after int) []judged {
+func (o *outliers) count(ring Collective, size int, ranks []int, dist, cos []float64, above float64, against bool, after int) []judged {
 	o.on(ring, size)
-	if c.n < 3 {
+	n := len(dist)
+	if n < 3 {
 		return nil
 	}
-	cos := c.othersCosines()
-	out := make([]bool, c.n)
+	out := make([]bool, n)
 	nOut := 0
-	for i := range c.n {
+	for i := range n {
 		out[i] = dist[i] > above || against && cos[i] < 0
 		if out[i] {
 			nOut++
 		}
 	}
-	if 2*nOut >= c.n {
+	if 2*nOut >= n {
 		clear(o.streak)
 		return nil
 	}
@@ -146,10 +147,10 @@ func (o *outliers) count(ring Collective, size int, ranks []int, c *columns, dis
 }
 
 // score judges one robust round's gathered payloads, in rank order
-// (empty: not in the round; cols holds the others', in order), with the
-// ranks' distances over τ, and returns a LiarError naming those that
+// (empty: not in the round), with the distances over τ and the cosines
+// against the others' median of the others, in order, and returns a LiarError naming those that
 // stood apart NameAfter rounds in a row (outliers.count), or nil.
-func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, cols *columns, scores []float64, outer int) *LiarError {
+func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, scores, cos []float64, outer int) *LiarError {
 	if c.NameAfter <= 0 {
 		return nil
 	}
@@ -166,7 +167,7 @@ func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, cols *co
 		return &LiarError{Ranks: again, Why: fmt.Sprintf("they sent the same pseudo-gradient, bit for bit, %d rounds in a row, the last outer round %d (a replay: an honest rank's changes with every round's steps)",
 			c.NameAfter+1, outer+1)}
 	}
-	named := o.count(ring, len(payloads), ranks, cols, scores, c.nameAbove(), true, c.NameAfter)
+	named := o.count(ring, len(payloads), ranks, scores, cos, c.nameAbove(), true, c.NameAfter)
 	if named == nil {
 		return nil
 	}
@@ -188,8 +189,10 @@ func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, cols *co
 // start over τ: above 1, it was clipped. Off the columns every x, the
 // median and the aggregate are 0, and every term below is 0. Every sum
 // runs in one order and every product is rounded before it is added, so
-// the bits do not depend on the CPU.
-func centeredClip(dst []float32, c *columns, clip float64, iters int) []float64 {
+// the bits do not depend on the CPU. With cos, it writes there each
+// rank's cosine against the median of the others' (othersCosines), from
+// the median's pass.
+func centeredClip(dst []float32, c *columns, clip float64, iters int, cos []float64) []float64 {
 	n := c.n
 	scores := make([]float64, n)
 	clear(dst)
@@ -203,7 +206,7 @@ func centeredClip(dst []float32, c *columns, clip float64, iters int) []float64 
 		}
 	}()
 	dist := make([]float64, n)
-	c.median(v, dist)
+	c.median(v, dist, cos)
 	sorted := slices.Clone(dist)
 	slices.Sort(sorted)
 	tau := clip * sorted[(n-1)/2]

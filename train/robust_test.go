@@ -73,9 +73,9 @@ func TestCenteredClip(t *testing.T) {
 			}
 		}
 		got := make([]float32, dim)
-		scores := centeredClip(got, denseColumns(xs), 2, 3)
+		scores := centeredClip(got, denseColumns(xs), 2, 3, nil)
 		again := make([]float32, dim)
-		centeredClip(again, denseColumns(xs), 2, 3)
+		centeredClip(again, denseColumns(xs), 2, 3, nil)
 		if !slices.Equal(got, again) {
 			t.Fatalf("%s: two runs on the same vectors differ", name)
 		}
@@ -99,7 +99,7 @@ func TestCenteredClip(t *testing.T) {
 	}
 	same := [][]float32{{1, 2, 3}, {1, 2, 3}, {1, 2, 3}}
 	got := make([]float32, 3)
-	centeredClip(got, denseColumns(same), 2, 3)
+	centeredClip(got, denseColumns(same), 2, 3, nil)
 	if !slices.Equal(got, same[0]) {
 		t.Errorf("alike vectors aggregate to %v", got)
 	}
@@ -284,10 +284,9 @@ func TestRobustNamesRepeatedPayloads(t *testing.T) {
 	rb := &Robust{NameAfter: 3}
 	ring := memRings(t, 4)[0]
 	var o outliers
-	xs := [][]float32{{1, 0}, {0, 1}, {1, 1}, {2, 1}}
 	for round := range 5 {
 		payloads := [][]byte{{byte(round), 1}, {byte(round), 2}, nil, {9, 9}}
-		lie := rb.score(&o, ring, payloads, new(columns).gather([][]float32{xs[0], xs[1], xs[3]}, nil), []float64{0, 0, 0}, round)
+		lie := rb.score(&o, ring, payloads, []float64{0, 0, 0}, []float64{1, 1, 1}, round)
 		switch {
 		case round < 3 && lie != nil:
 			t.Fatalf("round %d: %v", round, lie)

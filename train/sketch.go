@@ -303,8 +303,8 @@ func (s *sketches) judgeWindow(c *Sketch) error {
 		// window's few steps leave honest sketches too close for that.
 		return nil
 	}
-	cols := new(columns).gather(xs, nil)
-	named := s.apart.count(s.ring, size, ranks, cols, spread(cols, 2), c.nameAbove(), false, c.NameAfter)
+	dist, cos := spread(new(columns).gather(xs, nil), 2)
+	named := s.apart.count(s.ring, size, ranks, dist, cos, c.nameAbove(), false, c.NameAfter)
 	if named == nil {
 		return nil
 	}
@@ -343,10 +343,11 @@ func (s *sketches) guard(c *Sketch, far []int, bound float64) *LiarError {
 }
 
 // spread is each rank's distance to the coordinate-wise median over τ,
-// clip times the median of those distances (0 where τ is 0).
-func spread(c *columns, clip float64) []float64 {
-	dist := make([]float64, c.n)
-	c.median(make([]float32, len(c.at)), dist)
+// clip times the median of those distances (0 where τ is 0), and its
+// cosine against the median of the others' (othersCosines).
+func spread(c *columns, clip float64) (dist, cos []float64) {
+	dist, cos = make([]float64, c.n), make([]float64, c.n)
+	c.median(make([]float32, len(c.at)), dist, cos)
 	sorted := slices.Clone(dist)
 	slices.Sort(sorted)
 	tau := clip * sorted[(c.n-1)/2]
@@ -357,5 +358,5 @@ func spread(c *columns, clip float64) []float64 {
 			dist[i] = 0
 		}
 	}
-	return dist
+	return dist, cos
 }
