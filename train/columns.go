@@ -6,42 +6,88 @@ import (
 	"slices"
 )
 
-// columns is a round's updates from n ranks, coordinate by coordinate:
-// at holds the coordinates some rank's update is not 0 at (or all of
-// them), ascending; v holds, for column c, the n ranks' values there in
-// rank order (v[c*n+i]); nz counts how many of them are other than +0.
-// A coordinate's values side by side are what its median and the
-// rank-by-rank sums below read, and sparse payloads leave most columns
-// with one value: there the median is 0 without a sort.
+// columns is a round's updates from n ranks, coordinate by coordinate,
+// split by how many ranks have a value other than +0 there.
+//
+// Where two or more do (or any, on fewer than 4 ranks) the coordinate is
+// a shared column: at[k] the coordinate, ascending; v[k*n+i] rank i's
+// value there, +0 where it has none; nz[k] how many are other than +0.
+// A column's values side by side are what its median and the rank-by-rank
+// sums read.
+//
+// Where one rank alone does, on 4 ranks or more, the coordinate is that
+// rank's alone: rank i's such values are alone[i], at aloneAt[i]
+// (ascending), and own[i] the sum of their squares. Sparse payloads leave
+// most coordinates to one rank. There the median is 0 (three or more
+// zeros among four), the others' median too, and each CenteredClip step,
+// v ← v + Σ_j w_j (x_j − v), keeps v a multiple of the rank's value,
+// α_i x, α_i the same at all of rank i's lone coordinates: their part in
+// every distance is a sum over ranks of α's and own's, and the
+// aggregate there is written once, at the end.
 type columns struct {
 	n  int
 	at []int
 	v  []float32
 	nz []uint16
-	// bits and before are merge's scratch: the support as a bitset, and
-	// the set bits before each word.
-	bits   []uint64
-	before []int32
+
+	aloneAt [][]int32
+	alone   [][]float32
+	own     []float64
+
+	// bits, shared and before are merge's scratch: the support as a
+	// bitset, the coordinates of two ranks or more as another, and the
+	// shared coordinates before each word.
+	bits, shared []uint64
+	before       []int32
+}
+
+// lonesFrom is the fewest ranks whose lone coordinates are kept apart:
+// with fewer, a coordinate's one value moves the others' median.
+const lonesFrom = 4
+
+// reset empties c for n ranks, keeping its memory.
+func (c *columns) reset(n int) {
+	c.n, c.at, c.v, c.nz = n, c.at[:0], c.v[:0], c.nz[:0]
+	c.aloneAt, c.alone = slices.Grow(c.aloneAt[:0], n)[:n], slices.Grow(c.alone[:0], n)[:n]
+	for i := range n {
+		c.aloneAt[i], c.alone[i] = c.aloneAt[i][:0], c.alone[i][:0]
+	}
+	c.own = append(c.own[:0], make([]float64, n)...)
+}
+
+// addAlone adds rank i's value x at coordinate j, where it alone has one.
+func (c *columns) addAlone(i, j int, x float32) {
+	c.aloneAt[i], c.alone[i] = append(c.aloneAt[i], int32(j)), append(c.alone[i], x)
+	c.own[i] += float64(x) * float64(x) // exact: a float32's square fits a float64
 }
 
 // gather makes c the columns of the dense updates xs (each as long as
 // the first) at the coordinates sup, or at every coordinate if sup is
-// nil.
+// nil; a value whose bits are not +0's counts as one (a coordinate
+// where none has one adds nothing anywhere, and is left out).
 func (c *columns) gather(xs [][]float32, sup []int) *columns {
 	n := len(xs)
-	c.n, c.at, c.v, c.nz = n, c.at[:0], c.v[:0], c.nz[:0]
+	c.reset(n)
 	if n == 0 {
 		return c
 	}
 	add := func(j int) {
-		var nz uint16
-		for _, x := range xs {
-			c.v = append(c.v, x[j])
+		nz, last := 0, 0
+		for i, x := range xs {
 			if math.Float32bits(x[j]) != 0 {
-				nz++
+				nz, last = nz+1, i
 			}
 		}
-		c.at, c.nz = append(c.at, j), append(c.nz, nz)
+		switch {
+		case nz == 0:
+		case nz == 1 && n >= lonesFrom:
+			c.addAlone(last, j, xs[last][j])
+		default:
+			for _, x := range xs {
+				c.v = append(c.v, x[j])
+			}
+			c.at, c.nz = append(c.at, j), append(c.nz, uint16(nz))
+		}
 	}
 	if sup == nil {
 		for j := range xs[0] {
@@ -57,55 +103,85 @@ func (c *columns) gather(xs [][]float32, sup []int) *columns {
 
 // merge makes c the columns of n sparse updates of size values, rank
 // i's as its coordinates idx[i] (each below size, ascending) and their
-// values val[i]: every coordinate some rank holds a value other than ±0
-// at, the others' +0 there. That is the columns of the dense updates at
-// their support, bit for bit. The coordinates are found in a bitset of
-// size bits (a few KB, where most of a step's work stays), and a
-// coordinate's column is the count of set bits before it.
+// values val[i] (a value ±0 counts as none): what gather makes of the
+// dense updates. The coordinates are found in bitsets of size bits (a few
+// KB, where the work stays), and a shared coordinate's column is the
+// count of shared coordinates before it.
 func (c *columns) merge(size int, idx [][]int32, val [][]float32) *columns {
 	n := len(idx)
-	c.n, c.at = n, c.at[:0]
+	c.reset(n)
 	words := (size + 63) / 64
 	if cap(c.bits) < words {
-		c.bits, c.before = make([]uint64, words), make([]int32, words)
+		c.bits, c.shared, c.before = make([]uint64, words), make([]uint64, words), make([]int32, words)
 	}
-	bits, before := c.bits[:words], c.before[:words]
+	bits, shared, before := c.bits[:words], c.shared[:words], c.before[:words]
 	clear(bits)
+	clear(shared)
 	for i, js := range idx {
 		for e, j := range js {
 			if val[i][e] != 0 {
-				bits[j>>6] |= 1 << (j & 63)
+				w, b := j>>6, uint64(1)<<(j&63)
+				shared[w] |= bits[w] & b
+				bits[w] |= b
 			}
 		}
 	}
-	for w, word := range bits {
+	if n < lonesFrom {
+		copy(shared, bits)
+	}
+	for w, word := range shared {
 		before[w] = int32(len(c.at))
 		for ; word != 0; word &= word - 1 {
 			c.at = append(c.at, w<<6+bits64.TrailingZeros64(word))
 		}
 	}
 	cols := len(c.at)
-	c.v, c.nz = slices.Grow(c.v[:0], cols*n)[:cols*n], slices.Grow(c.nz[:0], cols)[:cols]
+	c.v, c.nz = slices.Grow(c.v, cols*n)[:cols*n], slices.Grow(c.nz, cols)[:cols]
 	clear(c.v)
 	clear(c.nz)
 	for i, js := range idx {
+		at, alone, own := c.aloneAt[i], c.alone[i], 0.0
 		for e, j := range js {
 			x := val[i][e]
 			if x == 0 {
 				continue
 			}
-			k := int(before[j>>6]) + bits64.OnesCount64(bits[j>>6]&(1<<(j&63)-1))
+			w, b := j>>6, uint64(1)<<(j&63)
+			if shared[w]&b == 0 {
+				at, alone = append(at, j), append(alone, x)
+				own += float64(x) * float64(x) // exact: a float32's square fits a float64
+				continue
+			}
+			k := int(before[w]) + bits64.OnesCount64(shared[w]&(b-1))
 			c.v[k*n+i] = x
 			c.nz[k]++
 		}
+		c.aloneAt[i], c.alone[i], c.own[i] = at, alone, own
 	}
 	return c
 }
 
+// lones adds to acc (each rank's sum of squares to the aggregate so far)
+// the lone coordinates' part, the aggregate there being α_j x at rank j's:
+// (1 − α_i)² own_i for rank i's own, α_j² own_j for each other rank j's;
+// in rank order, each product rounded before it is added.
+func (c *columns) lones(acc, alpha []float64) {
+	for i := range acc[:c.n] {
+		for j, o := range c.own {
+			a := alpha[j]
+			if j == i {
+				a = 1 - a
+			}
+			acc[i] += float64(float64(a*a) * o)
+		}
+	}
+}
+
 // median writes into m (one value a column) the coordinate-wise median:
 // the middle value, or the mean of the middle two. Where more than half
-// the values are +0 that is +0, without sorting. With dist, it writes
-// there each rank's distance to the median too (distances); with cos,
+// the values are +0 that is +0, without sorting; at lone coordinates it
+// is 0 and not written. With dist, it writes there each rank's distance
+// to the median too (distances); with cos,
 // each rank's cosine against the median of the others' alone
 // (othersCosines), from the same sort of each column.
 func (c *columns) median(m []float32, dist []float64, cos []float64) {
@@ -136,12 +212,15 @@ func (c *columns) median(m []float32, dist []float64, cos []float64) {
 		}
 	}
 	if dist != nil {
-		c.distances(dist, m)
+		c.distances(dist, m, nil)
 	}
 	if oc != nil {
 		// A rank's own squares add up alike whatever the median.
 		oc.xx = make([]float64, n)
 		c.squares(oc.xx, nil)
+		for i, o := range c.own {
+			oc.xx[i] += o
+		}
 		oc.cosines(cos)
 	}
 }
@@ -163,17 +242,23 @@ func sortRanks(idx []int, col, row []float32) {
 	}
 }
 
-// distances writes into dist each rank's Euclidean distance to v (one
-// value a column).
-func (c *columns) distances(dist []float64, v []float32) {
+// distances writes into dist each rank's Euclidean distance to the
+// aggregate: v at the shared columns, α_j x at rank j's lone coordinates
+// (alpha nil: 0); the shared columns' terms first, then the lone ones'
+// (lones).
+func (c *columns) distances(dist []float64, v []float32, alpha []float64) {
 	c.squares(dist, v)
+	if alpha == nil {
+		alpha = make([]float64, c.n)
+	}
+	c.lones(dist, alpha)
 	for i, a := range dist[:c.n] {
 		dist[i] = math.Sqrt(a)
 	}
 }
 
 // squares writes into acc each rank's sum of the squares of its values
-// less v's (one value a column; nil: 0 everywhere), column by column in
+// less v's at the shared columns (v nil: 0 everywhere), column by column in
 // order, each rounded before it is added, so the bits do not depend on
 // the CPU. Four ranks at a time, each with a sum of its own: the sums
 // stay in registers, and four chains of adds run side by side.
@@ -210,13 +295,22 @@ func (c *columns) squares(acc []float64, v []float32) {
 	}
 }
 
-// clipStep moves v (one value a column) one CenteredClip step:
-// v ← v + Σ_i w_i (x_i − v), each product rounded before it is added, in
-// rank order. With dist, it writes there each rank's distance to the new
-// v too.
-func (c *columns) clipStep(v []float32, w []float64, dist []float64) {
+// clipStep moves the aggregate one CenteredClip step,
+// v ← v + Σ_i w_i (x_i − v): v at the shared columns, each product
+// rounded before it is added, in rank order; at rank j's lone
+// coordinates, where the aggregate is α_j x and every other rank's value
+// 0, α_j ← α_j + w_j − α_j Σ_i w_i. With dist, it writes there each
+// rank's distance to the new aggregate too.
+func (c *columns) clipStep(v []float32, alpha, w []float64, dist []float64) {
 	n, vals := c.n, c.v
 	w = w[:n]
+	var all float64
+	for _, wi := range w {
+		all += wi
+	}
+	for j, a := range alpha[:n] {
+		alpha[j] = a + (w[j] - float64(a*all))
+	}
 	for k, vk := range v {
 		row := vals[k*n : k*n+n : k*n+n]
 		ref := float64(vk)
@@ -227,7 +321,7 @@ func (c *columns) clipStep(v []float32, w []float64, dist []float64) {
 		v[k] = float32(ref + step)
 	}
 	if dist != nil {
-		c.distances(dist, v)
+		c.distances(dist, v, alpha)
 	}
 }
 

@@ -515,9 +515,10 @@ func (o *LocalSGD) robust(ring Collective, avg []float32, parts [][]float32, all
 	}
 	scores := centeredClip(avg, cols, o.Robust.Clip, o.Robust.Iters, cos)
 	named := o.Robust.score(&o.outliers, ring, all, scores, cos, o.outer)
-	share := float32(n) / float32(len(all))
-	for j := range avg {
-		avg[j] *= share
+	if share := float32(n) / float32(len(all)); share != 1 {
+		for j := range avg {
+			avg[j] *= share
+		}
 	}
 	return named, nil
 }

@@ -182,16 +182,17 @@ func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, scores, 
 }
 
 // centeredClip writes into dst the CenteredClip aggregate of the
-// columns' updates (dst as long as the dense updates; +0 off c.at): from
-// v the coordinate-wise median, iters times
+// columns' updates (dst as long as the dense updates): from v the
+// coordinate-wise median, iters times
 // v ← v + (1/n) Σ (x_i − v)·min(1, τ/‖x_i − v‖), τ = clip × the median of
 // the ‖x_i − v‖ at the start. It returns each x_i's distance to the
-// start over τ: above 1, it was clipped. Off the columns every x, the
-// median and the aggregate are 0, and every term below is 0. Every sum
-// runs in one order and every product is rounded before it is added, so
-// the bits do not depend on the CPU. With cos, it writes there each
-// rank's cosine against the median of the others' (othersCosines), from
-// the median's pass.
+// start over τ: above 1, it was clipped. Where no rank has a value every
+// x, the median and the aggregate are +0; a rank's lone coordinates are
+// stepped as one multiple of its values (columns). Every sum runs in one
+// order and every product is rounded before it is added, so the bits do
+// not depend on the CPU. With cos, it writes there each rank's cosine
+// against the median of the others' (othersCosines), from the median's
+// pass.
 func centeredClip(dst []float32, c *columns, clip float64, iters int, cos []float64) []float64 {
 	n := c.n
 	scores := make([]float64, n)
@@ -199,10 +200,18 @@ func centeredClip(dst []float32, c *columns, clip float64, iters int, cos []floa
 	if n == 0 {
 		return scores
 	}
-	v := make([]float32, len(c.at))
+	v, alpha := make([]float32, len(c.at)), make([]float64, n)
 	defer func() {
 		for k, j := range c.at {
 			dst[j] = v[k]
+		}
+		for i, at := range c.aloneAt {
+			if alpha[i] == 0 {
+				continue // +0, as the median there
+			}
+			for e, j := range at {
+				dst[j] = float32(alpha[i] * float64(c.alone[i][e]))
+			}
 		}
 	}()
 	dist := make([]float64, n)
@@ -231,7 +240,7 @@ func centeredClip(dst []float32, c *columns, clip float64, iters int, cos []floa
 		if it == iters-1 {
 			next = nil // no step follows to weigh
 		}
-		c.clipStep(v, w, next)
+		c.clipStep(v, alpha, w, next)
 	}
 	return scores
 }
