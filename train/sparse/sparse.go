@@ -156,7 +156,7 @@ func (c *Coder) Commit() { c.residual, c.pending = c.pending, c.residual }
 // Decode adds weight times the vector payload codes to dst, whose length
 // must be the coded vector's. Nothing is added unless all of it decodes.
 func Decode(dst []float32, payload []byte, weight float32) error {
-	h, err := parse(payload, len(dst))
+	h, err := parse(payload, len(dst), nil, 0)
 	if err != nil {
 		return err
 	}
@@ -180,22 +180,16 @@ func (h header) decode(dst []float32, p []byte, weight float32) {
 	}
 }
 
-// entries appends to idx and val the entries of p, parsed as h: their
-// indices plus off, ascending, and their values.
-func (h header) entries(idx []int32, val []float32, p []byte, off int) ([]int32, []float32) {
+// values appends to val the values of the payload parsed as h, in order.
+func (h header) values(val []float32) []float32 {
 	levels := uint32(1)<<h.bits - 1
 	mask := levels
-	r := p[h.gaps:]
-	i := off - 1
 	for j := range h.k {
-		g, w := binary.Uvarint(r)
-		r = r[w:]
-		i += int(g) + 1
 		bit := j * h.bits
 		q := uint32(h.vals[bit/8]>>(bit%8)) & mask
-		idx, val = append(idx, int32(i)), append(val, dequantize(q, h.scale, levels))
+		val = append(val, dequantize(q, h.scale, levels))
 	}
-	return idx, val
+	return val
 }
 
 // AppendPart appends payload to dst as one part of a payload in parts:
@@ -222,7 +216,7 @@ func DecodeParts(dst [][]float32, payload []byte, weight float32) error {
 	for k, d := range dst {
 		sizes[k] = len(d)
 	}
-	hs, ps, err := splitParts(payload, sizes)
+	hs, ps, err := splitParts(payload, sizes, nil)
 	if err != nil {
 		return err
 	}
@@ -238,10 +232,6 @@ func DecodeParts(dst [][]float32, payload []byte, weight float32) error {
 // at weight 1 would add it. Nothing is appended unless every part
 // decodes and no byte is left over, and the indices fit an int32.
 func AppendEntries(idx []int32, val []float32, sizes []int, payload []byte) ([]int32, []float32, error) {
-	hs, ps, err := splitParts(payload, sizes)
-	if err != nil {
-		return idx, val, err
-	}
 	total := 0
 	for _, n := range sizes {
 		total += n
@@ -249,20 +239,27 @@ func AppendEntries(idx []int32, val []float32, sizes []int, payload []byte) ([]i
 	if total > math.MaxInt32 {
 		return idx, val, fmt.Errorf("%w: vectors of %d entries in all; entries are indexed by int32", ErrBadPayload, total)
 	}
-	off := 0
-	for k, h := range hs {
-		idx, val = h.entries(idx, val, ps[k], off)
-		off += sizes[k]
+	// The indices are taken as the parts are checked, in one reading of
+	// the gaps.
+	got := idx
+	hs, _, err := splitParts(payload, sizes, &got)
+	if err != nil {
+		return idx, val, err
 	}
-	return idx, val, nil
+	for _, h := range hs {
+		val = h.values(val)
+	}
+	return got, val, nil
 }
 
 // splitParts checks every part of a payload in parts for vectors of
 // sizes, and that no byte is left over, and returns each part's header
-// and bytes.
-func splitParts(payload []byte, sizes []int) ([]header, [][]byte, error) {
+// and bytes; with idx, it appends there every entry's index in the
+// vector of all the parts in order.
+func splitParts(payload []byte, sizes []int, idx *[]int32) ([]header, [][]byte, error) {
 	hs, ps := make([]header, len(sizes)), make([][]byte, len(sizes))
 	r := payload
+	off := 0
 	for k, n := range sizes {
 		l, w := binary.Uvarint(r)
 		if w <= 0 || l > uint64(len(r)-w) {
@@ -270,9 +267,10 @@ func splitParts(payload []byte, sizes []int) ([]header, [][]byte, error) {
 		}
 		ps[k], r = r[w:w+int(l)], r[w+int(l):]
 		var err error
-		if hs[k], err = parse(ps[k], n); err != nil {
+		if hs[k], err = parse(ps[k], n, idx, off); err != nil {
 			return nil, nil, fmt.Errorf("part %d of %d: %w", k+1, len(sizes), err)
 		}
+		off += n
 	}
 	if len(r) > 0 {
 		return nil, nil, fmt.Errorf("%w: %d bytes after the last of %d parts", ErrBadPayload, len(r), len(sizes))
@@ -288,8 +286,8 @@ type header struct {
 }
 
 // parse checks all of a payload for a vector of n entries before any of
-// it is used.
-func parse(p []byte, n int) (header, error) {
+// it is used; with idx, it appends there each entry's index plus base.
+func parse(p []byte, n int, idx *[]int32, base int) (header, error) {
 	bad := func(format string, a ...any) (header, error) {
 		return header{}, fmt.Errorf("%w: %s", ErrBadPayload, fmt.Sprintf(format, a...))
 	}
@@ -324,6 +322,10 @@ func parse(p []byte, n int) (header, error) {
 	}
 	off += 4
 	h.gaps = off
+	var got []int32
+	if idx != nil {
+		got = *idx
+	}
 	i := -1
 	for j := range h.k {
 		g, w := binary.Uvarint(p[off:])
@@ -332,6 +334,12 @@ func parse(p []byte, n int) (header, error) {
 		}
 		i += int(g) + 1
 		off += w
+		if idx != nil {
+			got = append(got, int32(base+i))
+		}
+	}
+	if idx != nil {
+		*idx = got
 	}
 	want := (h.k*h.bits + 7) / 8
 	if len(p)-off != want {
