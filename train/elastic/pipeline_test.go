@@ -1,6 +1,7 @@
 package elastic
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,8 +37,11 @@ type events struct {
 	newcomer                           bool // one more peer starts once the killed one is gone
 	newcomerAt                         int  // and, if set, once peer 0 has done this many steps
 	pause                              time.Duration
-	// spareLeaves is a peer stopped (Ctrl-C) once it waits as a spare.
-	spareLeaves int
+	// spareLeaves is a peer stopped (Ctrl-C) once it waits as a spare;
+	// spareStalls one stalled then (SIGSTOP), until the others are done.
+	spareLeaves, spareStalls int
+	// stepTimeout, if set, is every peer's StepTimeout (else 20 s).
+	stepTimeout time.Duration
 	// liar is a peer whose parameters drift from its stage's after
 	// driftAt forward passes (0: none).
 	liar, driftAt int
@@ -70,6 +74,7 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 	}
 	sums := make([]PipelineSummary, total)
 	errs := make([]error, total)
+	ended := make([]chan struct{}, total)
 	killed, later := make(chan struct{}), make(chan struct{})
 	var once, onceLater sync.Once
 	if ev.newcomerAt == 0 {
@@ -81,7 +86,7 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		cancels[i] = cancel
-		job := &PipelineJob{Members: w.member(fmt.Sprintf("peer-%d", i)), Pipeline: cfg, Model: model, StepTimeout: 20 * time.Second, PauseTimeout: ev.pause,
+		job := &PipelineJob{Members: w.member(fmt.Sprintf("peer-%d", i)), Pipeline: cfg, Model: model, StepTimeout: cmp.Or(ev.stepTimeout, 20*time.Second), PauseTimeout: ev.pause,
 			Checkpoint: ckpt, CheckpointBase: train.Checkpoint{Seed: 3, Classes: split.Classes},
 			Logger: zerolog.New(&log).With().Int("peer", i).Logger(), Out: &log,
 			NewReplica: func(m train.Model) (*train.Replica, error) {
@@ -110,7 +115,9 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 				once.Do(func() { close(killed) })
 			}
 		}
+		ended[i] = make(chan struct{})
 		wg.Go(func() {
+			defer close(ended[i])
 			if i == n {
 				<-killed
 				<-later
@@ -120,17 +127,38 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 			}
 		})
 	}
-	if ev.spareLeaves > 0 {
+	if spare := max(ev.spareLeaves, ev.spareStalls); spare > 0 {
 		wg.Go(func() {
-			want := fmt.Sprintf(`"peer":%d,`, ev.spareLeaves)
+			want := fmt.Sprintf(`"peer":%d,`, spare)
 			for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 				for _, l := range strings.Split(log.String(), "\n") {
 					if strings.Contains(l, want) && strings.Contains(l, "a spare of its stage") {
-						cancels[ev.spareLeaves]()
+						if ev.spareStalls > 0 {
+							w.stall(fmt.Sprintf("peer-%d", spare))
+						} else {
+							cancels[spare]()
+						}
 						return
 					}
 				}
 			}
+		})
+	}
+	if ev.spareStalls > 0 {
+		// The stalled spare is killed once the others are done, or after
+		// two minutes (then they waited for it).
+		wg.Go(func() {
+			timeout := time.After(2 * time.Minute)
+			for i, e := range ended {
+				if i == ev.spareStalls {
+					continue
+				}
+				select {
+				case <-e:
+				case <-timeout:
+				}
+			}
+			close(w.done)
 		})
 	}
 	wg.Wait()
@@ -341,6 +369,37 @@ func TestPipelineSpareLeaves(t *testing.T) {
 		if errs[i] != nil {
 			t.Errorf("peer %d: %v\n%s", i, errs[i], log)
 		}
+	}
+}
+
+// A spare that stops answering (SIGSTOP) is a peer lost once the others
+// end their run and every member must learn why it ended: their wait
+// for it is bounded by the step timeout, they re-form without it, and
+// the job ends with the model gathered.
+func TestPipelineStalledSpareIsLost(t *testing.T) {
+	ckpt := filepath.Join(t.TempDir(), "model.ckpt")
+	sums, errs, log, _, _ := pipelineRunIn(t, ckpt, 4, pipeline.Config{Stages: 2, MicroBatches: 4, Split: []int{3}},
+		events{stopPeer: -1, killPeer: 3, killAt: 30, spareStalls: 1, stepTimeout: 5 * time.Second})
+	if errs[1] == nil {
+		t.Errorf("the stalled spare ended well")
+	}
+	for _, i := range []int{0, 2} {
+		if errs[i] != nil {
+			t.Fatalf("peer %d: %v\n%s", i, errs[i], log)
+		}
+		if sums[i].Epochs != 2 {
+			t.Errorf("peer %d: %d epochs; want 2", i, sums[i].Epochs)
+		}
+	}
+	if !strings.Contains(log, "agreeing why the stages stopped") {
+		t.Errorf("the others never gave up on the stalled spare:\n%s", log)
+	}
+	c, err := train.LoadCheckpoint(ckpt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Epoch != 2 {
+		t.Errorf("gathered model of %d epochs; want 2", c.Epoch)
 	}
 }
 

@@ -98,6 +98,7 @@ func (w *world) member(name string) *member { return &member{w: w, name: name} }
 func (w *world) makeRingsLocked(names []string) {
 	ts := ring.MemRing(len(names))
 	for i, n := range names {
+		ts[i] = &freezable{Transport: ts[i], w: w, name: n, closed: make(chan struct{})}
 		r, err := ring.New(ts[i], ring.Config{Rank: i, Size: len(names), Generation: w.gen})
 		if err != nil {
 			w.t.Error(err)
@@ -105,6 +106,64 @@ func (w *world) makeRingsLocked(names []string) {
 		w.rings[n] = r
 		w.owned[n] = append(w.owned[n], ts[i])
 	}
+}
+
+// freezable is a peer's ring transport that stops moving bytes once the
+// peer is stalled (SIGSTOP: world.stall), holding what it has read, until
+// the world is done or the transport is closed.
+type freezable struct {
+	ring.Transport
+	w      *world
+	name   string
+	closed chan struct{}
+	once   sync.Once
+}
+
+// hold waits, while the peer is stalled, for the world's end or the
+// transport's close, and then fails.
+func (f *freezable) hold() error {
+	f.w.mu.Lock()
+	stalled := f.w.stalled[f.name]
+	f.w.mu.Unlock()
+	if !stalled {
+		return nil
+	}
+	select {
+	case <-f.w.done:
+	case <-f.closed:
+	}
+	return errKilled
+}
+
+func (f *freezable) Read(p []byte) (int, error) {
+	if err := f.hold(); err != nil {
+		return 0, err
+	}
+	n, err := f.Transport.Read(p)
+	if err := f.hold(); err != nil {
+		return 0, err
+	}
+	return n, err
+}
+
+func (f *freezable) Write(p []byte) (int, error) {
+	if err := f.hold(); err != nil {
+		return 0, err
+	}
+	return f.Transport.Write(p)
+}
+
+func (f *freezable) Close() error {
+	f.once.Do(func() { close(f.closed) })
+	return f.Transport.Close()
+}
+
+// stall stops a peer as SIGSTOP would: its rings stop moving bytes, and
+// it is in no ring made after, until the world is done.
+func (w *world) stall(name string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stalled[name] = true
 }
 
 // kill ends a peer as SIGKILL would: every stream it holds closes under
