@@ -3,6 +3,7 @@ package train
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -333,35 +334,48 @@ func TestOthersCosines(t *testing.T) {
 	}
 }
 
-// BenchmarkRobustRound: one round's robust aggregate and scores of four
+// BenchmarkRobustRound: one round's robust aggregate and scores of
 // sparse payloads (top 5% of 235k values in 4 bits), as every rank
-// computes it.
+// computes it: of 4 and 8 ranks, their vectors independent (the top
+// coordinates of each its own, most of the support one rank's alone) or
+// sharing most of their size (most coordinates of the support in every
+// payload).
 func BenchmarkRobustRound(b *testing.B) {
-	const n, size = 4, 235_146
-	rng := rand.New(rand.NewPCG(2, 2))
-	cfg := sparse.Config{Fraction: 0.05, Bits: 4}
-	all := make([][]byte, n)
-	for k := range all {
-		d := make([]float32, size)
-		for i := range d {
-			d[i] = float32(rng.NormFloat64())
-		}
-		c, err := sparse.NewCoder(cfg, size)
-		if err != nil {
-			b.Fatal(err)
-		}
-		p, err := c.Encode(d)
-		if err != nil {
-			b.Fatal(err)
-		}
-		all[k] = sparse.AppendPart(nil, p)
-	}
-	o := &LocalSGD{Robust: &Robust{Clip: 2, Iters: 3, NameAfter: 3}}
-	avg := make([]float32, size)
-	ring := memRings(&testing.T{}, n)[0]
-	for b.Loop() {
-		if _, err := o.robust(ring, avg, [][]float32{avg}, all); err != nil {
-			b.Fatal(err)
+	const size = 235_146
+	for _, n := range []int{4, 8} {
+		for _, shared := range []float64{0, 3} {
+			b.Run(fmt.Sprintf("ranks=%d/shared=%v", n, shared), func(b *testing.B) {
+				rng := rand.New(rand.NewPCG(2, 2))
+				common := make([]float32, size)
+				for i := range common {
+					common[i] = float32(shared * rng.NormFloat64())
+				}
+				cfg := sparse.Config{Fraction: 0.05, Bits: 4}
+				all := make([][]byte, n)
+				for k := range all {
+					d := make([]float32, size)
+					for i := range d {
+						d[i] = common[i] + float32(rng.NormFloat64())
+					}
+					c, err := sparse.NewCoder(cfg, size)
+					if err != nil {
+						b.Fatal(err)
+					}
+					p, err := c.Encode(d)
+					if err != nil {
+						b.Fatal(err)
+					}
+					all[k] = sparse.AppendPart(nil, p)
+				}
+				o := &LocalSGD{Robust: &Robust{Clip: 2, Iters: 3, NameAfter: 3}}
+				avg := make([]float32, size)
+				ring := memRings(&testing.T{}, n)[0]
+				for b.Loop() {
+					if _, err := o.robust(ring, avg, [][]float32{avg}, all); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
 		}
 	}
 }
