@@ -39,6 +39,9 @@ type Membership struct {
 	// garbleRows, set by tests, wraps this member's side of the link
 	// rows' ring: one that alters what it forwards.
 	garbleRows func(ring.Transport) ring.Transport
+	// Formed, if set, is told the members of every ring connected (from
+	// the runner's goroutine): join remembers them (RememberPeers).
+	Formed func(members []peer.ID)
 }
 
 // NewMembership runs a job's membership through node and links; timeout
@@ -187,6 +190,9 @@ func (m *Membership) connect(ctx context.Context, f *Formation) (*ring.Ring, err
 		return nil, err
 	}
 	m.cur = f
+	if m.Formed != nil {
+		m.Formed(f.Members)
+	}
 	return r, nil
 }
 

@@ -82,19 +82,29 @@ record() { echo "$(now_ms) $*" >>"$dir/events.tsv"; } # record <kind> <peer> <in
 
 inc=() # each peer's incarnation
 addr() { echo "/ip4/10.236.0.$(($1 + 1))/tcp/4001"; }
-boots=() # every first peer's multiaddr, so that a restarted peer finds the others whichever are down
+boots=() # every peer's multiaddr
 for ((i = 0; i < count; i++)); do
 	id=$("$bin" id --identity "$tmp/id-$i")
 	boots+=("$(addr "$i")/p2p/$id")
 done
+# Each peer's bootstrap peers, fixed at its first start and given again
+# at every restart, as a user runs the same command again: the first
+# peers name each other, a newcomer the peers running when it came. Over
+# an hour every peer so named may have left for good; a restarted peer
+# then finds the job through the peers it remembers (join keeps them
+# beside its identity).
+pboot=()
 
 start() { # start <peer> <kind>: ringtrain join in namespace <peer>, a new incarnation
 	local i=$1 kind=$2 k args b
 	k=$((${inc[$i]:--1} + 1))
 	inc[$i]=$k
+	if [ -z "${pboot[$i]:-}" ]; then
+		if [ "$i" -lt "$PEERS" ]; then pboot[$i]=$(seq 0 $((PEERS - 1))); else pboot[$i]=$(running); fi
+	fi
 	args=(join --config "$dir/job.json" --identity "$tmp/id-$i" --listen "$(addr "$i")" --log-format json --threads 1
 		--trace "$dir/p$i-$k.trace.json" --metrics 127.0.0.1:9100)
-	for ((b = 0; b < PEERS; b++)); do [ "$b" = "$i" ] || args+=(--bootstrap "${boots[$b]}"); done
+	for b in ${pboot[$i]}; do [ "$b" = "$i" ] || args+=(--bootstrap "${boots[$b]}"); done
 	record "$kind" "$i" "$k"
 	echo "$k" >"$dir/inc-$i" # for the sampler, a process of its own
 	ip netns exec "$p$i" "$bin" "${args[@]}" >"$dir/p$i-$k.log" 2>&1 &
@@ -138,6 +148,7 @@ for ((i = 0; i < PEERS; i++)); do reap "$i"; done
 # The same job, churned.
 dir=$tmp/churn
 mkdir -p "$dir"
+rm -f "$tmp"/id-*.peers # the undisturbed job's members
 config netns-churn "$dir"
 inc=()
 echo "netns-churn: the same job while a peer is SIGKILLed or Ctrl-C'd every ${PERIOD}s and started again 2 s later; a new peer joins and one leaves for good every ${NEW_EVERY}s"

@@ -10,10 +10,12 @@ import (
 	"image"
 	"image/png"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -781,9 +783,21 @@ func TestRestartedPeerIsWelcome(t *testing.T) {
 	again.until(t, "a standby, or a ring", func(out string) bool {
 		return strings.Contains(out, "waiting as a standby") || strings.Contains(out, `"message":"ring formed"`) || strings.Contains(out, "ringtrain:")
 	})
-	outs := make([]string, 2)
+	outs, back := endTogether(t, []*started{first, second}, again)
+	if strings.Contains(back, `"message":"ring formed"`) || !strings.Contains(back, "waiting as a standby") || !strings.Contains(back, "admitted to the ring") {
+		t.Errorf("the restarted peer should wait as a standby and be admitted, not form a ring:\n%s", tails(back))
+	}
+	sameHashAtTheEnd(t, append(outs, back))
+}
+
+// endTogether waits for the others' processes to end, and then (a
+// minute at most: a standby never admitted would wait out its join
+// timeout) for again's, and returns what each wrote.
+func endTogether(t *testing.T, others []*started, again *started) ([]string, string) {
+	t.Helper()
+	outs := make([]string, len(others))
 	var wg sync.WaitGroup
-	for i, p := range []*started{first, second} {
+	for i, p := range others {
 		wg.Go(func() {
 			rest, _ := io.ReadAll(p.out)
 			p.cmd.Wait()
@@ -791,23 +805,71 @@ func TestRestartedPeerIsWelcome(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	// Admitted, it ends with the others; a standby never admitted would
-	// wait out its join timeout.
 	stuck := time.AfterFunc(time.Minute, func() { again.cmd.Process.Kill() })
 	rest, _ := io.ReadAll(again.out)
 	again.cmd.Wait()
 	stuck.Stop()
-	back := string(append(again.buf, rest...))
-	if strings.Contains(back, `"message":"ring formed"`) || !strings.Contains(back, "waiting as a standby") || !strings.Contains(back, "admitted to the ring") {
-		t.Errorf("the restarted peer should wait as a standby and be admitted, not form a ring:\n%s", tails(back))
-	}
+	return outs, string(append(again.buf, rest...))
+}
+
+// sameHashAtTheEnd checks that every output ends a 10-epoch job with one
+// parameter hash.
+func sameHashAtTheEnd(t *testing.T, outs []string) {
+	t.Helper()
 	var hashes []string
-	for _, m := range regexp.MustCompile(`"epochs":10,.*"param_hash":"([0-9a-f]{64})"`).FindAllStringSubmatch(strings.Join(append(outs, back), "\n"), -1) {
+	for _, m := range regexp.MustCompile(`"epochs":10,.*"param_hash":"([0-9a-f]{64})"`).FindAllStringSubmatch(strings.Join(outs, "\n"), -1) {
 		hashes = append(hashes, m[1])
 	}
-	if len(hashes) != 3 || hashes[0] != hashes[1] || hashes[1] != hashes[2] {
-		t.Errorf("the three: hashes %v; want three equal ones\n%s", hashes, strings.Join(append(outs, back), "\n"))
+	if len(hashes) != len(outs) || slices.ContainsFunc(hashes, func(h string) bool { return h != hashes[0] }) {
+		t.Errorf("hashes %v; want %d equal ones\n%s", hashes, len(outs), tails(strings.Join(outs, "\n")))
 	}
+}
+
+// TestRestartedPeerRemembersTheJob: a peer of a ring keeps the members'
+// addresses beside its identity; SIGKILLed and started again with the
+// same identity but a bootstrap peer that is gone (as, in a job that
+// churns for hours, every peer first named may be), it finds the job
+// through them, is admitted, and ends with the others' parameters.
+// Before, it waited out its join timeout and exited 1.
+func TestRestartedPeerRemembersTheJob(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeJobFile(t, dir, `"name": "remember", "world_size": 3, "min_world_size": 2, "epochs": 10, "join_timeout": "20s"`)
+	join := func(i int, listen string, boot ...string) *started {
+		args := []string{"join", "--config", cfg, "--identity", filepath.Join(dir, fmt.Sprintf("id-%d", i)), "--listen", listen, "--log-format", "json"}
+		for _, b := range boot {
+			args = append(args, "--bootstrap", b)
+		}
+		return startRingtrain(t, args...)
+	}
+	addrRe := regexp.MustCompile(`listening on (/ip4/127\.0\.0\.1/tcp/(\d+)/p2p/(\S+))`)
+	first := join(0, "/ip4/127.0.0.1/tcp/0")
+	first.until(t, "its address", func(out string) bool { return addrRe.MatchString(out) })
+	boot := addrRe.FindStringSubmatch(string(first.buf))
+	second := join(1, "/ip4/127.0.0.1/tcp/0", boot[1])
+	third := join(2, "/ip4/127.0.0.1/tcp/0", boot[1])
+	third.until(t, "training", func(out string) bool { return strings.Count(out, `"steps":`) >= 1 })
+	port := addrRe.FindStringSubmatch(string(third.buf))[2]
+	third.cmd.Process.Kill()
+	third.cmd.Wait()
+	remembered, err := os.ReadFile(filepath.Join(dir, "id-2.peers"))
+	if err != nil || !strings.Contains(string(remembered), boot[3]) {
+		t.Fatalf("the peers remembered: %q, %v; want the first peer's address among them", remembered, err)
+	}
+	first.until(t, "re-formation", func(out string) bool { return strings.Contains(out, "ring re-formed: rank ") })
+	// A bootstrap peer that is gone: the first peer's ID at a port
+	// nobody listens on.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := fmt.Sprintf("/ip4/127.0.0.1/tcp/%d/p2p/%s", l.Addr().(*net.TCPAddr).Port, boot[3])
+	l.Close()
+	again := join(2, "/ip4/127.0.0.1/tcp/"+port, gone)
+	outs, back := endTogether(t, []*started{first, second}, again)
+	if !strings.Contains(back, "admitted to the ring") {
+		t.Fatalf("the restarted peer, its bootstrap peer gone, was not admitted:\n%s", tails(back))
+	}
+	sameHashAtTheEnd(t, append(outs, back))
 }
 
 // tailLines is how many of each peer's last lines a failing test prints.

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -597,6 +598,16 @@ func startHost(ctx context.Context, f *joinFlags, timeout time.Duration, limits 
 	if err != nil {
 		return nil, nil, fmt.Errorf("join: %w", err)
 	}
+	if f.identity != "" {
+		// The job's peers this identity saw last: any of them gets it
+		// back in when those named by --bootstrap have gone.
+		known, err := p2p.KnownPeers(peersFile(f.identity))
+		if err != nil {
+			log.Warn().Err(err).Msg("not using the peers this identity remembers")
+		}
+		self, _ := peer.IDFromPrivateKey(hcfg.Identity)
+		hcfg.Bootstrap = withKnown(hcfg.Bootstrap, known, self)
+	}
 	hcfg.Limits, hcfg.Registerer = limits, reg
 	relayFor := new(atomic.Pointer[p2p.Node])
 	hcfg.RelayFor = func(p peer.ID) bool { n := relayFor.Load(); return n != nil && n.Verified(p) }
@@ -659,7 +670,31 @@ func startNode(h *p2p.Host, relayFor *atomic.Pointer[p2p.Node], f *joinFlags, cf
 	links := p2p.NewRingLinks(h.Host, node, p2p.LinksConfig{Plane: f.plane, Logger: log, Puncher: h})
 	members := p2p.NewMembership(node, links, time.Duration(cfg.JoinTimeout))
 	members.Order = cfg.order
+	if f.identity != "" {
+		path := peersFile(f.identity)
+		members.Formed = func(ids []peer.ID) {
+			others := slices.DeleteFunc(slices.Clone(ids), func(id peer.ID) bool { return id == h.ID() })
+			if err := p2p.RememberPeers(path, h.Host.Peerstore(), others); err != nil {
+				log.Warn().Err(err).Msg("could not remember the job's peers")
+			}
+		}
+	}
 	return &peerNet{node: node, links: links, members: members}, nil
+}
+
+// peersFile is where join keeps the job's peers an identity saw last
+// (p2p.RememberPeers), beside the identity's key.
+func peersFile(identity string) string { return identity + ".peers" }
+
+// withKnown is the bootstrap peers and after them the known ones that
+// are neither among them nor self.
+func withKnown(boot, known []peer.AddrInfo, self peer.ID) []peer.AddrInfo {
+	for _, k := range known {
+		if k.ID != self && !slices.ContainsFunc(boot, func(b peer.AddrInfo) bool { return b.ID == k.ID }) {
+			boot = append(boot, k)
+		}
+	}
+	return boot
 }
 
 // newJob builds the model, optimizer, data loaders and checkpointing of
