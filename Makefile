@@ -175,7 +175,7 @@ test-netns: build
 # test churns two minutes on testdata's 2,000 images, beside the other
 # netns tests; bench-churn churns DURATION on the whole dataset.
 test-netns-churn: build
-	DATA=testdata/fashion-mnist DURATION=120 PERIOD=10 NEW_EVERY=45 bash testdata/netns-churn.sh $(BIN)/ringtrain
+	DATA=testdata/fashion-mnist DURATION=120 PERIOD=10 NEW_EVERY=45 SEC_PER_KIMAGE=0.1 bash testdata/netns-churn.sh $(BIN)/ringtrain
 
 # The ring against the network. Two sites (testdata/bench-topology.sh):
 # six peers, 1 Gbit/s within a site and one 100 Mbit/s link between, peer
