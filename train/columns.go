@@ -183,7 +183,7 @@ func (c *columns) lones(acc, alpha []float64) {
 // is 0 and not written. With dist, it writes there each rank's distance
 // to the median too (distances); with cos,
 // each rank's cosine against the median of the others' alone
-// (othersCosines), from the same sort of each column.
+// (othersCos), from the same sort of each column.
 func (c *columns) median(m []float32, dist []float64, cos []float64) {
 	n, vals := c.n, c.v
 	var oc *othersCos
@@ -325,16 +325,8 @@ func (c *columns) clipStep(v []float32, alpha, w []float64, dist []float64) {
 	}
 }
 
-// othersCosines is, for each rank, the cosine of its update against the
-// coordinate-wise median of the others' alone (the median of all but
-// it).
-func (c *columns) othersCosines() []float64 {
-	cos := make([]float64, c.n)
-	c.median(make([]float32, len(c.nz)), nil, cos)
-	return cos
-}
-
-// othersCos is othersCosines's sums: each rank's products with the
+// othersCos is the sums of each rank's cosine against the median of
+// the others' (median, with cos): each rank's products with the
 // others' median, its own squares and the median's.
 type othersCos struct{ xa, xx, aa []float64 }
 

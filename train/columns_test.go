@@ -136,3 +136,11 @@ func sparseUpdates(rng *rand.Rand, n, size int, density float64, trial int) ([][
 func sameBits(a, b []float32) bool {
 	return slices.EqualFunc(a, b, func(x, y float32) bool { return math.Float32bits(x) == math.Float32bits(y) })
 }
+
+// othersCosines is each rank's cosine against the median of the others'
+// alone, as median's pass gives it.
+func (c *columns) othersCosines() []float64 {
+	cos := make([]float64, c.n)
+	c.median(make([]float32, len(c.nz)), nil, cos)
+	return cos
+}

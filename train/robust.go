@@ -106,7 +106,7 @@ type judged struct {
 // count scores one round on ring of size ranks: dist are the distances
 // over τ of the updates of the ranks in (in rank order, ranks[i] being
 // dist[i]'s), cos their cosines against the others' median
-// (othersCosines). A rank stands apart past above τ, or, with against,
+// (othersCos). A rank stands apart past above τ, or, with against,
 // pointing against the coordinate-wise median of the others' alone —
 // against an aggregate that holds a share of its own, a flipped update
 // can still point forward when honest ones agree only loosely (non-IID
@@ -191,14 +191,13 @@ func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, scores, 
 // stepped as one multiple of its values (columns). Every sum runs in one
 // order and every product is rounded before it is added, so the bits do
 // not depend on the CPU. With cos, it writes there each rank's cosine
-// against the median of the others' (othersCosines), from the median's
+// against the median of the others' (othersCos), from the median's
 // pass.
 func centeredClip(dst []float32, c *columns, clip float64, iters int, cos []float64) []float64 {
 	n := c.n
-	scores := make([]float64, n)
 	clear(dst)
 	if n == 0 {
-		return scores
+		return nil
 	}
 	v, alpha := make([]float32, len(c.at)), make([]float64, n)
 	defer func() {
@@ -216,14 +215,7 @@ func centeredClip(dst []float32, c *columns, clip float64, iters int, cos []floa
 	}()
 	dist := make([]float64, n)
 	c.median(v, dist, cos)
-	sorted := slices.Clone(dist)
-	slices.Sort(sorted)
-	tau := clip * sorted[(n-1)/2]
-	for i := range scores {
-		if tau > 0 {
-			scores[i] = dist[i] / tau
-		}
-	}
+	scores, tau := overTau(dist, clip)
 	if tau == 0 {
 		return scores // at least half the ranks agree exactly: the median is it
 	}
@@ -243,4 +235,19 @@ func centeredClip(dst []float32, c *columns, clip float64, iters int, cos []floa
 		c.clipStep(v, alpha, w, next)
 	}
 	return scores
+}
+
+// overTau is each distance over τ, clip times their median (0 where τ
+// is 0), and τ.
+func overTau(dist []float64, clip float64) ([]float64, float64) {
+	sorted := slices.Clone(dist)
+	slices.Sort(sorted)
+	tau := clip * sorted[(len(dist)-1)/2]
+	out := make([]float64, len(dist))
+	for i, d := range dist {
+		if tau > 0 {
+			out[i] = d / tau
+		}
+	}
+	return out, tau
 }

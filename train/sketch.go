@@ -344,19 +344,10 @@ func (s *sketches) guard(c *Sketch, far []int, bound float64) *LiarError {
 
 // spread is each rank's distance to the coordinate-wise median over τ,
 // clip times the median of those distances (0 where τ is 0), and its
-// cosine against the median of the others' (othersCosines).
+// cosine against the median of the others' (othersCos).
 func spread(c *columns, clip float64) (dist, cos []float64) {
 	dist, cos = make([]float64, c.n), make([]float64, c.n)
 	c.median(make([]float32, len(c.at)), dist, cos)
-	sorted := slices.Clone(dist)
-	slices.Sort(sorted)
-	tau := clip * sorted[(c.n-1)/2]
-	for i := range dist {
-		if tau > 0 {
-			dist[i] /= tau
-		} else {
-			dist[i] = 0
-		}
-	}
+	dist, _ = overTau(dist, clip)
 	return dist, cos
 }
