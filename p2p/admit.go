@@ -266,9 +266,29 @@ func (n *Node) handleAdmit(s network.Stream) {
 		n.warns.Warn(from.String(), msg).AnErr("proposal", err).Msg(msg)
 		return
 	}
+	n.offerAdmission(&Formation{Members: m.Members, Rank: slices.Index(m.Members, n.h.ID()), Generation: m.Gen})
+	n.poke() // a Join under way ends at once: the members wait for this peer
+}
+
+// offerAdmission leaves f for WaitAdmission, in place of an admission of an
+// earlier generation still waiting there: that one's re-formation has
+// ended (the members re-formed without this peer, having waited their
+// grace for it), and WaitAdmission would discard it as stale — keeping it
+// and dropping f lost the admission the members wait for now, stalling
+// their ring for the grace again. Senders hold n.mu, so the channel,
+// emptied here, has room.
+func (n *Node) offerAdmission(f *Formation) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	select {
-	case n.admitted <- &Formation{Members: m.Members, Rank: slices.Index(m.Members, n.h.ID()), Generation: m.Gen}:
-		n.poke() // a Join under way ends at once: the members wait for this peer
-	default: // one is waiting already
+	case old := <-n.admitted:
+		if old.Generation > f.Generation {
+			f = old
+		}
+	default:
+	}
+	select {
+	case n.admitted <- f:
+	default: // cannot happen: only senders fill it, under n.mu
 	}
 }

@@ -343,3 +343,32 @@ func TestAdmissionEndsAJoin(t *testing.T) {
 	}
 	t.Logf("admitted %v after the admission was sent", time.Since(began).Round(time.Millisecond))
 }
+
+// TestNewerAdmissionReplacesAnOlder: a peer admitted at generation 4
+// whose admission it has not taken yet (still joining, say) is admitted
+// again at 5 — the members waited their grace for it, re-formed without
+// it, and admit it to the next ring. It must take the admission to 5, the
+// one the members wait for now; an admission to 4 that arrives late
+// changes nothing. Keeping the first, as a full channel did, lost the
+// one that counts: WaitAdmission took the ring of 4, gone by then.
+func TestNewerAdmissionReplacesAnOlder(t *testing.T) {
+	slow(t)
+	j := job
+	j.WorldSize, j.MaxWorldSize = 2, 3
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	standby := lateNode(ctx, t, j, nil, NodeConfig{}, false)
+	admitter := lateNode(ctx, t, j, nil, NodeConfig{}, false)
+	ring := []peer.ID{admitter.h.ID(), standby.h.ID()}
+	slices.Sort(ring)
+	admitter.h.Peerstore().AddAddrs(standby.h.ID(), standby.h.Addrs(), time.Minute)
+	for _, gen := range []uint64{4, 5, 4} {
+		if err := admitter.Admit(ctx, standby.h.ID(), &Formation{Members: []peer.ID{admitter.h.ID()}, Generation: gen}, ring); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := standby.WaitAdmission(ctx, time.Minute)
+	if err != nil || f.Generation != 5 || !slices.Equal(f.Members, ring) {
+		t.Fatalf("WaitAdmission = %+v, %v; want the admission to the ring after generation 5", f, err)
+	}
+}

@@ -250,18 +250,8 @@ func connectBootstrap(ctx context.Context, h host.Host, boot []peer.AddrInfo, lo
 	}
 	wait := 250 * time.Millisecond
 	for try := 1; ; try++ {
-		errs := make([]error, len(boot))
-		var wg sync.WaitGroup
-		for i, b := range boot {
-			wg.Go(func() {
-				prepareDial(h, b.ID) // a refused dial is not held against the next try
-				if err := h.Connect(ctx, b); err != nil {
-					errs[i] = fmt.Errorf("bootstrap %s: %w", b.ID, err)
-				}
-			})
-		}
-		wg.Wait()
-		if slices.Contains(errs, nil) {
+		err := connectAny(ctx, h, boot)
+		if err == nil {
 			return nil
 		}
 		if try == 1 {
@@ -269,11 +259,58 @@ func connectBootstrap(ctx context.Context, h host.Host, boot []peer.AddrInfo, lo
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("p2p: no bootstrap peer reachable in %d tries: %w", try, errors.Join(errs...))
+			return fmt.Errorf("p2p: no bootstrap peer reachable in %d tries: %w", try, err)
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 4*time.Second)
 	}
+}
+
+// bootstrapGrace is how long the other bootstrap peers have to answer
+// once one has: a peer on the same network answers in milliseconds, and
+// one whose machine is gone holds its dial until libp2p's dial timeout
+// (5 s on a private network, 15 s beyond), which a restarted peer —
+// whose remembered peers may include machines long gone — need not wait.
+const bootstrapGrace = 500 * time.Millisecond
+
+// connectAny dials every bootstrap peer at once. It returns nil once one
+// has connected and the others have connected, failed or had
+// bootstrapGrace more (those still dialling are cancelled), and every
+// dial's error when none connected.
+func connectAny(ctx context.Context, h host.Host, boot []peer.AddrInfo) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make([]error, len(boot))
+	connected := make(chan struct{}, len(boot))
+	var wg sync.WaitGroup
+	for i, b := range boot {
+		wg.Go(func() {
+			prepareDial(h, b.ID) // a refused dial is not held against the next try
+			if err := h.Connect(ctx, b); err != nil {
+				errs[i] = fmt.Errorf("bootstrap %s: %w", b.ID, err)
+				return
+			}
+			connected <- struct{}{}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-connected:
+		t := time.NewTimer(bootstrapGrace)
+		select {
+		case <-done:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	cancel()
+	<-done
+	if slices.Contains(errs, nil) {
+		return nil
+	}
+	return errors.Join(errs...)
 }
 
 // perIPLimits are the resource manager's per-IP limits (Limits.ConnsPerIP,

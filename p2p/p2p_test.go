@@ -358,6 +358,73 @@ func TestBootstrapPeerStartedLater(t *testing.T) {
 	}
 }
 
+// TestGoneBootstrapPeerDoesNotHoldTheJoin: of two bootstrap peers one
+// answers and the other's machine is gone — a listener that accepts and
+// never speaks, as a dial into a dead machine hangs until libp2p's dial
+// timeout (5 s here, on loopback). The host is up, connected to the one
+// that answered, long before that timeout; a peer restarted with the
+// peers it remembers would otherwise wait out every one that has left.
+func TestGoneBootstrapPeerDoesNotHoldTheJoin(t *testing.T) {
+	slow(t)
+	up := startHosts(t, 1, nil)[0]
+	hole, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan net.Conn, 16)
+	go func() { // owned by the test: ends when hole closes
+		for {
+			c, err := hole.Accept()
+			if err != nil {
+				return
+			}
+			held <- c
+		}
+	}()
+	t.Cleanup(func() {
+		hole.Close()
+		for {
+			select {
+			case c := <-held:
+				c.Close()
+			default:
+				return
+			}
+		}
+	})
+	key, _, err := crypto.GenerateEd25519Key(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, err := peer.IDFromPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	boot := []peer.AddrInfo{
+		{ID: gone, Addrs: []ma.Multiaddr{ma.StringCast(fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", hole.Addr().(*net.TCPAddr).Port))}},
+		info(up),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	h, err := NewHost(ctx, HostConfig{Listen: loopback, Bootstrap: boot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	// Behaviour, not speed: 2.5 s is five graces and half the dial
+	// timeout a host waiting for every bootstrap peer sits out.
+	if took := time.Since(start); took > 2500*time.Millisecond {
+		t.Errorf("the host took %v to start: it waited for the bootstrap peer that never answers", took)
+	}
+	if h.Network().Connectedness(up.ID()) != network.Connected {
+		t.Error("the host is not connected to the bootstrap peer that answered")
+	}
+	if len(h.Network().ConnsToPeer(gone)) != 0 {
+		t.Error("the host holds a connection to the peer that never answered")
+	}
+}
+
 func TestWrongSwarmKeyCannotConnect(t *testing.T) {
 	slow(t)
 	a := startHosts(t, 1, swarmKey(t))[0]
