@@ -118,64 +118,24 @@ type Host struct {
 // peers it could reach. ctx bounds the start only. If NewHost fails, nothing it started
 // is left running. Close the Host when done.
 func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
-	listen := cfg.Listen
-	if len(listen) == 0 {
-		listen = []string{"/ip4/0.0.0.0/tcp/0"}
+	if len(cfg.Listen) == 0 {
+		cfg.Listen = []string{"/ip4/0.0.0.0/tcp/0"}
 	}
 	if err := cfg.Limits.Check(); err != nil {
 		return nil, err
 	}
-	scaled := rcmgr.DefaultLimits.AutoScale()
-	// Zero is the resource manager's "default": the scaled limit stays.
-	perPeer := rcmgr.PartialLimitConfig{PeerDefault: rcmgr.ResourceLimits{Streams: rcmgr.LimitVal(cfg.Limits.PeerStreams), Memory: rcmgr.LimitVal64(cfg.Limits.PeerMemory)}}
-	rmOpts := perIPLimits(cfg.Limits.WithDefaults())
-	if cfg.Registerer != nil {
-		// The resource manager's own series: connections, streams, memory
-		// and what its limits blocked, by scope.
-		rcmgr.MustRegisterWith(cfg.Registerer)
-		str, err := rcmgr.NewStatsTraceReporter()
-		if err != nil {
-			return nil, fmt.Errorf("p2p: resource manager metrics: %w", err)
-		}
-		rmOpts = append(rmOpts, rcmgr.WithTraceReporter(str))
-	}
-	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(perPeer.Build(scaled)), rmOpts...)
+	rm, err := newResourceManager(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("p2p: resource manager: %w", err)
+		return nil, err
 	}
-	opts := []libp2p.Option{
-		libp2p.ListenAddrStrings(listen...),
-		libp2p.Transport(tcp.NewTCPTransport),
-		libp2p.Security(libp2ptls.ID, libp2ptls.New),
-		libp2p.Security(noise.ID, noise.New),
-		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
-	}
-	if cfg.Identity != nil {
-		opts = append(opts, libp2p.Identity(cfg.Identity))
-	}
-	if cfg.Registerer != nil {
-		opts = append(opts, libp2p.PrometheusRegisterer(cfg.Registerer))
-	}
-	if cfg.SwarmKey != nil {
-		opts = append(opts, libp2p.PrivateNetwork(cfg.SwarmKey))
-	}
-	guard := newGuardFor(cfg.Limits, cfg.Logger)
-	opts = append(opts, libp2p.ResourceManager(guardedRM{ResourceManager: rm, g: guard}))
-	gs := gaters{guardGater{guard}}
-	if len(cfg.Allow) > 0 {
-		gs = append(gs, allowList(cfg.Allow))
-	}
-	if cfg.gater != nil {
-		gs = append(gs, cfg.gater)
-	}
-	opts = append(opts, libp2p.ConnectionGater(gs))
-	var self atomic.Pointer[host.Host] // for the relay source, which may run before New returns
-	if cfg.Reachability == network.ReachabilityUnknown && behindNATGuess(localIPs(listen), cfg.Bootstrap) {
+	if cfg.Reachability == network.ReachabilityUnknown && behindNATGuess(localIPs(cfg.Listen), cfg.Bootstrap) {
 		// AutoNAT would take 15 s or more to find it out.
 		cfg.Reachability = network.ReachabilityPrivate
 		cfg.Logger.Info().Msg("every address of this machine is private and a bootstrap peer's is public: behind NAT, so reserving a relay at once (--reachability overrides)")
 	}
-	opts = append(opts, natOptions(cfg, &self, guard)...)
+	guard := newGuardFor(cfg.Limits, cfg.Logger)
+	var self atomic.Pointer[host.Host] // for the relay source, which may run before New returns
+	opts := hostOptions(cfg, guardedRM{ResourceManager: rm, g: guard}, guard, &self)
 	h, err := libp2p.New(opts...)
 	if err != nil {
 		rm.Close()
@@ -205,6 +165,26 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 			h.Close()
 		}
 	}()
+	d, err := newDHT(ctx, gh, guard)
+	if err != nil {
+		return nil, err
+	}
+	if err := connectBootstrap(ctx, h, cfg.Bootstrap, cfg.Logger); err != nil {
+		d.Close()
+		return nil, err
+	}
+	sub, err := h.EventBus().Subscribe([]any{new(event.EvtLocalReachabilityChanged), new(event.EvtAutoRelayAddrsUpdated)}, eventbus.Name("ringtrain nat log"))
+	if err != nil {
+		d.Close()
+		return nil, fmt.Errorf("p2p: watching reachability: %w", err)
+	}
+	out := &Host{Host: gh, DHT: d, Guard: guard, natLog: sub, punch: punch}
+	out.natWG.Go(func() { watchNAT(sub, cfg.Logger) })
+	return out, nil
+}
+
+// newDHT is the host's Kademlia DHT, in server mode under ProtocolPrefix.
+func newDHT(ctx context.Context, gh host.Host, guard *Guard) (*dht.IpfsDHT, error) {
 	// The DHT lives as long as the host: kad-dht derives its own lifetime
 	// from the context New is given, and ctx only bounds the start (a
 	// caller's join timeout, say). Close stops it.
@@ -225,18 +205,65 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("p2p: starting DHT: %w", err)
 	}
-	if err := connectBootstrap(ctx, h, cfg.Bootstrap, cfg.Logger); err != nil {
-		d.Close()
-		return nil, err
+	return d, nil
+}
+
+// newResourceManager is libp2p's resource manager: its autoscaled default
+// limits with cfg.Limits' per-peer ones over them, the per-IP limits, and
+// its own metrics where cfg.Registerer is set.
+func newResourceManager(cfg HostConfig) (network.ResourceManager, error) {
+	scaled := rcmgr.DefaultLimits.AutoScale()
+	// Zero is the resource manager's "default": the scaled limit stays.
+	perPeer := rcmgr.PartialLimitConfig{PeerDefault: rcmgr.ResourceLimits{Streams: rcmgr.LimitVal(cfg.Limits.PeerStreams), Memory: rcmgr.LimitVal64(cfg.Limits.PeerMemory)}}
+	rmOpts := perIPLimits(cfg.Limits.WithDefaults())
+	if cfg.Registerer != nil {
+		// The resource manager's own series: connections, streams, memory
+		// and what its limits blocked, by scope.
+		rcmgr.MustRegisterWith(cfg.Registerer)
+		str, err := rcmgr.NewStatsTraceReporter()
+		if err != nil {
+			return nil, fmt.Errorf("p2p: resource manager metrics: %w", err)
+		}
+		rmOpts = append(rmOpts, rcmgr.WithTraceReporter(str))
 	}
-	sub, err := h.EventBus().Subscribe([]any{new(event.EvtLocalReachabilityChanged), new(event.EvtAutoRelayAddrsUpdated)}, eventbus.Name("ringtrain nat log"))
+	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(perPeer.Build(scaled)), rmOpts...)
 	if err != nil {
-		d.Close()
-		return nil, fmt.Errorf("p2p: watching reachability: %w", err)
+		return nil, fmt.Errorf("p2p: resource manager: %w", err)
 	}
-	out := &Host{Host: gh, DHT: d, Guard: guard, natLog: sub, punch: punch}
-	out.natWG.Go(func() { watchNAT(sub, cfg.Logger) })
-	return out, nil
+	return rm, nil
+}
+
+// hostOptions are libp2p's options for a host of cfg (see NewHost): its
+// transports and security, rm, the connection gaters (guard's, the
+// allowlist, a test's), and the NAT traversal, whose relay source reads
+// the host from self once it exists.
+func hostOptions(cfg HostConfig, rm network.ResourceManager, guard *Guard, self *atomic.Pointer[host.Host]) []libp2p.Option {
+	opts := []libp2p.Option{
+		libp2p.ListenAddrStrings(cfg.Listen...),
+		libp2p.Transport(tcp.NewTCPTransport),
+		libp2p.Security(libp2ptls.ID, libp2ptls.New),
+		libp2p.Security(noise.ID, noise.New),
+		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
+		libp2p.ResourceManager(rm),
+	}
+	if cfg.Identity != nil {
+		opts = append(opts, libp2p.Identity(cfg.Identity))
+	}
+	if cfg.Registerer != nil {
+		opts = append(opts, libp2p.PrometheusRegisterer(cfg.Registerer))
+	}
+	if cfg.SwarmKey != nil {
+		opts = append(opts, libp2p.PrivateNetwork(cfg.SwarmKey))
+	}
+	gs := gaters{guardGater{guard}}
+	if len(cfg.Allow) > 0 {
+		gs = append(gs, allowList(cfg.Allow))
+	}
+	if cfg.gater != nil {
+		gs = append(gs, cfg.gater)
+	}
+	opts = append(opts, libp2p.ConnectionGater(gs))
+	return append(opts, natOptions(cfg, self, guard)...)
 }
 
 // connectBootstrap connects to the bootstrap peers, and while none answers,
