@@ -425,27 +425,7 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 	narrow NarrowAllreducer, says *stepSays) (loss float32, bad int, err error) {
 	jobs := make(chan [2]int, len(plan)+1)
 	done := make(chan error, 1)
-	go func() {
-		var err error
-		k := 0
-		for b := range jobs {
-			if err != nil {
-				continue // the ring is down: drain
-			}
-			buf := flat[b[0]:b[1]]
-			t := time.Now()
-			if r.Wire == ring.F32 || b[0] >= r.nparams {
-				err = r.Coll.AllreduceMean(ctx, buf)
-			} else {
-				err = narrow.AllreduceMeanAs(ctx, buf, r.Wire)
-			}
-			if r.Trace != nil {
-				r.Trace.Span("allreduce", t, time.Now(), r.Steps, k)
-			}
-			k++
-		}
-		done <- err
-	}()
+	go func() { done <- r.allreduceBuckets(ctx, flat, narrow, jobs) }()
 	bad = -1
 	checked := false // bad is known already: the buckets need no scan
 	var squares float64
@@ -504,6 +484,31 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 		return 0, -1, fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
 	}
 	return loss, bad, nil
+}
+
+// allreduceBuckets allreduces the buckets of flat that come on jobs, in
+// order, until jobs is closed, and returns the first collective's error:
+// after one, the rest are drained unsent (the ring is down).
+func (r *Replica) allreduceBuckets(ctx context.Context, flat []float32, narrow NarrowAllreducer, jobs <-chan [2]int) error {
+	var err error
+	k := 0
+	for b := range jobs {
+		if err != nil {
+			continue
+		}
+		buf := flat[b[0]:b[1]]
+		t := time.Now()
+		if r.Wire == ring.F32 || b[0] >= r.nparams {
+			err = r.Coll.AllreduceMean(ctx, buf)
+		} else {
+			err = narrow.AllreduceMeanAs(ctx, buf, r.Wire)
+		}
+		if r.Trace != nil {
+			r.Trace.Span("allreduce", t, time.Now(), r.Steps, k)
+		}
+		k++
+	}
+	return err
 }
 
 // prepareBucket readies the finite gradients flat[b[0]:b[1]] to go

@@ -139,21 +139,8 @@ func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead i
 	case len(far) > 0:
 		return out, &LiarError{Ranks: far, Why: fmt.Sprintf("they claim to be more than %d step(s) from the others (median step %d)", maxAhead, median)}
 	}
-	// Furthest on: the most steps, and of those the most epochs — a peer
-	// lost in the allreduces that score an epoch's end leaves some ranks
-	// past that end and others, at the same step, before it.
-	best, bestEpochs := -1, -1
-	for _, k := range offers {
-		if pos[k].Steps > best || pos[k].Steps == best && pos[k].Epochs > bestEpochs {
-			best, bestEpochs = pos[k].Steps, pos[k].Epochs
-		}
-	}
-	var top []int
-	for _, k := range offers {
-		if pos[k].Steps == best && pos[k].Epochs == bestEpochs {
-			top = append(top, k)
-		}
-	}
+	top := furthest(offers, pos)
+	best := pos[top[0]].Steps
 	hashOf := func(k int) string { return claims[k].Hash }
 	if odd, majority := oddOnes(top, hashOf); len(odd) > 0 {
 		if !majority {
@@ -170,6 +157,26 @@ func (r *Replica) adopt(ctx context.Context, has bool, mine Position, maxAhead i
 	}
 	out.Position = got
 	return out, nil
+}
+
+// furthest are the ranks of offers (not empty) furthest on, in rank
+// order: the most steps, and of those the most epochs — a peer lost in
+// the allreduces that score an epoch's end leaves some ranks past that
+// end and others, at the same step, before it.
+func furthest(offers []int, pos []Position) []int {
+	best, bestEpochs := -1, -1
+	for _, k := range offers {
+		if pos[k].Steps > best || pos[k].Steps == best && pos[k].Epochs > bestEpochs {
+			best, bestEpochs = pos[k].Steps, pos[k].Epochs
+		}
+	}
+	var top []int
+	for _, k := range offers {
+		if pos[k].Steps == best && pos[k].Epochs == bestEpochs {
+			top = append(top, k)
+		}
+	}
+	return top
 }
 
 // takeFrom gives every rank the parameters and optimizer state of the

@@ -118,6 +118,38 @@ func StageCarries(spec Spec, lo int) ([]Carry, error) {
 	return out, nil
 }
 
+// stageCarries are what stage cfg takes in — the data on the first stage,
+// else the previous layer's output and the saved outputs its layers use —
+// and, but on the last, what it hands on: its output and the saved
+// outputs of its own layers that later stages use. A carried output that
+// no layer of the stage uses passes by it (the pipeline forwards it).
+func stageCarries(cfg StageConfig) (in, out []Carry, err error) {
+	layers := cfg.Model.Spec.Layers
+	if cfg.Lo == 0 {
+		in = []Carry{{Shape: cfg.Model.Spec.Input}}
+	} else if in, err = StageCarries(cfg.Model.Spec, cfg.Lo); err != nil {
+		return nil, nil, err
+	}
+	uses, savedHere := map[string]bool{}, map[string]bool{}
+	for _, l := range layers[cfg.Lo:cfg.Hi] {
+		if l.From != "" {
+			uses[l.From] = true
+		}
+		if l.Save != "" {
+			savedHere[l.Save] = true
+		}
+	}
+	in = slices.DeleteFunc(in, func(c Carry) bool { return c.Name != "" && !uses[c.Name] })
+	if cfg.Hi == len(layers) {
+		return in, nil, nil
+	}
+	next, err := StageCarries(cfg.Model.Spec, cfg.Hi)
+	if err != nil {
+		return nil, nil, err
+	}
+	return in, slices.DeleteFunc(next, func(c Carry) bool { return c.Name != "" && !savedHere[c.Name] }), nil
+}
+
 // NewStage builds layers [Lo, Hi) of a model as a stage.
 func NewStage(cfg StageConfig) (_ *Stage, err error) {
 	shapes, err := cfg.Model.Shapes()
@@ -134,32 +166,8 @@ func NewStage(cfg StageConfig) (_ *Stage, err error) {
 	if len(lastShape) == 2 { // a language model: a label per position
 		s.positions = lastShape[0]
 	}
-	if s.first {
-		s.in = []Carry{{Shape: cfg.Model.Spec.Input}}
-	} else if s.in, err = StageCarries(cfg.Model.Spec, cfg.Lo); err != nil {
+	if s.in, s.out, err = stageCarries(cfg); err != nil {
 		return nil, err
-	}
-	// A carried output that no layer of this stage uses passes by it; the
-	// pipeline forwards it. The graph's inputs are the others.
-	uses := map[string]bool{}
-	for _, l := range layers[cfg.Lo:cfg.Hi] {
-		if l.From != "" {
-			uses[l.From] = true
-		}
-	}
-	s.in = slices.DeleteFunc(s.in, func(c Carry) bool { return c.Name != "" && !uses[c.Name] })
-	if !s.last {
-		next, err := StageCarries(cfg.Model.Spec, cfg.Hi)
-		if err != nil {
-			return nil, err
-		}
-		savedHere := map[string]bool{}
-		for _, l := range layers[cfg.Lo:cfg.Hi] {
-			if l.Save != "" {
-				savedHere[l.Save] = true
-			}
-		}
-		s.out = slices.DeleteFunc(next, func(c Carry) bool { return c.Name != "" && !savedHere[c.Name] })
 	}
 	init, err := InitParams(cfg.Model)
 	if err != nil {
@@ -177,16 +185,7 @@ func NewStage(cfg StageConfig) (_ *Stage, err error) {
 	s.g = G.NewGraph()
 	lg := &layerGraph{g: s.g, cfg: cfg.Model, shapes: shapes, init: init, blas: gemm.New(cfg.Threads),
 		saved: map[string]*G.Node{}, savedLearned: map[string]bool{}}
-	for k, c := range s.in {
-		shape := activation(b, c.Shape)
-		t := tensor.New(tensor.WithShape(shape...), tensor.Of(tensor.Float32))
-		name := fmt.Sprintf("in.%d", k)
-		n := G.NewTensor(s.g, G.Float32, len(shape), G.WithShape(shape...), G.WithName(name), G.WithValue(t))
-		s.inputs, s.inNodes = append(s.inputs, t), append(s.inNodes, n)
-		if c.Name != "" {
-			lg.saved[c.Name], lg.savedLearned[c.Name] = n, true
-		}
-	}
+	s.inputNodes(lg, b)
 	h, err := lg.build(s.inNodes[0], cfg.Lo, cfg.Hi, !s.first)
 	if err != nil {
 		return nil, fmt.Errorf("train: %w", err)
@@ -205,25 +204,7 @@ func NewStage(cfg StageConfig) (_ *Stage, err error) {
 		s.logits, s.cost = h, cost
 		roots = append(roots, h, cost)
 	} else {
-		// Backward's objective is Σ out ⊙ ∂L/∂out over the outputs: its
-		// gradient with respect to anything before them is the loss's,
-		// bit for bit (the ones Sum hands back multiply exactly).
-		for k, c := range s.out {
-			n := h
-			if c.Name != "" {
-				n = lg.saved[c.Name]
-			}
-			shape := activation(b, c.Shape)
-			t := tensor.New(tensor.WithShape(shape...), tensor.Of(tensor.Float32))
-			gn := G.NewTensor(s.g, G.Float32, len(shape), G.WithShape(shape...), G.WithName(fmt.Sprintf("gout.%d", k)), G.WithValue(t))
-			s.outs, s.gouts = append(s.outs, n), append(s.gouts, t)
-			term := G.Must(G.Sum(G.Must(G.HadamardProd(n, gn))))
-			if cost == nil {
-				cost = term
-			} else {
-				cost = G.Must(G.Add(cost, term))
-			}
-		}
+		cost = s.outputNodes(lg, h, b)
 		roots = append(roots, s.outs...)
 	}
 	s.fwd = newTape(roots...)
@@ -248,6 +229,47 @@ func NewStage(cfg StageConfig) (_ *Stage, err error) {
 		s.names = append(s.names, n.Name())
 	}
 	return s, nil
+}
+
+// inputNodes are the stage's inputs (s.in) as graph nodes of batch b,
+// with the tensors they read; a saved output carried in is also where
+// the stage's layers find it by name.
+func (s *Stage) inputNodes(lg *layerGraph, b int) {
+	for k, c := range s.in {
+		shape := activation(b, c.Shape)
+		t := tensor.New(tensor.WithShape(shape...), tensor.Of(tensor.Float32))
+		n := G.NewTensor(s.g, G.Float32, len(shape), G.WithShape(shape...), G.WithName(fmt.Sprintf("in.%d", k)), G.WithValue(t))
+		s.inputs, s.inNodes = append(s.inputs, t), append(s.inNodes, n)
+		if c.Name != "" {
+			lg.saved[c.Name], lg.savedLearned[c.Name] = n, true
+		}
+	}
+}
+
+// outputNodes makes the stage's outputs (s.out: h, the last layer's, or a
+// saved one) and the gradients that will come back for them, and returns
+// backward's objective for a stage before the last: Σ out ⊙ ∂L/∂out over
+// the outputs, whose gradient with respect to anything before them is
+// the loss's, bit for bit (the ones Sum hands back multiply exactly).
+func (s *Stage) outputNodes(lg *layerGraph, h *G.Node, b int) *G.Node {
+	var cost *G.Node
+	for k, c := range s.out {
+		n := h
+		if c.Name != "" {
+			n = lg.saved[c.Name]
+		}
+		shape := activation(b, c.Shape)
+		t := tensor.New(tensor.WithShape(shape...), tensor.Of(tensor.Float32))
+		gn := G.NewTensor(s.g, G.Float32, len(shape), G.WithShape(shape...), G.WithName(fmt.Sprintf("gout.%d", k)), G.WithValue(t))
+		s.outs, s.gouts = append(s.outs, n), append(s.gouts, t)
+		term := G.Must(G.Sum(G.Must(G.HadamardProd(n, gn))))
+		if cost == nil {
+			cost = term
+		} else {
+			cost = G.Must(G.Add(cost, term))
+		}
+	}
+	return cost
 }
 
 // Inputs is what Forward and Backward take, in order: the activation (the
