@@ -68,83 +68,16 @@ func NewPipeline(specs []TransformSpec) (*Pipeline, error) {
 			if p.mean != nil {
 				return nil, fmt.Errorf("data: %s: Normalize given twice: %w", where, ErrConfig)
 			}
-			if err := args.count(2, 2); err != nil {
-				return nil, err
-			}
-			mean, err := args.floats(0, "mean")
+			mean, std, err := normalizeOf(args)
 			if err != nil {
 				return nil, err
-			}
-			std, err := args.floats(1, "std")
-			if err != nil {
-				return nil, err
-			}
-			if len(mean) != len(std) || len(mean) == 0 {
-				return nil, fmt.Errorf("data: %s: %d means and %d stds; want the same number, one per channel: %w", where, len(mean), len(std), ErrConfig)
-			}
-			for _, v := range std {
-				if v == 0 {
-					return nil, fmt.Errorf("data: %s: a std of 0 would divide by zero: %w", where, ErrConfig)
-				}
 			}
 			p.mean, p.std = mean, std
-		case "Grayscale":
-			if err := args.count(0, 1); err != nil {
-				return nil, err
-			}
-			out := 1
-			if len(s.Args) == 1 {
-				var err error
-				if out, err = args.int(0, "num_output_channels"); err != nil {
-					return nil, err
-				}
-				if out != 1 && out != 3 {
-					return nil, fmt.Errorf("data: %s: num_output_channels %d; want 1 or 3: %w", where, out, ErrConfig)
-				}
-			}
-			op = grayscale{out: out}
-		case "Resize":
-			if err := args.count(1, 1); err != nil {
-				return nil, err
-			}
-			h, w, err := args.size(0, "size", false)
-			if err != nil {
-				return nil, err
-			}
-			op = resize{h: h, w: w}
-		case "RandomCrop":
-			if err := args.count(1, 3); err != nil {
-				return nil, err
-			}
-			c := randomCrop{}
+		case "Grayscale", "Resize", "RandomCrop", "RandomHorizontalFlip":
 			var err error
-			if c.h, c.w, err = args.size(0, "size", true); err != nil {
+			if op, err = imageOpOf(s, args); err != nil {
 				return nil, err
 			}
-			if len(s.Args) > 1 && string(s.Args[1]) != "null" {
-				if c.pad, err = args.padding(1); err != nil {
-					return nil, err
-				}
-			}
-			if len(s.Args) > 2 {
-				if err := args.decode(2, "pad_if_needed", &c.padIfNeeded); err != nil {
-					return nil, err
-				}
-			}
-			op = c
-		case "RandomHorizontalFlip":
-			if err := args.count(0, 1); err != nil {
-				return nil, err
-			}
-			f := flip{p: 0.5}
-			if len(s.Args) == 1 {
-				v, err := args.floats(0, "p")
-				if err != nil || len(v) != 1 || v[0] < 0 || v[0] > 1 {
-					return nil, fmt.Errorf("data: %s: p must be one number in [0, 1]: %w", where, ErrConfig)
-				}
-				f.p = float64(v[0])
-			}
-			op = f
 		default:
 			return nil, fmt.Errorf("data: %s: unknown transform; known: %s: %w", where, strings.Join(transformNames, ", "), ErrConfig)
 		}
@@ -158,6 +91,96 @@ func NewPipeline(specs []TransformSpec) (*Pipeline, error) {
 	}
 	p.buildLUTs()
 	return p, nil
+}
+
+// imageOpOf parses s, an image transform (Grayscale, Resize, RandomCrop,
+// RandomHorizontalFlip), whose arguments are args.
+func imageOpOf(s TransformSpec, args argList) (imageOp, error) {
+	where := args.where
+	switch s.Name {
+	case "Grayscale":
+		if err := args.count(0, 1); err != nil {
+			return nil, err
+		}
+		out := 1
+		if len(s.Args) == 1 {
+			var err error
+			if out, err = args.int(0, "num_output_channels"); err != nil {
+				return nil, err
+			}
+			if out != 1 && out != 3 {
+				return nil, fmt.Errorf("data: %s: num_output_channels %d; want 1 or 3: %w", where, out, ErrConfig)
+			}
+		}
+		return grayscale{out: out}, nil
+	case "Resize":
+		if err := args.count(1, 1); err != nil {
+			return nil, err
+		}
+		h, w, err := args.size(0, "size", false)
+		if err != nil {
+			return nil, err
+		}
+		return resize{h: h, w: w}, nil
+	case "RandomCrop":
+		if err := args.count(1, 3); err != nil {
+			return nil, err
+		}
+		c := randomCrop{}
+		var err error
+		if c.h, c.w, err = args.size(0, "size", true); err != nil {
+			return nil, err
+		}
+		if len(s.Args) > 1 && string(s.Args[1]) != "null" {
+			if c.pad, err = args.padding(1); err != nil {
+				return nil, err
+			}
+		}
+		if len(s.Args) > 2 {
+			if err := args.decode(2, "pad_if_needed", &c.padIfNeeded); err != nil {
+				return nil, err
+			}
+		}
+		return c, nil
+	case "RandomHorizontalFlip":
+		if err := args.count(0, 1); err != nil {
+			return nil, err
+		}
+		f := flip{p: 0.5}
+		if len(s.Args) == 1 {
+			v, err := args.floats(0, "p")
+			if err != nil || len(v) != 1 || v[0] < 0 || v[0] > 1 {
+				return nil, fmt.Errorf("data: %s: p must be one number in [0, 1]: %w", where, ErrConfig)
+			}
+			f.p = float64(v[0])
+		}
+		return f, nil
+	}
+	return nil, fmt.Errorf("data: %s: not an image transform: %w", where, ErrConfig)
+}
+
+// normalizeOf parses Normalize's arguments: a mean and a std per channel,
+// none of the stds 0.
+func normalizeOf(args argList) (mean, std []float32, err error) {
+	where := args.where
+	if err := args.count(2, 2); err != nil {
+		return nil, nil, err
+	}
+	if mean, err = args.floats(0, "mean"); err != nil {
+		return nil, nil, err
+	}
+	if std, err = args.floats(1, "std"); err != nil {
+		return nil, nil, err
+	}
+	if len(mean) != len(std) || len(mean) == 0 {
+		return nil, nil, fmt.Errorf("data: %s: %d means and %d stds; want the same number, one per channel: %w", where, len(mean), len(std), ErrConfig)
+	}
+	for _, v := range std {
+		if v == 0 {
+			return nil, nil, fmt.Errorf("data: %s: a std of 0 would divide by zero: %w", where, ErrConfig)
+		}
+	}
+	return mean, std, nil
 }
 
 func describeSpec(s TransformSpec) string {
