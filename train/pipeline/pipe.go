@@ -330,6 +330,79 @@ func (p *Pipe) activations(mb, rows int, out, in [][]float32) *Frame {
 	return f
 }
 
+// stopIfAsked marks this step the last when a stop was asked (SetStop,
+// SetStopWhen).
+func (p *Pipe) stopIfAsked() {
+	select {
+	case <-p.stop:
+		p.stopped()
+	default:
+		if p.stopWhen != nil && p.stopWhen() {
+			p.stopped()
+		}
+	}
+}
+
+// forward runs micro-batch mb's forward pass through a stage before the
+// last, whose inputs are in, and sends its activations on.
+func (p *Pipe) forward(mb, rows int, in [][]float32) error {
+	t0 := time.Now()
+	out, _, err := p.st.Forward(mb, p.stageIn(in), train.Labels{}, rows, true)
+	if p.pace != nil {
+		p.pace(false)
+	}
+	p.stats.Compute += time.Since(t0)
+	if err != nil {
+		return err
+	}
+	return p.send(p.next, p.activations(mb, rows, out, in))
+}
+
+// gradientsBack takes micro-batch mb's gradients from the next stage, if
+// any: the frame, and the gradients of this stage's own outputs in it.
+func (p *Pipe) gradientsBack(mb, rows int) (*Frame, [][]float32, error) {
+	if p.next == nil {
+		return nil, nil, nil
+	}
+	gout, err := p.recv(p.next, Expect{Kind: Gradients, Enc: p.enc, Stage: p.s + 1, Gen: p.gen, Step: p.step, MB: mb, Rows: rows, Sizes: sizes(p.out)})
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: pipeline: stage %d from stage %d: %w", train.ErrCollective, p.s, p.s+1, err)
+	}
+	gstage := make([][]float32, len(p.st.Outputs()))
+	for j, k := range p.fromStage {
+		if k >= 0 {
+			gstage[k] = gout.Tensors[j]
+		}
+	}
+	return gout, gstage, nil
+}
+
+// gradients is the frame micro-batch mb sends back: the gradients gin of
+// the inputs the stage used and, for the saved outputs it passed on, those
+// that came back in gout — summed with its own where a saved output is
+// used both here and later.
+func (p *Pipe) gradients(mb, rows int, loss float32, gin [][]float32, gout *Frame) *Frame {
+	f := &Frame{Kind: Gradients, MB: mb, Rows: rows, Loss: loss, Tensors: make([][]float32, len(p.in))}
+	for k, i := range p.useIn {
+		f.Tensors[i] = gin[k]
+	}
+	for j, i := range p.fromIn {
+		if i < 0 {
+			continue
+		}
+		if f.Tensors[i] == nil {
+			f.Tensors[i] = gout.Tensors[j]
+			continue
+		}
+		sum := slices.Clone(f.Tensors[i])
+		for e, v := range gout.Tensors[j] {
+			sum[e] += v
+		}
+		f.Tensors[i] = sum
+	}
+	return f
+}
+
 // ForwardBackward runs one batch through the stage by its schedule and
 // leaves the gradients of the batch's mean loss in Grads. A stage beside
 // this one that fails, stalls past the timeout or sends what was not
@@ -349,14 +422,7 @@ func (p *Pipe) ForwardBackward(x []float32, y []int, n int) (float32, error) {
 		return 0, err
 	}
 	p.st.ZeroGrads()
-	select {
-	case <-p.stop:
-		p.stopped()
-	default:
-		if p.stopWhen != nil && p.stopWhen() {
-			p.stopped()
-		}
-	}
+	p.stopIfAsked()
 	held := make(map[int][][]float32, count)
 	var heldBytes int64
 	losses := make([]float32, count)
@@ -377,32 +443,14 @@ func (p *Pipe) ForwardBackward(x []float32, y []int, n int) (float32, error) {
 			if p.st.Last() {
 				continue // its backward runs the forward pass
 			}
-			t0 := time.Now()
-			out, _, err := p.st.Forward(mb, p.stageIn(in), train.Labels{}, rows, true)
-			if p.pace != nil {
-				p.pace(false)
-			}
-			p.stats.Compute += time.Since(t0)
-			if err != nil {
-				return 0, err
-			}
-			if err := p.send(p.next, p.activations(mb, rows, out, in)); err != nil {
+			if err := p.forward(mb, rows, in); err != nil {
 				return 0, err
 			}
 			continue
 		}
-		var gout *Frame
-		var gstage [][]float32
-		if p.next != nil {
-			if gout, err = p.recv(p.next, Expect{Kind: Gradients, Enc: p.enc, Stage: p.s + 1, Gen: p.gen, Step: p.step, MB: mb, Rows: rows, Sizes: sizes(p.out)}); err != nil {
-				return 0, fmt.Errorf("%w: pipeline: stage %d from stage %d: %w", train.ErrCollective, p.s, p.s+1, err)
-			}
-			gstage = make([][]float32, len(p.st.Outputs()))
-			for j, k := range p.fromStage {
-				if k >= 0 {
-					gstage[k] = gout.Tensors[j]
-				}
-			}
+		gout, gstage, err := p.gradientsBack(mb, rows)
+		if err != nil {
+			return 0, err
 		}
 		in := held[mb]
 		t0 := time.Now()
@@ -425,27 +473,7 @@ func (p *Pipe) ForwardBackward(x []float32, y []int, n int) (float32, error) {
 		if p.prev == nil {
 			continue
 		}
-		f := &Frame{Kind: Gradients, MB: mb, Rows: rows, Loss: loss, Tensors: make([][]float32, len(p.in))}
-		for k, i := range p.useIn {
-			f.Tensors[i] = gin[k]
-		}
-		for j, i := range p.fromIn {
-			if i < 0 {
-				continue
-			}
-			// A saved output used here and later: its gradient is the
-			// sum of both.
-			if f.Tensors[i] == nil {
-				f.Tensors[i] = gout.Tensors[j]
-				continue
-			}
-			sum := slices.Clone(f.Tensors[i])
-			for e, v := range gout.Tensors[j] {
-				sum[e] += v
-			}
-			f.Tensors[i] = sum
-		}
-		if err := p.send(p.prev, f); err != nil {
+		if err := p.send(p.prev, p.gradients(mb, rows, loss, gin, gout)); err != nil {
 			return 0, err
 		}
 	}
