@@ -66,41 +66,16 @@ func exportWithin(c *train.Checkpoint, maxBytes int) (*pb.ModelProto, error) {
 	if err != nil {
 		return nil, fail("the checkpoint's model: %v", err)
 	}
-	if len(c.Params) != len(want) {
-		return nil, fail("the checkpoint holds %d parameter tensors; its model has %d", len(c.Params), len(want))
-	}
-	total := 0
-	for i, p := range want {
-		if len(c.Params[i]) != len(p.Data) {
-			return nil, fail("the checkpoint's %s has %d values; the model's is %v (%d)", p.Name, len(c.Params[i]), p.Shape, len(p.Data))
-		}
-		total += 4 * len(p.Data)
-	}
-	if total > maxBytes {
-		return nil, fail("%d bytes of parameters; an ONNX file without external data holds at most %d", total, maxBytes)
+	if err := fitParams(c.Params, want, maxBytes); err != nil {
+		return nil, err
 	}
 	mean, std, err := normalizeOf(c.Transforms, spec.Input)
 	if err != nil {
 		return nil, fail("%v", err)
 	}
 
-	g := &pb.GraphProto{Name: proto.String("ringtrain")}
-	init := func(name string, dims []int, v []float32) {
-		raw := make([]byte, 4*len(v)) // raw_data is little-endian, as ONNX says
-		for i, x := range v {
-			binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(x))
-		}
-		t := &pb.TensorProto{Name: proto.String(name), DataType: proto.Int32(int32(pb.TensorProto_FLOAT)), RawData: raw}
-		for _, d := range dims {
-			t.Dims = append(t.Dims, int64(d))
-		}
-		g.Initializer = append(g.Initializer, t)
-	}
-	node := func(op, name string, in []string, attrs ...*pb.AttributeProto) string {
-		g.Node = append(g.Node, &pb.NodeProto{OpType: proto.String(op), Name: proto.String(name), Input: in,
-			Output: []string{name}, Attribute: attrs})
-		return name
-	}
+	lm := newGraph()
+	g, init, node := lm.g, lm.init, lm.node
 	sample := append([]int{1}, spec.Input...)
 	h := "input"
 	if mean != nil {
@@ -110,7 +85,6 @@ func exportWithin(c *train.Checkpoint, maxBytes int) (*pb.ModelProto, error) {
 	}
 	saved := map[string]string{}
 	next := 0
-	lm := &lmGraph{g: g, init: init, node: node}
 	for i, l := range spec.Layers {
 		name := fmt.Sprintf("%d.%s", i, l.Type)
 		switch l.Type {
@@ -123,21 +97,15 @@ func exportWithin(c *train.Checkpoint, maxBytes int) (*pb.ModelProto, error) {
 			}
 			h = lm.layer(h, name, l, in, want, c.Params, &next)
 		case train.LayerLinear:
-			w, b := want[next], want[next+1]
-			init(w.Name, w.Shape, c.Params[next])
-			init(b.Name, []int{l.Out}, c.Params[next+1])
-			next += 2
+			w, b := lm.weightAndBias(l.Out, want, c.Params, &next)
 			if i > 0 && len(shapes[i-1]) == 2 { // each position's row: [batch, T, features]
-				h = node("Add", name, []string{node("MatMul", name+".matmul", []string{h, w.Name}), b.Name})
+				h = node("Add", name, []string{node("MatMul", name+".matmul", []string{h, w}), b})
 				break
 			}
-			h = node("Gemm", name, []string{h, w.Name, b.Name})
+			h = node("Gemm", name, []string{h, w, b})
 		case train.LayerConv2D:
-			w, b := want[next], want[next+1]
-			init(w.Name, w.Shape, c.Params[next])
-			init(b.Name, []int{l.Out}, c.Params[next+1])
-			next += 2
-			h = node("Conv", name, []string{h, w.Name, b.Name},
+			w, b := lm.weightAndBias(l.Out, want, c.Params, &next)
+			h = node("Conv", name, []string{h, w, b},
 				ints("kernel_shape", l.Kernel, l.Kernel), ints("pads", l.Pad, l.Pad, l.Pad, l.Pad), ints("strides", 1, 1))
 		case train.LayerMaxPool2D:
 			h = node("MaxPool", name, []string{h}, ints("kernel_shape", l.Kernel, l.Kernel), ints("strides", l.Kernel, l.Kernel))
@@ -170,18 +138,7 @@ func exportWithin(c *train.Checkpoint, maxBytes int) (*pb.ModelProto, error) {
 
 	classes, _ := json.Marshal(c.Classes)
 	transforms, _ := json.Marshal(c.Transforms)
-	layout := "C×H×W floats in [0, 1], as ToTensor makes them; Normalize is in the graph"
-	if mean == nil {
-		layout = "C×H×W floats in [0, 1], as ToTensor makes them (the job had no Normalize)"
-	}
-	if len(spec.Input) == 1 {
-		layout = strings.Replace(layout, "C×H×W floats", "C×H×W floats laid flat", 1)
-	}
-	output := "logits, one per class (softmax gives probabilities)"
-	if spec.Loss != train.CrossEntropy {
-		layout = fmt.Sprintf("a row of %d features, the job's CSV table's non-target columns in its order", spec.Input[0])
-		output = fmt.Sprintf("the model's outputs, one per target column (trained with %s)", spec.Loss)
-	}
+	layout, output := describeIO(spec, mean != nil)
 	return &pb.ModelProto{
 		IrVersion:       proto.Int64(IRVersion),
 		OpsetImport:     []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(Opset)}},
@@ -195,6 +152,67 @@ func exportWithin(c *train.Checkpoint, maxBytes int) (*pb.ModelProto, error) {
 			{Key: proto.String("transforms"), Value: proto.String(string(transforms))},
 		},
 	}, nil
+}
+
+// newGraph is an empty graph with its two builders: init adds a float
+// initializer, node a node whose one output is named as the node.
+func newGraph() *lmGraph {
+	g := &pb.GraphProto{Name: proto.String("ringtrain")}
+	init := func(name string, dims []int, v []float32) {
+		raw := make([]byte, 4*len(v)) // raw_data is little-endian, as ONNX says
+		for i, x := range v {
+			binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(x))
+		}
+		t := &pb.TensorProto{Name: proto.String(name), DataType: proto.Int32(int32(pb.TensorProto_FLOAT)), RawData: raw}
+		for _, d := range dims {
+			t.Dims = append(t.Dims, int64(d))
+		}
+		g.Initializer = append(g.Initializer, t)
+	}
+	node := func(op, name string, in []string, attrs ...*pb.AttributeProto) string {
+		g.Node = append(g.Node, &pb.NodeProto{OpType: proto.String(op), Name: proto.String(name), Input: in,
+			Output: []string{name}, Attribute: attrs})
+		return name
+	}
+	return &lmGraph{g: g, init: init, node: node}
+}
+
+// fitParams checks a checkpoint's parameters against the tensors its model
+// has (want: names and shapes, in order), and their bytes against maxBytes.
+func fitParams(params [][]float32, want []train.Param, maxBytes int) error {
+	if len(params) != len(want) {
+		return fmt.Errorf("%w: the checkpoint holds %d parameter tensors; its model has %d", ErrExport, len(params), len(want))
+	}
+	total := 0
+	for i, p := range want {
+		if len(params[i]) != len(p.Data) {
+			return fmt.Errorf("%w: the checkpoint's %s has %d values; the model's is %v (%d)", ErrExport, p.Name, len(params[i]), p.Shape, len(p.Data))
+		}
+		total += 4 * len(p.Data)
+	}
+	if total > maxBytes {
+		return fmt.Errorf("%w: %d bytes of parameters; an ONNX file without external data holds at most %d", ErrExport, total, maxBytes)
+	}
+	return nil
+}
+
+// describeIO says, for the model's doc string and metadata, what its input
+// is (normalized: whether the graph holds the job's Normalize) and what it
+// outputs.
+func describeIO(spec train.Spec, normalized bool) (layout, output string) {
+	layout = "C×H×W floats in [0, 1], as ToTensor makes them; Normalize is in the graph"
+	if !normalized {
+		layout = "C×H×W floats in [0, 1], as ToTensor makes them (the job had no Normalize)"
+	}
+	if len(spec.Input) == 1 {
+		layout = strings.Replace(layout, "C×H×W floats", "C×H×W floats laid flat", 1)
+	}
+	output = "logits, one per class (softmax gives probabilities)"
+	if spec.Loss != train.CrossEntropy {
+		layout = fmt.Sprintf("a row of %d features, the job's CSV table's non-target columns in its order", spec.Input[0])
+		output = fmt.Sprintf("the model's outputs, one per target column (trained with %s)", spec.Loss)
+	}
+	return layout, output
 }
 
 // normalizeOf returns the Normalize of transforms expanded to one value per

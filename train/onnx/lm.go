@@ -16,11 +16,24 @@ import (
 // attention as MatMul, a causal mask added, Softmax and MatMul per head;
 // GELU through Erf, exact as ringtrain's.
 
-// lmGraph writes a language model's layers into g.
+// lmGraph is the graph being written, g, with its builders (newGraph):
+// every layer goes in through init and node, a language model's through
+// its methods.
 type lmGraph struct {
 	g    *pb.GraphProto
 	init func(name string, dims []int, v []float32)
 	node func(op, name string, in []string, attrs ...*pb.AttributeProto) string
+}
+
+// weightAndBias adds the weight and the bias of a layer of out outputs,
+// the parameters at *next (want: their names and shapes), as
+// initializers, moves *next past them and returns their names.
+func (m *lmGraph) weightAndBias(out int, want []train.Param, params [][]float32, next *int) (w, b string) {
+	wp, bp := want[*next], want[*next+1]
+	m.init(wp.Name, wp.Shape, params[*next])
+	m.init(bp.Name, []int{out}, params[*next+1])
+	*next += 2
+	return wp.Name, bp.Name
 }
 
 // int64s adds an int64 initializer.
