@@ -204,7 +204,7 @@ if ! (cd "$root" && go run ./internal/churnreport "${flags[@]}" "$tmp/churn" "$t
 	# admission or a stall is read from these, when nothing was kept.
 	echo "netns-churn: the peers' admissions and re-formations:"
 	for f in "$tmp"/churn/p*.log; do
-		grep -hE '"message":"(a standby being admitted|admitted|the ring has formed without|no bootstrap peer)' "$f" |
+		grep -hE '"message":"(a standby being admitted|admitted|the ring has formed without|no bootstrap peer|could not admit)' "$f" |
 			sed -E 's/.*"time":"([^"]*)".*"message":"([^"]*)".*/\1 \2/' | sed "s|^|$(basename "$f" .log) |"
 	done | sort -k2,2 | cut -c1-200
 	exit 1
