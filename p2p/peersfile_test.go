@@ -53,6 +53,9 @@ func TestRememberedPeersReadBack(t *testing.T) {
 	for i, id := range ids {
 		ps.AddAddrs(id, []ma.Multiaddr{ma.StringCast(fmt.Sprintf("/ip4/10.0.0.%d/tcp/4001", i+1)), ma.StringCast(fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", 5000+i))}, peerstore.PermanentAddrTTL)
 	}
+	// A peer behind NAT is reached through its relay: that address too.
+	relayed := ma.StringCast("/ip4/10.0.0.9/tcp/4001/p2p/" + testPeerIDs(t, 9, 1)[0].String() + "/p2p-circuit")
+	ps.AddAddrs(ids[0], []ma.Multiaddr{relayed}, peerstore.PermanentAddrTTL)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "id.peers")
 	if got, err := KnownPeers(path); got != nil || err != nil {
@@ -71,9 +74,16 @@ func TestRememberedPeersReadBack(t *testing.T) {
 	if len(got) != len(ids) {
 		t.Fatalf("%d peers read back; want %d", len(got), len(ids))
 	}
+	if !slices.ContainsFunc(got[0].Addrs, relayed.Equal) {
+		t.Errorf("peer 0's relayed address %s not read back: %v", relayed, got[0].Addrs)
+	}
 	for i, ai := range got {
-		if ai.ID != ids[i] || len(ai.Addrs) != 2 || !slices.ContainsFunc(ai.Addrs, func(a ma.Multiaddr) bool { return a.String() == fmt.Sprintf("/ip4/10.0.0.%d/tcp/4001", i+1) }) {
-			t.Errorf("peer %d: %v; want %s at its two addresses", i, ai, ids[i])
+		want := 2
+		if i == 0 {
+			want = 3 // and the relayed one
+		}
+		if ai.ID != ids[i] || len(ai.Addrs) != want || !slices.ContainsFunc(ai.Addrs, func(a ma.Multiaddr) bool { return a.String() == fmt.Sprintf("/ip4/10.0.0.%d/tcp/4001", i+1) }) {
+			t.Errorf("peer %d: %v; want %s at its %d addresses", i, ai, ids[i], want)
 		}
 	}
 	many := testPeerIDs(t, 8, maxKnownPeers+1)
