@@ -151,57 +151,69 @@ func Run(ctx context.Context, trs Transports, cfg Config, emit func(Result)) err
 	}()
 
 	for _, size := range cfg.Sizes {
-		bufs := make([][]float32, n)
-		for i := range bufs {
-			bufs[i] = make([]float32, size/4)
-			for j := range bufs[i] {
-				bufs[i][j] = float32(j&127) * 0.25
-			}
+		r, err := measure(ctx, cfg, rings, raw, size)
+		if err != nil {
+			return err
 		}
-		src, dst := make([][]byte, n), make([][]byte, n)
-		for i := range n {
-			src[i], dst[i] = make([]byte, size), make([]byte, size)
-		}
-		// Ring and pattern take turns, so that both see the same machine:
-		// on a shared VM the bare pattern alone varies by tens of percent
-		// from one second to the next. One untimed round warms both.
-		var ringTimes, patTimes, ratios []float64
-		var cpu float64 // process CPU seconds in the timed allreduce rounds
-		for i := range cfg.Iters + 1 {
-			cpu0 := cpuSeconds()
-			t, err := timed(func() error {
-				return onAll(n, func(i int) error { return rings[i].AllreduceSum(ctx, bufs[i]) })
-			})
-			if i > 0 {
-				cpu += cpuSeconds() - cpu0
-			}
-			if err != nil {
-				return fmt.Errorf("allreduce of %d bytes: %w", size, err)
-			}
-			p, err := timed(func() error { return pattern(raw, src, dst) })
-			if err != nil {
-				return fmt.Errorf("pattern ceiling of %d bytes: %w", size, err)
-			}
-			if i > 0 {
-				ringTimes, patTimes, ratios = append(ringTimes, t), append(patTimes, p), append(ratios, p/t)
-			}
-		}
-		ringTime, patTime := median(ringTimes), median(patTimes)
-		algbw := float64(size) / ringTime / 1e9
-		emit(Result{
-			Transport:    cfg.Transport,
-			Peers:        n,
-			Bytes:        size,
-			Seconds:      ringTime,
-			Algbw:        algbw,
-			Busbw:        algbw * busFactor(n),
-			CeilingBusbw: float64(size) / patTime / 1e9 * busFactor(n),
-			Ratio:        median(ratios),
-			// Every rank sends 2(n−1)/n of the buffer per call.
-			CPUPerGB: cpu / (float64(cfg.Iters) * float64(size) * 2 * float64(n-1) / 1e9),
-		})
+		emit(r)
 	}
 	return nil
+}
+
+// measure times the allreduce of size bytes on rings, and the bare
+// pattern ceiling on raw, taking turns: cfg.Iters timed rounds each after
+// one untimed.
+func measure(ctx context.Context, cfg Config, rings []*ring.Ring, raw []ring.Transport, size int) (Result, error) {
+	n := len(rings)
+	bufs := make([][]float32, n)
+	for i := range bufs {
+		bufs[i] = make([]float32, size/4)
+		for j := range bufs[i] {
+			bufs[i][j] = float32(j&127) * 0.25
+		}
+	}
+	src, dst := make([][]byte, n), make([][]byte, n)
+	for i := range n {
+		src[i], dst[i] = make([]byte, size), make([]byte, size)
+	}
+	// Ring and pattern take turns, so that both see the same machine:
+	// on a shared VM the bare pattern alone varies by tens of percent
+	// from one second to the next. One untimed round warms both.
+	var ringTimes, patTimes, ratios []float64
+	var cpu float64 // process CPU seconds in the timed allreduce rounds
+	for i := range cfg.Iters + 1 {
+		cpu0 := cpuSeconds()
+		t, err := timed(func() error {
+			return onAll(n, func(i int) error { return rings[i].AllreduceSum(ctx, bufs[i]) })
+		})
+		if i > 0 {
+			cpu += cpuSeconds() - cpu0
+		}
+		if err != nil {
+			return Result{}, fmt.Errorf("allreduce of %d bytes: %w", size, err)
+		}
+		p, err := timed(func() error { return pattern(raw, src, dst) })
+		if err != nil {
+			return Result{}, fmt.Errorf("pattern ceiling of %d bytes: %w", size, err)
+		}
+		if i > 0 {
+			ringTimes, patTimes, ratios = append(ringTimes, t), append(patTimes, p), append(ratios, p/t)
+		}
+	}
+	ringTime, patTime := median(ringTimes), median(patTimes)
+	algbw := float64(size) / ringTime / 1e9
+	return Result{
+		Transport:    cfg.Transport,
+		Peers:        n,
+		Bytes:        size,
+		Seconds:      ringTime,
+		Algbw:        algbw,
+		Busbw:        algbw * busFactor(n),
+		CeilingBusbw: float64(size) / patTime / 1e9 * busFactor(n),
+		Ratio:        median(ratios),
+		// Every rank sends 2(n−1)/n of the buffer per call.
+		CPUPerGB: cpu / (float64(cfg.Iters) * float64(size) * 2 * float64(n-1) / 1e9),
+	}, nil
 }
 
 func cpuSeconds() float64 {
