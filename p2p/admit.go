@@ -20,15 +20,22 @@ import (
 const AdmitProtocol = "/ringtrain/admit/2.0.0"
 
 // Standbys are the verified peers of this job that are connected but not
-// in members: late arrivals, waiting to be admitted.
+// in members, and whose latest hello says they wait (Hello.Waiting): late
+// arrivals, waiting to be admitted.
 func (n *Node) Standbys(members []peer.ID) []peer.ID {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	var out []peer.ID
 	for p, pi := range n.peers {
 		// Connected: a peer that said hello and is still there (the
-		// verified set also holds members lost since).
-		if pi.verified && !pi.refused && !pi.lied && !slices.Contains(members, p) && n.h.Network().Connectedness(p) == network.Connected {
+		// verified set also holds members lost since). Seen gone, it
+		// waits no longer: started again, it is a standby once its own
+		// hello says so (Hello.Waiting).
+		if n.h.Network().Connectedness(p) != network.Connected {
+			pi.waiting = false
+			continue
+		}
+		if pi.verified && pi.waiting && !pi.refused && !pi.lied && !slices.Contains(members, p) {
 			out = append(out, p)
 		}
 	}
@@ -223,9 +230,10 @@ func (n *Node) WaitAdmission(ctx context.Context, idle time.Duration) (*Formatio
 }
 
 // greetMembersLocked says hello to the verified peers this standby knows
-// only from statements passed on, and to those it is no longer connected
-// to, so that every member, rank 0 who admits included, hears from it
-// directly and counts it among the Standbys — and holds a connection to it,
+// only from statements passed on, to those it is no longer connected to,
+// and to those no hello of this process has told that it waits, so that
+// every member, rank 0 who admits included, hears from it directly that it
+// waits and counts it among the Standbys — and holds a connection to it,
 // which a standby behind NAT, not yet relayed, can be reached over only.
 // Being connected is not enough: a DHT lookup connects to members without
 // a hello. n.mu held.
@@ -235,7 +243,7 @@ func (n *Node) greetMembersLocked() {
 	}
 	now := time.Now()
 	for p, pi := range n.peers {
-		if pi.verified && !pi.refused && !now.Before(pi.deadUntil) && (pi.relayed || n.h.Network().Connectedness(p) != network.Connected) {
+		if pi.verified && !pi.refused && !now.Before(pi.deadUntil) && (pi.relayed || !pi.toldWaiting || n.h.Network().Connectedness(p) != network.Connected) {
 			n.greetLocked(p, true)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/rs/zerolog"
 )
@@ -371,4 +372,61 @@ func TestNewerAdmissionReplacesAnOlder(t *testing.T) {
 	if err != nil || f.Generation != 5 || !slices.Equal(f.Members, ring) {
 		t.Fatalf("WaitAdmission = %+v, %v; want the admission to the ring after generation 5", f, err)
 	}
+}
+
+// TestRestartedPeerIsNoStandbyUntilItJoins: a standby the members know is
+// killed and started again with its identity. Its new process connects to
+// them at once — its host is up long before it has built its job and
+// joins — and the members, who verified its identity before, took it for
+// a standby as soon as it was connected: rank 0 admitted it, the ring
+// re-formed with it, and waited 2 s for a peer that was not yet re-forming
+// (a stall, and a 3.5 s admission, under load in the churn test). It is a
+// standby once its hellos say it is forming.
+func TestRestartedPeerIsNoStandbyUntilItJoins(t *testing.T) {
+	slow(t)
+	j := job
+	j.WorldSize, j.MaxWorldSize = 2, 3
+	ctx, s := formedRing(t, j)
+	members := s.Formations[0].Members
+	key, _, err := crypto.GenerateEd25519Key(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func() (*Host, *Node) {
+		h, err := NewHost(ctx, HostConfig{Listen: loopback, Identity: key, Bootstrap: []peer.AddrInfo{info(s.Hosts[0])}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := NewNode(h, j, NodeConfig{})
+		if err != nil {
+			h.Close()
+			t.Fatal(err)
+		}
+		return h, n
+	}
+	h1, n1 := start()
+	if _, err := n1.Join(ctx); !errors.Is(err, ErrStandby) {
+		t.Fatalf("the first process's Join = %v; want ErrStandby", err)
+	}
+	id := h1.ID()
+	isStandby := func() bool { return slices.Contains(s.Nodes[0].Standbys(members), id) }
+	waitFor(t, 30*time.Second, isStandby, "the first process to be a standby")
+	n1.Close()
+	h1.Close()
+	waitFor(t, 30*time.Second, func() bool { return !isStandby() }, "the killed process to be gone")
+	h2, n2 := start() // connected to rank 0, and not joining
+	defer h2.Close()
+	defer n2.Close()
+	if isStandby() {
+		t.Fatal("rank 0 takes the restarted process for a standby before it joins")
+	}
+	// Nor once it has heard from the new process, which does not wait yet.
+	if err := s.Nodes[0].sayHello(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	if isStandby() {
+		t.Fatal("rank 0 takes the restarted process for a standby on its hello, before it joins")
+	}
+	go n2.Join(ctx) //nolint:errcheck // ends with ctx; the test asks rank 0
+	waitFor(t, 30*time.Second, isStandby, "the joining process to be a standby")
 }

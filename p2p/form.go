@@ -156,6 +156,11 @@ type peerInfo struct {
 	// incarnation is the Incarnation of its hellos: a new one is a new
 	// process of the same peer.
 	incarnation uint64
+	// waiting: its latest hello said it is joining (Hello.Waiting); cleared
+	// when it is seen gone, so that a restarted process is a standby only
+	// once it says so itself. toldWaiting: it has had a hello of ours
+	// saying this node waits, since it last started.
+	waiting, toldWaiting bool
 	// hasStmt: the Seq of each member's statement it has (we told it, or
 	// it told us).
 	hasStmt map[peer.ID]uint64
@@ -167,6 +172,7 @@ type told struct {
 	prop    int
 	members []peer.ID
 	stmts   map[peer.ID]uint64
+	waiting bool // the hello said this node is joining
 }
 
 // Node finds the other peers of a job and agrees with them on a ring. It
@@ -203,6 +209,7 @@ type Node struct {
 	mu          sync.Mutex
 	passing     bool   // passOn runs
 	incarnation uint64 // this process's Hello.Incarnation: random, so it tells nothing
+	waiting     bool   // from Join until a ring with this node forms (Hello.Waiting)
 	peers       map[peer.ID]*peerInfo
 	propVer     int                 // our proposal's version: bumped when it changes
 	seq0        uint64              // Seq of version 0: when the node started, so a restarted peer's Seqs rise still
@@ -374,6 +381,9 @@ func (n *Node) Join(ctx context.Context) (*Formation, error) {
 	defer wg.Wait()
 	defer stop()
 	wg.Go(func() { n.discoverLoop(dctx) })
+	n.mu.Lock()
+	n.waiting = true
+	n.mu.Unlock()
 	first, start := n.connectedPeers(), time.Now()
 	pause := n.cfg.Interval
 	for {
@@ -580,7 +590,7 @@ func (n *Node) decideJoin() (*Formation, error) {
 	before := n.propVersionLocked()
 	d := n.join.Decide()
 	if d.Formed != nil {
-		n.current = d.Formed
+		n.current, n.waiting = d.Formed, false
 	}
 	if n.propVersionLocked() != before {
 		n.poke() // ready now, or formed: tell the others at once
@@ -744,7 +754,7 @@ func (n *Node) forgetLocked() {
 func (n *Node) rebornLocked(p peer.ID, pi *peerInfo) {
 	clear(pi.knows)
 	clear(pi.hasStmt)
-	pi.toldProp, pi.toldAt, pi.heard = 0, time.Time{}, 0
+	pi.toldProp, pi.toldAt, pi.heard, pi.toldWaiting = 0, time.Time{}, 0, false
 	for _, qi := range n.peers {
 		delete(qi.knows, p)
 		delete(qi.hasStmt, p)
@@ -903,12 +913,12 @@ func (n *Node) newsLocked(p peer.ID, pi *peerInfo) []peer.ID {
 func (n *Node) helloTo(p peer.ID) (*Hello, told) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	h := &Hello{Version: ProtocolVersion, Proof: proof(n.key, n.h.ID(), p), Incarnation: n.incarnation}
+	h := &Hello{Version: ProtocolVersion, Proof: proof(n.key, n.h.ID(), p), Incarnation: n.incarnation, Waiting: n.waiting}
 	pi := n.peers[p]
 	if pi == nil || !pi.verified {
 		return h, told{prop: -1}
 	}
-	v := told{prop: n.propVersionLocked(), members: n.newsLocked(p, pi), stmts: map[peer.ID]uint64{}}
+	v := told{prop: n.propVersionLocked(), members: n.newsLocked(p, pi), stmts: map[peer.ID]uint64{}, waiting: n.waiting}
 	for _, q := range v.members {
 		h.Members = append(h.Members, n.memberLocked(q))
 	}
@@ -945,6 +955,7 @@ func (n *Node) sent(p peer.ID, v told) {
 	defer n.mu.Unlock()
 	if pi := n.peers[p]; pi != nil && pi.verified {
 		pi.toldProp, pi.toldAt = max(pi.toldProp, v.prop), time.Now()
+		pi.toldWaiting = pi.toldWaiting || v.waiting
 		for _, q := range v.members {
 			pi.knows[q] = true
 		}
@@ -981,6 +992,7 @@ func (n *Node) learn(from peer.ID, h *Hello) (changed bool) {
 		}
 		pi.incarnation = h.Incarnation
 	}
+	pi.waiting = h.Waiting
 	if !pi.verified {
 		n.verifyLocked(pi)
 		changed = true

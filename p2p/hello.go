@@ -30,10 +30,12 @@ const HelloProtocol = "/ringtrain/hello/3.0.0"
 // outer round's payload lengths in its trailer's allreduce, one
 // collective fewer, which a version-6 peer would not follow; version 8
 // sends a newcomer its state over direct links from each donor (channel
-// 6), where a version-7 peer waits for it round the ring.
+// 6), where a version-7 peer waits for it round the ring; version 9
+// admits only peers whose hellos say they are waiting (Hello.Waiting),
+// which a version-8 standby never says.
 // The hello's wire form is unchanged, so the two still understand the
 // refusal.
-const ProtocolVersion = 8
+const ProtocolVersion = 9
 
 // Bounds on a hello: a peer list of hundreds of members with a few
 // addresses each fits in maxHelloBytes with room to spare.
@@ -85,6 +87,13 @@ type Hello struct {
 	// nothing of what its last process was told, and the others know
 	// nothing of it as a newcomer: a new incarnation makes both news again.
 	Incarnation uint64 `json:"inc,omitempty"`
+	// Waiting says the sender is joining the job: forming its first ring,
+	// or waiting as a standby to be admitted. A member admits only a peer
+	// whose latest hello says so: a peer restarted with the same identity
+	// is connected — its host up, its node answering — well before it has
+	// built its job and joins, and a ring that admitted it then waited its
+	// grace for a re-formation it could not yet take part in.
+	Waiting bool `json:"waiting,omitempty"`
 	// Statements are the sender's own signed proposal and the newest it
 	// holds of other members (see Statement) — sent only to verified peers;
 	// Rings are the member lists they refer to, each once.

@@ -50,7 +50,7 @@ func (n *Node) Reform(ctx context.Context, prev *Formation, minSize int, gone ..
 		n.mu.Lock()
 		d := a.Decide()
 		if d.Formed != nil {
-			n.current = d.Formed
+			n.current, n.waiting = d.Formed, false
 			n.propVersionLocked() // what it says of the ring is this generation now
 		}
 		n.mu.Unlock()
