@@ -179,6 +179,11 @@ func (n *Node) WaitAdmission(ctx context.Context, idle time.Duration) (*Formatio
 	defer tick.Stop()
 	last, shown := time.Now(), time.Now()
 	var claim *Proposal
+	// At once, not at the first tick: rank 0 admits this peer only once
+	// it has heard from it that it waits.
+	n.mu.Lock()
+	n.greetMembersLocked()
+	n.mu.Unlock()
 	for {
 		select {
 		case f := <-n.admitted:
