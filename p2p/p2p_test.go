@@ -392,14 +392,7 @@ func TestGoneBootstrapPeerDoesNotHoldTheJoin(t *testing.T) {
 			}
 		}
 	})
-	key, _, err := crypto.GenerateEd25519Key(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gone, err := peer.IDFromPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gone := testPeerIDs(t, 11, 1)[0] // no process holds its key
 	boot := []peer.AddrInfo{
 		{ID: gone, Addrs: []ma.Multiaddr{ma.StringCast(fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", hole.Addr().(*net.TCPAddr).Port))}},
 		info(up),
