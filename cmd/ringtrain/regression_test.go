@@ -105,8 +105,11 @@ func TestRegressionTrainsAsWritten(t *testing.T) {
 	}
 	split, _ := run(t, 3, "regression-pipeline-job.json", "regression-pipeline.ckpt", `"micro_batches": 4`, `"micro_batches": 1`)
 	sameParams(t, "3 stages against one peer", split, one)
-	micro, _ := run(t, 3, "regression-pipeline-job.json", "regression-pipeline.ckpt")
-	whole, _ := run(t, 1, "regression-pipeline-job.json", "regression-pipeline.ckpt",
+	// Every step sums its micro-batches in the same order, so 3 epochs
+	// (192 steps) check that order as well as 10; the 10-epoch equality
+	// is the 3 stages against one peer above.
+	micro, _ := run(t, 3, "regression-pipeline-job.json", "regression-pipeline.ckpt", `"epochs": 10`, `"epochs": 3`)
+	whole, _ := run(t, 1, "regression-pipeline-job.json", "regression-pipeline.ckpt", `"epochs": 10`, `"epochs": 3`,
 		`"world_size": 3`, `"world_size": 1`, `"stages": 3, "micro_batches": 4, "split": [3, 7]`, `"stages": 1, "micro_batches": 4`)
 	sameParams(t, "3 stages of 4 micro-batches against one", micro, whole)
 }

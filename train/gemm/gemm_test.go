@@ -6,6 +6,7 @@ import (
 	"math/big"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"testing"
 
 	"gonum.org/v1/gonum/blas"
@@ -79,8 +80,14 @@ func (c gemmCase) String() string {
 	return fmt.Sprintf("tA=%v,tB=%v,%dx%dx%d,a=%g,b=%g,pad=%d", c.tA, c.tB, c.m, c.n, c.k, c.alpha, c.beta, c.pad)
 }
 
-// run multiplies with im and returns C; the same seed gives the same inputs.
-func (c gemmCase) run(t testing.TB, im *BLAS, seed uint64) (got []float32, want []float64, ldc int) {
+// operands are a case's matrices, with C as it is before the product.
+type operands struct {
+	a, b, c       []float32
+	lda, ldb, ldc int
+}
+
+// operands draws the case's matrices; the same seed gives the same ones.
+func (c gemmCase) operands(seed uint64) operands {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	rowA, colA := c.m, c.k
 	if c.tA {
@@ -90,16 +97,28 @@ func (c gemmCase) run(t testing.TB, im *BLAS, seed uint64) (got []float32, want 
 	if c.tB {
 		rowB, colB = c.n, c.k
 	}
-	lda, ldb, ldc := max(1, colA)+c.pad, max(1, colB)+c.pad, c.n+c.pad
-	a := randMat(rng, max(1, rowA*lda))
-	b := randMat(rng, max(1, rowB*ldb))
-	cm := randMat(rng, max(1, c.m*ldc))
+	o := operands{lda: max(1, colA) + c.pad, ldb: max(1, colB) + c.pad, ldc: c.n + c.pad}
+	o.a = randMat(rng, max(1, rowA*o.lda))
+	o.b = randMat(rng, max(1, rowB*o.ldb))
+	o.c = randMat(rng, max(1, c.m*o.ldc))
 	if c.beta == 0 {
-		for i := range cm {
-			cm[i] = float32(math.NaN()) // must not leak into the result
+		for i := range o.c {
+			o.c[i] = float32(math.NaN()) // must not leak into the result
 		}
 	}
-	want = refGemm(c.tA, c.tB, c.m, c.n, c.k, c.alpha, a, lda, b, ldb, c.beta, cm, ldc)
+	return o
+}
+
+// want is the case's product in float64, the reference every kernel is
+// held to. It is the slow part of a case (and slower still under the race
+// detector), so tests that hold several kernels to it compute it once.
+func (c gemmCase) want(o operands) []float64 {
+	return refGemm(c.tA, c.tB, c.m, c.n, c.k, c.alpha, o.a, o.lda, o.b, o.ldb, c.beta, o.c, o.ldc)
+}
+
+// run multiplies the operands with im and returns C (the operands' own C
+// is left as it was).
+func (c gemmCase) run(im *BLAS, o operands) []float32 {
 	ta, tb := blas.NoTrans, blas.NoTrans
 	if c.tA {
 		ta = blas.Trans
@@ -107,8 +126,9 @@ func (c gemmCase) run(t testing.TB, im *BLAS, seed uint64) (got []float32, want 
 	if c.tB {
 		tb = blas.Trans
 	}
-	im.Sgemm(ta, tb, c.m, c.n, c.k, c.alpha, a, lda, b, ldb, c.beta, cm, ldc)
-	return cm, want, ldc
+	cm := slices.Clone(o.c)
+	im.Sgemm(ta, tb, c.m, c.n, c.k, c.alpha, o.a, o.lda, o.b, o.ldb, c.beta, cm, o.ldc)
+	return cm
 }
 
 func gemmCases() []gemmCase {
@@ -152,8 +172,11 @@ func gemmCases() []gemmCase {
 // a k-term sum.
 func TestSgemmMatchesFloat64(t *testing.T) {
 	cases := gemmCases()
-	if testing.Short() {
-		cases = cases[:len(cases):len(cases)]
+	ops := make([]operands, len(cases))
+	wants := make([][]float64, len(cases))
+	for ci, c := range cases {
+		ops[ci] = c.operands(uint64(ci))
+		wants[ci] = c.want(ops[ci])
 	}
 	for _, ker := range testKernels() {
 		t.Run(ker.name, func(t *testing.T) {
@@ -161,7 +184,7 @@ func TestSgemmMatchesFloat64(t *testing.T) {
 				if ker.name == "go" && c.m*c.n*c.k > 1<<20 {
 					continue // the Go kernel is checked bit for bit below
 				}
-				got, want, ldc := c.run(t, withKernel(ker, 2), uint64(ci))
+				got, want, ldc := c.run(withKernel(ker, 2), ops[ci]), wants[ci], ops[ci].ldc
 				for i := range c.m {
 					for j := range c.n {
 						g, w := float64(got[i*ldc+j]), want[i*c.n+j]
@@ -187,10 +210,11 @@ func TestSameBitsEverywhere(t *testing.T) {
 		if c.m*c.n*c.k > 1<<20 {
 			continue
 		}
-		ref, _, _ := c.run(t, withKernel(ks[len(ks)-1], 1), uint64(ci))
+		o := c.operands(uint64(ci))
+		ref := c.run(withKernel(ks[len(ks)-1], 1), o)
 		for _, ker := range ks {
 			for _, threads := range []int{1, 3} {
-				got, _, _ := c.run(t, withKernel(ker, threads), uint64(ci))
+				got := c.run(withKernel(ker, threads), o)
 				for i := range got {
 					if math.Float32bits(got[i]) != math.Float32bits(ref[i]) && !(isNaN32(got[i]) && isNaN32(ref[i])) {
 						t.Fatalf("%v: kernel %s, %d threads: element %d is %g, the Go kernel's %g", c, ker.name, threads, i, got[i], ref[i])
@@ -281,7 +305,8 @@ func FuzzSgemmEdges(f *testing.F) {
 			c.alpha, c.beta = 0.75, -0.5
 		}
 		ks := testKernels()
-		ref, want, ldc := c.run(t, withKernel(ks[len(ks)-1], 1), seed)
+		o := c.operands(seed)
+		ref, want, ldc := c.run(withKernel(ks[len(ks)-1], 1), o), c.want(o), o.ldc
 		for i := range c.m {
 			for j := range c.n {
 				g, w := float64(ref[i*ldc+j]), want[i*c.n+j]
@@ -291,7 +316,7 @@ func FuzzSgemmEdges(f *testing.F) {
 			}
 		}
 		for _, ker := range ks {
-			got, _, _ := c.run(t, withKernel(ker, 2), seed)
+			got := c.run(withKernel(ker, 2), o)
 			for i := range got {
 				if math.Float32bits(got[i]) != math.Float32bits(ref[i]) {
 					t.Fatalf("%v: %s element %d = %g, Go kernel %g", c, ker.name, i, got[i], ref[i])
