@@ -12,9 +12,11 @@
 # past its bound.
 #
 # usage: [MODE=everystep|deadline|pipeline] [PERIOD=15] [DURATION=600] [PEERS=6] [NEW_EVERY=180] [DATA=folder]
-#        [BOUNDS=1] [KEEP=folder] testdata/netns-churn.sh [path/to/ringtrain]
-# DURATION sets the job's epochs from SEC_PER_EPOCH (the undisturbed job's
-# seconds per epoch of DATA here); the churn runs as long as the job does.
+#        [SEC_PER_KIMAGE=s] [BOUNDS=1] [KEEP=folder] testdata/netns-churn.sh [path/to/ringtrain]
+# DURATION sets the job's epochs from SEC_PER_KIMAGE (the undisturbed
+# job's seconds per 1,000 images of DATA; the defaults are a 2-core VM's,
+# set it where the machine is slower or faster); the churn runs as long
+# as the job does.
 # make bench-churn runs it on the whole dataset, make test for two minutes
 # on testdata's 2,000 images. Addresses are 10.236.0.x inside the
 # namespaces only; everything made here is removed on exit.
