@@ -129,25 +129,22 @@ func floodUntilCut(t *testing.T, victim, flooder *p2p.Host, kind Kind, opt Optio
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), window)
 	defer cancel()
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for mustCut {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				if victim.Guard.Banned(flooder.ID()) {
-					cancel()
+	if mustCut {
+		watched := make(chan struct{})
+		defer func() { cancel(); <-watched }()
+		go func() {
+			defer close(watched)
+			tick := time.NewTicker(50 * time.Millisecond)
+			defer tick.Stop()
+			for !victim.Guard.Banned(flooder.ID()) {
+				select {
+				case <-ctx.Done():
 					return
+				case <-tick.C:
 				}
 			}
-		}
-	}()
-	st, err := Run(ctx, flooder, peer.AddrInfo{ID: victim.ID(), Addrs: victim.Addrs()}, kind, opt)
-	cancel()
-	<-watched
-	return st, err
+			cancel()
+		}()
+	}
+	return Run(ctx, flooder, peer.AddrInfo{ID: victim.ID(), Addrs: victim.Addrs()}, kind, opt)
 }
