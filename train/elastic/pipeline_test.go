@@ -146,7 +146,8 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 	}
 	if ev.spareStalls > 0 {
 		// The stalled spare is killed once the others are done, or after
-		// two minutes (then they waited for it).
+		// two minutes (then they waited for it): its streams fail, and
+		// its process ends rather than waiting to re-form with no one.
 		wg.Go(func() {
 			timeout := time.After(2 * time.Minute)
 			for i, e := range ended {
@@ -159,6 +160,7 @@ func pipelineRunIn(t *testing.T, ckpt string, n int, cfg pipeline.Config, ev eve
 				}
 			}
 			close(w.done)
+			cancels[ev.spareStalls]()
 		})
 	}
 	wg.Wait()
