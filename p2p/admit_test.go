@@ -368,6 +368,19 @@ func TestNewerAdmissionReplacesAnOlder(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Admit returns once its message is sent, not handled: wait for the
+	// admission to 5 to be the one waiting (keeping the first, it never is).
+	waitFor(t, 30*time.Second, func() bool {
+		standby.mu.Lock()
+		defer standby.mu.Unlock()
+		select {
+		case f := <-standby.admitted:
+			standby.admitted <- f // room: senders hold mu
+			return f.Generation == 5
+		default:
+			return false
+		}
+	}, "the admission to 5 to wait for the standby")
 	f, err := standby.WaitAdmission(ctx, time.Minute)
 	if err != nil || f.Generation != 5 || !slices.Equal(f.Members, ring) {
 		t.Fatalf("WaitAdmission = %+v, %v; want the admission to the ring after generation 5", f, err)
