@@ -53,27 +53,33 @@ check: vet fmt-check
 	$(GO) mod tidy -diff
 	$(GO) test -short -count=1 ./...
 
-# The packages' tests under the race detector, but for the process tests
-# of cmd/ringtrain (test-processes). Meanwhile, in the background, what the
-# later steps need is installed and the CUDA and arm64 checks run
-# (compiling and qemu, while the tests wait on peers). Then, two at a
-# time, the churn run — the longest, and floored by its two halves of two
-# minutes — beside everything else one after another: the process tests,
-# the other netns tests and the fuzzers.
+# The packages' tests under the race detector (cmd/ringtrain's in-process
+# ones: -short leaves out its process tests). Meanwhile, in the
+# background, what the later steps need is installed and the CUDA and
+# arm64 checks run (compiling and qemu, while the tests wait on peers).
+# Then the churn run — the longest, floored by its two halves of two
+# minutes — starts at once, and beside it everything else runs one
+# after another: the process tests, the other netns tests, the fuzzers.
 test: vet build
 	@{ $(MAKE) --no-print-directory test-deps && $(MAKE) --no-print-directory cuda-check && \
 	  $(MAKE) --no-print-directory test-arm64; } >$(BIN)/test-bg.log 2>&1 & bg=$$!; \
-	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/cmd/ringtrain$$') && rc=0 || rc=$$?; \
+	{ $(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/cmd/ringtrain$$') && \
+	  $(GO) test -race -short -count=1 ./cmd/ringtrain; } && rc=0 || rc=$$?; \
 	wait $$bg && bgrc=0 || bgrc=$$?; cat $(BIN)/test-bg.log; \
 	[ $$rc = 0 ] && [ $$bgrc = 0 ]
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-netns-churn test-processes test-norace test-netns test-onnx test-openblas test-prometheus test-attack fuzz
+	@$(MAKE) --no-print-directory test-netns-churn >$(BIN)/test-churn.log 2>&1 & churn=$$!; \
+	$(MAKE) --no-print-directory test-processes test-norace test-netns test-onnx test-openblas test-prometheus test-attack fuzz && \
+	  rc=0 || rc=$$?; wait $$churn && crc=0 || crc=$$?; cat $(BIN)/test-churn.log; \
+	[ $$rc = 0 ] && [ $$crc = 0 ]
 
-# cmd/ringtrain's tests under the race detector; most start bin/ringtrain,
-# built without it (RINGTRAIN_TEST_BIN: peers under the race detector train
-# several times slower, and the code they run is tested under it
-# in-process in train/elastic, p2p and ring).
+# cmd/ringtrain's tests, the process tests among them, which start
+# bin/ringtrain (RINGTRAIN_TEST_BIN) and wait on it: without the race
+# detector, as the peers run without it too (under it they train several
+# times slower, and the code they run is tested under it in-process in
+# train/elastic, p2p and ring; make test runs the package's in-process
+# tests under it, -short).
 test-processes: build
-	RINGTRAIN_TEST_BIN=$(abspath $(BIN))/ringtrain $(GO) test -race -count=1 ./cmd/ringtrain
+	RINGTRAIN_TEST_BIN=$(abspath $(BIN))/ringtrain $(GO) test -count=1 ./cmd/ringtrain
 
 # The kernels' largest exact-bit cases, which the race detector makes 30
 # times slower and has nothing to see in (one goroutine each): run
