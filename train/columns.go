@@ -118,11 +118,13 @@ func (c *columns) merge(size int, idx [][]int32, val [][]float32) *columns {
 	clear(bits)
 	clear(shared)
 	for i, js := range idx {
+		vi := val[i][:len(js)]
 		for e, j := range js {
-			if val[i][e] != 0 {
+			if vi[e] != 0 {
 				w, b := j>>6, uint64(1)<<(j&63)
-				shared[w] |= bits[w] & b
-				bits[w] |= b
+				bw := bits[w]
+				shared[w] |= bw & b
+				bits[w] = bw | b
 			}
 		}
 	}
@@ -139,22 +141,25 @@ func (c *columns) merge(size int, idx [][]int32, val [][]float32) *columns {
 	c.v, c.nz = slices.Grow(c.v, cols*n)[:cols*n], slices.Grow(c.nz, cols)[:cols]
 	clear(c.v)
 	clear(c.nz)
+	cv, cnz := c.v, c.nz
 	for i, js := range idx {
+		vi := val[i][:len(js)]
 		at, alone, own := c.aloneAt[i], c.alone[i], 0.0
 		for e, j := range js {
-			x := val[i][e]
+			x := vi[e]
 			if x == 0 {
 				continue
 			}
 			w, b := j>>6, uint64(1)<<(j&63)
-			if shared[w]&b == 0 {
+			sw := shared[w]
+			if sw&b == 0 {
 				at, alone = append(at, j), append(alone, x)
 				own += float64(x) * float64(x) // exact: a float32's square fits a float64
 				continue
 			}
-			k := int(before[w]) + bits64.OnesCount64(shared[w]&(b-1))
-			c.v[k*n+i] = x
-			c.nz[k]++
+			k := int(before[w]) + bits64.OnesCount64(sw&(b-1))
+			cv[k*n+i] = x
+			cnz[k]++
 		}
 		c.aloneAt[i], c.alone[i], c.own[i] = at, alone, own
 	}
@@ -226,20 +231,55 @@ func (c *columns) median(m []float32, dist []float64, cos []float64) {
 }
 
 // sortRanks writes into idx the ranks in the order of their values in
-// row, and those values in that order into col: an insertion sort, for
-// a few values.
+// row, ranks with equal values (−0 and +0 among them) in rank order, and
+// those values in that order into col. Each value and its rank are one
+// integer key, ordered as the pair, so that four ranks sort in a
+// network of five branch-free compare-exchanges, and more by insertion
+// over the keys; the values are finite (decoded payloads).
 func sortRanks(idx []int, col, row []float32) {
-	for i := range idx {
-		idx[i] = i
+	n := len(row)
+	if n == 4 {
+		row := row[:4:4]
+		k0, k1, k2, k3 := rankKey(row[0], 0), rankKey(row[1], 1), rankKey(row[2], 2), rankKey(row[3], 3)
+		k0, k1 = min(k0, k1), max(k0, k1)
+		k2, k3 = min(k2, k3), max(k2, k3)
+		k0, k2 = min(k0, k2), max(k0, k2)
+		k1, k3 = min(k1, k3), max(k1, k3)
+		k1, k2 = min(k1, k2), max(k1, k2)
+		idx, col := idx[:4:4], col[:4:4]
+		i0, i1, i2, i3 := int(uint32(k0)&3), int(uint32(k1)&3), int(uint32(k2)&3), int(uint32(k3)&3)
+		idx[0], idx[1], idx[2], idx[3] = i0, i1, i2, i3
+		col[0], col[1], col[2], col[3] = row[i0], row[i1], row[i2], row[i3]
+		return
 	}
-	for a := 1; a < len(idx); a++ {
-		for b := a; b > 0 && row[idx[b]] < row[idx[b-1]]; b-- {
-			idx[b], idx[b-1] = idx[b-1], idx[b]
+	keys := make([]uint64, n)
+	for i, x := range row {
+		keys[i] = rankKey(x, i)
+	}
+	for a := 1; a < n; a++ {
+		for b := a; b > 0 && keys[b] < keys[b-1]; b-- {
+			keys[b], keys[b-1] = keys[b-1], keys[b]
 		}
 	}
-	for p, i := range idx {
-		col[p] = row[i]
+	for p, k := range keys {
+		i := int(uint32(k))
+		idx[p], col[p] = i, row[i]
 	}
+}
+
+// rankKey is x and rank i as one integer that orders as (x, i) do: x's
+// bits made to order as its value (−0 as +0) above i.
+func rankKey(x float32, i int) uint64 {
+	b := math.Float32bits(x)
+	switch {
+	case b == 1<<31: // −0
+		b = 1 << 31
+	case b&(1<<31) != 0:
+		b = ^b
+	default:
+		b |= 1 << 31
+	}
+	return uint64(b)<<32 | uint64(uint32(i))
 }
 
 // distances writes into dist each rank's Euclidean distance to the
@@ -311,6 +351,14 @@ func (c *columns) clipStep(v []float32, alpha, w []float64, dist []float64) {
 	for j, a := range alpha[:n] {
 		alpha[j] = a + (w[j] - float64(a*all))
 	}
+	if n == 4 && dist != nil {
+		c.clipStep4(v, w, dist)
+		c.lones(dist, alpha)
+		for i, a := range dist[:n] {
+			dist[i] = math.Sqrt(a)
+		}
+		return
+	}
 	for k, vk := range v {
 		row := vals[k*n : k*n+n : k*n+n]
 		ref := float64(vk)
@@ -323,6 +371,35 @@ func (c *columns) clipStep(v []float32, alpha, w []float64, dist []float64) {
 	if dist != nil {
 		c.distances(dist, v, alpha)
 	}
+}
+
+// clipStep4 is clipStep's step at the shared columns of four ranks, with
+// each rank's sum of squares to the new aggregate there written into acc
+// in the same pass: the bits of the step and of squares, in their order,
+// with the sums in registers and the columns read once.
+func (c *columns) clipStep4(v []float32, w, acc []float64) {
+	vals := c.v[:4*len(v)]
+	w0, w1, w2, w3 := w[0], w[1], w[2], w[3]
+	var a0, a1, a2, a3 float64
+	for k, vk := range v {
+		r := vals[4*k : 4*k+4 : 4*k+4]
+		x0, x1, x2, x3 := float64(r[0]), float64(r[1]), float64(r[2]), float64(r[3])
+		ref := float64(vk)
+		var step float64 // from +0, as clipStep: the sign of a zero step counts
+		step += float64(w0 * (x0 - ref))
+		step += float64(w1 * (x1 - ref))
+		step += float64(w2 * (x2 - ref))
+		step += float64(w3 * (x3 - ref))
+		nk := float32(ref + step)
+		v[k] = nk
+		m := float64(nk)
+		d0, d1, d2, d3 := x0-m, x1-m, x2-m, x3-m
+		a0 += float64(d0 * d0)
+		a1 += float64(d1 * d1)
+		a2 += float64(d2 * d2)
+		a3 += float64(d3 * d3)
+	}
+	acc[0], acc[1], acc[2], acc[3] = a0, a1, a2, a3
 }
 
 // othersCos is the sums of each rank's cosine against the median of

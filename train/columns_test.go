@@ -144,3 +144,74 @@ func (c *columns) othersCosines() []float64 {
 	c.median(make([]float32, len(c.nz)), nil, cos)
 	return cos
 }
+
+// TestSortRanksIsStable: sortRanks orders a column's ranks as a stable
+// sort by value does — ties, −0 beside +0 and all — for the four ranks
+// its network sorts and for the others.
+func TestSortRanksIsStable(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	pool := []float32{0, float32(math.Copysign(0, -1)), 1, -1, 0.5, -0.5, math.MaxFloat32, -math.MaxFloat32, math.SmallestNonzeroFloat32, -math.SmallestNonzeroFloat32}
+	for n := 1; n <= 20; n++ {
+		for range 500 {
+			row := make([]float32, n)
+			for i := range row {
+				row[i] = pool[rng.IntN(len(pool))]
+				if rng.IntN(3) == 0 {
+					row[i] = float32(rng.NormFloat64())
+				}
+			}
+			want := make([]int, n)
+			for i := range want {
+				want[i] = i
+			}
+			slices.SortStableFunc(want, func(a, b int) int {
+				switch {
+				case row[a] < row[b]:
+					return -1
+				case row[a] > row[b]:
+					return 1
+				}
+				return 0
+			})
+			idx, col := make([]int, n), make([]float32, n)
+			sortRanks(idx, col, row)
+			if !slices.Equal(idx, want) {
+				t.Fatalf("row %v: ranks %v; want %v", row, idx, want)
+			}
+			for p, i := range idx {
+				if math.Float32bits(col[p]) != math.Float32bits(row[i]) {
+					t.Fatalf("row %v: col[%d] = %v; want row[%d] = %v", row, p, col[p], i, row[i])
+				}
+			}
+		}
+	}
+}
+
+// TestClipStep4MatchesClipStep: four ranks' fused step gives the bits of
+// the step and the distances taken apart, zeros' signs included.
+func TestClipStep4MatchesClipStep(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, density := range []float64{0.01, 0.1, 0.4, 1} {
+		for trial := range 4 {
+			_, idx, val := sparseUpdates(rng, 4, 300, density, trial)
+			c := new(columns).merge(300, idx, val)
+			v := make([]float32, len(c.at))
+			for k := range v {
+				v[k] = float32(rng.NormFloat64())
+				if k%7 == 0 {
+					v[k] = float32(math.Copysign(0, -1))
+				}
+			}
+			w := []float64{0.25, 0.1, 0.25, 0.05}
+			alpha := []float64{0.3, 0.2, 0, 0.1}
+			v1, a1, d1 := slices.Clone(v), slices.Clone(alpha), make([]float64, 4)
+			c.clipStep(v1, a1, w, d1) // fused
+			v2, a2, d2 := slices.Clone(v), slices.Clone(alpha), make([]float64, 4)
+			c.clipStep(v2, a2, w, nil) // the general step, then the distances
+			c.distances(d2, v2, a2)
+			if !sameBits(v1, v2) || !slices.Equal(a1, a2) || !slices.Equal(d1, d2) {
+				t.Fatalf("density %v, trial %d: fused %v %v; apart %v %v", density, trial, a1, d1, a2, d2)
+			}
+		}
+	}
+}
