@@ -195,13 +195,13 @@ func (c *columns) median(m []float32, dist []float64, cos []float64) {
 	if cos != nil {
 		oc = &othersCos{xa: make([]float64, n), aa: make([]float64, n)}
 	}
-	idx, col := make([]int, n), make([]float32, n)
+	idx, col, keys := make([]int, n), make([]float32, n), make([]uint64, n)
 	for k, nz := range c.nz {
 		row := vals[k*n : k*n+n : k*n+n]
 		againstZero := 2*(n-int(nz)-1) > n-1 // every rank's others' median is +0
 		sorted := 2*int(nz) >= n || oc != nil && !againstZero
 		if sorted {
-			sortRanks(idx, col, row)
+			sortRanks(idx, col, row, keys)
 		}
 		var mk float32
 		if 2*int(nz) >= n {
@@ -235,8 +235,9 @@ func (c *columns) median(m []float32, dist []float64, cos []float64) {
 // those values in that order into col. Each value and its rank are one
 // integer key, ordered as the pair, so that four ranks sort in a
 // network of five branch-free compare-exchanges, and more by insertion
-// over the keys; the values are finite (decoded payloads).
-func sortRanks(idx []int, col, row []float32) {
+// over the keys (keys: scratch as long as row, so that a round's columns
+// allocate nothing); the values are finite (decoded payloads).
+func sortRanks(idx []int, col, row []float32, keys []uint64) {
 	n := len(row)
 	if n == 4 {
 		row := row[:4:4]
@@ -252,7 +253,7 @@ func sortRanks(idx []int, col, row []float32) {
 		col[0], col[1], col[2], col[3] = row[i0], row[i1], row[i2], row[i3]
 		return
 	}
-	keys := make([]uint64, n)
+	keys = keys[:n]
 	for i, x := range row {
 		keys[i] = rankKey(x, i)
 	}

@@ -174,7 +174,7 @@ func TestSortRanksIsStable(t *testing.T) {
 				return 0
 			})
 			idx, col := make([]int, n), make([]float32, n)
-			sortRanks(idx, col, row)
+			sortRanks(idx, col, row, make([]uint64, n))
 			if !slices.Equal(idx, want) {
 				t.Fatalf("row %v: ranks %v; want %v", row, idx, want)
 			}
