@@ -302,7 +302,7 @@ gpu-pack: cuda-fetch fashion-mnist fortunes
 	$(GO) build -ldflags='-s -w' -o $(BIN)/gpu/gpteval ./internal/gpteval
 	xz -6 -T0 $(BIN)/gpu/ringtrain-cuda $(BIN)/gpu/engine-cuda.test $(BIN)/gpu/gpteval
 	cp $(FASHION)/*.gz $(BIN)/gpu/fmnist/
-	cp testdata/gpu-bench.sh testdata/gpu-gpt.sh testdata/gpu-conv.sh testdata/bench-cnn-1.json testdata/bench-cnn-2.json testdata/gpt-quality-job.json $(BIN)/gpu/
+	cp testdata/gpu-bench.sh testdata/gpu-gpt.sh testdata/gpu-conv.sh testdata/gpu-quick.sh testdata/bench-cnn-1.json testdata/bench-cnn-2.json testdata/gpt-quality-job.json $(BIN)/gpu/
 	mkdir -p $(BIN)/gpu/fortunes && find $(FORTUNES) -maxdepth 1 -type f ! -name '*.*' -exec cp {} $(BIN)/gpu/fortunes/ \;
 	@if [ -e $(TORCH_BENCH) ]; then cp $(TORCH_BENCH) $(BIN)/gpu/; else echo "gpu-pack: no $(TORCH_BENCH): the PyTorch side will be skipped"; fi
 	@if [ -e $(TORCH_GPT) ]; then cp $(TORCH_GPT) $(BIN)/gpu/; else echo "gpu-pack: no $(TORCH_GPT): the PyTorch side will be skipped"; fi

@@ -80,6 +80,36 @@ func TestBenchDevice(t *testing.T) {
 	}
 }
 
+// TestBenchOverlap: a line per run and a median line, every phase timed
+// and the ratios their quotients, for the host engine (a Layered model:
+// its buckets go while backward runs) and gorgonia's (they go after).
+func TestBenchOverlap(t *testing.T) {
+	for _, dev := range []string{"host", "cpu"} {
+		var out, errOut bytes.Buffer
+		args := []string{"bench", "overlap", "--device", dev, "--model", "mlp", "--batch", "8", "--steps", "3", "--warmup", "1", "--runs", "2", "--bucket-mb", "0.1"}
+		if err := run(context.Background(), args, &out, &errOut); err != nil {
+			t.Fatalf("%s: bench overlap: %v (%s)", dev, err, errOut.String())
+		}
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		if len(lines) != 3 {
+			t.Fatalf("%s: %d lines; want 2 runs and a median:\n%s", dev, len(lines), out.String())
+		}
+		var last bench.OverlapResult
+		if err := json.Unmarshal([]byte(lines[2]), &last); err != nil || !last.Median || last.Peers != 2 || last.Params == 0 {
+			t.Fatalf("%s: median line %s (%v)", dev, lines[2], err)
+		}
+		bound := max(last.ComputeMS, last.RingMS)
+		if last.ComputeMS <= 0 || last.RingMS <= 0 || last.StepMS <= 0 || last.WholeMS <= 0 ||
+			last.Ratio != last.StepMS/bound || last.WholeRatio != last.WholeMS/bound {
+			t.Errorf("%s: median line %+v: a phase untimed or a ratio not its quotient", dev, last)
+		}
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"bench", "overlap", "--peers", "1"}, &out, &out); !errors.Is(err, errUsage) {
+		t.Errorf("bench overlap --peers 1 = %v; want a usage error", err)
+	}
+}
+
 func TestBenchAllreduceJSON(t *testing.T) {
 	var out, errOut bytes.Buffer
 	err := run(context.Background(), []string{"bench", "allreduce", "--transport", "mem", "--peers", "2", "--sizes", "4KiB", "--iters", "1", "--json"}, &out, &errOut)

@@ -49,6 +49,7 @@ func commands() []command {
 		{name: "bench form", synopsis: "time ring formation through the DHT on loopback", run: bench.Form},
 		{name: "bench engines", synopsis: "hold a device's losses against gorgonia's, step by step", run: noCtx(bench.Engines)},
 		{name: "bench device", synopsis: "one device's training samples/s for a model and batch, as JSON", run: bench.Device},
+		{name: "bench overlap", synopsis: "a step with its buckets reduced beside backward, against compute alone and the ring alone", run: bench.Overlap},
 		{name: "bench cpu", synopsis: "ringtrain's CPU step against PyTorch's, at 1 and 2 threads", run: noCtx(bench.CPU)},
 		{name: "bench served", synopsis: "served data's samples/s against a loader on local files", run: bench.Served},
 		{name: "bench pipeline", synopsis: "pipeline stages' step time and bubble against one peer", run: noCtx(bench.Pipeline)},

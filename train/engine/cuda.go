@@ -133,6 +133,11 @@ type CUDA struct {
 	pinned []unsafe.Pointer
 	graphs []C.CUgraphExec
 	dnn    dnnState
+	// copies is DownloadBeside's stream; events, every event made for it
+	// (destroyed at Close), spare those no copy holds now.
+	copies C.CUstream
+	events []C.CUevent
+	spare  []C.CUevent
 	// scratches: see scratch.
 	scratches map[int]Buf
 }
@@ -394,6 +399,72 @@ func (c *CUDA) DownloadAsync(dst []float32, src Buf) error {
 	})
 }
 
+// DownloadBeside queues the copy on a stream of its own that waits for an
+// event recorded on the compute stream, and records a second event after
+// it for wait; both go back to the spares once waited for.
+func (c *CUDA) DownloadBeside(dst []float32, src Buf) (func() error, error) {
+	s := dev(src)
+	if err := sameLen(len(dst), s.n, "download"); err != nil {
+		return nil, err
+	}
+	if s.n == 0 {
+		return func() error { return nil }, nil
+	}
+	var computed, copied C.CUevent
+	err := c.on(func() error {
+		if c.copies == nil {
+			if err := cuErr(C.cuStreamCreate(&c.copies, C.CU_STREAM_NON_BLOCKING), "creating the copies' stream"); err != nil {
+				return err
+			}
+		}
+		var err error
+		if computed, err = c.event(); err != nil {
+			return err
+		}
+		if copied, err = c.event(); err != nil {
+			c.spare = append(c.spare, computed)
+			return err
+		}
+		var e errs
+		e.do(cuErr(C.cuEventRecord(computed, c.stream), "marking the gradients computed"))
+		e.do(cuErr(C.cuStreamWaitEvent(c.copies, computed, 0), "ordering a copy after its gradients"))
+		e.do(cuErr(C.cuMemcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(dst)), s.p, C.size_t(4*s.n), c.copies), "copy from the device"))
+		e.do(cuErr(C.cuEventRecord(copied, c.copies), "marking a copy done"))
+		return e.err
+	})
+	if err != nil {
+		return nil, err
+	}
+	waited := false
+	return func() error {
+		if waited {
+			return nil
+		}
+		waited = true
+		return c.on(func() error {
+			err := cuErr(C.cuEventSynchronize(copied), "copy from the device")
+			c.spare = append(c.spare, computed, copied)
+			return err
+		})
+	}, nil
+}
+
+// event returns a spare event, or a new one (without timing, which would
+// cost each record a clock read). Call it inside on.
+func (c *CUDA) event() (C.CUevent, error) {
+	if k := len(c.spare); k > 0 {
+		ev := c.spare[k-1]
+		c.spare = c.spare[:k-1]
+		return ev, nil
+	}
+	var ev C.CUevent
+	if err := cuErr(C.cuEventCreate(&ev, C.CU_EVENT_DISABLE_TIMING), "creating an event"); err != nil {
+		return nil, err
+	}
+	c.events = append(c.events, ev)
+	return ev, nil
+}
+
 func (c *CUDA) Zero(b Buf) error {
 	d := dev(b)
 	if d.n == 0 {
@@ -403,7 +474,12 @@ func (c *CUDA) Zero(b Buf) error {
 }
 
 func (c *CUDA) Sync() error {
-	return c.on(func() error { return cuErr(C.cuStreamSynchronize(c.stream), "running the queued work") })
+	return c.on(func() error {
+		if err := cuErr(C.cuStreamSynchronize(c.stream), "running the queued work"); err != nil || c.copies == nil {
+			return err
+		}
+		return cuErr(C.cuStreamSynchronize(c.copies), "finishing the copies")
+	})
 }
 
 // Capture records what f queues into a CUDA graph, instantiates it and
@@ -605,8 +681,28 @@ func (c *CUDA) Embed(tok, table, pos, y Buf, rows, T, dim int) error {
 	return c.over("embed", rows*dim, tok, table, pos, y, rows, T, dim)
 }
 
+// maxTokenLists bounds token_rows' lists (vocabulary × rows ints): above
+// it, the table's gradient is gathered by every thread reading every token.
+const maxTokenLists = 1 << 26
+
+// EmbedGrad lists each token's rows first (token_rows, a block a token),
+// so a thread of the table's gradient reads only its token's rows — in row
+// order, the gather's bits — instead of every token of the batch.
 func (c *CUDA) EmbedGrad(tok, dy, dTable, dPos Buf, rows, T, dim int) error {
-	if err := c.over("embed_grad", dTable.Len(), tok, dy, dTable, dTable.Len(), rows, dim); err != nil {
+	var err error
+	if V := dTable.Len() / dim; V*rows > maxTokenLists || V*dim != dTable.Len() {
+		err = c.over("embed_grad", dTable.Len(), tok, dy, dTable, dTable.Len(), rows, dim)
+	} else {
+		var lists Buf
+		if lists, err = c.scratch(V*rows + V); err != nil {
+			return err
+		}
+		order, counts := c.Slice(lists, 0, V*rows), c.Slice(lists, V*rows, V)
+		if err = c.launch("token_rows", V, tokenBlock, tok, order, counts, rows); err == nil {
+			err = c.over("embed_grad_lists", dTable.Len(), order, counts, dy, dTable, dTable.Len(), rows, dim)
+		}
+	}
+	if err != nil {
 		return err
 	}
 	return c.over("pos_grad", T*dim, dy, dPos, rows, T, dim)
@@ -652,6 +748,13 @@ func (c *CUDA) Close() error {
 	return c.on(func() error {
 		var errs []error
 		errs = append(errs, cuErr(C.cuStreamSynchronize(c.stream), "finishing"))
+		if c.copies != nil {
+			errs = append(errs, cuErr(C.cuStreamSynchronize(c.copies), "finishing the copies"), cuErr(C.cuStreamDestroy(c.copies), "destroying the copies' stream"))
+		}
+		for _, ev := range c.events {
+			errs = append(errs, cuErr(C.cuEventDestroy(ev), "destroying an event"))
+		}
+		c.copies, c.events, c.spare = nil, nil, nil
 		for _, g := range c.graphs {
 			errs = append(errs, cuErr(C.cuGraphExecDestroy(g), "freeing a graph"))
 		}

@@ -107,6 +107,14 @@ func TestCUDAKernelsMatchTheirTwins(t *testing.T) {
 	for i := range toks {
 		toks[i] = float32(gr.IntN(11))
 	}
+	// 600 rows span three of token_rows' chunks; token 3 in most.
+	longToks := make([]float32, 600)
+	for i := range longToks {
+		longToks[i] = float32(gr.IntN(10))
+		if gr.IntN(2) == 0 {
+			longToks[i] = 3
+		}
+	}
 	stats := make([]float32, 24)
 	for r := range 12 {
 		stats[2*r], stats[2*r+1] = float32(gr.NormFloat64()), 0.5+float32(gr.Float64())
@@ -162,6 +170,8 @@ func TestCUDAKernelsMatchTheirTwins(t *testing.T) {
 			func(o Ops, b []Buf) error { return o.Embed(b[0], b[1], b[2], b[3], 12, 4, 6) }, true},
 		{"embed_grad", [][]float32{toks, randn(gr, 12*6), make([]float32, 11*6), make([]float32, 4*6)}, []int{2, 3},
 			func(o Ops, b []Buf) error { return o.EmbedGrad(b[0], b[1], b[2], b[3], 12, 4, 6) }, true},
+		{"embed_grad 600 rows", [][]float32{longToks, randn(gr, 600*6), make([]float32, 11*6), make([]float32, 4*6)}, []int{2, 3},
+			func(o Ops, b []Buf) error { return o.EmbedGrad(b[0], b[1], b[2], b[3], 600, 4, 6) }, true},
 		{"layer_norm", [][]float32{randn(gr, 12*20), randn(gr, 20), randn(gr, 20), make([]float32, 12*20), make([]float32, 24)}, []int{3, 4},
 			func(o Ops, b []Buf) error { return o.LayerNorm(b[0], b[1], b[2], b[3], b[4], 12, 20) }, true},
 		{"layer_norm 300 wide", [][]float32{randn(gr, 5*300), randn(gr, 300), randn(gr, 300), make([]float32, 5*300), make([]float32, 10)}, []int{3, 4},
@@ -245,6 +255,51 @@ func trainCNN(t *testing.T, ops Ops, size int, graph bool) ([][]float32, []float
 		losses = append(losses, loss)
 	}
 	return clone(net.Params()), losses
+}
+
+// TestCUDALayersHandedOverBeside: on the GPU, ForwardBackwardLayers into
+// FlatBuffer's memory (each layer's copy on the copies' stream, ordered
+// after its gradients by an event) hands over ForwardBackwardFlat's bits
+// for the same batch, each layer final when ready is called; a fresh
+// batch each round, so a copy that ran before its gradients were
+// computed would hand over the last round's.
+func TestCUDALayersHandedOverBeside(t *testing.T) {
+	c := newCUDAOrSkip(t)
+	cnn, err := train.BuiltinSpec("cnn", 1, 28, 28, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	net, err := New(c, train.ModelConfig{Spec: cnn, Batch: 64, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer net.Close()
+	flat, err := net.FlatBuffer(net.nparams)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]float32, net.nparams)
+	rng := rand.New(rand.NewPCG(5, 5))
+	for round := range 8 {
+		x, y := batchOf(rng, 64, 784, 10)
+		if _, bad, err := net.ForwardBackwardFlat(x, y, 64, want); err != nil || bad >= 0 {
+			t.Fatalf("round %d: ForwardBackwardFlat: bad %d, %v", round, bad, err)
+		}
+		var los []int
+		_, err := net.ForwardBackwardLayers(x, y, 64, flat, func(lo int) error {
+			los = append(los, lo)
+			if !slices.Equal(flat[lo:], want[lo:]) {
+				t.Errorf("round %d: handed over from %d: values differ from the whole pass's", round, lo)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if !slices.Equal(los, net.LayerBounds()) {
+			t.Errorf("round %d: handed over at %v; want %v", round, los, net.LayerBounds())
+		}
+	}
 }
 
 // TestCUDATrainingIsDeterministicAndMatchesHost: the cnn (Adam), with its

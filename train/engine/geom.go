@@ -57,6 +57,9 @@ func NewBiasSplit(rows, inner int) BiasSplit {
 // Threads per block of every elementwise kernel.
 const blockSize = 256
 
+// tokenBlock is token_rows' block: TOKEN_BLOCK in kernels.cu.
+const tokenBlock = 256
+
 // Launch returns the grid and block sizes that give every one of n
 // elements a thread: ⌈n/256⌉ blocks of 256. The kernels check i < n, so
 // the last block may run over.

@@ -37,6 +37,14 @@ func (Host) UploadAsync(dst Buf, src []float32) error { return copyChecked(f32(d
 func (Host) DownloadAsync(dst []float32, src Buf) error {
 	return copyChecked(dst, f32(src))
 }
+
+// DownloadBeside copies at once: the host computes nothing beside it.
+func (Host) DownloadBeside(dst []float32, src Buf) (func() error, error) {
+	if err := copyChecked(dst, f32(src)); err != nil {
+		return nil, err
+	}
+	return func() error { return nil }, nil
+}
 func (Host) Zero(b Buf) error { clear(f32(b)); return nil }
 func (Host) Sync() error      { return nil }
 

@@ -26,7 +26,10 @@ var convSpec = train.Spec{Input: []int{2, 6, 6}, Layers: []train.Layer{
 // TestForwardBackwardLayers: the gradients handed over layer by layer are
 // ForwardBackwardFlat's, bit for bit; each layer is handed over at its
 // LayerBounds offset, last layer first, and its values are final when it
-// is — backward does not write them again.
+// is — backward does not write them again. Both ways: into Go memory,
+// each copy waited for in turn, and into FlatBuffer's, the copies queued
+// beside backward (on the Host device they copy when queued, so a copy
+// queued before the layer's gradients were final fails here).
 func TestForwardBackwardLayers(t *testing.T) {
 	cfg := train.ModelConfig{Spec: convSpec, Batch: 3, Seed: 3}
 	x, y := batchOf(rand.New(rand.NewPCG(1, 2)), 3, 72, 4)
@@ -40,39 +43,58 @@ func TestForwardBackwardLayers(t *testing.T) {
 	if err != nil || bad >= 0 {
 		t.Fatalf("ForwardBackwardFlat: bad %d, %v", bad, err)
 	}
-	net, err := New(Host{}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer net.Close()
-	got := make([]float32, net.nparams)
-	var los []int
-	loss, err := net.ForwardBackwardLayers(x, y, 3, got, func(lo int) error {
-		los = append(los, lo)
-		if !slices.Equal(got[lo:], want[lo:]) {
-			t.Errorf("handed over from %d: values differ from the whole pass's", lo)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if loss != wantLoss || !slices.Equal(got, want) {
-		t.Errorf("loss %v and gradients differ from ForwardBackwardFlat's (loss %v)", loss, wantLoss)
-	}
-	if b := net.LayerBounds(); !slices.Equal(los, b) || len(b) != 3 || b[len(b)-1] != 0 {
-		t.Errorf("handed over at %v; LayerBounds %v; want three, the same, ending at 0", los, b)
-	}
-	stop := errors.New("stop")
-	if _, err := net.ForwardBackwardLayers(x, y, 3, got, func(int) error { return stop }); !errors.Is(err, stop) {
-		t.Errorf("ready's error: %v; want it returned", err)
+	for _, pinned := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pinned=%v", pinned), func(t *testing.T) {
+			net, err := New(Host{}, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer net.Close()
+			got := make([]float32, net.nparams)
+			if pinned {
+				if got, err = net.FlatBuffer(net.nparams); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if net.pinned(got) != pinned {
+				t.Fatalf("the flat buffer counts as pinned: %v; want %v", !pinned, pinned)
+			}
+			var los []int
+			loss, err := net.ForwardBackwardLayers(x, y, 3, got, func(lo int) error {
+				los = append(los, lo)
+				if !slices.Equal(got[lo:], want[lo:]) {
+					t.Errorf("handed over from %d: values differ from the whole pass's", lo)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if loss != wantLoss || !slices.Equal(got, want) {
+				t.Errorf("loss %v and gradients differ from ForwardBackwardFlat's (loss %v)", loss, wantLoss)
+			}
+			if b := net.LayerBounds(); !slices.Equal(los, b) || len(b) != 3 || b[len(b)-1] != 0 {
+				t.Errorf("handed over at %v; LayerBounds %v; want three, the same, ending at 0", los, b)
+			}
+			stop := errors.New("stop")
+			calls := 0
+			if _, err := net.ForwardBackwardLayers(x, y, 3, got, func(int) error { calls++; return stop }); !errors.Is(err, stop) || calls != 1 {
+				t.Errorf("ready's error: %v after %d calls; want it returned after the first", err, calls)
+			}
+		})
 	}
 }
 
 // gemmCounter is the Host device counting its GEMMs.
 type gemmCounter struct {
 	Host
-	n *int
+	n      *int
+	copies *[]int // the GEMMs done when each DownloadBeside was called
+}
+
+func (g gemmCounter) DownloadBeside(dst []float32, src Buf) (func() error, error) {
+	*g.copies = append(*g.copies, *g.n)
+	return g.Host.DownloadBeside(dst, src)
 }
 
 func (g gemmCounter) Gemm(transA, transB bool, m, n, k int, a, b Buf, beta float32, c Buf) error {
@@ -81,26 +103,39 @@ func (g gemmCounter) Gemm(transA, transB bool, m, n, k int, a, b Buf, beta float
 }
 
 // TestLayersHandedOverBeforeTheirInputsGradient: a layer's gradients go to
-// the ring before the GEMM for its input's gradient, which the ring does
-// not need (for the cnn's first linear layer, as large as the weights'
-// own). convSpec forwards with 3 GEMMs; backward is a dW GEMM per layer
-// with parameters and a dX GEMM for each but the first.
+// the ring (or, into FlatBuffer's memory, are queued to copy beside the
+// rest of backward) before the GEMM for its input's gradient, which the
+// ring does not need (for the cnn's first linear layer, as large as the
+// weights' own). convSpec forwards with 3 GEMMs; backward is a dW GEMM
+// per layer with parameters and a dX GEMM for each but the first.
 func TestLayersHandedOverBeforeTheirInputsGradient(t *testing.T) {
-	var gemms int
-	net, err := New(gemmCounter{n: &gemms}, train.ModelConfig{Spec: convSpec, Batch: 3, Seed: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer net.Close()
-	x, y := batchOf(rand.New(rand.NewPCG(1, 2)), 3, 72, 4)
-	flat := make([]float32, net.nparams)
-	gemms = 0
-	var at []int
-	if _, err := net.ForwardBackwardLayers(x, y, 3, flat, func(int) error { at = append(at, gemms); return nil }); err != nil {
-		t.Fatal(err)
-	}
-	if want := []int{4, 6, 8}; !slices.Equal(at, want) || gemms != 8 {
-		t.Errorf("handed over after GEMMs %v of %d; want %v of 8", at, gemms, want)
+	for _, pinned := range []bool{false, true} {
+		var gemms int
+		var copies []int
+		net, err := New(gemmCounter{n: &gemms, copies: &copies}, train.ModelConfig{Spec: convSpec, Batch: 3, Seed: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, y := batchOf(rand.New(rand.NewPCG(1, 2)), 3, 72, 4)
+		flat := make([]float32, net.nparams)
+		if pinned {
+			if flat, err = net.FlatBuffer(net.nparams); err != nil {
+				t.Fatal(err)
+			}
+		}
+		gemms = 0
+		var at []int
+		if _, err := net.ForwardBackwardLayers(x, y, 3, flat, func(int) error { at = append(at, gemms); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		want := []int{4, 6, 8}
+		if pinned {
+			at = copies // ready comes once backward is queued; the copies count
+		}
+		if !slices.Equal(at, want) || gemms != 8 {
+			t.Errorf("pinned %v: handed over after GEMMs %v of %d; want %v of 8", pinned, at, gemms, want)
+		}
+		net.Close()
 	}
 }
 

@@ -595,14 +595,17 @@ func (n *Net) LayerBounds() []int {
 }
 
 // ForwardBackwardLayers is the forward and backward pass handing the
-// gradients over as backward produces them: after each layer with
-// parameters, its gradients are copied into flat and ready(lo) is called,
-// before the gradient of that layer's input is computed — flat[lo:] then
+// gradients over as backward produces them: once a layer with parameters
+// has its gradients, they are copied into flat beside the rest of
+// backward and ready(lo) is called when the copy is done — flat[lo:] then
 // holds final values, which the caller may send while the earlier layers
-// still compute. It runs call by call (a captured graph
-// would hand nothing over until the end) and leaves the check for NaN and
-// Inf to the caller, who sees each layer's values first. An error from
-// ready stops the pass and is returned.
+// still compute. Where flat is from FlatBuffer the whole pass is queued
+// first and the copies run on a stream of their own, so the device never
+// waits for the host; otherwise each layer's copy is waited for before
+// the next layer is queued. It runs call by call (a captured graph would
+// hand nothing over until the end) and leaves the check for NaN and Inf
+// to the caller, who sees each layer's values first. An error from ready
+// stops the pass and is returned.
 func (n *Net) ForwardBackwardLayers(x []float32, y []int, rows int, flat []float32, ready func(lo int) error) (float32, error) {
 	if len(flat) < n.nparams {
 		return 0, fmt.Errorf("engine: flat buffer of %d values for %d gradients", len(flat), n.nparams)
@@ -611,6 +614,7 @@ func (n *Net) ForwardBackwardLayers(x []float32, y []int, rows int, flat []float
 		return 0, err
 	}
 	fail := func(err error) (float32, error) {
+		n.ops.Sync() // no copy may still write flat once the pass has failed
 		return 0, fmt.Errorf("engine: forward and backward on %s: %w", n.ops.Name(), err)
 	}
 	if err := n.queueForward(rows); err != nil {
@@ -619,6 +623,12 @@ func (n *Net) ForwardBackwardLayers(x []float32, y []int, rows int, flat []float
 	if err := n.clearSaved(); err != nil {
 		return fail(err)
 	}
+	beside := n.pinned(flat)
+	type handover struct {
+		lo   int
+		wait func() error
+	}
+	var queued []handover
 	bounds := n.LayerBounds()
 	hi, next := n.nparams, 0
 	for i := len(n.layers) - 1; i >= 0; i-- {
@@ -628,19 +638,40 @@ func (n *Net) ForwardBackwardLayers(x []float32, y []int, rows int, flat []float
 		if n.layers[i].w >= 0 {
 			lo := bounds[next]
 			next++
-			var e errs
-			e.do(n.ops.Sync())
-			e.do(n.ops.Download(flat[lo:hi], n.ops.Slice(n.dGrad, lo, hi-lo)))
-			if e.err != nil {
-				return fail(e.err)
-			}
-			if err := ready(lo); err != nil {
-				return 0, err
+			dst, src := flat[lo:hi], n.ops.Slice(n.dGrad, lo, hi-lo)
+			if beside {
+				wait, err := n.ops.DownloadBeside(dst, src)
+				if err != nil {
+					return fail(err)
+				}
+				queued = append(queued, handover{lo, wait})
+			} else {
+				var e errs
+				e.do(n.ops.Sync())
+				e.do(n.ops.Download(dst, src))
+				if e.err != nil {
+					return fail(e.err)
+				}
+				if err := ready(lo); err != nil {
+					return 0, err
+				}
 			}
 			hi = lo
 		}
 		if err := n.backwardInput(i); err != nil {
 			return fail(err)
+		}
+	}
+	for k, h := range queued {
+		if err := h.wait(); err != nil {
+			return fail(err)
+		}
+		if err := ready(h.lo); err != nil {
+			for _, rest := range queued[k+1:] {
+				rest.wait()
+			}
+			n.ops.Sync()
+			return 0, err
 		}
 	}
 	if err := n.ops.Sync(); err != nil {

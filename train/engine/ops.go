@@ -36,6 +36,12 @@ type Ops interface {
 	// only after Sync.
 	UploadAsync(dst Buf, src []float32) error
 	DownloadAsync(dst []float32, src Buf) error
+	// DownloadBeside copies src into dst (memory from Pinned) once every
+	// call made so far has run, beside the calls made after it (on a GPU,
+	// on a stream of its own, so the device computes on while the copy
+	// runs); wait returns once that copy is done, and dst may be read.
+	// Call each wait once; Sync waits for these copies too.
+	DownloadBeside(dst []float32, src Buf) (wait func() error, err error)
 	// Zero sets b to zeros.
 	Zero(b Buf) error
 	// Sync waits until every call made so far has run.

@@ -292,6 +292,34 @@ func embedGradThread(i int, tok, dy, dTable []float32, rows, dim int) {
 	dTable[i] = sum
 }
 
+// tokenRowsBlock: block v lists the rows whose token is v, in row order,
+// as ints (their bits in float32s) in lists[v·rows …], and their count in
+// counts[v]. Its threads take a chunk of rows at a time and place their
+// hits by a ballot; the list is the same whichever thread finds a row.
+func tokenRowsBlock(v int, tok, lists, counts []float32, rows int) {
+	n := 0
+	for r := range rows {
+		if int(tok[r]) == v {
+			lists[v*rows+n] = math.Float32frombits(uint32(r))
+			n++
+		}
+	}
+	counts[v] = math.Float32frombits(uint32(n))
+}
+
+// embedGradListsThread is embedGradThread from tokenRowsBlock's lists: it
+// reads only token v's rows, in the same order, so it writes the same
+// bits.
+func embedGradListsThread(i int, lists, counts, dy, dTable []float32, rows, dim int) {
+	v, j := i/dim, i%dim
+	count := int(math.Float32bits(counts[v]))
+	sum := float32(0)
+	for k := range count {
+		sum += dy[int(math.Float32bits(lists[v*rows+k]))*dim+j]
+	}
+	dTable[i] = sum
+}
+
 // posGradThread: thread i writes dPos[i] (position t, column j), the sum
 // of dy over the rows of position t, in row order.
 func posGradThread(i int, dy, dPos []float32, rows, T, dim int) {
@@ -396,7 +424,8 @@ func normalizedProductThread(i int, x, stats, dy, out []float32, dim int) {
 }
 
 // geluThread: y = x·Φ(x), the exact GELU (erf, not tanh's fit), in
-// float64 as CUDA's erf is.
+// float64; the CUDA kernel computes in float32 (erff, within a few units
+// in the last place), close to it but not bit for bit.
 func geluThread(i int, x, y []float32) {
 	v := float64(x[i])
 	y[i] = float32(0.5 * v * (1 + math.Erf(v/math.Sqrt2)))

@@ -203,6 +203,47 @@ func TestLaunch(t *testing.T) {
 	}
 }
 
+// TestEmbedGradByLists: the embedding's gradient from each token's list of
+// rows is the gather's, bit for bit — rows over several of token_rows'
+// chunks, a token that never comes, one that comes in most rows.
+func TestEmbedGradByLists(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	const V, dim = 11, 5
+	for _, rows := range []int{1, 12, 256, 600} {
+		tok := make([]float32, rows)
+		for r := range tok {
+			switch k := rng.IntN(10); {
+			case k < 6:
+				tok[r] = 3 // most rows
+			default:
+				tok[r] = float32(rng.IntN(V - 1)) // never V-1
+			}
+		}
+		dy := make([]float32, rows*dim)
+		for i := range dy {
+			dy[i] = float32(rng.NormFloat64())
+		}
+		want, got := make([]float32, V*dim), make([]float32, V*dim)
+		for i := range want {
+			embedGradThread(i, tok, dy, want, rows, dim)
+		}
+		lists, counts := make([]float32, V*rows), make([]float32, V)
+		for v := range V {
+			tokenRowsBlock(v, tok, lists, counts, rows)
+		}
+		total := 0
+		for v := range V {
+			total += int(math.Float32bits(counts[v]))
+		}
+		for i := range got {
+			embedGradListsThread(i, lists, counts, dy, got, rows, dim)
+		}
+		if total != rows || !slices.Equal(got, want) {
+			t.Errorf("%d rows: %d rows listed; gradients by lists equal the gather's: %v", rows, total, slices.Equal(got, want))
+		}
+	}
+}
+
 // TestEveryKernelHasItsGoBody: each kernel in the PTX table has its Go twin
 // in threads.go (im2col_batch → im2colBatchThread, bias_add →
 // biasAddThread, …; a kernel whose threads cooperate, a …Block), which is

@@ -38,6 +38,8 @@ var Kernels = map[string]int{
 	"adam":                    7,
 	"embed":                   7,
 	"embed_grad":              6,
+	"token_rows":              4,
+	"embed_grad_lists":        7,
 	"pos_grad":                5,
 	"layer_norm":              7,
 	"layer_norm_backward":     7,

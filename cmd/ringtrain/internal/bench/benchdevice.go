@@ -44,7 +44,7 @@ func Device(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := flag.NewFlagSet("bench device", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	device := fs.String("device", "cpu", devices.Help)
-	model := fs.String("model", "cnn", "built-in model: mlp, cnn, or gpt (torch_gpt.py's: 4 layers, dim 128, 4 heads, context 128, on random bytes)")
+	model := fs.String("model", "cnn", "built-in model: mlp, cnn, gpt (torch_gpt.py's: 4 layers, dim 128, 4 heads, context 128, on random bytes) or gpt-large (6 layers, dim 384, 6 heads, context 256)")
 	batch := fs.Int("batch", 64, "batch size")
 	steps := fs.Int("steps", 400, "timed steps per run")
 	warmup := fs.Int("warmup", 50, "untimed steps before the first run")
@@ -135,17 +135,21 @@ func benchOptimizer(name string, params []string) (train.Optimizer, error) {
 }
 
 // benchModel is --model and 16 batches for it, cycled: seeded noise with
-// uniform labels for the image models, random bytes for the GPT.
+// uniform labels for the image models, random bytes for the GPTs (gpt is
+// torch_gpt.py's default shape, gpt-large its 6 layers × 384 at context
+// 256).
 func benchModel(name string, batch int) (train.Spec, [][]float32, [][]int, error) {
 	const pool = 16
 	rng := rand.New(rand.NewPCG(1, 9))
-	if name != "gpt" {
+	if name != "gpt" && name != "gpt-large" {
 		spec, err := train.BuiltinSpec(name, 1, 28, 28, 10)
 		xs, ys := noiseBatches(rng, pool, batch)
 		return spec, xs, ys, err
 	}
-	const T = 128
-	spec := train.GPTSpec(4, 128, 4, T)
+	spec, T := train.GPTSpec(4, 128, 4, 128), 128
+	if name == "gpt-large" {
+		spec, T = train.GPTSpec(6, 384, 6, 256), 256
+	}
 	xs, ys := make([][]float32, pool), make([][]int, pool)
 	for s := range pool {
 		xs[s], ys[s] = make([]float32, batch*T), make([]int, batch*T)

@@ -1,0 +1,247 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/cli"
+	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/devices"
+	"github.com/ringtrain/ringtrain/ring"
+	"github.com/ringtrain/ringtrain/train"
+)
+
+// OverlapResult is one line of `bench overlap`: the milliseconds of a step
+// each way, all peers stepping at once.
+type OverlapResult struct {
+	Device   string  `json:"device"`
+	Model    string  `json:"model"`
+	Batch    int     `json:"batch"`
+	Peers    int     `json:"peers"`
+	Params   int     `json:"params"`
+	BucketMB float64 `json:"bucket_mb"`
+	Steps    int     `json:"steps"`
+	Run      int     `json:"run,omitempty"`
+	// ComputeMS is a step on a ring of one (no gradients leave the
+	// device: on a GPU the step replayed from its graph); RingMS one
+	// allreduce of every gradient at once, nothing computing.
+	ComputeMS float64 `json:"compute_ms"`
+	RingMS    float64 `json:"ring_ms"`
+	// StepMS is the step with its buckets reduced while backward runs;
+	// WholeMS the step with one allreduce after backward.
+	StepMS  float64 `json:"step_ms"`
+	WholeMS float64 `json:"whole_ms"`
+	// Ratio is StepMS / max(ComputeMS, RingMS): 1 where the ring hides
+	// behind backward or backward behind the ring; WholeRatio the same
+	// of WholeMS.
+	Ratio      float64 `json:"ratio"`
+	WholeRatio float64 `json:"whole_ratio"`
+	Median     bool    `json:"median,omitempty"`
+}
+
+// overlapPeer is one replica of `bench overlap`: its model, and a replica
+// of it on a ring of one and on the shared ring.
+type overlapPeer struct {
+	m           train.Model
+	alone, ring *train.Replica
+	solo, r     *ring.Ring
+}
+
+// Overlap is `ringtrain bench overlap`: how well a step hides its
+// allreduce behind backward. --peers replicas in this process, each with
+// its own model on the device (on a GPU, its own context, as processes
+// sharing the GPU have), on a ring over loopback TCP; each run times, all
+// peers at once, a step alone, the allreduce alone, the step with its
+// gradient buckets reduced while backward runs (--bucket-mb, as the
+// job's bucket_mb), and the step with one allreduce after backward. The
+// batches are benchModel's.
+func Overlap(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench overlap", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	device := fs.String("device", "cpu", devices.Help)
+	model := fs.String("model", "cnn", "built-in model: mlp, cnn, gpt (torch_gpt.py's) or gpt-large (6 layers, dim 384, 6 heads, context 256)")
+	batch := fs.Int("batch", 64, "batch size of each peer")
+	peers := fs.Int("peers", 2, "replicas on the ring")
+	steps := fs.Int("steps", 100, "timed steps (or allreduces) per phase and run")
+	warmup := fs.Int("warmup", 10, "untimed steps of each kind before the first run")
+	runs := fs.Int("runs", 3, "runs; the last line is their median")
+	bucketMB := fs.Float64("bucket-mb", 25, "gradient bucket size in MiB, as bucket_mb")
+	optName := fs.String("optimizer", "adam", "adam, adamw or sgd (as bench device)")
+	devOpt := devices.AddFlags(fs)
+	if err := cli.ParseFlags(fs, args); err != nil {
+		return fmt.Errorf("bench overlap: %w: %w", cli.ErrUsage, err)
+	}
+	if *batch < 1 || *steps < 1 || *runs < 1 || *warmup < 0 || *peers < 2 || *bucketMB <= 0 {
+		return fmt.Errorf("bench overlap: --batch, --steps, --runs and --bucket-mb must be positive, --peers at least 2: %w", cli.ErrUsage)
+	}
+	spec, xs, ys, err := benchModel(*model, *batch)
+	if err != nil {
+		return fmt.Errorf("bench overlap: %w", err)
+	}
+	ts, err := ring.LoopbackTCP(ctx, *peers, 1)
+	if err != nil {
+		return fmt.Errorf("bench overlap: %w", err)
+	}
+	ps := make([]*overlapPeer, *peers)
+	defer func() {
+		for i, p := range ps {
+			if p == nil {
+				ts[i].Close()
+				continue
+			}
+			p.close()
+		}
+	}()
+	for i := range ps {
+		if ps[i], err = newOverlapPeer(ts[i], i, *peers, *device, *optName, spec, *batch, *devOpt); err != nil {
+			return fmt.Errorf("bench overlap: peer %d: %w", i, err)
+		}
+	}
+	res := OverlapResult{Device: deviceName(ps[0].m, *device), Model: *model, Batch: *batch, Peers: *peers, BucketMB: *bucketMB, Steps: *steps}
+	for _, p := range ps[0].m.Params() {
+		res.Params += len(p)
+	}
+	bucket := int(*bucketMB * (1 << 20))
+	grads := make([][]float32, *peers)
+	for i := range grads {
+		grads[i] = make([]float32, res.Params)
+	}
+	pool := len(xs)
+	type stepFunc = func(ctx context.Context, i int, p *overlapPeer, s int) error
+	phase := func(n int, f stepFunc) (float64, error) {
+		start := time.Now()
+		if err := onPeers(ctx, ps, func(ctx context.Context, i int, p *overlapPeer) error {
+			for s := range n {
+				if err := f(ctx, i, p, s); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			return 0, err
+		}
+		return time.Since(start).Seconds() * 1e3 / float64(max(n, 1)), nil
+	}
+	alone := func(ctx context.Context, _ int, p *overlapPeer, s int) error {
+		_, err := p.alone.Step(ctx, xs[s%pool], ys[s%pool], *batch)
+		return err
+	}
+	allreduce := func(ctx context.Context, i int, p *overlapPeer, _ int) error { return p.r.AllreduceMean(ctx, grads[i]) }
+	onRing := func(b int) stepFunc {
+		return func(ctx context.Context, _ int, p *overlapPeer, s int) error {
+			p.ring.BucketBytes = b
+			_, err := p.ring.Step(ctx, xs[s%pool], ys[s%pool], *batch)
+			return err
+		}
+	}
+	kinds := []stepFunc{alone, allreduce, onRing(bucket), onRing(0)}
+	for _, f := range kinds {
+		if _, err := phase(*warmup, f); err != nil {
+			return fmt.Errorf("bench overlap: warm-up: %w", err)
+		}
+	}
+	enc := json.NewEncoder(stdout)
+	var all []OverlapResult
+	for run := range *runs {
+		var ms [4]float64
+		for k, f := range kinds {
+			if ms[k], err = phase(*steps, f); err != nil {
+				return fmt.Errorf("bench overlap: run %d: %w", run+1, err)
+			}
+		}
+		res.Run = run + 1
+		res.ComputeMS, res.RingMS, res.StepMS, res.WholeMS = ms[0], ms[1], ms[2], ms[3]
+		res.ratios()
+		all = append(all, res)
+		if err := enc.Encode(res); err != nil {
+			return err
+		}
+	}
+	res.Run, res.Median = 0, true
+	res.ComputeMS = median(fieldOf(all, func(r OverlapResult) float64 { return r.ComputeMS }))
+	res.RingMS = median(fieldOf(all, func(r OverlapResult) float64 { return r.RingMS }))
+	res.StepMS = median(fieldOf(all, func(r OverlapResult) float64 { return r.StepMS }))
+	res.WholeMS = median(fieldOf(all, func(r OverlapResult) float64 { return r.WholeMS }))
+	res.ratios()
+	return enc.Encode(res)
+}
+
+func (r *OverlapResult) ratios() {
+	bound := max(r.ComputeMS, r.RingMS)
+	r.Ratio, r.WholeRatio = r.StepMS/bound, r.WholeMS/bound
+}
+
+func fieldOf(rs []OverlapResult, f func(OverlapResult) float64) []float64 {
+	out := make([]float64, len(rs))
+	for i, r := range rs {
+		out[i] = f(r)
+	}
+	return out
+}
+
+// newOverlapPeer builds rank's model on device, its optimizer bound to it,
+// and its replicas on a ring of one and on the ring over t (which it
+// closes if it fails).
+func newOverlapPeer(t ring.Transport, rank, size int, device, optName string, spec train.Spec, batch int, o devices.Options) (_ *overlapPeer, err error) {
+	p := &overlapPeer{}
+	defer func() {
+		if err != nil {
+			if p.r == nil {
+				t.Close()
+			}
+			p.close()
+		}
+	}()
+	if p.m, err = devices.NewModel(device, train.ModelConfig{Spec: spec, Batch: batch, Seed: 1}, o); err != nil {
+		return nil, err
+	}
+	opt, err := benchOptimizer(optName, p.m.ParamNames())
+	if err != nil {
+		return nil, err
+	}
+	if opt, err = devices.BindOptimizer(p.m, opt, o); err != nil {
+		return nil, err
+	}
+	if p.solo, err = ring.New(nil, ring.Config{Rank: 0, Size: 1}); err != nil {
+		return nil, err
+	}
+	if p.r, err = ring.New(t, ring.Config{Rank: rank, Size: size, Generation: 1}); err != nil {
+		return nil, err
+	}
+	p.alone, p.ring = train.NewReplica(p.m, opt, p.solo), train.NewReplica(p.m, opt, p.r)
+	return p, nil
+}
+
+func (p *overlapPeer) close() {
+	if p.r != nil {
+		p.r.Close()
+	}
+	if p.solo != nil {
+		p.solo.Close()
+	}
+	if p.m != nil {
+		p.m.Close()
+	}
+}
+
+// onPeers runs f for every peer at once and returns the first error; the
+// first error cancels the others' context, so none waits on the ring for
+// a peer that stopped.
+func onPeers(ctx context.Context, ps []*overlapPeer, f func(ctx context.Context, i int, p *overlapPeer) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		wg.Go(func() {
+			if err := f(ctx, i, p); err != nil {
+				cancel(fmt.Errorf("peer %d: %w", i, err))
+			}
+		})
+	}
+	wg.Wait()
+	return context.Cause(ctx)
+}
