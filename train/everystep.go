@@ -372,6 +372,15 @@ type Layered interface {
 	ForwardBackwardLayers(x []float32, y []int, n int, flat []float32, ready func(lo int) error) (loss float32, err error)
 }
 
+// Stager is a Resident model that takes the averaged gradients back to its
+// device a bucket at a time, as the ring finishes each, while later
+// buckets still go round — instead of all at once when its
+// DeviceOptimizer steps, which then sends only what was not staged.
+type Stager interface {
+	// StageGrads sends flat[lo:hi], averaged, towards the device.
+	StageGrads(flat []float32, lo, hi int) error
+}
+
 // FirstBucketBytes is the size of the first bucket, the last tensors' —
 // small, as in PyTorch DDP, so the ring starts early (or BucketBytes, if
 // that is smaller).
@@ -425,7 +434,8 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 	narrow NarrowAllreducer, says *stepSays) (loss float32, bad int, err error) {
 	jobs := make(chan [2]int, len(plan)+1)
 	done := make(chan error, 1)
-	go func() { done <- r.allreduceBuckets(ctx, flat, narrow, jobs) }()
+	st := r.stager(flat, len(plan))
+	go func() { done <- r.allreduceBuckets(ctx, flat, narrow, jobs, st.reduced) }()
 	bad = -1
 	checked := false // bad is known already: the buckets need no scan
 	var squares float64
@@ -443,6 +453,7 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 			}
 			jobs <- b
 		}
+		st.drain()
 		return nil
 	}
 	if lm, ok := r.Model.(Layered); ok && n > 0 {
@@ -480,16 +491,74 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 	r.sketchPut(flat, bad)
 	jobs <- [2]int{r.nparams, len(flat)}
 	close(jobs)
-	if err := <-done; err != nil {
+	if err = st.await(done); err != nil {
 		return 0, -1, fmt.Errorf("%w: averaging gradients: %w", ErrCollective, err)
+	}
+	if st.drain(); st.err != nil {
+		return 0, -1, fmt.Errorf("%w: %w", errDevice, st.err)
 	}
 	return loss, bad, nil
 }
 
+// bucketStager hands a Stager model the buckets the ring has averaged, as
+// they come on reduced. Its zero value (no Stager) stages nothing: a nil
+// channel never delivers.
+type bucketStager struct {
+	st      Stager
+	flat    []float32
+	reduced chan [2]int
+	err     error // the first StageGrads error; nothing is staged after it
+}
+
+// stager is a bucketStager for this step's buckets, which stages them
+// where the model is a Stager and the average goes to its device
+// optimizer as the ring leaves it — not where clipping changes it on the
+// host first.
+func (r *Replica) stager(flat []float32, buckets int) *bucketStager {
+	st, ok := r.Model.(Stager)
+	if _, dev := r.Opt.(DeviceOptimizer); !ok || !dev || r.ClipNorm > 0 {
+		return &bucketStager{}
+	}
+	return &bucketStager{st: st, flat: flat, reduced: make(chan [2]int, buckets)}
+}
+
+func (s *bucketStager) take(b [2]int) {
+	if s.err == nil {
+		s.err = s.st.StageGrads(s.flat, b[0], b[1])
+	}
+}
+
+// drain stages the buckets averaged so far.
+func (s *bucketStager) drain() {
+	for {
+		select {
+		case b := <-s.reduced:
+			s.take(b)
+		default:
+			return
+		}
+	}
+}
+
+// await returns the allreduces' error once done delivers it, staging
+// each bucket they finish meanwhile.
+func (s *bucketStager) await(done <-chan error) error {
+	for {
+		select {
+		case b := <-s.reduced:
+			s.take(b)
+		case err := <-done:
+			return err
+		}
+	}
+}
+
 // allreduceBuckets allreduces the buckets of flat that come on jobs, in
 // order, until jobs is closed, and returns the first collective's error:
-// after one, the rest are drained unsent (the ring is down).
-func (r *Replica) allreduceBuckets(ctx context.Context, flat []float32, narrow NarrowAllreducer, jobs <-chan [2]int) error {
+// after one, the rest are drained unsent (the ring is down). Each bucket
+// of gradients averaged goes on reduced, unless that is nil; it has room
+// for all.
+func (r *Replica) allreduceBuckets(ctx context.Context, flat []float32, narrow NarrowAllreducer, jobs <-chan [2]int, reduced chan<- [2]int) error {
 	var err error
 	k := 0
 	for b := range jobs {
@@ -505,6 +574,9 @@ func (r *Replica) allreduceBuckets(ctx context.Context, flat []float32, narrow N
 		}
 		if r.Trace != nil {
 			r.Trace.Span("allreduce", t, time.Now(), r.Steps, k)
+		}
+		if err == nil && reduced != nil && b[0] < r.nparams {
+			reduced <- b
 		}
 		k++
 	}

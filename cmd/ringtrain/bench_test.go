@@ -99,7 +99,7 @@ func TestBenchOverlap(t *testing.T) {
 			t.Fatalf("%s: median line %s (%v)", dev, lines[2], err)
 		}
 		bound := max(last.ComputeMS, last.RingMS)
-		if last.ComputeMS <= 0 || last.RingMS <= 0 || last.StepMS <= 0 || last.WholeMS <= 0 ||
+		if last.ComputeMS <= 0 || last.RingMS <= 0 || last.StepMS <= 0 || last.WholeMS <= 0 || last.CallsMS <= 0 ||
 			last.Ratio != last.StepMS/bound || last.WholeRatio != last.WholeMS/bound {
 			t.Errorf("%s: median line %+v: a phase untimed or a ratio not its quotient", dev, last)
 		}

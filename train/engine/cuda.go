@@ -412,10 +412,8 @@ func (c *CUDA) DownloadBeside(dst []float32, src Buf) (func() error, error) {
 	}
 	var computed, copied C.CUevent
 	err := c.on(func() error {
-		if c.copies == nil {
-			if err := cuErr(C.cuStreamCreate(&c.copies, C.CU_STREAM_NON_BLOCKING), "creating the copies' stream"); err != nil {
-				return err
-			}
+		if err := c.copiesStream(); err != nil {
+			return err
 		}
 		var err error
 		if computed, err = c.event(); err != nil {
@@ -447,6 +445,29 @@ func (c *CUDA) DownloadBeside(dst []float32, src Buf) (func() error, error) {
 			return err
 		})
 	}, nil
+}
+
+// UploadBeside queues the copy on the copies' stream, after the copies
+// queued there before it (a range's DownloadBeside, say).
+func (c *CUDA) UploadBeside(dst Buf, src []float32) error {
+	d := dev(dst)
+	if err := sameLen(d.n, len(src), "upload"); err != nil || d.n == 0 {
+		return err
+	}
+	return c.on(func() error {
+		if err := c.copiesStream(); err != nil {
+			return err
+		}
+		return cuErr(C.cuMemcpyHtoDAsync(d.p, unsafe.Pointer(unsafe.SliceData(src)), C.size_t(4*d.n), c.copies), "copy to the device")
+	})
+}
+
+// copiesStream makes the copies' stream, once. Call it inside on.
+func (c *CUDA) copiesStream() error {
+	if c.copies != nil {
+		return nil
+	}
+	return cuErr(C.cuStreamCreate(&c.copies, C.CU_STREAM_NON_BLOCKING), "creating the copies' stream")
 }
 
 // event returns a spare event, or a new one (without timing, which would

@@ -302,6 +302,18 @@ func TestCUDALayersHandedOverBeside(t *testing.T) {
 	}
 }
 
+// TestCUDAStageGrads is TestStageGrads on the GPU (the staged parts on
+// the copies' stream, the rest sent by the optimizer step), for the mlp:
+// linear layers alone, so that the two nets compared compute the same
+// bits (cuDNN might time different algorithms fastest on each).
+func TestCUDAStageGrads(t *testing.T) {
+	mlp, err := train.BuiltinSpec("mlp", 1, 28, 28, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkStageGrads(t, func() Ops { return newCUDAOrSkip(t) }, train.ModelConfig{Spec: mlp, Batch: 64, Seed: 3}, 784, 10)
+}
+
 // TestCUDATrainingIsDeterministicAndMatchesHost: the cnn (Adam), with its
 // convolutions by cuDNN and by im2col and cuBLAS, and a 2-block GPT (embedding, layernorm, attention by strided batched
 // products, GELU, residual adds; AdamW) trained on the GPU give the same

@@ -45,8 +45,9 @@ func (Host) DownloadBeside(dst []float32, src Buf) (func() error, error) {
 	}
 	return func() error { return nil }, nil
 }
-func (Host) Zero(b Buf) error { clear(f32(b)); return nil }
-func (Host) Sync() error      { return nil }
+func (Host) UploadBeside(dst Buf, src []float32) error { return copyChecked(f32(dst), src) }
+func (Host) Zero(b Buf) error                          { clear(f32(b)); return nil }
+func (Host) Sync() error                               { return nil }
 
 // Capture runs f, and its replay is f again: what the host engine reads
 // is read anew each time, which a CUDA graph does only through pinned

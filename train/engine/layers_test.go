@@ -142,15 +142,23 @@ func TestLayersHandedOverBeforeTheirInputsGradient(t *testing.T) {
 // TestOverlappedEngineStep: replicas of the engine's net on the Host
 // device, with buckets of one layer, train as they do without buckets (to
 // float rounding: the ring adds each element in an order set by its
-// segment) and end with the same bits on every rank.
+// segment) and end with the same bits on every rank; with buckets, each
+// rank stages the averaged buckets back to its device as the ring
+// finishes them (UploadBeside), unless clipping must change the average
+// on the host first (a clip too large to bind: the same parameters).
 func TestOverlappedEngineStep(t *testing.T) {
 	const n, steps = 3, 4
 	cfg := train.ModelConfig{Spec: convSpec, Batch: 3, Seed: 3}
-	params := map[int][][]float32{}
-	for _, bucket := range []int{0, 4} {
-		params[bucket] = make([][]float32, n)
+	type setup struct {
+		bucket int
+		clip   float64
+	}
+	params := map[setup][][]float32{}
+	for _, su := range []setup{{0, 0}, {4, 0}, {4, 1e9}} {
+		params[su] = make([][]float32, n)
+		staged := make([]int, n)
 		err := onRing(n, func(i int, r *rg.Ring) error {
-			net, err := New(Host{}, cfg)
+			net, err := New(stageCounter{n: &staged[i]}, cfg)
 			if err != nil {
 				return err
 			}
@@ -160,7 +168,7 @@ func TestOverlappedEngineStep(t *testing.T) {
 				return err
 			}
 			rep := train.NewReplica(net, opt, r)
-			rep.BucketBytes = bucket
+			rep.BucketBytes, rep.ClipNorm = su.bucket, su.clip
 			rng := rand.New(rand.NewPCG(7, uint64(i)))
 			for range steps {
 				x, y := batchOf(rng, 3, 72, 4)
@@ -168,21 +176,128 @@ func TestOverlappedEngineStep(t *testing.T) {
 					return err
 				}
 			}
-			params[bucket][i] = slices.Concat(net.Params()...)
+			params[su][i] = slices.Concat(net.Params()...)
 			return nil
 		})
 		if err != nil {
-			t.Fatalf("buckets of %d bytes: %v", bucket, err)
+			t.Fatalf("%+v: %v", su, err)
 		}
 		for i := 1; i < n; i++ {
-			if !slices.Equal(params[bucket][i], params[bucket][0]) {
-				t.Errorf("buckets of %d bytes: rank %d's parameters differ from rank 0's", bucket, i)
+			if !slices.Equal(params[su][i], params[su][0]) {
+				t.Errorf("%+v: rank %d's parameters differ from rank 0's", su, i)
+			}
+		}
+		for i, k := range staged {
+			if want := su.bucket > 0 && su.clip == 0; (k > 0) != want {
+				t.Errorf("%+v: rank %d staged %d buckets; want some: %v", su, i, k, want)
 			}
 		}
 	}
-	for j, want := range params[0][0] {
-		if got := params[4][0][j]; math.Abs(float64(got-want)) > 1e-5*max(1, math.Abs(float64(want))) {
-			t.Fatalf("parameter %d = %v with buckets, %v without", j, got, want)
+	for j, want := range params[setup{0, 0}][0] {
+		for _, su := range []setup{{4, 0}, {4, 1e9}} {
+			if got := params[su][0][j]; math.Abs(float64(got-want)) > 1e-5*max(1, math.Abs(float64(want))) {
+				t.Fatalf("parameter %d = %v with %+v, %v without buckets", j, got, su, want)
+			}
+		}
+	}
+}
+
+// stageCounter is the Host device counting UploadBeside's calls.
+type stageCounter struct {
+	Host
+	n *int
+}
+
+func (s stageCounter) UploadBeside(dst Buf, src []float32) error {
+	*s.n++
+	return s.Host.UploadBeside(dst, src)
+}
+
+// TestStageGrads: averaged gradients staged bucket by bucket, last
+// tensors first, step the optimizer to the bits of the same average sent
+// whole; a range that does not extend the staged part towards the front is
+// left to the step, and a new pass forgets what was staged for the last.
+func TestStageGrads(t *testing.T) {
+	checkStageGrads(t, func() Ops { return Host{} }, train.ModelConfig{Spec: convSpec, Batch: 3, Seed: 3}, 72, 4)
+}
+
+// checkStageGrads is TestStageGrads on the Ops newOps makes, a fresh one
+// for each net, for a model of cfg taking features and classes.
+func checkStageGrads(t *testing.T, newOps func() Ops, cfg train.ModelConfig, features, classes int) {
+	x, y := batchOf(rand.New(rand.NewPCG(1, 2)), cfg.Batch, features, classes)
+	type stageFn func(net *Net, flat []float32)
+	run := func(stage stageFn) []float32 {
+		t.Helper()
+		net, err := New(newOps(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer net.Close()
+		opt, err := net.Optimizer(train.NewAdam(1e-2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		flat, err := net.FlatBuffer(net.nparams)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if _, err := net.ForwardBackwardLayers(x, y, cfg.Batch, flat, func(int) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+			for i := range flat {
+				flat[i] *= 0.5 // the ring's average stands apart from the device's own
+			}
+			stage(net, flat)
+			if ok, err := opt.StepFlat(flat); err != nil || !ok {
+				t.Fatalf("StepFlat: %v, %v", ok, err)
+			}
+		}
+		return slices.Concat(net.Params()...)
+	}
+	want := run(func(*Net, []float32) {})
+	bounds := func(net *Net) []int { return append(net.LayerBounds(), 0) }
+	for name, stage := range map[string]stageFn{
+		"every layer": func(net *Net, flat []float32) {
+			hi := net.nparams
+			for _, lo := range bounds(net)[:3] {
+				if err := net.StageGrads(flat, lo, hi); err != nil {
+					t.Fatal(err)
+				}
+				hi = lo
+			}
+			if net.staged != net.nparams {
+				t.Errorf("staged %d of %d", net.staged, net.nparams)
+			}
+		},
+		"the last layer, then one out of turn": func(net *Net, flat []float32) {
+			b := bounds(net)
+			if err := net.StageGrads(flat, b[0], net.nparams); err != nil {
+				t.Fatal(err)
+			}
+			if err := net.StageGrads(flat, b[2], b[1]); err != nil {
+				t.Fatal(err)
+			}
+			if net.staged != net.nparams-b[0] {
+				t.Errorf("staged %d; want the last layer's %d", net.staged, net.nparams-b[0])
+			}
+		},
+		"then a new pass": func(net *Net, flat []float32) {
+			if err := net.StageGrads(flat, bounds(net)[0], net.nparams); err != nil {
+				t.Fatal(err)
+			}
+			stale := slices.Clone(flat)
+			if _, err := net.ForwardBackwardLayers(x, y, cfg.Batch, flat, func(int) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+			copy(flat, stale) // the same average, none of it staged
+			if net.staged != 0 {
+				t.Errorf("after a new pass, %d values count as staged", net.staged)
+			}
+		},
+	} {
+		if got := run(stage); !slices.Equal(got, want) {
+			t.Errorf("%s: parameters differ from the average sent whole", name)
 		}
 	}
 }

@@ -93,8 +93,11 @@ type Net struct {
 
 	xPin, yPin, lossPin, flagPin, hyperPin []float32 // page-locked staging
 	flatPin                                []float32 // the replica's flat buffer
-	logits                                 []float32
-	err                                    error // sticky: a failed optimizer Step
+	// staged is how many of the flat buffer's last gradient values
+	// StageGrads has sent to dGrad since the last optimizer step.
+	staged int
+	logits []float32
+	err    error // sticky: a failed optimizer Step
 
 	// Graph makes full-batch steps replay a captured queue of calls (a CUDA
 	// graph on a GPU) after one warm-up step that runs call by call, so
@@ -408,6 +411,7 @@ func (n *Net) updated() { n.hostOK, n.logitsOK = false, false }
 
 // begin readies the parameters and stages a batch, as every pass starts.
 func (n *Net) begin(x []float32, y []int, rows int) error {
+	n.staged = 0 // a new pass: what was staged is not its gradients
 	if err := n.ensureDevice(); err != nil {
 		return err
 	}
@@ -679,6 +683,24 @@ func (n *Net) ForwardBackwardLayers(x []float32, y []int, rows int, flat []float
 	}
 	n.logitsOK = false
 	return n.loss(rows), nil
+}
+
+// StageGrads sends flat[lo:hi], averaged gradients in the flat buffer from
+// FlatBuffer, to the device beside what it computes, for the next
+// optimizer step, which then sends only the rest: the replica stages each
+// bucket once the ring has averaged it, while later ones still go round.
+// Buckets come last tensors first; one that does not extend what is
+// staged already towards the front is left for the optimizer step to
+// send, and so is everything when flat is not the flat buffer.
+func (n *Net) StageGrads(flat []float32, lo, hi int) error {
+	if !n.pinned(flat) || lo < 0 || lo > hi || hi != n.nparams-n.staged {
+		return nil
+	}
+	if err := n.ops.UploadBeside(n.ops.Slice(n.dGrad, lo, hi-lo), flat[lo:hi]); err != nil {
+		return fmt.Errorf("engine: staging gradients %d to %d on %s: %w", lo, hi, n.ops.Name(), err)
+	}
+	n.staged = n.nparams - lo
+	return nil
 }
 
 // queueCheck sets flags[0] to whether the gradients hold a NaN or Inf.

@@ -42,6 +42,10 @@ type Ops interface {
 	// runs); wait returns once that copy is done, and dst may be read.
 	// Call each wait once; Sync waits for these copies too.
 	DownloadBeside(dst []float32, src Buf) (wait func() error, err error)
+	// UploadBeside copies src (memory from Pinned, not to be written until
+	// Sync) into dst after the copies DownloadBeside and UploadBeside
+	// queued before it, beside the other calls; Sync waits for it.
+	UploadBeside(dst Buf, src []float32) error
 	// Zero sets b to zeros.
 	Zero(b Buf) error
 	// Sync waits until every call made so far has run.

@@ -187,14 +187,23 @@ func (o *Optimizer) StepFlat(grads []float32) (bool, error) {
 		return q.err
 	}
 	var e errs
-	if n.pinned(grads) {
+	staged := n.staged
+	n.staged = 0
+	switch {
+	case staged > 0 && n.pinned(grads):
+		// The staged part is on its way (Sync waits for it); the rest goes
+		// now, call by call, since a captured graph copies all.
+		e.do(n.ops.Sync())
+		e.do(n.ops.UploadAsync(n.ops.Slice(n.dGrad, 0, n.nparams-staged), grads[:n.nparams-staged]))
+		e.do(queue())
+	case n.pinned(grads):
 		e.do(n.run(&o.flat, &grads[0], true, func() error {
 			if err := n.ops.UploadAsync(n.dGrad, grads); err != nil {
 				return err
 			}
 			return queue()
 		}))
-	} else {
+	default:
 		e.do(n.ops.Upload(n.dGrad, grads))
 		e.do(queue())
 	}

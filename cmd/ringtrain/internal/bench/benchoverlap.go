@@ -13,6 +13,7 @@ import (
 	"github.com/ringtrain/ringtrain/cmd/ringtrain/internal/devices"
 	"github.com/ringtrain/ringtrain/ring"
 	"github.com/ringtrain/ringtrain/train"
+	"github.com/ringtrain/ringtrain/train/engine"
 )
 
 // OverlapResult is one line of `bench overlap`: the milliseconds of a step
@@ -31,6 +32,10 @@ type OverlapResult struct {
 	// allreduce of every gradient at once, nothing computing.
 	ComputeMS float64 `json:"compute_ms"`
 	RingMS    float64 `json:"ring_ms"`
+	// CallsMS is ComputeMS with each step run call by call, as a step
+	// that hands its buckets over runs (no captured graph); where the
+	// device captures none, the same step.
+	CallsMS float64 `json:"calls_ms"`
 	// StepMS is the step with its buckets reduced while backward runs;
 	// WholeMS the step with one allreduce after backward.
 	StepMS  float64 `json:"step_ms"`
@@ -57,8 +62,8 @@ type overlapPeer struct {
 // sharing the GPU have), on a ring over loopback TCP; each run times, all
 // peers at once, a step alone, the allreduce alone, the step with its
 // gradient buckets reduced while backward runs (--bucket-mb, as the
-// job's bucket_mb), and the step with one allreduce after backward. The
-// batches are benchModel's.
+// job's bucket_mb), the step with one allreduce after backward, and the
+// step alone run call by call. The batches are benchModel's.
 func Overlap(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench overlap", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -138,7 +143,14 @@ func Overlap(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return err
 		}
 	}
-	kinds := []stepFunc{alone, allreduce, onRing(bucket), onRing(0)}
+	calls := func(ctx context.Context, i int, p *overlapPeer, s int) error {
+		if net, ok := p.m.(*engine.Net); ok {
+			defer func(g bool) { net.Graph = g }(net.Graph)
+			net.Graph = false
+		}
+		return alone(ctx, i, p, s)
+	}
+	kinds := []stepFunc{alone, allreduce, onRing(bucket), onRing(0), calls}
 	for _, f := range kinds {
 		if _, err := phase(*warmup, f); err != nil {
 			return fmt.Errorf("bench overlap: warm-up: %w", err)
@@ -147,14 +159,14 @@ func Overlap(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	enc := json.NewEncoder(stdout)
 	var all []OverlapResult
 	for run := range *runs {
-		var ms [4]float64
+		var ms [5]float64
 		for k, f := range kinds {
 			if ms[k], err = phase(*steps, f); err != nil {
 				return fmt.Errorf("bench overlap: run %d: %w", run+1, err)
 			}
 		}
 		res.Run = run + 1
-		res.ComputeMS, res.RingMS, res.StepMS, res.WholeMS = ms[0], ms[1], ms[2], ms[3]
+		res.ComputeMS, res.RingMS, res.StepMS, res.WholeMS, res.CallsMS = ms[0], ms[1], ms[2], ms[3], ms[4]
 		res.ratios()
 		all = append(all, res)
 		if err := enc.Encode(res); err != nil {
@@ -166,6 +178,7 @@ func Overlap(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	res.RingMS = median(fieldOf(all, func(r OverlapResult) float64 { return r.RingMS }))
 	res.StepMS = median(fieldOf(all, func(r OverlapResult) float64 { return r.StepMS }))
 	res.WholeMS = median(fieldOf(all, func(r OverlapResult) float64 { return r.WholeMS }))
+	res.CallsMS = median(fieldOf(all, func(r OverlapResult) float64 { return r.CallsMS }))
 	res.ratios()
 	return enc.Encode(res)
 }
