@@ -50,7 +50,6 @@ if has overlap; then
   }
   ov "cnn B=64 bucket 25" --model cnn --batch 64 --steps 100 --runs 3
   ov "cnn B=256 bucket 4" --model cnn --batch 256 --steps 50 --runs 3 --bucket-mb 4
-  ov "gpt-large B=16 bucket 25" --model gpt-large --batch 16 --optimizer adamw --steps 20 --warmup 3 --runs 3
   ov "gpt-large B=16 bucket 4" --model gpt-large --batch 16 --optimizer adamw --steps 20 --warmup 3 --runs 3 --bucket-mb 4
   ov "gpt-large B=32 bucket 4" --model gpt-large --batch 32 --optimizer adamw --steps 20 --warmup 3 --runs 3 --bucket-mb 4
   # As users run it: two processes on the GPU, the buckets beside backward

@@ -138,6 +138,9 @@ type CUDA struct {
 	copies C.CUstream
 	events []C.CUevent
 	spare  []C.CUevent
+	// capturing: Capture's f is queuing; forked: a DownloadBeside in it
+	// put the copies' stream into the capture, which must join back.
+	capturing, forked bool
 	// scratches: see scratch.
 	scratches map[int]Buf
 }
@@ -427,11 +430,23 @@ func (c *CUDA) DownloadBeside(dst []float32, src Buf) (func() error, error) {
 		e.do(cuErr(C.cuEventRecord(computed, c.stream), "marking the gradients computed"))
 		e.do(cuErr(C.cuStreamWaitEvent(c.copies, computed, 0), "ordering a copy after its gradients"))
 		e.do(cuErr(C.cuMemcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(dst)), s.p, C.size_t(4*s.n), c.copies), "copy from the device"))
-		e.do(cuErr(C.cuEventRecord(copied, c.copies), "marking a copy done"))
+		if c.capturing {
+			// An external event node: each launch of the graph records it
+			// when the copy is done, for the host to wait on.
+			c.forked = true
+			e.do(cuErr(C.cuEventRecordWithFlags(copied, c.copies, C.CU_EVENT_RECORD_EXTERNAL), "marking a captured copy done"))
+		} else {
+			e.do(cuErr(C.cuEventRecord(copied, c.copies), "marking a copy done"))
+		}
 		return e.err
 	})
 	if err != nil {
 		return nil, err
+	}
+	if c.capturing { // the graph keeps both events; wait is for every replay
+		return func() error {
+			return c.on(func() error { return cuErr(C.cuEventSynchronize(copied), "copy from the device") })
+		}, nil
 	}
 	waited := false
 	return func() error {
@@ -445,6 +460,20 @@ func (c *CUDA) DownloadBeside(dst []float32, src Buf) (func() error, error) {
 			return err
 		})
 	}, nil
+}
+
+// join makes the capture's stream wait for the copies' stream, which a
+// DownloadBeside forked from it: a capture must end with its streams
+// joined. Call it inside on.
+func (c *CUDA) join() error {
+	ev, err := c.event()
+	if err != nil {
+		return err
+	}
+	var e errs
+	e.do(cuErr(C.cuEventRecord(ev, c.copies), "marking the captured copies"))
+	e.do(cuErr(C.cuStreamWaitEvent(c.stream, ev, 0), "joining the captured copies"))
+	return e.err
 }
 
 // UploadBeside queues the copy on the copies' stream, after the copies
@@ -511,7 +540,15 @@ func (c *CUDA) Capture(f func() error) (func() error, error) {
 		if err := cuErr(C.rt_capture(c.stream), "starting a graph capture"); err != nil {
 			return err
 		}
+		c.capturing = true
 		ferr := f()
+		c.capturing = false
+		if c.forked { // the copies' stream joins the capture's stream again
+			c.forked = false
+			if err := c.join(); ferr == nil {
+				ferr = err
+			}
+		}
 		// f's calls ran on this locked thread too: c.on nests.
 		end := cuErr(C.rt_end_capture(c.stream, &exec), "capturing the step into a graph")
 		if ferr != nil {

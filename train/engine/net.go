@@ -105,6 +105,16 @@ type Net struct {
 	// capture. On by default.
 	Graph bool
 	fb    replayer // ForwardBackwardFlat's
+	lb    replayer // ForwardBackwardLayers' into the flat buffer
+	// handovers are the layers' copies the last ForwardBackwardLayers into
+	// the flat buffer queued — or, replayed, the copies its graph holds.
+	handovers []handover
+}
+
+// handover is a layer's gradients on their way to flat[lo:].
+type handover struct {
+	lo   int
+	wait func() error
 }
 
 // replayer is one captured queue of calls and what it was captured for.
@@ -604,12 +614,13 @@ func (n *Net) LayerBounds() []int {
 // backward and ready(lo) is called when the copy is done — flat[lo:] then
 // holds final values, which the caller may send while the earlier layers
 // still compute. Where flat is from FlatBuffer the whole pass is queued
-// first and the copies run on a stream of their own, so the device never
-// waits for the host; otherwise each layer's copy is waited for before
-// the next layer is queued. It runs call by call (a captured graph would
-// hand nothing over until the end) and leaves the check for NaN and Inf
-// to the caller, who sees each layer's values first. An error from ready
-// stops the pass and is returned.
+// first, the copies on a stream of their own, so the device never waits
+// for the host, and a full batch is replayed from a captured graph
+// (Graph) whose copies signal the host as they finish; otherwise each
+// layer's copy is waited for before the next layer is queued, call by
+// call. It leaves the check for NaN and Inf to the caller, who sees each
+// layer's values first. An error from ready stops the pass and is
+// returned.
 func (n *Net) ForwardBackwardLayers(x []float32, y []int, rows int, flat []float32, ready func(lo int) error) (float32, error) {
 	if len(flat) < n.nparams {
 		return 0, fmt.Errorf("engine: flat buffer of %d values for %d gradients", len(flat), n.nparams)
@@ -621,61 +632,31 @@ func (n *Net) ForwardBackwardLayers(x []float32, y []int, rows int, flat []float
 		n.ops.Sync() // no copy may still write flat once the pass has failed
 		return 0, fmt.Errorf("engine: forward and backward on %s: %w", n.ops.Name(), err)
 	}
-	if err := n.queueForward(rows); err != nil {
-		return fail(err)
-	}
-	if err := n.clearSaved(); err != nil {
-		return fail(err)
-	}
-	beside := n.pinned(flat)
-	type handover struct {
-		lo   int
-		wait func() error
-	}
-	var queued []handover
-	bounds := n.LayerBounds()
-	hi, next := n.nparams, 0
-	for i := len(n.layers) - 1; i >= 0; i-- {
-		if err := n.backwardParams(i); err != nil {
+	if !n.pinned(flat) {
+		readyErr, err := n.layersWaited(rows, flat, ready)
+		if err != nil {
 			return fail(err)
 		}
-		if n.layers[i].w >= 0 {
-			lo := bounds[next]
-			next++
-			dst, src := flat[lo:hi], n.ops.Slice(n.dGrad, lo, hi-lo)
-			if beside {
-				wait, err := n.ops.DownloadBeside(dst, src)
-				if err != nil {
-					return fail(err)
-				}
-				queued = append(queued, handover{lo, wait})
-			} else {
-				var e errs
-				e.do(n.ops.Sync())
-				e.do(n.ops.Download(dst, src))
-				if e.err != nil {
-					return fail(e.err)
-				}
-				if err := ready(lo); err != nil {
-					return 0, err
-				}
+		if readyErr != nil {
+			return 0, readyErr
+		}
+	} else {
+		// queueLayers leaves its copies in n.handovers; a replay leaves
+		// the captured ones there.
+		if err := n.run(&n.lb, &flat[0], rows == n.batch, func() error { return n.queueLayers(rows, flat) }); err != nil {
+			return fail(err)
+		}
+		for k, h := range n.handovers {
+			if err := h.wait(); err != nil {
+				return fail(err)
 			}
-			hi = lo
-		}
-		if err := n.backwardInput(i); err != nil {
-			return fail(err)
-		}
-	}
-	for k, h := range queued {
-		if err := h.wait(); err != nil {
-			return fail(err)
-		}
-		if err := ready(h.lo); err != nil {
-			for _, rest := range queued[k+1:] {
-				rest.wait()
+			if err := ready(h.lo); err != nil {
+				for _, rest := range n.handovers[k+1:] {
+					rest.wait()
+				}
+				n.ops.Sync()
+				return 0, err
 			}
-			n.ops.Sync()
-			return 0, err
 		}
 	}
 	if err := n.ops.Sync(); err != nil {
@@ -683,6 +664,77 @@ func (n *Net) ForwardBackwardLayers(x []float32, y []int, rows int, flat []float
 	}
 	n.logitsOK = false
 	return n.loss(rows), nil
+}
+
+// queueLayers queues the whole pass, each layer's gradients copied into
+// flat beside the rest (n.handovers) before its input's gradient is
+// computed.
+func (n *Net) queueLayers(rows int, flat []float32) error {
+	n.handovers = n.handovers[:0]
+	if err := n.queueForward(rows); err != nil {
+		return err
+	}
+	if err := n.clearSaved(); err != nil {
+		return err
+	}
+	bounds := n.LayerBounds()
+	hi, next := n.nparams, 0
+	for i := len(n.layers) - 1; i >= 0; i-- {
+		if err := n.backwardParams(i); err != nil {
+			return err
+		}
+		if n.layers[i].w >= 0 {
+			lo := bounds[next]
+			next++
+			wait, err := n.ops.DownloadBeside(flat[lo:hi], n.ops.Slice(n.dGrad, lo, hi-lo))
+			if err != nil {
+				return err
+			}
+			n.handovers = append(n.handovers, handover{lo, wait})
+			hi = lo
+		}
+		if err := n.backwardInput(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// layersWaited is the pass into Go memory: each layer's copy waited for,
+// and ready called, before the next layer is queued. It returns ready's
+// error, which stops it, apart from the device's.
+func (n *Net) layersWaited(rows int, flat []float32, ready func(lo int) error) (readyErr, err error) {
+	if err := n.queueForward(rows); err != nil {
+		return nil, err
+	}
+	if err := n.clearSaved(); err != nil {
+		return nil, err
+	}
+	bounds := n.LayerBounds()
+	hi, next := n.nparams, 0
+	for i := len(n.layers) - 1; i >= 0; i-- {
+		if err := n.backwardParams(i); err != nil {
+			return nil, err
+		}
+		if n.layers[i].w >= 0 {
+			lo := bounds[next]
+			next++
+			var e errs
+			e.do(n.ops.Sync())
+			e.do(n.ops.Download(flat[lo:hi], n.ops.Slice(n.dGrad, lo, hi-lo)))
+			if e.err != nil {
+				return nil, e.err
+			}
+			if err := ready(lo); err != nil {
+				return err, nil
+			}
+			hi = lo
+		}
+		if err := n.backwardInput(i); err != nil {
+			return nil, err
+		}
+	}
+	return nil, nil
 }
 
 // StageGrads sends flat[lo:hi], averaged gradients in the flat buffer from

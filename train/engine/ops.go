@@ -40,7 +40,9 @@ type Ops interface {
 	// call made so far has run, beside the calls made after it (on a GPU,
 	// on a stream of its own, so the device computes on while the copy
 	// runs); wait returns once that copy is done, and dst may be read.
-	// Call each wait once; Sync waits for these copies too.
+	// Call each wait once; Sync waits for these copies too. Inside
+	// Capture, the copy is captured as well, and wait is for each replay:
+	// call it once after each.
 	DownloadBeside(dst []float32, src Buf) (wait func() error, err error)
 	// UploadBeside copies src (memory from Pinned, not to be written until
 	// Sync) into dst after the copies DownloadBeside and UploadBeside
