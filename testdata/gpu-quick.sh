@@ -59,6 +59,11 @@ if has overlap; then
   timeout 120 ./ringtrain-cuda local -n 2 --config cnn-2.json --device cuda --data-plane tcp > "$OUT/two.txt" 2>&1
   echo "rc=$?" | tee -a "$OUT/summary.txt"
   grep '"summary"' "$OUT/two.txt" | grep -o '"test_accuracy":[0-9.]*\|"param_hash":"[0-9a-f]*\|"samples_per_sec":[0-9.]*' | sort | uniq -c | tee -a "$OUT/summary.txt"
+  sed "s#/usr/share/games/fortunes#$PWD/fortunes#; s/\"epochs\": 2/\"epochs\": 1/; s/\"world_size\": 1/\"world_size\": 2/" gpt-quality-job.json > gpt-two.json
+  log "ringtrain-cuda local -n 2, torch_gpt.py's GPT, batch 32 each, 1 epoch, tcp plane"
+  timeout 120 ./ringtrain-cuda local -n 2 --config gpt-two.json --device cuda --data-plane tcp > "$OUT/gpt-two.txt" 2>&1
+  echo "rc=$?" | tee -a "$OUT/summary.txt"
+  grep '"summary"' "$OUT/gpt-two.txt" | grep -o '"param_hash":"[0-9a-f]*\|"samples_per_sec":[0-9.]*\|"test_loss":[0-9.]*' | sort | uniq -c | tee -a "$OUT/summary.txt"
 fi
 if has gpt; then
   sed "s#/usr/share/games/fortunes#$PWD/fortunes#; s/\"epochs\": 2/\"epochs\": 1/; s/\"batch_size\": 32/\"batch_size\": 64/;
