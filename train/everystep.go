@@ -367,11 +367,9 @@ type Layered interface {
 	// ForwardBackwardLayers runs forward and backward, copying each
 	// layer's gradients into flat (Params end to end) as soon as they are
 	// final and then calling ready with where they start: flat[lo:] is
-	// final from then on. finite says the model has checked the layer's
-	// values and found no NaN or Inf (a device checks where they are, at
-	// next to no cost); otherwise the replica looks. An error from ready
-	// stops the pass and is returned.
-	ForwardBackwardLayers(x []float32, y []int, n int, flat []float32, ready func(lo int, finite bool) error) (loss float32, err error)
+	// final from then on. An error from ready stops the pass and is
+	// returned.
+	ForwardBackwardLayers(x []float32, y []int, n int, flat []float32, ready func(lo int) error) (loss float32, err error)
 }
 
 // Stager is a Resident model that takes the averaged gradients back to its
@@ -443,18 +441,11 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 	var squares float64
 	r.sketchBegin()
 	next := 0
-	// flat[handed:] is handed over, flat[vouched:] found finite by the
-	// model: those buckets need no scan here.
-	handed, vouched := r.nparams, r.nparams
-	ready := func(lo int, fine bool) error { // flat[lo:] is final: send the buckets it completes
-		if fine && vouched == handed {
-			vouched = lo
-		}
-		handed = lo
+	ready := func(lo int) error { // flat[lo:] is final: send the buckets it completes
 		for ; next < len(plan) && plan[next][0] >= lo; next++ {
 			b := plan[next]
 			g := flat[b[0]:b[1]]
-			if !checked && bad < 0 && b[0] < vouched && !finite(g) {
+			if !checked && bad < 0 && !finite(g) {
 				bad = r.tensorAt(b[0], g)
 			}
 			if bad < 0 {
@@ -470,7 +461,7 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 	} else if n == 0 { // no samples here this step: nothing to add to the mean
 		clear(flat[:r.nparams])
 		checked = true
-		err = ready(0, true)
+		err = ready(0)
 	} else {
 		if res, ok := r.Model.(Resident); ok {
 			loss, bad, err = res.ForwardBackwardFlat(x, y, n, flat)
@@ -479,7 +470,7 @@ func (r *Replica) bucketed(ctx context.Context, x []float32, y []int, n int, fla
 		}
 		if err == nil {
 			checked = true
-			err = ready(0, true)
+			err = ready(0)
 		}
 	}
 	r.bk.backwardDone = time.Now()

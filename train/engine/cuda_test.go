@@ -286,11 +286,8 @@ func TestCUDALayersHandedOverBeside(t *testing.T) {
 			t.Fatalf("round %d: ForwardBackwardFlat: bad %d, %v", round, bad, err)
 		}
 		var los []int
-		_, err := net.ForwardBackwardLayers(x, y, 64, flat, func(lo int, finite bool) error {
+		_, err := net.ForwardBackwardLayers(x, y, 64, flat, func(lo int) error {
 			los = append(los, lo)
-			if !finite {
-				t.Errorf("round %d: handed over from %d: not said finite", round, lo)
-			}
 			if !slices.Equal(flat[lo:], want[lo:]) {
 				t.Errorf("round %d: handed over from %d: values differ from the whole pass's", round, lo)
 			}

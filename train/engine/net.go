@@ -88,7 +88,7 @@ type Net struct {
 	tmp              Buf    // the largest conv's channel-major output or gradient
 	labels           Buf
 	dLoss            Buf // per-row losses
-	flags            Buf // [0]: the gradients hold a NaN or Inf; [1]: always 0; [2]: the averaged ones do; [3+k]: the k-th layer ForwardBackwardLayers hands over does
+	flags            Buf // [0]: the gradients hold a NaN or Inf; [1]: always 0; [2]: the averaged ones do
 	hyper            Buf // the optimizer's hyperparameters
 
 	xPin, yPin, lossPin, flagPin, hyperPin []float32 // page-locked staging
@@ -331,8 +331,7 @@ func (n *Net) allocate() error {
 	}
 	iDCol, iTmp, iScratch := want(n.batch*maxCol), want(n.batch*maxTmp), want(n.batch*maxScratch)
 	labels := n.batch * n.positions
-	nflags := 3 + len(n.LayerBounds())
-	iLabels, iLoss, iFlags, iHyper := want(labels), want(labels), want(nflags), want(hyperLen)
+	iLabels, iLoss, iFlags, iHyper := want(labels), want(labels), want(3), want(hyperLen)
 	offs := make([]int, len(plan))
 	total := 0
 	for k, s := range plan {
@@ -379,7 +378,7 @@ func (n *Net) allocate() error {
 		return p
 	}
 	n.xPin, n.yPin, n.lossPin = pin(n.batch*n.inputs), pin(labels), pin(labels)
-	n.flagPin, n.hyperPin = pin(nflags), pin(hyperLen)
+	n.flagPin, n.hyperPin = pin(3), pin(hyperLen)
 	if err != nil {
 		return fmt.Errorf("engine: page-locked host memory for %s: %w", ops.Name(), err)
 	}
@@ -617,12 +616,12 @@ func (n *Net) LayerBounds() []int {
 // still compute. Where flat is from FlatBuffer the whole pass is queued
 // first, the copies on a stream of their own, so the device never waits
 // for the host, and a full batch is replayed from a captured graph
-// (Graph) whose copies signal the host as they finish; each layer is
-// checked for NaN and Inf on the device too, and ready told it is finite
-// where it is. Otherwise each layer's copy is waited for before the next
-// layer is queued, call by call, and the check is left to the caller. An
-// error from ready stops the pass and is returned.
-func (n *Net) ForwardBackwardLayers(x []float32, y []int, rows int, flat []float32, ready func(lo int, finite bool) error) (float32, error) {
+// (Graph) whose copies signal the host as they finish; otherwise each
+// layer's copy is waited for before the next layer is queued, call by
+// call. It leaves the check for NaN and Inf to the caller, who sees each
+// layer's values first. An error from ready stops the pass and is
+// returned.
+func (n *Net) ForwardBackwardLayers(x []float32, y []int, rows int, flat []float32, ready func(lo int) error) (float32, error) {
 	if len(flat) < n.nparams {
 		return 0, fmt.Errorf("engine: flat buffer of %d values for %d gradients", len(flat), n.nparams)
 	}
@@ -651,7 +650,7 @@ func (n *Net) ForwardBackwardLayers(x []float32, y []int, rows int, flat []float
 			if err := h.wait(); err != nil {
 				return fail(err)
 			}
-			if err := ready(h.lo, n.flagPin[3+k] == 0); err != nil {
+			if err := ready(h.lo); err != nil {
 				for _, rest := range n.handovers[k+1:] {
 					rest.wait()
 				}
@@ -686,22 +685,12 @@ func (n *Net) queueLayers(rows int, flat []float32) error {
 		}
 		if n.layers[i].w >= 0 {
 			lo := bounds[next]
-			grads, flag := n.ops.Slice(n.dGrad, lo, hi-lo), n.ops.Slice(n.flags, 3+next, 1)
-			// The layer's check goes with it: its flag's copy is queued
-			// before the gradients', which wait for what was queued.
-			var e errs
-			e.do(n.ops.Zero(flag))
-			e.do(n.ops.NonFinite(grads, flag))
-			e.do(n.ops.DownloadAsync(n.flagPin[3+next:4+next], flag))
-			if e.err != nil {
-				return e.err
-			}
-			wait, err := n.ops.DownloadBeside(flat[lo:hi], grads)
+			next++
+			wait, err := n.ops.DownloadBeside(flat[lo:hi], n.ops.Slice(n.dGrad, lo, hi-lo))
 			if err != nil {
 				return err
 			}
 			n.handovers = append(n.handovers, handover{lo, wait})
-			next++
 			hi = lo
 		}
 		if err := n.backwardInput(i); err != nil {
@@ -712,10 +701,9 @@ func (n *Net) queueLayers(rows int, flat []float32) error {
 }
 
 // layersWaited is the pass into Go memory: each layer's copy waited for,
-// and ready called, before the next layer is queued; the values are left
-// for ready's caller to check. It returns ready's error, which stops it,
-// apart from the device's.
-func (n *Net) layersWaited(rows int, flat []float32, ready func(lo int, finite bool) error) (readyErr, err error) {
+// and ready called, before the next layer is queued. It returns ready's
+// error, which stops it, apart from the device's.
+func (n *Net) layersWaited(rows int, flat []float32, ready func(lo int) error) (readyErr, err error) {
 	if err := n.queueForward(rows); err != nil {
 		return nil, err
 	}
@@ -737,7 +725,7 @@ func (n *Net) layersWaited(rows int, flat []float32, ready func(lo int, finite b
 			if e.err != nil {
 				return nil, e.err
 			}
-			if err := ready(lo, false); err != nil {
+			if err := ready(lo); err != nil {
 				return err, nil
 			}
 			hi = lo
