@@ -27,6 +27,11 @@
 // stream and waits once; with a full batch it is replayed from a capture
 // (a CUDA graph). Only the gradients cross to the host, into page-locked
 // memory, for the ring to average — and on a ring of one, not even those.
+// With gradient buckets (ForwardBackwardLayers), each layer's gradients
+// are copied on a second stream as soon as backward has them, ordered by
+// events (in a captured step, external event records the host waits on),
+// while the first stream computes on; the ring's averaged buckets go back
+// on that stream too (StageGrads), and the optimizer step sends the rest.
 // Params brings the parameters to the host when something asks for them
 // (checkpoints, hashes, broadcasts) and sends back what it was given.
 package engine
