@@ -421,7 +421,15 @@ func (n *Net) updated() { n.hostOK, n.logitsOK = false, false }
 
 // begin readies the parameters and stages a batch, as every pass starts.
 func (n *Net) begin(x []float32, y []int, rows int) error {
-	n.staged = 0 // a new pass: what was staged is not its gradients
+	if n.staged > 0 {
+		// Staged for an optimizer step that never came (the ring failed):
+		// those copies may still be on their way into dGrad, which this
+		// pass writes, and are not its gradients.
+		n.staged = 0
+		if err := n.ops.Sync(); err != nil {
+			return err
+		}
+	}
 	if err := n.ensureDevice(); err != nil {
 		return err
 	}

@@ -56,6 +56,37 @@ type overlapPeer struct {
 	solo, r     *ring.Ring
 }
 
+// overlapFlags are `bench overlap`'s settings.
+type overlapFlags struct {
+	device, model, optimizer          string
+	batch, peers, steps, warmup, runs int
+	bucketMB                          float64
+	dev                               *devices.Options
+}
+
+func parseOverlapFlags(args []string, stderr io.Writer) (overlapFlags, error) {
+	var f overlapFlags
+	fs := flag.NewFlagSet("bench overlap", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&f.device, "device", "cpu", devices.Help)
+	fs.StringVar(&f.model, "model", "cnn", "built-in model: mlp, cnn, gpt (torch_gpt.py's) or gpt-large (6 layers, dim 384, 6 heads, context 256)")
+	fs.IntVar(&f.batch, "batch", 64, "batch size of each peer")
+	fs.IntVar(&f.peers, "peers", 2, "replicas on the ring")
+	fs.IntVar(&f.steps, "steps", 100, "timed steps (or allreduces) per phase and run")
+	fs.IntVar(&f.warmup, "warmup", 10, "untimed steps of each kind before the first run")
+	fs.IntVar(&f.runs, "runs", 3, "runs; the last line is their median")
+	fs.Float64Var(&f.bucketMB, "bucket-mb", 25, "gradient bucket size in MiB, as bucket_mb")
+	fs.StringVar(&f.optimizer, "optimizer", "adam", "adam, adamw or sgd (as bench device)")
+	f.dev = devices.AddFlags(fs)
+	if err := cli.ParseFlags(fs, args); err != nil {
+		return f, fmt.Errorf("bench overlap: %w: %w", cli.ErrUsage, err)
+	}
+	if f.batch < 1 || f.steps < 1 || f.runs < 1 || f.warmup < 0 || f.peers < 2 || f.bucketMB <= 0 {
+		return f, fmt.Errorf("bench overlap: --batch, --steps, --runs and --bucket-mb must be positive, --peers at least 2: %w", cli.ErrUsage)
+	}
+	return f, nil
+}
+
 // Overlap is `ringtrain bench overlap`: how well a step hides its
 // allreduce behind backward. --peers replicas in this process, each with
 // its own model on the device (on a GPU, its own context, as processes
@@ -65,103 +96,28 @@ type overlapPeer struct {
 // job's bucket_mb), the step with one allreduce after backward, and the
 // step alone run call by call. The batches are benchModel's.
 func Overlap(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bench overlap", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	device := fs.String("device", "cpu", devices.Help)
-	model := fs.String("model", "cnn", "built-in model: mlp, cnn, gpt (torch_gpt.py's) or gpt-large (6 layers, dim 384, 6 heads, context 256)")
-	batch := fs.Int("batch", 64, "batch size of each peer")
-	peers := fs.Int("peers", 2, "replicas on the ring")
-	steps := fs.Int("steps", 100, "timed steps (or allreduces) per phase and run")
-	warmup := fs.Int("warmup", 10, "untimed steps of each kind before the first run")
-	runs := fs.Int("runs", 3, "runs; the last line is their median")
-	bucketMB := fs.Float64("bucket-mb", 25, "gradient bucket size in MiB, as bucket_mb")
-	optName := fs.String("optimizer", "adam", "adam, adamw or sgd (as bench device)")
-	devOpt := devices.AddFlags(fs)
-	if err := cli.ParseFlags(fs, args); err != nil {
-		return fmt.Errorf("bench overlap: %w: %w", cli.ErrUsage, err)
-	}
-	if *batch < 1 || *steps < 1 || *runs < 1 || *warmup < 0 || *peers < 2 || *bucketMB <= 0 {
-		return fmt.Errorf("bench overlap: --batch, --steps, --runs and --bucket-mb must be positive, --peers at least 2: %w", cli.ErrUsage)
-	}
-	spec, xs, ys, err := benchModel(*model, *batch)
+	f, err := parseOverlapFlags(args, stderr)
 	if err != nil {
-		return fmt.Errorf("bench overlap: %w", err)
-	}
-	ts, err := ring.LoopbackTCP(ctx, *peers, 1)
-	if err != nil {
-		return fmt.Errorf("bench overlap: %w", err)
-	}
-	ps := make([]*overlapPeer, *peers)
-	defer func() {
-		for i, p := range ps {
-			if p == nil {
-				ts[i].Close()
-				continue
-			}
-			p.close()
-		}
-	}()
-	for i := range ps {
-		if ps[i], err = newOverlapPeer(ts[i], i, *peers, *device, *optName, spec, *batch, *devOpt); err != nil {
-			return fmt.Errorf("bench overlap: peer %d: %w", i, err)
-		}
-	}
-	res := OverlapResult{Device: deviceName(ps[0].m, *device), Model: *model, Batch: *batch, Peers: *peers, BucketMB: *bucketMB, Steps: *steps}
-	for _, p := range ps[0].m.Params() {
-		res.Params += len(p)
-	}
-	bucket := int(*bucketMB * (1 << 20))
-	grads := make([][]float32, *peers)
-	for i := range grads {
-		grads[i] = make([]float32, res.Params)
-	}
-	pool := len(xs)
-	type stepFunc = func(ctx context.Context, i int, p *overlapPeer, s int) error
-	phase := func(n int, f stepFunc) (float64, error) {
-		start := time.Now()
-		if err := onPeers(ctx, ps, func(ctx context.Context, i int, p *overlapPeer) error {
-			for s := range n {
-				if err := f(ctx, i, p, s); err != nil {
-					return err
-				}
-			}
-			return nil
-		}); err != nil {
-			return 0, err
-		}
-		return time.Since(start).Seconds() * 1e3 / float64(max(n, 1)), nil
-	}
-	alone := func(ctx context.Context, _ int, p *overlapPeer, s int) error {
-		_, err := p.alone.Step(ctx, xs[s%pool], ys[s%pool], *batch)
 		return err
 	}
-	allreduce := func(ctx context.Context, i int, p *overlapPeer, _ int) error { return p.r.AllreduceMean(ctx, grads[i]) }
-	onRing := func(b int) stepFunc {
-		return func(ctx context.Context, _ int, p *overlapPeer, s int) error {
-			p.ring.BucketBytes = b
-			_, err := p.ring.Step(ctx, xs[s%pool], ys[s%pool], *batch)
-			return err
-		}
+	b, err := newOverlapBench(ctx, f)
+	if err != nil {
+		return fmt.Errorf("bench overlap: %w", err)
 	}
-	calls := func(ctx context.Context, i int, p *overlapPeer, s int) error {
-		if net, ok := p.m.(*engine.Net); ok {
-			defer func(g bool) { net.Graph = g }(net.Graph)
-			net.Graph = false
-		}
-		return alone(ctx, i, p, s)
-	}
-	kinds := []stepFunc{alone, allreduce, onRing(bucket), onRing(0), calls}
-	for _, f := range kinds {
-		if _, err := phase(*warmup, f); err != nil {
+	defer b.close()
+	res := OverlapResult{Device: deviceName(b.ps[0].m, f.device), Model: f.model, Batch: f.batch, Peers: f.peers, BucketMB: f.bucketMB, Steps: f.steps, Params: len(b.grads[0])}
+	kinds := b.kinds(int(f.bucketMB * (1 << 20)))
+	for _, k := range kinds {
+		if _, err := b.phase(ctx, f.warmup, k); err != nil {
 			return fmt.Errorf("bench overlap: warm-up: %w", err)
 		}
 	}
 	enc := json.NewEncoder(stdout)
 	var all []OverlapResult
-	for run := range *runs {
+	for run := range f.runs {
 		var ms [5]float64
-		for k, f := range kinds {
-			if ms[k], err = phase(*steps, f); err != nil {
+		for k, step := range kinds {
+			if ms[k], err = b.phase(ctx, f.steps, step); err != nil {
 				return fmt.Errorf("bench overlap: run %d: %w", run+1, err)
 			}
 		}
@@ -181,6 +137,102 @@ func Overlap(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	res.CallsMS = median(fieldOf(all, func(r OverlapResult) float64 { return r.CallsMS }))
 	res.ratios()
 	return enc.Encode(res)
+}
+
+// overlapBench is `bench overlap`'s peers, their batches, and a
+// gradient-sized buffer each for the ring alone.
+type overlapBench struct {
+	ps    []*overlapPeer
+	ts    []ring.Transport
+	xs    [][]float32
+	ys    [][]int
+	batch int
+	grads [][]float32
+}
+
+// overlapStep is one step (or allreduce) s of peer i.
+type overlapStep = func(ctx context.Context, i int, p *overlapPeer, s int) error
+
+func newOverlapBench(ctx context.Context, f overlapFlags) (_ *overlapBench, err error) {
+	spec, xs, ys, err := benchModel(f.model, f.batch)
+	if err != nil {
+		return nil, err
+	}
+	b := &overlapBench{ps: make([]*overlapPeer, f.peers), xs: xs, ys: ys, batch: f.batch}
+	if b.ts, err = ring.LoopbackTCP(ctx, f.peers, 1); err != nil {
+		return nil, err
+	}
+	for i := range b.ps {
+		if b.ps[i], err = newOverlapPeer(b.ts[i], i, f.peers, f.device, f.optimizer, spec, f.batch, *f.dev); err != nil {
+			b.close()
+			return nil, fmt.Errorf("peer %d: %w", i, err)
+		}
+	}
+	params := 0
+	for _, p := range b.ps[0].m.Params() {
+		params += len(p)
+	}
+	for range b.ps {
+		b.grads = append(b.grads, make([]float32, params))
+	}
+	return b, nil
+}
+
+// close closes every peer, or the transport of one not made.
+func (b *overlapBench) close() {
+	for i, p := range b.ps {
+		if p == nil {
+			b.ts[i].Close()
+			continue
+		}
+		p.close()
+	}
+}
+
+// kinds are the phases of a run, in OverlapResult's order: compute
+// alone, ring alone, buckets of bucket bytes beside backward, one
+// allreduce after backward, compute alone call by call.
+func (b *overlapBench) kinds(bucket int) []overlapStep {
+	pool := len(b.xs)
+	alone := func(ctx context.Context, _ int, p *overlapPeer, s int) error {
+		_, err := p.alone.Step(ctx, b.xs[s%pool], b.ys[s%pool], b.batch)
+		return err
+	}
+	allreduce := func(ctx context.Context, i int, p *overlapPeer, _ int) error {
+		return p.r.AllreduceMean(ctx, b.grads[i])
+	}
+	onRing := func(bytes int) overlapStep {
+		return func(ctx context.Context, _ int, p *overlapPeer, s int) error {
+			p.ring.BucketBytes = bytes
+			_, err := p.ring.Step(ctx, b.xs[s%pool], b.ys[s%pool], b.batch)
+			return err
+		}
+	}
+	calls := func(ctx context.Context, i int, p *overlapPeer, s int) error {
+		if net, ok := p.m.(*engine.Net); ok {
+			defer func(g bool) { net.Graph = g }(net.Graph)
+			net.Graph = false
+		}
+		return alone(ctx, i, p, s)
+	}
+	return []overlapStep{alone, allreduce, onRing(bucket), onRing(0), calls}
+}
+
+// phase runs n of step on every peer at once and returns the wall
+// milliseconds per step.
+func (b *overlapBench) phase(ctx context.Context, n int, step overlapStep) (float64, error) {
+	start := time.Now()
+	if err := onPeers(ctx, b.ps, func(ctx context.Context, i int, p *overlapPeer) error {
+		for s := range n {
+			if err := step(ctx, i, p, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	return time.Since(start).Seconds() * 1e3 / float64(max(n, 1)), nil
 }
 
 func (r *OverlapResult) ratios() {
