@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 )
 
 // Config says how much of a vector a payload carries.
@@ -166,8 +167,8 @@ func Decode(dst []float32, payload []byte, weight float32) error {
 
 // decode adds weight times the vector of p, parsed as h, to dst.
 func (h header) decode(dst []float32, p []byte, weight float32) {
-	levels := uint32(1)<<h.bits - 1
-	mask := levels
+	mask := uint32(1)<<h.bits - 1
+	t := h.table()
 	r := p[h.gaps:]
 	i := -1
 	for j := range h.k {
@@ -176,20 +177,39 @@ func (h header) decode(dst []float32, p []byte, weight float32) {
 		i += int(g) + 1
 		bit := j * h.bits
 		q := uint32(h.vals[bit/8]>>(bit%8)) & mask
-		dst[i] += weight * dequantize(q, h.scale, levels)
+		dst[i] += weight * t[q]
 	}
 }
 
 // values appends to val the values of the payload parsed as h, in order.
 func (h header) values(val []float32) []float32 {
-	levels := uint32(1)<<h.bits - 1
-	mask := levels
-	for j := range h.k {
+	t := h.table()
+	val = slices.Grow(val, h.k)
+	j := 0
+	if h.bits == 4 { // two values a byte, the first in the low half
+		for ; j+1 < h.k; j += 2 {
+			b := h.vals[j/2]
+			val = append(val, t[b&15], t[b>>4])
+		}
+	}
+	mask := uint32(1)<<h.bits - 1
+	for ; j < h.k; j++ {
 		bit := j * h.bits
 		q := uint32(h.vals[bit/8]>>(bit%8)) & mask
-		val = append(val, dequantize(q, h.scale, levels))
+		val = append(val, t[q])
 	}
 	return val
+}
+
+// table is every level's value (dequantize's, so the same bits), looked
+// up rather than divided for each entry.
+func (h header) table() *[16]float32 {
+	var t [16]float32
+	levels := uint32(1)<<h.bits - 1
+	for q := range levels + 1 {
+		t[q] = dequantize(q, h.scale, levels)
+	}
+	return &t
 }
 
 // AppendPart appends payload to dst as one part of a payload in parts:
@@ -324,7 +344,7 @@ func parse(p []byte, n int, idx *[]int32, base int) (header, error) {
 	h.gaps = off
 	var got []int32
 	if idx != nil {
-		got = *idx
+		got = slices.Grow(*idx, h.k)
 	}
 	i := -1
 	for j := range h.k {

@@ -52,7 +52,8 @@ func TestTopK(t *testing.T) {
 // TestRoundTrip: a payload decodes to the quantized values of the top-k
 // entries at their indices and zero elsewhere; every sent value is within
 // half a quantization step of what was coded, and the error feedback
-// holds exactly the rest.
+// holds exactly the rest (so decoding by the levels' table gives the
+// coder's bits); AppendEntries reads the same values.
 func TestRoundTrip(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, bits := range []int{2, 4} {
@@ -74,6 +75,7 @@ func TestRoundTrip(t *testing.T) {
 			if err := Decode(dst, p, 1); err != nil {
 				t.Fatalf("bits %d n %d: %v", bits, n, err)
 			}
+			checkEntries(t, []int{n}, AppendPart(nil, p)) // the entries read as Decode adds them, odd counts too
 			sent := 0
 			var scale float32
 			for i := range v {
