@@ -807,15 +807,18 @@ func (c *CUDA) Close() error {
 		var errs []error
 		errs = append(errs, cuErr(C.cuStreamSynchronize(c.stream), "finishing"))
 		if c.copies != nil {
-			errs = append(errs, cuErr(C.cuStreamSynchronize(c.copies), "finishing the copies"), cuErr(C.cuStreamDestroy(c.copies), "destroying the copies' stream"))
+			errs = append(errs, cuErr(C.cuStreamSynchronize(c.copies), "finishing the copies"))
+		}
+		for _, g := range c.graphs { // before the events their nodes record
+			errs = append(errs, cuErr(C.cuGraphExecDestroy(g), "freeing a graph"))
 		}
 		for _, ev := range c.events {
 			errs = append(errs, cuErr(C.cuEventDestroy(ev), "destroying an event"))
 		}
-		c.copies, c.events, c.spare = nil, nil, nil
-		for _, g := range c.graphs {
-			errs = append(errs, cuErr(C.cuGraphExecDestroy(g), "freeing a graph"))
+		if c.copies != nil {
+			errs = append(errs, cuErr(C.cuStreamDestroy(c.copies), "destroying the copies' stream"))
 		}
+		c.copies, c.events, c.spare = nil, nil, nil
 		C.rt_blas_close(&c.bl)
 		errs = append(errs, c.closeDNN())
 		for _, p := range c.mem {

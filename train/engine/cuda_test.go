@@ -262,7 +262,8 @@ func trainCNN(t *testing.T, ops Ops, size int, graph bool) ([][]float32, []float
 // after its gradients by an event) hands over ForwardBackwardFlat's bits
 // for the same batch, each layer final when ready is called; a fresh
 // batch each round, so a copy that ran before its gradients were
-// computed would hand over the last round's.
+// computed would hand over the last round's; and Close, after a captured
+// pass, says nothing went wrong.
 func TestCUDALayersHandedOverBeside(t *testing.T) {
 	c := newCUDAOrSkip(t)
 	cnn, err := train.BuiltinSpec("cnn", 1, 28, 28, 10)
@@ -273,7 +274,6 @@ func TestCUDALayersHandedOverBeside(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer net.Close()
 	flat, err := net.FlatBuffer(net.nparams)
 	if err != nil {
 		t.Fatal(err)
@@ -299,6 +299,10 @@ func TestCUDALayersHandedOverBeside(t *testing.T) {
 		if !slices.Equal(los, net.LayerBounds()) {
 			t.Errorf("round %d: handed over at %v; want %v", round, los, net.LayerBounds())
 		}
+	}
+	// Close frees the graph, its events and the copies' stream in turn.
+	if err := net.Close(); err != nil {
+		t.Errorf("Close: %v", err)
 	}
 }
 
