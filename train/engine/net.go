@@ -679,6 +679,40 @@ func (n *Net) ForwardBackwardLayers(x []float32, y []int, rows int, flat []float
 // computed.
 func (n *Net) queueLayers(rows int, flat []float32) error {
 	n.handovers = n.handovers[:0]
+	return n.passLayers(rows, func(lo, hi int) error {
+		wait, err := n.ops.DownloadBeside(flat[lo:hi], n.ops.Slice(n.dGrad, lo, hi-lo))
+		if err != nil {
+			return err
+		}
+		n.handovers = append(n.handovers, handover{lo, wait})
+		return nil
+	})
+}
+
+// layersWaited is the pass into Go memory: each layer's copy waited for,
+// and ready called, before the next layer is queued. It returns ready's
+// error, which stops it, apart from the device's.
+func (n *Net) layersWaited(rows int, flat []float32, ready func(lo int) error) (readyErr, err error) {
+	err = n.passLayers(rows, func(lo, hi int) error {
+		var e errs
+		e.do(n.ops.Sync())
+		e.do(n.ops.Download(flat[lo:hi], n.ops.Slice(n.dGrad, lo, hi-lo)))
+		if e.err != nil {
+			return e.err
+		}
+		readyErr = ready(lo)
+		return readyErr
+	})
+	if readyErr != nil {
+		return readyErr, nil
+	}
+	return nil, err
+}
+
+// passLayers queues forward and backward, calling hand with each layer's
+// part of the gradients, [lo, hi), once backward has queued it and before
+// the gradient of the layer's input; an error from hand stops the pass.
+func (n *Net) passLayers(rows int, hand func(lo, hi int) error) error {
 	if err := n.queueForward(rows); err != nil {
 		return err
 	}
@@ -694,11 +728,9 @@ func (n *Net) queueLayers(rows int, flat []float32) error {
 		if n.layers[i].w >= 0 {
 			lo := bounds[next]
 			next++
-			wait, err := n.ops.DownloadBeside(flat[lo:hi], n.ops.Slice(n.dGrad, lo, hi-lo))
-			if err != nil {
+			if err := hand(lo, hi); err != nil {
 				return err
 			}
-			n.handovers = append(n.handovers, handover{lo, wait})
 			hi = lo
 		}
 		if err := n.backwardInput(i); err != nil {
@@ -706,43 +738,6 @@ func (n *Net) queueLayers(rows int, flat []float32) error {
 		}
 	}
 	return nil
-}
-
-// layersWaited is the pass into Go memory: each layer's copy waited for,
-// and ready called, before the next layer is queued. It returns ready's
-// error, which stops it, apart from the device's.
-func (n *Net) layersWaited(rows int, flat []float32, ready func(lo int) error) (readyErr, err error) {
-	if err := n.queueForward(rows); err != nil {
-		return nil, err
-	}
-	if err := n.clearSaved(); err != nil {
-		return nil, err
-	}
-	bounds := n.LayerBounds()
-	hi, next := n.nparams, 0
-	for i := len(n.layers) - 1; i >= 0; i-- {
-		if err := n.backwardParams(i); err != nil {
-			return nil, err
-		}
-		if n.layers[i].w >= 0 {
-			lo := bounds[next]
-			next++
-			var e errs
-			e.do(n.ops.Sync())
-			e.do(n.ops.Download(flat[lo:hi], n.ops.Slice(n.dGrad, lo, hi-lo)))
-			if e.err != nil {
-				return nil, e.err
-			}
-			if err := ready(lo); err != nil {
-				return err, nil
-			}
-			hi = lo
-		}
-		if err := n.backwardInput(i); err != nil {
-			return nil, err
-		}
-	}
-	return nil, nil
 }
 
 // StageGrads sends flat[lo:hi], averaged gradients in the flat buffer from
