@@ -120,12 +120,6 @@ func (m *Membership) ordered(ctx context.Context, f *Formation) (*Formation, err
 		m.shapeRow(f, row)
 	}
 	in, err := m.shareRows(ctx, f, row)
-	if errors.Is(err, errBadRow) {
-		// Every member learned it in the same allreduce: all keep the
-		// order by ID, which needs no one's word.
-		m.node.cfg.Logger.Warn().Uint64("generation", f.Generation).Err(err).Msg("link rows did not check out; this ring keeps the ID order")
-		return f, nil
-	}
 	if err != nil {
 		return nil, err
 	}
@@ -300,36 +294,105 @@ var errBadProbe = errors.New("p2p: a malformed link probe")
 // errBadRow means a member's signed link row did not check out.
 var errBadRow = errors.New("p2p: a link row that does not check out")
 
-// shareRows signs this member's row and gathers every member's over a
-// ring by ID of their own (ChannelRows) in one ring allgather: each row
-// comes down one path from its signer, so every member gets the same row
-// or none — a member cannot tell two others two stories, and one that
-// forwards another's row altered is caught by the signature. Then one
-// allreduce counts the members that found a row that does not check out:
-// if any did, every member returns errBadRow, so that all fall back alike
-// rather than some ordering and the others not.
+// shareRows signs this member's row and gathers every member's twice, in a
+// ring allgather over the members by ID (ChannelRows) and in one over them
+// the other way round (ChannelRowsBack), and returns the rows that every
+// honest member takes alike. A row comes by two paths that share no member
+// but its signer and its reader, so a member that alters rows it forwards
+// (caught by their signatures) breaks at most one copy of each: every
+// other member's row is whole in at least one. What a member sends of its
+// own reaches every member unaltered both ways, so one that signed two
+// rows is seen to by all: its row counts as not measured everywhere, as
+// does one that came whole neither way. No member's word on what it found
+// is needed, which one forwarding it could alter for the members after it.
 func (m *Membership) shareRows(ctx context.Context, f *Formation, row []ring.Link) ([][]ring.Link, error) {
 	n := len(f.Members)
-	mine := encodeRow(row)
-	sig, err := m.node.priv.Sign(rowDigest(m.node.key, f, f.Rank, mine))
+	signed := func(row []ring.Link) ([]byte, error) {
+		b := encodeRow(row)
+		sig, err := m.node.priv.Sign(rowDigest(m.node.key, f, f.Rank, b))
+		if err != nil {
+			return nil, fmt.Errorf("p2p: signing the link row: %w", err)
+		}
+		if len(sig) > maxSigSize {
+			return nil, fmt.Errorf("p2p: a link row's signature of %d bytes", len(sig))
+		}
+		return append(append(binary.LittleEndian.AppendUint32(nil, uint32(len(sig))), b...), sig...), nil
+	}
+	mine, err := signed(row)
 	if err != nil {
-		return nil, fmt.Errorf("p2p: signing the link row: %w", err)
+		return nil, err
 	}
-	if len(sig) > maxSigSize {
-		return nil, fmt.Errorf("p2p: a link row's signature of %d bytes", len(sig))
+	back, other := mine, row
+	if m.otherRow != nil {
+		other = slices.Clone(row)
+		m.otherRow(f, other)
+		if back, err = signed(other); err != nil {
+			return nil, err
+		}
 	}
-	all := make([]int, n)
-	for i := range all {
-		all[i] = i
+	byID, reversed := make([]int, n), make([]int, n)
+	for i := range n {
+		byID[i], reversed[i] = i, n-1-i
 	}
-	t, err := m.links.ConnectRing(ctx, f, ChannelRows, all)
+	var got [2][][]byte
+	var errs [2]error
+	var wg sync.WaitGroup
+	wg.Go(func() { got[0], errs[0] = m.gatherRows(ctx, f, ChannelRows, byID, mine) })
+	wg.Go(func() { got[1], errs[1] = m.gatherRows(ctx, f, ChannelRowsBack, reversed, back) })
+	wg.Wait()
+	if err := errors.Join(errs[:]...); err != nil {
+		return nil, fmt.Errorf("p2p: sharing link rows: %w", err)
+	}
+	in := make([][]ring.Link, n)
+	for root := range n {
+		pub := m.node.h.Peerstore().PubKey(f.Members[root])
+		in[root] = make([]ring.Link, n) // not measured, unless a row checks out
+		var copies [][]ring.Link
+		var why []error
+		for d, pred := range []int{(f.Rank - 1 + n) % n, (f.Rank + 1) % n} {
+			if root == f.Rank { // what it sent, which the others take by the same rule
+				copies = append(copies, [][]ring.Link{row, other}[d])
+				continue
+			}
+			r, err := checkRow(m.node.key, f, root, pub, got[d][root])
+			if err != nil {
+				why = append(why, fmt.Errorf("%w, by way of rank %d", err, pred))
+				continue
+			}
+			copies = append(copies, r)
+		}
+		var whole []ring.Link
+		switch {
+		case len(copies) == 2 && !slices.Equal(copies[0], copies[1]):
+			why = append(why, fmt.Errorf("%w: rank %d (%s) signed two rows", errBadRow, root, f.Members[root]))
+		case len(copies) > 0:
+			whole = copies[0]
+		}
+		if whole != nil {
+			in[root] = whole
+		}
+		if len(why) > 0 {
+			const msg = "a link row did not check out"
+			m.node.cfg.Logger.Warn().Uint64("generation", f.Generation).Err(errors.Join(why...)).Bool("taken", whole != nil).Msg(msg)
+		}
+	}
+	return in, nil
+}
+
+// gatherRows gathers the members' signed rows (mine this member's) in a
+// ring allgather over a ring of their own on channel ch, the members at
+// ranks in its order, and returns each member's bytes by its rank in f.
+func (m *Membership) gatherRows(ctx context.Context, f *Formation, ch Channel, ranks []int, mine []byte) ([][]byte, error) {
+	n := len(f.Members)
+	t, err := m.links.ConnectRing(ctx, f, ch, ranks)
 	if err != nil {
-		return nil, fmt.Errorf("p2p: the link rows' ring: %w", err)
+		return nil, fmt.Errorf("the link rows' ring: %w", err)
 	}
 	if m.garbleRows != nil {
 		t = m.garbleRows(t)
 	}
-	rr, err := ring.New(t, ring.Config{Rank: f.Rank, Size: n, Generation: f.Generation})
+	me := slices.Index(ranks, f.Rank)
+	rr, err := ring.New(t, ring.Config{Rank: me, Size: n, Generation: f.Generation})
 	if err != nil {
 		t.Close()
 		return nil, err
@@ -338,43 +401,19 @@ func (m *Membership) shareRows(ctx context.Context, f *Formation, row []ring.Lin
 	seg := (4 + rowSize(n) + maxSigSize + 3) / 4
 	buf := make([]float32, n*seg)
 	raw := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), len(buf)*4)
-	b := raw[f.Rank*4*seg:]
-	binary.LittleEndian.PutUint32(b, uint32(len(sig)))
-	copy(b[4:], mine)
-	copy(b[4+len(mine):], sig)
+	copy(raw[me*4*seg:(me+1)*4*seg], mine)
 	counts := make([]int, n)
 	for k := range counts {
 		counts[k] = seg
 	}
 	if err := rr.Allgather(ctx, buf, counts); err != nil {
-		return nil, fmt.Errorf("p2p: sharing link rows: %w", err)
+		return nil, err
 	}
-	in := make([][]ring.Link, n)
-	var bad error
-	for root := range n {
-		if root == f.Rank {
-			in[root] = row
-			continue
-		}
-		b := raw[root*4*seg : (root+1)*4*seg]
-		if in[root], err = checkRow(m.node.key, f, root, m.node.h.Peerstore().PubKey(f.Members[root]), b); err != nil && bad == nil {
-			bad = fmt.Errorf("%w, by way of rank %d", err, (f.Rank-1+n)%n)
-		}
+	out := make([][]byte, n)
+	for k, rank := range ranks {
+		out[rank] = raw[k*4*seg : (k+1)*4*seg]
 	}
-	verdict := []float32{0}
-	if bad != nil {
-		verdict[0] = 1
-	}
-	if err := rr.AllreduceSum(ctx, verdict); err != nil {
-		return nil, fmt.Errorf("p2p: telling which link rows checked out: %w", err)
-	}
-	switch {
-	case bad != nil:
-		return nil, bad
-	case verdict[0] != 0:
-		return nil, fmt.Errorf("%w: %v member(s) found one", errBadRow, verdict[0])
-	}
-	return in, nil
+	return out, nil
 }
 
 // checkRow reads the row of the member at rank root of f from b (the

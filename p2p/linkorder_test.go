@@ -42,24 +42,29 @@ func TestMembershipOrdersByLinks(t *testing.T) {
 		liar      func(f *Formation, row []ring.Link)
 		crossings int  // -1: any
 		badProbes bool // the liar's probes are out of bounds too
-		garble    bool // the liar alters the rows it forwards, and the verdict
+		garble    garble
+		// equivocate: the liar signs another row for the rows' second
+		// ring, every link the fastest.
+		equivocate bool
 	}{
-		{"honest", nil, 2, false, false},
-		{"liar sends malformed probes", twoSites, -1, true, false},
-		{"liar says every link is the fastest", func(f *Formation, row []ring.Link) {
-			for j := range row {
-				row[j] = ring.Link{Bandwidth: ^uint64(0), RTT: 1}
-			}
-		}, -1, false, false},
-		{"liar says nothing", func(f *Formation, row []ring.Link) { clear(row) }, -1, false, false},
+		{"honest", nil, 2, false, 0, false},
+		{"liar sends malformed probes", twoSites, -1, true, 0, false},
+		{"liar says every link is the fastest", fastest, -1, false, 0, false},
+		{"liar says nothing", func(f *Formation, row []ring.Link) { clear(row) }, -1, false, 0, false},
 		{"liar says its site's links are slowest", func(f *Formation, row []ring.Link) {
 			for j := range row {
 				row[j] = ring.Link{Bandwidth: 1, RTT: ^uint64(0) / 4}
 			}
-		}, -1, false, false},
-		// Rows that do not check out leave every member with the ID
-		// order, which crosses between the interleaved sites each hop.
-		{"liar alters what it forwards", twoSites, 6, false, true},
+		}, -1, false, 0, false},
+		// Every honest row comes whole the other way round: the members
+		// order by the true links, as if the liar had been honest.
+		{"liar alters what it forwards", twoSites, 2, false, garbleAll, false},
+		// The liar alters only the last row it forwards, which only the
+		// member after it receives, and writes a 4-byte payload — a count
+		// the members could sum of those who found a bad row — as zero,
+		// so the member after that hears that none did.
+		{"liar alters one row and zeroes counts", twoSites, 2, false, garbleLastZeroCounts, false},
+		{"liar signs two rows", twoSites, -1, false, 0, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -87,8 +92,11 @@ func TestMembershipOrdersByLinks(t *testing.T) {
 				if tc.liar != nil && h.ID() == ids[2] {
 					ms[i].shapeRow = tc.liar
 					ms[i].badProbes = tc.badProbes
-					if tc.garble {
-						ms[i].garbleRows = func(t ring.Transport) ring.Transport { return garbling{t, new(bool)} }
+					if tc.garble != 0 {
+						ms[i].garbleRows = func(t ring.Transport) ring.Transport { return &garbling{Transport: t, how: tc.garble, n: n} }
+					}
+					if tc.equivocate {
+						ms[i].otherRow = fastest
 					}
 				}
 				wg.Go(func() { rings[i], _, errs[i] = ms[i].Form(ctx) })
@@ -129,22 +137,49 @@ func TestMembershipOrdersByLinks(t *testing.T) {
 	}
 }
 
-// garbling alters every payload it writes but its first, its own row:
-// the member before it in the rows' ring then finds every row whole, and
-// learns from the verdict that others did not. The frames' headers pass.
-type garbling struct {
-	ring.Transport
-	own *bool
+// fastest says every link is the fastest there is.
+func fastest(f *Formation, row []ring.Link) {
+	for j := range row {
+		row[j] = ring.Link{Bandwidth: ^uint64(0), RTT: 1}
+	}
 }
 
-func (g garbling) Write(p []byte) (int, error) {
-	if len(p) == ring.HeaderSize || !*g.own {
-		*g.own = *g.own || len(p) != ring.HeaderSize
+// garble is how a liar alters what it forwards on the rows' rings.
+type garble int
+
+const (
+	// garbleAll flips the bits of every row it forwards: the member
+	// after it in a rows' ring finds all of them broken, the member
+	// before it none.
+	garbleAll garble = iota + 1
+	// garbleLastZeroCounts flips the bits of the last row it forwards
+	// and writes a 4-byte payload as zeros.
+	garbleLastZeroCounts
+)
+
+// garbling alters payloads it writes on a ring of n, as how says; the
+// first, its own row, and the frames' headers pass.
+type garbling struct {
+	ring.Transport
+	how  garble
+	n    int
+	sent int // payloads written
+}
+
+func (g *garbling) Write(p []byte) (int, error) {
+	if len(p) == ring.HeaderSize {
 		return g.Transport.Write(p)
 	}
+	g.sent++
 	q := slices.Clone(p)
-	for i := range q {
-		q[i] ^= 0x5a
+	switch {
+	case len(q) == 4 && g.how == garbleLastZeroCounts:
+		clear(q)
+	case g.sent == 1:
+	case g.how == garbleAll, g.sent == g.n-1:
+		for i := range q {
+			q[i] ^= 0x5a
+		}
 	}
 	return g.Transport.Write(q)
 }

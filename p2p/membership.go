@@ -37,8 +37,11 @@ type Membership struct {
 	// one does (too long).
 	badProbes bool
 	// garbleRows, set by tests, wraps this member's side of the link
-	// rows' ring: one that alters what it forwards.
+	// rows' rings: one that alters what it forwards.
 	garbleRows func(ring.Transport) ring.Transport
+	// otherRow, set by tests, makes this member sign a second row, so
+	// rewritten, for the rows' second ring: one that tells two stories.
+	otherRow func(f *Formation, row []ring.Link)
 	// Formed, if set, is told the members of every ring connected (from
 	// the runner's goroutine): join remembers them (RememberPeers).
 	Formed func(members []peer.ID)

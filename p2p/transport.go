@@ -221,7 +221,8 @@ const (
 	ChannelProbe    Channel = 4 // the links' measures at formation (RingOrder)
 	ChannelRows     Channel = 5 // the ring by ID that gathers the measures
 	ChannelState    Channel = 6 // a donor's part of the state to a newcomer (DirectLinks)
-	maxChannel              = ChannelState
+	ChannelRowsBack Channel = 7 // the measures again, the ring by ID the other way round
+	maxChannel              = ChannelRowsBack
 )
 
 type inbound struct {
