@@ -319,6 +319,9 @@ func (l *RingLinks) joinLocked(p *pendingLink, tok [tokenSize]byte, stream, stre
 		p.parts = make([]io.ReadCloser, streams)
 	}
 	p.parts[stream] = c
+	if streams > 1 {
+		setReadBuffer(c)
+	}
 	if p.have++; p.have < len(p.parts) {
 		return nil
 	}
@@ -327,7 +330,7 @@ func (l *RingLinks) joinLocked(p *pendingLink, tok [tokenSize]byte, stream, stre
 	if len(p.parts) == 1 {
 		p.conn <- p.parts[0]
 	} else {
-		p.conn <- &stripedReader{parts: p.parts}
+		p.conn <- newStripedReader(p.parts)
 	}
 	return nil
 }

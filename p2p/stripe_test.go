@@ -27,13 +27,14 @@ func TestStripesCarryWhatWasWritten(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	for k := 1; k <= 4; k++ {
 		w := &stripedWriter{}
-		r := &stripedReader{}
+		var parts []io.ReadCloser
 		for range k {
 			pr, pw := io.Pipe()
 			e := pipeEnd{pr, pw}
 			w.parts = append(w.parts, e)
-			r.parts = append(r.parts, e)
+			parts = append(parts, e)
 		}
+		r := newStripedReader(parts)
 		var want []byte
 		done := make(chan error, 1)
 		wrng := rand.New(rand.NewPCG(uint64(k), 9)) // the writer's own
@@ -70,6 +71,49 @@ func TestStripesCarryWhatWasWritten(t *testing.T) {
 		if !bytes.Equal(got, want) {
 			t.Fatalf("%d connections: read %d bytes, %d written, or out of order", k, len(got), len(want))
 		}
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestStripesReadAhead: a connection's bytes are taken from it before
+// their turn — the sender's window stays open — up to stripeAhead, and
+// Close ends a Read that waits and the reading ahead.
+func TestStripesReadAhead(t *testing.T) {
+	var ends []pipeEnd
+	var parts []io.ReadCloser
+	for range 2 {
+		pr, pw := io.Pipe()
+		ends = append(ends, pipeEnd{pr, pw})
+		parts = append(parts, ends[len(ends)-1])
+	}
+	r := newStripedReader(parts)
+	wrote := make(chan error, 1)
+	go func() {
+		// Stripes 1, 3, 5…: the second connection's, while nothing came
+		// on the first; an io.Pipe's write waits for its reader.
+		_, err := ends[1].Write(make([]byte, stripeAhead))
+		wrote <- err
+	}()
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second connection's bytes were not read before the first connection's stripe")
+	}
+	read := make(chan error, 1)
+	go func() {
+		_, err := r.Read(make([]byte, 10))
+		read <- err
+	}()
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-read; !errors.Is(err, net.ErrClosed) && !errors.Is(err, io.ErrClosedPipe) {
+		t.Fatalf("a Read under way when the link closed returned %v", err)
 	}
 }
 

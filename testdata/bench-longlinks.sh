@@ -9,7 +9,8 @@
 # its own (rows tls-netns), and ITERS calls back to back after one barrier
 # as nccl-tests times them (--loop, rows tls-netns-loop) — then a summary
 # per way: the median busbw and its share of the link rate. CHUNK, if
-# set, is the ring's chunk size (bench allreduce --chunk).
+# set, is the ring's chunk size (bench allreduce --chunk); TRANSPORT
+# (tls) the data plane (libp2p-tcp: the clear TCP one).
 # Addresses are 10.238.0.1–4, inside the namespaces only; everything made
 # here is removed on exit.
 #
@@ -62,7 +63,7 @@ print(json.dumps({"rtt_ms": round(min(rtts) * 1000, 1), "delay_each_way": "'"$de
 
 for round in $(seq "$rounds"); do
 	for loop in false true; do
-		"$bin" bench allreduce --procs --netns "$p" --subnet 10.238.0 --transport tls --peers 4 --loop="$loop" \
+		"$bin" bench allreduce --procs --netns "$p" --subnet 10.238.0 --transport "${TRANSPORT:-tls}" --peers 4 --loop="$loop" \
 			--sizes "$sizes" --iters "$iters" ${CHUNK:+--chunk "$CHUNK"} --json | sed "s/^{/{\"round\":$round,\"delay\":\"$delay\",\"rate\":\"$rate\",/"
 	done
 done | tee "/tmp/$p.rows"
