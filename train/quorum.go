@@ -24,8 +24,14 @@ type deadlineRounds struct {
 	qat          []float32
 	qdone        int
 	xbuf         []float32 // the round's buffer (quorumRound.buf)
-	// after is the Deadline's timer: time.After, or a test's fake.
+	// after is the Deadline's timer: time.After, or a test's fake; now is
+	// the clock steps are timed by (time.Now, or a test's fake).
 	after func(time.Duration) <-chan time.Time
+	now   func() time.Time
+	// lastStep is when this rank's last step ended, and stepTime a
+	// running mean of the time its steps take.
+	lastStep time.Time
+	stepTime time.Duration
 }
 
 // begin is the inner step; every step talks to the round (exchange
@@ -104,6 +110,9 @@ type quorumRound struct {
 	hash    [2]float32  // the anchor's hash as it goes in this rank's slots
 	arrived atomic.Bool // another rank began the round while this one computed
 	overdue atomic.Bool // the round's deadline has passed on this rank
+	// eta is how long this rank expects to take to reach its step in
+	// the round (nanoseconds), from its steps so far.
+	eta atomic.Int64
 
 	mu    sync.Mutex
 	state int
@@ -129,6 +138,30 @@ func (x *quorumRound) stateOf() int {
 // quorum is the fewest ranks a round closes with.
 func (d *deadlineRounds) quorum() int { return max(d.o.Quorum, 1) }
 
+// clock is the time steps are timed by: a test's fake where one is set.
+func (d *deadlineRounds) clock() time.Time {
+	if d.now != nil {
+		return d.now()
+	}
+	return time.Now()
+}
+
+// timeStep folds the step that ended now into the running mean of this
+// rank's step time, unless skip: the time since the last one holds more
+// than a step (a wait for a round, what came before an epoch part).
+func (d *deadlineRounds) timeStep(skip bool) {
+	now := d.clock()
+	if !d.lastStep.IsZero() && !skip {
+		t := now.Sub(d.lastStep)
+		if d.stepTime == 0 {
+			d.stepTime = t
+		} else {
+			d.stepTime += (t - d.stepTime) / 4
+		}
+	}
+	d.lastStep = now
+}
+
 // timer is the deadline's clock: a test's fake where one is set.
 func (d *deadlineRounds) timer(t time.Duration) <-chan time.Time {
 	if d.after != nil {
@@ -142,16 +175,16 @@ func (d *deadlineRounds) timer(t time.Duration) <-chan time.Time {
 // k·Every (the part's last step for its last round): there it posts its
 // pseudo-gradient and waits for the round's outcome. Once another rank
 // has begun the round, a rank not yet there has the Deadline to reach it;
-// past that it is overdue, and posts what it has at its next step and
-// computes on (its later steps go into the next round). If that step is
-// not done within another Deadline, it is late: the round closes without
-// it, and at a later step it catches up — it takes the round's outer step
-// and keeps all it did since it was last in, which goes into the next
-// round. So no rank waits more than twice the Deadline for another. The
-// last round of a part has every rank in: one overdue there posts at its
-// next step however long that takes, and skips the rest of its part of
-// the epoch (epochEnd), so that every rank ends the epoch with the same
-// bits.
+// past that it is overdue — at once, if by its own step time it cannot
+// reach it within the Deadline — and posts what it has at its next step.
+// If that step is not done within another Deadline, it is late: the round
+// closes without it. Either way it waits for the round's exchange before
+// it computes on, takes the round's outer step and keeps all it did since
+// it was last in, which goes into the next round. So no rank waits more
+// than twice the Deadline for another. The last round of a part has every
+// rank in: one overdue there posts at its next step however long that
+// takes, and skips the rest of its part of the epoch (epochEnd), so that
+// every rank ends the epoch with the same bits.
 func (d *deadlineRounds) exchange(ctx context.Context, r *Replica, _ []float32, _ []int, _ int, loss float32) (float32, error) {
 	o := d.o
 	pos := r.part.step
@@ -170,6 +203,8 @@ func (d *deadlineRounds) exchange(ctx context.Context, r *Replica, _ []float32, 
 	if x == nil {
 		x = d.openQuorum(ctx, r, closing)
 	}
+	d.timeStep(pos == 1) // the part's first step carries what came before it
+	x.eta.Store(int64(time.Duration(max(due-pos, 0)) * d.stepTime))
 	if x.stateOf() == roundOpen {
 		switch {
 		case pos >= due:
@@ -180,19 +215,14 @@ func (d *deadlineRounds) exchange(ctx context.Context, r *Replica, _ []float32, 
 			return loss, nil
 		}
 	}
-	// A rank at its round's step waits for the round, late or not: it is
-	// never a round ahead of itself.
-	x.mu.Lock()
-	wait := pos >= due || x.state == roundPosted && !x.early
-	x.mu.Unlock()
-	if !wait {
-		select {
-		case <-x.done:
-		default:
-			return loss, nil // late, or posted early: computes on
-		}
-	}
-	return loss, d.endQuorum(ctx, r, x, pos)
+	// Once its part is decided — posted, early or not, or late — a rank
+	// waits for the round's exchange before it computes on: the others
+	// wait for what it forwards, and a rank short of CPU (the one that is
+	// behind) would otherwise forward each hop in what its compute leaves.
+	// What it does after goes into the next round.
+	err := d.endQuorum(ctx, r, x, pos)
+	d.timeStep(true)
+	return loss, err
 }
 
 // openQuorum begins the round's exchange goroutine.
@@ -327,6 +357,15 @@ func (d *deadlineRounds) watchQuorum(ctx context.Context, r *Replica, x *quorumR
 				break
 			}
 			x.arrived.Store(true)
+			if time.Duration(x.eta.Load()) > o.Deadline {
+				// By its own step time it cannot reach its step within
+				// the Deadline: overdue now, it posts what it has at its
+				// next step, rather than after a Deadline of waiting.
+				x.overdue.Store(true)
+				if x.closing {
+					break // every rank is in the part's last round
+				}
+			}
 			deadline = d.timer(o.Deadline)
 		case <-deadline:
 			switch {

@@ -146,6 +146,67 @@ func TestQuorumLateRankFoldsIntoNextRound(t *testing.T) {
 	}
 }
 
+// TestQuorumBehindRankPostsAtOnce: four ranks, a round every 4 steps,
+// rank 3's steps an hour each by its clock and the Deadline a minute.
+// When the others begin round 1 it is in its third step: by its step time
+// it cannot reach its fourth within the Deadline, so it is overdue at
+// once and posts its three steps (12) at the end of the third, with no
+// deadline passing: round 1 averages 4, 8, 12 and 12. It computes its
+// fourth step only once round 1's exchange, which passes through it, has
+// ended. Ranks 0–2 end round 2 with the same bits (rank 3 may carry a
+// step into a round 3 no one runs, if round 2 came before its last).
+func TestQuorumBehindRankPostsAtOnce(t *testing.T) {
+	const n, h = 4, 4
+	rings := memRings(t, n)
+	timer := newFakeTimer()
+	var clock time.Time
+	hourly := func() time.Time { clock = clock.Add(time.Hour); return clock }
+	var r0 []float32
+	end := make([][]float32, n)
+	err := onAll(n, func(i int) error {
+		var d *deadlineRounds
+		hook := func(step int) {
+			switch {
+			case i == 3 && step == 3:
+				<-timer.armed // round 1 came while it computed its third step
+			case i == 3 && step == 4:
+				if x := d.qx; x != nil && x.k == 1 {
+					t.Errorf("rank 3 computes its fourth step with round 1's exchange under way")
+				}
+			}
+		}
+		o := &LocalSGD{Inner: &SGD{LR: 1}, Every: h, LR: 1, Deadline: time.Minute}
+		rep := NewLocalReplica(newStepModel(float32(i+1), hook), o, rings[i])
+		d = rep.Sync.(*deadlineRounds)
+		if i == 3 {
+			d.after, d.now = timer.after, hourly
+		}
+		for s := 1; s <= 2*h; s++ {
+			if _, err := rep.Step(context.Background(), nil, nil, 1); err != nil {
+				return fmt.Errorf("rank %d step %d: %w", i, s, err)
+			}
+			if i == 0 && s == h {
+				r0 = slices.Clone(rep.Model.Params()[0])
+			}
+		}
+		end[i] = slices.Concat(rep.Model.Params()...)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range r0 {
+		if v != -9 {
+			t.Fatalf("after round 1 rank 0 holds %v; want every parameter at -9 (the average of 4, 8, 12 and rank 3's three steps, 12)", r0)
+		}
+	}
+	for i := range 3 {
+		if !slices.Equal(end[i], end[0]) {
+			t.Fatalf("rank %d ends at %v, rank 0 at %v", i, end[i], end[0])
+		}
+	}
+}
+
 // newBarrier is a function that returns once n calls have been made.
 func newBarrier(n int) func() {
 	var mu sync.Mutex
