@@ -108,15 +108,22 @@ func (c *Coder) Encode(v []float32) ([]byte, error) {
 	if len(v) != n {
 		return nil, fmt.Errorf("sparse: a vector of %d entries for a coder of %d", len(v), n)
 	}
-	u := c.pending
+	u, mag, res := c.pending[:n], c.mag[:n], c.residual[:n]
+	finite := true
 	for i, x := range v {
-		u[i] = x + c.residual[i]
-		if math.IsNaN(float64(u[i])) || math.IsInf(float64(u[i]), 0) {
-			return nil, fmt.Errorf("sparse: entry %d is %v", i, u[i])
+		y := x + res[i]
+		u[i], mag[i] = y, abs(y)
+		finite = finite && y-y == 0 // false for a NaN or an Inf
+	}
+	if !finite {
+		for i, y := range u {
+			if y-y != 0 {
+				return nil, fmt.Errorf("sparse: entry %d is %v", i, y)
+			}
 		}
 	}
 	k := c.cfg.K(n)
-	c.idx = topK(c.idx[:0], c.mag, c.sel, u, k)
+	c.idx = topK(c.idx[:0], mag, c.sel, k)
 	var scale float32
 	for _, i := range c.idx {
 		scale = max(scale, abs(u[i]))
@@ -390,24 +397,14 @@ func dequantize(q uint32, scale float32, levels uint32) float32 {
 
 func abs(x float32) float32 { return math.Float32frombits(math.Float32bits(x) &^ (1 << 31)) }
 
-// topK appends to idx the indices of the k entries of u largest in
-// magnitude, ascending; ties go to the lower index. mag and sel are
-// scratch of u's length.
-func topK(idx []int32, mag, sel, u []float32, k int) []int32 {
+// topK appends to idx the indices of the k largest entries of mag (the
+// magnitudes of the coded vector), ascending; ties go to the lower index.
+// sel is scratch of mag's length.
+func topK(idx []int32, mag, sel []float32, k int) []int32 {
 	if k == 0 {
 		return idx
 	}
-	for i, x := range u {
-		mag[i] = abs(x)
-	}
-	copy(sel, mag)
-	t := nthLargest(sel, k-1)
-	above := 0
-	for _, m := range mag {
-		if m > t {
-			above++
-		}
-	}
+	t, above := kthLargest(mag, sel, k)
 	ties := k - above // entries equal to t that make up the k
 	for i, m := range mag {
 		if m > t || (m == t && ties > 0) {
@@ -418,6 +415,42 @@ func topK(idx []int32, mag, sel, u []float32, k int) []int32 {
 		}
 	}
 	return idx
+}
+
+// kthLargest returns the k-th largest of mag (k ≥ 1) and how many entries
+// are larger, using sel (mag's length) as scratch. Over a long mag it
+// selects first among the entries at or above a threshold taken from a
+// strided sample — about 2k of them — which holds the k largest whenever
+// at least k entries reach it; where the sample misleads, it selects over
+// all of mag. Either way the result is exact.
+func kthLargest(mag, sel []float32, k int) (float32, int) {
+	const sample = 4096
+	n := len(mag)
+	cand := sel[:0]
+	if n >= 4*sample && k <= n/4 {
+		step := n / sample
+		s := sel[:0]
+		for i := 0; i < n; i += step {
+			s = append(s, mag[i])
+		}
+		t := nthLargest(s, min(len(s)-1, 2*k*len(s)/n+8))
+		for _, m := range mag {
+			if m >= t {
+				cand = append(cand, m)
+			}
+		}
+	}
+	if len(cand) < k {
+		cand = append(sel[:0], mag...)
+	}
+	t := nthLargest(cand, k-1)
+	above := 0
+	for _, m := range cand {
+		if m > t {
+			above++
+		}
+	}
+	return t, above
 }
 
 // nthLargest returns the element that would be at position k were a

@@ -21,16 +21,54 @@ func randVec(rng *rand.Rand, n int) []float32 {
 // order, ties to the lower index, for every k.
 func TestTopK(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	for _, n := range []int{1, 2, 7, 100, 1001} {
+	// Past 16384 entries the selection starts from a sample: the long
+	// vectors are random, mostly zeros (ties at the threshold), and large
+	// only where the sample's stride never looks.
+	sparse := func(n int) []float32 {
+		u := make([]float32, n)
+		for i := range u {
+			if i%97 == 0 {
+				u[i] = float32(rng.NormFloat64())
+			}
+		}
+		return u
+	}
+	offStride := func(n int) []float32 {
 		u := randVec(rng, n)
+		for i := range u {
+			if i%(n/4096) == 0 {
+				u[i] /= 1000
+			} else {
+				u[i] *= 1000
+			}
+		}
+		return u
+	}
+	onStride := func(n int) []float32 {
+		u := offStride(n)
+		for i := range u {
+			u[i] = 1 / u[i]
+		}
+		return u
+	}
+	long := map[int]func(int) []float32{20000: func(n int) []float32 { return randVec(rng, n) }, 20001: sparse, 50000: offStride, 50001: onStride}
+	for _, n := range []int{1, 2, 7, 100, 1001, 20000, 20001, 50000, 50001} {
+		u := randVec(rng, n)
+		if f := long[n]; f != nil {
+			u = f(n)
+		}
 		if n > 3 {
 			u[1], u[2] = 0.5, -0.5 // a tie in magnitude
 		}
-		for _, k := range []int{1, 2, n / 3, n} {
+		for _, k := range []int{1, 2, n / 20, n / 3, n} {
 			if k < 1 || k > n {
 				continue
 			}
-			got := topK(nil, make([]float32, n), make([]float32, n), u, k)
+			mag := make([]float32, n)
+			for i, x := range u {
+				mag[i] = abs(x)
+			}
+			got := topK(nil, mag, make([]float32, n), k)
 			order := make([]int, n)
 			for i := range order {
 				order[i] = i
@@ -376,6 +414,22 @@ func checkEntries(t *testing.T, sizes []int, payload []byte) {
 	for j := range want {
 		if flat[j] != want[j] { // ±0 alike: DecodeParts adds to +0
 			t.Fatalf("entry at %d: %v, DecodeParts %v", j, flat[j], want[j])
+		}
+	}
+}
+
+// BenchmarkEncode: the mlp's pseudo-gradient (235,146 entries), top 5%
+// in 4 bits.
+func BenchmarkEncode(b *testing.B) {
+	const n = 235146
+	c, err := NewCoder(Config{Fraction: 0.05, Bits: 4}, n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	v := randVec(rand.New(rand.NewPCG(1, 2)), n)
+	for b.Loop() {
+		if _, err := c.Encode(v); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
