@@ -345,38 +345,50 @@ func (m *Membership) shareRows(ctx context.Context, f *Formation, row []ring.Lin
 	}
 	in := make([][]ring.Link, n)
 	for root := range n {
-		pub := m.node.h.Peerstore().PubKey(f.Members[root])
-		in[root] = make([]ring.Link, n) // not measured, unless a row checks out
-		var copies [][]ring.Link
+		copies := [][]ring.Link{row, other} // what it sent, which the others take by the same rule
 		var why []error
-		for d, pred := range []int{(f.Rank - 1 + n) % n, (f.Rank + 1) % n} {
-			if root == f.Rank { // what it sent, which the others take by the same rule
-				copies = append(copies, [][]ring.Link{row, other}[d])
-				continue
-			}
-			r, err := checkRow(m.node.key, f, root, pub, got[d][root])
-			if err != nil {
-				why = append(why, fmt.Errorf("%w, by way of rank %d", err, pred))
-				continue
-			}
-			copies = append(copies, r)
+		if root != f.Rank {
+			copies, why = m.checkCopies(f, root, got[0][root], got[1][root])
 		}
-		var whole []ring.Link
-		switch {
-		case len(copies) == 2 && !slices.Equal(copies[0], copies[1]):
+		var taken bool
+		if in[root], taken = rowOf(n, copies); !taken && len(copies) == 2 {
 			why = append(why, fmt.Errorf("%w: rank %d (%s) signed two rows", errBadRow, root, f.Members[root]))
-		case len(copies) > 0:
-			whole = copies[0]
-		}
-		if whole != nil {
-			in[root] = whole
 		}
 		if len(why) > 0 {
 			const msg = "a link row did not check out"
-			m.node.cfg.Logger.Warn().Uint64("generation", f.Generation).Err(errors.Join(why...)).Bool("taken", whole != nil).Msg(msg)
+			m.node.cfg.Logger.Warn().Uint64("generation", f.Generation).Err(errors.Join(why...)).Bool("taken", taken).Msg(msg)
 		}
 	}
 	return in, nil
+}
+
+// checkCopies checks the two copies of the row of the member at rank root
+// of f, byID from this member's predecessor by ID and back from its
+// successor, and returns those that check out and why the others did not.
+func (m *Membership) checkCopies(f *Formation, root int, byID, back []byte) ([][]ring.Link, []error) {
+	n := len(f.Members)
+	pub := m.node.h.Peerstore().PubKey(f.Members[root])
+	var copies [][]ring.Link
+	var why []error
+	for d, b := range [][]byte{byID, back} {
+		r, err := checkRow(m.node.key, f, root, pub, b)
+		if err != nil {
+			why = append(why, fmt.Errorf("%w, by way of rank %d", err, []int{(f.Rank - 1 + n) % n, (f.Rank + 1) % n}[d]))
+			continue
+		}
+		copies = append(copies, r)
+	}
+	return copies, why
+}
+
+// rowOf is the row a member takes from the copies of another's that
+// checked out: the one, or both if they are the same; else a row of n
+// links not measured, and false.
+func rowOf(n int, copies [][]ring.Link) ([]ring.Link, bool) {
+	if len(copies) == 0 || len(copies) == 2 && !slices.Equal(copies[0], copies[1]) {
+		return make([]ring.Link, n), false
+	}
+	return copies[0], true
 }
 
 // gatherRows gathers the members' signed rows (mine this member's) in a

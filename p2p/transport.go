@@ -752,9 +752,9 @@ func (l *RingLinks) Connect(ctx context.Context, f *Formation) (ring.Transport, 
 }
 
 // ConnectRing opens this rank's links of the ring of the members of f at
-// ranks (increasing, this rank among them), on channel ch: a ring of a
-// part of the formation, such as a pipeline stage's peers. Its ring
-// ranks are the places in ranks.
+// ranks (in the ring's order, this rank among them), on channel ch: a
+// ring of a part of the formation, such as a pipeline stage's peers, or
+// of all in another order. Its ring ranks are the places in ranks.
 func (l *RingLinks) ConnectRing(ctx context.Context, f *Formation, ch Channel, ranks []int) (ring.Transport, error) {
 	me := slices.Index(ranks, f.Rank)
 	if me < 0 {
