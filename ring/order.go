@@ -187,29 +187,24 @@ func (c *linkCosts) exact() []int {
 
 // ringAt says whether a ring through every member uses only links at or
 // above level: the sets of ends of paths from member 0, by the members
-// they cover.
+// they cover (member 0 always among them, so kept without it).
 func (c *linkCosts) ringAt(level int) bool {
 	n := c.n
-	adj := make([]uint32, n)
-	for i := range n {
-		for j := range n {
-			if i != j && c.level[i*n+j] >= level {
-				adj[i] |= 1 << j
-			}
-		}
-	}
-	ends := make([]uint32, 1<<n)
-	ends[1] = 1
-	for mask := 1; mask < 1<<n; mask += 2 {
-		for e := ends[mask]; e != 0; e &= e - 1 {
+	adj := c.adjacent(level)
+	half := 1 << (n - 1)
+	ends := make([]uint32, half)
+	ends[0] = 1
+	for set := range half {
+		mask := uint32(set)<<1 | 1
+		for e := ends[set]; e != 0; e &= e - 1 {
 			j := bits.TrailingZeros32(e)
-			for nx := adj[j] &^ uint32(mask); nx != 0; nx &= nx - 1 {
+			for nx := adj[j] &^ mask; nx != 0; nx &= nx - 1 {
 				k := bits.TrailingZeros32(nx)
-				ends[mask|1<<k] |= 1 << k
+				ends[set|1<<(k-1)] |= 1 << k
 			}
 		}
 	}
-	return c.closes(ends[1<<n-1], level)
+	return c.closes(ends[half-1], level)
 }
 
 // closes says whether one of the ends can link back to member 0.
@@ -224,34 +219,39 @@ func (c *linkCosts) closes(ends uint32, level int) bool {
 }
 
 // leastTime is the ring of least time using only links at or above level,
-// from member 0; lower members first where times tie.
+// from member 0; lower members first where times tie. Its table holds the
+// paths from member 0 by the members they cover (member 0 always among
+// them, so a set is kept without it) and the member they end at.
 func (c *linkCosts) leastTime(level int) []int {
 	n := c.n
 	const none = ^uint64(0)
-	full := 1<<n - 1
-	dp := make([]uint64, (1<<n)*n)
-	from := make([]int8, (1<<n)*n)
+	adj := c.adjacent(level)
+	half := 1 << (n - 1) // the sets with member 0, by their other members
+	dp := make([]uint64, half*n)
+	from := make([]int8, half*n)
 	for i := range dp {
 		dp[i] = none
 	}
-	dp[1*n+0] = 0
-	for mask := 1; mask <= full; mask += 2 {
-		for j := range n {
-			d := dp[mask*n+j]
+	dp[0] = 0 // the path of member 0 alone
+	for set := range half {
+		mask := uint32(set)<<1 | 1
+		row := dp[set*n : set*n+n]
+		for e := mask; e != 0; e &= e - 1 {
+			j := bits.TrailingZeros32(e)
+			d := row[j]
 			if d == none {
 				continue
 			}
-			for k := range n {
-				if mask&(1<<k) != 0 || c.level[j*n+k] < level {
-					continue
-				}
-				at := (mask|1<<k)*n + k
+			for nx := adj[j] &^ mask; nx != 0; nx &= nx - 1 {
+				k := bits.TrailingZeros32(nx)
+				at := (set|1<<(k-1))*n + k
 				if t := d + c.time[j*n+k]; t < dp[at] {
 					dp[at], from[at] = t, int8(j)
 				}
 			}
 		}
 	}
+	full := half - 1
 	last, best := -1, none
 	for j := 1; j < n; j++ {
 		d := dp[full*n+j]
@@ -263,13 +263,29 @@ func (c *linkCosts) leastTime(level int) []int {
 		}
 	}
 	order := make([]int, n)
-	for k, mask := n-1, full; k > 0; k-- {
+	for k, set := n-1, full; k > 0; k-- {
 		order[k] = last
-		prev := int(from[mask*n+last])
-		mask &^= 1 << last
+		prev := int(from[set*n+last])
+		set &^= 1 << (last - 1)
 		last = prev
 	}
 	return order
+}
+
+// adjacent is, for each member, the set of members its links at or above
+// level reach (member 0 left out as an end: a path returns to it only to
+// close the ring).
+func (c *linkCosts) adjacent(level int) []uint32 {
+	n := c.n
+	adj := make([]uint32, n)
+	for i := range n {
+		for j := 1; j < n; j++ {
+			if i != j && c.level[i*n+j] >= level {
+				adj[i] |= 1 << j
+			}
+		}
+	}
+	return adj
 }
 
 // improve moves one member at a time to the place in the ring that betters

@@ -201,3 +201,79 @@ func BenchmarkOrder16(b *testing.B) {
 		Order(in)
 	}
 }
+
+// TestLeastTimeTies: the table over the sets of members other than 0
+// gives the order the plain Held–Karp table gives — the same ring where
+// times tie, which every member must pick alike — on small matrices whose
+// few distinct measures make ties common, at every level.
+func TestLeastTimeTies(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for trial := range 300 {
+		n := 3 + trial%8
+		in := make([][]Link, n)
+		for i := range in {
+			in[i] = make([]Link, n)
+			for j := range in[i] {
+				in[i][j] = Link{Bandwidth: 1e8 * (1 + rng.Uint64N(3)), RTT: 1e6 * rng.Uint64N(3)}
+			}
+		}
+		c := costs(in)
+		for _, level := range slices.Compact(slices.Sorted(slices.Values(c.level))) {
+			if !c.ringAt(level) {
+				continue
+			}
+			if got, want := c.leastTime(level), leastTimeRef(c, level); !slices.Equal(got, want) {
+				t.Fatalf("trial %d, level %d: %v, the plain table %v", trial, level, got, want)
+			}
+		}
+	}
+}
+
+// leastTimeRef is Held–Karp over every set of members, lower members
+// first where times tie.
+func leastTimeRef(c *linkCosts, level int) []int {
+	n := c.n
+	const none = ^uint64(0)
+	full := 1<<n - 1
+	dp := make([]uint64, (1<<n)*n)
+	from := make([]int8, (1<<n)*n)
+	for i := range dp {
+		dp[i] = none
+	}
+	dp[1*n+0] = 0
+	for mask := 1; mask <= full; mask += 2 {
+		for j := range n {
+			d := dp[mask*n+j]
+			if d == none {
+				continue
+			}
+			for k := range n {
+				if mask&(1<<k) != 0 || c.level[j*n+k] < level {
+					continue
+				}
+				at := (mask|1<<k)*n + k
+				if t := d + c.time[j*n+k]; t < dp[at] {
+					dp[at], from[at] = t, int8(j)
+				}
+			}
+		}
+	}
+	last, best := -1, none
+	for j := 1; j < n; j++ {
+		d := dp[full*n+j]
+		if d == none || c.level[j*n] < level {
+			continue
+		}
+		if t := d + c.time[j*n]; t < best {
+			last, best = j, t
+		}
+	}
+	order := make([]int, n)
+	for k, mask := n-1, full; k > 0; k-- {
+		order[k] = last
+		prev := int(from[mask*n+last])
+		mask &^= 1 << last
+		last = prev
+	}
+	return order
+}
