@@ -92,13 +92,7 @@ func TestOrderIsExact(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for trial := range 200 {
 		n := 3 + trial%5
-		in := make([][]Link, n)
-		for i := range in {
-			in[i] = make([]Link, n)
-			for j := range in[i] {
-				in[i][j] = Link{Bandwidth: 1 + rng.Uint64N(1e9), RTT: rng.Uint64N(1e8)}
-			}
-		}
+		in := linksOf(n, func() Link { return Link{Bandwidth: 1 + rng.Uint64N(1e9), RTT: rng.Uint64N(1e8)} })
 		c := costs(in)
 		got := Order(in)
 		want := c.score(got)
@@ -210,13 +204,7 @@ func TestLeastTimeTies(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	for trial := range 300 {
 		n := 3 + trial%8
-		in := make([][]Link, n)
-		for i := range in {
-			in[i] = make([]Link, n)
-			for j := range in[i] {
-				in[i][j] = Link{Bandwidth: 1e8 * (1 + rng.Uint64N(3)), RTT: 1e6 * rng.Uint64N(3)}
-			}
-		}
+		in := linksOf(n, func() Link { return Link{Bandwidth: 1e8 * (1 + rng.Uint64N(3)), RTT: 1e6 * rng.Uint64N(3)} })
 		c := costs(in)
 		for _, level := range slices.Compact(slices.Sorted(slices.Values(c.level))) {
 			if !c.ringAt(level) {
@@ -276,4 +264,16 @@ func leastTimeRef(c *linkCosts, level int) []int {
 		last = prev
 	}
 	return order
+}
+
+// linksOf is an n × n matrix of measures, each from link.
+func linksOf(n int, link func() Link) [][]Link {
+	in := make([][]Link, n)
+	for i := range in {
+		in[i] = make([]Link, n)
+		for j := range in[i] {
+			in[i][j] = link()
+		}
+	}
+	return in
 }
