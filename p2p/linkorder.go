@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"slices"
 	"sync"
 	"time"
@@ -85,14 +86,15 @@ func (m *Membership) ordered(ctx context.Context, f *Formation) (*Formation, err
 	if m.memo == nil {
 		m.memo = linkMemo{}
 	}
-	rtts := m.pingAll(ctx, f)
 	row := make([]ring.Link, n)
+	rtts := make([]uint64, n) // to each member, from the kernel's measure of the probe's connection
 	for k := 1; k < n; k++ {
 		to, from := (me+k)%n, (me-k+n)%n
 		w, r, err := m.links.Pair(ctx, f, ChannelProbe, to, from)
 		if err != nil {
 			return nil, fmt.Errorf("p2p: probing links: %w", err)
 		}
+		rtts[to] = uint64(linkRTT(w))
 		size := uint32(probeBytes)
 		if m.cur != nil && slices.Contains(m.cur.Members, f.Members[to]) && slices.Contains(m.cur.Members, f.Members[me]) {
 			size = 0 // measured before
@@ -114,7 +116,10 @@ func (m *Membership) ordered(ctx context.Context, f *Formation) (*Formation, err
 		if bw > 0 {
 			m.memo[p] = ring.Link{Bandwidth: bw, RTT: m.memo[p].RTT}
 		}
-		row[from] = ring.Link{Bandwidth: m.memo[p].Bandwidth, RTT: rtts[from]}
+		row[from].Bandwidth = m.memo[p].Bandwidth
+	}
+	for i, rtt := range m.roundTrips(ctx, f, rtts) {
+		row[i].RTT = rtt
 	}
 	if m.shapeRow != nil {
 		m.shapeRow(f, row)
@@ -144,40 +149,25 @@ func (m *Membership) ordered(ctx context.Context, f *Formation) (*Formation, err
 
 func mbit(bytesPerSec uint64) float64 { return math.Round(float64(bytesPerSec)*8/1e4) / 100 }
 
-// pingAll times the round trip to each other member of f over its libp2p
-// connection, the least of probePings, within probeRound; those measured
-// in this job before are not timed again. 0 where none came back.
-func (m *Membership) pingAll(ctx context.Context, f *Formation) []uint64 {
+// roundTrips is the round trip to each other member of f: as measured in
+// this job before, else known (the kernel's measure of the probe's
+// connection to it), else timed over its libp2p connection (ping) within
+// probeRound. 0 where none came back.
+func (m *Membership) roundTrips(ctx context.Context, f *Formation, known []uint64) []uint64 {
 	ctx, cancel := context.WithTimeout(ctx, probeRound)
 	defer cancel()
 	out := make([]uint64, len(f.Members))
 	var wg sync.WaitGroup
 	for i, p := range f.Members {
-		if i == f.Rank {
-			continue
+		switch {
+		case i == f.Rank:
+		case m.memo[p].RTT > 0:
+			out[i] = m.memo[p].RTT
+		case known[i] > 0:
+			out[i] = known[i]
+		default:
+			wg.Go(func() { out[i] = m.ping(ctx, p) })
 		}
-		if l := m.memo[p]; l.RTT > 0 {
-			out[i] = l.RTT
-			continue
-		}
-		wg.Go(func() {
-			var least time.Duration
-			got := 0
-			for res := range ping.Ping(ctx, m.node.h, p) {
-				if res.Error != nil {
-					break
-				}
-				if got == 0 || res.RTT < least {
-					least = res.RTT
-				}
-				if got++; got == probePings {
-					break
-				}
-			}
-			if got > 0 {
-				out[i] = uint64(max(least, 1))
-			}
-		})
 	}
 	wg.Wait()
 	for i, p := range f.Members {
@@ -186,6 +176,42 @@ func (m *Membership) pingAll(ctx context.Context, f *Formation) []uint64 {
 		}
 	}
 	return out
+}
+
+// ping is the least of probePings round trips to p over its libp2p
+// connection (libp2p ping), 0 if none came back.
+func (m *Membership) ping(ctx context.Context, p peer.ID) uint64 {
+	var least time.Duration
+	got := 0
+	for res := range ping.Ping(ctx, m.node.h, p) {
+		if res.Error != nil {
+			break
+		}
+		if got == 0 || res.RTT < least {
+			least = res.RTT
+		}
+		if got++; got == probePings {
+			break
+		}
+	}
+	if got == 0 {
+		return 0
+	}
+	return uint64(max(least, 1))
+}
+
+// linkRTT is the kernel's round trip of a data-plane link's (first) TCP
+// connection, 0 where it has none (a libp2p stream).
+func linkRTT(w io.Writer) time.Duration {
+	switch c := w.(type) {
+	case *stripedWriter:
+		return linkRTT(c.parts[0])
+	case *secureConn:
+		return connRTT(c.raw)
+	case net.Conn:
+		return connRTT(c)
+	}
+	return 0
 }
 
 // probe sends size bytes (0: none, the link measured before) on w while
