@@ -57,6 +57,11 @@ type HostConfig struct {
 	Allow []peer.ID
 	// Bootstrap are peers to connect to and seed the DHT with.
 	Bootstrap []peer.AddrInfo
+	// Known are peers dialled once in the background when the host is up,
+	// not waited for (join: the peers an identity started with no
+	// --bootstrap saw in its last ring — the job's, if it is rejoining
+	// one; a finished job's, if it is the first peer of another).
+	Known []peer.AddrInfo
 	// Relay makes the host a circuit relay (v2) for other peers once it
 	// is publicly reachable (AutoNAT's verdict, or Reachability), with
 	// RelayResources' limits.
@@ -104,9 +109,10 @@ type Host struct {
 	// Guard enforces the host's Limits on every handler set on Host.
 	Guard *Guard
 
-	natLog event.Subscription // ends watchNAT when closed
-	natWG  sync.WaitGroup
-	punch  *puncher
+	natLog    event.Subscription // ends watchNAT when closed
+	natWG     sync.WaitGroup     // watchNAT and the dial of the Known peers
+	stopKnown context.CancelFunc // ends the dial of the Known peers
+	punch     *puncher
 }
 
 // NewHost starts a host: TCP; TLS preferred over Noise (TLS moves bulk data
@@ -178,8 +184,16 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		d.Close()
 		return nil, fmt.Errorf("p2p: watching reachability: %w", err)
 	}
-	out := &Host{Host: gh, DHT: d, Guard: guard, natLog: sub, punch: punch}
+	kctx, stopKnown := context.WithCancel(context.Background())
+	out := &Host{Host: gh, DHT: d, Guard: guard, natLog: sub, punch: punch, stopKnown: stopKnown}
 	out.natWG.Go(func() { watchNAT(sub, cfg.Logger) })
+	if len(cfg.Known) > 0 {
+		out.natWG.Go(func() {
+			if err := connectAny(kctx, h, cfg.Known); err != nil {
+				cfg.Logger.Info().Int("peers", len(cfg.Known)).Msg("none of the peers this identity remembers answered; going on without them")
+			}
+		})
+	}
 	return out, nil
 }
 
@@ -382,6 +396,7 @@ func (h *Host) Close() error {
 	go func() {
 		// Unsubscribing takes the event bus's lock too: inside the bound.
 		h.natLog.Close()
+		h.stopKnown()
 		h.natWG.Wait()
 		done <- errors.Join(h.punch.Close(), h.DHT.Close(), h.Host.Close())
 	}()

@@ -25,7 +25,10 @@ import (
 
 	xdraw "golang.org/x/image/draw"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/ringtrain/ringtrain/internal/ringbench"
+	"github.com/ringtrain/ringtrain/p2p"
 	"github.com/ringtrain/ringtrain/train"
 )
 
@@ -1002,4 +1005,34 @@ func TestServedTextTrainsAsLocalFiles(t *testing.T) {
 		t.Fatalf("served text: %v, hashes %v; want local files' %s\n%s", err, got, want[0], tails(out))
 	}
 	srv.interrupt()
+}
+
+// TestFirstPeerDoesNotWaitForRememberedPeers: a peer started with no
+// --bootstrap — a new job's first — whose identity remembers the peers of
+// a job that has ended listens at once, rather than waiting out the join
+// timeout for them and failing.
+func TestFirstPeerDoesNotWaitForRememberedPeers(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeJobFile(t, dir, `"name": "fresh", "world_size": 2, "epochs": 1, "join_timeout": "5s"`)
+	other, err := p2p.LoadOrCreateIdentity(filepath.Join(dir, "other"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherID, err := peer.IDFromPrivateKey(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := fmt.Sprintf("/ip4/127.0.0.1/tcp/%d/p2p/%s\n", l.Addr().(*net.TCPAddr).Port, otherID)
+	l.Close()
+	id := filepath.Join(dir, "id-0")
+	if err := os.WriteFile(id+".peers", []byte(gone), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	first := startRingtrain(t, "join", "--config", cfg, "--identity", id, "--listen", "/ip4/127.0.0.1/tcp/0", "--log-format", "json")
+	first.until(t, "its address", func(out string) bool { return strings.Contains(out, "listening on /ip4/127.0.0.1/") })
+	first.interrupt()
 }

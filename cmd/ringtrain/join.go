@@ -600,13 +600,19 @@ func startHost(ctx context.Context, f *joinFlags, timeout time.Duration, limits 
 	}
 	if f.identity != "" {
 		// The job's peers this identity saw last: any of them gets it
-		// back in when those named by --bootstrap have gone.
+		// back in when those named by --bootstrap have gone. With no
+		// --bootstrap they are dialled and not waited for: this may be
+		// the first peer of a new job, and they a finished job's.
 		known, err := p2p.KnownPeers(peersFile(f.identity))
 		if err != nil {
 			log.Warn().Err(err).Msg("not using the peers this identity remembers")
 		}
 		self, _ := peer.IDFromPrivateKey(hcfg.Identity)
-		hcfg.Bootstrap = withKnown(hcfg.Bootstrap, known, self)
+		if len(hcfg.Bootstrap) > 0 {
+			hcfg.Bootstrap = withKnown(hcfg.Bootstrap, known, self)
+		} else {
+			hcfg.Known = withKnown(nil, known, self)
+		}
 	}
 	hcfg.Limits, hcfg.Registerer = limits, reg
 	relayFor := new(atomic.Pointer[p2p.Node])
