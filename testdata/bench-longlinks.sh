@@ -8,7 +8,9 @@
 # ringbench.Result) each way of timing — every call after a barrier of
 # its own (rows tls-netns), and ITERS calls back to back after one barrier
 # as nccl-tests times them (--loop, rows tls-netns-loop) — then a summary
-# per way: the median busbw and its share of the link rate. CHUNK, if
+# per way: the median busbw and its share of the link rate, each round's
+# time its slowest rank's (of_link_rate) and, as nccl-tests' default, its
+# ranks' mean (rank_avg_of_link_rate). CHUNK, if
 # set, is the ring's chunk size (bench allreduce --chunk); TRANSPORT
 # (tls) the data plane (libp2p-tcp: the clear TCP one).
 # Addresses are 10.238.0.1–4, inside the namespaces only; everything made
@@ -75,7 +77,9 @@ rate = int(m[1]) * {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}[m[2]] / 8 / 1e9  # GB
 for way, size in sorted({(r["transport"], r["bytes"]) for r in rows}):
     mine = [r for r in rows if r["bytes"] == size and r["transport"] == way]
     b = statistics.median(r["busbw_GBps"] for r in mine)
+    a = statistics.median(r.get("busbw_rank_avg_GBps", 0) for r in mine)
     print(json.dumps({"summary": "long links", "timing": "loop" if way.endswith("-loop") else "barrier each call",
-                      "bytes": size, "runs": len(mine), "busbw_GBps": round(b, 4), "of_link_rate": round(b / rate, 3)}))
+                      "bytes": size, "runs": len(mine), "busbw_GBps": round(b, 4), "of_link_rate": round(b / rate, 3),
+                      "rank_avg_busbw_GBps": round(a, 4), "rank_avg_of_link_rate": round(a / rate, 3)}))
 PY
 rm -f "/tmp/$p.rows"

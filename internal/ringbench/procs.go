@@ -111,16 +111,18 @@ func loopRank(ctx context.Context, r *ring.Ring, rank, iters int, buf []float32,
 }
 
 // Combine makes one table row from every rank's result for one size. A
-// round lasts until its slowest rank is done, as nccl-tests and gloo's
-// benchmark count it; the row is the median round. There is no ceiling:
-// the pattern runs only within one process (CeilingBusbw and Ratio are 0).
+// round lasts until its slowest rank is done, as gloo's benchmark and
+// nccl-tests with -a 3 count it, and RankAvgBusbw takes the ranks' mean
+// instead, nccl-tests' default; the row is the median round. There is no
+// ceiling: the pattern runs only within one process (CeilingBusbw and
+// Ratio are 0).
 func Combine(transport string, rs []RankResult) (Result, error) {
 	n := len(rs)
 	if n < 2 {
 		return Result{}, fmt.Errorf("%d ranks' results; want at least 2", n)
 	}
 	rounds := len(rs[0].Seconds)
-	slowest := make([]float64, rounds)
+	slowest, mean := make([]float64, rounds), make([]float64, rounds)
 	var cpu float64
 	seen := make([]bool, n)
 	for _, r := range rs {
@@ -133,6 +135,7 @@ func Combine(transport string, rs []RankResult) (Result, error) {
 		}
 		for i, s := range r.Seconds {
 			slowest[i] = max(slowest[i], s)
+			mean[i] += s / float64(n)
 		}
 		cpu += r.CPU
 	}
@@ -140,5 +143,6 @@ func Combine(transport string, rs []RankResult) (Result, error) {
 	size := rs[0].Bytes
 	algbw := float64(size) / t / 1e9
 	return Result{Transport: transport, Peers: n, Bytes: size, Seconds: t, Algbw: algbw, Busbw: algbw * busFactor(n),
-		CPUPerGB: cpu / (float64(rounds) * float64(size) * 2 * float64(n-1) / 1e9)}, nil
+		CPUPerGB:     cpu / (float64(rounds) * float64(size) * 2 * float64(n-1) / 1e9),
+		RankAvgBusbw: float64(size) / median(mean) / 1e9 * busFactor(n)}, nil
 }

@@ -72,6 +72,13 @@ type Result struct {
 	// CPUPerGB is the CPU seconds (user and system, all ranks, sender and
 	// receiver) per GB that crossed the links during the allreduce rounds.
 	CPUPerGB float64 `json:"cpu_s_per_GB"`
+	// RankAvgBusbw, for ranks in processes (Combine), is busbw with each
+	// round's time the mean of its ranks' rather than its slowest rank's:
+	// nccl-tests' default (-a 1). A rank's time counts from when it left
+	// the barrier, which over long links some leave a one-way delay or
+	// more before others, and the slowest rank's is the one that left
+	// first.
+	RankAvgBusbw float64 `json:"busbw_rank_avg_GBps,omitempty"`
 }
 
 // check says what is wrong with c, whatever the transport.

@@ -77,6 +77,19 @@ func TestRunRankAndCombine(t *testing.T) {
 			t.Errorf("row %+v", row)
 		}
 	}
+	// Two ranks, three rounds: the slowest rank's times 2, 4 and 3 s, the
+	// ranks' means 1.5, 3 and 2 s; medians 3 and 2 s. (Two ranks: busbw is
+	// algbw.)
+	row, err := Combine("mem", []RankResult{{Rank: 0, Bytes: 3 << 30, Seconds: []float64{1, 2, 3}}, {Rank: 1, Bytes: 3 << 30, Seconds: []float64{2, 4, 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := float64(3<<30) / 3 / 1e9; math.Abs(row.Busbw-want) > 1e-9 {
+		t.Errorf("busbw %v; want %v (the slowest rank's median round)", row.Busbw, want)
+	}
+	if want := float64(3<<30) / 2 / 1e9; math.Abs(row.RankAvgBusbw-want) > 1e-9 {
+		t.Errorf("rank-average busbw %v; want %v", row.RankAvgBusbw, want)
+	}
 	bad := [][]RankResult{
 		{got[0][0]},                       // one rank
 		{got[0][0], got[0][0], got[2][0]}, // rank 0 twice
