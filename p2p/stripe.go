@@ -4,6 +4,9 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -57,9 +60,20 @@ func connRTT(c net.Conn) time.Duration {
 }
 
 // setReadBuffer gives a connection of a striped link a receive buffer of
-// its own size from the start, rather than one Linux grows round trip by
-// round trip from what the reader took.
+// 2·streamWindow from the start, rather than one Linux grows round trip
+// by round trip from what the reader took — where the kernel allows one
+// that large: a buffer set by hand is capped at net.core.rmem_max (then
+// doubled) and is no longer grown, and on a machine left at the default
+// cap (208 KiB) it would be far smaller than what autotuning reaches.
 func setReadBuffer(c io.ReadCloser) {
+	b, err := os.ReadFile("/proc/sys/net/core/rmem_max")
+	if err != nil {
+		return
+	}
+	limit, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || !fixedReadBuffer(limit) {
+		return
+	}
 	if sc, ok := c.(*secureConn); ok {
 		c = sc.raw
 	}
@@ -67,6 +81,11 @@ func setReadBuffer(c io.ReadCloser) {
 		tc.SetReadBuffer(2 * streamWindow)
 	}
 }
+
+// fixedReadBuffer says whether a receive buffer set by hand, under a cap
+// of rmemMax bytes, comes out at least 2·streamWindow (Linux doubles
+// what is asked, for its bookkeeping).
+func fixedReadBuffer(rmemMax int) bool { return 2*rmemMax >= 2*streamWindow }
 
 // stripedWriter writes a link's bytes round its connections, stripe by
 // stripe.

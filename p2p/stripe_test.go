@@ -117,6 +117,20 @@ func TestStripesReadAhead(t *testing.T) {
 	}
 }
 
+// TestFixedReadBuffer: a striped connection's receive buffer is set by
+// hand only where the kernel's cap lets it reach 2·streamWindow; under
+// the default cap (208 KiB) autotuning is left to grow it.
+func TestFixedReadBuffer(t *testing.T) {
+	for _, c := range []struct {
+		rmemMax int
+		want    bool
+	}{{212992, false}, {streamWindow - 1, false}, {streamWindow, true}, {4 << 20, true}, {64 << 20, true}} {
+		if got := fixedReadBuffer(c.rmemMax); got != c.want {
+			t.Errorf("fixedReadBuffer(%d) = %v, want %v", c.rmemMax, got, c.want)
+		}
+	}
+}
+
 func TestLinkStreams(t *testing.T) {
 	for _, c := range []struct {
 		rtt  time.Duration
