@@ -31,11 +31,12 @@
 // state (Membership.DirectLinks) at once. Membership wraps a Node and its RingLinks as the
 // train/elastic.Membership (and StageNet) the elastic runner drives; at
 // each formation its members measure the links between them (probes of
-// bounded bytes and time over the data plane, round trips by libp2p
-// ping, pairs measured before in the job skipped), sign what they
-// measured, pass the rows down the ring by ID, and rank themselves in the
-// order ring.Order solves from them (Membership.Order; OrderID keeps the
-// ranks by peer ID).
+// bounded bytes and time over the data plane, round trips from the
+// kernel's measure of each probe's connection or else by libp2p ping,
+// pairs measured before in the job skipped), sign what they measured,
+// pass the rows round the ring by ID both ways, and rank themselves in
+// the order ring.Order solves from them (Membership.Order; OrderID keeps
+// the ranks by peer ID).
 // Every handler set on a Host passes through its Guard, which enforces
 // Limits per peer and protocol — and every DHT message, per peer and
 // address — and cuts off peers that break them; the DHT's provider records
