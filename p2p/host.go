@@ -57,11 +57,13 @@ type HostConfig struct {
 	Allow []peer.ID
 	// Bootstrap are peers to connect to and seed the DHT with.
 	Bootstrap []peer.AddrInfo
-	// Known are peers dialled once in the background when the host is up,
-	// not waited for (join: the peers an identity started with no
-	// --bootstrap saw in its last ring — the job's, if it is rejoining
-	// one; a finished job's, if it is the first peer of another).
-	Known []peer.AddrInfo
+	// Known are peers dialled in the background once the host is up, not
+	// waited for, until one answers or KnownFor has passed (join: the
+	// peers an identity started with no --bootstrap saw in its last ring —
+	// the job's, if it is rejoining one; a finished job's, if it is the
+	// first peer of another).
+	Known    []peer.AddrInfo
+	KnownFor time.Duration
 	// Relay makes the host a circuit relay (v2) for other peers once it
 	// is publicly reachable (AutoNAT's verdict, or Reachability), with
 	// RelayResources' limits.
@@ -175,7 +177,8 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := connectBootstrap(ctx, h, cfg.Bootstrap, cfg.Logger); err != nil {
+	const notYet = "no bootstrap peer reachable yet: trying again until the join timeout"
+	if err := connectBootstrap(ctx, h, cfg.Bootstrap, cfg.Logger, notYet); err != nil {
 		d.Close()
 		return nil, err
 	}
@@ -184,12 +187,13 @@ func NewHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		d.Close()
 		return nil, fmt.Errorf("p2p: watching reachability: %w", err)
 	}
-	kctx, stopKnown := context.WithCancel(context.Background())
+	kctx, stopKnown := context.WithTimeout(context.Background(), cfg.KnownFor)
 	out := &Host{Host: gh, DHT: d, Guard: guard, natLog: sub, punch: punch, stopKnown: stopKnown}
 	out.natWG.Go(func() { watchNAT(sub, cfg.Logger) })
 	if len(cfg.Known) > 0 {
 		out.natWG.Go(func() {
-			if err := connectAny(kctx, h, cfg.Known); err != nil {
+			const notYet = "no peer this identity remembers reachable yet: trying again in the background until the join timeout"
+			if err := connectBootstrap(kctx, h, cfg.Known, cfg.Logger, notYet); err != nil {
 				cfg.Logger.Info().Int("peers", len(cfg.Known)).Msg("none of the peers this identity remembers answered; going on without them")
 			}
 		})
@@ -284,8 +288,9 @@ func hostOptions(cfg HostConfig, rm network.ResourceManager, guard *Guard, self 
 // tries them all again — after 250 ms, doubling to 4 s — until one does or
 // ctx ends: peers started together, each naming the others, find none of
 // them listening yet, and a peer restarted while its bootstrap peer is
-// down waits for it, as torchrun's rendezvous waits for its store.
-func connectBootstrap(ctx context.Context, h host.Host, boot []peer.AddrInfo, log zerolog.Logger) error {
+// down waits for it, as torchrun's rendezvous waits for its store. notYet
+// is logged once, when the first try finds none.
+func connectBootstrap(ctx context.Context, h host.Host, boot []peer.AddrInfo, log zerolog.Logger, notYet string) error {
 	if len(boot) == 0 {
 		return nil
 	}
@@ -296,7 +301,7 @@ func connectBootstrap(ctx context.Context, h host.Host, boot []peer.AddrInfo, lo
 			return nil
 		}
 		if try == 1 {
-			log.Info().Int("bootstrap_peers", len(boot)).Msg("no bootstrap peer reachable yet: trying again until the join timeout")
+			log.Info().Int("bootstrap_peers", len(boot)).Msg(notYet)
 		}
 		select {
 		case <-ctx.Done():

@@ -307,6 +307,54 @@ func TestAllowList(t *testing.T) {
 	}
 }
 
+// TestKnownPeerStartedLater: a host's Known peers are not waited for —
+// NewHost returns with none of them up — and are tried again in the
+// background, so one that comes up later is connected to.
+func TestKnownPeerStartedLater(t *testing.T) {
+	slow(t)
+	key, _, err := crypto.GenerateEd25519Key(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := peer.IDFromPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp4", "127.0.0.1:0") // a free port, closed again: nobody listens there yet
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	addr := ma.StringCast(fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", port))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	refused := &logWatch{want: "no peer this identity remembers reachable yet", seen: make(chan struct{})}
+	h, err := NewHost(ctx, HostConfig{Listen: loopback, Known: []peer.AddrInfo{{ID: id, Addrs: []ma.Multiaddr{addr}}}, KnownFor: 30 * time.Second,
+		Logger: zerolog.New(refused)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	select {
+	case <-refused.seen:
+	case <-ctx.Done():
+		t.Fatal("the host never said its known peer was not reachable yet")
+	}
+	known, err := NewHost(ctx, HostConfig{Listen: []string{addr.String()}, Identity: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer known.Close()
+	for h.Network().Connectedness(id) != network.Connected {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the host never connected to its known peer, started after it")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // TestBootstrapPeerStartedLater: peers started together, each naming the
 // others, find no one listening at first: a host keeps trying its
 // bootstrap peer until the join timeout, and connects once it is up.

@@ -611,7 +611,7 @@ func startHost(ctx context.Context, f *joinFlags, timeout time.Duration, limits 
 		if len(hcfg.Bootstrap) > 0 {
 			hcfg.Bootstrap = withKnown(hcfg.Bootstrap, known, self)
 		} else {
-			hcfg.Known = withKnown(nil, known, self)
+			hcfg.Known, hcfg.KnownFor = withKnown(nil, known, self), timeout
 		}
 	}
 	hcfg.Limits, hcfg.Registerer = limits, reg
