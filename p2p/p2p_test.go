@@ -307,11 +307,10 @@ func TestAllowList(t *testing.T) {
 	}
 }
 
-// TestKnownPeerStartedLater: a host's Known peers are not waited for —
-// NewHost returns with none of them up — and are tried again in the
-// background, so one that comes up later is connected to.
-func TestKnownPeerStartedLater(t *testing.T) {
-	slow(t)
+// notYetListening is a peer's key and ID, and an address on loopback at a
+// free port that nobody listens on yet.
+func notYetListening(t *testing.T) (crypto.PrivKey, peer.ID, ma.Multiaddr) {
+	t.Helper()
 	key, _, err := crypto.GenerateEd25519Key(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -320,13 +319,21 @@ func TestKnownPeerStartedLater(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp4", "127.0.0.1:0") // a free port, closed again: nobody listens there yet
+	l, err := net.Listen("tcp4", "127.0.0.1:0") // a free port, closed again
 	if err != nil {
 		t.Fatal(err)
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	addr := ma.StringCast(fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", port))
+	return key, id, ma.StringCast(fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", port))
+}
+
+// TestKnownPeerStartedLater: a host's Known peers are not waited for —
+// NewHost returns with none of them up — and are tried again in the
+// background, so one that comes up later is connected to.
+func TestKnownPeerStartedLater(t *testing.T) {
+	slow(t)
+	key, id, addr := notYetListening(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	refused := &logWatch{want: "no peer this identity remembers reachable yet", seen: make(chan struct{})}
@@ -360,21 +367,7 @@ func TestKnownPeerStartedLater(t *testing.T) {
 // bootstrap peer until the join timeout, and connects once it is up.
 func TestBootstrapPeerStartedLater(t *testing.T) {
 	slow(t)
-	key, _, err := crypto.GenerateEd25519Key(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := peer.IDFromPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp4", "127.0.0.1:0") // a free port, closed again: nobody listens there yet
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	addr := ma.StringCast(fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", port))
+	key, id, addr := notYetListening(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	started := make(chan *Host, 1)
