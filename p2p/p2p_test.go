@@ -328,74 +328,75 @@ func notYetListening(t *testing.T) (crypto.PrivKey, peer.ID, ma.Multiaddr) {
 	return key, id, ma.StringCast(fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", port))
 }
 
-// TestKnownPeerStartedLater: a host's Known peers are not waited for —
-// NewHost returns with none of them up — and are tried again in the
-// background, so one that comes up later is connected to.
-func TestKnownPeerStartedLater(t *testing.T) {
+// TestPeerStartedLater: peers started together, each naming the others,
+// find no one listening at first. A host keeps trying its bootstrap peer
+// until the join timeout before NewHost returns; its Known peers it does
+// not wait for — NewHost returns with none of them up — but tries again
+// in the background. Either way it connects once the peer is up.
+func TestPeerStartedLater(t *testing.T) {
 	slow(t)
-	key, id, addr := notYetListening(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	refused := &logWatch{want: "no peer this identity remembers reachable yet", seen: make(chan struct{})}
-	h, err := NewHost(ctx, HostConfig{Listen: loopback, Known: []peer.AddrInfo{{ID: id, Addrs: []ma.Multiaddr{addr}}}, KnownFor: 30 * time.Second,
-		Logger: zerolog.New(refused)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	select {
-	case <-refused.seen:
-	case <-ctx.Done():
-		t.Fatal("the host never said its known peer was not reachable yet")
-	}
-	known, err := NewHost(ctx, HostConfig{Listen: []string{addr.String()}, Identity: key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer known.Close()
-	for h.Network().Connectedness(id) != network.Connected {
-		select {
-		case <-ctx.Done():
-			t.Fatal("the host never connected to its known peer, started after it")
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
-// TestBootstrapPeerStartedLater: peers started together, each naming the
-// others, find no one listening at first: a host keeps trying its
-// bootstrap peer until the join timeout, and connects once it is up.
-func TestBootstrapPeerStartedLater(t *testing.T) {
-	slow(t)
-	key, id, addr := notYetListening(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	started := make(chan *Host, 1)
-	refused := &logWatch{want: "no bootstrap peer reachable yet", seen: make(chan struct{})}
-	go func() {
-		h, err := NewHost(ctx, HostConfig{Listen: loopback, Bootstrap: []peer.AddrInfo{{ID: id, Addrs: []ma.Multiaddr{addr}}}, Logger: zerolog.New(refused)})
-		if err != nil {
-			t.Error(err)
-		}
-		started <- h
-	}()
-	select { // the bootstrap peer starts once the first try was refused
-	case <-refused.seen:
-	case <-ctx.Done():
-		t.Fatal("the host never said its bootstrap peer was not reachable yet")
-	}
-	boot, err := NewHost(ctx, HostConfig{Listen: []string{addr.String()}, Identity: key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer boot.Close()
-	h := <-started
-	if h == nil {
-		return
-	}
-	defer h.Close()
-	if h.Network().Connectedness(id) != network.Connected {
-		t.Error("the host is not connected to its bootstrap peer, started a second after it")
+	for _, tc := range []struct {
+		name, notYet string // notYet: what the host says when the first try finds no one
+		known        bool   // the peer is among Known, not Bootstrap
+	}{
+		{"bootstrap", "no bootstrap peer reachable yet", false},
+		{"known", "no peer this identity remembers reachable yet", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key, id, addr := notYetListening(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			refused := &logWatch{want: tc.notYet, seen: make(chan struct{})}
+			cfg := HostConfig{Listen: loopback, Logger: zerolog.New(refused)}
+			if tc.known {
+				cfg.Known, cfg.KnownFor = []peer.AddrInfo{{ID: id, Addrs: []ma.Multiaddr{addr}}}, 30*time.Second
+			} else {
+				cfg.Bootstrap = []peer.AddrInfo{{ID: id, Addrs: []ma.Multiaddr{addr}}}
+			}
+			started := make(chan *Host, 1)
+			go func() {
+				h, err := NewHost(ctx, cfg)
+				if err != nil {
+					t.Error(err)
+				}
+				started <- h
+			}()
+			var h *Host
+			if tc.known { // up before the peer is
+				select {
+				case h = <-started:
+				case <-ctx.Done():
+					t.Fatal("NewHost waited for a known peer")
+				}
+			}
+			select { // the peer starts once the first try was refused
+			case <-refused.seen:
+			case <-ctx.Done():
+				t.Fatal("the host never said its peer was not reachable yet")
+			}
+			other, err := NewHost(ctx, HostConfig{Listen: []string{addr.String()}, Identity: key})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Close()
+			if !tc.known {
+				h = <-started
+			}
+			if h == nil {
+				return
+			}
+			defer h.Close()
+			if !tc.known && h.Network().Connectedness(id) != network.Connected {
+				t.Fatal("NewHost returned not connected to its bootstrap peer, started after it")
+			}
+			for h.Network().Connectedness(id) != network.Connected {
+				select {
+				case <-ctx.Done():
+					t.Fatal("the host never connected to its peer, started after it")
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+		})
 	}
 }
 

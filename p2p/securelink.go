@@ -319,7 +319,7 @@ func (l *RingLinks) joinLocked(p *pendingLink, tok [tokenSize]byte, stream, stre
 		p.parts = make([]io.ReadCloser, streams)
 	}
 	p.parts[stream] = c
-	if streams > 1 {
+	if streams > 1 && l.rcvBuf {
 		setReadBuffer(c)
 	}
 	if p.have++; p.have < len(p.parts) {

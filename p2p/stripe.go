@@ -61,25 +61,29 @@ func connRTT(c net.Conn) time.Duration {
 
 // setReadBuffer gives a connection of a striped link a receive buffer of
 // 2·streamWindow from the start, rather than one Linux grows round trip
-// by round trip from what the reader took — where the kernel allows one
-// that large: a buffer set by hand is capped at net.core.rmem_max (then
-// doubled) and is no longer grown, and on a machine left at the default
-// cap (208 KiB) it would be far smaller than what autotuning reaches.
+// by round trip from what the reader took. Only where the kernel allows
+// one that large (fixedReadBuffer): a buffer set by hand is capped at
+// net.core.rmem_max (then doubled) and is no longer grown, and on a
+// machine left at the default cap (208 KiB) it would be far smaller than
+// what autotuning reaches.
 func setReadBuffer(c io.ReadCloser) {
-	b, err := os.ReadFile("/proc/sys/net/core/rmem_max")
-	if err != nil {
-		return
-	}
-	limit, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || !fixedReadBuffer(limit) {
-		return
-	}
 	if sc, ok := c.(*secureConn); ok {
 		c = sc.raw
 	}
 	if tc, ok := c.(interface{ SetReadBuffer(int) error }); ok {
 		tc.SetReadBuffer(2 * streamWindow)
 	}
+}
+
+// rmemMax is the kernel's cap on a receive buffer set by hand (0 if it
+// cannot be read).
+func rmemMax() int {
+	b, err := os.ReadFile("/proc/sys/net/core/rmem_max")
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return n
 }
 
 // fixedReadBuffer says whether a receive buffer set by hand, under a cap

@@ -194,6 +194,9 @@ type RingLinks struct {
 	// streams, when set, is how many connections each TLS link opens
 	// whatever its round trip: tests stripe links on loopback.
 	streams int
+	// rcvBuf: the kernel lets a striped connection's receive buffer be
+	// set to 2·streamWindow (setReadBuffer), read once at the start.
+	rcvBuf bool
 	// punching are the relayed successors a background loop tries to
 	// reach directly (punchOn); stop ends those loops at Close.
 	punching map[peer.ID]bool
@@ -263,7 +266,7 @@ func NewRingLinks(h host.Host, gate Gate, cfg LinksConfig) *RingLinks {
 		cfg.PunchWait = 3 * time.Second
 	}
 	l := &RingLinks{h: h, gate: gate, cfg: cfg, log: cfg.Logger, warns: newWarnLimiter(cfg.Logger).byAddress(h), inbox: map[linkKey]chan inbound{}, tokens: map[[tokenSize]byte]*pendingLink{}, live: map[*secureConn]struct{}{},
-		punching: map[peer.ID]bool{}}
+		punching: map[peer.ID]bool{}, rcvBuf: fixedReadBuffer(rmemMax())}
 	l.stopped, l.stop = context.WithCancel(context.Background())
 	h.SetStreamHandler(RingProtocol, l.handle)
 	return l
