@@ -3,7 +3,11 @@
 # Made for the folder `make gpu-pack` builds (bin/gpu): copy it to a GPU
 # host (no Go needed there) and run
 #   bash gpu-quick.sh OUTDIR [PART...]
-# PARTs (all when none is named), in this order so that a call cut short
+# gptspeed (steady-state GPT tokens/s at both shapes, FP32 and TF32, beside
+# torch_gpt.py, and the large GPT's layers timed) and cnnalgos (cuDNN's
+# algorithms for the cnn at batch 256, exact against any) run only when
+# named.
+# PARTs (all the others when none is named), in this order so that a call cut short
 # keeps the figures: tests, the engine's CUDA tests; overlap, `bench
 # overlap` (two replicas on the GPU over a loopback ring: the step with
 # its buckets reduced beside backward against compute alone and the ring
@@ -92,6 +96,45 @@ if has cnn; then
       log "torch cnn B=256 $l"
       for r in 1 2 3; do
         env $e timeout 100 python3 torch_fmnist_gpu.py --data "$PWD/fmnist" --model cnn --batch 256 --mode $mode 2>&1 | tail -1 | tee -a "$OUT/summary.txt"
+      done
+    done
+  fi
+fi
+if has gptspeed; then
+  # Steady state on both sides: ringtrain's `bench device` after 5 untimed
+  # steps, torch_gpt.py after its first 5; FP32, then TF32 on both.
+  for prec in fp32 tf32; do
+    flag=; env=NVIDIA_TF32_OVERRIDE=0
+    [ $prec = tf32 ] && flag=--tf32 && env=TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1
+    for shape in "gpt 32 4 128 4 128" "gpt-large 64 6 384 6 256"; do
+      read -r model batch L D H T <<<"$shape"
+      log "ringtrain bench device $model B=$batch $prec"
+      timeout 60 ./ringtrain-cuda bench device --device cuda --model $model --batch $batch --optimizer adamw --warmup 5 --steps 40 --runs 3 $flag 2>&1 | tail -1 | cut -c1-400 | tee -a "$OUT/summary.txt"
+      if [ $torch = 1 ] && [ -e torch_gpt.py ]; then
+        log "torch_gpt.py --device cuda L$L d$D h$H T$T B$batch $prec, 60 steps, twice"
+        for r in 1 2; do
+          env $env timeout 60 python3 torch_gpt.py --device cuda --data fortunes --layers $L --dim $D --heads $H --ctx $T --batch $batch --steps 60 --eval-every 0 2>&1 | tail -1 | grep -o '"tokens_per_s": [0-9]*' | tee -a "$OUT/summary.txt"
+        done
+      fi
+    done
+  done
+  log "the large GPT's layers, a call each and the step (ns/op)"
+  timeout 90 ./engine-cuda.test -test.run '^$' -test.bench 'GPTLayers' -test.benchtime 20x 2>&1 | grep 'ns/op' | awk '{print $1, $3}' | tee -a "$OUT/summary.txt"
+fi
+if has cnnalgos; then
+  # Every algorithm cuDNN timed for the cnn's convolutions at batch 256,
+  # and the step with cuDNN free to take any (PyTorch's defaults) or only
+  # the exact, deterministic ones, beside PyTorch eager and captured, FP32.
+  for algos in any exact; do
+    log "ringtrain cnn B=256 fp32 --conv-algos $algos"
+    timeout 60 ./ringtrain-cuda bench device --device cuda --model cnn --batch 256 --runs 3 --conv-algos $algos > "$OUT/cnn-$algos.txt" 2>&1
+    grep -v '^{' "$OUT/cnn-$algos.txt" | tee -a "$OUT/summary.txt"; tail -1 "$OUT/cnn-$algos.txt" | cut -c1-400 | tee -a "$OUT/summary.txt"
+  done
+  if [ $torch = 1 ] && [ -e torch_fmnist_gpu.py ]; then
+    for mode in eager graph; do
+      log "torch cnn B=256 fp32 $mode, twice"
+      for r in 1 2; do
+        NVIDIA_TF32_OVERRIDE=0 timeout 60 python3 torch_fmnist_gpu.py --data "$PWD/fmnist" --model cnn --batch 256 --mode $mode 2>&1 | tail -1 | tee -a "$OUT/summary.txt"
       done
     done
   fi

@@ -12,7 +12,7 @@
 //	ringtrain data --config data.json
 //	ringtrain bench form [--peers 4,8] [--runs 5]
 //	ringtrain bench engines --device cuda|host [--model cnn] [--steps 20]
-//	ringtrain bench device --device cuda|host|cpu [--model cnn] [--batch 64] [--tf32] [--no-graph]
+//	ringtrain bench device --device cuda|host|cpu [--model cnn] [--batch 64] [--tf32] [--no-graph] [--conv-algos exact|any]
 //	ringtrain bench cpu|served|pipeline [flags]
 //	ringtrain bench flood [--kinds hello,statements,links,jobconfig,data,data-bad,dht,random,dht-messages,relay,metrics,formation-lie] [--flood 60s] [--runs 3]
 //	ringtrain swarm-key [-o swarm.key]

@@ -180,6 +180,7 @@ func NewCUDA(ordinal int, opt CUDAOptions) (_ *CUDA, err error) {
 	}
 	name, _ := d.Name()
 	c := &CUDA{name: fmt.Sprintf("cuda:%d (%s)", ordinal, name), fns: map[string]C.CUfunction{}}
+	c.dnn.anyAlgo = opt.AnyConvAlgo
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if c.ctx, err = d.MakeContext(cu.SchedAuto); err != nil {

@@ -580,19 +580,45 @@ func benchGPTOps(tb *testing.B, c *CUDA, B, T, C, H, V int) {
 // whole step (ForwardBackward, the batch in and the loss out): where a
 // step's time goes, with cuDNN's convolutions or, under
 // RINGTRAIN_CUDNN=off, im2col's.
+// BenchmarkCUDACNNLayers times each call of a step of the cnn at batch
+// 256, and the step; BenchmarkCUDAGPTLayers the large GPT's (6 × 384,
+// context 256, batch 64) in FP32 and in TF32.
 func BenchmarkCUDACNNLayers(tb *testing.B) {
-	c := newCUDAOrSkip(tb)
 	cnn, err := train.BuiltinSpec("cnn", 1, 28, 28, 10)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	const batch = 256
-	net, err := New(c, train.ModelConfig{Spec: cnn, Batch: batch, Seed: 1})
+	x, y := batchOf(rand.New(rand.NewPCG(1, 1)), 256, 784, 10)
+	benchLayers(tb, newCUDAOrSkip(tb), cnn, 256, x, y)
+}
+
+func BenchmarkCUDAGPTLayers(tb *testing.B) {
+	const B, T = 64, 256
+	rng := rand.New(rand.NewPCG(1, 1))
+	x, y := make([]float32, B*T), make([]int, B*T)
+	for i := range x {
+		x[i], y[i] = float32(rng.IntN(256)), rng.IntN(256)
+	}
+	for _, tf32 := range []bool{false, true} {
+		tb.Run(map[bool]string{false: "fp32", true: "tf32"}[tf32], func(tb *testing.B) {
+			c, err := NewCUDA(0, CUDAOptions{TF32: tf32})
+			if err != nil {
+				tb.Fatalf("NewCUDA: %v", err)
+			}
+			benchLayers(tb, c, train.GPTSpec(6, 384, 6, T), B, x, y)
+		})
+	}
+}
+
+// benchLayers times each layer's forward and backward calls of spec's
+// net on c, then whole forward-backward steps; it closes c.
+func benchLayers(tb *testing.B, c *CUDA, spec train.Spec, batch int, x []float32, y []int) {
+	net, err := New(c, train.ModelConfig{Spec: spec, Batch: batch, Seed: 1})
 	if err != nil {
+		c.Close()
 		tb.Fatal(err)
 	}
 	defer net.Close()
-	x, y := batchOf(rand.New(rand.NewPCG(1, 1)), batch, 784, 10)
 	if _, err := net.ForwardBackward(x, y, batch); err != nil {
 		tb.Fatal(err)
 	}

@@ -89,11 +89,13 @@ package engine
 // // rt_dnn_plan makes p's descriptors and times every algorithm of each
 // // direction on x, w and y (cuDNN's FindEx, with ws of wsBytes as
 // // scratch; it runs before any capture), keeping the fastest that ran,
-// // is exact and deterministic, fits in the workspace and uses tensor cores
-// // only when tf32 allows. It returns cuDNN's status, or -3 with *dir set
-// // when a direction has no such algorithm.
+// // is exact and deterministic (or any, when anyAlgo), fits in the
+// // workspace and uses tensor cores only when tf32 allows. all[16*i:]
+// // gets direction i's timings, got[i] how many. It returns cuDNN's
+// // status, or -3 with *dir set when a direction has no such algorithm.
 // static int rt_dnn_plan(dnn *d, dnnPlan *p, int n, int c, int h, int w, int k, int out, int pad, int oh, int ow,
-//                        int tf32, CUdeviceptr x, CUdeviceptr wt, CUdeviceptr y, CUdeviceptr ws, size_t wsBytes, int *dir) {
+//                        int tf32, int anyAlgo, CUdeviceptr x, CUdeviceptr wt, CUdeviceptr y, CUdeviceptr ws, size_t wsBytes,
+//                        int *dir, dnnPerf *all, int *gotAll) {
 //   int r;
 //   *dir = -1;
 //   if ((r = d->createTensor(&p->x)) || (r = d->setTensor(p->x, DNN_NCHW, DNN_FLOAT, n, c, h, w))) return r;
@@ -104,17 +106,19 @@ package engine
 //     if ((r = d->createConv(&p->conv[i])) || (r = d->setConv(p->conv[i], pad, pad, 1, 1, 1, 1, DNN_CROSS_CORRELATION, DNN_FLOAT)))
 //       return r;
 //     if ((r = d->setMath(p->conv[i], tf32 ? DNN_DEFAULT_MATH : DNN_FMA_MATH))) return r;
-//     dnnPerf perf[16];
+//     dnnPerf *perf = all + 16 * i;
 //     int got = 0;
 //     void *a = i == 1 ? p->w : p->x, *b = i == 0 ? p->w : p->y, *o = i == 0 ? p->y : i == 1 ? p->x : p->w;
 //     CUdeviceptr da = i == 1 ? wt : x, db = i == 0 ? wt : y, dout = i == 0 ? y : i == 1 ? x : wt;
 //     if ((r = d->find[i](d->h, a, (const void *)da, b, (const void *)db, p->conv[i], o, (void *)dout, 16, &got, perf, (void *)ws,
 //                         wsBytes))) return r;
+//     gotAll[i] = got;
 //     int pick = -1;
 //     for (int j = 0; j < got && pick < 0; j++) {
 //       int m = perf[j].mathType, al = perf[j].algo;
-//       if (perf[j].status == 0 && perf[j].determinism == DNN_DETERMINISTIC && perf[j].memory <= wsBytes &&
-//           al >= 0 && al < 8 && exact[i][al] && (tf32 ? m != DNN_ALLOW_CONVERSION : m == DNN_FMA_MATH)) pick = j;
+//       int ok = anyAlgo || (perf[j].determinism == DNN_DETERMINISTIC && al >= 0 && al < 8 && exact[i][al]);
+//       if (perf[j].status == 0 && ok && perf[j].memory <= wsBytes && (tf32 ? m != DNN_ALLOW_CONVERSION : m == DNN_FMA_MATH))
+//         pick = j;
 //     }
 //     if (pick < 0) return -3;
 //     p->algo[i] = perf[pick].algo;
@@ -157,6 +161,10 @@ type dnnState struct {
 	ok      bool
 	note    string // which library, or why none
 	tf32    bool
+	anyAlgo bool // CUDAOptions.AnyConvAlgo
+	// report is, per plan, cuDNN's timing of every algorithm it tried
+	// and which was kept (ConvReport).
+	report  []string
 	ws      C.CUdeviceptr
 	wsBytes C.size_t
 	plans   []C.dnnPlan
@@ -215,6 +223,9 @@ func (c *CUDA) openDNN() {
 		case 0:
 			c.dnn.ok = true
 			c.dnn.note = fmt.Sprintf("%s (cuDNN %d)", p, int(version))
+			if c.dnn.anyAlgo {
+				c.dnn.note += ", any algorithm (--conv-algos any)"
+			}
 			return
 		case -1:
 			why = append(why, p+": "+dlerror())
@@ -241,7 +252,11 @@ var errNoDNN = errors.New("no cuDNN")
 
 func (c *CUDA) dnnError(r C.int, what string) error {
 	if r == -3 {
-		return fmt.Errorf("engine: cuDNN %s: no exact, deterministic algorithm within %d MiB of workspace", what, dnnMaxWorkspace>>20)
+		kind := "exact, deterministic algorithm"
+		if c.dnn.anyAlgo {
+			kind = "algorithm"
+		}
+		return fmt.Errorf("engine: cuDNN %s: no %s within %d MiB of workspace", what, kind, dnnMaxWorkspace>>20)
 	}
 	return fmt.Errorf("engine: cuDNN %s: %s (status %d)", what, C.GoString(C.rt_dnn_error(&c.dnn.lib, r)), int(r))
 }
@@ -278,8 +293,11 @@ func (c *CUDA) ConvPlan(g Conv, out, batch int) (int, error) {
 			}
 		}
 		var dir C.int
+		var all [3 * 16]C.dnnPerf
+		var got [3]C.int
 		r := C.rt_dnn_plan(&c.dnn.lib, &p, C.int(batch), C.int(g.C), C.int(g.H), C.int(g.W), C.int(g.K), C.int(out), C.int(g.Pad),
-			C.int(g.OH), C.int(g.OW), boolInt(c.dnn.tf32), tmp[0], tmp[1], tmp[2], tmp[3], dnnMaxWorkspace, &dir)
+			C.int(g.OH), C.int(g.OW), boolInt(c.dnn.tf32), boolInt(c.dnn.anyAlgo), tmp[0], tmp[1], tmp[2], tmp[3], dnnMaxWorkspace, &dir,
+			&all[0], &got[0])
 		if r != 0 {
 			what := "describing the convolution"
 			if dir >= 0 {
@@ -293,6 +311,7 @@ func (c *CUDA) ConvPlan(g Conv, out, batch int) (int, error) {
 			C.rt_dnn_free_plan(&c.dnn.lib, &p)
 			return err
 		}
+		c.dnn.report = append(c.dnn.report, planReport(g, out, batch, &p, all[:], got[:], fg.batch > 0))
 		need := max(p.ws[0], p.ws[1], p.ws[2])
 		if fg.batch > 0 {
 			need = max(p.ws[0], p.ws[1])
@@ -320,6 +339,39 @@ func (c *CUDA) ConvPlan(g Conv, out, batch int) (int, error) {
 	c.dnn.gemm = append(c.dnn.gemm, fg)
 	return len(c.dnn.plans) - 1, nil
 }
+
+// planReport is one line a direction: the algorithm kept, then every
+// algorithm cuDNN timed (number, ms, d for deterministic, t for tensor
+// cores, ! where it failed).
+func planReport(g Conv, out, batch int, p *C.dnnPlan, all []C.dnnPerf, got []C.int, filterByGEMM bool) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d×%d×%d by %d %d×%d kernels, batch %d:", g.C, g.H, g.W, out, g.K, g.K, batch)
+	for i := range 3 {
+		kept := fmt.Sprint(int(p.algo[i]))
+		if i == 2 && filterByGEMM {
+			kept = "im2col+GEMM"
+		}
+		fmt.Fprintf(&b, "\n  %s: kept %s; timed", convDirections[i], kept)
+		for _, pf := range all[16*i : 16*i+int(got[i])] {
+			flags := ""
+			if pf.determinism == C.DNN_DETERMINISTIC {
+				flags += "d"
+			}
+			if pf.mathType != C.DNN_FMA_MATH {
+				flags += "t"
+			}
+			if pf.status != 0 {
+				flags += "!"
+			}
+			fmt.Fprintf(&b, " %d:%.3f%s", int(pf.algo), float64(pf.time), flags)
+		}
+	}
+	return b.String()
+}
+
+// ConvReport is cuDNN's timing of every algorithm for each plan made, and
+// which was kept.
+func (c *CUDA) ConvReport() string { return strings.Join(c.dnn.report, "\n") }
 
 // chooseFilter times the weights' gradient of p by cuDNN's algorithm and
 // by im2col and one GEMM (tmp: x, w, dy, workspace, columns, channel-major
@@ -430,7 +482,7 @@ func (c *CUDA) closeDNN() error {
 	for i := range c.dnn.plans {
 		C.rt_dnn_free_plan(&c.dnn.lib, &c.dnn.plans[i])
 	}
-	c.dnn.plans, c.dnn.gemm = nil, nil
+	c.dnn.plans, c.dnn.gemm, c.dnn.report = nil, nil, nil
 	var err error
 	if c.dnn.ws != 0 {
 		err = cuErr(C.cuMemFree(c.dnn.ws), "freeing cuDNN's workspace")

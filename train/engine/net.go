@@ -1042,4 +1042,13 @@ func (n *Net) Device() string {
 	return n.ops.Name()
 }
 
+// ConvReport is how each direct convolution's algorithms were timed and
+// which were kept, where the Ops plans them by timing; else "".
+func (n *Net) ConvReport() string {
+	if r, ok := n.ops.(interface{ ConvReport() string }); ok {
+		return r.ConvReport()
+	}
+	return ""
+}
+
 func (n *Net) Close() error { return n.ops.Close() }

@@ -172,3 +172,16 @@ func TestNetRefuses(t *testing.T) {
 		}
 	}
 }
+
+func TestConvAlgos(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		anyAlgo bool
+		bad     bool
+	}{{"", false, false}, {"exact", false, false}, {"any", true, false}, {"fastest", false, true}, {"ANY", false, true}} {
+		got, err := ConvAlgos(tc.in)
+		if (err != nil) != tc.bad || got != tc.anyAlgo {
+			t.Errorf("ConvAlgos(%q) = %v, %v; want %v, bad %v", tc.in, got, err, tc.anyAlgo, tc.bad)
+		}
+	}
+}

@@ -1,6 +1,10 @@
 package engine
 
-import "gonum.org/v1/gonum/blas"
+import (
+	"fmt"
+
+	"gonum.org/v1/gonum/blas"
+)
 
 // Buf is a buffer of float32s in an Ops's memory.
 type Buf interface {
@@ -157,6 +161,26 @@ type CUDAOptions struct {
 	// mantissas): faster GEMMs, with relative errors near 1e-3 instead of
 	// float32's 1e-7; with cuDNN, its convolutions too. Off by default.
 	TF32 bool
+	// AnyConvAlgo lets cuDNN convolve by its fastest algorithm, whatever
+	// it is (FFT, Winograd, sums with atomics), as PyTorch's defaults do.
+	// Replicas still agree, since the ring averages what they send, but a
+	// run is no longer repeatable bit for bit, and FFT and Winograd round
+	// otherwise than float32 sums (errors near 1e-3 of the largest output
+	// with 5×5 kernels). Off by default: only exact, deterministic ones.
+	AnyConvAlgo bool
+}
+
+// ConvAlgos reads a choice of convolution algorithms: "" or "exact"
+// keeps cuDNN to the exact, deterministic ones; "any" lets it take the
+// fastest (CUDAOptions.AnyConvAlgo).
+func ConvAlgos(v string) (anyAlgo bool, err error) {
+	switch v {
+	case "", "exact":
+		return false, nil
+	case "any":
+		return true, nil
+	}
+	return false, fmt.Errorf("engine: convolution algorithms %q; want exact or any", v)
 }
 
 // gemmArgs turns Gemm's row-major request into BLAS's transpose flags and

@@ -66,6 +66,9 @@ func Device(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("bench device: %w", err)
 	}
 	defer m.Close()
+	if r, ok := m.(interface{ ConvReport() string }); ok && r.ConvReport() != "" {
+		fmt.Fprintln(stderr, r.ConvReport())
+	}
 	opt, err := benchOptimizer(*optName, m.ParamNames())
 	if err != nil {
 		return err

@@ -32,6 +32,9 @@ type Options struct {
 	TF32 bool
 	// NoGraph turns off replaying a captured step (CUDA graphs).
 	NoGraph bool
+	// ConvAlgos is which of cuDNN's convolution algorithms the engine may
+	// take (cuda only): "exact" (the default) or "any".
+	ConvAlgos string
 	// HostThreads, if above 0, is the thread budget of the host engine's
 	// or the CPU model's matrix products (join sets it to leave the ring
 	// a thread of its own).
@@ -43,6 +46,8 @@ func AddFlags(fs *flag.FlagSet) *Options {
 	var o Options
 	fs.BoolVar(&o.TF32, "tf32", false, "cuda: let cuBLAS and cuDNN multiply in TF32 on tensor cores (faster; errors near 1e-3 instead of 1e-7)")
 	fs.BoolVar(&o.NoGraph, "no-graph", false, "cuda and host: run every step call by call instead of replaying a captured one (CUDA graph)")
+	fs.StringVar(&o.ConvAlgos, "conv-algos", "exact", "cuda: cuDNN's convolution algorithms the engine may take: exact (deterministic, summing as a GEMM does: "+
+		"the same bits every run) or any (the fastest, FFT, Winograd and atomics included, as PyTorch's defaults)")
 	return &o
 }
 
@@ -55,11 +60,18 @@ func (o Options) Args() []string {
 	if o.NoGraph {
 		a = append(a, "--no-graph")
 	}
+	if o.ConvAlgos != "" && o.ConvAlgos != "exact" {
+		a = append(a, "--conv-algos", o.ConvAlgos)
+	}
 	return a
 }
 
 // NewModel builds cfg's model on a device.
 func NewModel(device string, cfg train.ModelConfig, opt Options) (train.Model, error) {
+	anyAlgo, err := engine.ConvAlgos(opt.ConvAlgos)
+	if err != nil {
+		return nil, fmt.Errorf("--conv-algos: %w: %w", cli.ErrUsage, err)
+	}
 	switch device {
 	case "", "cpu":
 		cfg.Threads = opt.HostThreads
@@ -71,7 +83,7 @@ func NewModel(device string, cfg train.ModelConfig, opt Options) (train.Model, e
 		}
 		return engine.New(h, cfg)
 	case "cuda":
-		ops, err := newCUDA(engine.CUDAOptions{TF32: opt.TF32})
+		ops, err := newCUDA(engine.CUDAOptions{TF32: opt.TF32, AnyConvAlgo: anyAlgo})
 		if err != nil {
 			return nil, fmt.Errorf("--device cuda: %w", err)
 		}
