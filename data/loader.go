@@ -2,8 +2,10 @@ package data
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 )
 
@@ -149,14 +151,64 @@ func (e *Epoch) images(ctx context.Context, idx []int, epoch int) fillFunc {
 				return err
 			}
 		}
-		for k, i := range chunk {
-			if err := s.Pipeline.Apply(&ws, s.Image(i), b.X[k*sz:(k+1)*sz], e.l.Seed, epoch, i); err != nil {
-				return fmt.Errorf("%s: %w", s.Name(i), err)
-			}
-			b.Y = append(b.Y, s.Label(i))
-		}
-		return nil
+		return fillImages(s, &ws, b, chunk, e.l.Seed, epoch)
 	}
+}
+
+// fillImages puts the images chunk through s's transforms into b.X, which
+// holds len(chunk) of them, and appends their labels to b.Y.
+func fillImages(s *Split, ws *Workspace, b *Batch, chunk []int, seed uint64, epoch int) error {
+	sz := s.C * s.H * s.W
+	for k, i := range chunk {
+		if err := s.Pipeline.Apply(ws, s.Image(i), b.X[k*sz:(k+1)*sz], seed, epoch, i); err != nil {
+			return fmt.Errorf("%s: %w", s.Name(i), err)
+		}
+		b.Y = append(b.Y, s.Label(i))
+	}
+	return nil
+}
+
+// ErrNotLocal means Fill was asked for samples of a split served from
+// elsewhere, whose samples a rank holds only for its own share.
+var ErrNotLocal = errors.New("data: the split is served, not held here")
+
+// Fill makes b the batch of the dataset indices idx as epoch's batches
+// hold them (the same transforms, windows or rows, the same values) —
+// any rank's batch, given its indices, from a split held in memory. A
+// served split's is ErrNotLocal.
+func (l *Loader) Fill(b *Batch, epoch int, idx []int) error {
+	s := l.Split
+	if s.remote != nil {
+		return fmt.Errorf("data: %d samples asked for: %w", len(idx), ErrNotLocal)
+	}
+	for _, i := range idx {
+		if i < 0 || i >= s.Len() {
+			return fmt.Errorf("data: sample %d of a split of %d", i, s.Len())
+		}
+	}
+	n := len(idx)
+	b.N, b.C, b.H, b.W, b.Index = n, s.C, s.H, s.W, append(b.Index[:0], idx...)
+	w := s.Values()
+	switch {
+	case s.Text != nil:
+		c := s.Text.Context
+		off := s.Text.Offset(l.Seed, epoch, l.Sampler.Shuffle)
+		b.X, b.Y = slices.Grow(b.X[:0], n*c)[:n*c], slices.Grow(b.Y[:0], n*c)[:n*c]
+		for k, i := range idx {
+			s.Text.Window(i, off, b.X[k*c:(k+1)*c], b.Y[k*c:(k+1)*c])
+		}
+	case s.Table != nil:
+		b.X, b.Y = slices.Grow(b.X[:0], n*w)[:n*w], slices.Grow(b.Y[:0], n)[:n]
+		clear(b.Y)
+		for k, i := range idx {
+			copy(b.X[k*w:(k+1)*w], s.Table.Row(i))
+		}
+	default:
+		var ws Workspace
+		b.X, b.Y = slices.Grow(b.X[:0], n*w)[:n*w], b.Y[:0]
+		return fillImages(s, &ws, b, idx, l.Seed, epoch)
+	}
+	return nil
 }
 
 // windows fills a batch of a text split: each index is a window of the

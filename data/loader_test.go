@@ -356,3 +356,51 @@ func TestCancelledEpochIsNotAnEnd(t *testing.T) {
 		t.Errorf("Each over a cancelled epoch = %v after %d of %d batches; want context.Canceled", err, n, l.Batches())
 	}
 }
+
+// Fill gives any rank's batch, from its indices, as the rank's own epoch
+// gives it: the same transforms (random ones drawn from seed, epoch and
+// index), windows and labels.
+func TestFillIsTheEpochsBatch(t *testing.T) {
+	corpus := make([]byte, 1000)
+	for i := range corpus {
+		corpus[i] = byte(i * 7)
+	}
+	text := &Split{Dataset: &Dataset{Source: "test", Classes: byteClasses()}, Pipeline: &Pipeline{}, C: 1, H: 1, Text: &Text{Source: "test", Bytes: corpus}}
+	if err := text.SetContext(9); err != nil {
+		t.Fatal(err)
+	}
+	images := testLoader(t, 3, 1, TransformSpec{Name: "RandomCrop", Args: raw(`[28, 4]`)}, TransformSpec{Name: "RandomHorizontalFlip"}, TransformSpec{Name: "ToTensor"})
+	for name, l := range map[string]*Loader{
+		"images": images,
+		"text":   {Split: text, BatchSize: 8, Seed: 5, Sampler: Sampler{N: text.Len(), World: 3, Rank: 2, Seed: 5, Shuffle: true}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e, err := l.Epoch(context.Background(), 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			var got Batch
+			err = e.Each(func(b *Batch) error {
+				if err := l.Fill(&got, 1, b.Index); err != nil {
+					return err
+				}
+				if got.N != b.N || got.C != b.C || got.H != b.H || got.W != b.W || !slices.Equal(got.X, b.X) || !slices.Equal(got.Y, b.Y) ||
+					!slices.Equal(got.Index, b.Index) {
+					t.Fatalf("Fill of indices %v is not the epoch's batch", b.Index[:min(4, len(b.Index))])
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	if err := images.Fill(&Batch{}, 1, []int{0, images.Split.Len()}); err == nil {
+		t.Error("Fill of a sample past the split's end: nil error; want one")
+	}
+	served := &Loader{Split: &Split{remote: &remote{}}}
+	if err := served.Fill(&Batch{}, 0, []int{0}); !errors.Is(err, ErrNotLocal) {
+		t.Errorf("Fill of a served split: %v; want ErrNotLocal", err)
+	}
+}

@@ -30,7 +30,9 @@
 // buckets that go round while backward still computes — Layered models,
 // the engine's — and narrowed to bf16, fp16 or int8 with error feedback;
 // with Sketch, each rank's count sketch in the trailer checks the sum and
-// names a rank whose gradients stand far apart),
+// names a rank whose gradients stand far apart, and audits — every rank
+// recomputing one rank's gradients on its batch at a step drawn after the
+// exchange — name one that did not compute what it sent, audits.go),
 // DiLoCo's local steps with an outer step every few (LocalSGD; its
 // pseudo-gradients whole, or sparse and low-bit with error feedback, coded
 // by train/sparse and gathered from every rank in one ring allgather, then

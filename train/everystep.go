@@ -48,8 +48,14 @@ func (everyStep) exchange(ctx context.Context, r *Replica, x []float32, y []int,
 	if r.sketching() && badRanks == 0 {
 		// Every rank holds the same average and sketches: all decide
 		// alike.
-		if err = r.sk.check(r.Sketch, flat[:r.nparams], flat[r.nparams+r.trailerLen():], r.Wire); errors.As(err, &named) {
+		slots, seed := flat[r.nparams+r.trailerLen():], r.sk.seed(r.Sketch)
+		if err = r.sk.check(r.Sketch, flat[:r.nparams], slots, r.Wire); errors.As(err, &named) {
 			err = nil
+		}
+		if err == nil && named == nil {
+			if named, err = r.auditStep(slots, seed); named != nil {
+				err = fmt.Errorf("%w: %s", ErrTampered, named.Why)
+			}
 		}
 	}
 	if err == nil {

@@ -275,7 +275,12 @@ type epochRun struct {
 	perm []int
 	// unapplied is the step or round that failed here, for Interrupted.
 	unapplied *Unapplied
-	level     int // the step count where the ranks last held the same parameters
+	// loader is this rank's loader of the part; peerIdx the other ranks'
+	// shares of it, drawn when an audit first asks (peerBatch).
+	loader  data.Loader
+	peerIdx map[int][]int
+	peerB   data.Batch
+	level   int // the step count where the ranks last held the same parameters
 }
 
 // pos is the position after this part's first step steps.
@@ -319,6 +324,11 @@ func (e *epochRun) train(ctx context.Context) (Position, error) {
 	ep, err := tr.Epoch(ctx, e.at.Epochs)
 	if err != nil {
 		return e.at, err
+	}
+	e.loader = tr
+	if sk := e.r.Sketch; sk != nil && sk.AuditEvery > 0 {
+		e.r.peers = e.peerBatch
+		defer func() { e.r.peers = nil }()
 	}
 	e.fetched = time.Now()
 	e.r.part.steps, e.r.part.max = e.steps, e.steps
@@ -459,6 +469,34 @@ func (e *epochRun) prepare(b *data.Batch) {
 	if block := min(e.block, e.left-e.step*e.block); block > 0 && !e.cfg.Train.Sampler.DropLast {
 		r.share = float32(b.N*r.Coll.Size()) / float32(block)
 	}
+}
+
+// peerBatch is rank's batch at this part's current step (the one being
+// taken), as its own loader gives it, with its share (prepare's).
+func (e *epochRun) peerBatch(rank int) (*data.Batch, float32, error) {
+	idx, ok := e.peerIdx[rank]
+	if !ok {
+		l := e.loader.Sampler
+		l.Rank = rank
+		var err error
+		if idx, err = l.Indices(e.at.Epochs); err != nil {
+			return nil, 0, err
+		}
+		if e.peerIdx == nil {
+			e.peerIdx = map[int][]int{}
+		}
+		e.peerIdx[rank] = idx
+	}
+	bs := e.loader.BatchSize
+	lo := min(e.step*bs, len(idx))
+	if err := e.loader.Fill(&e.peerB, e.at.Epochs, idx[lo:min(lo+bs, len(idx))]); err != nil {
+		return nil, 0, err
+	}
+	var share float32
+	if block := min(e.block, e.left-e.step*e.block); block > 0 && !e.loader.Sampler.DropLast {
+		share = float32(e.peerB.N*e.loader.Sampler.World) / float32(block)
+	}
+	return &e.peerB, share, nil
 }
 
 // errEpochEnd ends an epoch part early on a rank that was behind when its

@@ -449,6 +449,10 @@ func (m *graphModel) run(t *tape) (loss float32, err error) {
 	return c, nil
 }
 
+// randomLayers reports whether the model has dropout, whose masks a
+// step draws from its rank's own stream.
+func (m *graphModel) randomLayers() bool { return len(m.drops) > 0 }
+
 // SeedMasks restarts the dropout masks' stream at (model seed, seed).
 func (m *graphModel) SeedMasks(seed uint64) { m.masks.Seed(m.cfg.Seed, seed^0x64726f70) }
 

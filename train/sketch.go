@@ -45,6 +45,10 @@ type Sketch struct {
 	// NameAbove is the distance from the median, in units of τ (twice
 	// the median distance), past which a rank stands apart; 0 is 3.
 	NameAbove float64
+	// AuditEvery, above 0, has every rank recompute one rank's gradients
+	// at one step in AuditEvery on average (audits.go): a rank whose
+	// sketch is not its batch's gradients' is named at once.
+	AuditEvery int
 }
 
 // ErrTampered means the ring's average of the gradients is not the
@@ -58,6 +62,9 @@ func (c *Sketch) Validate() error {
 		!(c.NameAbove >= 0 && c.NameAbove <= 1e6) {
 		return fmt.Errorf("train: sketches of %d values over %d steps, naming after %d windows past %v τ; want 0 to 1024 values (0: 32), 0 to 2^20 steps (0: 16), 0 to 1000 windows and a distance in [0, 1e6] (0: 3)",
 			c.Dims, c.Window, c.NameAfter, c.NameAbove)
+	}
+	if c.AuditEvery < 0 || c.AuditEvery > 1<<20 {
+		return fmt.Errorf("train: an audit every %d steps; want 0 (none) to 2^20", c.AuditEvery)
 	}
 	return nil
 }

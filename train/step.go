@@ -180,6 +180,10 @@ type Replica struct {
 	// tamper, if set, alters this rank's gradients before they are sent
 	// (attack): set only by tests and attacker builds.
 	tamper func(g []float32, off int)
+	// peers gives another rank's batch of the step being taken, for
+	// Sketch's audits: Run sets it where the split is held here.
+	peers peerBatches
+	audit audits
 }
 
 // trailerLen is the step trailer's length in the flat buffer.

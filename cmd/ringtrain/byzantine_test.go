@@ -50,8 +50,9 @@ func firstPeer(t *testing.T, dir, cfg string) (join func(i int, env []string, bo
 // TestByzantinePeerIsNamedAndDropped: four `ringtrain join` processes,
 // one of them an attacker: in sparse DiLoCo rounds with "robust": {}, it
 // sends its pseudo-gradient flipped, or scaled; in a ring that syncs
-// every step with "update_checks", its gradients scaled, or those of its
-// first step again at every step (a replay). The three honest
+// every step with "update_checks", its gradients scaled, those of its
+// first step again at every step (a replay), or flipped (caught by the
+// audits, which recompute its gradients on its batch). The three honest
 // peers name it with the evidence, re-form without it and finish the job
 // on one hash; the attacker ends, named, with a non-zero status.
 func TestByzantinePeerIsNamedAndDropped(t *testing.T) {
@@ -62,6 +63,7 @@ func TestByzantinePeerIsNamedAndDropped(t *testing.T) {
 		{"every step scale", "scale", `"update_checks": {"window": 4}`, "sketches of their gradients stood apart"},
 		{"every step scale, guarded", "scale", `"update_checks": {}, "grad_norm_guard": 5`, "norm of their gradients was over"},
 		{"every step replay", "replay", `"update_checks": {}`, "a replay"},
+		{"every step flip, audited", "flip", `"update_checks": {"audit_every": 2}`, "recomputed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			kind := tc.kind

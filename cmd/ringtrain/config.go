@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -316,13 +317,16 @@ type syncConfig struct {
 }
 
 // updateChecks is "update_checks": {"dims": 32, "window": 16,
-// "name_after": 3, "name_above": 3}, written out in full once checked;
-// name_after 0 never names.
+// "name_after": 3, "name_above": 3, "audit_every": 0}, written out in
+// full once checked; name_after 0 never names, audit_every 0 never
+// audits (train.Sketch.AuditEvery: every peer recomputes one peer's
+// gradients one step in this many).
 type updateChecks struct {
-	Dims      int     `json:"dims"`
-	Window    int     `json:"window"`
-	NameAfter *int    `json:"name_after,omitempty"`
-	NameAbove float64 `json:"name_above"`
+	Dims       int     `json:"dims"`
+	Window     int     `json:"window"`
+	NameAfter  *int    `json:"name_after,omitempty"`
+	NameAbove  float64 `json:"name_above"`
+	AuditEvery int     `json:"audit_every"`
 }
 
 // check fills in the defaults and says what is wrong; nil is no section.
@@ -361,7 +365,7 @@ func (u *updateChecks) fill() {
 
 // sketch is the section as train takes it (after fill).
 func (u *updateChecks) sketch() *train.Sketch {
-	s := &train.Sketch{Dims: u.Dims, Window: u.Window, NameAbove: u.NameAbove}
+	s := &train.Sketch{Dims: u.Dims, Window: u.Window, NameAbove: u.NameAbove, AuditEvery: u.AuditEvery}
 	if u.NameAfter != nil {
 		s.NameAfter = *u.NameAfter
 	}
@@ -745,6 +749,9 @@ func (c *jobConfig) resolveSpec() error {
 	if err := c.UpdateChecks.check(c.Sync != nil || c.Pipeline != nil); err != nil {
 		return err
 	}
+	if err := c.auditable(wire); err != nil {
+		return err
+	}
 	if c.NonIIDShards < 0 || c.NonIIDShards > 1024 || c.NonIIDShards > 0 && c.Pipeline != nil {
 		return fmt.Errorf("non_iid_shards %d; want 0 (shuffled) to 1024, and no pipeline", c.NonIIDShards)
 	}
@@ -905,6 +912,31 @@ func (c *jobConfig) fitsModel(m *data.Manifest) error {
 	}
 	if _, err := c.modelSpec(ch, h, w, len(m.Classes)); err != nil {
 		return fmt.Errorf("served dataset %s: its samples become %d×%d×%d: %w", m.ID()[:16], ch, h, w, err)
+	}
+	return nil
+}
+
+// auditable says why update_checks' audits could not run, where they are
+// asked for: every peer rebuilds another's batch and recomputes its
+// gradients, which a served dataset (a peer holds its own share), int8's
+// error feedback (a remainder only its peer holds) and dropout (masks
+// drawn from its peer's stream) rule out.
+func (c *jobConfig) auditable(wire ring.Encoding) error {
+	if c.UpdateChecks == nil || c.UpdateChecks.AuditEvery <= 0 {
+		return nil
+	}
+	why := ""
+	switch {
+	case wire == ring.I8:
+		why = `compression "int8": its error feedback adds a remainder only the sender holds`
+	case c.Data.Served != "":
+		why = "a served dataset: each peer holds only its own share of it"
+	case c.spec != nil && slices.ContainsFunc(c.spec.Layers, func(l train.Layer) bool { return l.Type == train.LayerDropout }):
+		why = "dropout: a peer's masks are drawn from its own stream"
+	}
+	if why != "" {
+		return fmt.Errorf("update_checks: audit_every %d: audits recompute a peer's gradients on its batch, which %s; set audit_every 0",
+			c.UpdateChecks.AuditEvery, why)
 	}
 	return nil
 }

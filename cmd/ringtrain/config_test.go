@@ -69,7 +69,7 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		`, "sync": {"every": 5, "sparse": {"fraction": 0.01, "bits": 2}, "robust": {"clip": 2, "iters": 0}}`,
 		`, "sync": {"every": 5, "sparse": {"fraction": 0.01, "bits": 2}, "robust": {"name_after": -1}}`,
 		`, "sync": {"every": 5, "sparse": {"fraction": 0.01, "bits": 2}, "robust": {"name_above": -2}}`,
-		`, "update_checks": {"dims": -1}`, `, "update_checks": {"dims": 5000}`, `, "update_checks": {"window": -3}`, `, "update_checks": {"name_after": -1}`,
+		`, "update_checks": {"dims": -1}`, `, "update_checks": {"dims": 5000}`, `, "update_checks": {"window": -3}`, `, "update_checks": {"name_after": -1}`, `, "update_checks": {"audit_every": -1}`,
 		`, "update_checks": {}, "sync": {"every": 5}`, `, "non_iid_shards": -1`} {
 		p := filepath.Join(t.TempDir(), "job.json")
 		if err := os.WriteFile(p, []byte("{"+base+bad+"}"), 0o644); err != nil {
@@ -133,7 +133,8 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 	// Sketches ride in every step's trailer: peers with and without them,
 	// or with other ones, cannot share a ring; {} is the defaults.
 	if hash(`, "update_checks": {}`) == hash(``) || hash(`, "update_checks": {}`) != hash(`, "update_checks": {"dims": 32, "window": 16, "name_after": 3, "name_above": 3}`) ||
-		hash(`, "update_checks": {}`) == hash(`, "update_checks": {"dims": 16}`) || hash(`, "update_checks": {}`) == hash(`, "update_checks": {"name_after": 0}`) {
+		hash(`, "update_checks": {}`) == hash(`, "update_checks": {"dims": 16}`) || hash(`, "update_checks": {}`) == hash(`, "update_checks": {"name_after": 0}`) ||
+		hash(`, "update_checks": {}`) == hash(`, "update_checks": {"audit_every": 8}`) {
 		t.Error(`"update_checks": want its own hash, {} the defaults written out`)
 	}
 	// Nor can peers that stream the outer sync and peers that do not, or
@@ -507,5 +508,35 @@ func TestLossConfig(t *testing.T) {
 	}
 	if mse.hash == bce.hash {
 		t.Error("jobs of mse and bce share a hash")
+	}
+}
+
+// Audits are refused where they could not recompute a peer's gradients,
+// with why; the same config without them loads.
+func TestAuditsRefusedWhereTheyCannotRun(t *testing.T) {
+	dataCfg, err := filepath.Abs("../../testdata/data-config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropout := `"model": {"input": [1, 28, 28], "layers": [{"type": "flatten"}, {"type": "dropout", "p": 0.5}, {"type": "linear", "out": 10}]}`
+	for _, tc := range []struct{ extra, why string }{
+		{`"compression": "int8"`, "int8"},
+		{dropout, "dropout"},
+		{`"data": {"served": "` + strings.Repeat("ab", 32) + `"}`, "served"},
+	} {
+		write := func(checks string) string {
+			p := filepath.Join(t.TempDir(), "job.json")
+			body := `{"name": "a", "world_size": 2, "epochs": 1, "batch_size": 8, "model": "mlp", "data": "` + dataCfg + `", "update_checks": ` + checks + `, ` + tc.extra + `}`
+			if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}
+		if _, err := loadJobConfig(write(`{"audit_every": 8}`)); err == nil || !strings.Contains(err.Error(), "audit_every 8") || !strings.Contains(err.Error(), tc.why) {
+			t.Errorf("audits with %s: %v; want an error naming audit_every and %s", tc.extra, err, tc.why)
+		}
+		if _, err := loadJobConfig(write(`{}`)); err != nil {
+			t.Errorf("update checks without audits, with %s: %v; want it to load", tc.extra, err)
+		}
 	}
 }

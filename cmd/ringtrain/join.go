@@ -449,6 +449,10 @@ func (f *joinFlags) finish(cfg *jobConfig) (*jobConfig, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("job config: %w", err)
 	}
+	if u := cfg.UpdateChecks; u != nil && u.AuditEvery > 0 && device != "cpu" {
+		// The engine computes into the ring's buffer, not the model's.
+		return nil, "", fmt.Errorf("--device %s: update_checks' audits recompute a peer's gradients on the cpu device only; set audit_every 0: %w", device, errUsage)
+	}
 	if device == "cuda" {
 		if err := devices.CUDAAvailable(); err != nil {
 			return nil, "", fmt.Errorf("--device cuda: %w", err)
