@@ -17,7 +17,10 @@ import (
 // But every rank holds the step's parameters and can rebuild any rank's
 // batch (the sampler and the split are shared): after the exchange, one
 // step in Sketch.AuditEvery, a draw from the averaged sketches — known to
-// no rank before it sent its own — picks a rank, and every rank, that one
+// no rank before it sent its own — picks a rank (for half the audits the
+// one whose sketches pointed most against the others' in the last
+// window, where one did: direction cannot name a rank, but it can say
+// whom to audit, since an honest rank's audit passes), and every rank, that one
 // too, computes that rank's gradients on its batch, sketches them under
 // the step's projection and compares them with the sketch it sent. All
 // honest ranks compute the same gradients and reach the same verdict,
@@ -66,12 +69,17 @@ func (r *Replica) auditable() bool {
 
 // auditDraw is the step's draw: a hash of the averaged sketches (slots)
 // and the step's count on the ring. An audit when it is 0 mod every; the
-// rank audited is the quotient mod size.
-func auditDraw(slots []float32, steps int, every, size int) (audit bool, rank int) {
+// rank audited is suspect (if ≥ 0) for half the audits, by one more bit
+// of the hash, else the quotient mod size.
+func auditDraw(slots []float32, steps int, every, size, suspect int) (audit bool, rank int) {
 	h := fnv.New64a()
 	h.Write(f32Bytes(slots))
 	v := splitmix(h.Sum64() ^ uint64(steps)*0x9e3779b97f4a7c15)
-	return v%uint64(every) == 0, int(v / uint64(every) % uint64(size))
+	q := v / uint64(every)
+	if suspect >= 0 && suspect < size && q&1 == 1 {
+		return v%uint64(every) == 0, suspect
+	}
+	return v%uint64(every) == 0, int(q >> 1 % uint64(size))
 }
 
 // auditStep runs the step's audit, if it draws one: seed is the
@@ -83,7 +91,7 @@ func (r *Replica) auditStep(slots []float32, seed uint64) (*LiarError, error) {
 		return nil, nil
 	}
 	size, k := r.Coll.Size(), r.Sketch.dims()
-	audit, t := auditDraw(slots, r.sk.steps, r.Sketch.AuditEvery, size)
+	audit, t := auditDraw(slots, r.sk.steps, r.Sketch.AuditEvery, size, r.sk.suspect)
 	if !audit {
 		return nil, nil
 	}

@@ -2,6 +2,8 @@ package train
 
 import (
 	"context"
+	"errors"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -115,20 +117,99 @@ func TestAuditsNameWhatWasNotComputed(t *testing.T) {
 	}
 }
 
+// One step in every is audited, every rank drawn, the suspect for about
+// half of them; the draw is a function of what every rank holds.
 func TestAuditDraw(t *testing.T) {
 	slots := []float32{1, 2, 3}
-	hits, ranks := 0, map[int]int{}
-	for s := range 4000 {
-		audit, r := auditDraw(slots, s, 8, 4)
-		if audit {
-			hits++
-			ranks[r]++
+	for _, suspect := range []int{-1, 2} {
+		hits, ranks := 0, map[int]int{}
+		for s := range 8000 {
+			audit, r := auditDraw(slots, s, 8, 4, suspect)
+			if audit {
+				hits++
+				ranks[r]++
+			}
+			if a2, r2 := auditDraw(slots, s, 8, 4, suspect); a2 != audit || r2 != r {
+				t.Fatal("the draw is not a function of its inputs")
+			}
 		}
-		if a2, r2 := auditDraw(slots, s, 8, 4); a2 != audit || r2 != r {
-			t.Fatal("the draw is not a function of its inputs")
+		want := map[int]float64{0: 0.25, 1: 0.25, 2: 0.25, 3: 0.25}
+		if suspect >= 0 {
+			want = map[int]float64{0: 0.125, 1: 0.125, 2: 0.625, 3: 0.125}
+		}
+		if hits < 850 || hits > 1150 {
+			t.Errorf("suspect %d: %d audits in 8000 steps at one in 8; want ~1000", suspect, hits)
+		}
+		for r, f := range want {
+			if got := float64(ranks[r]) / float64(hits); math.Abs(got-f) > 0.06 {
+				t.Errorf("suspect %d: rank %d drawn in %.3f of the audits; want ~%.3f", suspect, r, got, f)
+			}
 		}
 	}
-	if hits < 400 || hits > 600 || len(ranks) != 4 {
-		t.Errorf("%d audits in 4000 steps at one in 8 (want ~500), over ranks %v", hits, ranks)
+}
+
+// In Run, each rank's batch is rebuilt from the shared sampler and split
+// (Loader.Fill), at every step of the epoch, its uneven end too — where a
+// rank has one sample or none and the shares differ: audited at every
+// step, honest ranks are never named and end on one set of bits, while a
+// rank that flips its gradients is named.
+func TestAuditsInRun(t *testing.T) {
+	const world = 3
+	for _, tc := range []struct {
+		batch int
+		liar  bool
+	}{{222, false}, {8, false}, {222, true}} {
+		rings := memRings(t, world)
+		reps := make([]*Replica, world)
+		errs := make([]error, world)
+		_ = onAll(world, func(i int) error {
+			reps[i] = NewReplica(newMLP(t, mlpCfg(784, []int{16}, 10, tc.batch, uint64(1+i))), &SGD{LR: 0.1}, rings[i])
+			if tc.liar && i == world-1 {
+				// As the attacker build: what it sends is flipped, its
+				// model is not, so its own audit names it too.
+				reps[i].tamper = func(g []float32, _ int) { scaleBy(g, -1) }
+			}
+			reps[i].Sketch = &Sketch{AuditEvery: 1}
+			_, errs[i] = Run(context.Background(), RunConfig{Replica: reps[i], Train: loader(t, "train", tc.batch, true), Epochs: 1, Classes: 10})
+			return nil
+		})
+		for i, err := range errs {
+			var liar *LiarError
+			switch {
+			case tc.liar && (!errors.As(err, &liar) || !slices.Equal(liar.Ranks, []int{world - 1})):
+				t.Errorf("batch %d, rank %d flips: rank %d ended with %v; want it named", tc.batch, world-1, i, err)
+			case !tc.liar && (err != nil || reps[i].audit.ran == 0 || !slices.Equal(slices.Concat(reps[i].Model.Params()...), slices.Concat(reps[0].Model.Params()...))):
+				t.Errorf("batch %d, honest: rank %d ended with %v after %d audits; want none named, every step audited, one set of bits", tc.batch, i, err, reps[i].audit.ran)
+			}
+		}
+	}
+}
+
+// The window's judge marks the rank whose sums point most against the
+// others' as the suspect, and none when every rank points with them.
+func TestSuspectIsTheRankPointingAway(t *testing.T) {
+	c := &Sketch{Dims: 8, AuditEvery: 4}
+	for _, tc := range []struct {
+		flip    int
+		suspect int
+	}{{-1, -1}, {1, 1}, {3, 3}} {
+		var s sketches
+		s.reset(c, memRings(t, 5)[0])
+		rng := rand.New(rand.NewPCG(3, 3))
+		common := make([]float32, 8)
+		for j := range common {
+			common[j] = float32(rng.NormFloat64())
+		}
+		for r := range s.sums {
+			for j := range s.sums[r] {
+				s.sums[r][j] = common[j] + 0.3*float32(rng.NormFloat64())
+				if r == tc.flip {
+					s.sums[r][j] = -s.sums[r][j]
+				}
+			}
+		}
+		if err := s.judgeWindow(c); err != nil || s.suspect != tc.suspect {
+			t.Errorf("rank %d flipped: suspect %d, %v; want %d", tc.flip, s.suspect, err, tc.suspect)
+		}
 	}
 }

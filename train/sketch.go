@@ -30,9 +30,10 @@ import (
 // samples in the window. A rank whose sketch comes back bit for bit
 // NameAfter steps in a row within a window is named for a replay. With
 // the norm guard on, a rank whose gradients it keeps out NameAfter steps
-// in a row is named too. Direction is not judged here:
-// honest gradients of a few steps on shards that differ point apart too
-// often (a flipped rank is caught in robust DiLoCo rounds, not here).
+// in a row is named too. Direction names no one here: honest gradients
+// of a few steps on shards that differ point apart too often. It only
+// picks whom audits (AuditEvery) look at more, and they name a flipped
+// rank.
 type Sketch struct {
 	// Dims is the values in a rank's sketch; 0 is 32.
 	Dims int
@@ -88,6 +89,10 @@ type sketches struct {
 	// its gradients over its bound.
 	guarded []int
 	tab     sketchTable // the window's projection
+	// suspect is the rank whose sums pointed most against the others'
+	// in the last window judged, where one did (cosine below 0), or −1:
+	// audits draw it for half of theirs (auditDraw).
+	suspect int
 }
 
 // add adds to sk the sketch of v (coordinates from off) under this step's
@@ -104,7 +109,7 @@ func (s *sketches) reset(c *Sketch, ring Collective) {
 	if s.ring == ring && s.own != nil {
 		return
 	}
-	s.ring, s.steps = ring, 0
+	s.ring, s.steps, s.suspect = ring, 0, -1
 	s.own = make([]float64, c.dims())
 	s.guarded = make([]int, ring.Size())
 	s.sums = make([][]float32, ring.Size())
@@ -294,7 +299,8 @@ func (s *sketches) judgeWindow(c *Sketch) error {
 			clear(w)
 		}
 	}()
-	if c.NameAfter <= 0 {
+	s.suspect = -1
+	if c.NameAfter <= 0 && c.AuditEvery <= 0 {
 		return nil
 	}
 	// A rank with no samples in the window has nothing to judge.
@@ -311,6 +317,15 @@ func (s *sketches) judgeWindow(c *Sketch) error {
 		return nil
 	}
 	dist, cos := spread(new(columns).gather(xs, nil), 2)
+	if low := slices.Index(cos, slices.Min(cos)); cos[low] < 0 {
+		// Direction names no one here (honest shards that differ point
+		// apart too), but an audit of an honest rank only passes: the
+		// one pointing most against the others is audited more.
+		s.suspect = ranks[low]
+	}
+	if c.NameAfter <= 0 {
+		return nil
+	}
 	named := s.apart.count(s.ring, size, ranks, dist, cos, c.nameAbove(), false, c.NameAfter)
 	if named == nil {
 		return nil
