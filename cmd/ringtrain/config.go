@@ -746,10 +746,7 @@ func (c *jobConfig) resolveSpec() error {
 			return err
 		}
 	}
-	if err := c.UpdateChecks.check(c.Sync != nil || c.Pipeline != nil); err != nil {
-		return err
-	}
-	if err := c.auditable(wire); err != nil {
+	if err := c.checkUpdates(wire); err != nil {
 		return err
 	}
 	if c.NonIIDShards < 0 || c.NonIIDShards > 1024 || c.NonIIDShards > 0 && c.Pipeline != nil {
@@ -916,12 +913,15 @@ func (c *jobConfig) fitsModel(m *data.Manifest) error {
 	return nil
 }
 
-// auditable says why update_checks' audits could not run, where they are
-// asked for: every peer rebuilds another's batch and recomputes its
-// gradients, which a served dataset (a peer holds its own share), int8's
-// error feedback (a remainder only its peer holds) and dropout (masks
-// drawn from its peer's stream) rule out.
-func (c *jobConfig) auditable(wire ring.Encoding) error {
+// checkUpdates checks "update_checks", and says why its audits could not
+// run, where they are asked for: every peer rebuilds another's batch and
+// recomputes its gradients, which a served dataset (a peer holds its own
+// share), int8's error feedback (a remainder only its peer holds) and
+// dropout (masks drawn from its peer's stream) rule out.
+func (c *jobConfig) checkUpdates(wire ring.Encoding) error {
+	if err := c.UpdateChecks.check(c.Sync != nil || c.Pipeline != nil); err != nil {
+		return err
+	}
 	if c.UpdateChecks == nil || c.UpdateChecks.AuditEvery <= 0 {
 		return nil
 	}

@@ -66,9 +66,7 @@ func Device(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("bench device: %w", err)
 	}
 	defer m.Close()
-	if r, ok := m.(interface{ ConvReport() string }); ok && r.ConvReport() != "" {
-		fmt.Fprintln(stderr, r.ConvReport())
-	}
+	convReport(m, stderr)
 	opt, err := benchOptimizer(*optName, m.ParamNames())
 	if err != nil {
 		return err
@@ -120,6 +118,14 @@ func Device(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	res.TokensPerS = tokensPerS(res.SamplesPerS, len(ys[0]) / *batch)
 	res.StepMS = float64(*batch) / res.SamplesPerS * 1e3
 	return enc.Encode(res)
+}
+
+// convReport writes how m's direct convolutions' algorithms were timed
+// and which were kept, where m plans them so.
+func convReport(m train.Model, w io.Writer) {
+	if r, ok := m.(interface{ ConvReport() string }); ok && r.ConvReport() != "" {
+		fmt.Fprintln(w, r.ConvReport())
+	}
 }
 
 // benchOptimizer is --optimizer: Adam at 1e-3, as the PyTorch script;
