@@ -1,6 +1,7 @@
 package train
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -49,6 +50,9 @@ type audits struct {
 	ran   int
 }
 
+// drawSamples is how many of the averaged gradients the draw hashes.
+const drawSamples = 4096
+
 // auditTolerance is how far, relative to the two sketches' norms, a
 // recomputed sketch may lie from the one sent: the same products summed
 // in another order (other threads) round apart by ~1e-6.
@@ -67,13 +71,25 @@ func (r *Replica) auditable() bool {
 	return !ok || !rl.randomLayers()
 }
 
-// auditDraw is the step's draw: a hash of the averaged sketches (slots)
-// and the step's count on the ring. An audit when it is 0 mod every; the
-// rank audited is suspect (if ≥ 0) for half the audits, by one more bit
-// of the hash, else the quotient mod size.
-func auditDraw(slots []float32, steps int, every, size, suspect int) (audit bool, rank int) {
+// auditDraw is the step's draw: a hash of the averaged sketches (slots),
+// every few of the averaged gradients (avg) and the step's count on the
+// ring. An audit when it is 0 mod every; the rank audited is suspect (if
+// ≥ 0) for half the audits, by one more bit of the hash, else the
+// quotient mod size. The gradients are in it because the ring completes
+// each part of the average at another rank at the same hop: the one that
+// completes the sketches' part could try small changes to its own sketch
+// (within the sum check's rounding) until the draw passes it by, but no
+// rank knows the other parts' sums before its own share of them is sent.
+func auditDraw(avg, slots []float32, steps int, every, size, suspect int) (audit bool, rank int) {
 	h := fnv.New64a()
 	h.Write(f32Bytes(slots))
+	stride := max(1, len(avg)/drawSamples)
+	var buf [4 * drawSamples]byte
+	b := buf[:0]
+	for i := 0; i < len(avg) && len(b) < len(buf); i += stride {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(avg[i]))
+	}
+	h.Write(b)
 	v := splitmix(h.Sum64() ^ uint64(steps)*0x9e3779b97f4a7c15)
 	q := v / uint64(every)
 	if suspect >= 0 && suspect < size && q&1 == 1 {
@@ -83,15 +99,15 @@ func auditDraw(slots []float32, steps int, every, size, suspect int) (audit bool
 }
 
 // auditStep runs the step's audit, if it draws one: seed is the
-// projection the step's sketches were made under, slots the averaged
-// sketches. It names the audited rank where its sketch is not its batch's
+// projection the step's sketches were made under, avg the averaged
+// gradients and slots the averaged sketches. It names the audited rank where its sketch is not its batch's
 // gradients'; a failure to recompute is an error.
-func (r *Replica) auditStep(slots []float32, seed uint64) (*LiarError, error) {
+func (r *Replica) auditStep(avg, slots []float32, seed uint64) (*LiarError, error) {
 	if !r.auditable() {
 		return nil, nil
 	}
 	size, k := r.Coll.Size(), r.Sketch.dims()
-	audit, t := auditDraw(slots, r.sk.steps, r.Sketch.AuditEvery, size, r.sk.suspect)
+	audit, t := auditDraw(avg, slots, r.sk.steps, r.Sketch.AuditEvery, size, r.sk.suspect)
 	if !audit {
 		return nil, nil
 	}

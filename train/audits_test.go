@@ -120,16 +120,24 @@ func TestAuditsNameWhatWasNotComputed(t *testing.T) {
 // One step in every is audited, every rank drawn, the suspect for about
 // half of them; the draw is a function of what every rank holds.
 func TestAuditDraw(t *testing.T) {
-	slots := []float32{1, 2, 3}
+	slots, avg := []float32{1, 2, 3}, make([]float32, 10000)
+	for i := range avg {
+		avg[i] = float32(i)
+	}
+	a0, r0 := auditDraw(avg, slots, 5, 1, 1<<20, -1)
+	avg[100] = -1 // a value the draw reads (every second of 10,000)
+	if a1, r1 := auditDraw(avg, slots, 5, 1, 1<<20, -1); a1 != a0 || r1 == r0 {
+		t.Error("the draw does not depend on the averaged gradients")
+	}
 	for _, suspect := range []int{-1, 2} {
 		hits, ranks := 0, map[int]int{}
 		for s := range 8000 {
-			audit, r := auditDraw(slots, s, 8, 4, suspect)
+			audit, r := auditDraw(avg, slots, s, 8, 4, suspect)
 			if audit {
 				hits++
 				ranks[r]++
 			}
-			if a2, r2 := auditDraw(slots, s, 8, 4, suspect); a2 != audit || r2 != r {
+			if a2, r2 := auditDraw(avg, slots, s, 8, 4, suspect); a2 != audit || r2 != r {
 				t.Fatal("the draw is not a function of its inputs")
 			}
 		}
