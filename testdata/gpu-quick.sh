@@ -4,9 +4,9 @@
 # host (no Go needed there) and run
 #   bash gpu-quick.sh OUTDIR [PART...]
 # gptspeed (steady-state GPT tokens/s at both shapes, FP32 and TF32, beside
-# torch_gpt.py, and the large GPT's layers timed) and cnnalgos (cuDNN's
-# algorithms for the cnn at batch 256, exact against any) run only when
-# named.
+# torch_gpt.py, and the large GPT's layers timed), cnnalgos (cuDNN's
+# algorithms for the cnn at batch 256, exact against any) and anytrain
+# (the cnn trained 5 epochs with either) run only when named.
 # PARTs (all the others when none is named), in this order so that a call cut short
 # keeps the figures: tests, the engine's CUDA tests; overlap, `bench
 # overlap` (two replicas on the GPU over a loopback ring: the step with
@@ -120,6 +120,17 @@ if has gptspeed; then
   done
   log "the large GPT's layers, a call each and the step (ns/op)"
   timeout 90 ./engine-cuda.test -test.run '^$' -test.bench 'GPTLayers' -test.benchtime 20x 2>&1 | grep 'ns/op' | awk '{print $1, $3}' | tee -a "$OUT/summary.txt"
+fi
+if has anytrain; then
+  # The cnn trained 5 epochs on the full Fashion-MNIST (bench-cnn-1.json,
+  # batch 64) with cuDNN free to take any algorithm, and with the exact ones.
+  sed "s#/usr/share/datasets/fashion-mnist#$PWD/fmnist#g" bench-cnn-1.json > cnn-1.json
+  for algos in any exact; do
+    log "ringtrain-cuda local -n 1, cnn 5 epochs, --conv-algos $algos"
+    timeout 90 ./ringtrain-cuda local -n 1 --config cnn-1.json --device cuda --conv-algos $algos > "$OUT/train-$algos.txt" 2>&1
+    echo "rc=$?" | tee -a "$OUT/summary.txt"
+    grep -o '"test_accuracy":[0-9.]*\|"param_hash":"[0-9a-f]\{16\}\|"samples_per_sec":[0-9.]*' "$OUT/train-$algos.txt" | tr '\n' ' ' | tee -a "$OUT/summary.txt"; echo | tee -a "$OUT/summary.txt"
+  done
 fi
 if has cnnalgos; then
   # Every algorithm cuDNN timed for the cnn's convolutions at batch 256,

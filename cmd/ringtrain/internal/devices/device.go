@@ -46,8 +46,15 @@ func AddFlags(fs *flag.FlagSet) *Options {
 	var o Options
 	fs.BoolVar(&o.TF32, "tf32", false, "cuda: let cuBLAS and cuDNN multiply in TF32 on tensor cores (faster; errors near 1e-3 instead of 1e-7)")
 	fs.BoolVar(&o.NoGraph, "no-graph", false, "cuda and host: run every step call by call instead of replaying a captured one (CUDA graph)")
-	fs.StringVar(&o.ConvAlgos, "conv-algos", "exact", "cuda: cuDNN's convolution algorithms the engine may take: exact (deterministic, summing as a GEMM does: "+
-		"the same bits every run) or any (the fastest, FFT, Winograd and atomics included, as PyTorch's defaults)")
+	o.ConvAlgos = "exact"
+	fs.Func("conv-algos", "cuda: cuDNN's convolution algorithms the engine may take: exact (the default; deterministic, summing as a GEMM does: "+
+		"the same bits every run) or any (the fastest, FFT, Winograd and atomics included, as PyTorch's defaults)", func(v string) error {
+		if _, err := engine.ConvAlgos(v); err != nil {
+			return err
+		}
+		o.ConvAlgos = v
+		return nil
+	})
 	return &o
 }
 

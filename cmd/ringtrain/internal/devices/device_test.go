@@ -32,6 +32,26 @@ func TestArgsRoundTrip(t *testing.T) {
 	}
 }
 
+func TestConvAlgosFlagChecked(t *testing.T) {
+	for _, tc := range []struct {
+		arg  string
+		want string
+		bad  bool
+	}{{"", "exact", false}, {"any", "any", false}, {"exact", "exact", false}, {"fast", "", true}} {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		o := AddFlags(fs)
+		var args []string
+		if tc.arg != "" {
+			args = []string{"--conv-algos", tc.arg}
+		}
+		err := fs.Parse(args)
+		if (err != nil) != tc.bad || !tc.bad && o.ConvAlgos != tc.want {
+			t.Errorf("--conv-algos %q: %q, %v; want %q, bad %v", tc.arg, o.ConvAlgos, err, tc.want, tc.bad)
+		}
+	}
+}
+
 func TestConvAlgosChecked(t *testing.T) {
 	spec, err := train.BuiltinSpec("mlp", 1, 28, 28, 10)
 	if err != nil {
