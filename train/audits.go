@@ -38,6 +38,11 @@ import (
 // are the rank's own); elsewhere the step is not audited. Each audit
 // costs every rank a forward and backward pass.
 
+// ErrAudited means an audit found a rank's sketch is not its batch's
+// gradients': the step's average holds what it sent, and every rank
+// skips the step (the rank is named too).
+var ErrAudited = errors.New("train: an audited rank did not send its batch's gradients")
+
 // peerBatches gives rank's batch of the step being taken, as its own
 // loader gives it, and the share its gradients are scaled by (prepare's):
 // a batch of N 0 where the rank has no samples. data.ErrNotLocal where

@@ -3,6 +3,7 @@ package train
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -65,10 +66,14 @@ func TestAuditsNameWhatWasNotComputed(t *testing.T) {
 			}
 			for ; step < steps; step++ {
 				x, y := batchOf(i, step)
-				if _, err := rep.Step(context.Background(), x, y, batch); err != nil && !Skipped(err) {
+				_, err := rep.Step(context.Background(), x, y, batch)
+				if err != nil && !Skipped(err) {
 					return err
 				}
 				if rep.out.named != nil && out[i].named == nil {
+					if !errors.Is(err, ErrAudited) {
+						return fmt.Errorf("step %d named %v with %v; want the step skipped as ErrAudited", step+1, rep.out.named, err)
+					}
 					// Run drops it here; this loop goes on to check the
 					// honest runs' bits, so count only this step's skip.
 					out[i].named, out[i].namedAt, out[i].skipped = rep.out.named, step+1, rep.Stats.Skipped

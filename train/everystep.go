@@ -54,7 +54,7 @@ func (everyStep) exchange(ctx context.Context, r *Replica, x []float32, y []int,
 		}
 		if err == nil && named == nil {
 			if named, err = r.auditStep(flat[:r.nparams], slots, seed); named != nil {
-				err = fmt.Errorf("%w: %s", ErrTampered, named.Why)
+				err = fmt.Errorf("%w: %s", ErrAudited, named.Why)
 			}
 		}
 	}

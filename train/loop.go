@@ -466,13 +466,22 @@ func (e *epochRun) prepare(b *data.Batch) {
 	if sch := e.cfg.Schedule; sch != nil && sch.PerStep() {
 		r.Opt.SetLR(sch.StepLR(e.pos(e.step).Steps, e.at.Epochs))
 	}
+	r.share = e.shareOf(b.N)
+}
+
+// shareOf is the share (Replica.share) of a rank with n samples at this
+// part's current step: n times the world size over the step's block
+// where the epoch's end makes blocks uneven; 0 (taken as 1) with
+// DropLast or no block left.
+func (e *epochRun) shareOf(n int) float32 {
 	if block := min(e.block, e.left-e.step*e.block); block > 0 && !e.cfg.Train.Sampler.DropLast {
-		r.share = float32(b.N*r.Coll.Size()) / float32(block)
+		return float32(n*e.r.Coll.Size()) / float32(block)
 	}
+	return 0
 }
 
 // peerBatch is rank's batch at this part's current step (the one being
-// taken), as its own loader gives it, with its share (prepare's).
+// taken), as its own loader gives it, with its share.
 func (e *epochRun) peerBatch(rank int) (*data.Batch, float32, error) {
 	idx, ok := e.peerIdx[rank]
 	if !ok {
@@ -492,11 +501,7 @@ func (e *epochRun) peerBatch(rank int) (*data.Batch, float32, error) {
 	if err := e.loader.Fill(&e.peerB, e.at.Epochs, idx[lo:min(lo+bs, len(idx))]); err != nil {
 		return nil, 0, err
 	}
-	var share float32
-	if block := min(e.block, e.left-e.step*e.block); block > 0 && !e.loader.Sampler.DropLast {
-		share = float32(e.peerB.N*e.loader.Sampler.World) / float32(block)
-	}
-	return &e.peerB, share, nil
+	return &e.peerB, e.shareOf(e.peerB.N), nil
 }
 
 // errEpochEnd ends an epoch part early on a rank that was behind when its

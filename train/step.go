@@ -49,7 +49,7 @@ var ErrGradientNorm = errors.New("train: gradient norm guard")
 // (ErrNonFinite, ErrGradientNorm, or an outer round below its quorum,
 // ErrNoQuorum): training goes on with the next one.
 func Skipped(err error) bool {
-	return errors.Is(err, ErrNonFinite) || errors.Is(err, ErrGradientNorm) || errors.Is(err, ErrNoQuorum) || errors.Is(err, ErrTampered)
+	return errors.Is(err, ErrNonFinite) || errors.Is(err, ErrGradientNorm) || errors.Is(err, ErrNoQuorum) || errors.Is(err, ErrTampered) || errors.Is(err, ErrAudited)
 }
 
 // Replica is one rank's copy of the model, kept in step with the others:
