@@ -161,6 +161,12 @@ type peerInfo struct {
 	// once it says so itself. toldWaiting: it has had a hello of ours
 	// saying this node waits, since it last started.
 	waiting, toldWaiting bool
+	// waitSeq is the Seq of the hello waiting was taken from. Hellos
+	// cross: an answer written before the peer began to join can be read
+	// after its own hello saying it waits, and that peer, having said so,
+	// does not say it again. A peer stops waiting only by forming a ring,
+	// which changes its proposal and so its Seq; at one Seq, waiting wins.
+	waitSeq uint64
 	// hasStmt: the Seq of each member's statement it has (we told it, or
 	// it told us).
 	hasStmt map[peer.ID]uint64
@@ -754,7 +760,7 @@ func (n *Node) forgetLocked() {
 func (n *Node) rebornLocked(p peer.ID, pi *peerInfo) {
 	clear(pi.knows)
 	clear(pi.hasStmt)
-	pi.toldProp, pi.toldAt, pi.heard, pi.toldWaiting = 0, time.Time{}, 0, false
+	pi.toldProp, pi.toldAt, pi.heard, pi.toldWaiting, pi.waiting, pi.waitSeq = 0, time.Time{}, 0, false, false, 0
 	for _, qi := range n.peers {
 		delete(qi.knows, p)
 		delete(qi.hasStmt, p)
@@ -992,7 +998,9 @@ func (n *Node) learn(from peer.ID, h *Hello) (changed bool) {
 		}
 		pi.incarnation = h.Incarnation
 	}
-	pi.waiting = h.Waiting
+	if h.Seq > pi.waitSeq || h.Seq == pi.waitSeq && h.Waiting {
+		pi.waiting, pi.waitSeq = h.Waiting, h.Seq
+	}
 	if !pi.verified {
 		n.verifyLocked(pi)
 		changed = true
