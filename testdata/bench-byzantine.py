@@ -109,7 +109,7 @@ def run(peers, attackers, kind, data, extra, seed=1):
 def judge(mode, peers, attackers, kind, ids, codes, texts):
     honest = range(peers - attackers)
     liars = set(ids[peers - attackers:]) if kind != "clean" else set()
-    dropped, steps, acc, hashes, sps = set(), [], [], set(), []
+    dropped, steps, acc, hashes, sps, audits = set(), [], [], set(), [], []
     for i in honest:
         for line in texts[i].splitlines():
             if '"dropped":' in line:
@@ -121,11 +121,13 @@ def judge(mode, peers, attackers, kind, ids, codes, texts):
                 acc.append(e["test_loss"] if GPT else e["test_accuracy"])
                 hashes.add(e["param_hash"])
                 sps.append(e["samples_per_sec"])
+                audits.append(e.get("audits", 0))
     return {"mode": mode, "peers": peers, "attackers": attackers if kind != "clean" else 0, "attack": kind,
             "honest_exits": [codes[i] for i in honest], "accuracy": statistics.median(acc) if acc else None,
             "one_hash": len(hashes) == 1 and len(acc) == len(honest),
             "attackers_dropped": len(liars & dropped), "honest_dropped": len(dropped - liars),
-            "dropped_at_steps": sorted(set(steps)), "samples_per_sec": statistics.median(sps) if sps else None}
+            "dropped_at_steps": sorted(set(steps)), "samples_per_sec": statistics.median(sps) if sps else None,
+            "audits": statistics.median(audits) if audits else None}
 
 
 def median_of(runs):
@@ -144,6 +146,7 @@ def median_of(runs):
     firsts = [x["dropped_at_steps"][0] for x in runs if x["dropped_at_steps"]]
     r["dropped_at_steps"] = [statistics.median(firsts)] if firsts else []
     r["dropped_at_each_run"] = [x["dropped_at_steps"] for x in runs]
+    r["audits_each_run"] = [x["audits"] for x in runs]
     return r
 
 
@@ -173,18 +176,26 @@ def main():
                     r["attackers_dropped"], r["attackers"], r["dropped_at_steps"], r["runs_all_dropped"], r["runs"],
                     r["honest_dropped"], r["one_hash"]))
     for mode, extra in MODES.items():
-        bad = 0
+        bad, failed, audits = 0, 0, []
         for seed in range(CLEAN):
             x = dict(extra, non_iid_shards=4)
             r = judge(mode, 4, 0, "clean", *run(4, 0, "clean", SMALL, x, seed=seed + 1))
             bad += r["honest_dropped"] > 0
-        print(json.dumps({"summary": "clean non-IID runs", "mode": mode, "runs": CLEAN, "runs_with_an_honest_peer_dropped": bad}), flush=True)
+            # A run that ended in an error (an honest peer named where
+            # dropping it leaves too few, skips in a row) dropped no one
+            # and finished nothing: it counts against the checks too.
+            failed += any(c != 0 for c in r["honest_exits"]) or not r["one_hash"]
+            audits.append(r["audits"])
+        print(json.dumps({"summary": "clean non-IID runs", "mode": mode, "runs": CLEAN, "runs_with_an_honest_peer_dropped": bad,
+                          "runs_failed": failed, "audits_each_run": audits}), flush=True)
     for mode in MODES if PAIRS > 0 else []:
-        on, off = [], []
+        on, off, audits = [], [], []
         for _ in range(PAIRS):
             off.append(judge(mode, 4, 0, "clean", *run(4, 0, "clean", DATA, OFF[mode]))["samples_per_sec"])
-            on.append(judge(mode, 4, 0, "clean", *run(4, 0, "clean", DATA, MODES[mode]))["samples_per_sec"])
-        print(json.dumps({"summary": "checks on against off", "mode": mode, "off": off, "on": on,
+            r = judge(mode, 4, 0, "clean", *run(4, 0, "clean", DATA, MODES[mode]))
+            on.append(r["samples_per_sec"])
+            audits.append(r["audits"])
+        print(json.dumps({"summary": "checks on against off", "mode": mode, "off": off, "on": on, "audits": audits,
                           "ratio": round(statistics.median(on) / statistics.median(off), 3)}), flush=True)
 
 

@@ -82,7 +82,7 @@ func TestAuditsNameWhatWasNotComputed(t *testing.T) {
 			if out[i].named == nil {
 				out[i].skipped = rep.Stats.Skipped
 			}
-			out[i].audits, out[i].params = rep.audit.ran, slices.Concat(rep.Model.Params()...)
+			out[i].audits, out[i].params = rep.Stats.Audits, slices.Concat(rep.Model.Params()...)
 			return nil
 		}); err != nil {
 			t.Fatal(err)
@@ -118,6 +118,114 @@ func TestAuditsNameWhatWasNotComputed(t *testing.T) {
 		}
 		if !slices.Equal(out[1].params, out[0].params) || !slices.Equal(out[2].params, out[0].params) {
 			t.Errorf("rank %d %s: the honest ranks' parameters differ", n-1, name)
+		}
+	}
+}
+
+// auditRun is how each rank of runAudited ended: at which step it named
+// a rank (0: never; it stops there), its skips, its audits, its
+// parameters.
+type auditRun struct {
+	namedAt, skipped, audits []int
+	params                   [][]float32
+}
+
+// runAudited runs n ranks for at most steps steps of batchOf's batches,
+// the last rank sending its gradients scaled by send, each set up by
+// setup; every rank can rebuild every rank's batch.
+func runAudited(t *testing.T, n, steps, batch int, cfg ModelConfig, batchOf func(rank, step int) ([]float32, []int), send float32, setup func(*Replica)) auditRun {
+	t.Helper()
+	rings := memRings(t, n)
+	out := auditRun{make([]int, n), make([]int, n), make([]int, n), make([][]float32, n)}
+	if err := onAll(n, func(i int) error {
+		rep := NewReplica(newMLP(t, cfg), NewAdam(0.01), rings[i])
+		if send != 1 && i == n-1 {
+			// As the attacker build: what it sends is altered, its model
+			// is not, so it names itself too and all stop.
+			rep.tamper = func(g []float32, _ int) { scaleBy(g, send) }
+		}
+		setup(rep)
+		step := 0
+		rep.peers = func(rank int) (*data.Batch, float32, error) {
+			x, y := batchOf(rank, step)
+			return &data.Batch{X: x, Y: y, N: batch}, 0, nil
+		}
+		for ; step < steps && out.namedAt[i] == 0; step++ {
+			x, y := batchOf(i, step)
+			if _, err := rep.Step(context.Background(), x, y, batch); err != nil && !Skipped(err) {
+				return err
+			}
+			if rep.out.named != nil {
+				out.namedAt[i] = step + 1
+			}
+		}
+		out.skipped[i], out.audits[i], out.params[i] = rep.Stats.Skipped, rep.Stats.Audits, slices.Concat(rep.Model.Params()...)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// A rank that flips its gradients leans against the others from its
+// first step: it is audited and named there, where the draw (one step in
+// 2^20) would not reach it; with suspects off (SuspectBelow −1) it is not
+// named in those steps. Honest ranks that see one teacher's data lean
+// with each other: nobody is audited.
+func TestFlipIsAuditedAtOnce(t *testing.T) {
+	const n, features, classes, batch, steps = 4, 12, 3, 16, 12
+	cfg := mlpCfg(features, []int{16}, classes, batch, 1)
+	batchOf := func(rank, step int) ([]float32, []int) {
+		return teacherBatch(rand.New(rand.NewPCG(5, uint64(rank*1000+step))), 0, batch, features, classes)
+	}
+	for _, tc := range []struct {
+		send    float32
+		below   float64
+		namedAt int // 0: never
+		audits  int
+	}{{1, 0, 0, 0}, {-1, 0, 1, 1}, {-1, -1, 0, 0}} {
+		out := runAudited(t, n, steps, batch, cfg, batchOf, tc.send, func(rep *Replica) {
+			rep.Sketch = &Sketch{AuditEvery: 1 << 20, SuspectBelow: tc.below}
+		})
+		for i := range n {
+			if out.namedAt[i] != tc.namedAt || out.audits[i] != tc.audits {
+				t.Errorf("sends ×%v, suspects below %v: rank %d named it at step %d after %d audits; want %d (0: never), %d",
+					tc.send, tc.below, i, out.namedAt[i], out.audits[i], tc.namedAt, tc.audits)
+			}
+		}
+	}
+}
+
+// The norm guard's far ranks are audited at once: one whose large
+// gradients are its batch's (its features 30 times the others') is
+// vouched for once a window and trains on, never skipped or named —
+// where without audits the guard skips its steps and names it; one that
+// scales what it sends by 100 is named at its first step.
+func TestGuardAuditsFarRanks(t *testing.T) {
+	const n, features, classes, batch, steps = 4, 12, 3, 16, 40
+	cfg := mlpCfg(features, []int{16}, classes, batch, 1)
+	batchOf := func(rank, step int) ([]float32, []int) {
+		x, y := teacherBatch(rand.New(rand.NewPCG(5, uint64(rank*1000+step))), 0, batch, features, classes)
+		if rank == n-1 {
+			scaleBy(x, 30)
+		}
+		return x, y
+	}
+	for _, tc := range []struct {
+		every   int
+		send    float32 // what the last rank's sends are scaled by
+		namedAt int     // 0: never
+		skipped int
+		audits  int
+	}{{1 << 20, 1, 0, 0, 3}, {0, 1, 3, 3, 0}, {1 << 20, 100, 1, 1, 1}} {
+		out := runAudited(t, n, steps, batch, cfg, batchOf, tc.send, func(rep *Replica) {
+			rep.Sketch, rep.NormGuard = &Sketch{AuditEvery: tc.every, SuspectBelow: -1, NameAfter: 3}, 5
+		})
+		for i := range n {
+			if out.namedAt[i] != tc.namedAt || out.skipped[i] != tc.skipped || out.audits[i] != tc.audits || !slices.Equal(out.params[i], out.params[0]) {
+				t.Errorf("audits every %d, sends ×%v: rank %d named it at step %d, skipped %d, %d audits, same bits %v; want step %d (0: never), %d, %d, same bits",
+					tc.every, tc.send, i, out.namedAt[i], out.skipped[i], out.audits[i], slices.Equal(out.params[i], out.params[0]), tc.namedAt, tc.skipped, tc.audits)
+			}
 		}
 	}
 }
@@ -191,38 +299,68 @@ func TestAuditsInRun(t *testing.T) {
 			switch {
 			case tc.liar && (!errors.As(err, &liar) || !slices.Equal(liar.Ranks, []int{world - 1})):
 				t.Errorf("batch %d, rank %d flips: rank %d ended with %v; want it named", tc.batch, world-1, i, err)
-			case !tc.liar && (err != nil || reps[i].audit.ran == 0 || !slices.Equal(slices.Concat(reps[i].Model.Params()...), slices.Concat(reps[0].Model.Params()...))):
-				t.Errorf("batch %d, honest: rank %d ended with %v after %d audits; want none named, every step audited, one set of bits", tc.batch, i, err, reps[i].audit.ran)
+			case !tc.liar && (err != nil || reps[i].Stats.Audits == 0 || !slices.Equal(slices.Concat(reps[i].Model.Params()...), slices.Concat(reps[0].Model.Params()...))):
+				t.Errorf("batch %d, honest: rank %d ended with %v after %d audits; want none named, every step audited, one set of bits", tc.batch, i, err, reps[i].Stats.Audits)
 			}
 		}
 	}
 }
 
-// The window's judge marks the rank whose sums point most against the
-// others' as the suspect, and none when every rank points with them.
-func TestSuspectIsTheRankPointingAway(t *testing.T) {
-	c := &Sketch{Dims: 8, AuditEvery: 4}
+// Suspects lean against the others step by step: a flipped rank is
+// audited at the ring's first step (two of them both, the budget's
+// burst), then at the budget's pace while it leans so; ranks that point
+// with the others, a rank with no samples, and rings where fewer than 3
+// had samples suspect no one. The draw's suspect is the rank leaning
+// most against the others, where one leans against them at all.
+func TestSuspectsLeanAgainstTheOthers(t *testing.T) {
+	const k, steps, every = 16, 64, 16
 	for _, tc := range []struct {
-		flip    int
-		suspect int
-	}{{-1, -1}, {1, 1}, {3, 3}} {
+		size   int
+		flips  []int
+		empty  []int // ranks with no samples
+		first  []int // suspects at step 1
+		audits int   // suspects' audits in steps, none reset
+	}{
+		{5, nil, nil, nil, 0},
+		{5, []int{1}, nil, []int{1}, suspectBurst + (steps-1)/every},
+		{8, []int{3, 6}, nil, []int{3, 6}, suspectBurst + (steps-1)/every},
+		{5, []int{2}, []int{4}, []int{2}, suspectBurst + (steps-1)/every},
+		{4, []int{0}, []int{1, 2}, nil, 0},
+	} {
+		c := &Sketch{Dims: k, AuditEvery: every}
 		var s sketches
-		s.reset(c, memRings(t, 5)[0])
+		s.reset(c, memRings(t, tc.size)[0])
 		rng := rand.New(rand.NewPCG(3, 3))
-		common := make([]float32, 8)
+		common := make([]float32, k)
 		for j := range common {
 			common[j] = float32(rng.NormFloat64())
 		}
-		for r := range s.sums {
-			for j := range s.sums[r] {
-				s.sums[r][j] = common[j] + 0.3*float32(rng.NormFloat64())
-				if r == tc.flip {
-					s.sums[r][j] = -s.sums[r][j]
+		var first []int
+		audits := 0
+		for step := range steps {
+			slots := make([]float32, tc.size*k)
+			for r := range tc.size {
+				if slices.Contains(tc.empty, r) {
+					continue
+				}
+				f := float32(1)
+				if slices.Contains(tc.flips, r) {
+					f = -1
+				}
+				for j := range k {
+					slots[r*k+j] = f * (common[j] + 0.5*float32(rng.NormFloat64()))
 				}
 			}
+			s.leanOn(slots, k)
+			got := s.suspects(c)
+			if step == 0 {
+				first = slices.Sorted(slices.Values(got))
+			}
+			audits += len(got)
 		}
-		if err := s.judgeWindow(c); err != nil || s.suspect != tc.suspect {
-			t.Errorf("rank %d flipped: suspect %d, %v; want %d", tc.flip, s.suspect, err, tc.suspect)
+		if sus := s.suspect(); !slices.Equal(first, tc.first) || audits != tc.audits || (tc.first == nil) != (sus < 0) || sus >= 0 && !slices.Contains(tc.flips, sus) {
+			t.Errorf("%d ranks, %v flipped, %v empty: suspects %v at the first step, %d audits in %d steps, the draw's suspect %d; want %v, %d and a rank flipped if any is suspected",
+				tc.size, tc.flips, tc.empty, first, audits, steps, sus, tc.first, tc.audits)
 		}
 	}
 }

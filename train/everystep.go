@@ -53,7 +53,7 @@ func (everyStep) exchange(ctx context.Context, r *Replica, x []float32, y []int,
 			err = nil
 		}
 		if err == nil && named == nil {
-			if named, err = r.auditStep(flat[:r.nparams], slots, seed); named != nil {
+			if named, err = r.auditStep(flat[:r.nparams], r.tailOf(flat), slots, seed); named != nil {
 				err = fmt.Errorf("%w: %s", ErrAudited, named.Why)
 			}
 		}

@@ -22,15 +22,7 @@ func (r *Replica) normGuard(avg, tail []float32) error {
 		}
 		sum += v
 	}
-	sorted := slices.Clone(norms)
-	slices.Sort(sorted)
-	med := sorted[(size-1)/2]
-	var far []int
-	for k, v := range norms {
-		if med > 0 && v > r.NormGuard*med {
-			far = append(far, k)
-		}
-	}
+	far, med := r.farRanks(norms)
 	r.out.far = far
 	if far != nil {
 		var got []string
@@ -45,6 +37,22 @@ func (r *Replica) normGuard(avg, tail []float32) error {
 			n, sum/float64(size), ErrGradientNorm)
 	}
 	return nil
+}
+
+// farRanks are the ranks whose declared norms are over NormGuard times
+// their median (returned too), less those an audit vouched for at about
+// that norm in this window (sketches.vouches): their gradients are their
+// batches', whatever their size next to the others' (shards that differ).
+func (r *Replica) farRanks(norms []float64) (far []int, med float64) {
+	sorted := slices.Clone(norms)
+	slices.Sort(sorted)
+	med = sorted[(len(norms)-1)/2]
+	for k, v := range norms {
+		if med > 0 && v > r.NormGuard*med && !(r.sketching() && r.sk.vouches(r.Sketch, k, v, r.NormGuard)) {
+			far = append(far, k)
+		}
+	}
+	return far, med
 }
 
 // guardSlack is how far over the mean of the declared norms rounding

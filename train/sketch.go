@@ -32,8 +32,8 @@ import (
 // the norm guard on, a rank whose gradients it keeps out NameAfter steps
 // in a row is named too. Direction names no one here: honest gradients
 // of a few steps on shards that differ point apart too often. It only
-// picks whom audits (AuditEvery) look at more, and they name a flipped
-// rank.
+// picks whom audits (AuditEvery, SuspectBelow) look at, and they name a
+// flipped rank.
 type Sketch struct {
 	// Dims is the values in a rank's sketch; 0 is 32.
 	Dims int
@@ -48,8 +48,15 @@ type Sketch struct {
 	NameAbove float64
 	// AuditEvery, above 0, has every rank recompute one rank's gradients
 	// at one step in AuditEvery on average (audits.go): a rank whose
-	// sketch is not its batch's gradients' is named at once.
+	// sketch is not its batch's gradients' is named at once. As many
+	// again, on average, go to suspects (SuspectBelow), and with the norm
+	// guard on, every rank over its bound is audited.
 	AuditEvery int
+	// SuspectBelow is the lean — the running mean of a rank's cosine
+	// against the others' sum, step by step — below which a rank is
+	// audited at once, where the audits' budget allows; 0 is −0.3, −1
+	// audits no suspect.
+	SuspectBelow float64
 }
 
 // ErrTampered means the ring's average of the gradients is not the
@@ -64,8 +71,8 @@ func (c *Sketch) Validate() error {
 		return fmt.Errorf("train: sketches of %d values over %d steps, naming after %d windows past %v τ; want 0 to 1024 values (0: 32), 0 to 2^20 steps (0: 16), 0 to 1000 windows and a distance in [0, 1e6] (0: 3)",
 			c.Dims, c.Window, c.NameAfter, c.NameAbove)
 	}
-	if c.AuditEvery < 0 || c.AuditEvery > 1<<20 {
-		return fmt.Errorf("train: an audit every %d steps; want 0 (none) to 2^20", c.AuditEvery)
+	if c.AuditEvery < 0 || c.AuditEvery > 1<<20 || !(c.SuspectBelow >= -1 && c.SuspectBelow <= 0) {
+		return fmt.Errorf("train: an audit every %d steps, suspects below a lean of %v; want 0 (none) to 2^20 and a cosine in [−1, 0] (0: −0.3)", c.AuditEvery, c.SuspectBelow)
 	}
 	return nil
 }
@@ -73,6 +80,9 @@ func (c *Sketch) Validate() error {
 func (c *Sketch) dims() int          { return cmp.Or(c.Dims, 32) }
 func (c *Sketch) window() int        { return cmp.Or(c.Window, 16) }
 func (c *Sketch) nameAbove() float64 { return cmp.Or(c.NameAbove, 3) }
+func (c *Sketch) suspectBelow() float64 {
+	return cmp.Or(c.SuspectBelow, -0.3)
+}
 
 // slots is how many trailer values the sketches take on a ring of size.
 func (c *Sketch) slots(size int) int { return c.dims() * size }
@@ -89,10 +99,16 @@ type sketches struct {
 	// its gradients over its bound.
 	guarded []int
 	tab     sketchTable // the window's projection
-	// suspect is the rank whose sums pointed most against the others'
-	// in the last window judged, where one did (cosine below 0), or −1:
-	// audits draw it for half of theirs (auditDraw).
-	suspect int
+	// lean is, per rank, the running mean of its sketch's cosine against
+	// the others' sum (NaN until it has had samples): whom audits look
+	// at (suspects). budget is the suspects' audits it may still run.
+	lean   []float64
+	budget float64
+	// vouched is, per rank, the norm at which an audit found its
+	// gradients its batch's while the norm guard found them far, in
+	// window vouchedIn (vouch).
+	vouched   []float64
+	vouchedIn []int
 }
 
 // add adds to sk the sketch of v (coordinates from off) under this step's
@@ -109,8 +125,13 @@ func (s *sketches) reset(c *Sketch, ring Collective) {
 	if s.ring == ring && s.own != nil {
 		return
 	}
-	s.ring, s.steps, s.suspect = ring, 0, -1
+	s.ring, s.steps, s.budget = ring, 0, suspectBurst
 	s.own = make([]float64, c.dims())
+	s.lean = make([]float64, ring.Size())
+	for r := range s.lean {
+		s.lean[r] = math.NaN()
+	}
+	s.vouched, s.vouchedIn = make([]float64, ring.Size()), make([]int, ring.Size())
 	s.guarded = make([]int, ring.Size())
 	s.sums = make([][]float32, ring.Size())
 	for k := range s.sums {
@@ -273,6 +294,7 @@ func (s *sketches) check(c *Sketch, avg, slots []float32, wire ring.Encoding) er
 		return fmt.Errorf("%w: the average's sketch is %.3g away from the ranks' sketches' average, whose norms add to %.3g (a member altered what it forwarded); skipped on all",
 			ErrTampered, math.Sqrt(diff), scale)
 	}
+	s.leanOn(slots, k)
 	replayed := s.repeated(c, slots)
 	for r := range size {
 		for j, v := range slots[r*k : (r+1)*k] {
@@ -299,8 +321,7 @@ func (s *sketches) judgeWindow(c *Sketch) error {
 			clear(w)
 		}
 	}()
-	s.suspect = -1
-	if c.NameAfter <= 0 && c.AuditEvery <= 0 {
+	if c.NameAfter <= 0 {
 		return nil
 	}
 	// A rank with no samples in the window has nothing to judge.
@@ -317,15 +338,6 @@ func (s *sketches) judgeWindow(c *Sketch) error {
 		return nil
 	}
 	dist, cos := spread(new(columns).gather(xs, nil), 2)
-	if low := slices.Index(cos, slices.Min(cos)); cos[low] < 0 {
-		// Direction names no one here (honest shards that differ point
-		// apart too), but an audit of an honest rank only passes: the
-		// one pointing most against the others is audited more.
-		s.suspect = ranks[low]
-	}
-	if c.NameAfter <= 0 {
-		return nil
-	}
 	named := s.apart.count(s.ring, size, ranks, dist, cos, c.nameAbove(), false, c.NameAfter)
 	if named == nil {
 		return nil

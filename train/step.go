@@ -90,8 +90,11 @@ type Replica struct {
 	// the declared norms (the triangle inequality), which no honest set of
 	// ranks can send: so a member that declares a small norm and sends a
 	// huge gradient cannot get it applied either — what it can add unseen
-	// is bounded by the honest ranks' own norms. Every rank must hold the
-	// same value (the job config's grad_norm_guard, part of its hash).
+	// is bounded by the honest ranks' own norms. With audits (Sketch's
+	// AuditEvery), a rank over the bound is audited at once instead: kept
+	// where its gradients are its batch's (a shard unlike the others'),
+	// named where they are not. Every rank must hold the same value (the
+	// job config's grad_norm_guard, part of its hash).
 	NormGuard float64
 	// Sketch, if set, checks the gradients of a ring that syncs every
 	// step (no Sync) with sketches in the step's trailer (see Sketch).
@@ -283,6 +286,9 @@ type ReplicaStats struct {
 	// ForgedLeaves counts leave requests made in another rank's name: that
 	// rank denied them, and every rank ignored them (see confirmLeaves).
 	ForgedLeaves int
+	// Audits counts the ranks' gradients this rank recomputed to check
+	// their sketches (Sketch.AuditEvery).
+	Audits int
 }
 
 // ErrLiar means ranks told the others what no honest replica could: a

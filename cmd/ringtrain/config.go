@@ -317,16 +317,19 @@ type syncConfig struct {
 }
 
 // updateChecks is "update_checks": {"dims": 32, "window": 16,
-// "name_after": 3, "name_above": 3, "audit_every": 0}, written out in
-// full once checked; name_after 0 never names, audit_every 0 never
-// audits (train.Sketch.AuditEvery: every peer recomputes one peer's
-// gradients one step in this many).
+// "name_after": 3, "name_above": 3, "audit_every": 0, "suspect_below":
+// -0.3}, written out in full once checked; name_after 0 never names,
+// audit_every 0 never audits (train.Sketch.AuditEvery: every peer
+// recomputes one peer's gradients one step in this many, and as many
+// again for peers whose gradients lean against the others' below
+// suspect_below; -1 audits no suspect).
 type updateChecks struct {
-	Dims       int     `json:"dims"`
-	Window     int     `json:"window"`
-	NameAfter  *int    `json:"name_after,omitempty"`
-	NameAbove  float64 `json:"name_above"`
-	AuditEvery int     `json:"audit_every"`
+	Dims         int     `json:"dims"`
+	Window       int     `json:"window"`
+	NameAfter    *int    `json:"name_after,omitempty"`
+	NameAbove    float64 `json:"name_above"`
+	AuditEvery   int     `json:"audit_every"`
+	SuspectBelow float64 `json:"suspect_below"`
 }
 
 // check fills in the defaults and says what is wrong; nil is no section.
@@ -361,11 +364,14 @@ func (u *updateChecks) fill() {
 	if u.NameAbove == 0 {
 		u.NameAbove = 3
 	}
+	if u.SuspectBelow == 0 {
+		u.SuspectBelow = -0.3
+	}
 }
 
 // sketch is the section as train takes it (after fill).
 func (u *updateChecks) sketch() *train.Sketch {
-	s := &train.Sketch{Dims: u.Dims, Window: u.Window, NameAbove: u.NameAbove, AuditEvery: u.AuditEvery}
+	s := &train.Sketch{Dims: u.Dims, Window: u.Window, NameAbove: u.NameAbove, AuditEvery: u.AuditEvery, SuspectBelow: u.SuspectBelow}
 	if u.NameAfter != nil {
 		s.NameAfter = *u.NameAfter
 	}

@@ -69,7 +69,7 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 		`, "sync": {"every": 5, "sparse": {"fraction": 0.01, "bits": 2}, "robust": {"clip": 2, "iters": 0}}`,
 		`, "sync": {"every": 5, "sparse": {"fraction": 0.01, "bits": 2}, "robust": {"name_after": -1}}`,
 		`, "sync": {"every": 5, "sparse": {"fraction": 0.01, "bits": 2}, "robust": {"name_above": -2}}`,
-		`, "update_checks": {"dims": -1}`, `, "update_checks": {"dims": 5000}`, `, "update_checks": {"window": -3}`, `, "update_checks": {"name_after": -1}`, `, "update_checks": {"audit_every": -1}`,
+		`, "update_checks": {"dims": -1}`, `, "update_checks": {"dims": 5000}`, `, "update_checks": {"window": -3}`, `, "update_checks": {"name_after": -1}`, `, "update_checks": {"audit_every": -1}`, `, "update_checks": {"suspect_below": 0.5}`,
 		`, "update_checks": {}, "sync": {"every": 5}`, `, "non_iid_shards": -1`} {
 		p := filepath.Join(t.TempDir(), "job.json")
 		if err := os.WriteFile(p, []byte("{"+base+bad+"}"), 0o644); err != nil {
@@ -132,9 +132,9 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 	}
 	// Sketches ride in every step's trailer: peers with and without them,
 	// or with other ones, cannot share a ring; {} is the defaults.
-	if hash(`, "update_checks": {}`) == hash(``) || hash(`, "update_checks": {}`) != hash(`, "update_checks": {"dims": 32, "window": 16, "name_after": 3, "name_above": 3}`) ||
+	if hash(`, "update_checks": {}`) == hash(``) || hash(`, "update_checks": {}`) != hash(`, "update_checks": {"dims": 32, "window": 16, "name_after": 3, "name_above": 3, "suspect_below": -0.3}`) ||
 		hash(`, "update_checks": {}`) == hash(`, "update_checks": {"dims": 16}`) || hash(`, "update_checks": {}`) == hash(`, "update_checks": {"name_after": 0}`) ||
-		hash(`, "update_checks": {}`) == hash(`, "update_checks": {"audit_every": 8}`) {
+		hash(`, "update_checks": {}`) == hash(`, "update_checks": {"audit_every": 8}`) || hash(`, "update_checks": {}`) == hash(`, "update_checks": {"suspect_below": -1}`) {
 		t.Error(`"update_checks": want its own hash, {} the defaults written out`)
 	}
 	// Nor can peers that stream the outer sync and peers that do not, or

@@ -892,7 +892,7 @@ func addShares(e *zerolog.Event, s train.ReplicaStats) *zerolog.Event {
 	}
 	return e.Float64("share_compute", share(s.Compute)).Float64("share_wait", share(s.Wait)).
 		Float64("share_ring", share(s.Ring)).Float64("share_optimizer", share(s.Optimizer)).
-		Int("skipped_steps", s.Skipped).Int("reformations", s.Reforms).Int("forged_leave_requests", s.ForgedLeaves).Int64("sent_bytes", s.BytesSent).
+		Int("skipped_steps", s.Skipped).Int("reformations", s.Reforms).Int("forged_leave_requests", s.ForgedLeaves).Int("audits", s.Audits).Int64("sent_bytes", s.BytesSent).
 		Int("replica_steps", s.Steps).Float64("compute_s", s.Compute.Seconds()).Float64("wait_s", s.Wait.Seconds()).
 		Float64("ring_s", s.Ring.Seconds()).Float64("optimizer_s", s.Optimizer.Seconds())
 }
