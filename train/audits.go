@@ -111,7 +111,8 @@ func auditDraw(avg, slots []float32, steps int, every, size, suspect int) (audit
 }
 
 // auditStep runs the step's audits, if it has any — the ranks over the
-// norm guard's bound that no audit vouched for, its suspects'
+// norm guard's bound that no audit vouched for, those whose sketch is the
+// step before's again, its suspects'
 // (sketches.suspects) and the draw's: seed is the projection the step's
 // sketches were made under, avg the averaged gradients, tail the
 // averaged trailer and slots the averaged sketches. It names the audited
@@ -130,6 +131,13 @@ func (r *Replica) auditStep(avg, tail, slots []float32, seed uint64) (*LiarError
 		far, _ = r.farRanks(norms)
 	}
 	ts := far
+	for k, n := range r.sk.apart.same {
+		// Its sketch again, bit for bit: no honest rank's gradients come
+		// back so (the repeat is named on its own after NameAfter).
+		if n > 0 && !slices.Contains(ts, k) {
+			ts = append(ts, k)
+		}
+	}
 	for _, t := range r.sk.suspects(r.Sketch) {
 		if !slices.Contains(ts, t) {
 			ts = append(ts, t)

@@ -131,18 +131,21 @@ type auditRun struct {
 }
 
 // runAudited runs n ranks for at most steps steps of batchOf's batches,
-// the last rank sending its gradients scaled by send, each set up by
-// setup; every rank can rebuild every rank's batch.
-func runAudited(t *testing.T, n, steps, batch int, cfg ModelConfig, batchOf func(rank, step int) ([]float32, []int), send float32, setup func(*Replica)) auditRun {
+// the last rank altering what it sends by attack (attack's kinds; "" for
+// none), each set up by setup; every rank can rebuild every rank's batch.
+func runAudited(t *testing.T, n, steps, batch int, cfg ModelConfig, batchOf func(rank, step int) ([]float32, []int), kind string, setup func(*Replica)) auditRun {
 	t.Helper()
 	rings := memRings(t, n)
 	out := auditRun{make([]int, n), make([]int, n), make([]int, n), make([][]float32, n)}
 	if err := onAll(n, func(i int) error {
 		rep := NewReplica(newMLP(t, cfg), NewAdam(0.01), rings[i])
-		if send != 1 && i == n-1 {
+		if kind != "" && i == n-1 {
 			// As the attacker build: what it sends is altered, its model
 			// is not, so it names itself too and all stop.
-			rep.tamper = func(g []float32, _ int) { scaleBy(g, send) }
+			var err error
+			if rep.tamper, err = attack(kind, 1); err != nil {
+				return err
+			}
 		}
 		setup(rep)
 		step := 0
@@ -170,8 +173,9 @@ func runAudited(t *testing.T, n, steps, batch int, cfg ModelConfig, batchOf func
 // A rank that flips its gradients leans against the others from its
 // first step: it is audited and named there, where the draw (one step in
 // 2^20) would not reach it; with suspects off (SuspectBelow −1) it is not
-// named in those steps. Honest ranks that see one teacher's data lean
-// with each other: nobody is audited.
+// named in those steps. One that sends its first gradients again is
+// audited at its first repeat. Honest ranks that see one teacher's data
+// lean with each other: nobody is audited.
 func TestFlipIsAuditedAtOnce(t *testing.T) {
 	const n, features, classes, batch, steps = 4, 12, 3, 16, 12
 	cfg := mlpCfg(features, []int{16}, classes, batch, 1)
@@ -179,18 +183,18 @@ func TestFlipIsAuditedAtOnce(t *testing.T) {
 		return teacherBatch(rand.New(rand.NewPCG(5, uint64(rank*1000+step))), 0, batch, features, classes)
 	}
 	for _, tc := range []struct {
-		send    float32
+		kind    string
 		below   float64
 		namedAt int // 0: never
 		audits  int
-	}{{1, 0, 0, 0}, {-1, 0, 1, 1}, {-1, -1, 0, 0}} {
-		out := runAudited(t, n, steps, batch, cfg, batchOf, tc.send, func(rep *Replica) {
+	}{{"", 0, 0, 0}, {"flip", 0, 1, 1}, {"flip", -1, 0, 0}, {"replay", -1, 2, 1}} {
+		out := runAudited(t, n, steps, batch, cfg, batchOf, tc.kind, func(rep *Replica) {
 			rep.Sketch = &Sketch{AuditEvery: 1 << 20, SuspectBelow: tc.below}
 		})
 		for i := range n {
 			if out.namedAt[i] != tc.namedAt || out.audits[i] != tc.audits {
-				t.Errorf("sends ×%v, suspects below %v: rank %d named it at step %d after %d audits; want %d (0: never), %d",
-					tc.send, tc.below, i, out.namedAt[i], out.audits[i], tc.namedAt, tc.audits)
+				t.Errorf("attack %q, suspects below %v: rank %d named it at step %d after %d audits; want %d (0: never), %d",
+					tc.kind, tc.below, i, out.namedAt[i], out.audits[i], tc.namedAt, tc.audits)
 			}
 		}
 	}
@@ -200,7 +204,7 @@ func TestFlipIsAuditedAtOnce(t *testing.T) {
 // gradients are its batch's (its features 30 times the others') is
 // vouched for once a window and trains on, never skipped or named —
 // where without audits the guard skips its steps and names it; one that
-// scales what it sends by 100 is named at its first step.
+// scales what it sends by 100, or sends noise, is named at its first step.
 func TestGuardAuditsFarRanks(t *testing.T) {
 	const n, features, classes, batch, steps = 4, 12, 3, 16, 40
 	cfg := mlpCfg(features, []int{16}, classes, batch, 1)
@@ -213,18 +217,18 @@ func TestGuardAuditsFarRanks(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		every   int
-		send    float32 // what the last rank's sends are scaled by
-		namedAt int     // 0: never
+		kind    string // the last rank's attack
+		namedAt int    // 0: never
 		skipped int
 		audits  int
-	}{{1 << 20, 1, 0, 0, 3}, {0, 1, 3, 3, 0}, {1 << 20, 100, 1, 1, 1}} {
-		out := runAudited(t, n, steps, batch, cfg, batchOf, tc.send, func(rep *Replica) {
+	}{{1 << 20, "", 0, 0, 3}, {0, "", 3, 3, 0}, {1 << 20, "scale", 1, 1, 1}, {1 << 20, "noise", 1, 1, 1}} {
+		out := runAudited(t, n, steps, batch, cfg, batchOf, tc.kind, func(rep *Replica) {
 			rep.Sketch, rep.NormGuard = &Sketch{AuditEvery: tc.every, SuspectBelow: -1, NameAfter: 3}, 5
 		})
 		for i := range n {
 			if out.namedAt[i] != tc.namedAt || out.skipped[i] != tc.skipped || out.audits[i] != tc.audits || !slices.Equal(out.params[i], out.params[0]) {
-				t.Errorf("audits every %d, sends ×%v: rank %d named it at step %d, skipped %d, %d audits, same bits %v; want step %d (0: never), %d, %d, same bits",
-					tc.every, tc.send, i, out.namedAt[i], out.skipped[i], out.audits[i], slices.Equal(out.params[i], out.params[0]), tc.namedAt, tc.skipped, tc.audits)
+				t.Errorf("audits every %d, attack %q: rank %d named it at step %d, skipped %d, %d audits, same bits %v; want step %d (0: never), %d, %d, same bits",
+					tc.every, tc.kind, i, out.namedAt[i], out.skipped[i], out.audits[i], slices.Equal(out.params[i], out.params[0]), tc.namedAt, tc.skipped, tc.audits)
 			}
 		}
 	}
