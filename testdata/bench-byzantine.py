@@ -5,8 +5,8 @@ Runs `ringtrain join` processes on loopback, built with the ringtrain_attack
 tag (`make bench-byzantine` builds it), some of them attackers
 (RINGTRAIN_ATTACK=scale|flip|noise|replay), in two kinds of job: sparse
 DiLoCo rounds with "robust" (rounds) and a ring that syncs every step with
-"update_checks" (audits every 32 steps) and grad_norm_guard 5 (everystep). Prints a JSON line per
-run and then a table per mode: final test accuracy against the clean run,
+"update_checks" (audit_every 64) and grad_norm_guard 5 (everystep). Prints
+a JSON line per run and then a table per mode: final test accuracy against the clean run,
 whether every attacker was named and dropped and at which step, honest
 peers dropped. Then CLEAN runs of each mode on non-IID shards (labels dealt
 by peer, "non_iid_shards") of the small DATA_SMALL, counting honest peers
@@ -16,7 +16,7 @@ With MODEL=gpt the model is testdata/gpt-demo-job.json's GPT (batch 16,
 AdamW with warm-up and clipping) on DATA, a folder of text (fortunes),
 and the figure is the validation loss.
 
-usage: [MODES=rounds,everystep] [KINDS=clean,scale,flip,noise,replay] [GUARD=5] [CHECKS='{"audit_every": 32}'] [MODEL=mlp|gpt]
+usage: [MODES=rounds,everystep] [KINDS=clean,scale,flip,noise,replay] [GUARD=5] [CHECKS='{"audit_every": 64}'] [MODEL=mlp|gpt]
        [SIZES=4:1,8:2 (peers:attackers)] [RUNS=3 (job seeds 1 … RUNS; the table holds medians)]
        bench-byzantine.py BIN DATA DATA_SMALL [EPOCHS=2] [CLEAN=20] [PAIRS=3]
 """
@@ -37,7 +37,7 @@ RUNS = int(os.environ.get("RUNS", "3"))  # seeds 1 … RUNS of each configuratio
 
 MODES = {
     "rounds": {"sync": {"every": 8, "sparse": {"fraction": 0.05, "bits": 4}, "robust": {}}},
-    "everystep": {"update_checks": json.loads(os.environ.get("CHECKS", '{"audit_every": 32}')), "grad_norm_guard": float(os.environ.get("GUARD", "5"))},
+    "everystep": {"update_checks": json.loads(os.environ.get("CHECKS", '{"audit_every": 64}')), "grad_norm_guard": float(os.environ.get("GUARD", "5"))},
 }
 MODES = {m: MODES[m] for m in os.environ.get("MODES", ",".join(MODES)).split(",")}
 KINDS = os.environ.get("KINDS", "clean,scale,flip,noise,replay").split(",")
