@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/ringtrain/ringtrain/ring"
@@ -93,8 +94,14 @@ type LocalSGD struct {
 	// step.
 	coders  []*sparse.Coder
 	encoded []bool
-	// outliers: Robust's count of the rounds each rank stood apart.
+	// outliers: Robust's count of the rounds each rank stood apart, and
+	// of those it sent the same payload (bytes) again; sketched, by the
+	// first fragment of the exchange, of those it sent the same
+	// pseudo-gradient (its sketch) again.
 	outliers outliers
+	sketched map[int]*outliers
+	// tab is the projection of the pseudo-gradients' sketches.
+	tab sketchTable
 	// tamper, if set, alters this rank's pseudo-gradient before it is
 	// sent (attack): set only by tests and attacker builds.
 	tamper func(d []float32, off int)
@@ -453,22 +460,27 @@ func (o *LocalSGD) gatherSparse(ctx context.Context, r *Replica, avg, tail []flo
 		}
 	}
 	// The payloads' lengths ride with the trailer, one slot per rank: a
-	// collective the fewer, which a slow rank on the ring makes dear.
-	size := r.Coll.Size()
-	withLens := make([]float32, len(tail)+size)
+	// collective the fewer, which a slow rank on the ring makes dear; and
+	// with Robust naming, each rank's sketch of its pseudo-gradient.
+	size, k := r.Coll.Size(), o.sketchDims()
+	withLens := make([]float32, len(tail)+size+k*size)
 	copy(withLens, tail)
 	withLens[len(tail)+r.Coll.Rank()] = float32(len(mine))
+	if k > 0 && bad < 0 {
+		o.sketch(withLens[len(tail)+size+r.Coll.Rank()*k:][:k], parts, from, r.nparams)
+	}
 	if err := r.Coll.AllreduceMean(ctx, withLens); err != nil {
 		return nil, err
 	}
 	copy(tail, withLens)
-	all, err := broadcastEach(ctx, r.Coll, mine, withLens[len(tail):], float64(size), o.Sparse.MaxParts(sizes))
+	sketches := withLens[len(tail)+size:]
+	all, err := broadcastEach(ctx, r.Coll, mine, withLens[len(tail):len(tail)+size], float64(size), o.Sparse.MaxParts(sizes))
 	if err != nil {
 		return nil, err
 	}
 	clear(avg)
 	if o.Robust != nil {
-		return o.robust(r.Coll, avg, parts, all)
+		return o.robust(r.Coll, avg, parts, all, sketches, from)
 	}
 	w := 1 / float32(len(all))
 	for k, p := range all {
@@ -488,7 +500,7 @@ func (o *LocalSGD) gatherSparse(ctx context.Context, r *Replica, avg, tail []flo
 // sent the aggregate — so that a round whose late ranks sent nothing
 // scales it as it scales the mean; and scores the payloads
 // (Robust.score) on ring.
-func (o *LocalSGD) robust(ring Collective, avg []float32, parts [][]float32, all [][]byte) (*LiarError, error) {
+func (o *LocalSGD) robust(ring Collective, avg []float32, parts [][]float32, all [][]byte, sketches []float32, from int) (*LiarError, error) {
 	sizes := make([]int, len(parts))
 	for i, d := range parts {
 		sizes[i] = len(d)
@@ -514,13 +526,69 @@ func (o *LocalSGD) robust(ring Collective, avg []float32, parts [][]float32, all
 		cos = make([]float64, n)
 	}
 	scores := centeredClip(avg, cols, o.Robust.Clip, o.Robust.Iters, cos)
-	named := o.Robust.score(&o.outliers, ring, all, scores, cos, o.outer)
+	named := o.Robust.score(o.repeats(ring, all, sketches, from), &o.outliers, ring, all, scores, cos, o.outer)
 	if share := float32(n) / float32(len(all)); share != 1 {
 		for j := range avg {
 			avg[j] *= share
 		}
 	}
 	return named, nil
+}
+
+// roundSketchDims is the values in a pseudo-gradient's sketch (Robust
+// naming): a replay's sketch is the same bits again, an honest one's
+// another, whatever the count.
+const roundSketchDims = 32
+
+// sketchDims is the values in each rank's sketch of its pseudo-gradient
+// in a round: roundSketchDims with Robust naming, else 0 (none is sent).
+func (o *LocalSGD) sketchDims() int {
+	if o.Robust == nil || o.Robust.NameAfter <= 0 {
+		return 0
+	}
+	return roundSketchDims
+}
+
+// sketch writes into dst the sketch of the pseudo-gradient's fragments
+// parts, the first fragment from, of a model of nparams values, under one
+// projection for every round: the coder's error feedback makes every
+// round's payload another even for the same pseudo-gradient sent again
+// (a replay), but its sketch is the same bits again.
+func (o *LocalSGD) sketch(dst []float32, parts [][]float32, from, nparams int) {
+	const seed = 0x5ce7c4d1
+	sk := make([]float64, len(dst))
+	tab := o.tab.cover(seed, len(dst), (nparams+63)/64)
+	for i, d := range parts {
+		lo, _ := o.fragment(from+i, nparams)
+		sketchAdd(sk, d, lo, seed, tab)
+	}
+	for j, v := range sk {
+		dst[j] = float32(v)
+	}
+}
+
+// repeats names the ranks that sent the same pseudo-gradient of the
+// fragments from on Robust's NameAfter rounds in a row — its sketch,
+// where sketches (k a rank, as averaged) came, bit for bit; or none. A
+// sketch of zeros (nothing sent) is none.
+func (o *LocalSGD) repeats(ring Collective, all [][]byte, sketches []float32, from int) []int {
+	if len(sketches) == 0 || o.Robust.NameAfter <= 0 {
+		return nil
+	}
+	k := len(sketches) / len(all)
+	keys := make([]string, len(all))
+	for r := range all {
+		if sk := sketches[r*k : (r+1)*k]; len(all[r]) > 0 && slices.ContainsFunc(sk, func(v float32) bool { return v != 0 }) {
+			keys[r] = string(f32Bytes(sk))
+		}
+	}
+	if o.sketched[from] == nil {
+		if o.sketched == nil {
+			o.sketched = map[int]*outliers{}
+		}
+		o.sketched[from] = new(outliers)
+	}
+	return o.sketched[from].repeated(ring, keys, o.Robust.NameAfter)
 }
 
 // inner is a LocalSGD step's part on this rank alone (innerStep), timed

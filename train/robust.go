@@ -148,9 +148,11 @@ func (o *outliers) count(ring Collective, size int, ranks []int, dist, cos []flo
 
 // score judges one robust round's gathered payloads, in rank order
 // (empty: not in the round), with the distances over τ and the cosines
-// against the others' median of the others, in order, and returns a LiarError naming those that
-// stood apart NameAfter rounds in a row (outliers.count), or nil.
-func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, scores, cos []float64, outer int) *LiarError {
+// against the others' median of the others, in order, and returns a
+// LiarError naming those that sent the same pseudo-gradient again
+// (replayed: by its sketch, LocalSGD.repeats; or its payload's bytes)
+// or stood apart NameAfter rounds in a row (outliers.count), or nil.
+func (c *Robust) score(replayed []int, o *outliers, ring Collective, payloads [][]byte, scores, cos []float64, outer int) *LiarError {
 	if c.NameAfter <= 0 {
 		return nil
 	}
@@ -163,7 +165,14 @@ func (c *Robust) score(o *outliers, ring Collective, payloads [][]byte, scores, 
 			keys[k] = string(sum[:])
 		}
 	}
-	if again := o.repeated(ring, keys, c.NameAfter); again != nil {
+	again := o.repeated(ring, keys, c.NameAfter)
+	for _, k := range replayed {
+		if !slices.Contains(again, k) {
+			again = append(again, k)
+		}
+	}
+	slices.Sort(again)
+	if again != nil {
 		return &LiarError{Ranks: again, Why: fmt.Sprintf("they sent the same pseudo-gradient, bit for bit, %d rounds in a row, the last outer round %d (a replay: an honest rank's changes with every round's steps)",
 			c.NameAfter+1, outer+1)}
 	}

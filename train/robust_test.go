@@ -242,8 +242,6 @@ func TestRobustNamesOutliers(t *testing.T) {
 		}
 		return got
 	}
-	// A replay of an old round is not told apart: it is an honest
-	// update, stale, and the clip bounds what it moves.
 	for _, tc := range []struct{ name string }{{"scale"}, {"flip"}, {"noise"}} {
 		got := run(rb, tc.name, 7, 6)
 		for i := range n {
@@ -259,11 +257,16 @@ func TestRobustNamesOutliers(t *testing.T) {
 		}
 		t.Logf("%s: %v", tc.name, got[0].lie)
 	}
-	// A replay of its first pseudo-gradient through the coder is not told
-	// apart: the error feedback makes every round's payload another (a
-	// payload sent again byte for byte is: TestRobustNamesRepeatedPayloads).
-	if got := run(rb, "replay", 7, 8); got[0].lie != nil {
-		t.Logf("replay named: %v", got[0].lie)
+	// A replay of its first pseudo-gradient through the coder: the error
+	// feedback makes every round's payload another, but the sketch of the
+	// pseudo-gradient sent with it is the same bits again — named once it
+	// has sent it NameAfter+1 times (a payload sent again byte for byte:
+	// TestRobustNamesRepeatedPayloads).
+	got := run(rb, "replay", 7, 8)
+	for i := range n {
+		if got[i].lie == nil || !slices.Equal(got[i].lie.Ranks, []int{n - 1}) || got[i].step != 4*h || !strings.Contains(got[i].lie.Why, "a replay") {
+			t.Errorf("replay: rank %d named %+v at step %d; want rank %d named for a replay at step %d", i, got[i].lie, got[i].step, n-1, 4*h)
+		}
 	}
 	for seed := range uint64(5) {
 		for i, g := range run(rb, "", seed, 20) {
@@ -287,7 +290,7 @@ func TestRobustNamesRepeatedPayloads(t *testing.T) {
 	var o outliers
 	for round := range 5 {
 		payloads := [][]byte{{byte(round), 1}, {byte(round), 2}, nil, {9, 9}}
-		lie := rb.score(&o, ring, payloads, []float64{0, 0, 0}, []float64{1, 1, 1}, round)
+		lie := rb.score(nil, &o, ring, payloads, []float64{0, 0, 0}, []float64{1, 1, 1}, round)
 		switch {
 		case round < 3 && lie != nil:
 			t.Fatalf("round %d: %v", round, lie)
@@ -371,7 +374,7 @@ func BenchmarkRobustRound(b *testing.B) {
 				avg := make([]float32, size)
 				ring := memRings(&testing.T{}, n)[0]
 				for b.Loop() {
-					if _, err := o.robust(ring, avg, [][]float32{avg}, all); err != nil {
+					if _, err := o.robust(ring, avg, [][]float32{avg}, all, nil, 0); err != nil {
 						b.Fatal(err)
 					}
 				}

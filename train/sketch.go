@@ -54,7 +54,7 @@ type Sketch struct {
 	AuditEvery int
 	// SuspectBelow is the lean — the running mean of a rank's cosine
 	// against the others' sum, step by step — below which a rank is
-	// audited at once, where the audits' budget allows; 0 is −0.4, −1
+	// audited at once, where the audits' budget allows; 0 is −0.3, −1
 	// audits no suspect.
 	SuspectBelow float64
 }
@@ -72,7 +72,7 @@ func (c *Sketch) Validate() error {
 			c.Dims, c.Window, c.NameAfter, c.NameAbove)
 	}
 	if c.AuditEvery < 0 || c.AuditEvery > 1<<20 || !(c.SuspectBelow >= -1 && c.SuspectBelow <= 0) {
-		return fmt.Errorf("train: an audit every %d steps, suspects below a lean of %v; want 0 (none) to 2^20 and a cosine in [−1, 0] (0: −0.4)", c.AuditEvery, c.SuspectBelow)
+		return fmt.Errorf("train: an audit every %d steps, suspects below a lean of %v; want 0 (none) to 2^20 and a cosine in [−1, 0] (0: −0.3)", c.AuditEvery, c.SuspectBelow)
 	}
 	return nil
 }
@@ -81,7 +81,7 @@ func (c *Sketch) dims() int          { return cmp.Or(c.Dims, 32) }
 func (c *Sketch) window() int        { return cmp.Or(c.Window, 16) }
 func (c *Sketch) nameAbove() float64 { return cmp.Or(c.NameAbove, 3) }
 func (c *Sketch) suspectBelow() float64 {
-	return cmp.Or(c.SuspectBelow, -0.4)
+	return cmp.Or(c.SuspectBelow, -0.3)
 }
 
 // slots is how many trailer values the sketches take on a ring of size.

@@ -318,7 +318,7 @@ type syncConfig struct {
 
 // updateChecks is "update_checks": {"dims": 32, "window": 16,
 // "name_after": 3, "name_above": 3, "audit_every": 0, "suspect_below":
-// -0.4}, written out in full once checked; name_after 0 never names,
+// -0.3}, written out in full once checked; name_after 0 never names,
 // audit_every 0 never audits (train.Sketch.AuditEvery: every peer
 // recomputes one peer's gradients one step in this many, and as many
 // again for peers whose gradients lean against the others' below
@@ -365,7 +365,7 @@ func (u *updateChecks) fill() {
 		u.NameAbove = 3
 	}
 	if u.SuspectBelow == 0 {
-		u.SuspectBelow = -0.4
+		u.SuspectBelow = -0.3
 	}
 }
 

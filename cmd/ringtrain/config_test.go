@@ -132,7 +132,7 @@ func TestConfigHashCoversSharedFields(t *testing.T) {
 	}
 	// Sketches ride in every step's trailer: peers with and without them,
 	// or with other ones, cannot share a ring; {} is the defaults.
-	if hash(`, "update_checks": {}`) == hash(``) || hash(`, "update_checks": {}`) != hash(`, "update_checks": {"dims": 32, "window": 16, "name_after": 3, "name_above": 3, "suspect_below": -0.4}`) ||
+	if hash(`, "update_checks": {}`) == hash(``) || hash(`, "update_checks": {}`) != hash(`, "update_checks": {"dims": 32, "window": 16, "name_after": 3, "name_above": 3, "suspect_below": -0.3}`) ||
 		hash(`, "update_checks": {}`) == hash(`, "update_checks": {"dims": 16}`) || hash(`, "update_checks": {}`) == hash(`, "update_checks": {"name_after": 0}`) ||
 		hash(`, "update_checks": {}`) == hash(`, "update_checks": {"audit_every": 8}`) || hash(`, "update_checks": {}`) == hash(`, "update_checks": {"suspect_below": -1}`) {
 		t.Error(`"update_checks": want its own hash, {} the defaults written out`)
