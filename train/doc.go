@@ -31,13 +31,16 @@
 // the engine's — and narrowed to bf16, fp16 or int8 with error feedback;
 // with Sketch, each rank's count sketch in the trailer checks the sum and
 // names a rank whose gradients stand far apart, and audits — every rank
-// recomputing one rank's gradients on its batch at a step drawn after the
-// exchange — name one that did not compute what it sent, audits.go),
+// recomputing a rank's gradients on its batch, at a step drawn after the
+// exchange or where its sketches point against the others', repeat or
+// pass the norm guard's bound — name one that did not compute what it
+// sent, audits.go),
 // DiLoCo's local steps with an outer step every few (LocalSGD; its
 // pseudo-gradients whole, or sparse and low-bit with error feedback, coded
 // by train/sparse and gathered from every rank in one ring allgather, then
 // averaged or, with Robust, aggregated by CenteredClip, a rank whose
-// update stands apart round after round named as a liar). How a step syncs is a
+// update stands apart round after round, or comes again, named as a
+// liar). How a step syncs is a
 // Sync chosen once, when the replica is made, a file per mode: every step
 // (everystep.go), DiLoCo rounds (rounds.go), the outer sync streamed in
 // fragments, each exchange beside inner steps (stream.go), or rounds that

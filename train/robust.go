@@ -30,7 +30,7 @@ type Robust struct {
 	// coordinate-wise median of the others' (a negative cosine: flipped). Every rank scores
 	// the same gathered payloads in the same order, so all name the same
 	// rank at the same round. The count starts afresh when the ring
-	// changes, and nobody is named from rounds of fewer than 3 payloads
+	// changes, and nobody is named from rounds of fewer than 4 payloads
 	// or where half of them are outliers.
 	NameAfter int
 	// NameAbove is the distance, in units of τ, past which a
@@ -95,6 +95,13 @@ func (o *outliers) repeated(ring Collective, keys []string, after int) []int {
 	return named
 }
 
+// judgedFrom is the fewest updates a round is judged from. Of three, two
+// alike make the third far, and the other two's median is their mean,
+// against which an honest update late in a run points away (cosine ≤ 0)
+// three rounds in a row now and then: three honest peers left after an
+// attacker was dropped named one of theirs at round 156.
+const judgedFrom = 4
+
 // judged is one rank's update in a round: its distance to the
 // coordinate-wise median over τ and its cosine against the others'
 // median.
@@ -114,12 +121,12 @@ type judged struct {
 // direction to count there.
 // It returns the ranks whose streak reached after, with what was judged
 // of them, and starts their count again. Nobody is judged from fewer than
-// 3 updates, or when half or more stand apart (the round tells nothing of
-// who lies); a rank not in the round keeps its streak.
+// judgedFrom updates, or when half or more stand apart (the round tells
+// nothing of who lies); a rank not in the round keeps its streak.
 func (o *outliers) count(ring Collective, size int, ranks []int, dist, cos []float64, above float64, against bool, after int) []judged {
 	o.on(ring, size)
 	n := len(dist)
-	if n < 3 {
+	if n < judgedFrom {
 		return nil
 	}
 	out := make([]bool, n)

@@ -280,6 +280,36 @@ func TestRobustNamesOutliers(t *testing.T) {
 	}
 }
 
+// A round of three updates judges no one — of three, two alike make the
+// third far and the other two's mean is what its cosine is against —
+// where one of four standing apart three rounds in a row is named.
+func TestRoundsOfThreeNameNoOne(t *testing.T) {
+	for _, tc := range []struct {
+		dist, cos []float64
+		named     []int
+	}{
+		{[]float64{0.5, 0.5, 5}, []float64{1, 1, -0.1}, nil},
+		{[]float64{0.5, 0.5, 0.5, 5}, []float64{1, 1, 1, -0.1}, []int{3}},
+		{[]float64{0.5, 0.5, 0.5, 0.5}, []float64{1, 1, 1, -0.1}, []int{3}},
+	} {
+		ring := memRings(t, len(tc.dist))[0]
+		ranks := make([]int, len(tc.dist))
+		for i := range ranks {
+			ranks[i] = i
+		}
+		var o outliers
+		var got []int
+		for range 3 {
+			for _, j := range o.count(ring, len(ranks), ranks, tc.dist, tc.cos, 3, true, 3) {
+				got = append(got, j.rank)
+			}
+		}
+		if !slices.Equal(got, tc.named) {
+			t.Errorf("distances %v, cosines %v, three rounds: named %v; want %v", tc.dist, tc.cos, got, tc.named)
+		}
+	}
+}
+
 // TestRobustNamesRepeatedPayloads: a rank whose payload comes back byte for
 // byte round after round (a replay of what it sent) is named once it has
 // sent it NameAfter+1 times in a row, on every rank alike; an empty
