@@ -2,10 +2,8 @@ package train
 
 import (
 	"cmp"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"slices"
 	"strings"
@@ -63,7 +61,7 @@ type audits struct {
 }
 
 // drawSamples is how many of the averaged gradients the draw hashes.
-const drawSamples = 4096
+const drawSamples = 1024
 
 // auditTolerance is how far, relative to the two sketches' norms, a
 // recomputed sketch may lie from the one sent: the same products summed
@@ -93,16 +91,21 @@ func (r *Replica) auditable() bool {
 // (within the sum check's rounding) until the draw passes it by, but no
 // rank knows the other parts' sums before its own share of them is sent.
 func auditDraw(avg, slots []float32, steps int, every, size, suspect int) (audit bool, rank int) {
-	h := fnv.New64a()
-	h.Write(f32Bytes(slots))
-	stride := max(1, len(avg)/drawSamples)
-	var buf [4 * drawSamples]byte
-	b := buf[:0]
-	for i := 0; i < len(avg) && len(b) < len(buf); i += stride {
-		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(avg[i]))
+	// Words mixed by splitmix, not bytes by FNV: the draw is on every
+	// step's path, and 16 KB byte by byte took ~25 µs of a 3 ms step; 1,024 samples of
+	// the average still fall in every part the ring completes.
+	h := uint64(steps) * 0x9e3779b97f4a7c15
+	for i := 0; i+1 < len(slots); i += 2 {
+		h = splitmix(h ^ (uint64(math.Float32bits(slots[i])) | uint64(math.Float32bits(slots[i+1]))<<32))
 	}
-	h.Write(b)
-	v := splitmix(h.Sum64() ^ uint64(steps)*0x9e3779b97f4a7c15)
+	if len(slots)%2 == 1 {
+		h = splitmix(h ^ uint64(math.Float32bits(slots[len(slots)-1])))
+	}
+	stride := max(1, len(avg)/drawSamples)
+	for i, n := 0, 0; i < len(avg) && n < drawSamples; i, n = i+stride, n+1 {
+		h = splitmix(h ^ uint64(math.Float32bits(avg[i])))
+	}
+	v := splitmix(h)
 	q := v / uint64(every)
 	if suspect >= 0 && suspect < size && q&1 == 1 {
 		return v%uint64(every) == 0, suspect

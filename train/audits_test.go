@@ -242,7 +242,7 @@ func TestAuditDraw(t *testing.T) {
 		avg[i] = float32(i)
 	}
 	a0, r0 := auditDraw(avg, slots, 5, 1, 1<<20, -1)
-	avg[100] = -1 // a value the draw reads (every second of 10,000)
+	avg[10*(len(avg)/drawSamples)] = -1 // a value the draw reads (every ninth of 10,000)
 	if a1, r1 := auditDraw(avg, slots, 5, 1, 1<<20, -1); a1 != a0 || r1 == r0 {
 		t.Error("the draw does not depend on the averaged gradients")
 	}

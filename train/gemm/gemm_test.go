@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"testing"
+	"time"
 
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
@@ -415,5 +416,23 @@ func TestChoose(t *testing.T) {
 		if r := trialRate(ker); !(r > 0) {
 			t.Errorf("%s: a trial rate of %v", ker.name, r)
 		}
+	}
+}
+
+// The trial's clock counts the thread's work, not its waits: a sleep of
+// 50 ms adds (almost) nothing, 20 ms of spinning adds about that — so a
+// process that waits for a core mid-trial does not take a kernel for a
+// slower one.
+func TestTrialClockCountsWork(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	used := threadClock()
+	time.Sleep(50 * time.Millisecond)
+	slept := used()
+	for t0 := time.Now(); time.Since(t0) < 20*time.Millisecond; {
+	}
+	spun := used() - slept
+	if runtime.GOOS == "linux" && (slept > 10*time.Millisecond || spun < 5*time.Millisecond) {
+		t.Errorf("the trial clock: %v over a 50 ms sleep, %v over 20 ms of work; want ~0 and ~20 ms", slept, spun)
 	}
 }
