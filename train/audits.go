@@ -115,14 +115,16 @@ func auditDraw(avg, slots []float32, steps int, every, size, suspect int) (audit
 
 // auditStep runs the step's audits, if it has any — the ranks over the
 // norm guard's bound that no audit vouched for, those whose sketch is the
-// step before's again, its suspects'
-// (sketches.suspects) and the draw's: seed is the projection the step's
-// sketches were made under, avg the averaged gradients, tail the
-// averaged trailer and slots the averaged sketches. It names the audited
-// ranks whose sketch is not their batch's gradients'; a failure to
-// recompute is an error. A rank that passes leans as no other rank for
-// its next steps' suspicion, and one over the guard's bound is vouched
-// for (the guard keeps its gradients).
+// step before's again, its suspects' (sketches.suspects) and the draw's:
+// seed is the projection the step's sketches were made under, avg the
+// averaged gradients, tail the averaged trailer and slots the averaged
+// sketches. It names the audited ranks whose sketch is not their batch's
+// gradients'; a failure to recompute is an error. A rank that passes
+// leans as no other rank for its next steps' suspicion, and one over the
+// guard's bound is vouched for (the guard keeps its gradients). The
+// first two are outside the suspects' budget: an honest rank never
+// repeats, and one that declares a norm far over its gradients' costs
+// one audit a window at most.
 func (r *Replica) auditStep(avg, tail, slots []float32, seed uint64) (*LiarError, error) {
 	if !r.auditable() {
 		return nil, nil
@@ -133,7 +135,7 @@ func (r *Replica) auditStep(avg, tail, slots []float32, seed uint64) (*LiarError
 		norms = normsOf(tail, r.Coll.Size())
 		far, _ = r.farRanks(norms)
 	}
-	ts := far
+	ts := slices.Clone(far)
 	for k, n := range r.sk.apart.same {
 		// Its sketch again, bit for bit: no honest rank's gradients come
 		// back so (the repeat is named on its own after NameAfter).
