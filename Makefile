@@ -16,7 +16,7 @@ FUZZ     := ./ring:FuzzRecv ./ring:FuzzRecvNarrow ./ring:FuzzRecvI8 ./data:FuzzR
 
 MODEL ?= mlp
 
-.PHONY: check test-processes test-norace test-attack bench-byzantine test-deps test-prometheus test-netns test-netns-churn test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-gpt bench-gpt-quality bench-elastic bench-nat bench-procs bench-slow bench-gpt-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes bench-churn bench-topology bench-donors fashion-mnist fortunes testdata demo demo-gpt clean
+.PHONY: check fuzz-build test-processes test-norace test-attack bench-byzantine test-deps test-prometheus test-netns test-netns-churn test-arm64 test-onnx onnx-runtime onnx-proto build build-openblas openblas cuda cuda-test gpu-pack cuda-apt cuda-fetch cuda-check cuda-toolkit ptx test test-openblas vet fuzz lint fmt-check bench bench-data bench-train bench-train-cnn bench-cpu bench-gpt bench-gpt-quality bench-elastic bench-nat bench-procs bench-slow bench-gpt-slow bench-deadline bench-overlap bench-served bench-pipeline bench-flood bench-planes bench-churn bench-topology bench-donors fashion-mnist fortunes testdata demo demo-gpt clean
 
 build:
 	$(GO) build -o $(BIN)/ringtrain ./cmd/ringtrain
@@ -62,14 +62,16 @@ check: vet fmt-check
 # after another: the process tests, the other netns tests, the fuzzers.
 test: vet build
 	@{ $(MAKE) --no-print-directory test-deps && $(MAKE) --no-print-directory cuda-check && \
-	  $(MAKE) --no-print-directory test-arm64; } >$(BIN)/test-bg.log 2>&1 & bg=$$!; \
+	  $(MAKE) --no-print-directory test-arm64 && \
+	  $(MAKE) --no-print-directory fuzz-build FUZZBIN=$(abspath $(BIN))/fuzz; } >$(BIN)/test-bg.log 2>&1 & bg=$$!; \
 	$(GO) test -race -short -count=1 ./cmd/ringtrain >$(BIN)/test-cmd.log 2>&1 & cmd=$$!; \
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/cmd/ringtrain$$') && rc=0 || rc=$$?; \
 	wait $$cmd && cmdrc=0 || cmdrc=$$?; cat $(BIN)/test-cmd.log; \
 	wait $$bg && bgrc=0 || bgrc=$$?; cat $(BIN)/test-bg.log; \
 	[ $$rc = 0 ] && [ $$cmdrc = 0 ] && [ $$bgrc = 0 ]
 	@$(MAKE) --no-print-directory test-netns-churn >$(BIN)/test-churn.log 2>&1 & churn=$$!; \
-	$(MAKE) --no-print-directory test-processes test-norace test-netns test-onnx test-openblas test-prometheus test-attack fuzz && \
+	$(MAKE) --no-print-directory test-processes test-norace test-netns test-onnx test-openblas test-prometheus test-attack fuzz \
+	  FUZZBIN=$(abspath $(BIN))/fuzz && \
 	  rc=0 || rc=$$?; wait $$churn && crc=0 || crc=$$?; cat $(BIN)/test-churn.log; \
 	[ $$rc = 0 ] && [ $$crc = 0 ]
 
@@ -192,10 +194,10 @@ test-netns: build
 # internal/churnreport prints the figures and fails on any past its bound
 # (admission p99 3 s, stall p99 2 s, throughput 0.8×, accuracy within a
 # point, one hash, exit statuses, goroutines, files and memory). make
-# test churns two minutes on testdata's 2,000 images, beside the other
+# test churns 90 s on testdata's 2,000 images, beside the other
 # netns tests; bench-churn churns DURATION on the whole dataset.
 test-netns-churn: build
-	DATA=testdata/fashion-mnist DURATION=120 PERIOD=10 NEW_EVERY=45 SEC_PER_KIMAGE=0.1 bash testdata/netns-churn.sh $(BIN)/ringtrain
+	DATA=testdata/fashion-mnist DURATION=90 PERIOD=10 NEW_EVERY=45 SEC_PER_KIMAGE=0.1 bash testdata/netns-churn.sh $(BIN)/ringtrain
 
 # The ring against the network. Two sites (testdata/bench-topology.sh):
 # six peers, 1 Gbit/s within a site and one 100 Mbit/s link between, peer
@@ -222,12 +224,16 @@ bench-churn: build fashion-mnist
 # -fuzz does, took longer than most targets' fuzzing. Each runs in its
 # package's folder (its testdata seeds; a failing input is written there)
 # with go test's own corpus cache.
+# fuzz runs each target's instrumented test binary from FUZZBIN where
+# fuzz-build left it there (make test builds them beside its first
+# phase, where the cores have room, not in the second), else builds its own.
 fuzz:
 	@set -e; dir=$$(mktemp -d); trap 'rm -rf $$dir' EXIT; cache=$$($(GO) env GOCACHE)/fuzz; \
 	for pkg in $$(echo $(FUZZ) | tr ' ' '\n' | cut -d: -f1 | awk '!seen[$$0]++'); do \
 	  targets=$$(echo $(FUZZ) | tr ' ' '\n' | awk -F: -v p=$$pkg '$$1 == p { print $$2 }'); \
-	  bin=$$dir/$$(echo $$pkg | tr -d . | tr / _).test; corpus=$$cache/$$($(GO) list $$pkg); \
-	  $(GO) test -c -fuzz "^$$(echo $$targets | cut -d' ' -f1)$$" -o $$bin $$pkg; \
+	  name=$$(echo $$pkg | tr -d . | tr / _).test; bin=$$dir/$$name; corpus=$$cache/$$($(GO) list $$pkg); \
+	  if [ -n "$(FUZZBIN)" ] && [ -x "$(FUZZBIN)/$$name" ]; then bin=$(FUZZBIN)/$$name; \
+	  else $(GO) test -c -fuzz "^$$(echo $$targets | cut -d' ' -f1)$$" -o $$bin $$pkg; fi; \
 	  for t in $$targets; do \
 	    echo "fuzz $$t in $$pkg for $(FUZZTIME)"; \
 	    (cd $$pkg && $$bin -test.run '^$$' -test.fuzz "^$$t$$" -test.fuzztime $(FUZZTIME) \
@@ -237,6 +243,13 @@ fuzz:
 	@# Not a decoder: each input is a whole matrix product on three kernels.
 	@echo "fuzz FuzzSgemmEdges in ./train/gemm for 3000x"
 	$(GO) test -run '^$$' -fuzz '^FuzzSgemmEdges$$' -fuzztime 3000x ./train/gemm
+
+fuzz-build:
+	@set -e; mkdir -p $(FUZZBIN); \
+	for pkg in $$(echo $(FUZZ) | tr ' ' '\n' | cut -d: -f1 | awk '!seen[$$0]++'); do \
+	  first=$$(echo $(FUZZ) | tr ' ' '\n' | awk -F: -v p=$$pkg '$$1 == p { print $$2; exit }'); \
+	  $(GO) test -c -fuzz "^$$first$$" -o $(FUZZBIN)/$$(echo $$pkg | tr -d . | tr / _).test $$pkg; \
+	done
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); \
