@@ -85,15 +85,17 @@ func (r *Replica) auditable() bool {
 // every few of the averaged gradients (avg) and the step's count on the
 // ring. An audit when it is 0 mod every; the rank audited is suspect (if
 // ≥ 0; sketches.suspect) for half the audits, by one more bit of the
-// hash, else the quotient mod size. The gradients are in it because the ring completes
-// each part of the average at another rank at the same hop: the one that
-// completes the sketches' part could try small changes to its own sketch
-// (within the sum check's rounding) until the draw passes it by, but no
-// rank knows the other parts' sums before its own share of them is sent.
+// hash, else the quotient mod size. The gradients are in it because the
+// ring completes each part of the average at another rank at the same
+// hop: the one that completes the sketches' part could try small changes
+// to its own sketch (within the sum check's rounding) until the draw
+// passes it by, but no rank knows the other parts' sums before its own
+// share of them is sent.
 func auditDraw(avg, slots []float32, steps int, every, size, suspect int) (audit bool, rank int) {
 	// Words mixed by splitmix, not bytes by FNV: the draw is on every
-	// step's path, and 16 KB byte by byte took ~25 µs of a 3 ms step; 1,024 samples of
-	// the average still fall in every part the ring completes.
+	// step's path, where 16 KB hashed byte by byte costs ~25 µs of a 3 ms
+	// step; 1,024 samples of the average still fall in every part the
+	// ring completes.
 	h := uint64(steps) * 0x9e3779b97f4a7c15
 	for i := 0; i+1 < len(slots); i += 2 {
 		h = splitmix(h ^ (uint64(math.Float32bits(slots[i])) | uint64(math.Float32bits(slots[i+1]))<<32))
@@ -259,7 +261,7 @@ func (s *sketches) leanOn(slots []float32, k int) {
 	var in []int
 	for r := range s.lean {
 		x := slots[r*k : (r+1)*k]
-		if !slices.ContainsFunc(x, func(v float32) bool { return v != 0 }) {
+		if !nonzero(x) {
 			continue
 		}
 		in = append(in, r)

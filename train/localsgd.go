@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"slices"
 	"time"
 
 	"github.com/ringtrain/ringtrain/ring"
@@ -575,11 +574,10 @@ func (o *LocalSGD) repeats(ring Collective, all [][]byte, sketches []float32, fr
 	if len(sketches) == 0 || o.Robust.NameAfter <= 0 {
 		return nil
 	}
-	k := len(sketches) / len(all)
-	keys := make([]string, len(all))
-	for r := range all {
-		if sk := sketches[r*k : (r+1)*k]; len(all[r]) > 0 && slices.ContainsFunc(sk, func(v float32) bool { return v != 0 }) {
-			keys[r] = string(f32Bytes(sk))
+	keys := sketchKeys(sketches, len(sketches)/len(all))
+	for r, p := range all {
+		if len(p) == 0 {
+			keys[r] = "" // no payload: in no round, whatever its sketch
 		}
 	}
 	if o.sketched[from] == nil {

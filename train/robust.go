@@ -95,11 +95,11 @@ func (o *outliers) repeated(ring Collective, keys []string, after int) []int {
 	return named
 }
 
-// judgedFrom is the fewest updates a round is judged from. Of three, two
-// alike make the third far, and the other two's median is their mean,
-// against which an honest update late in a run points away (cosine ≤ 0)
-// three rounds in a row now and then: three honest peers left after an
-// attacker was dropped named one of theirs at round 156.
+// judgedFrom is the fewest updates a round (or a sketches' window) is
+// judged from. Of three, two alike make the third far whatever it holds,
+// and the other two's median is their mean, against which an honest
+// update late in a run points away (cosine ≤ 0) three rounds in a row
+// often enough to name an honest peer in a long job.
 const judgedFrom = 4
 
 // judged is one rank's update in a round: its distance to the

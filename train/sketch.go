@@ -145,14 +145,7 @@ func (s *sketches) reset(c *Sketch, ring Collective) {
 // the same gradients give the same sketch; across its end they do not,
 // and a zero sketch (no samples) is none.
 func (s *sketches) repeated(c *Sketch, slots []float32) *LiarError {
-	k := c.dims()
-	keys := make([]string, s.ring.Size())
-	for r := range keys {
-		if now := slots[r*k : (r+1)*k]; slices.ContainsFunc(now, func(v float32) bool { return v != 0 }) {
-			keys[r] = string(f32Bytes(now))
-		}
-	}
-	named := s.apart.repeated(s.ring, keys, c.NameAfter)
+	named := s.apart.repeated(s.ring, sketchKeys(slots, c.dims()), c.NameAfter)
 	if named == nil {
 		return nil
 	}
@@ -328,13 +321,11 @@ func (s *sketches) judgeWindow(c *Sketch) error {
 	var ranks []int
 	var xs [][]float32
 	for r, w := range s.sums {
-		if slices.ContainsFunc(w, func(v float32) bool { return v != 0 }) {
+		if nonzero(w) {
 			ranks, xs = append(ranks, r), append(xs, w)
 		}
 	}
-	if len(xs) < 4 {
-		// Of three, two alike make the third far whatever it holds: a
-		// window's few steps leave honest sketches too close for that.
+	if len(xs) < judgedFrom {
 		return nil
 	}
 	dist, cos := spread(new(columns).gather(xs, nil), 2)
@@ -350,6 +341,24 @@ func (s *sketches) judgeWindow(c *Sketch) error {
 	w := s.steps / c.window()
 	return &LiarError{Ranks: ks, Why: fmt.Sprintf("the sketches of their gradients stood apart from the others' in %d windows of %d steps in a row, the last steps %d to %d on this ring (%s; past %v τ from the median)",
 		c.NameAfter, c.window(), (w-1)*c.window()+1, w*c.window(), strings.Join(why, "; "), c.nameAbove())}
+}
+
+// nonzero reports whether x holds a value other than ±0: a sketch of
+// gradients sent, where zeros are none (no samples, nothing sent).
+func nonzero(x []float32) bool {
+	return slices.ContainsFunc(x, func(v float32) bool { return v != 0 })
+}
+
+// sketchKeys are the ranks' sketches in slots (k values a rank) as keys
+// for outliers.repeated: the bits of each, "" for a sketch of zeros.
+func sketchKeys(slots []float32, k int) []string {
+	keys := make([]string, len(slots)/k)
+	for r := range keys {
+		if sk := slots[r*k : (r+1)*k]; nonzero(sk) {
+			keys[r] = string(f32Bytes(sk))
+		}
+	}
+	return keys
 }
 
 // guard counts the ranks the norm guard found over its bound this step
