@@ -60,9 +60,6 @@ type audits struct {
 	grads []float32
 }
 
-// drawSamples is how many of the averaged gradients the draw hashes.
-const drawSamples = 1024
-
 // auditTolerance is how far, relative to the two sketches' norms, a
 // recomputed sketch may lie from the one sent: the same products summed
 // in another order (other threads) round apart by ~1e-6.
@@ -82,20 +79,17 @@ func (r *Replica) auditable() bool {
 }
 
 // auditDraw is the step's draw: a hash of the averaged sketches (slots),
-// every few of the averaged gradients (avg) and the step's count on the
+// the sketch of the averaged gradients (avg) and the step's count on the
 // ring. An audit when it is 0 mod every; the rank audited is suspect (if
 // ≥ 0; sketches.suspect) for half the audits, by one more bit of the
-// hash, else the quotient mod size. The gradients are in it because the
-// ring completes each part of the average at another rank at the same
+// hash, else the quotient mod size. The average's sketch is in it because
+// the ring completes each part of the average at another rank at the same
 // hop: the one that completes the sketches' part could try small changes
 // to its own sketch (within the sum check's rounding) until the draw
 // passes it by, but no rank knows the other parts' sums before its own
-// share of them is sent.
-func auditDraw(avg, slots []float32, steps int, every, size, suspect int) (audit bool, rank int) {
-	// Words mixed by splitmix, not bytes by FNV: the draw is on every
-	// step's path, where 16 KB hashed byte by byte costs ~25 µs of a 3 ms
-	// step; 1,024 samples of the average still fall in every part the
-	// ring completes.
+// share of them is sent, and the average's sketch takes every value of
+// every part. (The check has made it already: the draw costs no pass.)
+func auditDraw(avg []float64, slots []float32, steps int, every, size, suspect int) (audit bool, rank int) {
 	h := uint64(steps) * 0x9e3779b97f4a7c15
 	for i := 0; i+1 < len(slots); i += 2 {
 		h = splitmix(h ^ (uint64(math.Float32bits(slots[i])) | uint64(math.Float32bits(slots[i+1]))<<32))
@@ -103,9 +97,8 @@ func auditDraw(avg, slots []float32, steps int, every, size, suspect int) (audit
 	if len(slots)%2 == 1 {
 		h = splitmix(h ^ uint64(math.Float32bits(slots[len(slots)-1])))
 	}
-	stride := max(1, len(avg)/drawSamples)
-	for i, n := 0, 0; i < len(avg) && n < drawSamples; i, n = i+stride, n+1 {
-		h = splitmix(h ^ uint64(math.Float32bits(avg[i])))
+	for _, x := range avg {
+		h = splitmix(h ^ math.Float64bits(x))
 	}
 	v := splitmix(h)
 	q := v / uint64(every)
@@ -119,15 +112,15 @@ func auditDraw(avg, slots []float32, steps int, every, size, suspect int) (audit
 // norm guard's bound that no audit vouched for, those whose sketch is the
 // step before's again, its suspects' (sketches.suspects) and the draw's:
 // seed is the projection the step's sketches were made under, avg the
-// averaged gradients, tail the averaged trailer and slots the averaged
-// sketches. It names the audited ranks whose sketch is not their batch's
+// averaged gradients' sketch, tail the averaged trailer and slots the
+// averaged sketches. It names the audited ranks whose sketch is not their batch's
 // gradients'; a failure to recompute is an error. A rank that passes
 // leans as no other rank for its next steps' suspicion, and one over the
 // guard's bound is vouched for (the guard keeps its gradients). The
 // first two are outside the suspects' budget: an honest rank never
 // repeats, and one that declares a norm far over its gradients' costs
 // one audit a window at most.
-func (r *Replica) auditStep(avg, tail, slots []float32, seed uint64) (*LiarError, error) {
+func (r *Replica) auditStep(avg []float64, tail, slots []float32, seed uint64) (*LiarError, error) {
 	if !r.auditable() {
 		return nil, nil
 	}

@@ -3,8 +3,11 @@ package train
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/ringtrain/ringtrain/data"
 )
 
 // timedModel measures the time spent in ForwardBackward.
@@ -84,4 +87,73 @@ func BenchmarkStepOverhead(b *testing.B) {
 	}
 	b.ReportMetric(float64(total-fb)/float64(total)*100, "%outside_fwd_bwd")
 	b.ReportMetric(float64(total.Milliseconds())/float64(n), "ms/step")
+}
+
+// BenchmarkUpdateChecks: what the every-step checks cost a step of the
+// mlp (784-256-128-10, batch 32, Adam) on a 4-rank in-memory ring — the
+// norm guard alone, the sketches alone (no audits), and both with audits
+// one step in 128 as the byzantine bench runs them — as the speed of
+// each against the same ring without them, their steps interleaved in
+// blocks of 16 so that drift in the machine's speed falls on all alike.
+// All four ranks share the process's cores, as the bench's processes
+// share the machine's.
+func BenchmarkUpdateChecks(b *testing.B) {
+	const n, features, classes, batch, block, pool = 4, 784, 10, 32, 16, 64
+	cfg := mlpCfg(features, []int{256, 128}, classes, batch, 1)
+	xs, ys := make([][][]float32, n), make([][][]int, n)
+	for r := range n {
+		for s := range pool {
+			x, y := teacherBatch(rand.New(rand.NewPCG(5, uint64(r*1000+s))), 0, batch, features, classes)
+			xs[r], ys[r] = append(xs[r], x), append(ys[r], y)
+		}
+	}
+	cur := make([]int, n) // the batch each rank is at, for the audits
+	setups := []struct {
+		name string
+		set  func(*Replica)
+	}{
+		{"off", func(*Replica) {}},
+		{"guard", func(r *Replica) { r.NormGuard = 5 }},
+		{"sketch", func(r *Replica) { r.Sketch = &Sketch{SuspectBelow: -1} }},
+		{"all", func(r *Replica) { r.Sketch, r.NormGuard = &Sketch{AuditEvery: 128}, 5 }},
+	}
+	sets := make([][]*Replica, len(setups))
+	for k, s := range setups {
+		rings := memRings(&testing.T{}, n)
+		for i := range n {
+			m, err := NewModel(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer m.Close()
+			rep := NewReplica(m, NewAdam(0.001), rings[i])
+			s.set(rep)
+			rep.peers = func(rank int) (*data.Batch, float32, error) {
+				return &data.Batch{X: xs[rank][cur[i]], Y: ys[rank][cur[i]], N: batch}, 0, nil
+			}
+			sets[k] = append(sets[k], rep)
+		}
+	}
+	took := make([]time.Duration, len(sets))
+	for b.Loop() {
+		for k, reps := range sets {
+			start := time.Now()
+			if err := onAll(n, func(i int) error {
+				for range block {
+					cur[i] = reps[i].Steps % pool
+					if _, err := reps[i].Step(context.Background(), xs[i][cur[i]], ys[i][cur[i]], batch); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				b.Fatal(err)
+			}
+			took[k] += time.Since(start)
+		}
+	}
+	for k, s := range setups[1:] {
+		b.ReportMetric(float64(took[0])/float64(took[k+1]), s.name+"/off")
+	}
+	b.ReportMetric(float64(sets[3][0].Stats.Audits), "audits")
 }

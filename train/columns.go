@@ -190,30 +190,17 @@ func (c *columns) lones(acc, alpha []float64) {
 // each rank's cosine against the median of the others' alone
 // (othersCos), from the same sort of each column.
 func (c *columns) median(m []float32, dist []float64, cos []float64) {
-	n, vals := c.n, c.v
+	n := c.n
 	var oc *othersCos
 	if cos != nil {
 		oc = &othersCos{xa: make([]float64, n), aa: make([]float64, n)}
 	}
-	idx, col, keys := make([]int, n), make([]float32, n), make([]uint64, n)
-	for k, nz := range c.nz {
-		row := vals[k*n : k*n+n : k*n+n]
-		againstZero := 2*(n-int(nz)-1) > n-1 // every rank's others' median is +0
-		sorted := 2*int(nz) >= n || oc != nil && !againstZero
-		if sorted {
-			sortRanks(idx, col, row, keys)
-		}
-		var mk float32
-		if 2*int(nz) >= n {
-			if n%2 == 1 {
-				mk = col[n/2]
-			} else {
-				mk = float32(float64(col[n/2-1])/2 + float64(col[n/2])/2)
-			}
-		}
-		m[k] = mk
-		if oc != nil && !againstZero {
-			oc.add(row, idx, col)
+	s := medianScratch{make([]int, n), make([]float32, n), make([]uint64, n)}
+	if n == 4 {
+		c.median4(m, oc, s)
+	} else {
+		for k := range c.nz {
+			c.medianAt(k, m, oc, s)
 		}
 	}
 	if dist != nil {
@@ -230,6 +217,87 @@ func (c *columns) median(m []float32, dist []float64, cos []float64) {
 	}
 }
 
+// medianScratch is median's scratch for one column: its ranks in order,
+// their values, their keys (sortRanks), so that a round's columns
+// allocate nothing.
+type medianScratch struct {
+	idx  []int
+	col  []float32
+	keys []uint64
+}
+
+// medianAt writes column k's median into m[k] and adds its terms to oc
+// (nil: none).
+func (c *columns) medianAt(k int, m []float32, oc *othersCos, s medianScratch) {
+	n, nz := c.n, int(c.nz[k])
+	row := c.v[k*n : k*n+n : k*n+n]
+	againstZero := 2*(n-nz-1) > n-1 // every rank's others' median is +0
+	if sorted := 2*nz >= n || oc != nil && !againstZero; sorted {
+		sortRanks(s.idx, s.col, row, s.keys)
+	}
+	var mk float32
+	if 2*nz >= n {
+		if n%2 == 1 {
+			mk = s.col[n/2]
+		} else {
+			mk = float32(float64(s.col[n/2-1])/2 + float64(s.col[n/2])/2)
+		}
+	}
+	m[k] = mk
+	if oc != nil && !againstZero {
+		oc.add(row, s.idx, s.col)
+	}
+}
+
+// median4 is median's columns on four ranks, with the sums for oc (nil:
+// none) in registers: where a column has two values or more other than
+// +0 — every column merge makes of four — it sorts them in sortRanks'
+// network, the median is the middle two's mean, and the others' median
+// of the two lowest is the third value, of the two highest the second
+// (othersCos.add); other columns take medianAt. The same bits as
+// medianAt's throughout: each rank's sums take the columns in order.
+func (c *columns) median4(m []float32, oc *othersCos, s medianScratch) {
+	vals := c.v[:4*len(c.nz)]
+	var xa, aa [4]float64
+	if oc != nil {
+		copy(xa[:], oc.xa)
+		copy(aa[:], oc.aa)
+	}
+	for k, nz := range c.nz {
+		if nz < 2 {
+			if oc != nil {
+				copy(oc.xa, xa[:])
+				copy(oc.aa, aa[:])
+			}
+			c.medianAt(k, m, oc, s)
+			if oc != nil {
+				copy(xa[:], oc.xa)
+				copy(aa[:], oc.aa)
+			}
+			continue
+		}
+		r := vals[4*k : 4*k+4 : 4*k+4]
+		i0, i1, i2, i3 := sort4(r)
+		c0, c1, c2, c3 := float64(r[i0]), float64(r[i1]), float64(r[i2]), float64(r[i3])
+		m[k] = float32(c1/2 + c2/2)
+		if oc == nil {
+			continue
+		}
+		xa[i0] += c0 * c2
+		xa[i1] += c1 * c2
+		xa[i2] += c2 * c1
+		xa[i3] += c3 * c1
+		aa[i0] += c2 * c2
+		aa[i1] += c2 * c2
+		aa[i2] += c1 * c1
+		aa[i3] += c1 * c1
+	}
+	if oc != nil {
+		copy(oc.xa, xa[:])
+		copy(oc.aa, aa[:])
+	}
+}
+
 // sortRanks writes into idx the ranks in the order of their values in
 // row, ranks with equal values (−0 and +0 among them) in rank order, and
 // those values in that order into col. Each value and its rank are one
@@ -241,15 +309,9 @@ func sortRanks(idx []int, col, row []float32, keys []uint64) {
 	n := len(row)
 	if n == 4 {
 		row := row[:4:4]
-		k0, k1, k2, k3 := rankKey(row[0], 0), rankKey(row[1], 1), rankKey(row[2], 2), rankKey(row[3], 3)
-		k0, k1 = min(k0, k1), max(k0, k1)
-		k2, k3 = min(k2, k3), max(k2, k3)
-		k0, k2 = min(k0, k2), max(k0, k2)
-		k1, k3 = min(k1, k3), max(k1, k3)
-		k1, k2 = min(k1, k2), max(k1, k2)
+		i0, i1, i2, i3 := sort4(row)
 		idx, col := idx[:4:4], col[:4:4]
-		i0, i1, i2, i3 := int(uint32(k0)&3), int(uint32(k1)&3), int(uint32(k2)&3), int(uint32(k3)&3)
-		idx[0], idx[1], idx[2], idx[3] = i0, i1, i2, i3
+		idx[0], idx[1], idx[2], idx[3] = int(i0), int(i1), int(i2), int(i3)
 		col[0], col[1], col[2], col[3] = row[i0], row[i1], row[i2], row[i3]
 		return
 	}
@@ -266,6 +328,19 @@ func sortRanks(idx []int, col, row []float32, keys []uint64) {
 		i := int(uint32(k))
 		idx[p], col[p] = i, row[i]
 	}
+}
+
+// sort4 is the ranks of four values in order, as sortRanks orders them:
+// five branch-free compare-exchanges of their keys.
+func sort4(row []float32) (i0, i1, i2, i3 uint32) {
+	row = row[:4:4]
+	k0, k1, k2, k3 := rankKey(row[0], 0), rankKey(row[1], 1), rankKey(row[2], 2), rankKey(row[3], 3)
+	k0, k1 = min(k0, k1), max(k0, k1)
+	k2, k3 = min(k2, k3), max(k2, k3)
+	k0, k2 = min(k0, k2), max(k0, k2)
+	k1, k3 = min(k1, k3), max(k1, k3)
+	k1, k2 = min(k1, k2), max(k1, k2)
+	return uint32(k0) & 3, uint32(k1) & 3, uint32(k2) & 3, uint32(k3) & 3
 }
 
 // rankKey is x and rank i as one integer that orders as (x, i) do: x's

@@ -215,3 +215,36 @@ func TestClipStep4MatchesClipStep(t *testing.T) {
 		}
 	}
 }
+
+// TestMedianOfFourIsMedianAt: four ranks' columns, in registers, give
+// medianAt's bits — medians, distances and cosines — on updates with
+// ties, −0 and values alike on every rank.
+func TestMedianOfFourIsMedianAt(t *testing.T) {
+	rng := rand.New(rand.NewPCG(31, 32))
+	for trial := range 4 {
+		for _, density := range []float64{0.1, 1} {
+			xs, idx, val := sparseUpdates(rng, 4, 500, density, trial)
+			xs[1][7], xs[2][7] = float32(math.Copysign(0, -1)), 1
+			for _, c := range []*columns{new(columns).merge(500, idx, val), new(columns).gather(xs, nil)} {
+				m, dist, cos := make([]float32, len(c.nz)), make([]float64, 4), make([]float64, 4)
+				c.median(m, dist, cos)
+				want, wantDist, wantCos := make([]float32, len(c.nz)), make([]float64, 4), make([]float64, 4)
+				oc := &othersCos{xa: make([]float64, 4), aa: make([]float64, 4)}
+				s := medianScratch{make([]int, 4), make([]float32, 4), make([]uint64, 4)}
+				for k := range c.nz {
+					c.medianAt(k, want, oc, s)
+				}
+				c.distances(wantDist, want, nil)
+				oc.xx = make([]float64, 4)
+				c.squares(oc.xx, nil)
+				for i, o := range c.own {
+					oc.xx[i] += o
+				}
+				oc.cosines(wantCos)
+				if !sameBits(m, want) || !slices.Equal(dist, wantDist) || !slices.Equal(cos, wantCos) {
+					t.Fatalf("trial %d, density %v: medians, distances, cosines differ from medianAt's: %v %v / %v %v", trial, density, dist, cos, wantDist, wantCos)
+				}
+			}
+		}
+	}
+}

@@ -48,12 +48,12 @@ func (everyStep) exchange(ctx context.Context, r *Replica, x []float32, y []int,
 	if r.sketching() && badRanks == 0 {
 		// Every rank holds the same average and sketches: all decide
 		// alike.
-		slots, seed := flat[r.nparams+r.trailerLen():], r.sk.seed(r.Sketch)
-		if err = r.sk.check(r.Sketch, flat[:r.nparams], slots, r.Wire); errors.As(err, &named) {
+		slots, seed, got := flat[r.nparams+r.trailerLen():], r.sk.seed(r.Sketch), r.scanAverage(flat[:r.nparams])
+		if err = r.sk.check(r.Sketch, got, slots, r.Wire); errors.As(err, &named) {
 			err = nil
 		}
 		if err == nil && named == nil {
-			if named, err = r.auditStep(flat[:r.nparams], r.tailOf(flat), slots, seed); named != nil {
+			if named, err = r.auditStep(got, r.tailOf(flat), slots, seed); named != nil {
 				err = fmt.Errorf("%w: %s", ErrAudited, named.Why)
 			}
 		}
@@ -115,7 +115,7 @@ func (r *Replica) average(ctx context.Context, x []float32, y []int, n int, flat
 		if loss, err = r.Model.ForwardBackward(x, y, n); err == nil && r.solo() {
 			bad, r.inModel = nonFinite(r.Model.Grads()), true
 		} else if err == nil {
-			bad = gatherFinite(flat, r.Model.Grads())
+			bad = r.gatherGrads(flat)
 		}
 	}
 	if err != nil {
@@ -138,6 +138,60 @@ func (r *Replica) scale(g []float32) {
 			g[i] *= f
 		}
 	}
+}
+
+// gatherGrads gathers the model's gradients into flat and returns the
+// index of the first tensor that holds a NaN or Inf, or -1. Where this
+// step's sketch is of them as they are — no share to scale them by, no
+// int8 error feedback, no attack — the same pass sketches them and sums
+// their squares for the norm guard (out.own): each pass over the
+// gradients costs a step about what a sketch's arithmetic does.
+func (r *Replica) gatherGrads(flat []float32) int {
+	grads := r.Model.Grads()
+	if !r.sketching() || r.tamper != nil || r.Wire == ring.I8 || (r.share != 0 && r.share != 1) {
+		return gatherFinite(flat, grads)
+	}
+	r.sketchBegin()
+	bad, o, squares := -1, 0, 0.0
+	for i, t := range grads {
+		sq := r.sk.scan(r.Sketch, r.sk.own, flat[o:o+len(t)], t, o, r.nparams)
+		if bad < 0 && !scannedFinite(sq, t) {
+			bad = i
+		}
+		squares += sq
+		o += len(t)
+	}
+	r.out.own = scanned{done: true, squares: squares}
+	return bad
+}
+
+// scanAverage is the step's sketch of the averaged gradients avg, from a
+// pass that also sums their squares for the norm guard's and apply's
+// checks (out.avg).
+func (r *Replica) scanAverage(avg []float32) []float64 {
+	got := r.sk.avg[:0]
+	got = append(got, make([]float64, r.Sketch.dims())...)
+	r.sk.avg = got
+	r.out.avg = scanned{done: true, squares: r.sk.scan(r.Sketch, got, nil, avg, 0, r.nparams)}
+	return got
+}
+
+// avgNorm is the norm of the averaged gradients avg, from the step's
+// scan of them where it had one.
+func (r *Replica) avgNorm(avg []float32) float64 {
+	if r.out.avg.done {
+		return scannedNorm(r.out.avg.squares, avg)
+	}
+	return norm2(avg)
+}
+
+// avgFinite reports whether the averaged gradients avg are finite, from
+// the step's scan of them where it had one.
+func (r *Replica) avgFinite(avg []float32) bool {
+	if r.out.avg.done {
+		return scannedFinite(r.out.avg.squares, avg)
+	}
+	return finite(avg)
 }
 
 // solo reports whether this step's gradients stay where the model keeps
@@ -181,7 +235,7 @@ func (r *Replica) apply(flat []float32, bad, badRanks int) error {
 		if applied = bad < 0; applied {
 			r.Opt.Step(r.Model.Params(), r.Model.Grads())
 		}
-	case finite(avg):
+	case r.avgFinite(avg):
 		r.Opt.Step(r.Model.Params(), r.views)
 		applied = true
 	}
@@ -280,7 +334,11 @@ func (r *Replica) send(ctx context.Context, flat []float32, bad int, says *stepS
 		r.feedback(flat, 0, r.nparams)
 	}
 	if r.NormGuard > 0 && bad < 0 {
-		says.norm = float32(norm2(flat[:r.nparams]))
+		if r.out.own.done {
+			says.norm = float32(scannedNorm(r.out.own.squares, flat[:r.nparams]))
+		} else {
+			says.norm = float32(norm2(flat[:r.nparams]))
+		}
 	}
 	says.nonFinite = bad >= 0
 	// Asked during the computation (a pipeline stage hears it in the
@@ -288,9 +346,11 @@ func (r *Replica) send(ctx context.Context, flat []float32, bad int, says *stepS
 	says.leave = says.leave || r.leaving()
 	says.put(r.tailOf(flat), r.Coll.Rank(), r.Coll.Size())
 	if r.sketching() {
-		r.sketchBegin()
-		if bad < 0 {
-			r.sk.add(r.Sketch, r.sk.own, flat[:r.nparams], 0, r.nparams)
+		if !r.out.own.done {
+			r.sketchBegin()
+			if bad < 0 {
+				r.sk.scan(r.Sketch, r.sk.own, nil, flat[:r.nparams], 0, r.nparams)
+			}
 		}
 		r.sketchPut(flat, bad)
 	}
@@ -603,7 +663,13 @@ func (r *Replica) prepareBucket(flat []float32, b [2]int) float64 {
 		r.feedback(flat, b[0], b[1])
 	}
 	if r.sketching() {
-		r.sk.add(r.Sketch, r.sk.own, g, b[0], r.nparams)
+		// One pass for the sketch and the norm.
+		sq := r.sk.scan(r.Sketch, r.sk.own, nil, g, b[0], r.nparams)
+		if r.NormGuard <= 0 {
+			return 0
+		}
+		v := scannedNorm(sq, g)
+		return v * v
 	}
 	if r.NormGuard > 0 {
 		v := norm2(g)

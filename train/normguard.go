@@ -32,7 +32,7 @@ func (r *Replica) normGuard(avg, tail []float32) error {
 		return fmt.Errorf("train: rank(s) %v sent gradients of norm %v, over %g × the median %.3g; step skipped on all: %w",
 			far, got, r.NormGuard, med, ErrGradientNorm)
 	}
-	if n := norm2(avg); n > sum/float64(size)*guardSlack(r.Wire, size)+1e-30 {
+	if n := r.avgNorm(avg); n > sum/float64(size)*guardSlack(r.Wire, size)+1e-30 {
 		return fmt.Errorf("train: the averaged gradient's norm %.3g is over the mean %.3g of the norms the ranks declared — a rank declared less than it sent; step skipped on all: %w",
 			n, sum/float64(size), ErrGradientNorm)
 	}

@@ -93,6 +93,7 @@ type sketches struct {
 	ring  Collective
 	steps int       // exchanges on ring: with Window, the seed
 	own   []float64 // this step's sketch of this rank's gradients
+	avg   []float64 // and of the average
 	sums  [][]float32
 	apart outliers
 	// guarded counts, per rank, the steps in a row the norm guard found
@@ -111,11 +112,12 @@ type sketches struct {
 	vouchedIn []int
 }
 
-// add adds to sk the sketch of v (coordinates from off) under this step's
-// projection, for a model of nparams values.
-func (s *sketches) add(c *Sketch, sk []float64, v []float32, off, nparams int) {
+// scan adds to sk the sketch of v (coordinates from off) under this
+// step's projection, for a model of nparams values, copies v to dst
+// unless it is nil, and returns the sum of v's squares (sketchScan).
+func (s *sketches) scan(c *Sketch, sk []float64, dst, v []float32, off, nparams int) float64 {
 	seed := s.seed(c)
-	sketchAdd(sk, v, off, seed, s.tab.cover(seed, c.dims(), (nparams+63)/64))
+	return sketchScan(sk, dst, v, off, seed, s.tab.cover(seed, c.dims(), (nparams+63)/64))
 }
 
 // reset starts the state for ring, a ring of size ranks, if it is not
@@ -164,12 +166,14 @@ func splitmix(x uint64) uint64 {
 
 // sketchTable is blockHash's answers for blocks 0 to len(signs)−1 under
 // one seed and bucket count: a window's projection, worked out once for
-// its steps (each step sketches twice, a rank's own and the average).
+// its steps (each step sketches twice, a rank's own and the average),
+// and the lanes sketchAdd sums its buckets in.
 type sketchTable struct {
 	seed    uint64
 	dims    int
 	buckets []int32
 	signs   []uint64
+	lanes   []float32
 }
 
 // cover makes t the table of seed and dims for at least blocks blocks.
@@ -181,50 +185,98 @@ func (t *sketchTable) cover(seed uint64, dims, blocks int) *sketchTable {
 		bucket, mask := blockHash(seed, b, dims)
 		t.buckets, t.signs = append(t.buckets, int32(bucket)), append(t.signs, mask)
 	}
+	if len(t.lanes) != 16*dims {
+		t.lanes = make([]float32, 16*dims)
+	}
 	return t
 }
 
+// sketchRun is the most whole blocks whose lanes sketchScan sums in
+// float32 before it adds them up in float64: ~32 a bucket at 32 values.
+const sketchRun = 1024
+
 // sketchAdd adds to s the count sketch, under seed, of v, whose first
-// value is coordinate off of the flat gradients: coordinates go in blocks
-// of 64 to a bucket the block's hash picks, each with a sign from one bit
-// of it (blockHash). Whole blocks are summed by vec.SignedSums, many at
-// a time; a block a piece's edge cuts, value by value. A vector sketched
-// whole or in pieces of any bounds gives the same sketch up to rounding;
-// the same call on the same values, the same bits. The blocks' hashes
-// come from tab where it covers them (nil: none).
+// value is coordinate off of the flat gradients (sketchScan).
 func sketchAdd(s []float64, v []float32, off int, seed uint64, tab *sketchTable) {
-	const batch = 256
-	var signs [batch]uint64
-	var buckets [batch]int
-	var sums [batch]float32
-	hash := func(blk int) (int, uint64) {
-		if tab != nil && blk < len(tab.signs) {
-			return int(tab.buckets[blk]), tab.signs[blk]
-		}
-		return blockHash(seed, blk, len(s))
+	sketchScan(s, nil, v, off, seed, tab)
+}
+
+// sketchScan adds to s the count sketch, under seed, of v, whose first
+// value is coordinate off of the flat gradients, copies v to dst unless
+// it is nil, and returns the sum of v's squares — all in one pass over v,
+// whose memory traffic, not its arithmetic, is what a pass costs beside a
+// step. Coordinates go in blocks of 64 to a bucket the block's hash
+// picks, each with a sign from one bit of it (blockHash). Whole blocks
+// are folded into their bucket's 16 lanes by vec.SketchScan, up to
+// sketchRun at a time, whose lanes are then added to the sketch; a block
+// a piece's edge cuts, value by value. A vector sketched whole or in
+// pieces of any bounds gives the same sketch up to rounding; the same
+// call on the same values, the same bits. The sum of squares is Inf or
+// NaN where a value is not finite (and where float32 lanes overflow, past
+// 1.8e19 for the norm: scannedNorm). tab holds the blocks' hashes and
+// the lanes (nil: a table made for the call).
+func sketchScan(s []float64, dst, v []float32, off int, seed uint64, tab *sketchTable) (squares float64) {
+	if tab == nil {
+		tab = new(sketchTable)
 	}
+	tab.cover(seed, len(s), (off+len(v)+63)/64)
 	for i := 0; i < len(v); {
 		e := off + i
+		blk := e >> 6
 		if e&63 != 0 || i+64 > len(v) {
-			bucket, mask := hash(e >> 6)
+			mask := tab.signs[blk]
 			end := min(len(v), i+64-(e&63))
+			if dst != nil {
+				copy(dst[i:end], v[i:end])
+			}
 			var acc float64
 			for ; i < end; i++ {
+				squares += float64(v[i]) * float64(v[i])
 				acc += float64(math.Float32frombits(math.Float32bits(v[i]) ^ uint32(mask>>uint((off+i)&63)&1)<<31))
 			}
-			s[bucket] += acc
+			s[tab.buckets[blk]] += acc
 			continue
 		}
-		n := min(batch, (len(v)-i)/64)
-		for b := range n {
-			buckets[b], signs[b] = hash(e>>6 + b)
+		n := min(sketchRun, (len(v)-i)/64)
+		var to []float32
+		if dst != nil {
+			to = dst[i : i+64*n]
 		}
-		vec.SignedSums(v[i:i+64*n], signs[:n], sums[:n])
-		for b, x := range sums[:n] {
-			s[buckets[b]] += float64(x)
+		var sq [16]float32
+		vec.SketchScan(to, v[i:i+64*n], tab.signs[blk:blk+n], tab.buckets[blk:blk+n], tab.lanes, &sq)
+		for _, x := range sq {
+			squares += float64(x)
+		}
+		for b := range s {
+			lanes := tab.lanes[16*b : 16*b+16]
+			var acc float64
+			for _, x := range lanes {
+				acc += float64(x)
+			}
+			s[b] += acc
+			clear(lanes)
 		}
 		i += 64 * n
 	}
+	return squares
+}
+
+// scannedNorm is the norm of v from the sum of its squares as sketchScan
+// added them; where that sum leaves float32's range — over it, or so small
+// that squares may have rounded to zero — it is summed again in float64,
+// as norm2 does.
+func scannedNorm(squares float64, v []float32) float64 {
+	if squares >= 1e-20 && squares <= math.MaxFloat32 {
+		return math.Sqrt(squares)
+	}
+	return norm2Wide(v)
+}
+
+// scannedFinite reports whether v, whose squares sketchScan summed, is
+// finite: a NaN or Inf makes the sum one, and only where float32 lanes
+// overflowed must v be looked at again.
+func scannedFinite(squares float64, v []float32) bool {
+	return squares <= math.MaxFloat64 || finite(v)
 }
 
 // blockHash is block blk's bucket of k and its 64 signs under seed: one
@@ -245,12 +297,12 @@ func (s *sketches) put(slots []float32, rank int) {
 	}
 }
 
-// check is the step's verdict once the ring has averaged it: avg the
-// average, slots the averaged sketch part (each rank's sketch over the
-// ring's size). It returns an ErrTampered where the average's sketch is
+// check is the step's verdict once the ring has averaged it: got the
+// average's sketch, slots the averaged sketch part (each rank's sketch
+// over the ring's size). It returns an ErrTampered where the average's sketch is
 // not the slots' sum, a LiarError where a window closed with ranks to
 // name, or nil; and counts the step.
-func (s *sketches) check(c *Sketch, avg, slots []float32, wire ring.Encoding) error {
+func (s *sketches) check(c *Sketch, got []float64, slots []float32, wire ring.Encoding) error {
 	size, k := s.ring.Size(), c.dims()
 	if !finite(slots) {
 		// Only a lie puts one there (a rank's sketch of finite gradients
@@ -258,8 +310,7 @@ func (s *sketches) check(c *Sketch, avg, slots []float32, wire ring.Encoding) er
 		s.steps++
 		return fmt.Errorf("%w: the sketches hold a NaN or Inf; skipped on all", ErrTampered)
 	}
-	want, got := make([]float64, k), make([]float64, k)
-	s.add(c, got, avg, 0, len(avg))
+	want := make([]float64, k)
 	var scale float64
 	for r := range size {
 		var nn float64

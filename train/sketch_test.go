@@ -268,3 +268,70 @@ func TestRepeats(t *testing.T) {
 		}
 	}
 }
+
+// TestGatherScansOnce: gathering a rank's gradients with the checks on
+// sketches them and sums their squares in the same pass, and finds the
+// same first tensor that is not finite, the same norm and the same
+// sketch as the passes it replaces — for values whose squares overflow
+// float32 or underflow it too; and so does the pass over the average.
+func TestGatherScansOnce(t *testing.T) {
+	cfg := mlpCfg(12, []int{40}, 3, 8, 1)
+	for _, tc := range []struct {
+		name string
+		set  func(g [][]float32)
+	}{
+		{"normal", func([][]float32) {}},
+		{"NaN in the third", func(g [][]float32) { g[2][1] = float32(math.NaN()) }},
+		{"Inf in the first", func(g [][]float32) { g[0][len(g[0])-1] = float32(math.Inf(-1)) }},
+		{"squares past float32", func(g [][]float32) { g[1][3] = 3e19 }},
+		{"squares under it", func(g [][]float32) {
+			for _, v := range g {
+				for i := range v {
+					v[i] = 1e-25
+				}
+			}
+		}},
+	} {
+		m := newMLP(t, cfg)
+		x, y := randomBatch(rand.New(rand.NewPCG(1, 1)), 8, 12, 3)
+		if _, err := m.ForwardBackward(x, y, 8); err != nil {
+			t.Fatal(err)
+		}
+		tc.set(m.Grads())
+		r := NewReplica(m, NewAdam(0.01), memRings(t, 2)[0])
+		r.Sketch = &Sketch{}
+		flat, err := r.buffer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.openStep()
+		bad := r.gatherGrads(flat)
+		g := flat[:r.nparams]
+		if want := nonFinite(m.Grads()); bad != want || !r.out.own.done {
+			t.Errorf("%s: first tensor not finite %d (scanned %v); want %d", tc.name, bad, r.out.own.done, want)
+		}
+		if !slices.EqualFunc(g, slices.Concat(m.Grads()...), func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) }) {
+			t.Errorf("%s: the gradients were not copied as they are", tc.name)
+		}
+		// The same pass over the average, for the guard and apply.
+		r.scanAverage(g)
+		if r.avgFinite(g) != (bad < 0) {
+			t.Errorf("%s: the average found finite %v", tc.name, r.avgFinite(g))
+		}
+		if bad >= 0 {
+			continue
+		}
+		for _, got := range []float64{scannedNorm(r.out.own.squares, g), r.avgNorm(g)} {
+			if want := norm2Wide(g); math.Abs(got-want) > 1e-6*want {
+				t.Errorf("%s: norm %v; want %v", tc.name, got, want)
+			}
+		}
+		want := make([]float64, len(r.sk.own))
+		sketchAdd(want, g, 0, r.sk.seed(r.Sketch), nil)
+		for j := range want {
+			if math.Abs(r.sk.own[j]-want[j]) > 1e-6*math.Abs(want[j])+1e-30 {
+				t.Fatalf("%s: sketch %v; want %v", tc.name, r.sk.own, want)
+			}
+		}
+	}
+}

@@ -261,6 +261,16 @@ type stepOutcome struct {
 	newcomer                bool
 	named                   *LiarError
 	far                     []int // the ranks the norm guard found over its bound
+	// own and avg are what the step's passes over this rank's gradients
+	// and over the average found beside their sketches.
+	own, avg scanned
+}
+
+// scanned is the sum of a vector's squares from the pass that sketched
+// it (sketchScan), where that pass ran.
+type scanned struct {
+	done    bool
+	squares float64
 }
 
 // ReplicaStats is where a replica's steps spent their time and what they

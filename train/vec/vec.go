@@ -146,39 +146,46 @@ func sumSquaresGo(x []float32) float32 {
 	return halve(&s)
 }
 
-// SignedSums sets out[i] to the sum of block i of v — values 64i to
-// 64i+63 — with value 64i+j negated where bit j of signs[i] is set: a
-// count sketch's share of each block. len(v) must be 64·len(signs), and
-// out as long as signs (only the blocks all three cover are summed).
-// Within a block, in a fixed order at every level: lane l of 16 takes
-// (x_l + x_{16+l}) + (x_{32+l} + x_{48+l}), then the lanes are halved
-// pairwise (l plus l+8, then l+4, l+2, l+1).
-func SignedSums(v []float32, signs []uint64, out []float32) {
-	n := min(len(v)/64, len(signs), len(out))
-	v, signs, out = v[:64*n], signs[:n], out[:n]
-	if n == 0 || signedSumsAsm(v, signs, out) {
-		return
+// SketchScan reads the whole blocks of src — values 64i to 64i+63 — in
+// one pass, and for each: copies it to dst, unless dst is nil; adds its
+// squares, folded to 16 lanes, to sq; and adds its values, value 64i+j
+// negated where bit j of signs[i] is set, folded to 16 lanes, to bucket
+// buckets[i] of lanes — its values 16·buckets[i] to 16·buckets[i]+15. A
+// fold's lane l is (x_l + x_{16+l}) + (x_{32+l} + x_{48+l}) (each square
+// rounded first), added to the lane it goes to block after block: the
+// same order at every level. It returns the blocks done: those all of
+// src, signs, buckets and dst (unless nil) cover. A bucket outside lanes
+// panics. One pass for a count sketch's share of each block and a norm,
+// beside a copy the caller makes anyway; the caller sums a bucket's
+// lanes once for all its blocks.
+func SketchScan(dst, src []float32, signs []uint64, buckets []int32, lanes []float32, sq *[16]float32) int {
+	n := min(len(src)/64, len(signs), len(buckets))
+	if dst != nil {
+		n = min(n, len(dst)/64)
 	}
-	signedSumsGo(v, signs, out)
+	if n == 0 || sketchScanAsm(dst, src, signs, buckets, lanes, sq, n) {
+		return n
+	}
+	sketchScanGo(dst, src[:64*n], signs[:n], buckets[:n], lanes, sq)
+	return n
 }
 
-func signedSumsGo(v []float32, signs []uint64, out []float32) {
+func sketchScanGo(dst, src []float32, signs []uint64, buckets []int32, lanes []float32, sq *[16]float32) {
 	for i, m := range signs {
-		b := v[64*i : 64*i+64]
-		var t [64]float32
+		b := src[64*i : 64*i+64]
+		if dst != nil {
+			copy(dst[64*i:64*i+64], b)
+		}
+		var t, q [64]float32
 		for j, x := range b {
 			t[j] = math.Float32frombits(math.Float32bits(x) ^ uint32(m>>uint(j)&1)<<31)
+			q[j] = float32(x * x)
 		}
-		var c [16]float32
-		for l := range c {
-			c[l] = (t[l] + t[16+l]) + (t[32+l] + t[48+l])
+		acc := lanes[16*int(buckets[i]) : 16*int(buckets[i])+16]
+		for l := range acc {
+			sq[l] += (q[l] + q[16+l]) + (q[32+l] + q[48+l])
+			acc[l] += (t[l] + t[16+l]) + (t[32+l] + t[48+l])
 		}
-		for w := 8; w >= 1; w /= 2 {
-			for l := range w {
-				c[l] += c[l+w]
-			}
-		}
-		out[i] = c[0]
 	}
 }
 

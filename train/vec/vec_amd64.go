@@ -1,6 +1,10 @@
 package vec
 
-import "golang.org/x/sys/cpu"
+import (
+	"fmt"
+
+	"golang.org/x/sys/cpu"
+)
 
 // Vector levels: what the assembly may use on this CPU.
 const (
@@ -264,16 +268,22 @@ func sum16(x *float32, blocks, m0, m1, m2, m3 int) float32
 func sumSquares16(x *float32, blocks, m0, m1, m2, m3 int) float32
 
 //go:noescape
-func signedSums16(v *float32, signs *uint64, out *float32, blocks int)
+func sketchScan16(dst, src *float32, signs *uint64, buckets *int32, lanes, sq *float32, blocks, limit int) int
 
-// signedSumsAsm is SignedSums in AVX-512, reporting false where this CPU
-// has none: a block's four vectors, each negated under 16 bits of its
-// mask, added as signedSumsGo adds them.
-func signedSumsAsm(v []float32, signs []uint64, out []float32) bool {
+// sketchScanAsm is SketchScan in AVX-512 over n blocks, reporting false
+// where this CPU has none; it panics at a bucket outside lanes, as the Go
+// loop does, with the blocks before it done.
+func sketchScanAsm(dst, src []float32, signs []uint64, buckets []int32, lanes []float32, sq *[16]float32, n int) bool {
 	if level != levelAVX512 {
 		return false
 	}
-	signedSums16(&v[0], &signs[0], &out[0], len(signs))
+	var d *float32
+	if dst != nil {
+		d = &dst[0]
+	}
+	if done := sketchScan16(d, &src[0], &signs[0], &buckets[0], &lanes[0], &sq[0], n, len(lanes)/16); done < n {
+		panic(fmt.Sprintf("vec: block %d's bucket %d is outside the %d buckets of lanes", done, buckets[done], len(lanes)/16))
+	}
 	return true
 }
 

@@ -821,23 +821,55 @@ mulsubloop:
 	VZEROUPPER
 	RET
 
-// func signedSums16(v *float32, signs *uint64, out *float32, blocks int)
-// For each block of 64 values: the four vectors, each with its lanes
-// negated (the sign bit flipped) under 16 bits of the block's mask, added
-// as (Z0+Z1)+(Z2+Z3), then halved to one lane as sum16 does.
-TEXT ·signedSums16(SB), NOSPLIT, $0-32
-	MOVQ v+0(FP), SI
-	MOVQ signs+8(FP), DX
-	MOVQ out+16(FP), DI
-	MOVQ blocks+24(FP), CX
-	MOVL $0x80000000, AX
-	VPBROADCASTD AX, Z8
-ssloop:
-	MOVQ (DX), BX
+// func sketchScan16(dst, src *float32, signs *uint64, buckets *int32, lanes, sq *float32, blocks, limit int) int
+// For each block of 64 values: stored to dst unless dst is nil; the four
+// vectors squared and added as (Z4+Z5)+(Z6+Z7) to the 16 running squares
+// in Z11; each with its lanes negated (the sign bit flipped) under 16
+// bits of the block's mask, added as (Z0+Z1)+(Z2+Z3) and that added to
+// the block's bucket's 16 lanes of lanes. No horizontal sum: the caller
+// sums a bucket's lanes once for all its blocks. It stops at a bucket not
+// below limit and returns the blocks done.
+TEXT ·sketchScan16(SB), NOSPLIT, $0-72
+	MOVQ dst+0(FP), R12
+	MOVQ src+8(FP), SI
+	MOVQ signs+16(FP), DX
+	MOVQ buckets+24(FP), R8
+	MOVQ lanes+32(FP), DI
+	MOVQ sq+40(FP), R13
+	MOVQ blocks+48(FP), CX
+	MOVQ limit+56(FP), R10
+	XORQ AX, AX
+	MOVL $0x80000000, R11
+	VPBROADCASTD R11, Z8
+	VMOVUPS (R13), Z11
+	TESTQ CX, CX
+	JZ scdone
+scloop:
+	MOVLQSX (R8)(AX*4), R9
+	CMPQ R9, R10
+	JAE scdone
+	SHLQ $6, R9
+	MOVQ (DX)(AX*8), BX
 	VMOVUPS (SI), Z0
 	VMOVUPS 64(SI), Z1
 	VMOVUPS 128(SI), Z2
 	VMOVUPS 192(SI), Z3
+	TESTQ R12, R12
+	JZ scnocopy
+	VMOVUPS Z0, (R12)
+	VMOVUPS Z1, 64(R12)
+	VMOVUPS Z2, 128(R12)
+	VMOVUPS Z3, 192(R12)
+	ADDQ $256, R12
+scnocopy:
+	VMULPS Z0, Z0, Z4
+	VMULPS Z1, Z1, Z5
+	VMULPS Z2, Z2, Z6
+	VMULPS Z3, Z3, Z7
+	VADDPS Z5, Z4, Z4
+	VADDPS Z7, Z6, Z6
+	VADDPS Z6, Z4, Z4
+	VADDPS Z4, Z11, Z11
 	KMOVW BX, K1
 	SHRQ $16, BX
 	KMOVW BX, K2
@@ -852,13 +884,15 @@ ssloop:
 	VADDPS Z1, Z0, Z0
 	VADDPS Z3, Z2, Z2
 	VADDPS Z2, Z0, Z0
-	HALVE_Z0
-	VMOVSS X0, (DI)
+	VADDPS (DI)(R9*1), Z0, Z0
+	VMOVUPS Z0, (DI)(R9*1)
 	ADDQ $256, SI
-	ADDQ $8, DX
-	ADDQ $4, DI
-	DECQ CX
-	JNZ ssloop
+	INCQ AX
+	CMPQ AX, CX
+	JB scloop
+scdone:
+	VMOVUPS Z11, (R13)
+	MOVQ AX, ret+64(FP)
 	VZEROUPPER
 	RET
 

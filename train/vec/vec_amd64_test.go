@@ -250,31 +250,67 @@ func TestCopyFiniteAtEveryLevel(t *testing.T) {
 	}
 }
 
-// TestSignedSumsAtEveryLevel: the AVX-512 signed sums are
-// signedSumsGo's, bit for bit, over 1 to 9 blocks with masks of every
-// kind, signed zeros and subnormals among the values.
-func TestSignedSumsAtEveryLevel(t *testing.T) {
+// TestSketchScanAtEveryLevel: the AVX-512 scan is sketchScanGo's, bit
+// for bit — copy, squares and lanes — over 1 to 9 blocks with masks of
+// every kind, blocks that share a bucket, signed zeros, subnormals and
+// non-finite values among the values; a bucket outside lanes panics
+// there too.
+func TestSketchScanAtEveryLevel(t *testing.T) {
 	if level < levelAVX512 {
-		t.Skip("AVX-512 signed sums only; the Go loop everywhere else")
+		t.Skip("AVX-512 scan only; the Go loop everywhere else")
+	}
+	same := func(what string, got, want []float32) {
+		t.Helper()
+		for i := range got {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%s %d: asm %v, Go %v", what, i, got[i], want[i])
+			}
+		}
 	}
 	for blocks := 1; blocks <= 9; blocks++ {
 		rng := rand.New(rand.NewPCG(uint64(blocks), 5))
 		x := values(rng, 64*blocks)
 		x[rng.IntN(len(x))] = float32(math.Copysign(0, -1))
 		x[rng.IntN(len(x))] = 1e-40
-		signs := make([]uint64, blocks)
+		x[rng.IntN(len(x))] = 3e19
+		if blocks == 7 {
+			x[rng.IntN(len(x))] = float32(math.NaN())
+		}
+		signs, buckets := make([]uint64, blocks), make([]int32, blocks)
 		for i := range signs {
 			signs[i] = [...]uint64{0, ^uint64(0), 1 << 63, 0xffff0000ffff, rng.Uint64()}[rng.IntN(5)]
+			buckets[i] = int32(rng.IntN(3))
 		}
-		got, want := make([]float32, blocks), make([]float32, blocks)
-		if !signedSumsAsm(x, signs, got) {
-			t.Fatal("no AVX-512 signed sums on a CPU with AVX-512")
-		}
-		signedSumsGo(x, signs, want)
-		for i := range got {
-			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-				t.Fatalf("%d blocks, block %d (mask %#x): asm %v, Go %v", blocks, i, signs[i], got[i], want[i])
+		for _, copied := range []bool{false, true} {
+			got, want := values(rng, 48), make([]float32, 48)
+			copy(want, got)
+			var gotSq, wantSq [16]float32
+			for l := range gotSq {
+				gotSq[l] = float32(l)
+				wantSq[l] = float32(l)
 			}
+			var gotDst, wantDst []float32
+			if copied {
+				gotDst, wantDst = make([]float32, len(x)), make([]float32, len(x))
+			}
+			if !sketchScanAsm(gotDst, x, signs, buckets, got, &gotSq, blocks) {
+				t.Fatal("no AVX-512 scan on a CPU with AVX-512")
+			}
+			sketchScanGo(wantDst, x, signs, buckets, want, &wantSq)
+			same("lane", got, want)
+			same("square lane", gotSq[:], wantSq[:])
+			same("copied value", gotDst, wantDst)
 		}
+	}
+	for _, bucket := range []int32{3, -1} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("bucket %d of 3: no panic", bucket)
+				}
+			}()
+			var sq [16]float32
+			sketchScanAsm(nil, make([]float32, 128), []uint64{0, 0}, []int32{0, bucket}, make([]float32, 48), &sq, 2)
+		}()
 	}
 }

@@ -22,7 +22,9 @@ func sumAsm(x []float32) (float32, bool) { return 0, false }
 
 func sumSquaresAsm(x []float32) (float32, bool) { return 0, false }
 
-func signedSumsAsm(v []float32, signs []uint64, out []float32) bool { return false }
+func sketchScanAsm(dst, src []float32, signs []uint64, buckets []int32, lanes []float32, sq *[16]float32, n int) bool {
+	return false
+}
 
 func rowsAsm(add bool, dst []float32, ldd int, src []float32, lds int, rows, n int) bool {
 	return false

@@ -245,28 +245,55 @@ func TestSumSquaresOrder(t *testing.T) {
 	}
 }
 
-// TestSignedSums: each block's sum with the masked values negated, near
-// the float64 sum, and nothing past the blocks all three slices cover.
-func TestSignedSums(t *testing.T) {
+// TestSketchScan: each block's signed values, summed over its bucket's
+// 16 lanes, near the float64 sum, blocks that share a bucket adding up
+// there; the squares' lanes near the sum of squares; the blocks copied;
+// nothing past the blocks all the slices cover.
+func TestSketchScan(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 9))
 	x := values(rng, 64*3+5)
 	signs := []uint64{0, ^uint64(0), 0xa5a5a5a5a5a5a5a5, 7}
-	out := []float32{0, 0, 0, 42}
-	SignedSums(x, signs, out)
+	buckets := []int32{1, 0, 1, 2}
+	lanes := make([]float32, 48)
+	lanes[32] = 42
+	dst := make([]float32, len(x))
+	var sq [16]float32
+	if n := SketchScan(dst, x, signs, buckets, lanes, &sq); n != 3 {
+		t.Fatalf("%d blocks done; want 3", n)
+	}
+	want := make([]float64, 3)
+	var squares float64
 	for i := range 3 {
-		want := 0.0
 		for j := range 64 {
 			v := float64(x[64*i+j])
+			squares += v * v
 			if signs[i]>>uint(j)&1 == 1 {
 				v = -v
 			}
-			want += v
-		}
-		if math.Abs(float64(out[i])-want) > 1e-4 {
-			t.Errorf("block %d: %v; want %v", i, out[i], want)
+			want[buckets[i]] += v
 		}
 	}
-	if out[3] != 42 {
-		t.Errorf("a block past the values was written: %v", out[3])
+	sum := func(v []float32) (s float64) {
+		for _, x := range v {
+			s += float64(x)
+		}
+		return s
+	}
+	for b := range 2 {
+		if got := sum(lanes[16*b : 16*b+16]); math.Abs(got-want[b]) > 1e-4 {
+			t.Errorf("bucket %d: %v; want %v", b, got, want[b])
+		}
+	}
+	if got := sum(sq[:]); math.Abs(got-squares) > 1e-4*squares {
+		t.Errorf("squares %v; want %v", got, squares)
+	}
+	if lanes[32] != 42 || slices.ContainsFunc(lanes[33:], func(v float32) bool { return v != 0 }) {
+		t.Errorf("a block past the values was added: %v", lanes[32:])
+	}
+	if !slices.Equal(dst[:192], x[:192]) || slices.ContainsFunc(dst[192:], func(v float32) bool { return v != 0 }) {
+		t.Error("the blocks, and only they, should be copied")
+	}
+	if n := SketchScan(dst[:100], x, signs, buckets, lanes, &sq); n != 1 {
+		t.Errorf("%d blocks done into 100 values; want 1", n)
 	}
 }
