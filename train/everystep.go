@@ -144,8 +144,9 @@ func (r *Replica) scale(g []float32) {
 // index of the first tensor that holds a NaN or Inf, or -1. Where this
 // step's sketch is of them as they are — no share to scale them by, no
 // int8 error feedback, no attack — the same pass sketches them and sums
-// their squares for the norm guard (out.own): each pass over the
-// gradients costs a step about what a sketch's arithmetic does.
+// their squares for the norm guard (out.own): a pass of its own over the
+// gradients, fresh out of cache, costs a step more than the sketch's
+// arithmetic does.
 func (r *Replica) gatherGrads(flat []float32) int {
 	grads := r.Model.Grads()
 	if !r.sketching() || r.tamper != nil || r.Wire == ring.I8 || (r.share != 0 && r.share != 1) {
