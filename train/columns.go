@@ -138,31 +138,38 @@ func (c *columns) merge(size int, idx [][]int32, val [][]float32) *columns {
 		}
 	}
 	cols := len(c.at)
-	c.v, c.nz = slices.Grow(c.v, cols*n)[:cols*n], slices.Grow(c.nz, cols)[:cols]
+	// One column more than the shared ones, which a lone entry is
+	// written to and left out of: every entry does the same work, with no
+	// branch on whether it is shared, which no predictor learns where the
+	// supports partly overlap.
+	c.v, c.nz = slices.Grow(c.v, (cols+1)*n)[:(cols+1)*n], slices.Grow(c.nz, cols+1)[:cols+1]
 	clear(c.v)
 	clear(c.nz)
 	cv, cnz := c.v, c.nz
 	for i, js := range idx {
 		vi := val[i][:len(js)]
-		at, alone, own := c.aloneAt[i], c.alone[i], 0.0
+		at, alone := slices.Grow(c.aloneAt[i][:0], len(js))[:len(js)], slices.Grow(c.alone[i][:0], len(js))[:len(js)]
+		na, own := 0, 0.0
 		for e, j := range js {
 			x := vi[e]
 			if x == 0 {
 				continue
 			}
-			w, b := j>>6, uint64(1)<<(j&63)
+			w, sh := j>>6, uint(j&63)
 			sw := shared[w]
-			if sw&b == 0 {
-				at, alone = append(at, j), append(alone, x)
-				own += float64(x) * float64(x) // exact: a float32's square fits a float64
-				continue
-			}
-			k := int(before[w]) + bits64.OnesCount64(sw&(b-1))
+			in := int(sw >> sh & 1) // 1: shared, 0: this rank's alone
+			at[na], alone[na] = j, x
+			na += 1 - in
+			// x·x is exact in float64, and a lone one adds +0 to own.
+			own += float64(x) * float64(x) * float64(1-in)
+			k := int(before[w]) + bits64.OnesCount64(sw&(uint64(1)<<sh-1))
+			k = cols + (k-cols)*in // the spare column for a lone entry
 			cv[k*n+i] = x
-			cnz[k]++
+			cnz[k] += uint16(in)
 		}
-		c.aloneAt[i], c.alone[i], c.own[i] = at, alone, own
+		c.aloneAt[i], c.alone[i], c.own[i] = at[:na], alone[:na], own
 	}
+	c.v, c.nz = c.v[:cols*n], c.nz[:cols]
 	return c
 }
 
@@ -347,14 +354,12 @@ func sort4(row []float32) (i0, i1, i2, i3 uint32) {
 // bits made to order as its value (−0 as +0) above i.
 func rankKey(x float32, i int) uint64 {
 	b := math.Float32bits(x)
-	switch {
-	case b == 1<<31: // −0
-		b = 1 << 31
-	case b&(1<<31) != 0:
-		b = ^b
-	default:
-		b |= 1 << 31
+	if b == 1<<31 { // −0
+		b = 0
 	}
+	// Negative: every bit flipped; else the sign bit set. A mask, not a
+	// branch: signs in a column come in no order a predictor learns.
+	b ^= uint32(int32(b)>>31) | 1<<31
 	return uint64(b)<<32 | uint64(uint32(i))
 }
 
@@ -427,11 +432,17 @@ func (c *columns) clipStep(v []float32, alpha, w []float64, dist []float64) {
 	for j, a := range alpha[:n] {
 		alpha[j] = a + (w[j] - float64(a*all))
 	}
-	if n == 4 && dist != nil {
-		c.clipStep4(v, w, dist)
-		c.lones(dist, alpha)
-		for i, a := range dist[:n] {
-			dist[i] = math.Sqrt(a)
+	if n == 4 {
+		acc := dist
+		if acc == nil {
+			acc = make([]float64, 4) // the step's bits, its sums unused
+		}
+		c.clipStep4(v, w, acc)
+		if dist != nil {
+			c.lones(dist, alpha)
+			for i, a := range dist[:n] {
+				dist[i] = math.Sqrt(a)
+			}
 		}
 		return
 	}

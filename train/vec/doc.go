@@ -3,8 +3,9 @@
 // assembly where the CPU has it, with Go loops of exactly the same
 // arithmetic elsewhere and for the tails; and, in AVX-512 with Go loops
 // elsewhere, the 2×2 max-pool and its gradient, the NaN/Inf check, a sum
-// in a fixed order of 64 lanes (a conv layer's bias gradient), the
-// signed block sums of a count sketch (every-step update checks), and the
+// in a fixed order of 64 lanes (a conv layer's bias gradient), one pass
+// that folds blocks into a count sketch's lanes and sums their squares
+// beside a copy (every-step update checks: SketchScan), and the
 // row copies and sums of a convolution's im2col and its input gradient,
 // whose rows are a few values long (AVX-512's masks take a row's ragged
 // end in one instruction). A language model's elementwise functions are
