@@ -209,7 +209,7 @@ func (r *Replica) auditRank(t int, slots []float32, seed uint64) (passed bool, w
 		}
 	}
 	got := make([]float64, k)
-	sketchAdd(got, g, 0, seed, r.sk.tab.cover(seed, k, (r.nparams+63)/64))
+	sketchAdd(got, g, 0, seed, &r.sk.tab)
 	r.Stats.Audits++
 	why = auditVerdict(sent, got, "")
 	return why == "", why, nil

@@ -203,8 +203,8 @@ func (c *columns) median(m []float32, dist []float64, cos []float64) {
 		oc = &othersCos{xa: make([]float64, n), aa: make([]float64, n)}
 	}
 	s := medianScratch{make([]int, n), make([]float32, n), make([]uint64, n)}
-	if n == 4 {
-		c.median4(m, oc, s)
+	if n == 4 && !slices.ContainsFunc(c.nz, func(z uint16) bool { return z < 2 }) {
+		c.median4(m, oc)
 	} else {
 		for k := range c.nz {
 			c.medianAt(k, m, oc, s)
@@ -256,33 +256,21 @@ func (c *columns) medianAt(k int, m []float32, oc *othersCos, s medianScratch) {
 	}
 }
 
-// median4 is median's columns on four ranks, with the sums for oc (nil:
-// none) in registers: where a column has two values or more other than
-// +0 — every column merge makes of four — it sorts them in sortRanks'
-// network, the median is the middle two's mean, and the others' median
-// of the two lowest is the third value, of the two highest the second
-// (othersCos.add); other columns take medianAt. The same bits as
-// medianAt's throughout: each rank's sums take the columns in order.
-func (c *columns) median4(m []float32, oc *othersCos, s medianScratch) {
+// median4 is median's columns on four ranks, each with two values or
+// more other than +0 (every column merge or gather makes of four; median
+// checks), with the sums for oc (nil: none) in registers: it sorts a
+// column in sortRanks' network, the median is the middle two's mean, and
+// the others' median of the two lowest is the third value, of the two
+// highest the second (othersCos.add). The same bits as medianAt's: each
+// rank's sums take the columns in order.
+func (c *columns) median4(m []float32, oc *othersCos) {
 	vals := c.v[:4*len(c.nz)]
 	var xa, aa [4]float64
 	if oc != nil {
 		copy(xa[:], oc.xa)
 		copy(aa[:], oc.aa)
 	}
-	for k, nz := range c.nz {
-		if nz < 2 {
-			if oc != nil {
-				copy(oc.xa, xa[:])
-				copy(oc.aa, aa[:])
-			}
-			c.medianAt(k, m, oc, s)
-			if oc != nil {
-				copy(xa[:], oc.xa)
-				copy(aa[:], oc.aa)
-			}
-			continue
-		}
+	for k := range c.nz {
 		r := vals[4*k : 4*k+4 : 4*k+4]
 		i0, i1, i2, i3 := sort4(r)
 		c0, c1, c2, c3 := float64(r[i0]), float64(r[i1]), float64(r[i2]), float64(r[i3])

@@ -226,6 +226,9 @@ func TestMedianOfFourIsMedianAt(t *testing.T) {
 			xs, idx, val := sparseUpdates(rng, 4, 500, density, trial)
 			xs[1][7], xs[2][7] = float32(math.Copysign(0, -1)), 1
 			for _, c := range []*columns{new(columns).merge(500, idx, val), new(columns).gather(xs, nil)} {
+				if slices.ContainsFunc(c.nz, func(z uint16) bool { return z < 2 }) {
+					t.Fatalf("trial %d: a column of four with fewer than two values: median4 would not run", trial)
+				}
 				m, dist, cos := make([]float32, len(c.nz)), make([]float64, 4), make([]float64, 4)
 				c.median(m, dist, cos)
 				want, wantDist, wantCos := make([]float32, len(c.nz)), make([]float64, 4), make([]float64, 4)

@@ -155,7 +155,7 @@ func (r *Replica) gatherGrads(flat []float32) int {
 	r.sketchBegin()
 	bad, o, squares := -1, 0, 0.0
 	for i, t := range grads {
-		sq := r.sk.scan(r.Sketch, r.sk.own, flat[o:o+len(t)], t, o, r.nparams)
+		sq := r.sk.scan(r.Sketch, r.sk.own, flat[o:o+len(t)], t, o)
 		if bad < 0 && !scannedFinite(sq, t) {
 			bad = i
 		}
@@ -170,11 +170,12 @@ func (r *Replica) gatherGrads(flat []float32) int {
 // pass that also sums their squares for the norm guard's and apply's
 // checks (out.avg).
 func (r *Replica) scanAverage(avg []float32) []float64 {
-	got := r.sk.avg[:0]
-	got = append(got, make([]float64, r.Sketch.dims())...)
-	r.sk.avg = got
-	r.out.avg = scanned{done: true, squares: r.sk.scan(r.Sketch, got, nil, avg, 0, r.nparams)}
-	return got
+	if len(r.sk.avg) != r.Sketch.dims() {
+		r.sk.avg = make([]float64, r.Sketch.dims())
+	}
+	clear(r.sk.avg)
+	r.out.avg = scanned{done: true, squares: r.sk.scan(r.Sketch, r.sk.avg, nil, avg, 0)}
+	return r.sk.avg
 }
 
 // avgNorm is the norm of the averaged gradients avg, from the step's
@@ -350,7 +351,7 @@ func (r *Replica) send(ctx context.Context, flat []float32, bad int, says *stepS
 		if !r.out.own.done {
 			r.sketchBegin()
 			if bad < 0 {
-				r.sk.scan(r.Sketch, r.sk.own, nil, flat[:r.nparams], 0, r.nparams)
+				r.sk.scan(r.Sketch, r.sk.own, nil, flat[:r.nparams], 0)
 			}
 		}
 		r.sketchPut(flat, bad)
@@ -665,7 +666,7 @@ func (r *Replica) prepareBucket(flat []float32, b [2]int) float64 {
 	}
 	if r.sketching() {
 		// One pass for the sketch and the norm.
-		sq := r.sk.scan(r.Sketch, r.sk.own, nil, g, b[0], r.nparams)
+		sq := r.sk.scan(r.Sketch, r.sk.own, nil, g, b[0])
 		if r.NormGuard <= 0 {
 			return 0
 		}

@@ -556,10 +556,9 @@ func (o *LocalSGD) sketchDims() int {
 func (o *LocalSGD) sketch(dst []float32, parts [][]float32, from, nparams int) {
 	const seed = 0x5ce7c4d1
 	sk := make([]float64, len(dst))
-	tab := o.tab.cover(seed, len(dst), (nparams+63)/64)
 	for i, d := range parts {
 		lo, _ := o.fragment(from+i, nparams)
-		sketchAdd(sk, d, lo, seed, tab)
+		sketchAdd(sk, d, lo, seed, &o.tab)
 	}
 	for j, v := range sk {
 		dst[j] = float32(v)

@@ -113,11 +113,10 @@ type sketches struct {
 }
 
 // scan adds to sk the sketch of v (coordinates from off) under this
-// step's projection, for a model of nparams values, copies v to dst
-// unless it is nil, and returns the sum of v's squares (sketchScan).
-func (s *sketches) scan(c *Sketch, sk []float64, dst, v []float32, off, nparams int) float64 {
-	seed := s.seed(c)
-	return sketchScan(sk, dst, v, off, seed, s.tab.cover(seed, c.dims(), (nparams+63)/64))
+// step's projection, copies v to dst unless it is nil, and returns the
+// sum of v's squares (sketchScan).
+func (s *sketches) scan(c *Sketch, sk []float64, dst, v []float32, off int) float64 {
+	return sketchScan(sk, dst, v, off, s.seed(c), &s.tab)
 }
 
 // reset starts the state for ring, a ring of size ranks, if it is not
