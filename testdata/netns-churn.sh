@@ -12,7 +12,9 @@
 # past its bound.
 #
 # usage: [MODE=everystep|deadline|pipeline] [PERIOD=15] [DURATION=600] [PEERS=6] [NEW_EVERY=180] [DATA=folder]
-#        [SEC_PER_KIMAGE=s] [BOUNDS=1] [KEEP=folder] testdata/netns-churn.sh [path/to/ringtrain]
+#        [SEC_PER_KIMAGE=s] [BOUNDS=1] [MIN_THROUGHPUT=0.8] [KEEP=folder] testdata/netns-churn.sh [path/to/ringtrain]
+# MIN_THROUGHPUT bounds the undisturbed job's wall time ÷ the churned
+# job's; it holds only where both halves have the machine to themselves.
 # DURATION sets the job's epochs from SEC_PER_KIMAGE (the undisturbed
 # job's seconds per 1,000 images of DATA; the defaults are a 2-core VM's,
 # set it where the machine is slower or faster); the churn runs as long
@@ -192,7 +194,7 @@ kill "$sampler" 2>/dev/null || true
 for ((i = 0; i < count; i++)); do [ -z "${pids[$i]:-}" ] || reap "$i"; done
 [ -z "${KEEP:-}" ] || { mkdir -p "$KEEP" && cp -r "$tmp/undisturbed" "$tmp/churn" "$KEEP/"; }
 
-flags=(-period "${PERIOD}s")
+flags=(-period "${PERIOD}s" -min-throughput "${MIN_THROUGHPUT:-0.8}")
 # Every sample once an epoch, counted from the traces: in DiLoCo's
 # deadline rounds a rank behind when an epoch's last round closes leaves
 # the rest of its share for the epoch by design, and a pipeline's stages
