@@ -17,7 +17,7 @@ const (
 	// Wall time undisturbed ÷ churned, same samples; -min-throughput
 	// sets another where the halves do not see the same machine.
 	defaultMinThroughput = 0.8
-	maxAccuracyLoss = 0.01            // below the undisturbed run's test accuracy
+	maxAccuracyLoss      = 0.01 // below the undisturbed run's test accuracy
 	// A process's goroutines and open files may move by this much between
 	// its first sample after its first step and its last: a peer of a ring
 	// that grows holds a few more links. Leaks grow with every event.
