@@ -292,49 +292,10 @@ func (n *Net) planConvs() {
 // allocate plans the arena of every buffer a step uses, then allocates it
 // in one piece, and the page-locked staging beside it.
 func (n *Net) allocate() error {
-	var plan []int
-	want := func(size int) int {
-		plan = append(plan, size)
-		return len(plan) - 1
-	}
-	iParam, iGrad := want(n.nparams), want(n.nparams)
-	iAct, iDAct := []int{want(n.batch * n.inputs)}, []int{want(n.batch * n.inputs)}
-	iCol, iStats, iSave := make([]int, len(n.layers)), make([]int, len(n.layers)), make([]int, len(n.saves))
-	maxCol, maxTmp, maxScratch := 0, 0, 0
-	for k, ly := range n.layers {
-		iCol[k], iStats[k] = -1, -1
-		switch ly.kind {
-		case train.LayerFlatten: // the same values, seen flat
-			iAct, iDAct = append(iAct, iAct[len(iAct)-1]), append(iDAct, iDAct[len(iDAct)-1])
-			continue
-		case train.LayerAdd: // its input's gradient is its output's
-			iAct, iDAct = append(iAct, want(n.batch*ly.out)), append(iDAct, iDAct[len(iDAct)-1])
-			continue
-		case train.LayerConv2D:
-			if n.plans[k] >= 0 {
-				break
-			}
-			iCol[k] = want(n.batch * ly.conv.ColRows() * ly.conv.ColCols())
-			maxCol = max(maxCol, ly.conv.ColRows()*ly.conv.ColCols())
-			maxTmp = max(maxTmp, ly.outC*ly.conv.ColCols())
-		case train.LayerLayerNorm:
-			iStats[k] = want(2 * n.batch * ly.rows)
-			maxScratch = max(maxScratch, ly.in)
-		case train.LayerAttention:
-			iStats[k] = want(n.batch * ly.heads * ly.rows * ly.rows)
-			maxScratch = max(maxScratch, ly.heads*ly.rows*ly.rows)
-		}
-		iAct, iDAct = append(iAct, want(n.batch*ly.out)), append(iDAct, want(n.batch*ly.out))
-	}
-	for k, sv := range n.saves {
-		iSave[k] = want(n.batch * n.layers[sv.act-1].out)
-	}
-	iDCol, iTmp, iScratch := want(n.batch*maxCol), want(n.batch*maxTmp), want(n.batch*maxScratch)
-	labels := n.batch * n.positions
-	iLabels, iLoss, iFlags, iHyper := want(labels), want(labels), want(3), want(hyperLen)
-	offs := make([]int, len(plan))
+	pl := n.planArena()
+	offs := make([]int, len(pl.sizes))
 	total := 0
-	for k, s := range plan {
+	for k, s := range pl.sizes {
 		offs[k] = total
 		total += (s + align - 1) / align * align
 	}
@@ -349,26 +310,26 @@ func (n *Net) allocate() error {
 		if k < 0 {
 			return nil
 		}
-		return ops.Slice(arena, offs[k], plan[k])
+		return ops.Slice(arena, offs[k], pl.sizes[k])
 	}
-	n.dParam, n.dGrad = buf(iParam), buf(iGrad)
+	n.dParam, n.dGrad = buf(pl.param), buf(pl.grad)
 	o := 0
 	for _, p := range n.params {
 		n.dParams = append(n.dParams, ops.Slice(n.dParam, o, len(p)))
 		n.dGrads = append(n.dGrads, ops.Slice(n.dGrad, o, len(p)))
 		o += len(p)
 	}
-	for k := range iAct {
-		n.acts, n.dActs = append(n.acts, buf(iAct[k])), append(n.dActs, buf(iDAct[k]))
+	for k := range pl.act {
+		n.acts, n.dActs = append(n.acts, buf(pl.act[k])), append(n.dActs, buf(pl.dAct[k]))
 	}
 	for k := range n.layers {
-		n.cols, n.stats = append(n.cols, buf(iCol[k])), append(n.stats, buf(iStats[k]))
+		n.cols, n.stats = append(n.cols, buf(pl.col[k])), append(n.stats, buf(pl.stats[k]))
 	}
 	for k := range n.saves {
-		n.saves[k].grad = buf(iSave[k])
+		n.saves[k].grad = buf(pl.save[k])
 	}
-	n.dCol, n.tmp, n.scratch = buf(iDCol), buf(iTmp), buf(iScratch)
-	n.labels, n.dLoss, n.flags, n.hyper = buf(iLabels), buf(iLoss), buf(iFlags), buf(iHyper)
+	n.dCol, n.tmp, n.scratch = buf(pl.dCol), buf(pl.tmp), buf(pl.scratch)
+	n.labels, n.dLoss, n.flags, n.hyper = buf(pl.labels), buf(pl.loss), buf(pl.flags), buf(pl.hyper)
 	pin := func(size int) []float32 {
 		if err != nil {
 			return nil
@@ -377,12 +338,72 @@ func (n *Net) allocate() error {
 		p, err = ops.Pinned(size)
 		return p
 	}
+	labels := pl.sizes[pl.labels]
 	n.xPin, n.yPin, n.lossPin = pin(n.batch*n.inputs), pin(labels), pin(labels)
 	n.flagPin, n.hyperPin = pin(3), pin(hyperLen)
 	if err != nil {
 		return fmt.Errorf("engine: page-locked host memory for %s: %w", ops.Name(), err)
 	}
 	return nil
+}
+
+// arenaPlan is where each of a Net's device buffers lies in its one
+// arena: sizes holds every buffer's length in floats, and the other
+// fields index sizes (-1: the layer has no such buffer).
+type arenaPlan struct {
+	sizes                                          []int
+	param, grad                                    int
+	act, dAct                                      []int // by layer boundary, the input's first
+	col, stats, save                               []int // by layer; by saved activation
+	dCol, tmp, scratch, labels, loss, flags, hyper int
+}
+
+// planArena lays out the buffers the net's layers need at its batch: a
+// flatten shares its input's, an add its output's gradient, and the
+// per-layer scratch is sized for the largest layer that uses it.
+func (n *Net) planArena() *arenaPlan {
+	pl := &arenaPlan{}
+	want := func(size int) int {
+		pl.sizes = append(pl.sizes, size)
+		return len(pl.sizes) - 1
+	}
+	pl.param, pl.grad = want(n.nparams), want(n.nparams)
+	pl.act, pl.dAct = []int{want(n.batch * n.inputs)}, []int{want(n.batch * n.inputs)}
+	pl.col, pl.stats, pl.save = make([]int, len(n.layers)), make([]int, len(n.layers)), make([]int, len(n.saves))
+	maxCol, maxTmp, maxScratch := 0, 0, 0
+	for k, ly := range n.layers {
+		pl.col[k], pl.stats[k] = -1, -1
+		last := len(pl.act) - 1
+		switch ly.kind {
+		case train.LayerFlatten: // the same values, seen flat
+			pl.act, pl.dAct = append(pl.act, pl.act[last]), append(pl.dAct, pl.dAct[last])
+			continue
+		case train.LayerAdd: // its input's gradient is its output's
+			pl.act, pl.dAct = append(pl.act, want(n.batch*ly.out)), append(pl.dAct, pl.dAct[last])
+			continue
+		case train.LayerConv2D:
+			if n.plans[k] >= 0 {
+				break
+			}
+			pl.col[k] = want(n.batch * ly.conv.ColRows() * ly.conv.ColCols())
+			maxCol = max(maxCol, ly.conv.ColRows()*ly.conv.ColCols())
+			maxTmp = max(maxTmp, ly.outC*ly.conv.ColCols())
+		case train.LayerLayerNorm:
+			pl.stats[k] = want(2 * n.batch * ly.rows)
+			maxScratch = max(maxScratch, ly.in)
+		case train.LayerAttention:
+			pl.stats[k] = want(n.batch * ly.heads * ly.rows * ly.rows)
+			maxScratch = max(maxScratch, ly.heads*ly.rows*ly.rows)
+		}
+		pl.act, pl.dAct = append(pl.act, want(n.batch*ly.out)), append(pl.dAct, want(n.batch*ly.out))
+	}
+	for k, sv := range n.saves {
+		pl.save[k] = want(n.batch * n.layers[sv.act-1].out)
+	}
+	pl.dCol, pl.tmp, pl.scratch = want(n.batch*maxCol), want(n.batch*maxTmp), want(n.batch*maxScratch)
+	labels := n.batch * n.positions
+	pl.labels, pl.loss, pl.flags, pl.hyper = want(labels), want(labels), want(3), want(hyperLen)
+	return pl
 }
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }
