@@ -132,7 +132,7 @@ test-arm64:
 	  echo "test-arm64: train/$$pkg under qemu-aarch64"; (cd train/$$pkg && qemu-aarch64 $$dir/$$pkg.test -test.short); done; \
 	GOARCH=arm64 $(GO) test -c -o $$dir/train.test ./train; \
 	echo "test-arm64: train's layer and bit tests under qemu-aarch64"; \
-	(cd train && qemu-aarch64 $$dir/train.test -test.run 'ConvMatches|SameBitsWhatever|EveryLayerGradient|BigBatch')
+	(cd train && qemu-aarch64 $$dir/train.test -test.short -test.run 'ConvMatches|SameBitsWhatever|EveryLayerGradient|BigBatch')
 
 # ONNX export checked by real tools: onnxruntime (npm's onnxruntime-node,
 # whose CPU build is in the npm tarball; ONNXRUNTIME_NODE_INSTALL=skip stops
