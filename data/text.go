@@ -57,31 +57,38 @@ func (t *TextSpec) check(dir string) error {
 	return nil
 }
 
-// paths are the corpus's files, sorted.
-func (t *TextSpec) paths() ([]string, error) {
+// paths are the corpus's files, sorted, and what a folder held that is
+// passed over: entries that are not regular files or are hidden, and
+// binary files, so that a corpus found empty can say why.
+func (t *TextSpec) paths() (out []string, passed string, err error) {
 	switch {
 	case t.Folder != "":
 		entries, err := os.ReadDir(t.Folder)
 		if err != nil {
-			return nil, fmt.Errorf("data: text folder: %w: %w", err, ErrConfig)
+			return nil, "", fmt.Errorf("data: text folder: %w: %w", err, ErrConfig)
 		}
-		var out []string
+		var other, binary int
 		for _, e := range entries {
 			p := filepath.Join(t.Folder, e.Name())
-			if e.Type().IsRegular() && e.Name()[0] != '.' && !binaryFile(p) {
+			switch {
+			case !e.Type().IsRegular() || e.Name()[0] == '.':
+				other++
+			case binaryFile(p):
+				binary++
+			default:
 				out = append(out, p)
 			}
 		}
-		return out, nil
+		return out, fmt.Sprintf("; passed over: %d binary (a NUL byte in the first 8 KiB), %d hidden or not regular files", binary, other), nil
 	case t.Glob != "":
 		out, err := filepath.Glob(t.Glob)
 		if err != nil {
-			return nil, fmt.Errorf("data: text glob %q: %w: %w", t.Glob, err, ErrConfig)
+			return nil, "", fmt.Errorf("data: text glob %q: %w: %w", t.Glob, err, ErrConfig)
 		}
 		slices.Sort(out)
-		return out, nil
+		return out, "", nil
 	}
-	return slices.Sorted(slices.Values(t.Files)), nil
+	return slices.Sorted(slices.Values(t.Files)), "", nil
 }
 
 // binaryFile reports whether the file at p holds a NUL byte in its first
@@ -101,7 +108,7 @@ func binaryFile(p string) bool {
 // all. A file named that is missing or not a regular file, and a corpus
 // with no bytes, are errors that say so.
 func (t *TextSpec) Read(limit int64) (corpus []byte, files []string, err error) {
-	paths, err := t.paths()
+	paths, passed, err := t.paths()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -111,7 +118,7 @@ func (t *TextSpec) Read(limit int64) (corpus []byte, files []string, err error) 
 		}
 	}
 	if len(corpus) == 0 {
-		return nil, nil, fmt.Errorf("data: text corpus %s holds no bytes (%d files): %w", t.describe(), len(paths), ErrConfig)
+		return nil, nil, fmt.Errorf("data: text corpus %s holds no bytes (%d files%s): %w", t.describe(), len(paths), passed, ErrConfig)
 	}
 	return corpus, paths, nil
 }

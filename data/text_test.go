@@ -57,6 +57,15 @@ func TestTextReadRefuses(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(empty, "nothing"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	binary := t.TempDir()
+	for name, b := range map[string][]byte{"strings.dat": {'a', 0, 'b'}, ".hidden": []byte("text")} {
+		if err := os.WriteFile(filepath.Join(binary, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(binary, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name  string
 		spec  TextSpec
@@ -66,7 +75,8 @@ func TestTextReadRefuses(t *testing.T) {
 		{"missing folder", TextSpec{Folder: filepath.Join(dir, "none")}, MaxTextBytes, "no such file"},
 		{"missing file", TextSpec{Files: []string{filepath.Join(dir, "none")}}, MaxTextBytes, "no such file"},
 		{"a folder named as a file", TextSpec{Files: []string{filepath.Join(dir, "sub")}}, MaxTextBytes, "not a regular file"},
-		{"an empty corpus", TextSpec{Folder: empty}, MaxTextBytes, "holds no bytes"},
+		{"an empty corpus", TextSpec{Folder: empty}, MaxTextBytes, "holds no bytes (1 files; passed over: 0 binary"},
+		{"a folder of what is passed over", TextSpec{Folder: binary}, MaxTextBytes, "holds no bytes (0 files; passed over: 1 binary (a NUL byte in the first 8 KiB), 2 hidden or not regular files)"},
 		{"a glob that matches nothing", TextSpec{Glob: filepath.Join(dir, "*.txt")}, MaxTextBytes, "holds no bytes"},
 		{"over the limit", TextSpec{Folder: dir}, 10, "over 10 bytes"},
 	} {
