@@ -540,3 +540,23 @@ func TestAuditsRefusedWhereTheyCannotRun(t *testing.T) {
 		}
 	}
 }
+
+// TestTestFigure: the summary line's score is what users of each kind of
+// job compare: an image model's accuracy, a regression's loss, a language
+// model's validation bits per byte.
+func TestTestFigure(t *testing.T) {
+	gpt := train.GPTSpec(1, 32, 4, 16)
+	for _, tc := range []struct {
+		name string
+		cfg  jobConfig
+		want string
+	}{
+		{"classifier", jobConfig{}, "test accuracy 0.3825"},
+		{"regression", jobConfig{jobSpec: jobSpec{Loss: "mse"}}, "test loss (mse) 2.14722"},
+		{"language model", jobConfig{spec: &gpt}, "validation 3.098 bits per byte (next-byte accuracy 0.3825)"},
+	} {
+		if got := tc.cfg.testFigure(0.3825, 2.1472217); got != tc.want {
+			t.Errorf("%s: %q; want %q", tc.name, got, tc.want)
+		}
+	}
+}

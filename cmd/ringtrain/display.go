@@ -32,6 +32,7 @@ type statusRecord struct {
 	SamplesPerSec float64  `json:"samples_per_sec"`
 	ElapsedS      float64  `json:"elapsed_s"`
 	TestAccuracy  *float64 `json:"test_accuracy"`
+	TestBPB       *float64 `json:"test_bits_per_byte"` // a language model's, said instead of the accuracy
 	ParamHash     string   `json:"param_hash"`
 	Path          string   `json:"path"`
 }
@@ -78,6 +79,18 @@ func isEvent(r statusRecord) bool {
 	return false
 }
 
+// testFigure is a record's score of the test set as a clause: a language
+// model's validation bits per byte, else the test accuracy, if it has one.
+func (r statusRecord) testFigure() string {
+	switch {
+	case r.TestBPB != nil:
+		return fmt.Sprintf(", validation %.3f bits per byte", *r.TestBPB)
+	case r.TestAccuracy != nil:
+		return fmt.Sprintf(", test accuracy %.4f", *r.TestAccuracy)
+	}
+	return ""
+}
+
 // sentence is an event as one short line.
 func sentence(who string, r statusRecord) string {
 	var b strings.Builder
@@ -86,14 +99,10 @@ func sentence(who string, r statusRecord) string {
 	switch {
 	case r.Message == "epoch done":
 		fmt.Fprintf(&b, "epoch %d done, loss %.4f", r.Epoch, r.Loss)
-		if r.TestAccuracy != nil {
-			fmt.Fprintf(&b, ", test accuracy %.4f", *r.TestAccuracy)
-		}
+		b.WriteString(r.testFigure())
 	case r.Message == "summary":
 		b.WriteString("finished")
-		if r.TestAccuracy != nil {
-			fmt.Fprintf(&b, ", test accuracy %.4f", *r.TestAccuracy)
-		}
+		b.WriteString(r.testFigure())
 		if len(r.ParamHash) >= 16 {
 			fmt.Fprintf(&b, ", parameter hash %s", r.ParamHash[:16])
 		}

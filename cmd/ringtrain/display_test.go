@@ -53,6 +53,7 @@ func TestDisplayRecords(t *testing.T) {
 		{w0, `{"level":"info","epoch":1,"step":100,"steps":100,"loss":0.25,"test_accuracy":0.8,"message":"epoch done"}`},
 		{w1, `{"level":"info","path":"ckpt/demo.ckpt","message":"checkpoint written"}`},
 		{w1, `{"level":"info","test_accuracy":0.8125,"param_hash":"0123456789abcdef0123","message":"summary"}`},
+		{w1, `{"level":"info","epoch":2,"loss":1.5,"test_accuracy":0.4,"test_bits_per_byte":3.0978,"message":"epoch done"}`},
 		{w0, "panic: not JSON"},
 	})
 	d.failed(0, errors.New("exit status 1"))
@@ -67,6 +68,8 @@ func TestDisplayRecords(t *testing.T) {
 		{"epoch 1 done, loss 0.2500, test accuracy 0.8000", 1},
 		{"rank 0: checkpoint written (ckpt/demo.ckpt)", 1},
 		{"rank 0: finished, test accuracy 0.8125, parameter hash 0123456789abcdef", 1},
+		{"rank 0: epoch 2 done, loss 1.5000, validation 3.098 bits per byte", 1},
+		{"test accuracy 0.4000", 0},
 		{"panic: not JSON", 1},
 		{"looking for peers", 0},
 		{"compute", 0},

@@ -956,6 +956,10 @@ func TestGPTTrainsEndToEnd(t *testing.T) {
 	if summaries != 2 || len(hashes) != 1 {
 		t.Errorf("%d summaries with %d parameter hashes; want 2 with one\n%s", summaries, len(hashes), tails(out))
 	}
+	// The line a user reads gives a language model's score as it is compared.
+	if n := len(regexp.MustCompile(`rank [01] of 2: validation \d\.\d{3} bits per byte \(next-byte accuracy 0\.\d{4}\), param hash`).FindAllString(out, -1)); n != 2 {
+		t.Errorf("%d summary lines in bits per byte; want 2\n%s", n, tails(out))
+	}
 	// Text from the checkpoint: the prompt, then the bytes asked for, the
 	// same for the same seed.
 	ckpt := filepath.Join(dir, "gpt-tiny.ckpt")

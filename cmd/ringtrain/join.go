@@ -343,11 +343,16 @@ func (j *joinRun) report(job *elastic.Job, sum train.Summary, err error) error {
 	return nil
 }
 
-// testFigure is the test figure a summary line prints: the accuracy, or,
-// for float targets, the loss (accuracy is BCE's alone; MSE's is 0).
+// testFigure is the test figure a summary line prints: the accuracy; for
+// float targets, the loss (accuracy is BCE's alone; MSE's is 0); for a
+// language model, the validation loss in bits per byte, the figure its
+// users compare, with the next byte's accuracy after it.
 func (c *jobConfig) testFigure(accuracy, loss float64) string {
-	if c.Loss != "" {
+	switch {
+	case c.Loss != "":
 		return fmt.Sprintf("test loss (%s) %.6g", c.Loss, loss)
+	case c.context() > 0:
+		return fmt.Sprintf("validation %.3f bits per byte (next-byte accuracy %.4f)", loss/math.Ln2, accuracy)
 	}
 	return fmt.Sprintf("test accuracy %.4f", accuracy)
 }
