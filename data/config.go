@@ -242,6 +242,9 @@ func (s *Split) Values() int {
 // Describe says what a user wants to see on load.
 func (s *Split) Describe() string {
 	if s.Text != nil {
+		if s.Text.Context < 1 { // windows are the model's, which no job has named yet
+			return fmt.Sprintf("%s: %d bytes, in windows of the model's context + 1", s.Source, len(s.Text.Bytes))
+		}
 		return fmt.Sprintf("%s; %d windows of %d bytes", s.Source, s.Text.Windows(), s.Text.Context+1)
 	}
 	if s.Table != nil {

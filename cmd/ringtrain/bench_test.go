@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -170,6 +172,19 @@ func TestDataCommand(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"data"}, &out, &out); !errors.Is(err, errUsage) {
 		t.Errorf("data without --config = %v; want a usage error", err)
+	}
+	// A text corpus: both parts, in bytes, as no model has named the
+	// windows' length yet.
+	cfg := filepath.Join(t.TempDir(), "text.json")
+	if err := os.WriteFile(cfg, []byte(`{"text": {"folder": "`+mustAbs(t, "../../testdata/text")+`"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"data", "--config", cfg}, &out, &out); err != nil {
+		t.Fatalf("data of text: %v", err)
+	}
+	if got := regexp.MustCompile(`(?m)^(train|test): .*, its (training|validation) part: [1-9]\d* bytes, in windows of the model's context \+ 1$`).FindAllString(out.String(), -1); len(got) != 2 {
+		t.Errorf("data of text printed %q; want the training and validation parts' bytes", out.String())
 	}
 }
 

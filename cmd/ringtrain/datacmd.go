@@ -25,7 +25,7 @@ func runData(_ context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	for _, split := range []string{"train", "test"} {
-		if split == "test" && cfg.DatasetPath.Test == "" {
+		if split == "test" && cfg.DatasetPath.Test == "" && cfg.Text == nil {
 			continue
 		}
 		s, err := cfg.Load(split)
