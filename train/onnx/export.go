@@ -52,26 +52,28 @@ var ErrExport = errors.New("onnx: cannot export")
 // Export returns the ONNX model of a checkpoint.
 func Export(c *train.Checkpoint) (*pb.ModelProto, error) { return exportWithin(c, MaxBytes) }
 
+// exportErr is an ErrExport saying why.
+func exportErr(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrExport, fmt.Sprintf(format, args...))
+}
+
 // exportWithin is Export with a limit on the parameters' bytes.
 func exportWithin(c *train.Checkpoint, maxBytes int) (*pb.ModelProto, error) {
-	fail := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrExport, fmt.Sprintf(format, args...))
-	}
 	spec := c.Model.Spec
 	shapes, err := spec.Shapes()
 	if err != nil {
-		return nil, fail("the checkpoint's model: %v", err)
+		return nil, exportErr("the checkpoint's model: %v", err)
 	}
 	want, err := train.InitParams(c.Model) // names and shapes, in order
 	if err != nil {
-		return nil, fail("the checkpoint's model: %v", err)
+		return nil, exportErr("the checkpoint's model: %v", err)
 	}
 	if err := fitParams(c.Params, want, maxBytes); err != nil {
 		return nil, err
 	}
 	mean, std, err := normalizeOf(c.Transforms, spec.Input)
 	if err != nil {
-		return nil, fail("%v", err)
+		return nil, exportErr("%v", err)
 	}
 
 	lm := newGraph()
@@ -83,6 +85,20 @@ func exportWithin(c *train.Checkpoint, maxBytes int) (*pb.ModelProto, error) {
 		init("normalize.std", sample, std)
 		h = node("Div", "normalize.div", []string{node("Sub", "normalize.sub", []string{h, "normalize.mean"}), "normalize.std"})
 	}
+	h, err = lm.layers(h, spec, shapes, want, c.Params)
+	if err != nil {
+		return nil, err
+	}
+	node("Identity", "logits", []string{h})
+	g.Input = []*pb.ValueInfoProto{valueInfo("input", spec.Input)}
+	g.Output = []*pb.ValueInfoProto{valueInfo("logits", shapes[len(shapes)-1])}
+
+	return modelProto(c, g, mean != nil), nil
+}
+
+// layers adds the spec's layers after h, the parameters taken in order
+// (want: their names and shapes), and returns the last one's output.
+func (m *lmGraph) layers(h string, spec train.Spec, shapes [][]int, want []train.Param, params [][]float32) (string, error) {
 	saved := map[string]string{}
 	next := 0
 	for i, l := range spec.Layers {
@@ -95,50 +111,53 @@ func exportWithin(c *train.Checkpoint, maxBytes int) (*pb.ModelProto, error) {
 			} else {
 				in = spec.Input
 			}
-			h = lm.layer(h, name, l, in, want, c.Params, &next)
+			h = m.layer(h, name, l, in, want, params, &next)
 		case train.LayerLinear:
-			w, b := lm.weightAndBias(l.Out, want, c.Params, &next)
+			w, b := m.weightAndBias(l.Out, want, params, &next)
 			if i > 0 && len(shapes[i-1]) == 2 { // each position's row: [batch, T, features]
-				h = node("Add", name, []string{node("MatMul", name+".matmul", []string{h, w}), b})
+				h = m.node("Add", name, []string{m.node("MatMul", name+".matmul", []string{h, w}), b})
 				break
 			}
-			h = node("Gemm", name, []string{h, w, b})
+			h = m.node("Gemm", name, []string{h, w, b})
 		case train.LayerConv2D:
-			w, b := lm.weightAndBias(l.Out, want, c.Params, &next)
-			h = node("Conv", name, []string{h, w, b},
+			w, b := m.weightAndBias(l.Out, want, params, &next)
+			h = m.node("Conv", name, []string{h, w, b},
 				ints("kernel_shape", l.Kernel, l.Kernel), ints("pads", l.Pad, l.Pad, l.Pad, l.Pad), ints("strides", 1, 1))
 		case train.LayerMaxPool2D:
-			h = node("MaxPool", name, []string{h}, ints("kernel_shape", l.Kernel, l.Kernel), ints("strides", l.Kernel, l.Kernel))
+			h = m.node("MaxPool", name, []string{h}, ints("kernel_shape", l.Kernel, l.Kernel), ints("strides", l.Kernel, l.Kernel))
 		case train.LayerReLU:
-			h = node("Relu", name, []string{h})
+			h = m.node("Relu", name, []string{h})
 		case train.LayerSigmoid:
-			h = node("Sigmoid", name, []string{h})
+			h = m.node("Sigmoid", name, []string{h})
 		case train.LayerTanh:
-			h = node("Tanh", name, []string{h})
+			h = m.node("Tanh", name, []string{h})
 		case train.LayerFlatten:
-			h = node("Flatten", name, []string{h}, ints1("axis", 1))
+			h = m.node("Flatten", name, []string{h}, ints1("axis", 1))
 		case train.LayerAdd:
 			from, ok := saved[l.From]
 			if !ok {
-				return nil, fail("layer %d adds %q, which no earlier layer saved", i, l.From)
+				return "", exportErr("layer %d adds %q, which no earlier layer saved", i, l.From)
 			}
-			h = node("Add", name, []string{h, from})
+			h = m.node("Add", name, []string{h, from})
 		case train.LayerDropout:
 			// The identity at inference.
 		default:
-			return nil, fail("layer %d is a %q, which has no ONNX form here", i, l.Type)
+			return "", exportErr("layer %d is a %q, which has no ONNX form here", i, l.Type)
 		}
 		if l.Save != "" {
 			saved[l.Save] = h
 		}
 	}
-	node("Identity", "logits", []string{h})
-	g.Input = []*pb.ValueInfoProto{valueInfo("input", spec.Input)}
-	g.Output = []*pb.ValueInfoProto{valueInfo("logits", shapes[len(shapes)-1])}
+	return h, nil
+}
 
+// modelProto is graph g as c's model, with what a user of the file needs
+// to feed it: the input's layout, the classes and the transforms.
+func modelProto(c *train.Checkpoint, g *pb.GraphProto, normalized bool) *pb.ModelProto {
+	spec := c.Model.Spec
 	classes, _ := json.Marshal(c.Classes)
 	transforms, _ := json.Marshal(c.Transforms)
-	layout, output := describeIO(spec, mean != nil)
+	layout, output := describeIO(spec, normalized)
 	return &pb.ModelProto{
 		IrVersion:       proto.Int64(IRVersion),
 		OpsetImport:     []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(Opset)}},
@@ -151,7 +170,7 @@ func exportWithin(c *train.Checkpoint, maxBytes int) (*pb.ModelProto, error) {
 			{Key: proto.String("input"), Value: proto.String(layout)},
 			{Key: proto.String("transforms"), Value: proto.String(string(transforms))},
 		},
-	}, nil
+	}
 }
 
 // newGraph is an empty graph with its two builders: init adds a float
