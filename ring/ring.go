@@ -481,27 +481,8 @@ func (r *Ring) ringAllreduceAs(seq uint64, op Op, enc Encoding, buf []float32) e
 	count := uint64(len(buf))
 	steps := 2 * (n - 1)
 	base := Header{Op: op, Encoding: enc, Generation: r.cfg.Generation, Seq: seq, Count: count}
-	// A blockwise encoding's frames and segments start on its blocks.
-	chunk, blk := r.chunk, uint64(enc.block())
-	if blk > 1 {
-		chunk = max(int(blk), chunk/int(blk)*int(blk))
-	}
+	chunk, blk, nframes := r.prepareAllreduce(enc, count)
 	segment := func(count uint64, n, k int) (uint64, uint64) { return segmentOf(count, n, k, blk) }
-	wire := func(lo, hi uint64) int { return enc.Size(int(hi - lo)) }
-	if enc != F32 {
-		if need := enc.Size(chunk); len(r.wireOut) < need && count > 0 {
-			r.wireOut, r.wireIn = make([]byte, need), make([]byte, need)
-		}
-	}
-
-	nframes := 0 // per step, over all steps
-	for k := range n {
-		_, l := segment(count, n, k)
-		nframes += 2 * frames(l, chunk)
-	}
-	if need := int(min(uint64(min(chunk, addPiece)), count)); len(r.scratch) < need {
-		r.scratch = make([]float32, need)
-	}
 
 	send := func(f *flow) error {
 		for s := range steps {
@@ -515,19 +496,10 @@ func (r *Ring) ringAllreduceAs(seq uint64, op Op, enc Encoding, buf []float32) e
 				}
 				lo := start + uint64(c*chunk)
 				hi := min(lo+uint64(chunk), start+length)
-				h.Offset, h.Length = lo, uint32(wire(lo, hi))
-				var err error
-				if enc == F32 {
-					err = r.writeFrame(&h, buf[lo:hi])
-				} else {
-					out := r.wireOut[:wire(lo, hi)]
-					enc.encode(out, buf[lo:hi])
-					if s == n-1 { // the segment this rank completed: keep what the others get
-						enc.decode(buf[lo:hi], out)
-					}
-					err = r.writeBytes(&h, out)
-				}
-				if err != nil {
+				h.Offset, h.Length = lo, uint32(enc.Size(int(hi-lo)))
+				// Step n-1 sends the segment this rank completed: it keeps
+				// what the others get.
+				if err := r.sendFrame(&h, enc, buf[lo:hi], s == n-1); err != nil {
 					return err
 				}
 				if s < n-1 { // all-gather step s+n-1 overwrites this frame's memory
@@ -544,43 +516,16 @@ func (r *Ring) ringAllreduceAs(seq uint64, op Op, enc Encoding, buf []float32) e
 			start, length := segment(count, n, seg)
 			want := base
 			want.Step, want.Segment = uint32(s), uint32(seg)
-			reduce := s < n-1
-			last := s == n-2 // this segment is complete once this step has added
+			div := 0 // the mean divides a segment by n once this step completes it
+			if s == n-2 && op == OpAllreduceMean {
+				div = n
+			}
 			for c := range frames(length, chunk) {
 				lo := start + uint64(c*chunk)
 				hi := min(lo+uint64(chunk), start+length)
-				want.Offset, want.Length = lo, uint32(wire(lo, hi))
-				dst := buf[lo:hi]
-				if enc != F32 {
-					if !reduce && !f.awaitSent() {
-						return errSendStopped
-					}
-					if err := r.fr.read(&want, r.wireIn[:wire(lo, hi)]); err != nil {
-						return r.recvErr(&want, err)
-					}
-					if reduce {
-						enc.decodeAdd(dst, r.wireIn[:wire(lo, hi)])
-						if last && op == OpAllreduceMean {
-							scale(dst, n)
-						}
-					} else {
-						enc.decode(dst, r.wireIn[:wire(lo, hi)])
-					}
-				} else if reduce {
-					div := 0 // the mean divides the completed segment by n
-					if last && op == OpAllreduceMean {
-						div = n
-					}
-					if err := r.readAdd(&want, dst, div); err != nil {
-						return r.recvErr(&want, err)
-					}
-				} else {
-					if !f.awaitSent() {
-						return errSendStopped
-					}
-					if err := r.fr.read(&want, asBytes(dst)); err != nil {
-						return r.recvErr(&want, err)
-					}
+				want.Offset, want.Length = lo, uint32(enc.Size(int(hi-lo)))
+				if err := r.recvFrame(f, &want, enc, buf[lo:hi], s < n-1, div); err != nil {
+					return err
 				}
 				if s == 0 && c == 0 {
 					// Until the neighbour's first frame came, this rank
@@ -595,6 +540,82 @@ func (r *Ring) ringAllreduceAs(seq uint64, op Op, enc Encoding, buf []float32) e
 		return nil
 	}
 	return r.pipe(send, recv, nframes)
+}
+
+// prepareAllreduce sizes a ring allreduce of count values in enc: its
+// frames' length (a blockwise encoding's frames and segments start on its
+// blocks, blk), the frames it sends over all its steps, and the buffers
+// its frames pass through, grown where they are short.
+func (r *Ring) prepareAllreduce(enc Encoding, count uint64) (chunk int, blk uint64, nframes int) {
+	n := r.cfg.Size
+	chunk, blk = r.chunk, uint64(enc.block())
+	if blk > 1 {
+		chunk = max(int(blk), chunk/int(blk)*int(blk))
+	}
+	if enc != F32 {
+		if need := enc.Size(chunk); len(r.wireOut) < need && count > 0 {
+			r.wireOut, r.wireIn = make([]byte, need), make([]byte, need)
+		}
+	}
+	for k := range n {
+		_, l := segmentOf(count, n, k, blk)
+		nframes += 2 * frames(l, chunk)
+	}
+	if need := int(min(uint64(min(chunk, addPiece)), count)); len(r.scratch) < need {
+		r.scratch = make([]float32, need)
+	}
+	return chunk, blk, nframes
+}
+
+// sendFrame sends src under header h, encoded in enc; with keep, src
+// takes the encoded values' bits, as the receivers will.
+func (r *Ring) sendFrame(h *Header, enc Encoding, src []float32, keep bool) error {
+	if enc == F32 {
+		return r.writeFrame(h, src)
+	}
+	out := r.wireOut[:enc.Size(len(src))]
+	enc.encode(out, src)
+	if keep {
+		enc.decode(src, out)
+	}
+	return r.writeBytes(h, out)
+}
+
+// recvFrame reads the frame want into dst: added to it where reduce (then
+// divided by div, if not 0), else copied, once the sender has sent what
+// dst held (an all-gather frame overwrites what a reduce-scatter step
+// sent).
+func (r *Ring) recvFrame(f *flow, want *Header, enc Encoding, dst []float32, reduce bool, div int) error {
+	switch {
+	case enc != F32:
+		if !reduce && !f.awaitSent() {
+			return errSendStopped
+		}
+		in := r.wireIn[:enc.Size(len(dst))]
+		if err := r.fr.read(want, in); err != nil {
+			return r.recvErr(want, err)
+		}
+		if !reduce {
+			enc.decode(dst, in)
+			return nil
+		}
+		enc.decodeAdd(dst, in)
+		if div > 0 {
+			scale(dst, div)
+		}
+	case reduce:
+		if err := r.readAdd(want, dst, div); err != nil {
+			return r.recvErr(want, err)
+		}
+	default:
+		if !f.awaitSent() {
+			return errSendStopped
+		}
+		if err := r.fr.read(want, asBytes(dst)); err != nil {
+			return r.recvErr(want, err)
+		}
+	}
+	return nil
 }
 
 // addPiece is how many elements of a payload are read and added at a time:
