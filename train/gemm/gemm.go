@@ -201,16 +201,48 @@ type product struct {
 // gemm multiplies: the kernel's tiles, panel by panel of B, its operands
 // packed or read in place.
 func (im *BLAS) gemm(maxThreads int, pr product) {
-	m, n, k, a, lda, b, ldb, c, ldc := pr.m, pr.n, pr.k, pr.a, pr.lda, pr.b, pr.ldb, pr.c, pr.ldc
+	g := im.planGemm(maxThreads, &pr)
+	if !pr.aPacked {
+		defer im.put(g.pa)
+	}
+	k, nt, nr := pr.k, g.nt, g.nr
+	switch {
+	case pr.cT && pr.bPacked && k > 2*kBlockT:
+		g.transposedInKBlocks()
+	case !pr.bPacked && !pr.tB && g.packFrom == 0 && nt*nr*k > lazyPackFloats && g.mt*g.mr*nt*nr <= lazyPackFloats && !pr.cT:
+		g.packBInKBlocks()
+	case g.packFrom == 0 && nt*nr*k > lazyPackFloats && nt >= 2*g.threads:
+		g.packBByPanel()
+	default:
+		g.allTiles()
+	}
+}
+
+// gemmPlan is how one product is taken: the kernel and its tiles (mt × nt
+// of mr × nr), the threads, A's strips below aFrom and B's panels below
+// packFrom read in place, A's other strips packed in pa.
+type gemmPlan struct {
+	im                      *BLAS
+	pr                      *product
+	ker                     kernel
+	mr, nr, mt, nt, threads int
+	aFrom, packFrom         int
+	pa                      *[]float32
+	direct                  bool // alpha 1, beta 0: a full tile may go straight into C
+}
+
+// planGemm chooses what of pr is read in place and packs the rest of A;
+// the caller gives pa back where A was not packed already.
+func (im *BLAS) planGemm(maxThreads int, pr *product) *gemmPlan {
+	m, n, k := pr.m, pr.n, pr.k
 	ker := im.ker
 	if !pr.aPacked && !pr.bPacked {
 		ker = ker.shapeFor(m, n)
 	}
-	mr, nr := ker.mr, ker.nr
-	alpha, beta := pr.alpha, pr.beta
-	mt, nt := (m+mr-1)/mr, (n+nr-1)/nr
-	tiles := mt * nt
-	threads := min(maxThreads, tiles, max(1, m*n*k/minWorkPerThread))
+	g := &gemmPlan{im: im, pr: pr, ker: ker, mr: ker.mr, nr: ker.nr, direct: pr.alpha == 1 && pr.beta == 0}
+	mr, nr := g.mr, g.nr
+	g.mt, g.nt = (m+mr-1)/mr, (n+nr-1)/nr
+	g.threads = min(maxThreads, g.mt*g.nt, max(1, m*n*k/minWorkPerThread))
 	// An operand stored k-major (A stored k × m, B stored k × n) whose
 	// rows are near each other is read in place: its full strips or
 	// panels need no copy (only the last, ragged one is packed). Far-apart
@@ -222,146 +254,157 @@ func (im *BLAS) gemm(maxThreads int, pr product) {
 	// and its rows are no further apart than the CPU's stride prefetcher
 	// reaches (2 KB on Intel's; a conv layer's weight gradient with
 	// patches 3.2 KB apart was 5% slower read in place).
-	aFrom, packFrom := 0, 0
-	if near(pr.tA, lda) && lda <= maxInPlaceStrideA && nt <= 2 && !pr.aPacked {
-		aFrom = m / mr
+	if near(pr.tA, pr.lda) && pr.lda <= maxInPlaceStrideA && g.nt <= 2 && !pr.aPacked {
+		g.aFrom = m / mr
 		// A ragged last strip is read in place too where A's rows have
 		// room for the whole strip: the rows past m give C rows that are
 		// never stored, so whatever lies there cannot reach C.
-		if aFrom < mt && mt*mr <= lda && (k-1)*lda+mt*mr <= len(a) {
-			aFrom = mt
+		if g.aFrom < g.mt && g.mt*mr <= pr.lda && (k-1)*pr.lda+g.mt*mr <= len(pr.a) {
+			g.aFrom = g.mt
 		}
 	}
 	if pr.bPacked {
-		packFrom = nt
-	} else if near(!pr.tB, ldb) {
-		packFrom = n / nr
+		g.packFrom = g.nt
+	} else if near(!pr.tB, pr.ldb) {
+		g.packFrom = n / nr
 	}
 	// Packing is split like the tiles: by A strips and B panels.
-	pa := &pr.a
+	g.pa = &pr.a
 	if !pr.aPacked {
-		pa = im.get((mt - aFrom) * mr * k)
-		defer im.put(pa)
-		parallel(threads, mt-aFrom, func(lo, hi int) {
-			packA(pr.tA, a, lda, m, k, mr, aFrom+lo, aFrom+hi, (*pa)[lo*mr*k:])
+		g.pa = im.get((g.mt - g.aFrom) * mr * k)
+		parallel(g.threads, g.mt-g.aFrom, func(lo, hi int) {
+			packA(pr.tA, pr.a, pr.lda, m, k, mr, g.aFrom+lo, g.aFrom+hi, (*g.pa)[lo*mr*k:])
 		})
 	}
-	direct := alpha == 1 && beta == 0
-	// strip is A's strip i from step kb of k on, and how far apart its
-	// steps are.
-	strip := func(i, kb int) ([]float32, int) {
-		if i < aFrom {
-			return a[kb*lda+i*mr:], lda
-		}
-		return (*pa)[(i-aFrom)*mr*k+kb*mr : (i-aFrom+1)*mr*k], mr
+	return g
+}
+
+// strip is A's strip i from step kb of k on, and how far apart its steps
+// are.
+func (g *gemmPlan) strip(i, kb int) ([]float32, int) {
+	pr, mr, k := g.pr, g.mr, g.pr.k
+	if i < g.aFrom {
+		return pr.a[kb*pr.lda+i*mr:], pr.lda
 	}
-	// tileOf computes C's tile (i, j) from A's strip i and B's panel j.
-	tileOf := func(i, j int, bs []float32, bstride int, tile []float32) {
-		as, astride := strip(i, 0)
-		rows, cols := min(mr, m-i*mr), min(nr, n-j*nr)
-		if pr.cT {
-			ker.run(k, as, bs, tile, nr, bstride, astride, false)
-			storeT(c[j*nr*ldc+i*mr:], ldc, tile, nr, rows, cols)
-			return
-		}
-		at := i*mr*ldc + j*nr
-		if direct && rows == mr && cols == nr {
-			ker.run(k, as, bs, c[at:], ldc, bstride, astride, false)
-			return
-		}
-		ker.run(k, as, bs, tile, nr, bstride, astride, false)
-		pr.put(c[at:], tile, nr, rows, cols)
+	return (*g.pa)[(i-g.aFrom)*mr*k+kb*mr : (i-g.aFrom+1)*mr*k], mr
+}
+
+// tileOf computes C's tile (i, j) from A's strip i and B's panel j (bs,
+// its steps bstride apart), through tile where it cannot go straight
+// into C.
+func (g *gemmPlan) tileOf(i, j int, bs []float32, bstride int, tile []float32) {
+	pr, mr, nr, k, c, ldc := g.pr, g.mr, g.nr, g.pr.k, g.pr.c, g.pr.ldc
+	as, astride := g.strip(i, 0)
+	rows, cols := min(mr, pr.m-i*mr), min(nr, pr.n-j*nr)
+	if pr.cT {
+		g.ker.run(k, as, bs, tile, nr, bstride, astride, false)
+		storeT(c[j*nr*ldc+i*mr:], ldc, tile, nr, rows, cols)
+		return
 	}
-	if pr.cT && pr.bPacked && k > 2*kBlockT {
-		// A transposed product over a long sum (the conv forward's 801
-		// taps) is taken k in blocks, its sums going on from a padded C
-		// in cache, then written out transposed: a block of B's panels
-		// then stays in L1 while every A strip passes, where over the
-		// whole sum each strip read them from L2 (−9% of the kernel's
-		// time on conv2's forward).
-		blocks := (k + kBlockT - 1) / kBlockT
-		kc := (k + blocks - 1) / blocks
-		ldp := nt * nr
-		cp := im.get(mt * mr * ldp)
-		defer im.put(cp)
-		for kb := 0; kb < k; kb += kc {
-			kk := min(kc, k-kb)
-			for i := range mt {
-				as, astride := strip(i, kb)
-				for j := range nt {
-					ker.run(kk, as, b[j*nr*k+kb*nr:], (*cp)[i*mr*ldp+j*nr:], ldp, nr, astride, kb > 0)
-				}
-			}
-		}
+	at := i*mr*ldc + j*nr
+	if g.direct && rows == mr && cols == nr {
+		g.ker.run(k, as, bs, c[at:], ldc, bstride, astride, false)
+		return
+	}
+	g.ker.run(k, as, bs, tile, nr, bstride, astride, false)
+	pr.put(c[at:], tile, nr, rows, cols)
+}
+
+// transposedInKBlocks takes a transposed product over a long sum (the
+// conv forward's 801 taps) k in blocks, its sums going on from a padded C
+// in cache, then written out transposed: a block of B's panels then stays
+// in L1 while every A strip passes, where over the whole sum each strip
+// read them from L2 (−9% of the kernel's time on conv2's forward).
+func (g *gemmPlan) transposedInKBlocks() {
+	pr, mr, nr, mt, nt, k := g.pr, g.mr, g.nr, g.mt, g.nt, g.pr.k
+	blocks := (k + kBlockT - 1) / kBlockT
+	kc := (k + blocks - 1) / blocks
+	ldp := nt * nr
+	cp := g.im.get(mt * mr * ldp)
+	defer g.im.put(cp)
+	for kb := 0; kb < k; kb += kc {
+		kk := min(kc, k-kb)
 		for i := range mt {
+			as, astride := g.strip(i, kb)
 			for j := range nt {
-				storeT(c[j*nr*ldc+i*mr:], ldc, (*cp)[i*mr*ldp+j*nr:], ldp, min(mr, m-i*mr), min(nr, n-j*nr))
+				g.ker.run(kk, as, pr.b[j*nr*k+kb*nr:], (*cp)[i*mr*ldp+j*nr:], ldp, nr, astride, kb > 0)
 			}
 		}
-		return
 	}
-	if !pr.bPacked && !pr.tB && packFrom == 0 && nt*nr*k > lazyPackFloats && mt*mr*nt*nr <= lazyPackFloats && !pr.cT {
-		// A large B stored k × n with a C small enough for the cache
-		// (the cnn's fc1 forward: 64 samples, W 3136 × 1024): B is packed
-		// kBlock rows at a time, each row read along, and each block's
-		// tiles go on from the sums so far in a padded copy of C, then
-		// put into C. Packed a panel at a time, B's far-apart rows were
-		// read a few lines each, from memory. The same bits either way.
-		ldp := nt * nr
-		cp := im.get(mt * mr * ldp)
-		defer im.put(cp)
-		parallel(threads, nt, func(lo, hi int) {
-			blk := im.get((hi - lo) * nr * kBlock)
-			defer im.put(blk)
-			for kb := 0; kb < k; kb += kBlock {
-				kk := min(kBlock, k-kb)
-				packB(false, b[kb*ldb:], ldb, n, kk, nr, lo, hi, *blk)
-				for j := lo; j < hi; j++ {
-					for i := range mt {
-						as, astride := strip(i, kb)
-						ker.run(kk, as, (*blk)[(j-lo)*nr*kk:], (*cp)[i*mr*ldp+j*nr:], ldp, nr, astride, kb > 0)
-					}
-				}
-			}
-		})
-		pr.put(c, *cp, ldp, m, n)
-		return
+	for i := range mt {
+		for j := range nt {
+			storeT(pr.c[j*nr*pr.ldc+i*mr:], pr.ldc, (*cp)[i*mr*ldp+j*nr:], ldp, min(mr, pr.m-i*mr), min(nr, pr.n-j*nr))
+		}
 	}
-	if packFrom == 0 && nt*nr*k > lazyPackFloats && nt >= 2*threads {
-		// A packed B larger than the cache is packed a panel at a time,
-		// just before its tiles, each thread taking whole panels: packed
-		// all at once it went to memory and was read back (the cnn's fc1,
-		// 12.8 MB, twice a step). The same bits either way.
-		parallel(threads, nt, func(lo, hi int) {
-			tile := make([]float32, mr*nr)
-			panel := im.get(nr * k)
-			defer im.put(panel)
+}
+
+// packBInKBlocks takes a large B stored k × n with a C small enough for
+// the cache (the cnn's fc1 forward: 64 samples, W 3136 × 1024): B is
+// packed kBlock rows at a time, each row read along, and each block's
+// tiles go on from the sums so far in a padded copy of C, then put into
+// C. Packed a panel at a time, B's far-apart rows were read a few lines
+// each, from memory. The same bits either way.
+func (g *gemmPlan) packBInKBlocks() {
+	pr, mr, nr, mt, nt, k := g.pr, g.mr, g.nr, g.mt, g.nt, g.pr.k
+	ldp := nt * nr
+	cp := g.im.get(mt * mr * ldp)
+	defer g.im.put(cp)
+	parallel(g.threads, nt, func(lo, hi int) {
+		blk := g.im.get((hi - lo) * nr * kBlock)
+		defer g.im.put(blk)
+		for kb := 0; kb < k; kb += kBlock {
+			kk := min(kBlock, k-kb)
+			packB(false, pr.b[kb*pr.ldb:], pr.ldb, pr.n, kk, nr, lo, hi, *blk)
 			for j := lo; j < hi; j++ {
-				packB(pr.tB, b, ldb, n, k, nr, j, j+1, *panel)
 				for i := range mt {
-					tileOf(i, j, *panel, nr, tile)
+					as, astride := g.strip(i, kb)
+					g.ker.run(kk, as, (*blk)[(j-lo)*nr*kk:], (*cp)[i*mr*ldp+j*nr:], ldp, nr, astride, kb > 0)
 				}
 			}
-		})
-		return
-	}
+		}
+	})
+	pr.put(pr.c, *cp, ldp, pr.m, pr.n)
+}
+
+// packBByPanel packs a B larger than the cache a panel at a time, just
+// before its tiles, each thread taking whole panels: packed all at once
+// it went to memory and was read back (the cnn's fc1, 12.8 MB, twice a
+// step). The same bits either way.
+func (g *gemmPlan) packBByPanel() {
+	pr, nr, mt, k := g.pr, g.nr, g.mt, g.pr.k
+	parallel(g.threads, g.nt, func(lo, hi int) {
+		tile := make([]float32, g.mr*nr)
+		panel := g.im.get(nr * k)
+		defer g.im.put(panel)
+		for j := lo; j < hi; j++ {
+			packB(pr.tB, pr.b, pr.ldb, pr.n, k, nr, j, j+1, *panel)
+			for i := range mt {
+				g.tileOf(i, j, *panel, nr, tile)
+			}
+		}
+	})
+}
+
+// allTiles packs what of B is not read in place, then runs every tile.
+// Where all of B fits in the cache, tiles run strip by strip (i outer):
+// an A strip stays in L1 while B's panels pass, and C is written a band
+// of rows at a time, where panel by panel its rows were written a few
+// lines each, far apart (the cnn's fc1 weight gradient, 12.8 MB). Else
+// panel by panel (j outer), so a B panel stays in cache while the A
+// strips stream past it.
+func (g *gemmPlan) allTiles() {
+	pr, nr, mt, nt, k, packFrom := g.pr, g.nr, g.mt, g.nt, g.pr.k, g.packFrom
 	var pb *[]float32
 	if !pr.bPacked {
-		pb = im.get((nt - packFrom) * nr * k)
-		defer im.put(pb)
-		parallel(threads, nt-packFrom, func(lo, hi int) {
-			packB(pr.tB, b, ldb, n, k, nr, packFrom+lo, packFrom+hi, (*pb)[lo*nr*k:])
+		pb = g.im.get((nt - packFrom) * nr * k)
+		defer g.im.put(pb)
+		parallel(g.threads, nt-packFrom, func(lo, hi int) {
+			packB(pr.tB, pr.b, pr.ldb, pr.n, k, nr, packFrom+lo, packFrom+hi, (*pb)[lo*nr*k:])
 		})
 	}
-	// Where all of B fits in the cache, tiles run strip by strip (i
-	// outer): an A strip stays in L1 while B's panels pass, and C is
-	// written a band of rows at a time, where panel by panel its rows
-	// were written a few lines each, far apart (the cnn's fc1 weight
-	// gradient, 12.8 MB). Else panel by panel (j outer), so a B panel
-	// stays in cache while the A strips stream past it.
 	byStrip := nt*nr*k <= lazyPackFloats
-	parallel(threads, tiles, func(lo, hi int) {
-		tile := make([]float32, mr*nr)
+	parallel(g.threads, mt*nt, func(lo, hi int) {
+		tile := make([]float32, g.mr*nr)
 		for t := lo; t < hi; t++ {
 			j, i := t/mt, t%mt
 			if byStrip {
@@ -369,11 +412,11 @@ func (im *BLAS) gemm(maxThreads int, pr product) {
 			}
 			switch {
 			case pr.bPacked:
-				tileOf(i, j, b[j*nr*k:(j+1)*nr*k], nr, tile)
+				g.tileOf(i, j, pr.b[j*nr*k:(j+1)*nr*k], nr, tile)
 			case j < packFrom:
-				tileOf(i, j, b[j*nr:], ldb, tile)
+				g.tileOf(i, j, pr.b[j*nr:], pr.ldb, tile)
 			default:
-				tileOf(i, j, (*pb)[(j-packFrom)*nr*k:(j-packFrom+1)*nr*k], nr, tile)
+				g.tileOf(i, j, (*pb)[(j-packFrom)*nr*k:(j-packFrom+1)*nr*k], nr, tile)
 			}
 		}
 	})
